@@ -1,0 +1,21 @@
+//! Members, pools, schedulers, the health state machine and persistence tables — no I/O.
+//!
+//! One library for every kind of member: the same weighted least connections picks a server, a
+//! link or a site. Data planes ask a `Pool` for a member, then report what happened to it.
+
+pub mod clock;
+pub mod hash;
+pub mod health;
+pub mod member;
+pub mod persist;
+pub mod pool;
+pub mod sched;
+
+pub use health::{CheckSpec, HealthMachine, HealthReport, Transition};
+pub use member::{AgentState, ConnectionGuard, Member, MemberStats, RequestGuard, WEIGHT_SCALE};
+pub use persist::{PersistKey, PersistTable, TableSpec};
+pub use pool::{Picked, Pool};
+pub use sched::{PickContext, Scheduler};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,443 @@
+//! A member: one real service (a server, a link, a site or a gateway) with its admin state,
+//! health, weight, slow-start phase and live figures. Its identity (pool + address) is stable
+//! across reloads, so all of this survives one.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fulcrum_config::AdminState;
+use serde::Serialize;
+
+use crate::health::{Changed, HealthMachine};
+
+/// Effective weights carry 8 fractional bits so a slow-start ramp or an agent's percentage can
+/// scale a weight of 1 smoothly.
+pub const WEIGHT_SCALE: u32 = 256;
+
+/// What an agent check (HAProxy's agent protocol) asked for, on top of the operator's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    /// No override (`ready`, `up`, or no agent).
+    None,
+    Drain,
+    /// `maint`: no new traffic at all, like `disabled`.
+    Maint,
+}
+
+#[derive(Debug, Default)]
+pub struct MemberStats {
+    pub active_connections: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub active_requests: AtomicU64,
+    pub requests_total: AtomicU64,
+    /// Connection attempts that failed (refused, timed out, reset before use).
+    pub connect_failures: AtomicU64,
+    /// Bytes sent to the member / received from it.
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    /// Response (or connect) time EWMA in microseconds, as f64 bits; 0 = no sample yet.
+    response_us: AtomicU64,
+    /// Traffic EWMA in bytes per second, as f64 bits, sampled by `Pool::refresh`.
+    traffic_bps: AtomicU64,
+    traffic_sample_bytes: AtomicU64,
+    traffic_sample_ms: AtomicU64,
+}
+
+impl MemberStats {
+    /// Response time EWMA in microseconds (0 = no sample yet).
+    pub fn response_time_us(&self) -> f64 {
+        f64::from_bits(self.response_us.load(Ordering::Relaxed))
+    }
+
+    /// Folds one sample into the EWMA (gain 1/8, as TCP's SRTT). Concurrent updates may lose a
+    /// sample, which an average over thousands of them does not notice.
+    pub fn observe_response_time(&self, d: Duration) {
+        let x = d.as_secs_f64() * 1e6;
+        let old = self.response_time_us();
+        let new = if old == 0.0 {
+            x.max(1.0)
+        } else {
+            old + (x - old) / 8.0
+        };
+        self.response_us.store(new.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Traffic EWMA in bytes per second.
+    pub fn traffic_bps(&self) -> f64 {
+        f64::from_bits(self.traffic_bps.load(Ordering::Relaxed))
+    }
+
+    pub fn add_bytes(&self, sent: u64, received: u64) {
+        if sent != 0 {
+            self.bytes_sent.fetch_add(sent, Ordering::Relaxed);
+        }
+        if received != 0 {
+            self.bytes_received.fetch_add(received, Ordering::Relaxed);
+        }
+    }
+
+    /// Updates the traffic EWMA from the byte counters; called periodically by the control plane.
+    pub(crate) fn sample_traffic(&self, now_ms: u64) {
+        let total =
+            self.bytes_sent.load(Ordering::Relaxed) + self.bytes_received.load(Ordering::Relaxed);
+        let last_ms = self.traffic_sample_ms.swap(now_ms, Ordering::Relaxed);
+        let last_bytes = self.traffic_sample_bytes.swap(total, Ordering::Relaxed);
+        if last_ms == 0 || now_ms <= last_ms {
+            return;
+        }
+        let dt = (now_ms - last_ms) as f64 / 1000.0;
+        let rate = total.saturating_sub(last_bytes) as f64 / dt;
+        // Time-based gain: a 1 s sample moves the average by about 40%.
+        let alpha = 1.0 - (-dt / 2.0).exp();
+        let old = self.traffic_bps();
+        self.traffic_bps
+            .store((old + alpha * (rate - old)).to_bits(), Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+pub struct Member {
+    pub address: SocketAddr,
+    pub pool: Arc<str>,
+    /// How the member is shown: its address, or a name for sites and links.
+    pub label: Arc<str>,
+    weight: AtomicU32,
+    config_weight: AtomicU32,
+    state: AtomicU8,
+    config_state: AtomicU8,
+    priority: AtomicI32,
+    max_connections: AtomicU32,
+    agent_state: AtomicU8,
+    /// Percentage of the weight an agent reported (100 without an agent).
+    agent_weight_pct: AtomicU32,
+    /// Scaled effective weight (see `WEIGHT_SCALE`) the scheduler last used.
+    effective_weight: AtomicU32,
+    pub health: HealthMachine,
+    recovery_ms: AtomicU64,
+    warm_ms: AtomicU64,
+    /// When the current slow start began (0 = none).
+    ramp_start_ms: AtomicU64,
+    pub stats: MemberStats,
+}
+
+fn state_to_u8(s: AdminState) -> u8 {
+    match s {
+        AdminState::Enabled => 0,
+        AdminState::Drain => 1,
+        AdminState::Disabled => 2,
+    }
+}
+
+fn state_from_u8(v: u8) -> AdminState {
+    match v {
+        0 => AdminState::Enabled,
+        1 => AdminState::Drain,
+        _ => AdminState::Disabled,
+    }
+}
+
+impl Member {
+    pub fn new(pool: Arc<str>, cfg: &fulcrum_config::Member) -> Self {
+        Member {
+            address: cfg.address,
+            label: Arc::from(cfg.address.to_string()),
+            pool,
+            weight: AtomicU32::new(cfg.weight),
+            config_weight: AtomicU32::new(cfg.weight),
+            state: AtomicU8::new(state_to_u8(cfg.state)),
+            config_state: AtomicU8::new(state_to_u8(cfg.state)),
+            priority: AtomicI32::new(cfg.priority),
+            max_connections: AtomicU32::new(cfg.max_connections),
+            agent_state: AtomicU8::new(0),
+            agent_weight_pct: AtomicU32::new(100),
+            effective_weight: AtomicU32::new(cfg.weight * WEIGHT_SCALE),
+            health: HealthMachine::default(),
+            recovery_ms: AtomicU64::new(0),
+            warm_ms: AtomicU64::new(0),
+            ramp_start_ms: AtomicU64::new(0),
+            stats: MemberStats::default(),
+        }
+    }
+
+    /// Applies a reloaded config. Weight and state set through the API stay until the config's
+    /// own value for them changes: an operator's drain is not undone by an unrelated reload.
+    pub fn reconfigure(&self, cfg: &fulcrum_config::Member) {
+        if self.config_weight.swap(cfg.weight, Ordering::Relaxed) != cfg.weight {
+            self.weight.store(cfg.weight, Ordering::Relaxed);
+        }
+        let s = state_to_u8(cfg.state);
+        if self.config_state.swap(s, Ordering::Relaxed) != s {
+            self.set_state(cfg.state);
+        }
+        self.priority.store(cfg.priority, Ordering::Relaxed);
+        self.max_connections
+            .store(cfg.max_connections, Ordering::Relaxed);
+    }
+
+    pub fn set_slow_start(&self, recovery: Duration, warm: Duration) {
+        self.recovery_ms
+            .store(recovery.as_millis() as u64, Ordering::Relaxed);
+        self.warm_ms
+            .store(warm.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    pub fn set_weight(&self, w: u32) {
+        self.weight.store(w, Ordering::Relaxed);
+    }
+
+    pub fn priority(&self) -> i32 {
+        self.priority.load(Ordering::Relaxed)
+    }
+
+    pub fn max_connections(&self) -> u32 {
+        self.max_connections.load(Ordering::Relaxed)
+    }
+
+    /// The operator's state (config or API).
+    pub fn state(&self) -> AdminState {
+        state_from_u8(self.state.load(Ordering::Relaxed))
+    }
+
+    pub fn set_state(&self, s: AdminState) {
+        let old = state_from_u8(self.state.swap(state_to_u8(s), Ordering::AcqRel));
+        if old != s {
+            tracing::info!(pool = %self.pool, member = %self.label, from = %old, to = %s, "member state changed");
+            if s == AdminState::Enabled && self.health.is_up() {
+                self.begin_slow_start();
+            }
+        }
+    }
+
+    pub fn agent_state(&self) -> AgentState {
+        match self.agent_state.load(Ordering::Relaxed) {
+            1 => AgentState::Drain,
+            2 => AgentState::Maint,
+            _ => AgentState::None,
+        }
+    }
+
+    pub fn set_agent_state(&self, s: AgentState) {
+        let v = match s {
+            AgentState::None => 0,
+            AgentState::Drain => 1,
+            AgentState::Maint => 2,
+        };
+        let old = self.agent_state.swap(v, Ordering::AcqRel);
+        if old != v {
+            tracing::info!(pool = %self.pool, member = %self.label, agent_state = ?s, "agent changed member state");
+            if s == AgentState::None && self.health.is_up() && self.state() == AdminState::Enabled {
+                self.begin_slow_start();
+            }
+        }
+    }
+
+    pub fn agent_weight_pct(&self) -> u32 {
+        self.agent_weight_pct.load(Ordering::Relaxed)
+    }
+
+    pub fn set_agent_weight_pct(&self, pct: u32) {
+        self.agent_weight_pct
+            .store(pct.min(100_000), Ordering::Relaxed);
+    }
+
+    /// The state traffic decisions use: the stricter of the operator's and the agent's.
+    pub fn effective_state(&self) -> AdminState {
+        match (self.state(), self.agent_state()) {
+            (AdminState::Disabled, _) | (_, AgentState::Maint) => AdminState::Disabled,
+            (AdminState::Drain, _) | (_, AgentState::Drain) => AdminState::Drain,
+            _ => AdminState::Enabled,
+        }
+    }
+
+    pub fn effective_weight(&self) -> u32 {
+        self.effective_weight.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn store_effective_weight(&self, w: u32) {
+        self.effective_weight.store(w, Ordering::Relaxed);
+    }
+
+    fn below_max_connections(&self) -> bool {
+        let max = self.max_connections();
+        max == 0 || self.stats.active_connections.load(Ordering::Relaxed) < u64::from(max)
+    }
+
+    /// Whether a slow start holds the member in its no-traffic `recovery` phase at `now_ms`.
+    fn recovering(&self, now_ms: u64) -> bool {
+        let start = self.ramp_start_ms.load(Ordering::Relaxed);
+        start != 0 && now_ms < start + self.recovery_ms.load(Ordering::Relaxed)
+    }
+
+    /// May take a new client (scheduling). `now_ms` is 0 when the pool has no slow start.
+    #[inline]
+    pub fn accepts_new(&self, now_ms: u64) -> bool {
+        self.health.is_up()
+            && self.effective_state() == AdminState::Enabled
+            && self.weight() > 0
+            && self.below_max_connections()
+            && (now_ms == 0 || !self.recovering(now_ms))
+    }
+
+    /// May take a client that persistence maps to it: drain and weight 0 still honour existing
+    /// clients; disabled and down do not.
+    #[inline]
+    pub fn accepts_persistent(&self, now_ms: u64) -> bool {
+        self.health.is_up()
+            && self.effective_state() != AdminState::Disabled
+            && self.below_max_connections()
+            && (now_ms == 0 || !self.recovering(now_ms))
+    }
+
+    /// Starts a slow start now, if the pool has one.
+    fn begin_slow_start(&self) {
+        if self.recovery_ms.load(Ordering::Relaxed) + self.warm_ms.load(Ordering::Relaxed) > 0 {
+            self.ramp_start_ms
+                .store(crate::clock::now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// Starts a slow start at a given clock reading (tests drive time by hand).
+    #[doc(hidden)]
+    pub fn begin_slow_start_at(&self, now_ms: u64) {
+        self.ramp_start_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// The slow-start factor at `now_ms` in 1/`WEIGHT_SCALE` units: 0 in recovery, a linear ramp
+    /// during warm-up (never below one unit, so the member does get traffic), full afterwards.
+    pub fn ramp(&self, now_ms: u64) -> u32 {
+        let start = self.ramp_start_ms.load(Ordering::Relaxed);
+        if start == 0 {
+            return WEIGHT_SCALE;
+        }
+        let recovery = self.recovery_ms.load(Ordering::Relaxed);
+        let warm = self.warm_ms.load(Ordering::Relaxed);
+        let elapsed = now_ms.saturating_sub(start);
+        if elapsed < recovery {
+            return 0;
+        }
+        if warm == 0 || elapsed >= recovery + warm {
+            // Done: later calls skip the arithmetic.
+            let _ =
+                self.ramp_start_ms
+                    .compare_exchange(start, 0, Ordering::Relaxed, Ordering::Relaxed);
+            return WEIGHT_SCALE;
+        }
+        let f = (elapsed - recovery) * u64::from(WEIGHT_SCALE) / warm;
+        (f as u32).clamp(1, WEIGHT_SCALE)
+    }
+
+    /// Whether a slow start is running (recovery or warm-up).
+    pub fn in_slow_start(&self) -> bool {
+        self.ramp_start_ms.load(Ordering::Relaxed) != 0
+    }
+
+    /// The phase for the API: "recovery", "warm" or "none".
+    pub fn slow_start_phase(&self, now_ms: u64) -> &'static str {
+        match self.ramp(now_ms) {
+            0 => "recovery",
+            WEIGHT_SCALE => "none",
+            _ => "warm",
+        }
+    }
+
+    fn on_health_change(&self, changed: Changed) -> Changed {
+        if let Some(up) = changed {
+            let reason = self
+                .health
+                .last_transition()
+                .map(|t| t.reason)
+                .unwrap_or_default();
+            if up {
+                tracing::info!(pool = %self.pool, member = %self.label, %reason, "member is up");
+                self.begin_slow_start();
+            } else {
+                tracing::warn!(pool = %self.pool, member = %self.label, %reason, "member is down");
+            }
+        }
+        changed
+    }
+
+    /// Feeds the result of one active check by `monitor`.
+    pub fn record_check(&self, monitor: &str, ok: bool, detail: &str) -> Changed {
+        self.on_health_change(self.health.record_check(monitor, ok, detail))
+    }
+
+    /// A connection attempt to the member failed.
+    pub fn record_connect_failure(&self, detail: &str) -> Changed {
+        self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+        self.on_health_change(self.health.record_passive_failure(detail))
+    }
+
+    /// An established exchange failed in a way that blames the member (reset, bad response).
+    pub fn record_passive_failure(&self, detail: &str) -> Changed {
+        self.on_health_change(self.health.record_passive_failure(detail))
+    }
+
+    /// A connection to the member was established after `connect_time`.
+    pub fn record_connect_success(&self, connect_time: Duration) {
+        self.health.record_passive_success();
+        self.stats.observe_response_time(connect_time);
+    }
+
+    pub fn record_probe(&self, ok: bool, detail: &str) -> Changed {
+        self.on_health_change(self.health.record_probe(ok, detail))
+    }
+
+    /// Counts a new connection to the member for as long as the guard lives.
+    pub fn open_connection(self: &Arc<Self>) -> ConnectionGuard {
+        self.stats
+            .active_connections
+            .fetch_add(1, Ordering::Relaxed);
+        self.stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard(self.clone())
+    }
+
+    /// Counts a request in flight on the member for as long as the guard lives.
+    pub fn open_request(self: &Arc<Self>) -> RequestGuard {
+        self.stats.active_requests.fetch_add(1, Ordering::Relaxed);
+        self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+        RequestGuard(self.clone())
+    }
+}
+
+/// Keeps a member's active-connection count up while a connection lives.
+#[derive(Debug)]
+pub struct ConnectionGuard(Arc<Member>);
+
+impl ConnectionGuard {
+    pub fn member(&self) -> &Arc<Member> {
+        &self.0
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0
+            .stats
+            .active_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Keeps a member's active-request count up while a request is in flight.
+#[derive(Debug)]
+pub struct RequestGuard(Arc<Member>);
+
+impl RequestGuard {
+    pub fn member(&self) -> &Arc<Member> {
+        &self.0
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.stats.active_requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,249 @@
+//! A pool: members, one scheduler, and the options every data plane reads.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fulcrum_config::{Algorithm, HashKey, SlowStart};
+use parking_lot::Mutex;
+
+use crate::clock::now_ms;
+use crate::health::CheckSpec;
+use crate::member::{Member, WEIGHT_SCALE};
+use crate::sched::{self, PickContext, RebuildInput, Scheduler};
+
+/// Fastest-response weights never drop below this fraction of the member's weight, so a slow
+/// member keeps a trickle of traffic and its response time keeps being measured.
+const FASTEST_FLOOR: f64 = 0.05;
+
+pub struct Pool {
+    pub name: Arc<str>,
+    pub config: fulcrum_config::Pool,
+    pub algorithm: Algorithm,
+    pub hash_key: HashKey,
+    pub retries: u32,
+    pub connect_timeout: Duration,
+    pub slow_start: Option<SlowStart>,
+    members: Vec<Arc<Member>>,
+    by_addr: HashMap<SocketAddr, usize>,
+    scheduler: Box<dyn Scheduler>,
+    /// The input the scheduler was last rebuilt from, to skip identical rebuilds.
+    last_input: Mutex<Option<RebuildInput>>,
+    /// Requests that found no member, for the API and metrics.
+    pub no_member: AtomicU64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("name", &self.name)
+            .field("algorithm", &self.algorithm)
+            .field("members", &self.members.len())
+            .finish()
+    }
+}
+
+/// A member chosen for a client.
+#[derive(Debug, Clone)]
+pub struct Picked {
+    pub index: usize,
+    pub member: Arc<Member>,
+}
+
+impl Pool {
+    /// Builds a pool from its config. Members of `previous` (the same pool before a reload) with
+    /// the same address are kept, with their health, counters and slow-start phase.
+    pub fn new(cfg: &fulcrum_config::Pool, checks: &[CheckSpec], previous: Option<&Pool>) -> Pool {
+        let name: Arc<str> = Arc::from(cfg.name.as_str());
+        let slow = cfg.slow_start.unwrap_or_default();
+        let members: Vec<Arc<Member>> = cfg
+            .members
+            .iter()
+            .map(|mc| {
+                let member = match previous.and_then(|p| p.member_by_addr(mc.address)) {
+                    Some((_, old)) => {
+                        old.reconfigure(mc);
+                        old.clone()
+                    }
+                    None => Arc::new(Member::new(name.clone(), mc)),
+                };
+                member.set_slow_start(slow.recovery, slow.warm);
+                member.health.configure(checks);
+                member
+            })
+            .collect();
+        let by_addr = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.address, i))
+            .collect();
+        let pool = Pool {
+            scheduler: sched::for_algorithm(cfg.algorithm, cfg.min_active),
+            name,
+            config: cfg.clone(),
+            algorithm: cfg.algorithm,
+            hash_key: cfg.hash_key.clone(),
+            retries: cfg.retries,
+            connect_timeout: cfg.connect_timeout,
+            slow_start: cfg
+                .slow_start
+                .filter(|s| !(s.recovery.is_zero() && s.warm.is_zero())),
+            members,
+            by_addr,
+            last_input: Mutex::new(None),
+            no_member: AtomicU64::new(0),
+        };
+        pool.refresh_at(now_ms());
+        pool
+    }
+
+    pub fn members(&self) -> &[Arc<Member>] {
+        &self.members
+    }
+
+    pub fn member_by_addr(&self, addr: SocketAddr) -> Option<(usize, &Arc<Member>)> {
+        self.by_addr.get(&addr).map(|&i| (i, &self.members[i]))
+    }
+
+    /// The clock reading picks need: 0 (no read) when the pool has no slow start.
+    #[inline]
+    fn pick_clock(&self) -> u64 {
+        if self.slow_start.is_some() {
+            now_ms()
+        } else {
+            0
+        }
+    }
+
+    /// Chooses a member for a new client, skipping the indices in `exclude` (members this client
+    /// already failed on).
+    pub fn pick(&self, ctx: &PickContext, exclude: &[usize]) -> Option<Picked> {
+        let now = self.pick_clock();
+        let ok = |i: usize| !exclude.contains(&i) && self.members[i].accepts_new(now);
+        match self.scheduler.pick(&self.members, ctx, &ok) {
+            Some(index) => Some(Picked {
+                index,
+                member: self.members[index].clone(),
+            }),
+            None => {
+                self.no_member.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// The member persistence points at, if it may still take this client (drain does; down,
+    /// disabled and removed members do not).
+    pub fn persistent(&self, addr: SocketAddr, exclude: &[usize]) -> Option<Picked> {
+        let (index, member) = self.member_by_addr(addr)?;
+        (!exclude.contains(&index) && member.accepts_persistent(self.pick_clock())).then(|| {
+            Picked {
+                index,
+                member: member.clone(),
+            }
+        })
+    }
+
+    /// Members that can take a new client now.
+    pub fn available(&self) -> usize {
+        let now = self.pick_clock();
+        self.members.iter().filter(|m| m.accepts_new(now)).count()
+    }
+
+    /// Recomputes effective weights (slow-start ramps, agent weights, measured speed) and rebuilds
+    /// the scheduler when they changed. The control plane calls this periodically and after an
+    /// operator changes a member.
+    pub fn refresh(&self) {
+        self.refresh_at(now_ms());
+    }
+
+    pub fn refresh_at(&self, now: u64) {
+        for m in &self.members {
+            m.stats.sample_traffic(now);
+        }
+        let unweighted = sched::unweighted(self.algorithm);
+        let stable: Vec<u32> = self
+            .members
+            .iter()
+            .map(|m| {
+                let w = if unweighted { 1 } else { m.weight() };
+                let scaled =
+                    u64::from(w) * u64::from(WEIGHT_SCALE) * u64::from(m.agent_weight_pct()) / 100;
+                // An agent at 1% of weight 1 still leaves the member one unit.
+                if w > 0 && m.agent_weight_pct() > 0 {
+                    (scaled as u32).max(1)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let speed = (self.algorithm == Algorithm::FastestResponse).then(|| self.speed_factors());
+        let weights: Vec<u32> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut w = u64::from(stable[i]) * u64::from(m.ramp(now)) / u64::from(WEIGHT_SCALE);
+                if let Some(f) = &speed {
+                    w = ((w as f64) * f[i]).round() as u64;
+                }
+                let w = if stable[i] > 0 && m.ramp(now) > 0 {
+                    w.max(1)
+                } else {
+                    w
+                };
+                m.store_effective_weight(w as u32);
+                w as u32
+            })
+            .collect();
+        let input = RebuildInput {
+            weights,
+            priorities: self.members.iter().map(|m| m.priority()).collect(),
+            names: self.members.iter().map(|m| m.label.to_string()).collect(),
+            stable_weights: stable,
+        };
+        let mut last = self.last_input.lock();
+        let same = last.as_ref().is_some_and(|l| {
+            l.weights == input.weights
+                && l.priorities == input.priorities
+                && l.stable_weights == input.stable_weights
+        });
+        if !same {
+            self.scheduler.rebuild(&input);
+            *last = Some(input);
+        }
+    }
+
+    /// Per-member multipliers for fastest_response: inversely proportional to the response time
+    /// EWMA, relative to the fastest member, floored at `FASTEST_FLOOR`. Members without a sample
+    /// yet are treated as average, so they get traffic and get measured.
+    fn speed_factors(&self) -> Vec<f64> {
+        let times: Vec<f64> = self
+            .members
+            .iter()
+            .map(|m| m.stats.response_time_us())
+            .collect();
+        let measured: Vec<f64> = times.iter().copied().filter(|t| *t > 0.0).collect();
+        if measured.is_empty() {
+            return vec![1.0; times.len()];
+        }
+        let mean = measured.iter().sum::<f64>() / measured.len() as f64;
+        let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
+        times
+            .iter()
+            .map(|&t| {
+                let t = if t > 0.0 { t } else { mean };
+                (best / t).clamp(FASTEST_FLOOR, 1.0)
+            })
+            .collect()
+    }
+
+    /// Whether this pool needs periodic refreshes (dynamic weights, slow starts under way).
+    pub fn wants_refresh(&self) -> bool {
+        self.scheduler.dynamic()
+            || self.algorithm == Algorithm::WeightedLeastTraffic
+            || self.members.iter().any(|m| m.in_slow_start())
+    }
+}

@@ -1,0 +1,168 @@
+//! Load-aware choices read live from the members' atomic counters: least connections (weighted
+//! or not), least traffic, least request (power of two choices), and first available.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use super::{scan_from, PickContext, RebuildInput, Scheduler};
+use crate::member::Member;
+
+/// Picks the member with the lowest `load / weight` among those `ok` accepts. The scan starts at
+/// a rotating offset so ties (e.g. all idle) spread instead of piling onto the first member.
+fn lowest_ratio(
+    n: usize,
+    cursor: &AtomicUsize,
+    weights: &[u32],
+    ok: &dyn Fn(usize) -> bool,
+    load: impl Fn(usize) -> f64,
+) -> Option<usize> {
+    let start = cursor.fetch_add(1, Ordering::Relaxed);
+    let mut best: Option<(usize, f64)> = None;
+    for k in 0..n {
+        let i = (start + k) % n;
+        let w = weights.get(i).copied().unwrap_or(0);
+        if w == 0 || !ok(i) {
+            continue;
+        }
+        let score = load(i) / f64::from(w);
+        if best.is_none_or(|(_, b)| score < b) {
+            best = Some((i, score));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+/// (Weighted) least connections: the fewest active connections per unit of weight. Counting the
+/// new connection itself (`active + 1`) makes a heavier idle member win over a lighter one.
+#[derive(Default)]
+pub struct LeastConnections {
+    weights: ArcSwap<Vec<u32>>,
+    cursor: AtomicUsize,
+}
+
+impl Scheduler for LeastConnections {
+    fn rebuild(&self, input: &RebuildInput) {
+        self.weights.store(Arc::new(input.weights.clone()));
+    }
+
+    fn pick(
+        &self,
+        members: &[Arc<Member>],
+        _: &PickContext,
+        ok: &dyn Fn(usize) -> bool,
+    ) -> Option<usize> {
+        lowest_ratio(members.len(), &self.cursor, &self.weights.load(), ok, |i| {
+            members[i].stats.active_connections.load(Ordering::Relaxed) as f64 + 1.0
+        })
+    }
+}
+
+/// Weighted least traffic: the lowest bytes/s EWMA per unit of weight. The EWMA lags by up to a
+/// refresh period, so each active connection also counts as the pool's average traffic per
+/// connection — otherwise every new client in a burst would pile onto the member that looked
+/// idlest at the last sample.
+#[derive(Default)]
+pub struct LeastTraffic {
+    weights: ArcSwap<Vec<u32>>,
+    cursor: AtomicUsize,
+}
+
+impl Scheduler for LeastTraffic {
+    fn rebuild(&self, input: &RebuildInput) {
+        self.weights.store(Arc::new(input.weights.clone()));
+    }
+
+    fn pick(
+        &self,
+        members: &[Arc<Member>],
+        _: &PickContext,
+        ok: &dyn Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let (traffic, active) = members.iter().fold((0.0, 0u64), |(t, a), m| {
+            (
+                t + m.stats.traffic_bps(),
+                a + m.stats.active_connections.load(Ordering::Relaxed),
+            )
+        });
+        let per_conn = if active > 0 {
+            traffic / active as f64
+        } else {
+            0.0
+        }
+        .max(1.0);
+        lowest_ratio(members.len(), &self.cursor, &self.weights.load(), ok, |i| {
+            let m = &members[i];
+            m.stats.traffic_bps()
+                + (m.stats.active_connections.load(Ordering::Relaxed) + 1) as f64 * per_conn
+        })
+    }
+}
+
+/// Least request by the power of two choices: two random available members, the one with fewer
+/// requests in flight per unit of weight wins. O(1) per pick at any pool size, and no herd onto
+/// one member when many proxies (or threads) decide at once.
+#[derive(Default)]
+pub struct LeastRequest {
+    weights: ArcSwap<Vec<u32>>,
+    cursor: AtomicUsize,
+}
+
+impl Scheduler for LeastRequest {
+    fn rebuild(&self, input: &RebuildInput) {
+        self.weights.store(Arc::new(input.weights.clone()));
+    }
+
+    fn pick(
+        &self,
+        members: &[Arc<Member>],
+        _: &PickContext,
+        ok: &dyn Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let n = members.len();
+        let weights = self.weights.load();
+        let usable = |i: usize| weights.get(i).copied().unwrap_or(0) > 0 && ok(i);
+        let score = |i: usize| {
+            (members[i].stats.active_requests.load(Ordering::Relaxed) as f64 + 1.0)
+                / f64::from(weights[i])
+        };
+        let mut chosen: [Option<usize>; 2] = [None, None];
+        for _ in 0..8 {
+            let i = fastrand::usize(..n.max(1));
+            if usable(i) && chosen[0] != Some(i) {
+                if chosen[0].is_none() {
+                    chosen[0] = Some(i);
+                } else {
+                    chosen[1] = Some(i);
+                    break;
+                }
+            }
+        }
+        match chosen {
+            [Some(a), Some(b)] => Some(if score(b) < score(a) { b } else { a }),
+            [Some(a), None] => Some(a),
+            _ => {
+                // Few members are usable: fall back to a scan from a rotating start.
+                let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+                scan_from(start, n, |i| usable(i).then_some(i))
+            }
+        }
+    }
+}
+
+/// The first member, in configuration order, that can take the client.
+pub struct FirstAvailable;
+
+impl Scheduler for FirstAvailable {
+    fn rebuild(&self, _: &RebuildInput) {}
+
+    fn pick(
+        &self,
+        members: &[Arc<Member>],
+        _: &PickContext,
+        ok: &dyn Fn(usize) -> bool,
+    ) -> Option<usize> {
+        (0..members.len()).find(|&i| ok(i))
+    }
+}

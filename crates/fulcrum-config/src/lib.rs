@@ -1,0 +1,113 @@
+//! Fulcrum's configuration: the TOML contract of DESIGN.md §4, read into typed structs with every
+//! error located by file, line, column and key path.
+
+mod error;
+mod reader;
+mod schema;
+mod types;
+mod validate;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+pub use error::{did_you_mean, ConfigError, ConfigErrors};
+pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
+pub use schema::*;
+pub use types::{
+    parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
+};
+
+/// Reads, parses and validates a configuration file.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: file.clone(),
+            line: 0,
+            column: 0,
+            key: String::new(),
+            message: format!("cannot read the file: {e}"),
+        }])
+    })?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    parse(&text, &file, &base)
+}
+
+/// Parses and validates configuration text; `file` names it in errors, relative paths in it are
+/// taken from `base_dir`.
+pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigErrors> {
+    let doc = match toml_edit::Document::parse(text) {
+        Ok(doc) => doc,
+        Err(e) => {
+            let mut cx = Cx::new(file, text);
+            let message = e.message().trim().to_string();
+            cx.error_at(e.span(), "", format!("TOML syntax error: {message}"));
+            return Err(ConfigErrors(cx.errors));
+        }
+    };
+    let mut cx = Cx::new(file, text);
+    let root = Node::root(doc.as_table());
+    let config = schema::read_config(&root, &mut cx);
+    let mut errors = std::mem::take(&mut cx.errors);
+    let Some(mut config) = config else {
+        return Err(ConfigErrors(errors));
+    };
+    config.locations = cx.locations;
+    let broken = broken_sections(&errors);
+    errors.extend(validate::validate(&config, &broken));
+    if !errors.is_empty() {
+        errors.sort_by(|a, b| (a.line, a.column).cmp(&(b.line, b.column)));
+        errors.dedup();
+        return Err(ConfigErrors(errors));
+    }
+    resolve_paths(&mut config, base_dir);
+    Ok(config)
+}
+
+/// Sections with an element that could not be read at all (no name, wrong type): references to
+/// them are not reported, because the missing target may be that element.
+fn broken_sections(errors: &[ConfigError]) -> HashSet<String> {
+    errors
+        .iter()
+        .filter_map(|e| {
+            let key = e.key.strip_suffix(".name").unwrap_or(&e.key);
+            let open = key.rfind('[')?;
+            (key.ends_with(']') && key[open + 1..key.len() - 1].parse::<usize>().is_ok())
+                .then(|| key[..open].to_string())
+        })
+        .collect()
+}
+
+fn resolve_paths(config: &mut Config, base: &Path) {
+    let fix = |p: &mut PathBuf| {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    };
+    for vs in &mut config.virtual_services {
+        for t in &mut vs.tls {
+            fix(&mut t.cert);
+            fix(&mut t.key);
+        }
+    }
+    for pool in &mut config.pools {
+        if let Some(ca) = pool.tls.as_mut().and_then(|t| t.ca.as_mut()) {
+            fix(ca);
+        }
+    }
+    if let Some(dns) = &mut config.dns {
+        for z in &mut dns.zones {
+            if let Some(f) = &mut z.file {
+                fix(f);
+            }
+        }
+    }
+    for t in &mut config.ip_tables {
+        if let Some(f) = &mut t.file {
+            fix(f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

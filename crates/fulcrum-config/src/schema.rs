@@ -1,0 +1,1018 @@
+//! The typed configuration (DESIGN.md §4) and how each table is read.
+//!
+//! Defaults live here, next to the key they belong to; docs/configuration.md mirrors them.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::string_enum;
+use crate::types::{read_table, ByteSize, KeyValues, OneOrMany};
+use crate::Locations;
+
+/// A whole, validated configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    pub global: Global,
+    pub admin: Admin,
+    pub virtual_services: Vec<VirtualService>,
+    pub pools: Vec<Pool>,
+    pub monitors: Vec<Monitor>,
+    pub persistence: Vec<Persistence>,
+    pub dns: Option<Dns>,
+    pub ip_tables: Vec<IpTable>,
+    pub gslb: Gslb,
+    /// Where key paths stand in the file, for errors found after parsing (e.g. at bind time).
+    pub locations: Locations,
+}
+
+impl Config {
+    pub fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+    pub fn monitor(&self, name: &str) -> Option<&Monitor> {
+        self.monitors.iter().find(|m| m.name == name)
+    }
+    pub fn persistence(&self, name: &str) -> Option<&Persistence> {
+        self.persistence.iter().find(|p| p.name == name)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Global {
+    /// Worker threads of the data planes; 0 = one per CPU.
+    pub workers: usize,
+    /// On SIGTERM, how long established connections may run before they are closed.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Global {
+    fn default() -> Self {
+        Global {
+            workers: 0,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub listen: SocketAddr,
+    pub token: Option<String>,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9900)),
+            token: None,
+        }
+    }
+}
+
+string_enum!(Protocol {
+    Tcp = "tcp",
+    Udp = "udp",
+    Http = "http",
+    Https = "https",
+    Message = "message",
+});
+
+impl Protocol {
+    pub fn is_http(self) -> bool {
+        matches!(self, Protocol::Http | Protocol::Https)
+    }
+    /// Whether the protocol's listeners are UDP sockets (a UDP and a TCP service may share ip:port).
+    pub fn is_datagram(self) -> bool {
+        matches!(self, Protocol::Udp)
+    }
+}
+
+string_enum!(ProxyProtocol { V1 = "v1", V2 = "v2" });
+string_enum!(UdpMode {
+    Session = "session",
+    PerPacket = "per_packet",
+});
+string_enum!(MessageMode { Sync = "sync", Async = "async" });
+
+#[derive(Debug, Clone)]
+pub struct VirtualService {
+    pub name: String,
+    pub listen: Vec<SocketAddr>,
+    pub protocol: Protocol,
+    pub pool: Option<String>,
+    pub persistence: Option<String>,
+    /// Close a connection after this long with no bytes in either direction.
+    pub idle_timeout: Duration,
+    /// Concurrent client connections accepted; 0 = unlimited.
+    pub max_connections: u32,
+    pub rules: Vec<Rule>,
+    pub tls: Vec<TlsCert>,
+    pub compression: Option<Compression>,
+    pub cache: Option<Cache>,
+    pub proxy_protocol: Option<ProxyProtocol>,
+    pub udp_mode: UdpMode,
+    pub session_timeout: Duration,
+    pub framing: Option<Framing>,
+    pub message_mode: MessageMode,
+    pub sequence: Option<Sequence>,
+}
+
+impl FromNode for VirtualService {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let listen: Option<OneOrMany<SocketAddr>> = t.req(cx, "listen");
+            let protocol = t.req(cx, "protocol");
+            let pool = t.opt(cx, "pool");
+            let persistence = t.opt(cx, "persistence");
+            let idle_timeout = t.opt(cx, "idle_timeout");
+            let max_connections = t.opt(cx, "max_connections").unwrap_or(0);
+            let rules = t.opt(cx, "rule").unwrap_or_default();
+            let tls = t.opt(cx, "tls").unwrap_or_default();
+            let compression = t.opt(cx, "compression");
+            let cache = t.opt(cx, "cache");
+            let proxy_protocol = t.opt(cx, "proxy_protocol");
+            let udp_mode = t.opt(cx, "udp_mode").unwrap_or(UdpMode::Session);
+            let session_timeout = t
+                .opt(cx, "session_timeout")
+                .unwrap_or(Duration::from_secs(30));
+            let framing = t.opt(cx, "framing");
+            let message_mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
+            let sequence = t.opt(cx, "sequence");
+            let protocol: Protocol = protocol?;
+            let default_idle = match protocol {
+                Protocol::Http | Protocol::Https => Duration::from_secs(60),
+                _ => Duration::from_secs(300),
+            };
+            Some(VirtualService {
+                name: name?,
+                listen: listen?.0,
+                protocol,
+                pool,
+                persistence,
+                idle_timeout: idle_timeout.unwrap_or(default_idle),
+                max_connections,
+                rules,
+                tls,
+                compression,
+                cache,
+                proxy_protocol,
+                udp_mode,
+                session_timeout,
+                framing,
+                message_mode,
+                sequence,
+            })
+        })
+    }
+}
+
+/// One L7 content-switching rule: conditions (all must match) and exactly one action.
+#[derive(Debug, Clone, Default)]
+pub struct Rule {
+    pub name: Option<String>,
+    pub host: Option<String>,
+    pub path: Option<String>,
+    pub path_prefix: Option<String>,
+    pub path_regex: Option<String>,
+    pub method: Vec<String>,
+    pub header: KeyValues<String>,
+    pub cookie: KeyValues<String>,
+    pub query: KeyValues<String>,
+    pub user_agent: Option<String>,
+    pub source: Vec<IpNet>,
+    pub action: RuleAction,
+    pub request_headers: Option<HeaderEdits>,
+    pub response_headers: Option<HeaderEdits>,
+    pub rewrite_path: Option<Rewrite>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RuleAction {
+    Pool(String),
+    Redirect {
+        location: String,
+        status: u16,
+    },
+    Respond {
+        status: u16,
+        body: String,
+    },
+    #[default]
+    Drop,
+}
+
+impl FromNode for Rule {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let mut rule = Rule {
+                name: t.opt(cx, "name"),
+                host: t.opt(cx, "host"),
+                path: t.opt(cx, "path"),
+                path_prefix: t.opt(cx, "path_prefix"),
+                path_regex: t.opt(cx, "path_regex"),
+                method: t
+                    .opt::<OneOrMany<String>>(cx, "method")
+                    .map(|m| m.0)
+                    .unwrap_or_default(),
+                header: t.opt(cx, "header").unwrap_or_default(),
+                cookie: t.opt(cx, "cookie").unwrap_or_default(),
+                query: t.opt(cx, "query").unwrap_or_default(),
+                user_agent: t.opt(cx, "user_agent"),
+                source: t
+                    .opt::<OneOrMany<IpNet>>(cx, "source")
+                    .map(|m| m.0)
+                    .unwrap_or_default(),
+                request_headers: t.opt(cx, "request_headers"),
+                response_headers: t.opt(cx, "response_headers"),
+                rewrite_path: t.opt(cx, "rewrite_path"),
+                ..Rule::default()
+            };
+            let paths = [&rule.path, &rule.path_prefix, &rule.path_regex];
+            if paths.iter().filter(|p| p.is_some()).count() > 1 {
+                cx.error_at(
+                    node.span.clone(),
+                    t.path(),
+                    "use only one of `path`, `path_prefix` and `path_regex` in a rule",
+                );
+            }
+            rule.action = read_rule_action(t, cx, node)?;
+            Some(rule)
+        })
+    }
+}
+
+fn read_rule_action(
+    t: &mut TableReader<'_>,
+    cx: &mut Cx<'_>,
+    node: &Node<'_>,
+) -> Option<RuleAction> {
+    let pool: Option<String> = t.opt(cx, "pool");
+    let redirect: Option<String> = t.opt(cx, "redirect");
+    let redirect_status: Option<u16> = t.opt(cx, "redirect_status");
+    let respond: Option<u16> = t.opt(cx, "respond");
+    let body: Option<String> = t.opt(cx, "body");
+    let drop: Option<bool> = t.opt(cx, "drop");
+    let count = [
+        pool.is_some(),
+        redirect.is_some(),
+        respond.is_some(),
+        drop == Some(true),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
+    if count != 1 {
+        cx.error_at(
+            node.span.clone(),
+            t.path(),
+            format!(
+                "a rule needs exactly one action (`pool`, `redirect`, `respond` or `drop = true`); found {count}"
+            ),
+        );
+        return None;
+    }
+    if redirect_status.is_some() && redirect.is_none() {
+        cx.error_at(
+            node.span.clone(),
+            t.path(),
+            "`redirect_status` needs `redirect`",
+        );
+    }
+    if body.is_some() && respond.is_none() {
+        cx.error_at(node.span.clone(), t.path(), "`body` needs `respond`");
+    }
+    if let Some(p) = pool {
+        return Some(RuleAction::Pool(p));
+    }
+    if let Some(location) = redirect {
+        let status = redirect_status.unwrap_or(302);
+        if ![301, 302, 303, 307, 308].contains(&status) {
+            cx.error_at(
+                node.span.clone(),
+                &format!("{}.redirect_status", t.path()),
+                format!("{status} is not a redirect status; expected 301, 302, 303, 307 or 308"),
+            );
+            return None;
+        }
+        return Some(RuleAction::Redirect { location, status });
+    }
+    if let Some(status) = respond {
+        if !(200..=599).contains(&status) {
+            cx.error_at(
+                node.span.clone(),
+                &format!("{}.respond", t.path()),
+                format!("{status} is not an HTTP status from 200 to 599"),
+            );
+            return None;
+        }
+        return Some(RuleAction::Respond {
+            status,
+            body: body.unwrap_or_default(),
+        });
+    }
+    Some(RuleAction::Drop)
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct HeaderEdits {
+    pub set: KeyValues<String>,
+    pub add: KeyValues<String>,
+    pub remove: Vec<String>,
+}
+
+impl FromNode for HeaderEdits {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(HeaderEdits {
+                set: t.opt(cx, "set").unwrap_or_default(),
+                add: t.opt(cx, "add").unwrap_or_default(),
+                remove: t.opt(cx, "remove").unwrap_or_default(),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    pub regex: String,
+    pub replace: String,
+}
+
+impl FromNode for Rewrite {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let regex = t.req(cx, "regex");
+            let replace = t.req(cx, "replace");
+            Some(Rewrite {
+                regex: regex?,
+                replace: replace?,
+            })
+        })
+    }
+}
+
+/// A certificate chain and its private key, PEM files; relative paths are from the config's folder.
+#[derive(Debug, Clone)]
+pub struct TlsCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl FromNode for TlsCert {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let cert: Option<String> = t.req(cx, "cert");
+            let key: Option<String> = t.req(cx, "key");
+            Some(TlsCert {
+                cert: cert?.into(),
+                key: key?.into(),
+            })
+        })
+    }
+}
+
+string_enum!(CompressionAlgorithm {
+    Br = "br",
+    Zstd = "zstd",
+    Gzip = "gzip",
+    Deflate = "deflate",
+});
+
+#[derive(Debug, Clone)]
+pub struct Compression {
+    pub algorithms: Vec<CompressionAlgorithm>,
+    pub min_size: u64,
+    pub types: Vec<String>,
+}
+
+impl FromNode for Compression {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(Compression {
+                algorithms: t.opt(cx, "algorithms").unwrap_or_else(|| {
+                    vec![
+                        CompressionAlgorithm::Br,
+                        CompressionAlgorithm::Zstd,
+                        CompressionAlgorithm::Gzip,
+                        CompressionAlgorithm::Deflate,
+                    ]
+                }),
+                min_size: t.opt::<ByteSize>(cx, "min_size").map_or(1024, |s| s.0),
+                types: t.opt(cx, "types").unwrap_or_else(|| {
+                    [
+                        "text/*",
+                        "application/json",
+                        "application/javascript",
+                        "application/xml",
+                        "image/svg+xml",
+                    ]
+                    .map(String::from)
+                    .to_vec()
+                }),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Cache {
+    pub size: u64,
+    pub max_object: u64,
+}
+
+impl FromNode for Cache {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(Cache {
+                size: t.opt::<ByteSize>(cx, "size").map_or(256 << 20, |s| s.0),
+                max_object: t.opt::<ByteSize>(cx, "max_object").map_or(8 << 20, |s| s.0),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Framing {
+    pub length_bytes: u8,
+    pub length_offset: usize,
+    pub big_endian: bool,
+    pub length_includes_header: bool,
+    pub max_message: usize,
+}
+
+impl FromNode for Framing {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let length_bytes = t.opt(cx, "length_bytes").unwrap_or(2);
+            if ![1, 2, 4, 8].contains(&length_bytes) {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.length_bytes", t.path()),
+                    format!("{length_bytes} is not supported; expected 1, 2, 4 or 8"),
+                );
+            }
+            Some(Framing {
+                length_bytes,
+                length_offset: t.opt(cx, "length_offset").unwrap_or(0),
+                big_endian: t.opt(cx, "big_endian").unwrap_or(true),
+                length_includes_header: t.opt(cx, "length_includes_header").unwrap_or(false),
+                max_message: t.opt(cx, "max_message").unwrap_or(65536),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub offset: usize,
+    pub length: usize,
+}
+
+impl FromNode for Sequence {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let offset = t.req(cx, "offset");
+            let length = t.req(cx, "length");
+            Some(Sequence {
+                offset: offset?,
+                length: length?,
+            })
+        })
+    }
+}
+
+string_enum!(Algorithm {
+    RoundRobin = "round_robin",
+    WeightedRoundRobin = "weighted_round_robin",
+    LeastConnections = "least_connections",
+    WeightedLeastConnections = "weighted_least_connections",
+    WeightedLeastTraffic = "weighted_least_traffic",
+    FastestResponse = "fastest_response",
+    DynamicFeedback = "dynamic_feedback",
+    Hash = "hash",
+    Priority = "priority",
+    FirstAvailable = "first_available",
+    LeastRequest = "least_request",
+});
+
+/// What `algorithm = "hash"` hashes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HashKey {
+    SourceIp,
+    SourceIpPort,
+    Uri,
+    Host,
+    Header(String),
+    Cookie(String),
+}
+
+impl HashKey {
+    /// Keys that need an HTTP request to compute.
+    pub fn is_l7(&self) -> bool {
+        !matches!(self, HashKey::SourceIp | HashKey::SourceIpPort)
+    }
+}
+
+impl std::fmt::Display for HashKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HashKey::SourceIp => f.write_str("source_ip"),
+            HashKey::SourceIpPort => f.write_str("source_ip_port"),
+            HashKey::Uri => f.write_str("uri"),
+            HashKey::Host => f.write_str("host"),
+            HashKey::Header(h) => write!(f, "header:{h}"),
+            HashKey::Cookie(c) => write!(f, "cookie:{c}"),
+        }
+    }
+}
+
+impl FromNode for HashKey {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        const ALL: &[&str] = &[
+            "source_ip",
+            "source_ip_port",
+            "uri",
+            "host",
+            "header:NAME",
+            "cookie:NAME",
+        ];
+        let s: String = String::from_node(node, cx)?;
+        let key = match s.as_str() {
+            "source_ip" => Some(HashKey::SourceIp),
+            "source_ip_port" => Some(HashKey::SourceIpPort),
+            "uri" => Some(HashKey::Uri),
+            "host" => Some(HashKey::Host),
+            other => match other.split_once(':') {
+                Some(("header", name)) if !name.is_empty() => {
+                    Some(HashKey::Header(name.to_string()))
+                }
+                Some(("cookie", name)) if !name.is_empty() => {
+                    Some(HashKey::Cookie(name.to_string()))
+                }
+                _ => None,
+            },
+        };
+        if key.is_none() {
+            let hint = crate::error::did_you_mean(&s, ALL.iter().copied())
+                .map(|m| format!(" (did you mean {m:?}?)"))
+                .unwrap_or_default();
+            cx.error(
+                node,
+                format!(
+                    "unknown hash key {s:?}; expected one of: {}{hint}",
+                    ALL.join(", ")
+                ),
+            );
+        }
+        key
+    }
+}
+
+string_enum!(Reuse {
+    Never = "never",
+    Safe = "safe",
+    Always = "always",
+});
+
+#[derive(Debug, Clone)]
+pub struct Pool {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub hash_key: HashKey,
+    pub monitors: Vec<String>,
+    pub slow_start: Option<SlowStart>,
+    pub min_active: u32,
+    pub retries: u32,
+    pub connect_timeout: Duration,
+    pub members: Vec<Member>,
+    pub reuse: Reuse,
+    pub tls: Option<UpstreamTls>,
+}
+
+impl FromNode for Pool {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            Some(Pool {
+                algorithm: t.opt(cx, "algorithm").unwrap_or(Algorithm::RoundRobin),
+                hash_key: t.opt(cx, "hash_key").unwrap_or(HashKey::SourceIp),
+                monitors: t.opt(cx, "monitors").unwrap_or_default(),
+                slow_start: t.opt(cx, "slow_start"),
+                min_active: t.opt(cx, "min_active").unwrap_or(1),
+                retries: t.opt(cx, "retries").unwrap_or(2),
+                connect_timeout: t
+                    .opt(cx, "connect_timeout")
+                    .unwrap_or(Duration::from_secs(3)),
+                members: t.opt(cx, "member").unwrap_or_default(),
+                reuse: t.opt(cx, "reuse").unwrap_or(Reuse::Safe),
+                tls: t.opt(cx, "tls"),
+                name: name?,
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SlowStart {
+    pub recovery: Duration,
+    pub warm: Duration,
+}
+
+impl FromNode for SlowStart {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(SlowStart {
+                recovery: t.opt(cx, "recovery").unwrap_or_default(),
+                warm: t.opt(cx, "warm").unwrap_or_default(),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    pub verify: bool,
+    pub ca: Option<PathBuf>,
+    pub sni: Option<String>,
+}
+
+impl FromNode for UpstreamTls {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(UpstreamTls {
+                verify: t.opt(cx, "verify").unwrap_or(true),
+                ca: t.opt::<String>(cx, "ca").map(PathBuf::from),
+                sni: t.opt(cx, "sni"),
+            })
+        })
+    }
+}
+
+string_enum!(
+    /// Operator-set state of a member (DESIGN §4).
+    AdminState {
+        Enabled = "enabled",
+        Disabled = "disabled",
+        Drain = "drain",
+    }
+);
+
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub address: SocketAddr,
+    pub weight: u32,
+    pub priority: i32,
+    pub max_connections: u32,
+    pub state: AdminState,
+}
+
+/// The largest weight a member may have (F5's ratio range); big enough for capacity ratios.
+pub const MAX_WEIGHT: u32 = 65535;
+
+impl FromNode for Member {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let address = t.req(cx, "address");
+            let weight = t.opt(cx, "weight").unwrap_or(1);
+            if weight > MAX_WEIGHT {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.weight", t.path()),
+                    format!("{weight} is too large; expected 0 to {MAX_WEIGHT}"),
+                );
+            }
+            Some(Member {
+                weight,
+                priority: t.opt(cx, "priority").unwrap_or(0),
+                max_connections: t.opt(cx, "max_connections").unwrap_or(0),
+                state: t.opt(cx, "state").unwrap_or(AdminState::Enabled),
+                address: address?,
+            })
+        })
+    }
+}
+
+string_enum!(MonitorKind {
+    Tcp = "tcp",
+    Http = "http",
+    Https = "https",
+    SendExpect = "send_expect",
+    Agent = "agent",
+    Dns = "dns",
+    Radius = "radius",
+    Smtp = "smtp",
+    Pop3 = "pop3",
+    Imap = "imap",
+    Ftp = "ftp",
+    Icmp = "icmp",
+});
+
+#[derive(Debug, Clone)]
+pub struct Monitor {
+    pub name: String,
+    pub kind: MonitorKind,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+    pub port: Option<u16>,
+    pub path: String,
+    pub method: String,
+    pub host: Option<String>,
+    pub expect_status: Vec<u16>,
+    pub expect_body: Option<String>,
+    pub send: Option<String>,
+    pub expect: Option<String>,
+}
+
+impl FromNode for Monitor {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let kind = t.req(cx, "type");
+            let rise = t.opt(cx, "rise").unwrap_or(2);
+            let fall = t.opt(cx, "fall").unwrap_or(3);
+            for (key, v) in [("rise", rise), ("fall", fall)] {
+                if v == 0 {
+                    cx.error_at(
+                        node.span.clone(),
+                        &format!("{}.{key}", t.path()),
+                        "must be at least 1",
+                    );
+                }
+            }
+            Some(Monitor {
+                interval: t.opt(cx, "interval").unwrap_or(Duration::from_secs(2)),
+                timeout: t.opt(cx, "timeout").unwrap_or(Duration::from_secs(1)),
+                rise,
+                fall,
+                port: t.opt(cx, "port"),
+                path: t.opt(cx, "path").unwrap_or_else(|| "/".to_string()),
+                method: t.opt(cx, "method").unwrap_or_else(|| "GET".to_string()),
+                host: t.opt(cx, "host"),
+                expect_status: t.opt(cx, "expect_status").unwrap_or_default(),
+                expect_body: t.opt(cx, "expect_body"),
+                send: t.opt(cx, "send"),
+                expect: t.opt(cx, "expect"),
+                name: name?,
+                kind: kind?,
+            })
+        })
+    }
+}
+
+string_enum!(PersistenceKind {
+    SourceIp = "source_ip",
+    CookieInsert = "cookie_insert",
+    CookiePassive = "cookie_passive",
+    CookieRewrite = "cookie_rewrite",
+    Header = "header",
+    Radius = "radius",
+});
+
+#[derive(Debug, Clone)]
+pub struct Persistence {
+    pub name: String,
+    pub kind: PersistenceKind,
+    /// Idle expiry of table entries; for cookie_insert the cookie's lifetime (None: session cookie).
+    pub timeout: Option<Duration>,
+    pub cookie: String,
+    pub header: Option<String>,
+    pub attribute: Option<String>,
+    pub source_mask: u8,
+    pub source_mask_v6: u8,
+    /// Bound on the entries of a persistence table; the least recently used go first.
+    pub max_entries: u64,
+}
+
+impl Persistence {
+    /// Idle expiry of the entries of a persistence table.
+    pub fn table_timeout(&self) -> Duration {
+        self.timeout.unwrap_or(Duration::from_secs(30 * 60))
+    }
+}
+
+impl FromNode for Persistence {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let kind = t.req(cx, "type");
+            let source_mask = t.opt(cx, "source_mask").unwrap_or(32);
+            let source_mask_v6 = t.opt(cx, "source_mask_v6").unwrap_or(128);
+            if source_mask > 32 {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.source_mask", t.path()),
+                    format!("{source_mask} is not an IPv4 prefix length (0 to 32)"),
+                );
+            }
+            if source_mask_v6 > 128 {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.source_mask_v6", t.path()),
+                    format!("{source_mask_v6} is not an IPv6 prefix length (0 to 128)"),
+                );
+            }
+            Some(Persistence {
+                timeout: t.opt(cx, "timeout"),
+                cookie: t.opt(cx, "cookie").unwrap_or_else(|| "FULCRUM".to_string()),
+                header: t.opt(cx, "header"),
+                attribute: t.opt(cx, "attribute"),
+                source_mask,
+                source_mask_v6,
+                max_entries: t.opt(cx, "max_entries").unwrap_or(1_000_000),
+                name: name?,
+                kind: kind?,
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Dns {
+    pub listen: Vec<SocketAddr>,
+    pub zones: Vec<Zone>,
+}
+
+impl FromNode for Dns {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let listen: Option<OneOrMany<SocketAddr>> = t.req(cx, "listen");
+            Some(Dns {
+                zones: t.opt(cx, "zone").unwrap_or_default(),
+                listen: listen?.0,
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Zone {
+    pub origin: String,
+    pub file: Option<PathBuf>,
+    pub records: Vec<String>,
+}
+
+impl FromNode for Zone {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let origin = t.req(cx, "origin");
+            Some(Zone {
+                file: t.opt::<String>(cx, "file").map(PathBuf::from),
+                records: t.opt(cx, "records").unwrap_or_default(),
+                origin: origin?,
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct IpTable {
+    pub name: String,
+    pub cidrs: Vec<IpNet>,
+    pub file: Option<PathBuf>,
+}
+
+impl FromNode for IpTable {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            Some(IpTable {
+                cidrs: t.opt(cx, "cidrs").unwrap_or_default(),
+                file: t.opt::<String>(cx, "file").map(PathBuf::from),
+                name: name?,
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Gslb {
+    pub sites: Vec<Site>,
+    pub names: Vec<GslbName>,
+}
+
+impl FromNode for Gslb {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(Gslb {
+                sites: t.opt(cx, "site").unwrap_or_default(),
+                names: t.opt(cx, "name").unwrap_or_default(),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub name: String,
+    pub addresses: Vec<IpAddr>,
+    pub regions: Vec<String>,
+    pub monitor: Option<String>,
+    pub weight: u32,
+    pub peer: Option<SocketAddr>,
+}
+
+impl FromNode for Site {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let addresses = t.req(cx, "addresses");
+            Some(Site {
+                regions: t.opt(cx, "regions").unwrap_or_default(),
+                monitor: t.opt(cx, "monitor"),
+                weight: t.opt(cx, "weight").unwrap_or(1),
+                peer: t.opt(cx, "peer"),
+                name: name?,
+                addresses: addresses?,
+            })
+        })
+    }
+}
+
+string_enum!(GslbAlgorithm {
+    Topology = "topology",
+    RoundRobin = "round_robin",
+    Weighted = "weighted",
+    LeastLoad = "least_load",
+    FastestResponse = "fastest_response",
+    FirstAvailable = "first_available",
+    Hash = "hash",
+});
+
+#[derive(Debug, Clone)]
+pub struct GslbName {
+    pub fqdn: String,
+    pub sites: Vec<String>,
+    pub algorithm: GslbAlgorithm,
+    pub fallback: GslbAlgorithm,
+    pub ttl: u32,
+    pub answers: u32,
+}
+
+impl FromNode for GslbName {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let fqdn = t.req(cx, "fqdn");
+            let sites = t.req(cx, "sites");
+            Some(GslbName {
+                algorithm: t.opt(cx, "algorithm").unwrap_or(GslbAlgorithm::Topology),
+                fallback: t.opt(cx, "fallback").unwrap_or(GslbAlgorithm::RoundRobin),
+                ttl: t.opt(cx, "ttl").unwrap_or(30),
+                answers: t.opt(cx, "answers").unwrap_or(1),
+                fqdn: fqdn?,
+                sites: sites?,
+            })
+        })
+    }
+}
+
+impl FromNode for Global {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let d = Global::default();
+            Some(Global {
+                workers: t.opt(cx, "workers").unwrap_or(d.workers),
+                shutdown_timeout: t.opt(cx, "shutdown_timeout").unwrap_or(d.shutdown_timeout),
+            })
+        })
+    }
+}
+
+impl FromNode for Admin {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(Admin {
+                listen: t.opt(cx, "listen").unwrap_or(Admin::default().listen),
+                token: t.opt(cx, "token"),
+            })
+        })
+    }
+}
+
+/// Reads the whole document; cross-references are checked afterwards by `validate`.
+pub(crate) fn read_config(root: &Node<'_>, cx: &mut Cx<'_>) -> Option<Config> {
+    if !matches!(root.shape(), Shape::Table(_)) {
+        cx.error(root, "the document must be a table");
+        return None;
+    }
+    read_table(root, cx, |t, cx| {
+        Some(Config {
+            global: t.opt(cx, "global").unwrap_or_default(),
+            admin: t.opt(cx, "admin").unwrap_or_default(),
+            virtual_services: t.opt(cx, "virtual_service").unwrap_or_default(),
+            pools: t.opt(cx, "pool").unwrap_or_default(),
+            monitors: t.opt(cx, "monitor").unwrap_or_default(),
+            persistence: t.opt(cx, "persistence").unwrap_or_default(),
+            dns: t.opt(cx, "dns"),
+            ip_tables: t.opt(cx, "ip_table").unwrap_or_default(),
+            gslb: t.opt(cx, "gslb").unwrap_or_default(),
+            locations: Locations::default(),
+        })
+    })
+}

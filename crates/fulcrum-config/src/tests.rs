@@ -1,0 +1,310 @@
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+fn ok(text: &str) -> Config {
+    match parse(text, "t.toml", Path::new("/etc/fulcrum")) {
+        Ok(c) => c,
+        Err(e) => panic!("unexpected errors:\n{e}"),
+    }
+}
+
+fn errs(text: &str) -> Vec<String> {
+    match parse(text, "t.toml", Path::new("/etc/fulcrum")) {
+        Ok(_) => panic!("config was accepted:\n{text}"),
+        Err(e) => e.messages(),
+    }
+}
+
+fn has(errors: &[String], needle: &str) {
+    assert!(
+        errors.iter().any(|e| e.contains(needle)),
+        "no error contains {needle:?}; got:\n{}",
+        errors.join("\n")
+    );
+}
+
+const TCP: &str = r#"
+[[virtual_service]]
+name = "db"
+listen = "127.0.0.1:5000"
+protocol = "tcp"
+pool = "db"
+persistence = "src"
+
+[[pool]]
+name = "db"
+algorithm = "weighted_round_robin"
+monitors = ["tcp"]
+slow_start = { recovery = "5s", warm = "30s" }
+
+[[pool.member]]
+address = "127.0.0.1:9001"
+weight = 3
+
+[[pool.member]]
+address = "[::1]:9002"
+state = "drain"
+
+[[monitor]]
+name = "tcp"
+type = "tcp"
+
+[[persistence]]
+name = "src"
+type = "source_ip"
+source_mask = 24
+"#;
+
+#[test]
+fn reads_the_tcp_contract_with_defaults() {
+    let c = ok(TCP);
+    assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9900");
+    let vs = &c.virtual_services[0];
+    assert_eq!(vs.listen.len(), 1);
+    assert_eq!(vs.protocol, Protocol::Tcp);
+    assert_eq!(vs.idle_timeout, Duration::from_secs(300));
+    let p = &c.pools[0];
+    assert_eq!(p.algorithm, Algorithm::WeightedRoundRobin);
+    assert_eq!(p.retries, 2);
+    assert_eq!(p.slow_start.unwrap().warm, Duration::from_secs(30));
+    assert_eq!(p.members[0].weight, 3);
+    assert_eq!(p.members[1].weight, 1);
+    assert_eq!(p.members[1].state, AdminState::Drain);
+    assert_eq!(c.monitors[0].rise, 2);
+    assert_eq!(c.monitors[0].fall, 3);
+    assert_eq!(c.persistence[0].source_mask, 24);
+    assert_eq!(c.persistence[0].table_timeout(), Duration::from_secs(1800));
+}
+
+#[test]
+fn reads_the_whole_design_example() {
+    let c = ok(include_str!("../tests/design_example.toml"));
+    assert_eq!(c.virtual_services.len(), 4);
+    let vs = &c.virtual_services[0];
+    assert_eq!(vs.rules.len(), 1);
+    assert_eq!(vs.rules[0].action, RuleAction::Pool("web".into()));
+    assert_eq!(
+        vs.rules[0].header.0[0],
+        ("X-Env".to_string(), "^canary$".to_string())
+    );
+    assert_eq!(c.gslb.names[0].algorithm, GslbAlgorithm::Topology);
+    assert_eq!(
+        c.dns.as_ref().unwrap().zones[0].file.as_deref(),
+        Some(Path::new("/etc/fulcrum/zones/example.com.zone"))
+    );
+}
+
+#[test]
+fn unknown_key_with_suggestion_and_position() {
+    let e = errs(&TCP.replace("algorithm =", "algoritm ="));
+    has(
+        &e,
+        "t.toml:11:1: pool[0].algoritm: unknown key `algoritm` (did you mean `algorithm`?)",
+    );
+}
+
+#[test]
+fn unknown_enum_value_lists_choices() {
+    let e = errs(&TCP.replace("\"weighted_round_robin\"", "\"wrr\""));
+    has(
+        &e,
+        "pool[0].algorithm: unknown value \"wrr\"; expected one of: round_robin",
+    );
+    let e = errs(&TCP.replace("\"weighted_round_robin\"", "\"weighted_round_robn\""));
+    has(&e, "(did you mean \"weighted_round_robin\"?)");
+}
+
+#[test]
+fn wrong_types() {
+    let e = errs(&TCP.replace("weight = 3", "weight = \"3\""));
+    has(
+        &e,
+        "pool[0].member[0].weight: expected an integer, found a string",
+    );
+    let e = errs(&TCP.replace("weight = 3", "weight = -3"));
+    has(&e, "-3 is out of range");
+    let e = errs(&TCP.replace("weight = 3", "weight = 70000"));
+    has(&e, "70000 is too large");
+}
+
+#[test]
+fn bad_addresses_and_durations() {
+    let e = errs(&TCP.replace("\"127.0.0.1:9001\"", "\"127.0.0.1\""));
+    has(
+        &e,
+        "pool[0].member[0].address: invalid address \"127.0.0.1\": a port is required",
+    );
+    let e = errs(&TCP.replace("\"127.0.0.1:5000\"", "\"localhost:5000\""));
+    has(&e, "virtual_service[0].listen: invalid address");
+    let e = errs(&TCP.replace("\"30s\"", "\"30\""));
+    has(
+        &e,
+        "pool[0].slow_start.warm: invalid duration \"30\": a unit is required",
+    );
+    let e = errs(&TCP.replace("\"30s\"", "\"soon\""));
+    has(&e, "invalid duration \"soon\"");
+}
+
+#[test]
+fn missing_references_with_suggestions() {
+    let e = errs(&TCP.replace("pool = \"db\"", "pool = \"dbb\""));
+    has(
+        &e,
+        "virtual_service[0].pool: no pool named \"dbb\" (did you mean \"db\"?)",
+    );
+    let e = errs(&TCP.replace("monitors = [\"tcp\"]", "monitors = [\"http\"]"));
+    has(&e, "pool[0].monitors[0]: no monitor named \"http\"");
+    let e = errs(&TCP.replace("persistence = \"src\"", "persistence = \"source\""));
+    has(&e, "no persistence profile named \"source\"");
+}
+
+#[test]
+fn duplicates() {
+    let dup = TCP.replace("address = \"[::1]:9002\"", "address = \"127.0.0.1:9001\"");
+    has(&errs(&dup), "duplicate member 127.0.0.1:9001");
+    let two = format!("{TCP}\n[[pool]]\nname = \"db\"\n");
+    has(
+        &errs(&two),
+        "pool[1].name: duplicate name \"db\": already used by pool[0]",
+    );
+    let listen = format!(
+        "{TCP}\n[[virtual_service]]\nname = \"db2\"\nlisten = [\"127.0.0.1:5000\"]\nprotocol = \"tcp\"\npool = \"db\"\n"
+    );
+    has(
+        &errs(&listen),
+        "127.0.0.1:5000 is already used by virtual_service[0] (db)",
+    );
+}
+
+#[test]
+fn udp_and_tcp_may_share_an_address() {
+    let c = format!(
+        "{TCP}\n[[virtual_service]]\nname = \"dns\"\nlisten = [\"127.0.0.1:5000\"]\nprotocol = \"udp\"\npool = \"db\"\n"
+    );
+    ok(&c);
+}
+
+#[test]
+fn all_errors_at_once_in_file_order() {
+    let bad = TCP
+        .replace("algorithm =", "algoritm =")
+        .replace("weight = 3", "weight = \"x\"")
+        .replace("pool = \"db\"", "pool = \"nope\"");
+    let e = errs(&bad);
+    assert_eq!(e.len(), 3, "{e:#?}");
+    assert!(e[0].contains("virtual_service[0].pool"));
+    assert!(e[1].contains("algoritm"));
+    assert!(e[2].contains("weight"));
+}
+
+#[test]
+fn toml_syntax_errors_are_located() {
+    let e = errs("[[pool]]\nname = \"a\nweight = 1\n");
+    has(&e, "t.toml:2:");
+    has(&e, "TOML syntax error");
+}
+
+#[test]
+fn protocol_specific_keys() {
+    let e = errs(&TCP.replace(
+        "protocol = \"tcp\"",
+        "protocol = \"tcp\"\nudp_mode = \"per_packet\"",
+    ));
+    has(
+        &e,
+        "virtual_service[0].udp_mode: `udp_mode` applies to protocol udp; this service is tcp",
+    );
+    let e = errs(&TCP.replace("protocol = \"tcp\"", "protocol = \"https\""));
+    has(&e, "protocol https needs `tls`");
+}
+
+#[test]
+fn admin_needs_token_off_loopback() {
+    let e = errs(&format!("[admin]\nlisten = \"0.0.0.0:9900\"\n{TCP}"));
+    has(&e, "admin.listen: 0.0.0.0:9900 is not a loopback address");
+    ok(&format!(
+        "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken = \"x\"\n{TCP}"
+    ));
+}
+
+#[test]
+fn monitor_checks() {
+    let e = errs(&TCP.replace(
+        "type = \"tcp\"",
+        "type = \"tcp\"\ninterval = \"1s\"\ntimeout = \"2s\"",
+    ));
+    has(
+        &e,
+        "monitor[0].timeout: 2s is longer than the interval (1s)",
+    );
+    let e = errs(&TCP.replace("type = \"tcp\"", "type = \"send_expect\""));
+    has(&e, "type send_expect needs `expect`");
+    let e = errs(&TCP.replace("type = \"tcp\"", "type = \"tcp\"\nrise = 0"));
+    has(&e, "monitor[0].rise: must be at least 1");
+}
+
+#[test]
+fn rule_checks() {
+    let base = r#"
+[[virtual_service]]
+name = "web"
+listen = "127.0.0.1:8080"
+protocol = "http"
+pool = "web"
+[[virtual_service.rule]]
+path_regex = "^/(img"
+pool = "web"
+[[virtual_service.rule]]
+respond = 403
+redirect = "https://x/"
+[[pool]]
+name = "web"
+"#;
+    let e = errs(base);
+    has(
+        &e,
+        "virtual_service[0].rule[0].path_regex: invalid regular expression \"^/(img\"",
+    );
+    has(
+        &e,
+        "virtual_service[0].rule[1]: a rule needs exactly one action",
+    );
+}
+
+#[test]
+fn l7_hash_key_on_tcp_pool() {
+    let e = errs(&TCP.replace(
+        "algorithm = \"weighted_round_robin\"",
+        "algorithm = \"hash\"\nhash_key = \"header:X-Id\"",
+    ));
+    has(
+        &e,
+        "hash key header:X-Id needs an HTTP request, but a tcp service uses this pool",
+    );
+}
+
+#[test]
+fn a_failed_element_does_not_cascade() {
+    // The pool has no name, so the reference to it must not be reported as a second error.
+    let e = errs(&TCP.replace("name = \"db\"\nalgorithm", "algorithm"));
+    assert_eq!(e.len(), 1, "{e:#?}");
+    has(&e, "pool[0]: missing required key `name`");
+}
+
+#[test]
+fn nothing_panics_on_odd_documents() {
+    for doc in [
+        "",
+        "virtual_service = 3",
+        "[[virtual_service]]",
+        "[admin]\nlisten = []",
+        "pool = [1, 2]",
+        "[[pool]]\nname = \"p\"\nmember = \"x\"",
+        "[gslb]\nsite = {}",
+        "[[pool]]\nname=\"p\"\n[[pool.member]]\naddress=1979-05-27T07:32:00Z",
+    ] {
+        let _ = parse(doc, "t.toml", Path::new("."));
+    }
+}

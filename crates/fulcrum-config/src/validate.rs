@@ -1,0 +1,479 @@
+//! Checks that need the whole config: references between sections, duplicates, and keys that only
+//! make sense for some protocols.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+
+use crate::error::{did_you_mean, ConfigError};
+use crate::schema::{Config, MonitorKind, PersistenceKind, Protocol, RuleAction};
+use crate::Locations;
+
+struct Checker<'a> {
+    loc: &'a Locations,
+    errors: Vec<ConfigError>,
+    /// Sections in which an element failed to parse: references into them are not reported,
+    /// since the target may be the element that failed.
+    broken: &'a HashSet<String>,
+}
+
+impl Checker<'_> {
+    fn err(&mut self, path: &str, msg: impl Into<String>) {
+        self.errors.push(self.loc.error(path, msg));
+    }
+
+    /// Reports a reference to a name that does not exist, suggesting the closest one.
+    fn reference<'n>(
+        &mut self,
+        path: &str,
+        what: &str,
+        section: &str,
+        name: &str,
+        known: impl Iterator<Item = &'n str> + Clone,
+    ) {
+        if known.clone().any(|k| k == name) || self.broken.contains(section) {
+            return;
+        }
+        let hint = match did_you_mean(name, known.clone()) {
+            Some(s) => format!(" (did you mean {s:?}?)"),
+            None => {
+                let all: Vec<&str> = known.collect();
+                if all.is_empty() {
+                    format!("; no {what} is defined")
+                } else {
+                    format!("; defined: {}", all.join(", "))
+                }
+            }
+        };
+        self.err(path, format!("no {what} named {name:?}{hint}"));
+    }
+
+    fn unique<'n>(&mut self, section: &str, names: impl Iterator<Item = &'n str>, key: &str) {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, n) in names.enumerate() {
+            if let Some(first) = seen.insert(n, i) {
+                self.err(
+                    &format!("{section}[{i}].{key}"),
+                    format!("duplicate {key} {n:?}: already used by {section}[{first}]"),
+                );
+            }
+        }
+    }
+
+    /// A key only some protocols use, written for a service of another protocol.
+    fn only_for(&mut self, vs: usize, key: &str, protocol: Protocol, allowed: &[Protocol]) {
+        let path = format!("virtual_service[{vs}].{key}");
+        if self.loc.contains(&path) && !allowed.contains(&protocol) {
+            let names: Vec<&str> = allowed.iter().map(|p| p.as_str()).collect();
+            self.err(
+                &path,
+                format!(
+                    "`{key}` applies to protocol {}; this service is {protocol}",
+                    names.join(" / ")
+                ),
+            );
+        }
+    }
+}
+
+fn regex_ok(c: &mut Checker<'_>, path: &str, pattern: &str) {
+    if let Err(e) = regex::Regex::new(pattern) {
+        let first = e
+            .to_string()
+            .lines()
+            .last()
+            .unwrap_or("invalid")
+            .trim()
+            .to_string();
+        c.err(
+            path,
+            format!("invalid regular expression {pattern:?}: {first}"),
+        );
+    }
+}
+
+pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigError> {
+    let mut c = Checker {
+        loc: &cfg.locations,
+        errors: Vec::new(),
+        broken,
+    };
+    if !cfg.admin.listen.ip().is_loopback() && cfg.admin.token.is_none() {
+        c.err(
+            "admin.listen",
+            format!(
+                "{} is not a loopback address: set admin.token so the API is not open to the network",
+                cfg.admin.listen
+            ),
+        );
+    }
+    if cfg.global.shutdown_timeout.is_zero() && cfg.locations.contains("global.shutdown_timeout") {
+        c.err("global.shutdown_timeout", "must be longer than 0s");
+    }
+
+    c.unique(
+        "virtual_service",
+        cfg.virtual_services.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique("pool", cfg.pools.iter().map(|v| v.name.as_str()), "name");
+    c.unique(
+        "monitor",
+        cfg.monitors.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique(
+        "persistence",
+        cfg.persistence.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique(
+        "ip_table",
+        cfg.ip_tables.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique(
+        "gslb.site",
+        cfg.gslb.sites.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+
+    let pool_names = cfg.pools.iter().map(|p| p.name.as_str());
+    let monitor_names = cfg.monitors.iter().map(|p| p.name.as_str());
+    let persistence_names = cfg.persistence.iter().map(|p| p.name.as_str());
+
+    // Listening addresses: one owner per (transport, address).
+    let mut stream_owner: HashMap<SocketAddr, String> = HashMap::new();
+    let mut dgram_owner: HashMap<SocketAddr, String> = HashMap::new();
+    stream_owner.insert(cfg.admin.listen, "admin.listen".into());
+
+    let mut protocols_of_pool: HashMap<&str, Vec<Protocol>> = HashMap::new();
+
+    for (i, vs) in cfg.virtual_services.iter().enumerate() {
+        let at = |k: &str| format!("virtual_service[{i}].{k}");
+        if vs.listen.is_empty() {
+            c.err(&at("listen"), "at least one address is required");
+        }
+        for (j, addr) in vs.listen.iter().enumerate() {
+            let owners = if vs.protocol.is_datagram() {
+                &mut dgram_owner
+            } else {
+                &mut stream_owner
+            };
+            let me = format!("virtual_service[{i}] ({})", vs.name);
+            if let Some(prev) = owners.insert(*addr, me) {
+                c.err(
+                    &format!("{}[{j}]", at("listen")),
+                    format!("{addr} is already used by {prev}"),
+                );
+            }
+        }
+        match &vs.pool {
+            Some(p) => {
+                c.reference(&at("pool"), "pool", "pool", p, pool_names.clone());
+                protocols_of_pool
+                    .entry(p.as_str())
+                    .or_default()
+                    .push(vs.protocol);
+            }
+            None if !vs.protocol.is_http() => c.err(
+                &format!("virtual_service[{i}]"),
+                format!("missing required key `pool` (protocol {})", vs.protocol),
+            ),
+            None => {}
+        }
+        if let Some(p) = &vs.persistence {
+            c.reference(
+                &at("persistence"),
+                "persistence profile",
+                "persistence",
+                p,
+                persistence_names.clone(),
+            );
+            if let Some(prof) = cfg.persistence(p) {
+                let ok = match prof.kind {
+                    PersistenceKind::SourceIp => true,
+                    PersistenceKind::CookieInsert
+                    | PersistenceKind::CookiePassive
+                    | PersistenceKind::CookieRewrite
+                    | PersistenceKind::Header => vs.protocol.is_http(),
+                    PersistenceKind::Radius => vs.protocol == Protocol::Udp,
+                };
+                if !ok {
+                    c.err(
+                        &at("persistence"),
+                        format!(
+                            "persistence {p:?} is of type {}, which does not apply to protocol {}",
+                            prof.kind, vs.protocol
+                        ),
+                    );
+                }
+            }
+        }
+        use Protocol::*;
+        c.only_for(i, "rule", vs.protocol, &[Http, Https]);
+        c.only_for(i, "compression", vs.protocol, &[Http, Https]);
+        c.only_for(i, "cache", vs.protocol, &[Http, Https]);
+        c.only_for(i, "tls", vs.protocol, &[Https]);
+        c.only_for(
+            i,
+            "proxy_protocol",
+            vs.protocol,
+            &[Tcp, Message, Http, Https],
+        );
+        c.only_for(i, "udp_mode", vs.protocol, &[Udp]);
+        c.only_for(i, "session_timeout", vs.protocol, &[Udp]);
+        c.only_for(i, "framing", vs.protocol, &[Message]);
+        c.only_for(i, "message_mode", vs.protocol, &[Message]);
+        c.only_for(i, "sequence", vs.protocol, &[Message]);
+        if vs.protocol == Https && vs.tls.is_empty() {
+            c.err(
+                &format!("virtual_service[{i}]"),
+                "protocol https needs `tls` with at least one certificate",
+            );
+        }
+        if vs.sequence.is_some() && vs.message_mode == crate::MessageMode::Sync {
+            c.err(
+                &at("sequence"),
+                "`sequence` pairs pipelined responses: it needs message_mode = \"async\"",
+            );
+        }
+        if vs.idle_timeout.is_zero() {
+            c.err(&at("idle_timeout"), "must be longer than 0s");
+        }
+        for (r, rule) in vs.rules.iter().enumerate() {
+            let rp = |k: &str| format!("virtual_service[{i}].rule[{r}].{k}");
+            if let RuleAction::Pool(p) = &rule.action {
+                c.reference(&rp("pool"), "pool", "pool", p, pool_names.clone());
+                protocols_of_pool
+                    .entry(p.as_str())
+                    .or_default()
+                    .push(vs.protocol);
+            }
+            if let Some(re) = &rule.path_regex {
+                regex_ok(&mut c, &rp("path_regex"), re);
+            }
+            if let Some(re) = &rule.user_agent {
+                regex_ok(&mut c, &rp("user_agent"), re);
+            }
+            for (key, map) in [
+                ("header", &rule.header),
+                ("cookie", &rule.cookie),
+                ("query", &rule.query),
+            ] {
+                for (name, re) in &map.0 {
+                    regex_ok(&mut c, &format!("{}.{name}", rp(key)), re);
+                }
+            }
+            if let Some(rw) = &rule.rewrite_path {
+                regex_ok(&mut c, &rp("rewrite_path.regex"), &rw.regex);
+            }
+            if let Some(h) = &rule.host {
+                let bare = h.strip_prefix("*.").unwrap_or(h);
+                if bare.is_empty() || bare.contains(['*', '/', ' ']) {
+                    c.err(
+                        &rp("host"),
+                        format!("{h:?} is not a host name or a \"*.domain\" wildcard"),
+                    );
+                }
+            }
+            for m in &rule.method {
+                if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase() || b == b'-') {
+                    c.err(
+                        &rp("method"),
+                        format!("{m:?} is not an HTTP method (upper case, e.g. \"GET\")"),
+                    );
+                }
+            }
+        }
+    }
+
+    for (i, pool) in cfg.pools.iter().enumerate() {
+        let at = |k: &str| format!("pool[{i}].{k}");
+        let mut seen = HashMap::new();
+        for (j, m) in pool.members.iter().enumerate() {
+            if let Some(first) = seen.insert(m.address, j) {
+                c.err(
+                    &format!("pool[{i}].member[{j}].address"),
+                    format!(
+                        "duplicate member {}: already pool[{i}].member[{first}]",
+                        m.address
+                    ),
+                );
+            }
+        }
+        for (j, m) in pool.monitors.iter().enumerate() {
+            c.reference(
+                &format!("{}[{j}]", at("monitors")),
+                "monitor",
+                "monitor",
+                m,
+                monitor_names.clone(),
+            );
+        }
+        if pool.hash_key.is_l7() {
+            if let Some(protos) = protocols_of_pool.get(pool.name.as_str()) {
+                if let Some(p) = protos.iter().find(|p| !p.is_http()) {
+                    c.err(
+                        &at("hash_key"),
+                        format!(
+                            "hash key {} needs an HTTP request, but a {p} service uses this pool",
+                            pool.hash_key
+                        ),
+                    );
+                }
+            }
+        }
+        if pool.connect_timeout.is_zero() {
+            c.err(&at("connect_timeout"), "must be longer than 0s");
+        }
+    }
+
+    for (i, m) in cfg.monitors.iter().enumerate() {
+        let at = |k: &str| format!("monitor[{i}].{k}");
+        if m.interval.is_zero() {
+            c.err(&at("interval"), "must be longer than 0s");
+        }
+        if m.timeout.is_zero() {
+            c.err(&at("timeout"), "must be longer than 0s");
+        } else if m.timeout > m.interval {
+            c.err(
+                &at("timeout"),
+                format!(
+                    "{} is longer than the interval ({}): a check would still run when the next starts",
+                    humantime::format_duration(m.timeout),
+                    humantime::format_duration(m.interval)
+                ),
+            );
+        }
+        for s in &m.expect_status {
+            if !(100..=599).contains(s) {
+                c.err(
+                    &at("expect_status"),
+                    format!("{s} is not an HTTP status (100 to 599)"),
+                );
+            }
+        }
+        if m.kind == MonitorKind::SendExpect && m.expect.is_none() {
+            c.err(
+                &format!("monitor[{i}]"),
+                "type send_expect needs `expect` (and usually `send`)",
+            );
+        }
+        if m.port == Some(0) {
+            c.err(&at("port"), "0 is not a port");
+        }
+    }
+
+    for (i, p) in cfg.persistence.iter().enumerate() {
+        let at = format!("persistence[{i}]");
+        match p.kind {
+            PersistenceKind::Header if p.header.is_none() => c.err(
+                &at,
+                "type header needs `header`: the request header to route by",
+            ),
+            PersistenceKind::Radius if p.attribute.is_none() => {
+                c.err(&at, "type radius needs `attribute`, e.g. \"User-Name\"")
+            }
+            _ => {}
+        }
+        if p.cookie.is_empty()
+            || !p
+                .cookie
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.!#$%&'*+^`|~".contains(&b))
+        {
+            c.err(
+                &format!("{at}.cookie"),
+                format!("{:?} is not a valid cookie name", p.cookie),
+            );
+        }
+        if p.max_entries == 0 {
+            c.err(&format!("{at}.max_entries"), "must be at least 1");
+        }
+    }
+
+    if let Some(dns) = &cfg.dns {
+        for (j, addr) in dns.listen.iter().enumerate() {
+            for owners in [&mut stream_owner, &mut dgram_owner] {
+                if let Some(prev) = owners.insert(*addr, "dns".into()) {
+                    c.err(
+                        &format!("dns.listen[{j}]"),
+                        format!("{addr} is already used by {prev}"),
+                    );
+                }
+            }
+        }
+        for (z, zone) in dns.zones.iter().enumerate() {
+            if !zone.origin.ends_with('.') {
+                c.err(
+                    &format!("dns.zone[{z}].origin"),
+                    format!(
+                        "{:?} must be fully qualified, ending in a dot: \"{}.\"",
+                        zone.origin, zone.origin
+                    ),
+                );
+            }
+        }
+    }
+
+    let table_names = cfg.ip_tables.iter().map(|t| t.name.as_str());
+    for (i, t) in cfg.ip_tables.iter().enumerate() {
+        if t.cidrs.is_empty() && t.file.is_none() {
+            c.err(&format!("ip_table[{i}]"), "needs `cidrs`, `file`, or both");
+        }
+    }
+    let site_names = cfg.gslb.sites.iter().map(|s| s.name.as_str());
+    for (i, s) in cfg.gslb.sites.iter().enumerate() {
+        for (j, r) in s.regions.iter().enumerate() {
+            c.reference(
+                &format!("gslb.site[{i}].regions[{j}]"),
+                "ip_table",
+                "ip_table",
+                r,
+                table_names.clone(),
+            );
+        }
+        if let Some(m) = &s.monitor {
+            c.reference(
+                &format!("gslb.site[{i}].monitor"),
+                "monitor",
+                "monitor",
+                m,
+                monitor_names.clone(),
+            );
+        }
+        if s.addresses.is_empty() {
+            c.err(
+                &format!("gslb.site[{i}].addresses"),
+                "at least one address is required",
+            );
+        }
+    }
+    c.unique(
+        "gslb.name",
+        cfg.gslb.names.iter().map(|n| n.fqdn.as_str()),
+        "fqdn",
+    );
+    for (i, n) in cfg.gslb.names.iter().enumerate() {
+        if !n.fqdn.ends_with('.') {
+            c.err(
+                &format!("gslb.name[{i}].fqdn"),
+                format!("{:?} must be fully qualified, ending in a dot", n.fqdn),
+            );
+        }
+        for (j, s) in n.sites.iter().enumerate() {
+            c.reference(
+                &format!("gslb.name[{i}].sites[{j}]"),
+                "gslb.site",
+                "gslb.site",
+                s,
+                site_names.clone(),
+            );
+        }
+        if n.answers == 0 {
+            c.err(&format!("gslb.name[{i}].answers"), "must be at least 1");
+        }
+    }
+
+    c.errors
+}
