@@ -1,1 +1,53 @@
+//! The admin REST API of DESIGN §5 and the Prometheus `/metrics` endpoint.
+//!
+//! The API reads live state through the `Control` trait, which the binary implements over its
+//! current configuration snapshot, so this crate knows nothing of how data planes are assembled.
 
+mod api;
+mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use fulcrum_balance::Pool;
+use fulcrum_config::Protocol;
+use fulcrum_proxy::ServiceStats;
+
+pub use api::{
+    member_status, pool_status, router, MemberStatus, PoolStatus, ServiceStatus, Status,
+};
+pub use metrics::{render as render_metrics, MetricsWriter};
+
+/// A virtual service as the API shows it.
+#[derive(Clone)]
+pub struct ServiceInfo {
+    pub name: String,
+    pub protocol: Protocol,
+    pub listen: Vec<SocketAddr>,
+    pub stats: Arc<ServiceStats>,
+}
+
+/// What the admin API needs from the running process.
+pub trait Control: Send + Sync + 'static {
+    /// Configuration generation: 1 at start, +1 per successful reload.
+    fn generation(&self) -> u64;
+    fn services(&self) -> Vec<ServiceInfo>;
+    fn pools(&self) -> Vec<Arc<Pool>>;
+    /// Re-reads and applies the configuration file; on failure the running one stays and the
+    /// errors are returned.
+    fn reload(&self) -> Result<u64, Vec<String>>;
+    /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
+    fn extra_metrics(&self, _out: &mut MetricsWriter) {}
+}
+
+/// Serves the API on `listener` until the process ends.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    control: Arc<dyn Control>,
+    token: Option<String>,
+) {
+    let app = router(control, token);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "admin API stopped");
+    }
+}

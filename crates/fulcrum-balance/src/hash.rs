@@ -20,6 +20,12 @@ pub fn hash_with_seed(bytes: &[u8], seed: u64) -> u64 {
     fmix64(h)
 }
 
+/// The `k`-th alternative to a finished hash `h`, for probing.
+#[inline]
+pub fn rehash(h: u64, k: u64) -> u64 {
+    fmix64(h ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
 fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);

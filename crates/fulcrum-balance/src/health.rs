@@ -166,9 +166,7 @@ impl HealthMachine {
     pub fn record_check(&self, monitor: &str, ok: bool, detail: &str) -> Changed {
         let mut inner = self.inner.lock();
         let passive_rise = inner.passive_rise;
-        let Some(index) = inner.checks.iter().position(|c| c.monitor == monitor) else {
-            return None;
-        };
+        let index = inner.checks.iter().position(|c| c.monitor == monitor)?;
         let check = &mut inner.checks[index];
         check.last = detail.to_string();
         if ok {

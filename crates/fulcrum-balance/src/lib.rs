@@ -11,7 +11,7 @@ pub mod persist;
 pub mod pool;
 pub mod sched;
 
-pub use health::{CheckSpec, HealthMachine, HealthReport, Transition};
+pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
 pub use member::{AgentState, ConnectionGuard, Member, MemberStats, RequestGuard, WEIGHT_SCALE};
 pub use persist::{PersistKey, PersistTable, TableSpec};
 pub use pool::{Picked, Pool};

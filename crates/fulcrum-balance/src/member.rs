@@ -81,11 +81,22 @@ impl MemberStats {
 
     /// Updates the traffic EWMA from the byte counters; called periodically by the control plane.
     pub(crate) fn sample_traffic(&self, now_ms: u64) {
+        // A refresh that read the clock before the last sample (two refreshes racing) has
+        // nothing newer to add; letting it move the sample time back would stretch the next
+        // interval and understate the rate.
+        let last_ms = self.traffic_sample_ms.load(Ordering::Relaxed);
+        if now_ms <= last_ms
+            || self
+                .traffic_sample_ms
+                .compare_exchange(last_ms, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
         let total =
             self.bytes_sent.load(Ordering::Relaxed) + self.bytes_received.load(Ordering::Relaxed);
-        let last_ms = self.traffic_sample_ms.swap(now_ms, Ordering::Relaxed);
         let last_bytes = self.traffic_sample_bytes.swap(total, Ordering::Relaxed);
-        if last_ms == 0 || now_ms <= last_ms {
+        if last_ms == 0 {
             return;
         }
         let dt = (now_ms - last_ms) as f64 / 1000.0;
@@ -153,7 +164,7 @@ impl Member {
             max_connections: AtomicU32::new(cfg.max_connections),
             agent_state: AtomicU8::new(0),
             agent_weight_pct: AtomicU32::new(100),
-            effective_weight: AtomicU32::new(cfg.weight * WEIGHT_SCALE),
+            effective_weight: AtomicU32::new(cfg.weight.saturating_mul(WEIGHT_SCALE)),
             health: HealthMachine::default(),
             recovery_ms: AtomicU64::new(0),
             warm_ms: AtomicU64::new(0),
@@ -275,12 +286,14 @@ impl Member {
         start != 0 && now_ms < start + self.recovery_ms.load(Ordering::Relaxed)
     }
 
-    /// May take a new client (scheduling). `now_ms` is 0 when the pool has no slow start.
+    /// May take a new client (scheduling). `now_ms` is 0 when the pool has no slow start. A
+    /// weight of 0, set by the operator or reported by an agent as 0%, takes no new clients.
     #[inline]
     pub fn accepts_new(&self, now_ms: u64) -> bool {
         self.health.is_up()
             && self.effective_state() == AdminState::Enabled
             && self.weight() > 0
+            && self.agent_weight_pct() > 0
             && self.below_max_connections()
             && (now_ms == 0 || !self.recovering(now_ms))
     }

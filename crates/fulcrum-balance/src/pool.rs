@@ -119,8 +119,14 @@ impl Pool {
 
     /// Chooses a member for a new client, skipping the indices in `exclude` (members this client
     /// already failed on).
+    #[inline]
     pub fn pick(&self, ctx: &PickContext, exclude: &[usize]) -> Option<Picked> {
-        let now = self.pick_clock();
+        self.pick_at(ctx, exclude, self.pick_clock())
+    }
+
+    /// `pick` at a given clock reading (`clock::now_ms()`; 0 skips the slow-start recovery
+    /// check), so slow start can be driven by hand.
+    pub fn pick_at(&self, ctx: &PickContext, exclude: &[usize], now: u64) -> Option<Picked> {
         let ok = |i: usize| !exclude.contains(&i) && self.members[i].accepts_new(now);
         match self.scheduler.pick(&self.members, ctx, &ok) {
             Some(index) => Some(Picked {
@@ -171,9 +177,10 @@ impl Pool {
                 let w = if unweighted { 1 } else { m.weight() };
                 let scaled =
                     u64::from(w) * u64::from(WEIGHT_SCALE) * u64::from(m.agent_weight_pct()) / 100;
-                // An agent at 1% of weight 1 still leaves the member one unit.
+                // An agent at 1% of weight 1 still leaves the member one unit; an API weight or an
+                // agent percentage far beyond the config's range saturates instead of wrapping.
                 if w > 0 && m.agent_weight_pct() > 0 {
-                    (scaled as u32).max(1)
+                    u32::try_from(scaled).unwrap_or(u32::MAX).max(1)
                 } else {
                     0
                 }

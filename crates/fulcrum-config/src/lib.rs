@@ -56,7 +56,7 @@ pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigEr
     let broken = broken_sections(&errors);
     errors.extend(validate::validate(&config, &broken));
     if !errors.is_empty() {
-        errors.sort_by(|a, b| (a.line, a.column).cmp(&(b.line, b.column)));
+        errors.sort_by_key(|e| (e.line, e.column));
         errors.dedup();
         return Err(ConfigErrors(errors));
     }

@@ -1,1 +1,15 @@
+//! L4 data planes: listening sockets that survive reloads, the TCP full proxy with zero-copy
+//! forwarding, and PROXY protocol towards members. Later: UDP and message-based balancing.
 
+pub mod forward;
+pub mod listener;
+pub mod proxy_protocol;
+mod splice;
+pub mod stats;
+pub mod tcp;
+pub mod tracker;
+
+pub use listener::{BindError, Listener, Listeners, Prepared, StreamHandler};
+pub use stats::{ServiceConnection, ServiceStats};
+pub use tcp::{SourcePersistence, TcpService};
+pub use tracker::Tracker;

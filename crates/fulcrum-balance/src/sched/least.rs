@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::{scan_from, PickContext, RebuildInput, Scheduler};
+use super::{rotate, PickContext, RebuildInput, Scheduler};
 use crate::member::Member;
 
 /// Picks the member with the lowest `load / weight` among those `ok` accepts. The scan starts at
-/// a rotating offset so ties (e.g. all idle) spread instead of piling onto the first member.
+/// the next usable member in round robin, which wins ties: all-idle members take turns, and the
+/// turns of a member that is out spread over all the others rather than onto its neighbour.
 fn lowest_ratio(
     n: usize,
     cursor: &AtomicUsize,
@@ -18,20 +19,20 @@ fn lowest_ratio(
     ok: &dyn Fn(usize) -> bool,
     load: impl Fn(usize) -> f64,
 ) -> Option<usize> {
-    let start = cursor.fetch_add(1, Ordering::Relaxed);
-    let mut best: Option<(usize, f64)> = None;
-    for k in 0..n {
+    let usable = |i: usize| weights.get(i).is_some_and(|&w| w > 0) && ok(i);
+    let ratio = |i: usize| load(i) / f64::from(weights[i]);
+    let start = rotate(cursor, n, usable)?;
+    let mut best = (start, ratio(start));
+    for k in 1..n {
         let i = (start + k) % n;
-        let w = weights.get(i).copied().unwrap_or(0);
-        if w == 0 || !ok(i) {
-            continue;
-        }
-        let score = load(i) / f64::from(w);
-        if best.is_none_or(|(_, b)| score < b) {
-            best = Some((i, score));
+        if usable(i) {
+            let score = ratio(i);
+            if score < best.1 {
+                best = (i, score);
+            }
         }
     }
-    best.map(|(i, _)| i)
+    Some(best.0)
 }
 
 /// (Weighted) least connections: the fewest active connections per unit of weight. Counting the
@@ -142,11 +143,8 @@ impl Scheduler for LeastRequest {
         match chosen {
             [Some(a), Some(b)] => Some(if score(b) < score(a) { b } else { a }),
             [Some(a), None] => Some(a),
-            _ => {
-                // Few members are usable: fall back to a scan from a rotating start.
-                let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-                scan_from(start, n, |i| usable(i).then_some(i))
-            }
+            // Few members are usable: fall back to round robin over them.
+            _ => rotate(&self.cursor, n, usable),
         }
     }
 }

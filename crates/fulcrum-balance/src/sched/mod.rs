@@ -5,6 +5,7 @@ mod least;
 mod maglev;
 mod sequence;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use fulcrum_config::Algorithm;
@@ -77,6 +78,20 @@ pub fn unweighted(algorithm: Algorithm) -> bool {
         algorithm,
         Algorithm::RoundRobin | Algorithm::LeastConnections | Algorithm::FirstAvailable
     )
+}
+
+/// Round robin over the `n` members `usable` accepts. A member passed over uses up a turn of the
+/// shared cursor, so one that is out hands its turns to all the others alike; scanning from a
+/// rotating start instead would hand every one of them to its neighbour.
+#[inline]
+pub(crate) fn rotate(
+    cursor: &AtomicUsize,
+    n: usize,
+    usable: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    (0..n)
+        .map(|_| cursor.fetch_add(1, Ordering::Relaxed) % n)
+        .find(|&i| usable(i))
 }
 
 /// Walks from `start` over `n` slots and returns the first index for which `f` gives a member.

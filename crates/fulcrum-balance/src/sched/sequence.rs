@@ -109,6 +109,8 @@ pub struct PriorityGroups {
 struct Groups {
     /// Member indices per group, highest priority first.
     groups: Vec<Vec<usize>>,
+    /// The weights the sequences were built from.
+    weights: Vec<u32>,
     /// `prefix[k]`: the interleaved sequence over groups `0..=k`.
     prefix: Vec<Vec<u32>>,
 }
@@ -144,7 +146,11 @@ impl Scheduler for PriorityGroups {
             }
             prefix.push(interleave(&weights));
         }
-        self.state.store(Arc::new(Groups { groups, prefix }));
+        self.state.store(Arc::new(Groups {
+            groups,
+            weights: input.weights.clone(),
+            prefix,
+        }));
     }
 
     fn pick(
@@ -157,7 +163,13 @@ impl Scheduler for PriorityGroups {
         let mut available = 0;
         let mut last = None;
         for (k, g) in st.groups.iter().enumerate() {
-            available += g.iter().filter(|&&i| ok(i)).count();
+            // A member without turns in the sequences (weight 0 at the last rebuild, e.g. still
+            // in slow-start recovery then) cannot take traffic from them, so it must not keep
+            // lower groups out: the pool would find no member at all.
+            available += g
+                .iter()
+                .filter(|&&i| st.weights.get(i).is_some_and(|&w| w > 0) && ok(i))
+                .count();
             if available > 0 {
                 last = Some(k);
             }

@@ -1,0 +1,207 @@
+//! Listening sockets that outlive reloads.
+//!
+//! A reload must not close a listening socket whose address stays (clients would see refused
+//! connections in the gap), so each socket is owned here, keyed by address, and its accept loops
+//! hand connections to whatever handler the current configuration installed. Handlers are swapped
+//! atomically; connections already accepted keep the handler they started with.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// A data plane's entry point for accepted connections.
+pub trait StreamHandler: Send + Sync + 'static {
+    /// Takes over an accepted connection; must not block (spawn the work).
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr);
+}
+
+/// The handler installed on a listener, swapped on reload.
+pub type HandlerSlot = ArcSwap<Arc<dyn StreamHandler>>;
+
+/// How many sockets (SO_REUSEPORT) each address gets: the kernel spreads new connections over
+/// them, so several accept loops run in parallel without sharing one accept queue.
+pub fn default_sockets_per_address(workers: usize) -> usize {
+    workers.clamp(1, 8)
+}
+
+/// Binds a TCP listening socket the way a load balancer wants it: SO_REUSEADDR and SO_REUSEPORT
+/// (restarts and parallel accept loops), IPv6 sockets IPv6-only (so `[::]:80` and `0.0.0.0:80`
+/// can both be configured), non-blocking, a deep backlog.
+pub fn bind_stream(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// One listening address: its sockets, their accept loops and the current handler.
+pub struct Listener {
+    pub addr: SocketAddr,
+    slot: Arc<HandlerSlot>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Dropping the accept loops closes the sockets; accepted connections run on.
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Listener {
+    /// Binds `sockets` sockets on `addr` and starts accepting into `handler`.
+    pub fn bind(
+        addr: SocketAddr,
+        sockets: usize,
+        handler: Arc<dyn StreamHandler>,
+    ) -> io::Result<Listener> {
+        let bound: Vec<std::net::TcpListener> = (0..sockets.max(1))
+            .map(|_| bind_stream(addr))
+            .collect::<io::Result<_>>()?;
+        Self::from_sockets(addr, bound, handler)
+    }
+
+    fn from_sockets(
+        addr: SocketAddr,
+        bound: Vec<std::net::TcpListener>,
+        handler: Arc<dyn StreamHandler>,
+    ) -> io::Result<Listener> {
+        let slot = Arc::new(ArcSwap::from_pointee(handler));
+        let mut tasks = Vec::with_capacity(bound.len());
+        for std_listener in bound {
+            let listener = TcpListener::from_std(std_listener)?;
+            tasks.push(tokio::spawn(accept_loop(listener, slot.clone())));
+        }
+        Ok(Listener { addr, slot, tasks })
+    }
+
+    pub fn set_handler(&self, handler: Arc<dyn StreamHandler>) {
+        self.slot.store(Arc::new(handler));
+    }
+}
+
+async fn accept_loop(listener: TcpListener, slot: Arc<HandlerSlot>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let handler: Arc<dyn StreamHandler> = Arc::clone(&slot.load());
+                handler.handle(stream, peer);
+            }
+            Err(e) => {
+                // Out of file descriptors or memory: back off instead of spinning on the error;
+                // the kernel keeps the connection queued meanwhile.
+                let transient = matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                );
+                if transient {
+                    tracing::error!(error = %e, "accept failed; pausing accepts for 100ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                } else {
+                    // ECONNABORTED and friends concern one connection only.
+                    tracing::debug!(error = %e, "accept failed");
+                }
+            }
+        }
+    }
+}
+
+/// Every stream listener of the process, by address.
+#[derive(Default)]
+pub struct Listeners {
+    by_addr: HashMap<SocketAddr, Listener>,
+}
+
+/// An address that could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}: {error}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub error: io::Error,
+}
+
+/// Sockets bound for addresses a new configuration adds, not yet accepting.
+pub struct Prepared {
+    sockets: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
+}
+
+impl Listeners {
+    /// Binds the addresses of `wanted` that are not listening yet. Nothing running changes: if
+    /// any address fails, every failure is returned and the new sockets are closed again.
+    pub fn prepare(
+        &self,
+        wanted: &[SocketAddr],
+        sockets_per_address: usize,
+    ) -> Result<Prepared, Vec<BindError>> {
+        let mut sockets = HashMap::new();
+        let mut errors = Vec::new();
+        for addr in wanted {
+            if self.by_addr.contains_key(addr) || sockets.contains_key(addr) {
+                continue;
+            }
+            match (0..sockets_per_address.max(1))
+                .map(|_| bind_stream(*addr))
+                .collect::<io::Result<Vec<_>>>()
+            {
+                Ok(s) => {
+                    sockets.insert(*addr, s);
+                }
+                Err(error) => errors.push(BindError { addr: *addr, error }),
+            }
+        }
+        if errors.is_empty() {
+            Ok(Prepared { sockets })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Makes the listening set exactly `wanted`: addresses that stay keep their sockets and get
+    /// the new handler, prepared ones start accepting, the rest stop (their accepted connections
+    /// run on).
+    pub fn commit(
+        &mut self,
+        prepared: Prepared,
+        wanted: Vec<(SocketAddr, Arc<dyn StreamHandler>)>,
+    ) -> io::Result<()> {
+        let keep: HashMap<SocketAddr, Arc<dyn StreamHandler>> = wanted.into_iter().collect();
+        self.by_addr.retain(|addr, _| keep.contains_key(addr));
+        for (addr, l) in &self.by_addr {
+            if let Some(h) = keep.get(addr) {
+                l.set_handler(h.clone());
+            }
+        }
+        for (addr, sockets) in prepared.sockets {
+            if let Some(h) = keep.get(&addr) {
+                self.by_addr
+                    .insert(addr, Listener::from_sockets(addr, sockets, h.clone())?);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn addresses(&self) -> Vec<SocketAddr> {
+        self.by_addr.keys().copied().collect()
+    }
+
+    /// Stops accepting everywhere (shutdown); accepted connections run on.
+    pub fn close_all(&mut self) {
+        self.by_addr.clear();
+    }
+}

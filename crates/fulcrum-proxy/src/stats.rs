@@ -1,0 +1,42 @@
+//! Per-virtual-service counters, shared by every data plane and kept across reloads by name.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct ServiceStats {
+    pub connections_active: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub requests_total: AtomicU64,
+    /// Bytes from clients / to clients.
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    /// Clients turned away: no member available, or the service's connection limit reached.
+    pub no_member: AtomicU64,
+    pub over_limit: AtomicU64,
+    /// Clients whose every connection attempt to members failed.
+    pub upstream_failures: AtomicU64,
+}
+
+impl ServiceStats {
+    /// Counts an accepted client connection for as long as the guard lives.
+    pub fn open(self: &std::sync::Arc<Self>) -> ServiceConnection {
+        self.connections_active.fetch_add(1, Ordering::Relaxed);
+        self.connections_total.fetch_add(1, Ordering::Relaxed);
+        ServiceConnection(self.clone())
+    }
+}
+
+#[derive(Debug)]
+pub struct ServiceConnection(std::sync::Arc<ServiceStats>);
+
+impl ServiceConnection {
+    pub fn stats(&self) -> &ServiceStats {
+        &self.0
+    }
+}
+
+impl Drop for ServiceConnection {
+    fn drop(&mut self) {
+        self.0.connections_active.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,179 @@
+//! The L4 TCP full proxy (source NAT, the seeds' one-arm mode): accept, consult persistence,
+//! schedule, connect with retries, forward both ways, report the outcome to the member.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fulcrum_balance::hash::{hash_ip, hash_socket_addr};
+use fulcrum_balance::{PersistKey, PersistTable, PickContext, Picked, Pool};
+use fulcrum_config::{HashKey, ProxyProtocol};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::forward::{forward, write_all, End, ForwardOptions};
+use crate::listener::StreamHandler;
+use crate::stats::ServiceStats;
+use crate::tracker::Tracker;
+
+/// Source-address persistence for a service.
+#[derive(Debug, Clone)]
+pub struct SourcePersistence {
+    pub table: Arc<PersistTable>,
+    pub mask_v4: u8,
+    pub mask_v6: u8,
+}
+
+impl SourcePersistence {
+    pub fn key(&self, client: SocketAddr) -> PersistKey {
+        PersistKey::source(client.ip(), self.mask_v4, self.mask_v6)
+    }
+}
+
+/// A `protocol = "tcp"` virtual service, as compiled from the config.
+#[derive(Debug)]
+pub struct TcpService {
+    pub name: Arc<str>,
+    pub pool: Arc<Pool>,
+    pub persistence: Option<SourcePersistence>,
+    pub proxy_protocol: Option<ProxyProtocol>,
+    pub idle_timeout: Duration,
+    pub max_connections: u32,
+    pub splice: bool,
+    pub stats: Arc<ServiceStats>,
+    pub tracker: Arc<Tracker>,
+}
+
+impl StreamHandler for TcpService {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let tracked = self.tracker.track();
+        tokio::spawn(async move {
+            self.serve(stream, peer).await;
+            drop(tracked);
+        });
+    }
+}
+
+/// The hash `algorithm = "hash"` uses for an L4 client.
+pub fn l4_hash(key: &HashKey, client: SocketAddr) -> Option<u64> {
+    match key {
+        HashKey::SourceIp => Some(hash_ip(client.ip())),
+        HashKey::SourceIpPort => Some(hash_socket_addr(client)),
+        // HTTP keys cannot be computed at L4 (the config refuses them for tcp services).
+        _ => None,
+    }
+}
+
+impl TcpService {
+    async fn serve(&self, client: TcpStream, peer: SocketAddr) {
+        if self.max_connections > 0
+            && self.stats.connections_active.load(Ordering::Relaxed)
+                >= u64::from(self.max_connections)
+        {
+            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let _conn = self.stats.open();
+        self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+        let _ = client.set_nodelay(true);
+
+        let Some((picked, member_stream)) = self.connect_member(peer).await else {
+            return;
+        };
+        let member = &picked.member;
+        let _connection = member.open_connection();
+        let _request = member.open_request();
+
+        if let Some(version) = self.proxy_protocol {
+            let local = client.local_addr().unwrap_or(peer);
+            let header = crate::proxy_protocol::header(version, peer, local);
+            if let Err(e) = write_all(&member_stream, &header).await {
+                member.record_passive_failure(&format!("writing PROXY header: {e}"));
+                return;
+            }
+        }
+
+        let opts = ForwardOptions {
+            idle_timeout: self.idle_timeout,
+            splice: self.splice,
+        };
+        let outcome = forward(&client, &member_stream, opts, |up, down| {
+            member.stats.add_bytes(up, down);
+            self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+            self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
+        })
+        .await;
+        match outcome.end {
+            End::Member(e) if outcome.downstream == 0 => {
+                // Reset before a single byte of reply: the member failed this client.
+                member.record_passive_failure(&format!("reset before any reply: {e}"));
+            }
+            End::IdleTimeout => {
+                tracing::debug!(service = %self.name, client = %peer, member = %member.label, "idle timeout");
+            }
+            _ => {}
+        }
+    }
+
+    /// Persistence first, then the scheduler; a failed connect is reported to the member and the
+    /// next member tried, up to `retries` more times.
+    async fn connect_member(&self, peer: SocketAddr) -> Option<(Picked, TcpStream)> {
+        let pool = &self.pool;
+        let ctx = PickContext {
+            hash: l4_hash(&pool.hash_key, peer),
+        };
+        let key = self.persistence.as_ref().map(|p| p.key(peer));
+        let mut tried: Vec<usize> = Vec::new();
+        for _ in 0..=pool.retries {
+            let remembered = match (&self.persistence, &key) {
+                (Some(p), Some(k)) => p
+                    .table
+                    .get(k)
+                    .and_then(|addr| pool.persistent(addr, &tried)),
+                _ => None,
+            };
+            let from_table = remembered.is_some();
+            let Some(picked) = remembered.or_else(|| pool.pick(&ctx, &tried)) else {
+                if tried.is_empty() {
+                    self.stats.no_member.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(service = %self.name, client = %peer, "no member available");
+                } else {
+                    self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                }
+                return None;
+            };
+            let started = Instant::now();
+            match tokio::time::timeout(
+                pool.connect_timeout,
+                TcpStream::connect(picked.member.address),
+            )
+            .await
+            {
+                Ok(Ok(stream)) => {
+                    picked.member.record_connect_success(started.elapsed());
+                    let _ = stream.set_nodelay(true);
+                    if let (Some(p), Some(k), false) = (&self.persistence, key, from_table) {
+                        p.table.insert(k, picked.member.address);
+                    }
+                    return Some((picked, stream));
+                }
+                Ok(Err(e)) => {
+                    picked
+                        .member
+                        .record_connect_failure(&format!("connect: {e}"));
+                }
+                Err(_) => {
+                    picked.member.record_connect_failure(&format!(
+                        "connect: no answer within {:?}",
+                        pool.connect_timeout
+                    ));
+                }
+            }
+            tried.push(picked.index);
+        }
+        self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(service = %self.name, client = %peer, attempts = tried.len(), "every connection attempt failed");
+        None
+    }
+}

@@ -1,0 +1,155 @@
+//! Runs the `fulcrum` binary on a config for black-box tests, through the contract only.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::client::{http_request, HttpResponse};
+
+pub struct Fulcrum {
+    child: Child,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    token: Option<String>,
+}
+
+impl Drop for Fulcrum {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Fulcrum {
+    /// Writes `config` (which must not have an `[admin]` table; one is added on `admin`) and
+    /// starts `bin run -c` on it, waiting until the API answers (every listener is bound).
+    pub async fn start(bin: &str, admin: SocketAddr, config: &str) -> Result<Fulcrum, String> {
+        Self::start_with_token(bin, admin, None, config).await
+    }
+
+    pub async fn start_with_token(
+        bin: &str,
+        admin: SocketAddr,
+        token: Option<&str>,
+        config: &str,
+    ) -> Result<Fulcrum, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let config_path = dir.path().join("fulcrum.toml");
+        let full = Self::with_admin(admin, token, config);
+        std::fs::write(&config_path, full).map_err(|e| e.to_string())?;
+        let log =
+            std::fs::File::create(dir.path().join("fulcrum.log")).map_err(|e| e.to_string())?;
+        let child = Command::new(bin)
+            .args(["run", "-c"])
+            .arg(&config_path)
+            .env(
+                "RUST_LOG",
+                std::env::var("FULCRUM_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {bin}: {e}"))?;
+        let mut f = Fulcrum {
+            child,
+            admin,
+            dir,
+            config_path,
+            token: token.map(String::from),
+        };
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = f.child.try_wait() {
+                return Err(format!(
+                    "fulcrum exited with {status} before it was ready:\n{}",
+                    f.logs()
+                ));
+            }
+            if let Ok(r) = f.api("GET", "/api/v1/status", None).await {
+                if r.status == 200 {
+                    return Ok(f);
+                }
+            }
+            if Instant::now() > end {
+                return Err(format!("fulcrum not ready after 20s:\n{}", f.logs()));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    fn with_admin(admin: SocketAddr, token: Option<&str>, config: &str) -> String {
+        let token = token
+            .map(|t| format!("token = \"{t}\"\n"))
+            .unwrap_or_default();
+        format!("[admin]\nlisten = \"{admin}\"\n{token}\n{config}")
+    }
+
+    /// Replaces the config file (the admin table is added as at start); apply with `reload`.
+    pub fn write_config(&self, config: &str) {
+        let full = Self::with_admin(self.admin, self.token.as_deref(), config);
+        let _ = std::fs::write(&self.config_path, full);
+    }
+
+    pub async fn api(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<HttpResponse, String> {
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let mut headers = vec![("Content-Type", "application/json")];
+        if let Some(a) = &auth {
+            headers.push(("Authorization", a.as_str()));
+        }
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        http_request(self.admin, method, path, &headers, body.as_bytes()).await
+    }
+
+    /// GET an API path and return its JSON (Null on any failure).
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        self.api("GET", path, None)
+            .await
+            .map(|r| r.json())
+            .unwrap_or_default()
+    }
+
+    /// The member object of `pool` with `address`, from `/api/v1/pools/{pool}`.
+    pub async fn member(&self, pool: &str, address: &str) -> serde_json::Value {
+        let p = self.get_json(&format!("/api/v1/pools/{pool}")).await;
+        p["members"]
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["address"] == address).cloned())
+            .unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) with our own child's pid and a valid signal number touches no memory.
+        unsafe {
+            libc::kill(self.pid(), signal);
+        }
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > end {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("fulcrum.log")).unwrap_or_default()
+    }
+}
