@@ -20,7 +20,7 @@ pub const WEIGHT_SCALE: u32 = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentState {
-    /// No override (`ready`, `up`, or no agent).
+    /// No override (`ready`, or no agent).
     None,
     Drain,
     /// `maint`: no new traffic at all, like `disabled`.

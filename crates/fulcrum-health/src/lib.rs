@@ -1,1 +1,45 @@
+//! Fulcrum's active health monitors, run on tokio.
+//!
+//! [`HealthService`] runs one task per (pool, member, monitor): every `interval` (±10% jitter)
+//! it probes the member's ip at the monitor's port (or the member's), bounded by `timeout`, and
+//! feeds the result to the member's rise/fall state machine in `fulcrum-balance`, which passive
+//! observation by the data planes feeds too. It also probes, with exponential back-off, members
+//! that passive observation took down in pools without monitors.
+//!
+//! Monitor kinds: tcp, http, https, send_expect and agent (HAProxy's agent-check). dns, radius,
+//! smtp, pop3, imap, ftp and icmp are not implemented yet: their checks pass, and `apply` logs a
+//! warning for each such monitor in use.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod check;
+mod probe;
+mod service;
+mod task;
+mod text;
+
+#[cfg(test)]
+mod testutil;
+
+use fulcrum_balance::CheckSpec;
+use fulcrum_config::Monitor;
+
+pub use check::{parse_agent_reply, AgentReply};
+pub use service::HealthService;
+
+/// The state-machine view of a pool's monitors, for `fulcrum_balance::Pool::new`; monitors the
+/// pool names that do not exist are left out (validation reports them).
+pub fn check_specs(pool: &fulcrum_config::Pool, monitors: &[Monitor]) -> Vec<CheckSpec> {
+    let mut seen = std::collections::HashSet::new();
+    pool.monitors
+        .iter()
+        .filter(|name| seen.insert(name.as_str()))
+        .filter_map(|name| monitors.iter().find(|m| m.name == **name))
+        .map(|m| CheckSpec {
+            monitor: m.name.clone(),
+            rise: m.rise,
+            fall: m.fall,
+        })
+        .collect()
+}

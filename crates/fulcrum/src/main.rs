@@ -1,1 +1,92 @@
-fn main() {}
+//! The `fulcrum` binary: command line, assembly of the data planes, reload, signals, demo mode.
+
+mod app;
+mod demo;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "fulcrum",
+    version,
+    about = "Fulcrum application delivery controller"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the configuration in FILE until SIGTERM/SIGINT; SIGHUP reloads it.
+    Run {
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Checks FILE: exit status 0 when it is valid, otherwise every error and status 1.
+    Check {
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Starts built-in demo backends and a load-balanced service in front of them; no file needed.
+    Demo {
+        /// Address of the demo's TCP virtual service.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Address of the admin API.
+        #[arg(long, default_value = "127.0.0.1:9900")]
+        admin: std::net::SocketAddr,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => match app::check(&config) {
+            Ok(summary) => {
+                println!("{}: OK ({summary})", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                for e in errors {
+                    eprintln!("{e}");
+                }
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run { config } => {
+            init_logging();
+            let source = app::Source::File(config);
+            match source.load() {
+                Ok(cfg) => app::run_blocking(source, cfg, || async { Ok(()) }),
+                Err(errors) => {
+                    for e in errors {
+                        eprintln!("{e}");
+                    }
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Demo { listen, admin } => {
+            init_logging();
+            demo::run(listen, admin)
+        }
+    }
+}

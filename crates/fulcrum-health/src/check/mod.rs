@@ -1,0 +1,197 @@
+//! The check kinds: one `Check` per monitor, run once per interval against one member.
+//!
+//! A kind is a variant of `Check` and a module beside this one. Each takes the monitor's config
+//! once (`Check::new`) and then, per run, a `Probe` (where to connect and by when) and returns a
+//! `Verdict`. Kinds run to the deadline themselves so a failure can say what was seen before
+//! time ran out; `Check::run` adds a backstop for anything that does not.
+
+mod agent;
+mod http;
+mod send_expect;
+mod tcp;
+mod tls;
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fulcrum_config::{Monitor, MonitorKind};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+pub use agent::{parse_agent_reply, AgentReply};
+
+use crate::text;
+
+/// Slack past the deadline before the backstop gives up on a kind: the kinds time out on
+/// their own at the deadline and say more about it, so they should win that race.
+const BACKSTOP_GRACE: Duration = Duration::from_millis(100);
+
+/// One active check kind, built from a monitor's config.
+#[derive(Debug)]
+pub(crate) enum Check {
+    /// A TCP connection is accepted within the timeout.
+    Tcp,
+    /// An HTTP/1.1 request answered with an expected status (and body text); over TLS for
+    /// `https`.
+    Http(http::HttpCheck),
+    /// Optional bytes sent, then the reply must contain the expected bytes.
+    SendExpect(send_expect::SendExpectCheck),
+    /// HAProxy's agent protocol: the member reports its own health, weight and state.
+    Agent(agent::AgentCheck),
+    /// Kinds that are not implemented yet (dns, radius, smtp, pop3, imap, ftp, icmp). They
+    /// pass on every run, so configuring one never takes a member down; the service warns
+    /// about them at every `apply`.
+    NotImplemented(MonitorKind),
+}
+
+/// Longest timeout or interval honoured: validation bounds neither from above, and a value near
+/// `Duration::MAX` would overflow the clock arithmetic of a deadline.
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Shortest timeout: a zero one would fail every check before it could connect.
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// Where and until when one run of a check probes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probe {
+    /// The member's ip at the monitor's port (or the member's).
+    pub addr: SocketAddr,
+    /// The member's own address, for an HTTP `Host` header when the monitor names none.
+    pub member: SocketAddr,
+    pub timeout: Duration,
+    pub deadline: Instant,
+}
+
+impl Probe {
+    pub fn new(member: SocketAddr, port: Option<u16>, timeout: Duration) -> Probe {
+        let timeout = timeout.clamp(MIN_TIMEOUT, MAX_WAIT);
+        Probe {
+            addr: SocketAddr::new(member.ip(), port.unwrap_or(member.port())),
+            member,
+            timeout,
+            deadline: Instant::now() + timeout,
+        }
+    }
+
+    /// "timeout after 1s".
+    pub fn timed_out(&self) -> String {
+        format!("timeout after {}", text::duration(self.timeout))
+    }
+}
+
+/// What one run found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// A result for the member's state machine.
+    Health { ok: bool, detail: String },
+    /// An agent answered: its health word (if any) and overrides.
+    Agent { reply: AgentReply, detail: String },
+    /// Nothing to record: an agent that could not be reached says nothing about the member,
+    /// whose reachability is the health checks' job.
+    Nothing { why: String },
+}
+
+impl Verdict {
+    pub fn pass(detail: impl Into<String>) -> Verdict {
+        Verdict::Health {
+            ok: true,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn fail(detail: impl Into<String>) -> Verdict {
+        Verdict::Health {
+            ok: false,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl Check {
+    pub fn new(monitor: &Monitor) -> Check {
+        match monitor.kind {
+            MonitorKind::Tcp => Check::Tcp,
+            MonitorKind::Http => Check::Http(http::HttpCheck::new(monitor, false)),
+            MonitorKind::Https => Check::Http(http::HttpCheck::new(monitor, true)),
+            MonitorKind::SendExpect => {
+                Check::SendExpect(send_expect::SendExpectCheck::new(monitor))
+            }
+            MonitorKind::Agent => Check::Agent(agent::AgentCheck::new(monitor)),
+            kind @ (MonitorKind::Dns
+            | MonitorKind::Radius
+            | MonitorKind::Smtp
+            | MonitorKind::Pop3
+            | MonitorKind::Imap
+            | MonitorKind::Ftp
+            | MonitorKind::Icmp) => Check::NotImplemented(kind),
+        }
+    }
+
+    /// The kind, if it is one that only pretends to check for now.
+    pub fn not_implemented(&self) -> Option<MonitorKind> {
+        match self {
+            Check::NotImplemented(kind) => Some(*kind),
+            _ => None,
+        }
+    }
+
+    pub async fn run(&self, probe: &Probe) -> Verdict {
+        let run = async {
+            match self {
+                Check::Tcp => tcp::run(probe).await,
+                Check::Http(c) => c.run(probe).await,
+                Check::SendExpect(c) => c.run(probe).await,
+                Check::Agent(c) => c.run(probe).await,
+                Check::NotImplemented(kind) => {
+                    Verdict::pass(format!("{kind} checks are not implemented yet"))
+                }
+            }
+        };
+        match tokio::time::timeout_at(probe.deadline + BACKSTOP_GRACE, run).await {
+            Ok(verdict) => verdict,
+            Err(_) if matches!(self, Check::Agent(_)) => Verdict::Nothing {
+                why: probe.timed_out(),
+            },
+            Err(_) => Verdict::fail(probe.timed_out()),
+        }
+    }
+}
+
+/// Connects to `probe.addr` by the deadline; the error is a finished detail
+/// ("connect: connection refused", "connect: timeout after 1s").
+pub(crate) async fn connect(probe: &Probe) -> Result<TcpStream, String> {
+    match tokio::time::timeout_at(probe.deadline, TcpStream::connect(probe.addr)).await {
+        Ok(Ok(stream)) => {
+            // Checks write one small request and wait for the answer: Nagle would only delay it.
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Ok(Err(e)) => Err(format!("connect: {}", text::io_error(&e))),
+        Err(_) => Err(format!("connect: {}", probe.timed_out())),
+    }
+}
+
+/// Reads what is available into `buf` without letting it grow past `limit`; 0 means EOF (or no
+/// room left). Cancel-safe: a read cut short by a timeout leaves `buf` as it was.
+pub(crate) async fn read_more<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> io::Result<usize> {
+    const CHUNK: usize = 8192;
+    let room = limit.saturating_sub(buf.len()).min(CHUNK);
+    if room == 0 {
+        return Ok(0);
+    }
+    buf.reserve(room);
+    match stream.take(room as u64).read_buf(buf).await {
+        // Many TLS servers close without close_notify; for a check that is just the end of the
+        // reply (truncation attacks do not matter to a health verdict).
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,385 @@
+//! Assembly: a validated `Config` becomes a `Snapshot` of pools and services behind listeners;
+//! a reload builds the next snapshot beside the running one and swaps it in whole.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use fulcrum_admin::{Control, ServiceInfo};
+use fulcrum_balance::{PersistTable, Pool, TableSpec};
+use fulcrum_config::{Config, ConfigError, PersistenceKind, Protocol};
+use fulcrum_health::HealthService;
+use fulcrum_proxy::listener::default_sockets_per_address;
+use fulcrum_proxy::{
+    Listeners, ServiceStats, SourcePersistence, StreamHandler, TcpService, Tracker,
+};
+use parking_lot::Mutex;
+
+/// How often pools recompute dynamic weights (slow start, agents, measured speed and traffic).
+const REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+/// Where the configuration comes from.
+pub enum Source {
+    File(PathBuf),
+    /// Demo mode: built-in text.
+    Inline {
+        name: String,
+        text: String,
+    },
+}
+
+impl Source {
+    pub fn load(&self) -> Result<Config, Vec<String>> {
+        let parsed = match self {
+            Source::File(path) => fulcrum_config::load(path),
+            Source::Inline { name, text } => fulcrum_config::parse(text, name, Path::new(".")),
+        };
+        let config = parsed.map_err(|e| e.messages())?;
+        let errors = runtime_checks(&config);
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(errors.iter().map(ToString::to_string).collect())
+        }
+    }
+}
+
+/// Checks that need more than the config's own text: features this build runs.
+fn runtime_checks(config: &Config) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    for (i, vs) in config.virtual_services.iter().enumerate() {
+        if vs.protocol != Protocol::Tcp {
+            errors.push(config.locations.error(
+                &format!("virtual_service[{i}].protocol"),
+                format!(
+                    "protocol {} is not available in this build yet; tcp is",
+                    vs.protocol
+                ),
+            ));
+        }
+    }
+    errors
+}
+
+/// `fulcrum check`: the summary of a valid config, or every error.
+pub fn check(path: &Path) -> Result<String, Vec<String>> {
+    let c = Source::File(path.to_path_buf()).load()?;
+    Ok(format!(
+        "{} virtual services, {} pools, {} monitors",
+        c.virtual_services.len(),
+        c.pools.len(),
+        c.monitors.len()
+    ))
+}
+
+/// What the data planes and the API read; replaced whole on reload.
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub pools: Vec<Arc<Pool>>,
+    pub services: Vec<ServiceInfo>,
+}
+
+/// State that only the (serialised) reload path touches.
+struct Assembly {
+    listeners: Listeners,
+    stats: HashMap<String, Arc<ServiceStats>>,
+    tables: HashMap<String, Arc<PersistTable>>,
+}
+
+pub struct App {
+    source: Source,
+    snapshot: ArcSwap<Snapshot>,
+    assembly: Mutex<Assembly>,
+    generation: AtomicU64,
+    tracker: Arc<Tracker>,
+    health: HealthService,
+    sockets_per_address: usize,
+}
+
+impl App {
+    fn new(source: Source, workers: usize) -> App {
+        App {
+            source,
+            snapshot: ArcSwap::from_pointee(Snapshot {
+                config: Arc::new(Config::default()),
+                pools: Vec::new(),
+                services: Vec::new(),
+            }),
+            assembly: Mutex::new(Assembly {
+                listeners: Listeners::default(),
+                stats: HashMap::new(),
+                tables: HashMap::new(),
+            }),
+            generation: AtomicU64::new(0),
+            tracker: Arc::new(Tracker::default()),
+            health: HealthService::new(),
+            sockets_per_address: default_sockets_per_address(workers),
+        }
+    }
+
+    /// Applies `config`: binds new addresses first (a failure changes nothing), then builds the
+    /// pools (keeping members that stay, with their health and counters) and services, swaps
+    /// listeners' handlers and the snapshot, and retargets the health checks.
+    fn apply(&self, config: Config) -> Result<u64, Vec<String>> {
+        let mut asm = self.assembly.lock();
+        let wanted: Vec<SocketAddr> = config
+            .virtual_services
+            .iter()
+            .flat_map(|v| v.listen.iter().copied())
+            .collect();
+        let prepared = asm
+            .listeners
+            .prepare(&wanted, self.sockets_per_address)
+            .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+
+        let old = self.snapshot.load_full();
+        let pools: Vec<Arc<Pool>> = config
+            .pools
+            .iter()
+            .map(|pc| {
+                let previous = old.pools.iter().find(|p| *p.name == pc.name);
+                let checks = fulcrum_health::check_specs(pc, &config.monitors);
+                Arc::new(Pool::new(pc, &checks, previous.map(|p| p.as_ref())))
+            })
+            .collect();
+
+        let mut handlers: Vec<(SocketAddr, Arc<dyn StreamHandler>)> = Vec::new();
+        let mut services = Vec::new();
+        let mut stats = HashMap::new();
+        let mut tables = HashMap::new();
+        for vs in &config.virtual_services {
+            let st = asm.stats.get(&vs.name).cloned().unwrap_or_default();
+            stats.insert(vs.name.clone(), st.clone());
+            let pool = vs
+                .pool
+                .as_ref()
+                .and_then(|name| pools.iter().find(|p| &*p.name == name))
+                .cloned();
+            let persistence = vs.persistence.as_ref().and_then(|n| config.persistence(n));
+            let source_persistence = persistence
+                .filter(|p| p.kind == PersistenceKind::SourceIp)
+                .map(|p| {
+                    let spec = TableSpec {
+                        idle_timeout: p.table_timeout(),
+                        max_entries: p.max_entries,
+                    };
+                    let table = match asm.tables.get(&vs.name) {
+                        Some(t) => t.respec(spec),
+                        None => Arc::new(PersistTable::new(spec)),
+                    };
+                    tables.insert(vs.name.clone(), table.clone());
+                    SourcePersistence {
+                        table,
+                        mask_v4: p.source_mask,
+                        mask_v6: p.source_mask_v6,
+                    }
+                });
+            let handler: Arc<dyn StreamHandler> = match (vs.protocol, pool) {
+                (Protocol::Tcp, Some(pool)) => Arc::new(TcpService {
+                    name: Arc::from(vs.name.as_str()),
+                    pool,
+                    persistence: source_persistence,
+                    proxy_protocol: vs.proxy_protocol,
+                    idle_timeout: vs.idle_timeout,
+                    max_connections: vs.max_connections,
+                    splice: true,
+                    stats: st.clone(),
+                    tracker: self.tracker.clone(),
+                }),
+                // runtime_checks refused everything else before we got here.
+                _ => {
+                    return Err(vec![format!(
+                        "virtual service {:?} cannot run in this build",
+                        vs.name
+                    )])
+                }
+            };
+            for addr in &vs.listen {
+                handlers.push((*addr, handler.clone()));
+            }
+            services.push(ServiceInfo {
+                name: vs.name.clone(),
+                protocol: vs.protocol,
+                listen: vs.listen.clone(),
+                stats: st,
+            });
+        }
+
+        asm.listeners
+            .commit(prepared, handlers)
+            .map_err(|e| vec![format!("cannot start listening: {e}")])?;
+        asm.stats = stats;
+        asm.tables = tables;
+        self.health.apply(&pools, &config.monitors);
+        self.snapshot.store(Arc::new(Snapshot {
+            config: Arc::new(config),
+            pools,
+            services,
+        }));
+        Ok(self.generation.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+
+    fn reload_now(&self) -> Result<u64, Vec<String>> {
+        let config = self.source.load()?;
+        let admin_before = self.snapshot.load().config.admin.listen;
+        if config.admin.listen != admin_before {
+            tracing::warn!(from = %admin_before, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
+        }
+        let generation = self.apply(config)?;
+        tracing::info!(generation, "configuration reloaded");
+        Ok(generation)
+    }
+
+    fn refresh_pools(&self) {
+        for p in &self.snapshot.load().pools {
+            p.refresh();
+        }
+    }
+
+    /// Stops accepting, then waits for connections to finish, up to the configured deadline.
+    async fn shutdown(&self) {
+        let deadline = self.snapshot.load().config.global.shutdown_timeout;
+        self.assembly.lock().listeners.close_all();
+        self.health.shutdown();
+        let active = self.tracker.active();
+        if active > 0 {
+            tracing::info!(connections = active, deadline = ?deadline, "stopped accepting; waiting for connections to finish");
+        }
+        let left = self.tracker.wait_idle(deadline).await;
+        if left > 0 {
+            tracing::warn!(
+                connections = left,
+                "shutdown deadline reached; closing remaining connections"
+            );
+        }
+    }
+}
+
+impl Control for App {
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn services(&self) -> Vec<ServiceInfo> {
+        self.snapshot.load().services.clone()
+    }
+
+    fn pools(&self) -> Vec<Arc<Pool>> {
+        self.snapshot.load().pools.clone()
+    }
+
+    fn reload(&self) -> Result<u64, Vec<String>> {
+        let r = self.reload_now();
+        if let Err(errors) = &r {
+            tracing::error!(errors = %errors.join("; "), "reload refused; the running configuration stays");
+        }
+        r
+    }
+}
+
+/// Builds the runtime, runs `setup` in it (demo backends), applies `config`, serves the admin API
+/// and handles signals until shutdown.
+pub fn run_blocking<F, Fut, G>(source: Source, config: Config, setup: F) -> ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<G, String>>,
+{
+    let workers = match config.global.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .thread_name("fulcrum-worker")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let _guard = match setup().await {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let admin_addr = config.admin.listen;
+        let token = config.admin.token.clone();
+        let app = Arc::new(App::new(source, workers));
+        if let Err(errors) = app.apply(config) {
+            for e in errors {
+                eprintln!("{e}");
+            }
+            return ExitCode::FAILURE;
+        }
+        let admin = match tokio::net::TcpListener::bind(admin_addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("cannot listen on {admin_addr} (admin.listen): {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tokio::spawn(fulcrum_admin::serve(admin, app.clone(), token));
+        let ticker = app.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(REFRESH_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                ticker.refresh_pools();
+            }
+        });
+        let services = app.services();
+        for s in &services {
+            let listen: Vec<String> = s.listen.iter().map(ToString::to_string).collect();
+            tracing::info!(service = %s.name, protocol = %s.protocol, listen = %listen.join(","), "listening");
+        }
+        tracing::info!(admin = %admin_addr, version = env!("CARGO_PKG_VERSION"), "fulcrum is running");
+        wait_for_signals(&app).await;
+        app.shutdown().await;
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signals(app: &Arc<App>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut hup), Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; running until killed");
+        std::future::pending::<()>().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading");
+                let app = app.clone();
+                let _ = tokio::task::spawn_blocking(move || app.reload()).await;
+            }
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => {
+                tracing::info!("SIGINT: shutting down (again to stop at once)");
+                tokio::spawn(async move {
+                    int.recv().await;
+                    std::process::exit(130);
+                });
+                break;
+            }
+        }
+    }
+}

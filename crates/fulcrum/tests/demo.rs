@@ -1,0 +1,71 @@
+//! `fulcrum demo` works with no file: backends, service, API, metrics.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_serves_weighted_traffic_and_the_api() {
+    let (listen, admin) = (free_addr(), free_addr());
+    let child = Command::new(BIN)
+        .args([
+            "demo",
+            "--listen",
+            &listen.to_string(),
+            "--admin",
+            &admin.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guard = Kill(child);
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            fulcrum_testkit::http_get(admin, "/api/v1/status")
+                .await
+                .is_ok_and(|r| r.status == 200)
+        })
+        .await,
+        "demo did not come up"
+    );
+    let mut counts = BTreeMap::new();
+    for _ in 0..60 {
+        let r = fulcrum_testkit::http_get(listen, "/").await.unwrap();
+        assert_eq!(r.status, 200);
+        *counts.entry(r.text().trim().to_string()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        counts,
+        BTreeMap::from([
+            ("backend-1".into(), 30),
+            ("backend-2".into(), 20),
+            ("backend-3".into(), 10)
+        ])
+    );
+    let pools = fulcrum_testkit::http_get(admin, "/api/v1/pools")
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(pools["pools"][0]["members"].as_array().unwrap().len(), 3);
+    let metrics = fulcrum_testkit::http_get(admin, "/metrics")
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("fulcrum_vs_requests_total{vs=\"demo\",protocol=\"tcp\"} 60"),
+        "{metrics}"
+    );
+}

@@ -1,0 +1,518 @@
+//! L4 TCP server load balancing, end to end through the binary.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn tcp_service(listen: std::net::SocketAddr, extra: &str) -> String {
+    format!(
+        "[[virtual_service]]\nname = \"svc\"\nlisten = [\"{listen}\"]\nprotocol = \"tcp\"\npool = \"p\"\n{extra}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_round_robin_gives_exact_3_2_1_shares() {
+    let servers = id_servers(3).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"weighted_round_robin\"\n{}",
+        tcp_service(vs, ""),
+        members(&servers, &[3, 2, 1])
+    ))
+    .await;
+    let counts = shares(vs, 600).await;
+    assert_eq!(
+        counts,
+        BTreeMap::from([("m0".into(), 300), ("m1".into(), 200), ("m2".into(), 100)])
+    );
+    let status = f.get_json("/api/v1/status").await;
+    assert_eq!(status["virtual_services"][0]["connections_total"], 600);
+    assert_eq!(status["generation"], 1);
+    let p = f.get_json("/api/v1/pools/p").await;
+    assert_eq!(p["members"][0]["connections_total"], 300);
+    assert_eq!(p["members"][0]["health"], "up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listener_and_member() {
+    let server = TcpIdServer::start("[::1]:0".parse().unwrap(), "v6")
+        .await
+        .unwrap();
+    let vs: std::net::SocketAddr = format!("[::1]:{}", fulcrum_testkit::free_port())
+        .parse()
+        .unwrap();
+    let _f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\n[[pool.member]]\naddress = \"{}\"\n",
+        tcp_service(vs, ""),
+        server.addr
+    ))
+    .await;
+    assert_eq!(exchange(vs).await.unwrap(), "v6");
+}
+
+/// Clients keep connecting while one member is killed: none of them fails to reach a member
+/// (connect failures are retried on the others, the dead member is marked down passively and by
+/// its monitor). Connections the killed member was serving at that instant break, as with any
+/// full proxy; they are counted apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_loses_no_client_when_a_member_is_killed() {
+    let servers = id_servers(3).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\nmonitors = [\"t\"]\nretries = 2\nconnect_timeout = \"500ms\"\n{}\n\
+         [[monitor]]\nname = \"t\"\ntype = \"tcp\"\ninterval = \"200ms\"\ntimeout = \"100ms\"\nfall = 2\nrise = 2\n",
+        tcp_service(vs, ""),
+        members(&servers, &[1, 1, 1])
+    ))
+    .await;
+    let servers = Arc::new(servers);
+    let failed = Arc::new(AtomicUsize::new(0));
+    let cut = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let killed = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (failed, cut, done, killed) =
+            (failed.clone(), cut.clone(), done.clone(), killed.clone());
+        clients.push(tokio::spawn(async move {
+            for _ in 0..150 {
+                let was_killed = killed.load(Ordering::SeqCst);
+                match exchange(vs).await {
+                    Ok(name) => {
+                        assert!(
+                            !(was_killed && name == "m1"),
+                            "a client reached the killed member"
+                        );
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Broken after the member's name arrived: served by the killed member.
+                    Err(e) if !was_killed && (e.starts_with("echo") || e.starts_with("write")) => {
+                        cut.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("client failed: {e}");
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            done.load(Ordering::Relaxed) >= 100
+        })
+        .await
+    );
+    servers[1].kill();
+    killed.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "clients failed to reach a member"
+    );
+    assert!(
+        cut.load(Ordering::Relaxed) <= 4,
+        "at most the in-flight exchanges break"
+    );
+    let m1 = servers[1].addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(3), || async {
+            f.member("p", &m1).await["health"] == "down"
+        })
+        .await,
+        "the killed member is shown down"
+    );
+    let member = f.member("p", &m1).await;
+    assert!(!member["transitions"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_member_is_retried_and_marked_down_passively_then_probed_back() {
+    let servers = id_servers(2).await;
+    let dead = free_addr();
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\nretries = 1\n{}\n[[pool.member]]\naddress = \"{dead}\"\n",
+        tcp_service(vs, ""),
+        members(&servers, &[1, 1])
+    ))
+    .await;
+    for _ in 0..30 {
+        let name = exchange(vs)
+            .await
+            .expect("every client is served by a live member");
+        assert!(name == "m0" || name == "m1");
+    }
+    let m = f.member("p", &dead.to_string()).await;
+    assert_eq!(m["health"], "down", "{m}");
+    assert!(m["connect_failures"].as_u64().unwrap() >= 3);
+    // Nothing monitors this pool: a back-off probe brings the member back once it listens.
+    let revived = TcpIdServer::start(dead, "m2").await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(8), || async {
+            f.member("p", &dead.to_string()).await["health"] == "up"
+        })
+        .await,
+        "probe did not bring the member back"
+    );
+    let counts = shares(vs, 30).await;
+    assert_eq!(counts.get("m2"), Some(&10));
+    drop(revived);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_member_costs_at_most_the_connect_timeout() {
+    // A listener whose accept queue is full and never accepted: further SYNs are dropped, so a
+    // connect to it hangs like one to a dead host.
+    let stalled_sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let stalled = free_addr();
+    stalled_sock.bind(&stalled.into()).unwrap();
+    stalled_sock.listen(0).unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&stalled.into());
+        fillers.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let good = id_servers(1).await;
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"first_available\"\nconnect_timeout = \"300ms\"\n\
+         [[pool.member]]\naddress = \"{stalled}\"\n{}",
+        tcp_service(vs, ""),
+        members(&good, &[1])
+    ))
+    .await;
+    let t = std::time::Instant::now();
+    assert_eq!(exchange(vs).await.unwrap(), "m0");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_ip_persistence_keeps_each_client_on_its_member() {
+    let servers = id_servers(3).await;
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\n{}\n[[persistence]]\nname = \"src\"\ntype = \"source_ip\"\n",
+        tcp_service(vs, "persistence = \"src\""),
+        members(&servers, &[1, 1, 1])
+    ))
+    .await;
+    let mut per_member: BTreeMap<String, usize> = BTreeMap::new();
+    for host in 2..=13u8 {
+        let first = exchange_from(vs, Some([127, 0, 0, host])).await.unwrap();
+        for _ in 0..5 {
+            assert_eq!(
+                exchange_from(vs, Some([127, 0, 0, host])).await.unwrap(),
+                first,
+                "client 127.0.0.{host} moved"
+            );
+        }
+        *per_member.entry(first).or_default() += 1;
+    }
+    // New clients are still spread by the scheduler.
+    assert_eq!(
+        per_member.values().copied().collect::<Vec<_>>(),
+        vec![4, 4, 4]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_keeps_persistent_clients_and_disabled_moves_them() {
+    let servers = id_servers(2).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\n{}\n[[persistence]]\nname = \"src\"\ntype = \"source_ip\"\n",
+        tcp_service(vs, "persistence = \"src\""),
+        members(&servers, &[1, 1])
+    ))
+    .await;
+    let sticky = [127, 0, 0, 2];
+    let first = exchange_from(vs, Some(sticky)).await.unwrap();
+    let (i, other) = if first == "m0" { (0, "m1") } else { (1, "m0") };
+    let path = format!("/api/v1/pools/p/members/{}/state", servers[i].addr);
+    let r = f
+        .api("PUT", &path, Some(json!({"state": "drain"})))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "drain");
+    for host in 3..10u8 {
+        assert_eq!(
+            exchange_from(vs, Some([127, 0, 0, host])).await.unwrap(),
+            other,
+            "a new client reached a draining member"
+        );
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            exchange_from(vs, Some(sticky)).await.unwrap(),
+            first,
+            "drain must honour persistence"
+        );
+    }
+    let r = f
+        .api("PUT", &path, Some(json!({"state": "disabled"})))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        exchange_from(vs, Some(sticky)).await.unwrap(),
+        other,
+        "disabled must not honour persistence"
+    );
+    // Bad requests are refused with a reason.
+    let r = f
+        .api("PUT", &path, Some(json!({"state": "sleeping"})))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("enabled, disabled, drain"));
+    let r = f
+        .api(
+            "PUT",
+            "/api/v1/pools/nope/members/127.0.0.1:1/state",
+            Some(json!({"state": "drain"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabled_member_keeps_its_established_connections() {
+    let servers = id_servers(1).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\n{}",
+        tcp_service(vs, ""),
+        members(&servers, &[1])
+    ))
+    .await;
+    let mut s = connect_from(vs, None).await.unwrap();
+    let mut name = [0u8; 3];
+    s.read_exact(&mut name).await.unwrap();
+    let path = format!("/api/v1/pools/p/members/{}/state", servers[0].addr);
+    f.api("PUT", &path, Some(json!({"state": "disabled"})))
+        .await
+        .unwrap();
+    // New clients find no member and are closed promptly...
+    let mut n = connect_from(vs, None).await.unwrap();
+    let mut buf = [0u8; 8];
+    let got = tokio::time::timeout(Duration::from_secs(2), n.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, 0);
+    // ...while the established connection runs to its end.
+    s.write_all(b"still here\n").await.unwrap();
+    let mut back = [0u8; 11];
+    s.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"still here\n");
+    let status = f.get_json("/api/v1/status").await;
+    assert_eq!(status["virtual_services"][0]["no_member"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_set_through_the_api_changes_shares() {
+    let servers = id_servers(2).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"weighted_round_robin\"\n{}",
+        tcp_service(vs, ""),
+        members(&servers, &[1, 1])
+    ))
+    .await;
+    let path = format!("/api/v1/pools/p/members/{}/weight", servers[0].addr);
+    let r = f
+        .api("PUT", &path, Some(json!({"weight": 3})))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let counts = shares(vs, 400).await;
+    assert_eq!(counts["m0"], 300);
+    assert_eq!(counts["m1"], 100);
+    let r = f
+        .api("PUT", &path, Some(json!({"weight": -1})))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_connection_limit_sends_clients_elsewhere() {
+    let servers = id_servers(2).await;
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"first_available\"\n\
+         [[pool.member]]\naddress = \"{}\"\nmax_connections = 2\n[[pool.member]]\naddress = \"{}\"\n",
+        tcp_service(vs, ""),
+        servers[0].addr,
+        servers[1].addr
+    ))
+    .await;
+    let mut held = Vec::new();
+    for expect in ["m0", "m0", "m1", "m1"] {
+        let mut s = connect_from(vs, None).await.unwrap();
+        let mut name = [0u8; 3];
+        s.read_exact(&mut name).await.unwrap();
+        assert_eq!(&name[..2], expect.as_bytes());
+        held.push(s);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_start_holds_then_ramps_a_returning_member() {
+    let servers = id_servers(2).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"weighted_round_robin\"\nslow_start = {{ recovery = \"1s\", warm = \"3s\" }}\n{}",
+        tcp_service(vs, ""),
+        members(&servers, &[1, 1])
+    ))
+    .await;
+    let path = format!("/api/v1/pools/p/members/{}/state", servers[1].addr);
+    f.api("PUT", &path, Some(json!({"state": "disabled"})))
+        .await
+        .unwrap();
+    f.api("PUT", &path, Some(json!({"state": "enabled"})))
+        .await
+        .unwrap();
+    let m1 = servers[1].addr.to_string();
+    assert_eq!(f.member("p", &m1).await["slow_start"], "recovery");
+    // Recovery: no traffic at all.
+    let early = shares(vs, 40).await;
+    assert_eq!(early.get("m1"), None, "{early:?}");
+    assert!(
+        wait_until(Duration::from_secs(3), || async {
+            f.member("p", &m1).await["slow_start"] == "warm"
+        })
+        .await
+    );
+    // Warm-up: a growing share, below the full one.
+    let mut warm_shares = Vec::new();
+    while f.member("p", &m1).await["slow_start"] == "warm" && warm_shares.len() < 20 {
+        let c = shares(vs, 40).await;
+        warm_shares.push(c.get("m1").copied().unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(warm_shares.len() >= 3, "{warm_shares:?}");
+    let first_half: usize = warm_shares[..warm_shares.len() / 2].iter().sum();
+    let second_half: usize = warm_shares[warm_shares.len() / 2..].iter().sum();
+    assert!(
+        first_half < second_half,
+        "share did not grow: {warm_shares:?}"
+    );
+    assert!(
+        warm_shares[0] < 20,
+        "started at a full share: {warm_shares:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(4), || async {
+            f.member("p", &m1).await["slow_start"] == "none"
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = shares(vs, 40).await;
+    assert_eq!(after["m1"], 20, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_headers_reach_the_member() {
+    for (version, prefix) in [
+        ("v1", &b"PROXY TCP4 127.0.0.7 "[..]),
+        ("v2", &b"\r\n\r\n\0\r\nQUIT\n"[..]),
+    ] {
+        let servers = id_servers(1).await;
+        let vs = free_addr();
+        let _f = start(&format!(
+            "{}[[pool]]\nname = \"p\"\n{}",
+            tcp_service(vs, &format!("proxy_protocol = \"{version}\"")),
+            members(&servers, &[1])
+        ))
+        .await;
+        assert_eq!(exchange_from(vs, Some([127, 0, 0, 7])).await.unwrap(), "m0");
+        let headers = servers[0].proxy_headers();
+        assert_eq!(headers.len(), 1);
+        assert!(
+            headers[0].starts_with(prefix),
+            "{version}: {:?}",
+            String::from_utf8_lossy(&headers[0])
+        );
+        if version == "v1" {
+            let text = String::from_utf8_lossy(&headers[0]).to_string();
+            assert!(text.ends_with(&format!(" {}\r\n", vs.port())), "{text}");
+        } else {
+            assert_eq!(&headers[0][16..20], &[127, 0, 0, 7]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed() {
+    let servers = id_servers(1).await;
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\n{}",
+        tcp_service(vs, "idle_timeout = \"300ms\""),
+        members(&servers, &[1])
+    ))
+    .await;
+    let mut s = connect_from(vs, None).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = s.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"m0\n");
+    let t = std::time::Instant::now();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(t.elapsed() >= Duration::from_millis(250));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_connection_limit() {
+    let servers = id_servers(1).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\n{}",
+        tcp_service(vs, "max_connections = 1"),
+        members(&servers, &[1])
+    ))
+    .await;
+    let mut first = connect_from(vs, None).await.unwrap();
+    let mut name = [0u8; 3];
+    first.read_exact(&mut name).await.unwrap();
+    let mut second = connect_from(vs, None).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(2), second.read(&mut name))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the second client should be closed");
+    assert_eq!(
+        f.get_json("/api/v1/status").await["virtual_services"][0]["over_limit"],
+        1
+    );
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it on a fresh machine (root, Rust toolchain, Debian packages
+# reachable). Installs what the tests need when it is missing, so no test skips for lack of a tool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the tests drive (real clients and peers); one per line in scripts/test-packages.
+mapfile -t wanted < <(grep -v '^\s*#' scripts/test-packages | grep -v '^\s*$')
+missing=()
+for p in "${wanted[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing test dependencies: ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Many sockets at once in the load tests.
+ulimit -n 65536 2>/dev/null || true
+
+echo "== format"
+cargo fmt --all -- --check
+echo "== lint"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== tests"
+cargo test --workspace --locked "$@"
