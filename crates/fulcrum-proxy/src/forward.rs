@@ -1,6 +1,7 @@
 //! Moves bytes both ways between a client and a member until both sides are done.
 //!
-//! Each direction copies through a 16 KiB buffer; once a direction reads full buffers in a row
+//! Each direction copies through a 16 KiB per-thread scratch buffer (bytes the other side cannot
+//! take yet are kept per connection); once a direction reads full buffers in a row
 //! (a bulk transfer), it switches to splice(2) through a pipe so the bytes never enter user
 //! space. Small request/response exchanges stay on the buffer path, where one read and one write
 //! cost less than two splices. An end of stream on one side is passed on as a half-close
@@ -15,13 +16,19 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use tokio::io::Interest;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use crate::splice::{Pipe, PIPE_CAPACITY};
 
 const BUFFER: usize = 16 * 1024;
+
+thread_local! {
+    /// Where the copy path reads; see `Direction::poll_copy`.
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> = std::cell::RefCell::new(vec![0; BUFFER].into_boxed_slice());
+}
 /// Full-buffer reads in a row that switch a direction to splice.
 const SPLICE_AFTER: u8 = 2;
 /// Byte counts are reported at least every this many bytes (and at the end), so live traffic
@@ -76,27 +83,32 @@ enum Fault {
 }
 
 impl Direction {
-    /// Moves what it can from `src` to `dst`; `Ready(Ok)` once `src` ended and everything was
-    /// written and `dst` shut for writing.
+    /// Moves what it can from `src` to `dst`; `Ready(Ok)` once `src` ended, everything was
+    /// written, and `dst` was shut for writing (or is about to be closed: `other_done`).
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
-        src: &TcpStream,
-        dst: &TcpStream,
+        src: &mut ReadHalf<'_>,
+        dst: &mut WriteHalf<'_>,
         splice: bool,
+        other_done: bool,
     ) -> Poll<Result<(), Fault>> {
         if self.done {
             return Poll::Ready(Ok(()));
         }
         loop {
             if self.pipe.is_some() {
-                ready!(self.poll_splice(cx, src, dst))?;
+                ready!(self.poll_splice(cx, src.as_ref(), dst.as_ref()))?;
             } else {
                 ready!(self.poll_copy(cx, src, dst, splice))?;
             }
             if self.eof && self.cap == self.pos && self.in_pipe == 0 {
-                // The peer may already be gone; a failed shutdown changes nothing for us.
-                let _ = socket2::SockRef::from(dst).shutdown(Shutdown::Write);
+                // When the other direction already ended, both sockets are closed next, and
+                // close sends the FIN: a shutdown would only be an extra syscall. The peer may
+                // already be gone; a failed shutdown changes nothing for us.
+                if !other_done {
+                    let _ = socket2::SockRef::from(dst.as_ref()).shutdown(Shutdown::Write);
+                }
                 self.done = true;
                 return Poll::Ready(Ok(()));
             }
@@ -104,12 +116,78 @@ impl Direction {
     }
 
     /// One round of the buffer path: write out what is buffered, else read more.
+    ///
+    /// Reads land in a per-thread scratch buffer and are written on at once; only bytes the
+    /// destination cannot take right now are kept in a buffer of this connection. An idle
+    /// connection therefore holds no buffer memory (HAProxy's behaviour too), which is what
+    /// decides memory per connection at scale. tokio's `poll_read` clears readiness after a
+    /// short read, which saves the EAGAIN read that `try_read` would need per exchange.
     fn poll_copy(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: &mut ReadHalf<'_>,
+        dst: &mut WriteHalf<'_>,
+        splice: bool,
+    ) -> Poll<Result<(), Fault>> {
+        if self.pos < self.cap {
+            let n = ready!(Pin::new(&mut *dst).poll_write(cx, &self.buf[self.pos..self.cap]))
+                .map_err(Fault::Dst)?;
+            if n == 0 {
+                return Poll::Ready(Err(Fault::Dst(io::ErrorKind::WriteZero.into())));
+            }
+            self.pos += n;
+            self.count(n);
+            if self.pos == self.cap {
+                self.buf = Vec::new();
+                self.pos = 0;
+                self.cap = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if self.eof {
+            return Poll::Ready(Ok(()));
+        }
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let mut rb = ReadBuf::new(&mut scratch[..]);
+            ready!(Pin::new(&mut *src).poll_read(cx, &mut rb)).map_err(Fault::Src)?;
+            let n = rb.filled().len();
+            if n == 0 {
+                self.eof = true;
+                return Poll::Ready(Ok(()));
+            }
+            if n == BUFFER && splice {
+                self.full_reads += 1;
+                if self.full_reads >= SPLICE_AFTER {
+                    // A bulk transfer: switch to splice once these bytes are written out. If no
+                    // pipe can be had (descriptor limit), keep copying.
+                    self.pipe = Pipe::new().ok();
+                }
+            } else {
+                self.full_reads = 0;
+            }
+            let written = match Pin::new(&mut *dst).poll_write(cx, &scratch[..n]) {
+                Poll::Ready(Ok(w)) => w,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Fault::Dst(e))),
+                // Registered for writability; the bytes wait in this connection's buffer.
+                Poll::Pending => 0,
+            };
+            self.count(written);
+            if written < n {
+                self.buf = scratch[written..n].to_vec();
+                self.pos = 0;
+                self.cap = self.buf.len();
+            }
+            Poll::Ready(Ok(()))
+        })
+    }
+
+    /// One round of the splice path. The buffer is drained first so bytes keep their order.
+    fn poll_splice(
         &mut self,
         cx: &mut Context<'_>,
         src: &TcpStream,
         dst: &TcpStream,
-        splice: bool,
     ) -> Poll<Result<(), Fault>> {
         if self.pos < self.cap {
             let n = loop {
@@ -122,48 +200,10 @@ impl Direction {
             };
             self.pos += n;
             self.count(n);
-            return Poll::Ready(Ok(()));
-        }
-        if self.eof {
-            return Poll::Ready(Ok(()));
-        }
-        if self.buf.is_empty() {
-            self.buf = vec![0; BUFFER];
-        }
-        let n = loop {
-            ready!(src.poll_read_ready(cx)).map_err(Fault::Src)?;
-            match src.try_read(&mut self.buf) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(Fault::Src(e))),
+            if self.pos == self.cap {
+                self.buf = Vec::new();
             }
-        };
-        self.pos = 0;
-        self.cap = n;
-        if n == 0 {
-            self.eof = true;
-        } else if n == self.buf.len() && splice {
-            self.full_reads += 1;
-            if self.full_reads >= SPLICE_AFTER {
-                // A bulk transfer: switch to splice once this buffer is written out. If no pipe
-                // can be had (descriptor limit), keep copying.
-                self.pipe = Pipe::new().ok();
-            }
-        } else {
-            self.full_reads = 0;
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    /// One round of the splice path. The buffer is drained first so bytes keep their order.
-    fn poll_splice(
-        &mut self,
-        cx: &mut Context<'_>,
-        src: &TcpStream,
-        dst: &TcpStream,
-    ) -> Poll<Result<(), Fault>> {
-        if self.pos < self.cap {
-            return self.poll_copy(cx, src, dst, false);
+            return Poll::Ready(Ok(()));
         }
         let Some(pipe) = &self.pipe else {
             return Poll::Ready(Ok(()));
@@ -219,11 +259,13 @@ impl Direction {
 /// Forwards until both directions ended, an error, or the idle timeout. `report(up, down)`
 /// receives byte counts as they accumulate (batched) and the remainder at the end.
 pub async fn forward(
-    client: &TcpStream,
-    member: &TcpStream,
+    client: &mut TcpStream,
+    member: &mut TcpStream,
     opts: ForwardOptions,
     mut report: impl FnMut(u64, u64),
 ) -> Outcome {
+    let (mut client_rd, mut client_wr) = client.split();
+    let (mut member_rd, mut member_wr) = member.split();
     let mut up = Direction::default();
     let mut down = Direction::default();
     let mut idle: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(opts.idle_timeout));
@@ -231,8 +273,8 @@ pub async fn forward(
     let mut last_activity = Instant::now();
 
     let end = poll_fn(|cx| {
-        let r_up = up.poll(cx, client, member, opts.splice);
-        let r_down = down.poll(cx, member, client, opts.splice);
+        let r_up = up.poll(cx, &mut client_rd, &mut member_wr, opts.splice, down.done);
+        let r_down = down.poll(cx, &mut member_rd, &mut client_wr, opts.splice, up.done);
 
         let total = up.total + down.total;
         if total != last_total {

@@ -29,12 +29,11 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[tokio::test]
 async fn request_response_with_half_close() {
-    let (mut client, proxy_client) = pair().await;
-    let (proxy_member, mut member) = pair().await;
-    let fwd =
-        tokio::spawn(
-            async move { forward(&proxy_client, &proxy_member, opts(true), |_, _| {}).await },
-        );
+    let (mut client, mut proxy_client) = pair().await;
+    let (mut proxy_member, mut member) = pair().await;
+    let fwd = tokio::spawn(async move {
+        forward(&mut proxy_client, &mut proxy_member, opts(true), |_, _| {}).await
+    });
 
     client.write_all(b"hello").await.unwrap();
     client.shutdown().await.unwrap();
@@ -57,14 +56,19 @@ async fn request_response_with_half_close() {
 }
 
 async fn bulk(splice: bool) -> u64 {
-    let (mut client, proxy_client) = pair().await;
-    let (proxy_member, mut member) = pair().await;
+    let (mut client, mut proxy_client) = pair().await;
+    let (mut proxy_member, mut member) = pair().await;
     let reported = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let r = reported.clone();
     let fwd = tokio::spawn(async move {
-        forward(&proxy_client, &proxy_member, opts(splice), move |u, d| {
-            r.fetch_add(u + d, std::sync::atomic::Ordering::Relaxed);
-        })
+        forward(
+            &mut proxy_client,
+            &mut proxy_member,
+            opts(splice),
+            move |u, d| {
+                r.fetch_add(u + d, std::sync::atomic::Ordering::Relaxed);
+            },
+        )
         .await
     });
     let up = pattern(8 << 20, 1);
@@ -125,8 +129,8 @@ async fn bulk_transfer_without_splice() {
 
 #[tokio::test]
 async fn idle_timeout_ends_a_silent_connection() {
-    let (_client, proxy_client) = pair().await;
-    let (proxy_member, _member) = pair().await;
+    let (_client, mut proxy_client) = pair().await;
+    let (mut proxy_member, _member) = pair().await;
     let o = ForwardOptions {
         idle_timeout: Duration::from_millis(200),
         splice: true,
@@ -134,7 +138,7 @@ async fn idle_timeout_ends_a_silent_connection() {
     let started = std::time::Instant::now();
     let out = tokio::time::timeout(
         Duration::from_secs(5),
-        forward(&proxy_client, &proxy_member, o, |_, _| {}),
+        forward(&mut proxy_client, &mut proxy_member, o, |_, _| {}),
     )
     .await
     .unwrap();
@@ -144,14 +148,16 @@ async fn idle_timeout_ends_a_silent_connection() {
 
 #[tokio::test]
 async fn activity_postpones_the_idle_timeout() {
-    let (mut client, proxy_client) = pair().await;
-    let (proxy_member, mut member) = pair().await;
+    let (mut client, mut proxy_client) = pair().await;
+    let (mut proxy_member, mut member) = pair().await;
     let o = ForwardOptions {
         idle_timeout: Duration::from_millis(300),
         splice: false,
     };
     let fwd =
-        tokio::spawn(async move { forward(&proxy_client, &proxy_member, o, |_, _| {}).await });
+        tokio::spawn(
+            async move { forward(&mut proxy_client, &mut proxy_member, o, |_, _| {}).await },
+        );
     // A byte every 100 ms for a second: never idle for 300 ms.
     for _ in 0..10 {
         client.write_all(b"x").await.unwrap();
@@ -170,12 +176,11 @@ async fn activity_postpones_the_idle_timeout() {
 
 #[tokio::test]
 async fn member_reset_is_blamed_on_the_member() {
-    let (mut client, proxy_client) = pair().await;
-    let (proxy_member, member) = pair().await;
-    let fwd =
-        tokio::spawn(
-            async move { forward(&proxy_client, &proxy_member, opts(true), |_, _| {}).await },
-        );
+    let (mut client, mut proxy_client) = pair().await;
+    let (mut proxy_member, member) = pair().await;
+    let fwd = tokio::spawn(async move {
+        forward(&mut proxy_client, &mut proxy_member, opts(true), |_, _| {}).await
+    });
     client.write_all(b"ping").await.unwrap();
     // Close with unread data in the receive buffer: the kernel answers with a reset.
     tokio::time::sleep(Duration::from_millis(50)).await;
