@@ -393,10 +393,16 @@ impl Member {
         self.on_health_change(self.health.record_passive_failure(detail))
     }
 
-    /// A connection to the member was established after `connect_time`.
+    /// A connection to the member was established after `connect_time`. This alone does not
+    /// clear a run of passive failures: a member that accepts and then resets every connection
+    /// must still be taken down, so only a completed exchange (`record_exchange_success`) does.
     pub fn record_connect_success(&self, connect_time: Duration) {
-        self.health.record_passive_success();
         self.stats.observe_response_time(connect_time);
+    }
+
+    /// The member served an exchange (it answered, or ended the connection cleanly).
+    pub fn record_exchange_success(&self) {
+        self.health.record_passive_success();
     }
 
     pub fn record_probe(&self, ok: bool, detail: &str) -> Changed {

@@ -66,7 +66,7 @@ pub fn l4_hash(key: &HashKey, client: SocketAddr) -> Option<u64> {
 }
 
 impl TcpService {
-    async fn serve(&self, client: TcpStream, peer: SocketAddr) {
+    async fn serve(&self, mut client: TcpStream, peer: SocketAddr) {
         if self.max_connections > 0
             && self.stats.connections_active.load(Ordering::Relaxed)
                 >= u64::from(self.max_connections)
@@ -78,7 +78,7 @@ impl TcpService {
         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
         let _ = client.set_nodelay(true);
 
-        let Some((picked, member_stream)) = self.connect_member(peer).await else {
+        let Some((picked, mut member_stream)) = self.connect_member(peer).await else {
             return;
         };
         let member = &picked.member;
@@ -98,7 +98,7 @@ impl TcpService {
             idle_timeout: self.idle_timeout,
             splice: self.splice,
         };
-        let outcome = forward(&client, &member_stream, opts, |up, down| {
+        let outcome = forward(&mut client, &mut member_stream, opts, |up, down| {
             member.stats.add_bytes(up, down);
             self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
             self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
@@ -109,10 +109,15 @@ impl TcpService {
                 // Reset before a single byte of reply: the member failed this client.
                 member.record_passive_failure(&format!("reset before any reply: {e}"));
             }
-            End::IdleTimeout => {
-                tracing::debug!(service = %self.name, client = %peer, member = %member.label, "idle timeout");
+            end => {
+                if matches!(end, End::IdleTimeout) {
+                    tracing::debug!(service = %self.name, client = %peer, member = %member.label, "idle timeout");
+                }
+                // A reply, or a clean end, shows the member working; silence shows nothing.
+                if outcome.downstream > 0 || matches!(end, End::Closed) {
+                    member.record_exchange_success();
+                }
             }
-            _ => {}
         }
     }
 

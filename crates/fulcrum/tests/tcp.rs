@@ -516,3 +516,46 @@ async fn service_connection_limit() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_accepts_and_resets_is_taken_down_passively() {
+    // Accepts every connection and resets it at once, without a byte of reply.
+    let resetter = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
+    let bad = resetter.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((s, _)) = resetter.accept().await {
+            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            drop(s);
+        }
+    });
+    let good = id_servers(1).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\n[[pool.member]]\naddress = \"{bad}\"\n{}",
+        tcp_service(vs, ""),
+        members(&good, &[1])
+    ))
+    .await;
+    let mut broken = 0;
+    for _ in 0..12 {
+        if exchange(vs).await.is_err() {
+            broken += 1;
+        }
+    }
+    // A reset can arrive before the connect completes: then the connect fails and is retried
+    // on the good member, so at most `fall` (3) clients see a broken connection.
+    assert!((1..=3).contains(&broken), "{broken} clients broke");
+    let m = f.member("p", &bad.to_string()).await;
+    assert_eq!(m["health"], "down", "{m}");
+    assert!(
+        m["transitions"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("3 consecutive failed connections"),
+        "{m}"
+    );
+    for _ in 0..6 {
+        assert_eq!(exchange(vs).await.unwrap(), "m0");
+    }
+    task.abort();
+}
