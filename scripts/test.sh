@@ -18,7 +18,7 @@ if ((${#missing[@]})); then
 fi
 
 # Many sockets at once in the load tests.
-ulimit -n 65536 2>/dev/null || true
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 echo "== format"
 cargo fmt --all -- --check

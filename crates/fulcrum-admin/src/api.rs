@@ -18,7 +18,6 @@ use crate::{Control, ServiceInfo};
 #[derive(Clone)]
 struct App {
     control: Arc<dyn Control>,
-    token: Option<Arc<str>>,
 }
 
 #[derive(Serialize)]
@@ -158,12 +157,9 @@ fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
     ApiError(status, message.into())
 }
 
-/// Builds the API router; `token` protects `/api/v1/*` with a bearer token.
-pub fn router(control: Arc<dyn Control>, token: Option<String>) -> Router {
-    let app = App {
-        control,
-        token: token.map(Arc::from),
-    };
+/// Builds the API router; `Control::admin_token` protects `/api/v1/*` with a bearer token.
+pub fn router(control: Arc<dyn Control>) -> Router {
+    let app = App { control };
     let api = Router::new()
         .route("/status", get(status))
         .route("/pools", get(pools))
@@ -188,7 +184,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn auth(State(app): State<App>, req: Request, next: Next) -> Response {
-    if let Some(token) = &app.token {
+    if let Some(token) = app.control.admin_token() {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -278,28 +274,27 @@ async fn member(
     Ok(Json(member_status(&find_member(&app, &pool, &address)?.1)))
 }
 
-fn body_field<'a>(
-    body: &'a Result<Json<Value>, axum::extract::rejection::JsonRejection>,
-    field: &str,
-) -> Result<&'a Value, ApiError> {
-    match body {
-        Ok(Json(v)) => v.get(field).ok_or_else(|| {
-            error(
-                StatusCode::BAD_REQUEST,
-                format!("the body needs a \"{field}\" field"),
-            )
-        }),
-        Err(e) => Err(error(
+/// The JSON body's `field`. The body is parsed whatever its Content-Type, so that
+/// `curl -d '{"state":"drain"}'` (sent as a form) works as typed.
+fn body_field(body: &[u8], field: &str) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        error(
             StatusCode::BAD_REQUEST,
             format!("the body must be JSON: {e}"),
-        )),
-    }
+        )
+    })?;
+    v.get(field).cloned().ok_or_else(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("the body needs a \"{field}\" field"),
+        )
+    })
 }
 
 async fn set_state(
     State(app): State<App>,
     Path((pool, address)): Path<(String, String)>,
-    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+    body: axum::body::Bytes,
 ) -> Result<Json<MemberStatus>, ApiError> {
     let (p, m) = find_member(&app, &pool, &address)?;
     let state = body_field(&body, "state")?
@@ -319,7 +314,7 @@ async fn set_state(
 async fn set_weight(
     State(app): State<App>,
     Path((pool, address)): Path<(String, String)>,
-    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+    body: axum::body::Bytes,
 ) -> Result<Json<MemberStatus>, ApiError> {
     let (p, m) = find_member(&app, &pool, &address)?;
     let weight = body_field(&body, "weight")?

@@ -36,17 +36,15 @@ pub trait Control: Send + Sync + 'static {
     /// Re-reads and applies the configuration file; on failure the running one stays and the
     /// errors are returned.
     fn reload(&self) -> Result<u64, Vec<String>>;
+    /// The bearer token `/api/v1/*` requires, if any; read per request so a reload can change it.
+    fn admin_token(&self) -> Option<Arc<str>>;
     /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
     fn extra_metrics(&self, _out: &mut MetricsWriter) {}
 }
 
 /// Serves the API on `listener` until the process ends.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    control: Arc<dyn Control>,
-    token: Option<String>,
-) {
-    let app = router(control, token);
+pub async fn serve(listener: tokio::net::TcpListener, control: Arc<dyn Control>) {
+    let app = router(control);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "admin API stopped");
     }

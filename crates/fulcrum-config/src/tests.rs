@@ -308,3 +308,20 @@ fn nothing_panics_on_odd_documents() {
         let _ = parse(doc, "t.toml", Path::new("."));
     }
 }
+
+#[test]
+fn http_only_pool_keys_on_a_tcp_pool() {
+    let e = errs(&TCP.replace(
+        "algorithm = \"weighted_round_robin\"",
+        "algorithm = \"weighted_round_robin\"\nreuse = \"always\"",
+    ));
+    has(
+        &e,
+        "pool[0].reuse: `reuse` applies to pools of http/https services; this pool serves tcp",
+    );
+    let e = errs(&TCP.replace(
+        "algorithm = \"weighted_round_robin\"",
+        "algorithm = \"weighted_round_robin\"\nmin_active = 0",
+    ));
+    has(&e, "pool[0].min_active: must be at least 1");
+}

@@ -323,6 +323,22 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 }
             }
         }
+        if let Some(protos) = protocols_of_pool.get(pool.name.as_str()) {
+            if let Some(p) = protos
+                .iter()
+                .find(|p| !p.is_http())
+                .filter(|_| protos.iter().all(|p| !p.is_http()))
+            {
+                for key in ["reuse", "tls"] {
+                    if cfg.locations.contains(&at(key)) {
+                        c.err(&at(key), format!("`{key}` applies to pools of http/https services; this pool serves {p}"));
+                    }
+                }
+            }
+        }
+        if pool.min_active == 0 {
+            c.err(&at("min_active"), "must be at least 1");
+        }
         if pool.connect_timeout.is_zero() {
             c.err(&at("connect_timeout"), "must be longer than 0s");
         }

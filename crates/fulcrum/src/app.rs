@@ -53,6 +53,22 @@ impl Source {
 /// Checks that need more than the config's own text: features this build runs.
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
+    // Sections whose data planes have not landed yet: refused rather than silently ignored.
+    for (section, present) in [
+        ("dns", config.dns.is_some()),
+        ("ip_table", !config.ip_tables.is_empty()),
+        (
+            "gslb",
+            !config.gslb.sites.is_empty() || !config.gslb.names.is_empty(),
+        ),
+    ] {
+        if present {
+            errors.push(config.locations.error(
+                section,
+                format!("[{section}] is not available in this build yet"),
+            ));
+        }
+    }
     for (i, vs) in config.virtual_services.iter().enumerate() {
         if vs.protocol != Protocol::Tcp {
             errors.push(config.locations.error(
@@ -227,9 +243,16 @@ impl App {
 
     fn reload_now(&self) -> Result<u64, Vec<String>> {
         let config = self.source.load()?;
-        let admin_before = self.snapshot.load().config.admin.listen;
-        if config.admin.listen != admin_before {
-            tracing::warn!(from = %admin_before, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
+        let before = self.snapshot.load();
+        if config.admin.listen != before.config.admin.listen {
+            tracing::warn!(from = %before.config.admin.listen, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
+        }
+        if config.global.workers != before.config.global.workers {
+            tracing::warn!(
+                from = before.config.global.workers,
+                to = config.global.workers,
+                "global.workers changes take effect at the next restart"
+            );
         }
         let generation = self.apply(config)?;
         tracing::info!(generation, "configuration reloaded");
@@ -274,6 +297,16 @@ impl Control for App {
         self.snapshot.load().pools.clone()
     }
 
+    fn admin_token(&self) -> Option<Arc<str>> {
+        self.snapshot
+            .load()
+            .config
+            .admin
+            .token
+            .as_deref()
+            .map(Arc::from)
+    }
+
     fn reload(&self) -> Result<u64, Vec<String>> {
         let r = self.reload_now();
         if let Err(errors) = &r {
@@ -315,7 +348,6 @@ where
             }
         };
         let admin_addr = config.admin.listen;
-        let token = config.admin.token.clone();
         let app = Arc::new(App::new(source, workers));
         if let Err(errors) = app.apply(config) {
             for e in errors {
@@ -330,7 +362,7 @@ where
                 return ExitCode::FAILURE;
             }
         };
-        tokio::spawn(fulcrum_admin::serve(admin, app.clone(), token));
+        tokio::spawn(fulcrum_admin::serve(admin, app.clone()));
         let ticker = app.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(REFRESH_EVERY);
@@ -371,15 +403,17 @@ async fn wait_for_signals(app: &Arc<App>) {
                 let app = app.clone();
                 let _ = tokio::task::spawn_blocking(move || app.reload()).await;
             }
-            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
-            _ = int.recv() => {
-                tracing::info!("SIGINT: shutting down (again to stop at once)");
-                tokio::spawn(async move {
-                    int.recv().await;
-                    std::process::exit(130);
-                });
-                break;
-            }
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down (a second SIGTERM or SIGINT stops at once)"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down (a second SIGINT or SIGTERM stops at once)"); break; }
         }
     }
+    // While connections drain, another SIGTERM or SIGINT means "now".
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: stopping without waiting for connections");
+        std::process::exit(130);
+    });
 }
