@@ -236,6 +236,13 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         expect_body,
         send,
         expect,
+        query,
+        query_type,
+        expect_rcode,
+        expect_answer,
+        secret,
+        username,
+        password,
     } = a;
     *name == b.name
         && *kind == b.kind
@@ -251,6 +258,13 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *expect_body == b.expect_body
         && *send == b.send
         && *expect == b.expect
+        && *query == b.query
+        && *query_type == b.query_type
+        && *expect_rcode == b.expect_rcode
+        && *expect_answer == b.expect_answer
+        && *secret == b.secret
+        && *username == b.username
+        && *password == b.password
 }
 
 fn agent_members(checks: &HashMap<CheckKey, Running>) -> HashSet<(Arc<str>, SocketAddr)> {
