@@ -605,18 +605,14 @@ fn check_protocol_monitor(
                 c.err(&at("password"), "`password` needs `username`");
             }
         }
-        MonitorKind::Pop3 | MonitorKind::Imap => {
-            if m.username.is_some() != m.password.is_some() {
-                c.err(
-                    &format!("monitor[{i}]"),
-                    "give both `username` and `password`, or neither",
-                );
-            }
+        MonitorKind::Pop3 | MonitorKind::Imap if m.username.is_some() != m.password.is_some() => {
+            c.err(
+                &format!("monitor[{i}]"),
+                "give both `username` and `password`, or neither",
+            );
         }
-        MonitorKind::Ftp => {
-            if m.password.is_some() && m.username.is_none() {
-                c.err(&at("password"), "`password` needs `username`");
-            }
+        MonitorKind::Ftp if m.password.is_some() && m.username.is_none() => {
+            c.err(&at("password"), "`password` needs `username`");
         }
         _ => {}
     }

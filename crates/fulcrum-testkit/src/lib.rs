@@ -4,6 +4,7 @@
 pub mod client;
 pub mod process;
 pub mod servers;
+pub mod udp;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 pub use client::{http_get, http_request, HttpResponse};
 pub use process::Fulcrum;
 pub use servers::{AgentServer, HttpBackend, TcpIdServer};
+pub use udp::{RadiusServer, UdpEchoServer};
 
 /// A port on 127.0.0.1 that was free a moment ago (the usual race: another process may take it).
 pub fn free_port() -> u16 {
