@@ -2,6 +2,7 @@
 //! observable, and controllable (a backend can be made unhealthy, an agent can change its reply).
 
 pub mod client;
+pub mod dialogue;
 pub mod process;
 pub mod servers;
 pub mod udp;
@@ -11,6 +12,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
+pub use dialogue::DialogueServer;
 pub use process::Fulcrum;
 pub use servers::{AgentServer, HttpBackend, TcpIdServer};
 pub use udp::{RadiusServer, UdpEchoServer};
