@@ -27,8 +27,15 @@ pub struct RecvBatch {
     addr: Vec<libc::sockaddr_storage>,
 }
 
+impl Default for RecvBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl RecvBatch {
-    fn new() -> RecvBatch {
+    /// Buffers for `BATCH` datagrams of up to `SLOT` bytes.
+    pub fn new() -> RecvBatch {
         RecvBatch {
             // Zeroed pages are mapped lazily: only the slots datagrams fill take memory.
             buf: vec![0u8; BATCH * SLOT],

@@ -32,7 +32,7 @@
 //! that member as a failed connect; `fall` of them in a row take it down. A reply from a member
 //! clears the run.
 
-mod batch;
+pub mod batch;
 
 use std::collections::HashMap;
 use std::io;
