@@ -274,72 +274,96 @@ fn receive_batch(
             };
             datagrams += 1;
             bytes += data.len() as u64;
-            if !flows.contains_key(&client) {
+            // One hash lookup for a known client; a new one pays for the insert too.
+            if let Some(flow) = flows.get_mut(&client) {
+                forward_one(svc, flow, data, client, i, now, &mut plan);
+                continue;
+            }
+            if svc.stats.connections_active.load(Ordering::Relaxed) >= svc.max_sessions {
+                // The plan names flow sockets by descriptor: send before any flow is evicted,
+                // so no descriptor is closed (and reused) under a planned datagram.
+                flush(b, &mut plan, svc);
                 if !make_room(flows, svc, now) {
                     svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                match new_flow(client, svc, listen, current, now) {
-                    Ok(flow) => {
-                        flows.insert(client, flow);
-                    }
-                    Err(e) => {
-                        svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(service = %svc.name, error = %e, "cannot open an upstream udp socket; datagram dropped");
-                        continue;
-                    }
-                }
             }
-            let Some(flow) = flows.get_mut(&client) else {
-                continue;
+            let mut flow = match new_flow(client, svc, listen, current, now) {
+                Ok(flow) => flow,
+                Err(e) => {
+                    svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(service = %svc.name, error = %e, "cannot open an upstream udp socket; datagram dropped");
+                    continue;
+                }
             };
-            flow.shared.last_active.store(now, Ordering::Relaxed);
-            match route(svc, flow, data, client) {
-                Route::To(member) => {
-                    member.stats.requests_total.fetch_add(1, Ordering::Relaxed);
-                    member.stats.add_bytes(data.len() as u64, 0);
-                    plan.push((
-                        flow.socket.as_raw_fd(),
-                        i,
-                        upstream_addr(member.address, flow.v6),
-                    ));
-                }
-                Route::NoMember => {
-                    svc.stats.no_member.fetch_add(1, Ordering::Relaxed);
-                }
-                Route::Drop => {}
-            }
+            forward_one(svc, &mut flow, data, client, i, now, &mut plan);
+            flows.insert(client, flow);
         }
         svc.stats
             .requests_total
             .fetch_add(datagrams, Ordering::Relaxed);
         svc.stats.bytes_in.fetch_add(bytes, Ordering::Relaxed);
 
-        let mut items: Vec<(&[u8], &SockAddr)> = Vec::with_capacity(plan.len());
-        let mut start = 0;
-        while start < plan.len() {
-            let fd = plan[start].0;
-            items.clear();
-            let mut end = start;
-            while end < plan.len() && plan[end].0 == fd {
-                if let Some((data, _)) = b.get(plan[end].1) {
-                    items.push((data, &plan[end].2));
-                }
-                end += 1;
-            }
-            let (sent, err) = batch::send_all(fd, &items);
-            if sent < items.len() {
-                svc.udp
-                    .send_errors
-                    .fetch_add((items.len() - sent) as u64, Ordering::Relaxed);
-                if let Some(e) = err {
-                    tracing::debug!(service = %svc.name, error = %e, "sending to members failed");
-                }
-            }
-            start = end;
-        }
+        flush(b, &mut plan, svc);
         Ok(())
     })
+}
+
+/// Sends the planned datagrams, grouped by flow socket, and empties the plan.
+fn flush(b: &batch::RecvBatch, plan: &mut Vec<(i32, usize, SockAddr)>, svc: &UdpService) {
+    let mut items: Vec<(&[u8], &SockAddr)> = Vec::with_capacity(plan.len());
+    let mut start = 0;
+    while start < plan.len() {
+        let fd = plan[start].0;
+        items.clear();
+        let mut end = start;
+        while end < plan.len() && plan[end].0 == fd {
+            if let Some((data, _)) = b.get(plan[end].1) {
+                items.push((data, &plan[end].2));
+            }
+            end += 1;
+        }
+        let (sent, err) = batch::send_all(fd, &items);
+        if sent < items.len() {
+            svc.udp
+                .send_errors
+                .fetch_add((items.len() - sent) as u64, Ordering::Relaxed);
+            if let Some(e) = err {
+                tracing::debug!(service = %svc.name, error = %e, "sending to members failed");
+            }
+        }
+        start = end;
+    }
+    drop(items);
+    plan.clear();
+}
+
+/// Routes datagram `i` of the batch and adds it to the send plan.
+fn forward_one(
+    svc: &UdpService,
+    flow: &mut Flow,
+    data: &[u8],
+    client: SocketAddr,
+    i: usize,
+    now: u64,
+    plan: &mut Vec<(i32, usize, SockAddr)>,
+) {
+    flow.shared.last_active.store(now, Ordering::Relaxed);
+    match route(svc, flow, data, client) {
+        Route::To(member) => {
+            member.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+            member.stats.add_bytes(data.len() as u64, 0);
+            plan.push((
+                flow.socket.as_raw_fd(),
+                i,
+                upstream_addr(member.address, flow.v6),
+            ));
+        }
+        Route::NoMember => {
+            svc.stats.no_member.fetch_add(1, Ordering::Relaxed);
+        }
+        Route::Drop => {}
+    }
 }
 
 /// The member address as the flow's socket needs it.
@@ -569,13 +593,24 @@ fn relay_batch(
         let mut items: [(&[u8], &SockAddr); BATCH] = [(&[], &flow.client); BATCH];
         let mut k = 0;
         let mut bytes = 0u64;
+        // Replies of a batch mostly come from one member: look it up once.
+        let mut last: Option<(SocketAddr, &Arc<Member>)> = None;
         for i in 0..n {
             let Some((data, from)) = b.get(i) else {
                 continue;
             };
-            let Some((_, member)) = svc.pool.member_by_addr(from) else {
-                svc.udp.foreign_replies.fetch_add(1, Ordering::Relaxed);
-                continue;
+            let member = match last {
+                Some((addr, m)) if addr == from => m,
+                _ => match svc.pool.member_by_addr(from) {
+                    Some((_, m)) => {
+                        last = Some((from, m));
+                        m
+                    }
+                    None => {
+                        svc.udp.foreign_replies.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                },
             };
             member.stats.add_bytes(0, data.len() as u64);
             member.record_exchange_success();
