@@ -546,3 +546,53 @@ async fn udp_services_pass_check_and_bad_keys_are_located() {
         "{out}"
     );
 }
+
+/// Many clients at once against a table far smaller than they need: flows are evicted all the
+/// time, and still no client ever receives a reply meant for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_load_never_misroutes_a_reply() {
+    let servers = echo_members(2).await;
+    let vs = free_udp("127.0.0.1");
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\n{}",
+        udp_service(vs, "udp_mode = \"per_packet\"\nmax_sessions = 6"),
+        members_of(&servers)
+    ))
+    .await;
+    let mut tasks = Vec::new();
+    for c in 0..24 {
+        tasks.push(tokio::spawn(async move {
+            let sock = client(&format!("127.0.1.{}", c + 1)).await;
+            let mut answered = 0;
+            let mut buf = [0u8; 256];
+            for i in 0..20 {
+                let payload = format!("client{c}-{i}");
+                sock.send_to(payload.as_bytes(), vs).await.unwrap();
+                // Read what arrives within 200 ms; every reply must be for this client.
+                let end = tokio::time::Instant::now() + Duration::from_millis(200);
+                while let Ok(Ok((n, _))) =
+                    tokio::time::timeout_at(end, sock.recv_from(&mut buf)).await
+                {
+                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let (_, echoed) = text.split_once(':').unwrap();
+                    assert!(
+                        echoed.starts_with(&format!("client{c}-")),
+                        "client {c} got {text:?}"
+                    );
+                    if echoed == payload {
+                        answered += 1;
+                        break;
+                    }
+                }
+            }
+            answered
+        }));
+    }
+    let mut answered = 0;
+    for t in tasks {
+        answered += t.await.unwrap();
+    }
+    assert!(answered > 24 * 20 / 2, "most requests answered: {answered}");
+    let st = status_of(&f).await;
+    assert!(st["connections_active"].as_u64().unwrap() <= 6, "{st}");
+}
