@@ -596,3 +596,32 @@ async fn eviction_under_load_never_misroutes_a_reply() {
     let st = status_of(&f).await;
     assert!(st["connections_active"].as_u64().unwrap() <= 6, "{st}");
 }
+
+/// A udp and a tcp service on the same ip:port both run, and a reload keeps both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_and_tcp_services_share_an_address() {
+    let echo = echo_members(1).await;
+    let tcp = id_servers(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "[[virtual_service]]\nname = \"u\"\nlisten = \"{vs}\"\nprotocol = \"udp\"\npool = \"pu\"\n\
+         [[virtual_service]]\nname = \"t\"\nlisten = \"{vs}\"\nprotocol = \"tcp\"\npool = \"pt\"\n\
+         [[pool]]\nname = \"pu\"\n{}[[pool]]\nname = \"pt\"\n[[pool.member]]\naddress = \"{}\"\n",
+        members_of(&echo),
+        tcp[0].addr
+    );
+    let f = start(&config).await;
+    let sock = client("127.0.0.1").await;
+    assert_eq!(
+        answered_by(&ask(&sock, vs, "u1").await.unwrap(), "u1"),
+        "m0"
+    );
+    assert_eq!(exchange(vs).await.unwrap(), "m0");
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        answered_by(&ask(&sock, vs, "u2").await.unwrap(), "u2"),
+        "m0"
+    );
+    assert_eq!(exchange(vs).await.unwrap(), "m0");
+}
