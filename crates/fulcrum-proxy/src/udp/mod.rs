@@ -184,7 +184,14 @@ async fn receive_loop(socket: std::net::UdpSocket, current: Arc<ArcSwap<UdpServi
                 let Ok(mut guard) = ready else { return };
                 for _ in 0..BATCHES_PER_WAKE {
                     let svc = current.load_full();
-                    match guard.try_io(|s| receive_batch(s.get_ref(), &svc, &mut flows, &listen, &current)) {
+                    // A short batch means the queue was empty: report "would block" so the
+                    // readiness is cleared without one more, empty, recvmmsg. A datagram that
+                    // arrives after it raises a new (edge) event, which tokio keeps.
+                    let batch = |s: &AsyncFd<std::net::UdpSocket>| match receive_batch(s.get_ref(), &svc, &mut flows, &listen, &current) {
+                        Ok(n) if n < BATCH => Err(io::ErrorKind::WouldBlock.into()),
+                        other => other.map(|_| ()),
+                    };
+                    match guard.try_io(batch) {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, "udp receive failed");
@@ -261,7 +268,7 @@ fn receive_batch(
     flows: &mut HashMap<SocketAddr, Flow>,
     listen: &Arc<AsyncFd<std::net::UdpSocket>>,
     current: &Arc<ArcSwap<UdpService>>,
-) -> io::Result<()> {
+) -> io::Result<usize> {
     batch::with_client_batch(|b| {
         let n = b.recv(socket.as_raw_fd())?;
         let now = now_ms();
@@ -305,7 +312,7 @@ fn receive_batch(
         svc.stats.bytes_in.fetch_add(bytes, Ordering::Relaxed);
 
         flush(b, &mut plan, svc);
-        Ok(())
+        Ok(n)
     })
 }
 
@@ -555,7 +562,12 @@ async fn relay_replies(
         }
         for _ in 0..BATCHES_PER_WAKE {
             match relay_batch(guard.get_ref().get_ref(), &svc, &flow, listen.get_ref()) {
-                Ok(()) => {}
+                Ok(n) if n == BATCH => {}
+                // A short batch emptied the queue (see `receive_loop`).
+                Ok(_) => {
+                    guard.clear_ready_matching(Ready::READABLE);
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     guard.clear_ready_matching(Ready::READABLE);
                     break;
@@ -587,7 +599,7 @@ fn relay_batch(
     svc: &UdpService,
     flow: &FlowShared,
     listen: &std::net::UdpSocket,
-) -> io::Result<()> {
+) -> io::Result<usize> {
     batch::with_member_batch(|b| {
         let n = b.recv(socket.as_raw_fd())?;
         let mut items: [(&[u8], &SockAddr); BATCH] = [(&[], &flow.client); BATCH];
@@ -619,7 +631,7 @@ fn relay_batch(
             k += 1;
         }
         if k == 0 {
-            return Ok(());
+            return Ok(n);
         }
         flow.last_active.store(now_ms(), Ordering::Relaxed);
         let (sent, err) = batch::send_all(listen.as_raw_fd(), &items[..k]);
@@ -635,6 +647,6 @@ fn relay_batch(
                 tracing::debug!(service = %svc.name, error = %e, "sending to a client failed");
             }
         }
-        Ok(())
+        Ok(n)
     })
 }
