@@ -280,3 +280,100 @@ pub fn read_errors(fd: RawFd, max: usize, mut f: impl FnMut(IcmpError)) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn bound(addr: &str) -> std::net::UdpSocket {
+        let s = std::net::UdpSocket::bind(addr).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    }
+
+    /// Receives until `want` datagrams arrived or a second passed.
+    fn receive(
+        b: &mut RecvBatch,
+        s: &std::net::UdpSocket,
+        want: usize,
+    ) -> Vec<(Vec<u8>, SocketAddr)> {
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(1);
+        while got.len() < want && Instant::now() < end {
+            match b.recv(s.as_raw_fd()) {
+                Ok(n) => {
+                    assert!(n <= BATCH);
+                    got.extend(
+                        (0..n)
+                            .filter_map(|i| b.get(i))
+                            .map(|(d, a)| (d.to_vec(), a)),
+                    );
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn batches_go_out_and_come_back_in_order_with_senders() {
+        let (a, b) = (bound("127.0.0.1:0"), bound("127.0.0.1:0"));
+        let to = SockAddr::from(b.local_addr().unwrap());
+        let payloads: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; usize::from(i) + 1]).collect();
+        let items: Vec<(&[u8], &SockAddr)> = payloads.iter().map(|p| (&p[..], &to)).collect();
+        let (sent, err) = send_all(a.as_raw_fd(), &items);
+        assert_eq!((sent, err.is_none()), (40, true), "two sendmmsg calls");
+        let mut batch = RecvBatch::new();
+        let got = receive(&mut batch, &b, 40);
+        assert_eq!(got.len(), 40);
+        for (i, (data, from)) in got.iter().enumerate() {
+            assert_eq!(data, &payloads[i]);
+            assert_eq!(*from, a.local_addr().unwrap());
+        }
+    }
+
+    #[test]
+    fn a_whole_64k_datagram_fits_a_slot() {
+        let (a, b) = (bound("[::1]:0"), bound("[::1]:0"));
+        let big = vec![7u8; 65507 - 40];
+        a.send_to(&big, b.local_addr().unwrap()).unwrap();
+        let mut batch = RecvBatch::new();
+        let got = receive(&mut batch, &b, 1);
+        assert_eq!(got[0].0.len(), big.len());
+    }
+
+    #[test]
+    fn ipv4_mapped_senders_read_as_ipv4() {
+        let mapped: SocketAddr = "[::ffff:192.0.2.1]:53".parse().unwrap();
+        assert_eq!(
+            normalize(mapped),
+            "192.0.2.1:53".parse::<SocketAddr>().unwrap()
+        );
+        let v6: SocketAddr = "[2001:db8::1]:53".parse().unwrap();
+        assert_eq!(normalize(v6), v6);
+    }
+
+    #[test]
+    fn icmp_port_unreachable_names_the_destination() {
+        let s = bound("127.0.0.1:0");
+        enable_recverr(s.as_raw_fd(), false).unwrap();
+        let closed = bound("127.0.0.1:0").local_addr().unwrap(); // dropped: the port is closed
+        let to = SockAddr::from(closed);
+        assert_eq!(send_all(s.as_raw_fd(), &[(b"x", &to)]).0, 1);
+        let end = Instant::now() + Duration::from_secs(1);
+        let mut errors = Vec::new();
+        while errors.is_empty() && Instant::now() < end {
+            read_errors(s.as_raw_fd(), 8, |e| errors.push(e));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].destination, closed);
+        assert_eq!(errors[0].error.kind(), io::ErrorKind::ConnectionRefused);
+    }
+}
