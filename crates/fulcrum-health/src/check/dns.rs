@@ -22,6 +22,33 @@ pub(crate) struct DnsCheck {
     expect_answer: Option<String>,
 }
 
+/// The query over TCP (2-byte length prefix), for an answer that was truncated over UDP.
+async fn query_tcp(probe: &Probe, wire: &[u8], id: u16) -> Result<Message, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = super::connect(probe).await?;
+    let len = u16::try_from(wire.len()).map_err(|_| "query too long".to_string())?;
+    let mut out = len.to_be_bytes().to_vec();
+    out.extend_from_slice(wire);
+    let exchange = async {
+        stream.write_all(&out).await?;
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).await?;
+        let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut body).await?;
+        Ok::<_, std::io::Error>(body)
+    };
+    let body = match tokio::time::timeout_at(probe.deadline, exchange).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return Err(text::io_error(&e)),
+        Err(_) => return Err(probe.timed_out()),
+    };
+    let answer = Message::from_vec(&body).map_err(|_| "not a DNS message".to_string())?;
+    if answer.metadata.id != id {
+        return Err("an answer to another query".into());
+    }
+    Ok(answer)
+}
+
 /// Response code numbers of the names validation allows.
 fn rcode_number(name: &str) -> u16 {
     match name {
@@ -118,6 +145,13 @@ impl DnsCheck {
                             || answer.metadata.message_type != MessageType::Response
                         {
                             continue; // a late answer to an earlier check
+                        }
+                        if answer.metadata.truncation {
+                            // Too big for a datagram: ask again over TCP (RFC 7766).
+                            return match query_tcp(probe, &wire, id).await {
+                                Ok(full) => self.judge(&full, &query),
+                                Err(e) => Verdict::fail(format!("truncated over UDP; TCP: {e}")),
+                            };
                         }
                         return self.judge(&answer, &query);
                     }

@@ -56,6 +56,32 @@ impl Drop for Daemon {
     }
 }
 
+/// Starts the daemon `command(port)` makes on a free loopback port; a daemon that exits at once
+/// (its port was taken meanwhile: it needs the TCP side too) is tried again on another port.
+fn start_daemon(what: &str, command: impl Fn(u16) -> Command) -> (Daemon, SocketAddr) {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let addr = free_udp();
+        let mut child = command(addr.port())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what} (installed by scripts/test.sh): {e}"));
+        std::thread::sleep(Duration::from_millis(300));
+        match child.try_wait() {
+            Ok(None) => return (Daemon(child), addr),
+            _ => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                last = err;
+            }
+        }
+    }
+    panic!("{what} did not start: {last}");
+}
+
 fn free_udp() -> SocketAddr {
     std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
@@ -84,28 +110,32 @@ fn dns(query: &str, qtype: &str) -> Monitor {
 
 #[tokio::test]
 async fn dns_against_dnsmasq() {
-    let addr = free_udp();
-    let _dnsmasq = Daemon(
-        Command::new("dnsmasq")
-            .args([
-                "--keep-in-foreground",
-                "--conf-file=/dev/null",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                "--listen-address=127.0.0.1",
-                "--user=root",
-                "--pid-file=",
-                "--local=/health.test/",
-                "--address=/www.health.test/127.0.0.9",
-                "--address=/www.health.test/::9",
-            ])
-            .arg(format!("--port={}", addr.port()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dnsmasq (dnsmasq-base) is installed by scripts/test.sh"),
+    // A TXT answer of ~800 bytes: truncated over UDP (no EDNS in the query), whole over TCP.
+    let big = format!(
+        "--txt-record=big.health.test,{},{},{}",
+        "a".repeat(250),
+        "b".repeat(250),
+        "c".repeat(250)
     );
+    let (_dnsmasq, addr) = start_daemon("dnsmasq", |port| {
+        let mut c = Command::new("dnsmasq");
+        c.args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            "--listen-address=127.0.0.1",
+            "--user=root",
+            "--pid-file=",
+            "--local=/health.test/",
+            "--address=/www.health.test/127.0.0.9",
+            "--address=/www.health.test/::9",
+            &big,
+        ])
+        .arg(format!("--port={port}"));
+        c
+    });
     let a = dns("www.health.test.", "A");
     until_passes(&a, addr).await;
     let mut want = dns("www.health.test", "A");
@@ -124,6 +154,9 @@ async fn dns_against_dnsmasq() {
     let mut nx = missing.clone();
     nx.expect_rcode = "NXDOMAIN".into();
     passed(&run(&nx, addr).await, "DNS NXDOMAIN");
+    let mut txt = dns("big.health.test.", "TXT");
+    txt.expect_answer = Some("cccc".into());
+    passed(&run(&txt, addr).await, "DNS NOERROR, answer cccc");
     // Nothing listens: the ICMP error is seen at once.
     let closed = free_udp();
     failed(&run(&a, closed).await, "connection refused");
@@ -189,16 +222,12 @@ async fn radius_status_server_and_access_request_against_testkit() {
 /// secret testing123; Status-Server enabled).
 #[tokio::test]
 async fn radius_against_freeradius() {
-    let addr = free_udp();
-    let _daemon = Daemon(
-        Command::new("freeradius")
-            .args(["-f", "-l", "stdout", "-i", "127.0.0.1", "-p"])
-            .arg(addr.port().to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("freeradius is installed by scripts/test.sh"),
-    );
+    let (_daemon, addr) = start_daemon("freeradius", |port| {
+        let mut c = Command::new("freeradius");
+        c.args(["-f", "-l", "stdout", "-i", "127.0.0.1", "-p"])
+            .arg(port.to_string());
+        c
+    });
     let m = radius("testing123");
     until_passes(&m, addr).await;
     passed(&run(&m, addr).await, "RADIUS Access-Accept");
