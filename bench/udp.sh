@@ -116,6 +116,21 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
+HOLD=${HOLD:-4000}
+mem_per_flow() {  # mem_per_flow PID PORT: KiB of RSS per idle UDP session flow
+  local pid=$1 port=$2 before after
+  before=$(rss_kib "$pid")
+  coproc HOLDER { python3 bench/hold_udp_flows.py 127.0.0.1 "$port" "$HOLD"; }
+  read -r _ answered <&"${HOLDER[0]}"
+  echo "memory: $answered of $HOLD flows answered on port $port" >&2
+  sleep 1
+  after=$(rss_kib "$pid")
+  echo >&"${HOLDER[1]}"; wait "$HOLDER_PID" 2>/dev/null || true
+  awk -v a="$after" -v b="$before" -v n="$HOLD" 'BEGIN { printf "%.2f", (a - b) / n }'
+}
+mem_f=$(mem_per_flow "$fulcrum_pid" 18054)
+mem_n=$(mem_per_flow "$nginx_pid" 18064)
+
 row() {  # row LABEL MODE
   local f n
   f=$(median ${cpu[fulcrum,$2]}); n=$(median ${cpu[nginx,$2]})
@@ -132,5 +147,6 @@ echo "| UDP proxy, $FLOWS flows × $WINDOW in flight, $SIZE-byte datagrams, medi
 echo "|---|---|---|---|"
 row "per-packet (nginx: proxy_responses 1)" per_packet
 row "session" session
+printf '| memory per idle session flow (KiB, %s held; kernel socket memory not included) | %s | %s | %s |\n' "$HOLD" "$mem_f" "$mem_n" "$(ratio "$mem_f" "$mem_n")"
 echo
 echo "Direct to one echo backend, no proxy: $direct"
