@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ pub struct Pool {
     last_input: Mutex<Option<RebuildInput>>,
     /// Requests that found no member, for the API and metrics.
     pub no_member: AtomicU64,
+    /// Whether only datagram (UDP) services use the pool, so reachability probes must not be
+    /// TCP connects.
+    datagram: AtomicBool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -94,9 +97,20 @@ impl Pool {
             by_addr,
             last_input: Mutex::new(None),
             no_member: AtomicU64::new(0),
+            datagram: AtomicBool::new(false),
         };
         pool.refresh_at(now_ms());
         pool
+    }
+
+    /// Marks the pool as served only by datagram (UDP) services.
+    pub fn set_datagram(&self, datagram: bool) {
+        self.datagram.store(datagram, Ordering::Relaxed);
+    }
+
+    /// Whether only datagram (UDP) services use the pool.
+    pub fn is_datagram(&self) -> bool {
+        self.datagram.load(Ordering::Relaxed)
     }
 
     pub fn members(&self) -> &[Arc<Member>] {

@@ -7,6 +7,8 @@ mod schema;
 mod types;
 mod validate;
 
+pub use validate::{DNS_QUERY_TYPES, DNS_RCODES};
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 

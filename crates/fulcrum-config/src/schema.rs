@@ -98,6 +98,10 @@ string_enum!(UdpMode {
 });
 string_enum!(MessageMode { Sync = "sync", Async = "async" });
 
+/// Default bound on a udp service's flow table. Each flow holds one upstream socket (a file
+/// descriptor), so the process's descriptor limit must allow this many.
+pub const DEFAULT_MAX_SESSIONS: u64 = 65536;
+
 #[derive(Debug, Clone)]
 pub struct VirtualService {
     pub name: String,
@@ -116,6 +120,8 @@ pub struct VirtualService {
     pub proxy_protocol: Option<ProxyProtocol>,
     pub udp_mode: UdpMode,
     pub session_timeout: Duration,
+    /// udp: bound on the flow table (client address → upstream socket); idle flows go first.
+    pub max_sessions: u64,
     pub framing: Option<Framing>,
     pub message_mode: MessageMode,
     pub sequence: Option<Sequence>,
@@ -140,6 +146,7 @@ impl FromNode for VirtualService {
             let session_timeout = t
                 .opt(cx, "session_timeout")
                 .unwrap_or(Duration::from_secs(30));
+            let max_sessions = t.opt(cx, "max_sessions").unwrap_or(DEFAULT_MAX_SESSIONS);
             let framing = t.opt(cx, "framing");
             let message_mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
             let sequence = t.opt(cx, "sequence");
@@ -163,6 +170,7 @@ impl FromNode for VirtualService {
                 proxy_protocol,
                 udp_mode,
                 session_timeout,
+                max_sessions,
                 framing,
                 message_mode,
                 sequence,
@@ -728,7 +736,48 @@ pub struct Monitor {
     pub expect_body: Option<String>,
     pub send: Option<String>,
     pub expect: Option<String>,
+    /// dns: the name asked for (required for dns).
+    pub query: Option<String>,
+    /// dns: the record type asked for, e.g. "A" (default), "AAAA", "SOA".
+    pub query_type: String,
+    /// dns: the response code that passes, e.g. "NOERROR" (default), "NXDOMAIN".
+    pub expect_rcode: String,
+    /// dns: text one of the answer records must contain (an address, a name).
+    pub expect_answer: Option<String>,
+    /// radius: the shared secret (required for radius).
+    pub secret: Option<String>,
+    /// radius (Access-Request instead of Status-Server), pop3, imap, ftp: log in as this user.
+    pub username: Option<String>,
+    pub password: Option<String>,
 }
+
+/// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
+/// them on other kinds.
+pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[
+    ("query", &[MonitorKind::Dns]),
+    ("query_type", &[MonitorKind::Dns]),
+    ("expect_rcode", &[MonitorKind::Dns]),
+    ("expect_answer", &[MonitorKind::Dns]),
+    ("secret", &[MonitorKind::Radius]),
+    (
+        "username",
+        &[
+            MonitorKind::Radius,
+            MonitorKind::Pop3,
+            MonitorKind::Imap,
+            MonitorKind::Ftp,
+        ],
+    ),
+    (
+        "password",
+        &[
+            MonitorKind::Radius,
+            MonitorKind::Pop3,
+            MonitorKind::Imap,
+            MonitorKind::Ftp,
+        ],
+    ),
+];
 
 impl FromNode for Monitor {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
@@ -759,6 +808,17 @@ impl FromNode for Monitor {
                 expect_body: t.opt(cx, "expect_body"),
                 send: t.opt(cx, "send"),
                 expect: t.opt(cx, "expect"),
+                query: t.opt(cx, "query"),
+                query_type: t
+                    .opt::<String>(cx, "query_type")
+                    .map_or_else(|| "A".to_string(), |s| s.to_ascii_uppercase()),
+                expect_rcode: t
+                    .opt::<String>(cx, "expect_rcode")
+                    .map_or_else(|| "NOERROR".to_string(), |s| s.to_ascii_uppercase()),
+                expect_answer: t.opt(cx, "expect_answer"),
+                secret: t.opt(cx, "secret"),
+                username: t.opt(cx, "username"),
+                password: t.opt(cx, "password"),
                 name: name?,
                 kind: kind?,
             })
@@ -788,6 +848,46 @@ pub struct Persistence {
     pub source_mask_v6: u8,
     /// Bound on the entries of a persistence table; the least recently used go first.
     pub max_entries: u64,
+    /// radius: what happens to a datagram that is not a well-formed RADIUS packet.
+    pub malformed: Malformed,
+}
+
+string_enum!(
+    /// What a radius-persistent udp service does with a datagram that is not a well-formed
+    /// RADIUS packet (or lacks the attribute): schedule it like any datagram, or drop it.
+    Malformed {
+        Schedule = "schedule",
+        Drop = "drop",
+    }
+);
+
+/// RADIUS attribute names Fulcrum knows (RFC 2865, 2866, 2869, 3162), with their type numbers.
+pub const RADIUS_ATTRIBUTES: &[(&str, u8)] = &[
+    ("User-Name", 1),
+    ("NAS-IP-Address", 4),
+    ("NAS-Port", 5),
+    ("Framed-IP-Address", 8),
+    ("Class", 25),
+    ("Called-Station-Id", 30),
+    ("Calling-Station-Id", 31),
+    ("NAS-Identifier", 32),
+    ("Acct-Session-Id", 44),
+    ("Acct-Multi-Session-Id", 50),
+    ("NAS-Port-Id", 87),
+    ("Framed-Interface-Id", 96),
+    ("Framed-IPv6-Prefix", 97),
+];
+
+/// The type number of a RADIUS attribute given by name (case-insensitive, as in the table above)
+/// or as a number from 1 to 255.
+pub fn radius_attribute(name: &str) -> Option<u8> {
+    if let Ok(n) = name.parse::<u8>() {
+        return (n != 0).then_some(n);
+    }
+    RADIUS_ATTRIBUTES
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, t)| *t)
 }
 
 impl Persistence {
@@ -826,6 +926,7 @@ impl FromNode for Persistence {
                 source_mask,
                 source_mask_v6,
                 max_entries: t.opt(cx, "max_entries").unwrap_or(1_000_000),
+                malformed: t.opt(cx, "malformed").unwrap_or(Malformed::Schedule),
                 name: name?,
                 kind: kind?,
             })

@@ -325,3 +325,123 @@ fn http_only_pool_keys_on_a_tcp_pool() {
     ));
     has(&e, "pool[0].min_active: must be at least 1");
 }
+
+const UDP: &str = r#"
+[[virtual_service]]
+name = "radius"
+listen = ["127.0.0.1:1812", "[::1]:1812"]
+protocol = "udp"
+pool = "radius"
+persistence = "user"
+udp_mode = "per_packet"
+session_timeout = "10s"
+max_sessions = 1000
+
+[[pool]]
+name = "radius"
+monitors = ["status", "dns", "ping", "mail"]
+
+[[pool.member]]
+address = "127.0.0.1:11812"
+
+[[monitor]]
+name = "status"
+type = "radius"
+secret = "testing123"
+
+[[monitor]]
+name = "dns"
+type = "dns"
+query = "health.example."
+query_type = "aaaa"
+expect_rcode = "nxdomain"
+expect_answer = "::1"
+
+[[monitor]]
+name = "ping"
+type = "icmp"
+
+[[monitor]]
+name = "mail"
+type = "imap"
+username = "probe"
+password = "secret"
+
+[[persistence]]
+name = "user"
+type = "radius"
+attribute = "calling-station-id"
+malformed = "drop"
+"#;
+
+#[test]
+fn reads_udp_service_radius_persistence_and_protocol_monitors() {
+    let c = ok(UDP);
+    let vs = &c.virtual_services[0];
+    assert_eq!(vs.udp_mode, UdpMode::PerPacket);
+    assert_eq!(vs.max_sessions, 1000);
+    assert_eq!(vs.session_timeout, Duration::from_secs(10));
+    let p = &c.persistence[0];
+    assert_eq!(p.malformed, Malformed::Drop);
+    assert_eq!(radius_attribute(p.attribute.as_deref().unwrap()), Some(31));
+    assert_eq!(radius_attribute("26"), Some(26));
+    assert_eq!(radius_attribute("0"), None);
+    let dns = c.monitor("dns").unwrap();
+    assert_eq!(dns.query_type, "AAAA");
+    assert_eq!(dns.expect_rcode, "NXDOMAIN");
+    assert_eq!(
+        c.monitor("status").unwrap().secret.as_deref(),
+        Some("testing123")
+    );
+    let defaults = ok(&UDP
+        .replace("udp_mode = \"per_packet\"\n", "")
+        .replace("max_sessions = 1000\n", ""));
+    assert_eq!(defaults.virtual_services[0].udp_mode, UdpMode::Session);
+    assert_eq!(
+        defaults.virtual_services[0].max_sessions,
+        DEFAULT_MAX_SESSIONS
+    );
+}
+
+#[test]
+fn protocol_monitor_and_radius_checks() {
+    let e = errs(
+        &UDP.replace("secret = \"testing123\"\n", "")
+            .replace("query = \"health.example.\"\n", "query = \"bad name.\"\n")
+            .replace("query_type = \"aaaa\"", "query_type = \"AAAAA\"")
+            .replace("expect_rcode = \"nxdomain\"", "expect_rcode = \"OK\"")
+            .replace("password = \"secret\"\n", "")
+            .replace("type = \"icmp\"", "type = \"icmp\"\nquery = \"x.\"")
+            .replace("calling-station-id", "Calling-Station")
+            .replace("max_sessions = 1000", "max_sessions = 0"),
+    );
+    has(&e, "monitor[0]: type radius needs `secret`");
+    has(&e, "monitor[1].query: \"bad name.\" is not a DNS name");
+    has(&e, "monitor[1].query_type: unknown record type \"AAAAA\"");
+    has(&e, "monitor[1].expect_rcode: unknown response code \"OK\"");
+    has(
+        &e,
+        "monitor[2].query: `query` applies to monitor type dns; this monitor is icmp",
+    );
+    has(
+        &e,
+        "monitor[3]: give both `username` and `password`, or neither",
+    );
+    has(&e, "persistence[0].attribute: unknown RADIUS attribute \"Calling-Station\" (did you mean \"Calling-Station-Id\"?)");
+    has(&e, "virtual_service[0].max_sessions: must be at least 1");
+    let e = errs(&UDP.replace("query = \"health.example.\"\n", ""));
+    has(&e, "monitor[1]: type dns needs `query`");
+    let e = errs(&TCP.replace("source_mask = 24", "source_mask = 24\nmalformed = \"drop\""));
+    has(
+        &e,
+        "`malformed` applies to type radius; this profile is source_ip",
+    );
+    let e = errs(&TCP.replace(
+        "pool = \"db\"\npersistence",
+        "pool = \"db\"\nmax_sessions = 5\npersistence",
+    ));
+    has(
+        &e,
+        "`max_sessions` applies to protocol udp; this service is tcp",
+    );
+}

@@ -5,7 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use crate::error::{did_you_mean, ConfigError};
-use crate::schema::{Config, MonitorKind, PersistenceKind, Protocol, RuleAction};
+use crate::schema::{
+    radius_attribute, Config, MonitorKind, PersistenceKind, Protocol, RuleAction,
+    MONITOR_KIND_KEYS, RADIUS_ATTRIBUTES,
+};
 use crate::Locations;
 
 struct Checker<'a> {
@@ -222,6 +225,13 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         );
         c.only_for(i, "udp_mode", vs.protocol, &[Udp]);
         c.only_for(i, "session_timeout", vs.protocol, &[Udp]);
+        c.only_for(i, "max_sessions", vs.protocol, &[Udp]);
+        if vs.max_sessions == 0 {
+            c.err(&at("max_sessions"), "must be at least 1");
+        }
+        if vs.protocol == Udp && vs.session_timeout.is_zero() {
+            c.err(&at("session_timeout"), "must be longer than 0s");
+        }
         c.only_for(i, "framing", vs.protocol, &[Message]);
         c.only_for(i, "message_mode", vs.protocol, &[Message]);
         c.only_for(i, "sequence", vs.protocol, &[Message]);
@@ -378,6 +388,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         if m.port == Some(0) {
             c.err(&at("port"), "0 is not a port");
         }
+        check_protocol_monitor(&mut c, &cfg.locations, i, m);
     }
 
     for (i, p) in cfg.persistence.iter().enumerate() {
@@ -391,6 +402,30 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 c.err(&at, "type radius needs `attribute`, e.g. \"User-Name\"")
             }
             _ => {}
+        }
+        if let Some(a) = p.attribute.as_deref() {
+            if p.kind == PersistenceKind::Radius && radius_attribute(a).is_none() {
+                let names: Vec<&str> = RADIUS_ATTRIBUTES.iter().map(|(n, _)| *n).collect();
+                let hint = did_you_mean(a, names.iter().copied())
+                    .map(|m| format!(" (did you mean {m:?}?)"))
+                    .unwrap_or_default();
+                c.err(
+                    &format!("{at}.attribute"),
+                    format!(
+                        "unknown RADIUS attribute {a:?}{hint}; expected one of {} or a type number from 1 to 255",
+                        names.join(", ")
+                    ),
+                );
+            }
+        }
+        if p.kind != PersistenceKind::Radius && cfg.locations.contains(&format!("{at}.malformed")) {
+            c.err(
+                &format!("{at}.malformed"),
+                format!(
+                    "`malformed` applies to type radius; this profile is {}",
+                    p.kind
+                ),
+            );
         }
         if p.cookie.is_empty()
             || !p
@@ -492,4 +527,107 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
     }
 
     c.errors
+}
+
+/// DNS record types a dns monitor may ask for.
+pub const DNS_QUERY_TYPES: &[&str] = &[
+    "A", "AAAA", "NS", "CNAME", "SOA", "PTR", "MX", "TXT", "SRV", "CAA", "ANY",
+];
+/// DNS response codes a dns monitor may expect.
+pub const DNS_RCODES: &[&str] = &[
+    "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED",
+];
+
+/// Keys of the protocol monitors: required ones present, values well-formed, and no key of
+/// another kind.
+fn check_protocol_monitor(
+    c: &mut Checker<'_>,
+    loc: &Locations,
+    i: usize,
+    m: &crate::schema::Monitor,
+) {
+    let at = |k: &str| format!("monitor[{i}].{k}");
+    for (key, kinds) in MONITOR_KIND_KEYS {
+        if loc.contains(&at(key)) && !kinds.contains(&m.kind) {
+            let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+            c.err(
+                &at(key),
+                format!(
+                    "`{key}` applies to monitor type {}; this monitor is {}",
+                    names.join(" / "),
+                    m.kind
+                ),
+            );
+        }
+    }
+    match m.kind {
+        MonitorKind::Dns => {
+            match m.query.as_deref() {
+                None => c.err(
+                    &format!("monitor[{i}]"),
+                    "type dns needs `query`: the name to ask for, e.g. \"health.example.com.\"",
+                ),
+                Some(q) if !dns_name_ok(q) => c.err(
+                    &at("query"),
+                    format!("{q:?} is not a DNS name (labels of 1 to 63 characters, 253 in all)"),
+                ),
+                Some(_) => {}
+            }
+            if !DNS_QUERY_TYPES.contains(&m.query_type.as_str()) {
+                c.err(
+                    &at("query_type"),
+                    format!(
+                        "unknown record type {:?}; expected one of: {}",
+                        m.query_type,
+                        DNS_QUERY_TYPES.join(", ")
+                    ),
+                );
+            }
+            if !DNS_RCODES.contains(&m.expect_rcode.as_str()) {
+                c.err(
+                    &at("expect_rcode"),
+                    format!(
+                        "unknown response code {:?}; expected one of: {}",
+                        m.expect_rcode,
+                        DNS_RCODES.join(", ")
+                    ),
+                );
+            }
+        }
+        MonitorKind::Radius => {
+            if m.secret.as_deref().is_none_or(str::is_empty) {
+                c.err(
+                    &format!("monitor[{i}]"),
+                    "type radius needs `secret`: the shared secret the member has for Fulcrum",
+                );
+            }
+            if m.password.is_some() && m.username.is_none() {
+                c.err(&at("password"), "`password` needs `username`");
+            }
+        }
+        MonitorKind::Pop3 | MonitorKind::Imap if m.username.is_some() != m.password.is_some() => {
+            c.err(
+                &format!("monitor[{i}]"),
+                "give both `username` and `password`, or neither",
+            );
+        }
+        MonitorKind::Ftp if m.password.is_some() && m.username.is_none() => {
+            c.err(&at("password"), "`password` needs `username`");
+        }
+        _ => {}
+    }
+}
+
+/// A DNS name in text form: "." or dot-separated labels of 1–63 bytes, 253 bytes in all, no
+/// spaces or control characters.
+fn dns_name_ok(name: &str) -> bool {
+    if name == "." {
+        return true;
+    }
+    let bare = name.strip_suffix('.').unwrap_or(name);
+    !bare.is_empty()
+        && bare.len() <= 253
+        && bare
+            .split('.')
+            .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_graphic()))
 }

@@ -6,9 +6,10 @@
 //! observation by the data planes feeds too. It also probes, with exponential back-off, members
 //! that passive observation took down in pools without monitors.
 //!
-//! Monitor kinds: tcp, http, https, send_expect and agent (HAProxy's agent-check). dns, radius,
-//! smtp, pop3, imap, ftp and icmp are not implemented yet: their checks pass, and `apply` logs a
-//! warning for each such monitor in use.
+//! Monitor kinds: tcp, http, https, send_expect, agent (HAProxy's agent-check), dns, radius
+//! (Status-Server or Access-Request), smtp, pop3, imap, ftp (greeting, a command or a login)
+//! and icmp (echo over a raw or ping socket, IPv4 and IPv6). Members of pools served only over
+//! UDP are probed back with datagrams rather than TCP connects.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

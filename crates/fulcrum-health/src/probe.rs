@@ -65,8 +65,12 @@ pub(crate) async fn supervise(pools: Arc<ArcSwap<Vec<Arc<Pool>>>>, timing: Probe
                     .is_some_and(|(m, t)| Arc::ptr_eq(m, member) && !t.is_finished());
                 if !running {
                     tracing::debug!(pool = %pool.name, member = %member.label, "probing a passively downed member");
-                    let task =
-                        Task::spawn(probe_member(member.clone(), pool.connect_timeout, timing));
+                    let task = Task::spawn(probe_member(
+                        member.clone(),
+                        pool.connect_timeout,
+                        timing,
+                        pool.is_datagram(),
+                    ));
                     probes.insert(key, (member.clone(), task));
                 }
             }
@@ -76,16 +80,23 @@ pub(crate) async fn supervise(pools: Arc<ArcSwap<Vec<Arc<Pool>>>>, timing: Probe
     }
 }
 
-async fn probe_member(member: Arc<Member>, timeout: Duration, timing: ProbeTiming) {
+async fn probe_member(member: Arc<Member>, timeout: Duration, timing: ProbeTiming, datagram: bool) {
     let mut attempt = 0;
     loop {
         tokio::time::sleep(timing.delay(attempt)).await;
         if !member.health.needs_probe() {
             return;
         }
-        match connect(&Probe::new(member.address, None, timeout)).await {
-            Ok(_) => {
-                member.record_probe(true, "connected");
+        let result = if datagram {
+            udp_probe(member.address, timeout).await
+        } else {
+            connect(&Probe::new(member.address, None, timeout))
+                .await
+                .map(|_| "connected")
+        };
+        match result {
+            Ok(detail) => {
+                member.record_probe(true, detail);
                 return;
             }
             Err(detail) => {
@@ -94,6 +105,27 @@ async fn probe_member(member: Arc<Member>, timeout: Duration, timing: ProbeTimin
                 attempt = attempt.saturating_add(1);
             }
         }
+    }
+}
+
+/// Reachability of a UDP member: an empty datagram from a connected socket. A reply, or no ICMP
+/// error within `timeout`, means the port is open (a UDP service need not answer an empty
+/// datagram); an ICMP error (port unreachable, host unreachable) reads back as a failed receive.
+async fn udp_probe(addr: SocketAddr, timeout: Duration) -> Result<&'static str, String> {
+    let local: SocketAddr = if addr.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        ([0, 0, 0, 0], 0).into()
+    };
+    let io = |e: std::io::Error| format!("udp probe: {}", crate::text::io_error(&e));
+    let socket = tokio::net::UdpSocket::bind(local).await.map_err(io)?;
+    socket.connect(addr).await.map_err(io)?;
+    socket.send(&[]).await.map_err(io)?;
+    let mut buf = [0u8; 512];
+    match tokio::time::timeout(timeout, socket.recv(&mut buf)).await {
+        Ok(Ok(_)) => Ok("answered"),
+        Ok(Err(e)) => Err(io(e)),
+        Err(_) => Ok("no ICMP error"),
     }
 }
 

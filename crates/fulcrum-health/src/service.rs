@@ -1,7 +1,7 @@
 //! The service: one task per (pool, member, monitor), kept across reloads, plus the back-off
 //! probe supervisor.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -101,23 +101,18 @@ impl HealthService {
     /// longer wanted stop; new ones (and ones whose monitor changed) start after a random delay
     /// within one interval, so the checks of many members spread over the interval.
     ///
-    /// Monitor kinds that are not implemented yet (dns, radius, smtp, pop3, imap, ftp, icmp)
-    /// are logged here and pass every check. A member that loses its last agent check has the
+    /// A member that loses its last agent check has the
     /// agent's state and weight overrides lifted, since nothing would ever lift them otherwise.
     pub fn apply(&self, pools: &[Arc<Pool>], monitors: &[Monitor]) {
         let by_name: HashMap<&str, &Monitor> =
             monitors.iter().map(|m| (m.name.as_str(), m)).collect();
         let mut wanted: HashMap<CheckKey, (&Monitor, Target)> = HashMap::new();
-        let mut not_implemented: BTreeMap<&str, MonitorKind> = BTreeMap::new();
         for pool in pools {
             for name in &pool.config.monitors {
                 let Some(&monitor) = by_name.get(name.as_str()) else {
                     tracing::warn!(pool = %pool.name, monitor = %name, "the pool names a monitor that does not exist; it is not checked");
                     continue;
                 };
-                if let Some(kind) = Check::new(monitor).not_implemented() {
-                    not_implemented.insert(&monitor.name, kind);
-                }
                 for member in pool.members() {
                     let key = CheckKey {
                         pool: pool.name.clone(),
@@ -159,9 +154,6 @@ impl HealthService {
 
         for (pool_name, addr) in agents_before.difference(&agents_after) {
             lift_agent_overrides(pools, pool_name, *addr);
-        }
-        for (name, kind) in not_implemented {
-            tracing::warn!(monitor = %name, %kind, "{kind} monitors are not implemented yet; their checks always pass");
         }
         tracing::debug!(kept, started, "health checks applied");
     }
@@ -236,6 +228,13 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         expect_body,
         send,
         expect,
+        query,
+        query_type,
+        expect_rcode,
+        expect_answer,
+        secret,
+        username,
+        password,
     } = a;
     *name == b.name
         && *kind == b.kind
@@ -251,6 +250,13 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *expect_body == b.expect_body
         && *send == b.send
         && *expect == b.expect
+        && *query == b.query
+        && *query_type == b.query_type
+        && *expect_rcode == b.expect_rcode
+        && *expect_answer == b.expect_answer
+        && *secret == b.secret
+        && *username == b.username
+        && *password == b.password
 }
 
 fn agent_members(checks: &HashMap<CheckKey, Running>) -> HashSet<(Arc<str>, SocketAddr)> {

@@ -29,6 +29,13 @@ pub(crate) fn monitor(name: &str, kind: MonitorKind) -> Monitor {
         expect_body: None,
         send: None,
         expect: None,
+        query: None,
+        query_type: "A".into(),
+        expect_rcode: "NOERROR".into(),
+        expect_answer: None,
+        secret: None,
+        username: None,
+        password: None,
     }
 }
 

@@ -1,15 +1,22 @@
 //! L4 data planes: listening sockets that survive reloads, the TCP full proxy with zero-copy
-//! forwarding, and PROXY protocol towards members. Later: UDP and message-based balancing.
+//! forwarding, PROXY protocol towards members, and the UDP proxy (session and per-packet, with
+//! RADIUS persistence).
 
 pub mod forward;
 pub mod listener;
 pub mod proxy_protocol;
+pub mod radius;
 mod splice;
 pub mod stats;
 pub mod tcp;
 pub mod tracker;
+pub mod udp;
 
-pub use listener::{BindError, Listener, Listeners, Prepared, StreamHandler};
+pub use listener::{
+    BindError, DatagramListeners, DatagramService, Listener, Listeners, Prepared, PreparedDatagram,
+    StreamHandler,
+};
 pub use stats::{ServiceConnection, ServiceStats};
 pub use tcp::{SourcePersistence, TcpService};
 pub use tracker::Tracker;
+pub use udp::{RadiusPersistence, UdpService, UdpStats};

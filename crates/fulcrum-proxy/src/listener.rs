@@ -205,3 +205,128 @@ impl Listeners {
         self.by_addr.clear();
     }
 }
+
+/// A datagram data plane: runs the receive loop of one bound socket, reading the service the
+/// current configuration installed from `current` for every batch. The loop owns whatever
+/// per-client state it keeps (flows), so that state survives handler swaps on reload.
+pub trait DatagramService: Send + Sync + Sized + 'static {
+    fn run(
+        socket: std::net::UdpSocket,
+        current: Arc<ArcSwap<Self>>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static;
+}
+
+/// Binds a UDP socket for a virtual service: SO_REUSEADDR and SO_REUSEPORT (one socket per
+/// worker; the kernel keeps each client on one of them by hashing its address), IPv6 sockets
+/// IPv6-only, non-blocking, and receive/send buffers as large as the system allows so bursts
+/// are not dropped while a worker is busy.
+pub fn bind_datagram(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    let _ = socket.set_recv_buffer_size(4 << 20);
+    let _ = socket.set_send_buffer_size(4 << 20);
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// One datagram listening address: its sockets' receive loops and the current service.
+struct DatagramListener<S> {
+    slot: Arc<ArcSwap<S>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl<S> Drop for DatagramListener<S> {
+    fn drop(&mut self) {
+        // Ends the receive loops, which closes the sockets and drops their flows.
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Every datagram listener of one kind of service, by address, with the same prepare/commit
+/// steps as `Listeners`: a reload binds new addresses before anything changes, kept sockets
+/// (and the flows their loops hold) get the new service, removed ones close.
+pub struct DatagramListeners<S> {
+    by_addr: HashMap<SocketAddr, DatagramListener<S>>,
+}
+
+impl<S> Default for DatagramListeners<S> {
+    fn default() -> Self {
+        DatagramListeners {
+            by_addr: HashMap::new(),
+        }
+    }
+}
+
+/// Datagram sockets bound for addresses a new configuration adds, not yet receiving.
+pub struct PreparedDatagram {
+    sockets: HashMap<SocketAddr, Vec<std::net::UdpSocket>>,
+}
+
+impl<S: DatagramService> DatagramListeners<S> {
+    /// Binds the addresses of `wanted` that are not listening yet; on any failure, every error
+    /// is returned and the new sockets are closed again.
+    pub fn prepare(
+        &self,
+        wanted: &[SocketAddr],
+        sockets_per_address: usize,
+    ) -> Result<PreparedDatagram, Vec<BindError>> {
+        let mut sockets = HashMap::new();
+        let mut errors = Vec::new();
+        for addr in wanted {
+            if self.by_addr.contains_key(addr) || sockets.contains_key(addr) {
+                continue;
+            }
+            match (0..sockets_per_address.max(1))
+                .map(|_| bind_datagram(*addr))
+                .collect::<io::Result<Vec<_>>>()
+            {
+                Ok(s) => {
+                    sockets.insert(*addr, s);
+                }
+                Err(error) => errors.push(BindError { addr: *addr, error }),
+            }
+        }
+        if errors.is_empty() {
+            Ok(PreparedDatagram { sockets })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Makes the listening set exactly `wanted`.
+    pub fn commit(&mut self, prepared: PreparedDatagram, wanted: Vec<(SocketAddr, Arc<S>)>) {
+        let keep: HashMap<SocketAddr, Arc<S>> = wanted.into_iter().collect();
+        self.by_addr.retain(|addr, _| keep.contains_key(addr));
+        for (addr, l) in &self.by_addr {
+            if let Some(s) = keep.get(addr) {
+                l.slot.store(s.clone());
+            }
+        }
+        for (addr, sockets) in prepared.sockets {
+            if let Some(s) = keep.get(&addr) {
+                let slot = Arc::new(ArcSwap::new(s.clone()));
+                let tasks = sockets
+                    .into_iter()
+                    .map(|sock| tokio::spawn(S::run(sock, slot.clone())))
+                    .collect();
+                self.by_addr.insert(addr, DatagramListener { slot, tasks });
+            }
+        }
+    }
+
+    pub fn addresses(&self) -> Vec<SocketAddr> {
+        self.by_addr.keys().copied().collect()
+    }
+
+    /// Stops receiving everywhere (shutdown).
+    pub fn close_all(&mut self) {
+        self.by_addr.clear();
+    }
+}

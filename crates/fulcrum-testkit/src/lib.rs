@@ -2,16 +2,20 @@
 //! observable, and controllable (a backend can be made unhealthy, an agent can change its reply).
 
 pub mod client;
+pub mod dialogue;
 pub mod process;
 pub mod servers;
+pub mod udp;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
+pub use dialogue::DialogueServer;
 pub use process::Fulcrum;
 pub use servers::{AgentServer, HttpBackend, TcpIdServer};
+pub use udp::{RadiusServer, UdpEchoServer};
 
 /// A port on 127.0.0.1 that was free a moment ago (the usual race: another process may take it).
 pub fn free_port() -> u16 {

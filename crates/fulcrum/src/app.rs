@@ -70,11 +70,11 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
         }
     }
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        if vs.protocol != Protocol::Tcp {
+        if !matches!(vs.protocol, Protocol::Tcp | Protocol::Udp) {
             errors.push(config.locations.error(
                 &format!("virtual_service[{i}].protocol"),
                 format!(
-                    "protocol {} is not available in this build yet; tcp is",
+                    "protocol {} is not available in this build yet; tcp and udp are",
                     vs.protocol
                 ),
             ));
@@ -116,6 +116,7 @@ pub struct App {
     tracker: Arc<Tracker>,
     health: HealthService,
     sockets_per_address: usize,
+    udp: crate::udp::Udp,
 }
 
 impl App {
@@ -136,6 +137,7 @@ impl App {
             tracker: Arc::new(Tracker::default()),
             health: HealthService::new(),
             sockets_per_address: default_sockets_per_address(workers),
+            udp: crate::udp::Udp::default(),
         }
     }
 
@@ -147,12 +149,15 @@ impl App {
         let wanted: Vec<SocketAddr> = config
             .virtual_services
             .iter()
+            .filter(|v| !v.protocol.is_datagram())
             .flat_map(|v| v.listen.iter().copied())
             .collect();
         let prepared = asm
             .listeners
             .prepare(&wanted, self.sockets_per_address)
             .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let udp_prepared = self.udp.prepare(&config, self.sockets_per_address)?;
+        let mut udp_next = crate::udp::Next::default();
 
         let old = self.snapshot.load_full();
         let pools: Vec<Arc<Pool>> = config
@@ -196,6 +201,23 @@ impl App {
                         mask_v6: p.source_mask_v6,
                     }
                 });
+            if let (Protocol::Udp, Some(pool)) = (vs.protocol, &pool) {
+                self.udp.build(
+                    vs,
+                    &config,
+                    pool.clone(),
+                    st.clone(),
+                    source_persistence,
+                    &mut udp_next,
+                );
+                services.push(ServiceInfo {
+                    name: vs.name.clone(),
+                    protocol: vs.protocol,
+                    listen: vs.listen.clone(),
+                    stats: st,
+                });
+                continue;
+            }
             let handler: Arc<dyn StreamHandler> = match (vs.protocol, pool) {
                 (Protocol::Tcp, Some(pool)) => Arc::new(TcpService {
                     name: Arc::from(vs.name.as_str()),
@@ -230,6 +252,7 @@ impl App {
         asm.listeners
             .commit(prepared, handlers)
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
+        self.udp.commit(udp_prepared, udp_next);
         asm.stats = stats;
         asm.tables = tables;
         self.health.apply(&pools, &config.monitors);
@@ -269,6 +292,7 @@ impl App {
     async fn shutdown(&self) {
         let deadline = self.snapshot.load().config.global.shutdown_timeout;
         self.assembly.lock().listeners.close_all();
+        self.udp.close_all();
         self.health.shutdown();
         let active = self.tracker.active();
         if active > 0 {
@@ -305,6 +329,10 @@ impl Control for App {
             .token
             .as_deref()
             .map(Arc::from)
+    }
+
+    fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        self.udp.metrics(out);
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {

@@ -6,7 +6,11 @@
 //! time ran out; `Check::run` adds a backstop for anything that does not.
 
 mod agent;
+mod dialogue;
+mod dns;
 mod http;
+mod icmp;
+mod radius;
 mod send_expect;
 mod tcp;
 mod tls;
@@ -40,10 +44,14 @@ pub(crate) enum Check {
     SendExpect(send_expect::SendExpectCheck),
     /// HAProxy's agent protocol: the member reports its own health, weight and state.
     Agent(agent::AgentCheck),
-    /// Kinds that are not implemented yet (dns, radius, smtp, pop3, imap, ftp, icmp). They
-    /// pass on every run, so configuring one never takes a member down; the service warns
-    /// about them at every `apply`.
-    NotImplemented(MonitorKind),
+    /// A DNS query answered with the expected response code (and answer).
+    Dns(dns::DnsCheck),
+    /// RADIUS Status-Server, or an Access-Request with test credentials.
+    Radius(radius::RadiusCheck),
+    /// SMTP, POP3, IMAP or FTP: greeting, a command (or login), goodbye.
+    Dialogue(dialogue::DialogueCheck),
+    /// ICMP echo to the member's address.
+    Icmp(icmp::IcmpCheck),
 }
 
 /// Longest timeout or interval honoured: validation bounds neither from above, and a value near
@@ -118,21 +126,12 @@ impl Check {
                 Check::SendExpect(send_expect::SendExpectCheck::new(monitor))
             }
             MonitorKind::Agent => Check::Agent(agent::AgentCheck::new(monitor)),
-            kind @ (MonitorKind::Dns
-            | MonitorKind::Radius
-            | MonitorKind::Smtp
-            | MonitorKind::Pop3
-            | MonitorKind::Imap
-            | MonitorKind::Ftp
-            | MonitorKind::Icmp) => Check::NotImplemented(kind),
-        }
-    }
-
-    /// The kind, if it is one that only pretends to check for now.
-    pub fn not_implemented(&self) -> Option<MonitorKind> {
-        match self {
-            Check::NotImplemented(kind) => Some(*kind),
-            _ => None,
+            MonitorKind::Dns => Check::Dns(dns::DnsCheck::new(monitor)),
+            MonitorKind::Radius => Check::Radius(radius::RadiusCheck::new(monitor)),
+            MonitorKind::Smtp | MonitorKind::Pop3 | MonitorKind::Imap | MonitorKind::Ftp => {
+                Check::Dialogue(dialogue::DialogueCheck::new(monitor))
+            }
+            MonitorKind::Icmp => Check::Icmp(icmp::IcmpCheck),
         }
     }
 
@@ -143,9 +142,10 @@ impl Check {
                 Check::Http(c) => c.run(probe).await,
                 Check::SendExpect(c) => c.run(probe).await,
                 Check::Agent(c) => c.run(probe).await,
-                Check::NotImplemented(kind) => {
-                    Verdict::pass(format!("{kind} checks are not implemented yet"))
-                }
+                Check::Dns(c) => c.run(probe).await,
+                Check::Radius(c) => c.run(probe).await,
+                Check::Dialogue(c) => c.run(probe).await,
+                Check::Icmp(c) => c.run(probe).await,
             }
         };
         match tokio::time::timeout_at(probe.deadline + BACKSTOP_GRACE, run).await {
@@ -195,3 +195,6 @@ pub(crate) async fn read_more<S: AsyncRead + Unpin>(
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+#[cfg(test)]
+mod protocol_tests;

@@ -414,20 +414,3 @@ async fn an_unreachable_agent_says_nothing() {
         other => panic!("{other:?}"),
     }
 }
-
-#[tokio::test]
-async fn unimplemented_kinds_pass() {
-    for kind in [
-        MonitorKind::Dns,
-        MonitorKind::Radius,
-        MonitorKind::Smtp,
-        MonitorKind::Pop3,
-        MonitorKind::Imap,
-        MonitorKind::Ftp,
-        MonitorKind::Icmp,
-    ] {
-        let m = monitor("x", kind);
-        assert_eq!(Check::new(&m).not_implemented(), Some(kind));
-        passed(&run(&m, refused_addr()).await, "not implemented yet");
-    }
-}

@@ -423,27 +423,27 @@ async fn removing_the_agent_lifts_its_overrides() {
     assert_eq!(member.effective_weight(), WEIGHT_SCALE);
 }
 
+/// A protocol monitor goes through the same rise/fall machine: a dns monitor whose member
+/// refuses (ICMP port unreachable) takes it down after `fall` checks.
 #[tokio::test]
-async fn unimplemented_kinds_keep_members_up() {
+async fn protocol_monitors_take_members_down_like_the_others() {
     let mut m = monitor("dns", MonitorKind::Dns);
     m.interval = Duration::from_millis(100);
     m.timeout = Duration::from_millis(100);
+    m.query = Some("health.test.".into());
+    m.fall = 2;
     let monitors = vec![m];
-    let pools = build(
-        &[pool_config("p", &[refused_addr()], &["dns"])],
-        &monitors,
-        &[],
-    );
+    let closed = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let pools = build(&[pool_config("p", &[closed], &["dns"])], &monitors, &[]);
     let member = pools[0].members()[0].clone();
     let service = HealthService::new();
     service.apply(&pools, &monitors);
-    wait_until(SOON, "a dns check", || {
-        member.health.report().checks[0]
-            .last
-            .contains("not implemented")
-    })
-    .await;
-    assert!(member.health.is_up());
+    wait_until(SOON, "the member is down", || !member.health.is_up()).await;
+    let last = member.health.report().checks[0].last.clone();
+    assert!(last.contains("connection refused"), "{last}");
 }
 
 fn passively_down(pool: &Pool) -> Arc<fulcrum_balance::Member> {

@@ -1,0 +1,188 @@
+//! dns: one query over UDP (hickory-proto for the wire format); the member passes when it
+//! answers our query with the expected response code and, if configured, an answer record
+//! containing the expected text.
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use fulcrum_config::Monitor;
+use hickory_proto::op::{Message, MessageType, OpCode, Query};
+use hickory_proto::rr::{Name, RecordType};
+use tokio::net::UdpSocket;
+
+use super::{Probe, Verdict};
+use crate::text;
+
+#[derive(Debug)]
+pub(crate) struct DnsCheck {
+    /// The query, or why the monitor's name/type cannot make one (every run fails with it).
+    query: Result<Query, String>,
+    rcode: u16,
+    rcode_name: String,
+    expect_answer: Option<String>,
+}
+
+/// The query over TCP (2-byte length prefix), for an answer that was truncated over UDP.
+async fn query_tcp(probe: &Probe, wire: &[u8], id: u16) -> Result<Message, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = super::connect(probe).await?;
+    let len = u16::try_from(wire.len()).map_err(|_| "query too long".to_string())?;
+    let mut out = len.to_be_bytes().to_vec();
+    out.extend_from_slice(wire);
+    let exchange = async {
+        stream.write_all(&out).await?;
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).await?;
+        let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut body).await?;
+        Ok::<_, std::io::Error>(body)
+    };
+    let body = match tokio::time::timeout_at(probe.deadline, exchange).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return Err(text::io_error(&e)),
+        Err(_) => return Err(probe.timed_out()),
+    };
+    let answer = Message::from_vec(&body).map_err(|_| "not a DNS message".to_string())?;
+    if answer.metadata.id != id {
+        return Err("an answer to another query".into());
+    }
+    Ok(answer)
+}
+
+/// Response code numbers of the names validation allows.
+fn rcode_number(name: &str) -> u16 {
+    match name {
+        "FORMERR" => 1,
+        "SERVFAIL" => 2,
+        "NXDOMAIN" => 3,
+        "NOTIMP" => 4,
+        "REFUSED" => 5,
+        _ => 0,
+    }
+}
+
+fn rcode_name(n: u16) -> String {
+    match n {
+        0 => "NOERROR".into(),
+        1 => "FORMERR".into(),
+        2 => "SERVFAIL".into(),
+        3 => "NXDOMAIN".into(),
+        4 => "NOTIMP".into(),
+        5 => "REFUSED".into(),
+        n => format!("RCODE{n}"),
+    }
+}
+
+impl DnsCheck {
+    pub fn new(monitor: &Monitor) -> Self {
+        let name = monitor.query.as_deref().unwrap_or(".");
+        let query = Name::from_ascii(name)
+            .map_err(|e| format!("invalid query name {name:?}: {e}"))
+            .and_then(|mut n| {
+                n.set_fqdn(true);
+                let t = RecordType::from_str(&monitor.query_type)
+                    .map_err(|_| format!("unknown record type {:?}", monitor.query_type))?;
+                Ok(Query::query(n, t))
+            });
+        DnsCheck {
+            query,
+            rcode: rcode_number(&monitor.expect_rcode),
+            rcode_name: monitor.expect_rcode.clone(),
+            expect_answer: monitor.expect_answer.clone(),
+        }
+    }
+
+    pub async fn run(&self, probe: &Probe) -> Verdict {
+        let query = match &self.query {
+            Ok(q) => q.clone(),
+            Err(e) => return Verdict::fail(e.clone()),
+        };
+        let id: u16 = fastrand::u16(..);
+        let mut msg = Message::new(id, MessageType::Query, OpCode::Query);
+        msg.metadata.recursion_desired = true;
+        msg.add_query(query.clone());
+        let wire = match msg.to_vec() {
+            Ok(w) => w,
+            Err(e) => return Verdict::fail(format!("cannot encode the query: {e}")),
+        };
+        let local: SocketAddr = if probe.addr.is_ipv6() {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        } else {
+            ([0, 0, 0, 0], 0).into()
+        };
+        let io = |what: &str, e: std::io::Error| format!("{what}: {}", text::io_error(&e));
+        let socket = match UdpSocket::bind(local).await {
+            Ok(s) => s,
+            Err(e) => return Verdict::fail(io("socket", e)),
+        };
+        // Connected: only the member's datagrams are read, and its ICMP errors surface.
+        if let Err(e) = socket.connect(probe.addr).await {
+            return Verdict::fail(io("connect", e));
+        }
+        // UDP may lose the query: send it again a few times within the timeout.
+        let resend = (probe.timeout / 3).max(std::time::Duration::from_millis(50));
+        let mut buf = vec![0u8; 4096];
+        loop {
+            if let Err(e) = socket.send(&wire).await {
+                return Verdict::fail(io("send", e));
+            }
+            let wait = (tokio::time::Instant::now() + resend).min(probe.deadline);
+            loop {
+                match tokio::time::timeout_at(wait, socket.recv(&mut buf)).await {
+                    Err(_) if wait >= probe.deadline => {
+                        return Verdict::fail(format!("{}: no DNS answer", probe.timed_out()))
+                    }
+                    Err(_) => break,
+                    Ok(Err(e)) => return Verdict::fail(io("DNS", e)),
+                    Ok(Ok(n)) => {
+                        let Ok(answer) = Message::from_vec(&buf[..n]) else {
+                            return Verdict::fail(format!(
+                                "not a DNS message: \"{}\"",
+                                text::excerpt(&buf[..n], text::EXCERPT)
+                            ));
+                        };
+                        if answer.metadata.id != id
+                            || answer.metadata.message_type != MessageType::Response
+                        {
+                            continue; // a late answer to an earlier check
+                        }
+                        if answer.metadata.truncation {
+                            // Too big for a datagram: ask again over TCP (RFC 7766).
+                            return match query_tcp(probe, &wire, id).await {
+                                Ok(full) => self.judge(&full, &query),
+                                Err(e) => Verdict::fail(format!("truncated over UDP; TCP: {e}")),
+                            };
+                        }
+                        return self.judge(&answer, &query);
+                    }
+                }
+            }
+        }
+    }
+
+    fn judge(&self, answer: &Message, query: &Query) -> Verdict {
+        let rcode = u16::from(answer.metadata.response_code);
+        let got = rcode_name(rcode);
+        if rcode != self.rcode {
+            return Verdict::fail(format!("DNS {got}, expected {}", self.rcode_name));
+        }
+        let Some(expected) = &self.expect_answer else {
+            return Verdict::pass(format!("DNS {got}, {} answers", answer.answers.len()));
+        };
+        let texts: Vec<String> = answer.answers.iter().map(|r| r.data.to_string()).collect();
+        if texts.iter().any(|t| t.contains(expected.as_str())) {
+            Verdict::pass(format!("DNS {got}, answer {expected}"))
+        } else if texts.is_empty() {
+            Verdict::fail(format!(
+                "DNS {got}, no {} answer for {}; expected {expected}",
+                query.query_type(),
+                query.name()
+            ))
+        } else {
+            Verdict::fail(format!(
+                "DNS {got}, answers {}; expected {expected}",
+                text::excerpt(texts.join(", ").as_bytes(), 80)
+            ))
+        }
+    }
+}

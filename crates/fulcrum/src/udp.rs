@@ -1,0 +1,212 @@
+//! Assembly of `protocol = "udp"` virtual services: their datagram listeners (kept across
+//! reloads with the flows they hold), counters and RADIUS persistence tables, and their
+//! metric families.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use fulcrum_admin::MetricsWriter;
+use fulcrum_balance::{PersistTable, Pool, TableSpec};
+use fulcrum_config::{Config, Malformed, PersistenceKind, Protocol, VirtualService};
+use fulcrum_proxy::{
+    DatagramListeners, PreparedDatagram, RadiusPersistence, ServiceStats, SourcePersistence,
+    UdpService, UdpStats,
+};
+use parking_lot::Mutex;
+
+/// The udp side of the process; `App` calls it from its (serialised) reload path.
+#[derive(Default)]
+pub struct Udp {
+    state: Mutex<State>,
+    /// Per service, for `/metrics`: read without the reload lock.
+    shown: ArcSwap<Vec<(String, Arc<UdpStats>)>>,
+}
+
+#[derive(Default)]
+struct State {
+    listeners: DatagramListeners<UdpService>,
+    stats: HashMap<String, Arc<UdpStats>>,
+    /// RADIUS persistence tables by profile name: shared by the services naming the profile.
+    radius: HashMap<String, Arc<PersistTable>>,
+}
+
+/// What a configuration being applied adds up to, committed only if all of it worked.
+#[derive(Default)]
+pub struct Next {
+    handlers: Vec<(SocketAddr, Arc<UdpService>)>,
+    stats: HashMap<String, Arc<UdpStats>>,
+    radius: HashMap<String, Arc<PersistTable>>,
+    shown: Vec<(String, Arc<UdpStats>)>,
+}
+
+impl Udp {
+    /// Binds the udp addresses `config` adds; nothing running changes.
+    pub fn prepare(
+        &self,
+        config: &Config,
+        sockets_per_address: usize,
+    ) -> Result<PreparedDatagram, Vec<String>> {
+        let wanted: Vec<SocketAddr> = config
+            .virtual_services
+            .iter()
+            .filter(|v| v.protocol == Protocol::Udp)
+            .flat_map(|v| v.listen.iter().copied())
+            .collect();
+        self.state
+            .lock()
+            .listeners
+            .prepare(&wanted, sockets_per_address)
+            .map_err(|errs| errs.iter().map(ToString::to_string).collect())
+    }
+
+    /// Compiles one udp service into `next`.
+    pub fn build(
+        &self,
+        vs: &VirtualService,
+        config: &Config,
+        pool: Arc<Pool>,
+        stats: Arc<ServiceStats>,
+        source: Option<SourcePersistence>,
+        next: &mut Next,
+    ) {
+        // Probes of passively downed members must not be TCP connects to a UDP-only server.
+        let only_udp = config
+            .virtual_services
+            .iter()
+            .filter(|v| v.pool == vs.pool)
+            .all(|v| v.protocol == Protocol::Udp);
+        pool.set_datagram(only_udp);
+        let state = self.state.lock();
+        let udp = state.stats.get(&vs.name).cloned().unwrap_or_default();
+        let radius = vs
+            .persistence
+            .as_ref()
+            .and_then(|n| config.persistence(n))
+            .filter(|p| p.kind == PersistenceKind::Radius)
+            .and_then(|p| {
+                let attribute = fulcrum_config::radius_attribute(p.attribute.as_deref()?)?;
+                let spec = TableSpec {
+                    idle_timeout: p.table_timeout(),
+                    max_entries: p.max_entries,
+                };
+                let table = next.radius.get(&p.name).cloned().unwrap_or_else(|| {
+                    match state.radius.get(&p.name) {
+                        Some(t) => t.respec(spec),
+                        None => Arc::new(PersistTable::new(spec)),
+                    }
+                });
+                next.radius.insert(p.name.clone(), table.clone());
+                Some(RadiusPersistence {
+                    table,
+                    attribute,
+                    drop_malformed: p.malformed == Malformed::Drop,
+                })
+            });
+        let service = Arc::new(UdpService {
+            name: Arc::from(vs.name.as_str()),
+            pool,
+            mode: vs.udp_mode,
+            session_timeout: vs.session_timeout,
+            max_sessions: vs.max_sessions,
+            radius,
+            source,
+            stats,
+            udp: udp.clone(),
+        });
+        for addr in &vs.listen {
+            next.handlers.push((*addr, service.clone()));
+        }
+        next.stats.insert(vs.name.clone(), udp.clone());
+        next.shown.push((vs.name.clone(), udp));
+    }
+
+    /// Installs `next`: kept sockets (and their flows) get the new services, prepared ones
+    /// start, the rest close.
+    pub fn commit(&self, prepared: PreparedDatagram, next: Next) {
+        let mut state = self.state.lock();
+        state.listeners.commit(prepared, next.handlers);
+        state.stats = next.stats;
+        state.radius = next.radius;
+        self.shown.store(Arc::new(next.shown));
+    }
+
+    /// Stops receiving (shutdown): flows end with their sockets.
+    pub fn close_all(&self) {
+        self.state.lock().listeners.close_all();
+    }
+
+    /// The udp metric families (see docs/operations.md).
+    pub fn metrics(&self, w: &mut MetricsWriter) {
+        let shown = self.shown.load();
+        if shown.is_empty() {
+            return;
+        }
+        type Field = fn(&UdpStats) -> u64;
+        let families: [(&str, &str, Field); 11] = [
+            (
+                "fulcrum_udp_datagrams_out_total",
+                "Datagrams relayed from members to clients.",
+                |s| s.datagrams_out.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_sessions_expired_total",
+                "Flows ended by session_timeout.",
+                |s| s.sessions_expired.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_sessions_evicted_total",
+                "Flows evicted because the flow table was full (max_sessions).",
+                |s| s.sessions_evicted.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_table_full_drops_total",
+                "Datagrams dropped because no flow could be made.",
+                |s| s.table_full.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_rescheduled_total",
+                "Session flows moved to another member.",
+                |s| s.rescheduled.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_foreign_replies_total",
+                "Datagrams from addresses that are not members, dropped.",
+                |s| s.foreign_replies.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_send_errors_total",
+                "Datagrams that could not be sent.",
+                |s| s.send_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_icmp_errors_total",
+                "ICMP errors received for datagrams sent to members.",
+                |s| s.icmp_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_radius_malformed_total",
+                "Datagrams that were not well-formed RADIUS packets.",
+                |s| s.radius_malformed.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_radius_no_attribute_total",
+                "RADIUS packets without the persistence attribute.",
+                |s| s.radius_no_attribute.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_radius_dropped_total",
+                "Datagrams dropped by malformed = \"drop\".",
+                |s| s.radius_dropped.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, get) in families {
+            w.family(name, "counter", help);
+            for (vs, s) in shown.iter() {
+                w.sample(name, &[("vs", vs)], get(s) as f64);
+            }
+        }
+    }
+}
