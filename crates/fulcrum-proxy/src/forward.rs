@@ -55,6 +55,9 @@ pub enum End {
 pub struct Outcome {
     /// Bytes client → member and member → client.
     pub upstream: u64,
+    /// Bytes taken from the client, whether or not they reached the member. While this and
+    /// `downstream` are 0, nothing was exchanged and the client can be given another member.
+    pub upstream_taken: u64,
     pub downstream: u64,
     /// Of those, bytes moved by splice(2) without entering user space.
     pub spliced: u64,
@@ -72,6 +75,8 @@ struct Direction {
     eof: bool,
     done: bool,
     total: u64,
+    /// Bytes read from `src` (some may not have been written on).
+    taken: u64,
     spliced: u64,
     unreported: u64,
 }
@@ -156,6 +161,7 @@ impl Direction {
                 self.eof = true;
                 return Poll::Ready(Ok(()));
             }
+            self.taken += n as u64;
             if n == BUFFER && splice {
                 self.full_reads += 1;
                 if self.full_reads >= SPLICE_AFTER {
@@ -246,6 +252,7 @@ impl Direction {
         if n == 0 {
             self.eof = true;
         }
+        self.taken += n as u64;
         self.in_pipe = n;
         Poll::Ready(Ok(()))
     }
@@ -316,6 +323,7 @@ pub async fn forward(
     report(up.unreported, down.unreported);
     Outcome {
         upstream: up.total,
+        upstream_taken: up.taken,
         downstream: down.total,
         spliced: up.spliced + down.spliced,
         end,

@@ -78,68 +78,87 @@ impl TcpService {
         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
         let _ = client.set_nodelay(true);
 
-        let Some((picked, mut member_stream)) = self.connect_member(peer).await else {
-            return;
-        };
-        let member = &picked.member;
-        let _connection = member.open_connection();
-        let _request = member.open_request();
-
-        if let Some(version) = self.proxy_protocol {
-            let local = client.local_addr().unwrap_or(peer);
-            let header = crate::proxy_protocol::header(version, peer, local);
-            if let Err(e) = write_all(&member_stream, &header).await {
-                member.record_passive_failure(&format!("writing PROXY header: {e}"));
-                return;
-            }
-        }
-
         let opts = ForwardOptions {
             idle_timeout: self.idle_timeout,
             splice: self.splice,
         };
-        let outcome = forward(&mut client, &mut member_stream, opts, |up, down| {
-            member.stats.add_bytes(up, down);
-            self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
-            self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
-        })
-        .await;
-        match outcome.end {
-            End::Member(e) if outcome.downstream == 0 => {
-                // Reset before a single byte of reply: the member failed this client.
-                member.record_passive_failure(&format!("reset before any reply: {e}"));
-            }
-            end => {
-                if matches!(end, End::IdleTimeout) {
-                    tracing::debug!(service = %self.name, client = %peer, member = %member.label, "idle timeout");
+        let mut tried: Vec<usize> = Vec::new();
+        loop {
+            let Some((picked, mut member_stream)) = self.connect_member(peer, &mut tried).await
+            else {
+                return;
+            };
+            let member = &picked.member;
+            let _connection = member.open_connection();
+            let _request = member.open_request();
+
+            if let Some(version) = self.proxy_protocol {
+                let local = client.local_addr().unwrap_or(peer);
+                let header = crate::proxy_protocol::header(version, peer, local);
+                if let Err(e) = write_all(&member_stream, &header).await {
+                    member.record_passive_failure(&format!("writing PROXY header: {e}"));
+                    tried.push(picked.index);
+                    if tried.len() <= self.pool.retries as usize {
+                        continue;
+                    }
+                    return;
                 }
-                // A reply, or a clean end, shows the member working; silence shows nothing.
-                if outcome.downstream > 0 || matches!(end, End::Closed) {
-                    member.record_exchange_success();
+            }
+
+            let outcome = forward(&mut client, &mut member_stream, opts, |up, down| {
+                member.stats.add_bytes(up, down);
+                self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+                self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
+            })
+            .await;
+            match outcome.end {
+                End::Member(e) if outcome.downstream == 0 => {
+                    // Reset before a single byte of reply: the member failed this client.
+                    member.record_passive_failure(&format!("reset before any reply: {e}"));
+                    // Nothing was exchanged (e.g. the member died with this connection still in
+                    // its accept queue): the client is as good as new, so give it another member.
+                    tried.push(picked.index);
+                    if outcome.upstream_taken == 0 && tried.len() <= self.pool.retries as usize {
+                        continue;
+                    }
+                }
+                end => {
+                    if matches!(end, End::IdleTimeout) {
+                        tracing::debug!(service = %self.name, client = %peer, member = %member.label, "idle timeout");
+                    }
+                    // A reply, or a clean end, shows the member working; silence shows nothing.
+                    if outcome.downstream > 0 || matches!(end, End::Closed) {
+                        member.record_exchange_success();
+                    }
                 }
             }
+            return;
         }
     }
 
     /// Persistence first, then the scheduler; a failed connect is reported to the member and the
-    /// next member tried, up to `retries` more times.
-    async fn connect_member(&self, peer: SocketAddr) -> Option<(Picked, TcpStream)> {
+    /// next member tried. `tried` holds the members this client already failed on; attempts stop
+    /// when it exceeds `retries`.
+    async fn connect_member(
+        &self,
+        peer: SocketAddr,
+        tried: &mut Vec<usize>,
+    ) -> Option<(Picked, TcpStream)> {
         let pool = &self.pool;
         let ctx = PickContext {
             hash: l4_hash(&pool.hash_key, peer),
         };
         let key = self.persistence.as_ref().map(|p| p.key(peer));
-        let mut tried: Vec<usize> = Vec::new();
-        for _ in 0..=pool.retries {
+        while tried.len() <= pool.retries as usize {
             let remembered = match (&self.persistence, &key) {
                 (Some(p), Some(k)) => p
                     .table
                     .get(k)
-                    .and_then(|addr| pool.persistent(addr, &tried)),
+                    .and_then(|addr| pool.persistent(addr, tried.as_slice())),
                 _ => None,
             };
             let from_table = remembered.is_some();
-            let Some(picked) = remembered.or_else(|| pool.pick(&ctx, &tried)) else {
+            let Some(picked) = remembered.or_else(|| pool.pick(&ctx, tried.as_slice())) else {
                 if tried.is_empty() {
                     self.stats.no_member.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(service = %self.name, client = %peer, "no member available");
@@ -158,8 +177,8 @@ impl TcpService {
                 Ok(Ok(stream)) => {
                     picked.member.record_connect_success(started.elapsed());
                     let _ = stream.set_nodelay(true);
-                    if let (Some(p), Some(k), false) = (&self.persistence, key, from_table) {
-                        p.table.insert(k, picked.member.address);
+                    if let (Some(p), Some(k), false) = (&self.persistence, &key, from_table) {
+                        p.table.insert(k.clone(), picked.member.address);
                     }
                     return Some((picked, stream));
                 }
