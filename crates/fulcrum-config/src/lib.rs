@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
+pub use validate::{site_monitor_port, CONTINENTS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };
@@ -104,6 +105,9 @@ fn resolve_paths(config: &mut Config, base: &Path) {
     }
     for t in &mut config.ip_tables {
         if let Some(f) = &mut t.file {
+            fix(f);
+        }
+        if let Some(f) = &mut t.geoip {
             fix(f);
         }
     }
