@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -40,9 +40,35 @@ pub struct Site {
     /// The site's addresses as members, checked by its monitor; None without a monitor.
     pub pool: Option<Arc<Pool>>,
     cursor: AtomicUsize,
+    /// The operator's state (API): a site not enabled gets no answers, even when every other
+    /// site is down. Kept across reloads.
+    admin: AtomicU8,
 }
 
 impl Site {
+    pub fn admin_state(&self) -> AdminState {
+        match self.admin.load(Ordering::Relaxed) {
+            0 => AdminState::Enabled,
+            1 => AdminState::Drain,
+            _ => AdminState::Disabled,
+        }
+    }
+
+    pub fn set_admin_state(&self, s: AdminState) {
+        let v = match s {
+            AdminState::Enabled => 0,
+            AdminState::Drain => 1,
+            AdminState::Disabled => 2,
+        };
+        if self.admin.swap(v, Ordering::Relaxed) != v {
+            tracing::info!(site = %self.name, state = %s, "gslb site state changed");
+        }
+    }
+
+    fn answerable(&self) -> bool {
+        self.admin.load(Ordering::Relaxed) == 0
+    }
+
     /// Whether address `i` may be answered: up and not disabled by the operator.
     pub fn address_up(&self, i: usize) -> bool {
         match &self.pool {
@@ -272,6 +298,11 @@ impl GslbState {
                     weight: sc.weight,
                     pool,
                     cursor: AtomicUsize::new(0),
+                    admin: AtomicU8::new(
+                        previous
+                            .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
+                            .map_or(0, |s| s.admin.load(Ordering::Relaxed)),
+                    ),
                 }
             })
             .collect();
@@ -406,7 +437,7 @@ impl GslbState {
         let mut any_up = false;
         for (k, &s) in n.sites.iter().enumerate() {
             let site = &self.sites[s];
-            if Some(s) == skip || !site.has_family(v6) {
+            if Some(s) == skip || !site.has_family(v6) || !site.answerable() {
                 continue;
             }
             any_family = true;
@@ -421,7 +452,8 @@ impl GslbState {
         let fail_open = !any_up;
         if fail_open {
             for (k, &s) in n.sites.iter().enumerate() {
-                down[k] = Some(s) == skip || !self.sites[s].has_family(v6);
+                let site = &self.sites[s];
+                down[k] = Some(s) == skip || !site.has_family(v6) || !site.answerable();
             }
         }
         let region_slot = client.region.map_or(0, |r| r.table as usize + 1);

@@ -52,23 +52,7 @@ impl Source {
 
 /// Checks that need more than the config's own text: features this build runs.
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
-    let mut errors = Vec::new();
-    // Sections whose data planes have not landed yet: refused rather than silently ignored.
-    for (section, present) in [
-        ("dns", config.dns.is_some()),
-        ("ip_table", !config.ip_tables.is_empty()),
-        (
-            "gslb",
-            !config.gslb.sites.is_empty() || !config.gslb.names.is_empty(),
-        ),
-    ] {
-        if present {
-            errors.push(config.locations.error(
-                section,
-                format!("[{section}] is not available in this build yet"),
-            ));
-        }
-    }
+    let mut errors = crate::dns::checks(config);
     for (i, vs) in config.virtual_services.iter().enumerate() {
         if vs.protocol != Protocol::Tcp {
             errors.push(config.locations.error(
@@ -115,6 +99,7 @@ pub struct App {
     generation: AtomicU64,
     tracker: Arc<Tracker>,
     health: HealthService,
+    dns: crate::dns::Dns,
     sockets_per_address: usize,
 }
 
@@ -135,6 +120,7 @@ impl App {
             generation: AtomicU64::new(0),
             tracker: Arc::new(Tracker::default()),
             health: HealthService::new(),
+            dns: crate::dns::Dns::new(default_sockets_per_address(workers)),
             sockets_per_address: default_sockets_per_address(workers),
         }
     }
@@ -153,6 +139,7 @@ impl App {
             .listeners
             .prepare(&wanted, self.sockets_per_address)
             .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let dns = self.dns.prepare(&config)?;
 
         let old = self.snapshot.load_full();
         let pools: Vec<Arc<Pool>> = config
@@ -232,7 +219,9 @@ impl App {
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
         asm.stats = stats;
         asm.tables = tables;
-        self.health.apply(&pools, &config.monitors);
+        let site_pools = self.dns.commit(dns, &config, &pools);
+        self.health
+            .apply(&[pools.as_slice(), &site_pools].concat(), &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
             config: Arc::new(config),
             pools,
@@ -269,6 +258,7 @@ impl App {
     async fn shutdown(&self) {
         let deadline = self.snapshot.load().config.global.shutdown_timeout;
         self.assembly.lock().listeners.close_all();
+        self.dns.shutdown();
         self.health.shutdown();
         let active = self.tracker.active();
         if active > 0 {
@@ -305,6 +295,14 @@ impl Control for App {
             .token
             .as_deref()
             .map(Arc::from)
+    }
+
+    fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        self.dns.metrics(out);
+    }
+
+    fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
+        self.dns.api(method, path, body)
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {

@@ -2,6 +2,7 @@
 
 mod app;
 mod demo;
+mod dns;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
