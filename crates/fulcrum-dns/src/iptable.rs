@@ -411,3 +411,48 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod geo_tests {
+    use super::*;
+    use fulcrum_testkit::mmdb;
+
+    #[test]
+    fn geoip_countries_then_continents_and_prefixes_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("geo.mmdb");
+        std::fs::write(
+            &path,
+            mmdb::build(&[
+                mmdb::entry("192.0.2.0/24", "CN", "AS"),
+                mmdb::entry("198.51.100.0/24", "JP", "AS"),
+                mmdb::entry("203.0.113.0/24", "DE", "EU"),
+                mmdb::entry("2001:db8:1::/48", "CN", "AS"),
+            ]),
+        )
+        .unwrap();
+        let geo = |name: &str, countries: &[&str], continents: &[&str]| fulcrum_config::IpTable {
+            name: name.into(),
+            cidrs: vec![],
+            file: None,
+            geoip: Some(path.clone()),
+            countries: countries.iter().map(|s| s.to_string()).collect(),
+            continents: continents.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut explicit = geo("office", &[], &[]);
+        explicit.geoip = None;
+        explicit.cidrs = vec!["192.0.2.128/25".parse().unwrap()];
+        let l = Locator::build(
+            &[geo("asia", &[], &["AS"]), geo("china", &["CN"], &[]), explicit],
+            &mut GeoCache::new(),
+        )
+        .unwrap();
+        let at = |s: &str| l.locate(s.parse().unwrap()).map(|r| (l.names()[r.table as usize].clone(), r.prefix_len));
+        assert_eq!(at("192.0.2.7"), Some(("china".into(), 24)), "a country beats a continent");
+        assert_eq!(at("198.51.100.7"), Some(("asia".into(), 24)));
+        assert_eq!(at("203.0.113.7"), None);
+        assert_eq!(at("192.0.2.200"), Some(("office".into(), 25)), "a prefix beats GeoIP");
+        assert_eq!(at("2001:db8:1::1"), Some(("china".into(), 48)));
+        assert_eq!(at("10.0.0.1"), None);
+    }
+}

@@ -2,6 +2,7 @@
 //! observable, and controllable (a backend can be made unhealthy, an agent can change its reply).
 
 pub mod client;
+pub mod mmdb;
 pub mod process;
 pub mod servers;
 
