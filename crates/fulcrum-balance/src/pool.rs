@@ -80,7 +80,9 @@ impl Pool {
                         old.clone()
                     }
                     _ => match labels.get(i) {
-                        Some(label) => Arc::new(Member::new_labeled(name.clone(), mc, label.clone())),
+                        Some(label) => {
+                            Arc::new(Member::new_labeled(name.clone(), mc, label.clone()))
+                        }
                         None => Arc::new(Member::new(name.clone(), mc)),
                     },
                 };

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
-pub use validate::{site_monitor_port, CONTINENTS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };
+pub use validate::{site_monitor_port, CONTINENTS};
 
 /// Reads, parses and validates a configuration file.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {

@@ -485,7 +485,10 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             if !CONTINENTS.contains(&code.as_str()) {
                 c.err(
                     &format!("ip_table[{i}].continents[{j}]"),
-                    format!("{code:?} is not a continent code; expected one of: {}", CONTINENTS.join(", ")),
+                    format!(
+                        "{code:?} is not a continent code; expected one of: {}",
+                        CONTINENTS.join(", ")
+                    ),
                 );
             }
         }
@@ -530,7 +533,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         if s.weight > crate::MAX_WEIGHT {
             c.err(
                 &format!("gslb.site[{i}].weight"),
-                format!("{} is too large; expected 0 to {}", s.weight, crate::MAX_WEIGHT),
+                format!(
+                    "{} is too large; expected 0 to {}",
+                    s.weight,
+                    crate::MAX_WEIGHT
+                ),
             );
         }
     }
@@ -544,8 +551,8 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             site_names.clone(),
         );
         let local_peer = g.site(local).and_then(|s| s.peer);
-        let exchanging = g.listen.is_some()
-            || g.sites.iter().any(|s| s.peer.is_some() && s.name != *local);
+        let exchanging =
+            g.listen.is_some() || g.sites.iter().any(|s| s.peer.is_some() && s.name != *local);
         if exchanging && g.keys.is_empty() {
             c.err(
                 "gslb",
@@ -560,7 +567,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
         if let Some(addr) = g.listen.or(local_peer) {
             if let Some(prev) = stream_owner.insert(addr, "gslb site state exchange".into()) {
-                let at = if g.listen.is_some() { "gslb.listen" } else { "gslb.local_site" };
+                let at = if g.listen.is_some() {
+                    "gslb.listen"
+                } else {
+                    "gslb.local_site"
+                };
                 c.err(at, format!("{addr} is already used by {prev}"));
             }
         }
@@ -629,7 +640,10 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             if !vs.protocol.is_http() {
                 c.err(
                     &at,
-                    format!("`gslb_redirect` applies to protocol http / https; this service is {}", vs.protocol),
+                    format!(
+                        "`gslb_redirect` applies to protocol http / https; this service is {}",
+                        vs.protocol
+                    ),
                 );
             }
             c.reference(&at, "gslb.name", "gslb.name", name, gslb_names.clone());

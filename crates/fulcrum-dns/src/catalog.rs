@@ -20,7 +20,11 @@ impl Hasher for Fnv {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
         for b in bytes {
             h ^= u64::from(*b);
             h = h.wrapping_mul(0x0100_0000_01b3);
@@ -151,7 +155,12 @@ impl Catalog {
         let mut errors = Vec::new();
         let mut cat = Catalog::default();
         let mut per_zone: Vec<(Vec<u8>, String, Vec<ZoneRecord>)> = Vec::new();
-        for (zi, z) in dns.map(|d| d.zones.as_slice()).unwrap_or_default().iter().enumerate() {
+        for (zi, z) in dns
+            .map(|d| d.zones.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
             let key = format!("dns.zone[{zi}]");
             let origin = match Name::from_ascii(&z.origin) {
                 Ok(o) => o,
@@ -227,7 +236,10 @@ impl Catalog {
                         errors.push(CatalogError {
                             key: format!("dns.zone[{zi}]"),
                             file: None,
-                            message: format!("an SOA belongs at the zone's apex {text}, not at {}", wire_to_text(&r.owner)),
+                            message: format!(
+                                "an SOA belongs at the zone's apex {text}, not at {}",
+                                wire_to_text(&r.owner)
+                            ),
                         });
                         continue;
                     }
@@ -261,7 +273,10 @@ impl Catalog {
                 errors.push(CatalogError {
                     key: format!("dns.zone[{}]", node.zone),
                     file: None,
-                    message: format!("{} has a CNAME and other records; a CNAME must stand alone", wire_to_text(name)),
+                    message: format!(
+                        "{} has a CNAME and other records; a CNAME must stand alone",
+                        wire_to_text(name)
+                    ),
                 });
             }
         }
@@ -316,7 +331,10 @@ impl Catalog {
         // Identical records are one record.
         let enc = fixed(r, ttl);
         let dup = set.starts.iter().enumerate().any(|(k, &s)| {
-            let end = set.starts.get(k + 1).map_or(set.bytes.len(), |e| *e as usize);
+            let end = set
+                .starts
+                .get(k + 1)
+                .map_or(set.bytes.len(), |e| *e as usize);
             set.bytes[s as usize + 8..end] == enc[8..]
         });
         if dup {
@@ -343,10 +361,12 @@ impl Catalog {
             if name.len() - i <= origin_len {
                 break;
             }
-            self.nodes.entry(name[i..].to_vec()).or_insert_with(|| Node {
-                zone,
-                ..Node::default()
-            });
+            self.nodes
+                .entry(name[i..].to_vec())
+                .or_insert_with(|| Node {
+                    zone,
+                    ..Node::default()
+                });
         }
     }
 

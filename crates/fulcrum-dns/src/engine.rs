@@ -91,11 +91,7 @@ impl Engine {
                     Malformed::FormErr { question } => (RCODE_FORMERR, question),
                     Malformed::Drop => (RCODE_FORMERR, false),
                 };
-                let qlen = if question {
-                    question_len(packet)
-                } else {
-                    None
-                };
+                let qlen = if question { question_len(packet) } else { None };
                 Writer::header_only(out, packet, rc, qlen);
                 stats.rcode(rc);
                 return self.limit(peer, transport, out, stats);
@@ -126,7 +122,13 @@ impl Engine {
     }
 
     /// Response rate limiting (UDP only: a TCP client has proven its address).
-    fn limit(&self, peer: IpAddr, transport: Transport, out: &mut Vec<u8>, stats: &Counters) -> Action {
+    fn limit(
+        &self,
+        peer: IpAddr,
+        transport: Transport,
+        out: &mut Vec<u8>,
+        stats: &Counters,
+    ) -> Action {
         let Some(rrl) = &self.rrl else {
             return Action::Send;
         };
@@ -175,7 +177,14 @@ impl Engine {
         w.finish();
     }
 
-    fn resolve(&self, packet: &[u8], q: &Query, peer: IpAddr, transport: Transport, out: &mut Vec<u8>) -> u8 {
+    fn resolve(
+        &self,
+        packet: &[u8],
+        q: &Query,
+        peer: IpAddr,
+        transport: Transport,
+        out: &mut Vec<u8>,
+    ) -> u8 {
         let ecs_in = q.edns.and_then(|e| e.ecs);
         let mut ecs = Ecs {
             subnet: ecs_in,
@@ -242,9 +251,10 @@ impl Engine {
                         Some(s) if s.source_prefix > 0 => s.addr,
                         _ => peer,
                     };
-                    let client = self
-                        .gslb
-                        .client(client_ip, ecs_in.map(|s| s.source_prefix).filter(|p| *p > 0));
+                    let client = self.gslb.client(
+                        client_ip,
+                        ecs_in.map(|s| s.source_prefix).filter(|p| *p > 0),
+                    );
                     let ttl = self.gslb.names[gi as usize].ttl;
                     let families: &[bool] = match q.qtype {
                         TYPE_A => &[false],
@@ -298,7 +308,9 @@ impl Engine {
             };
             let rdata_at = write_rr(&mut w, name_at, name, cname, 0);
             w.an += 1;
-            let Some(target) = cname.target.as_deref() else { break };
+            let Some(target) = cname.target.as_deref() else {
+                break;
+            };
             match self.catalog.zone_of(target) {
                 Some(z) if hop < MAX_CHAIN && !chain_loops(node, target, name) => {
                     zone = z;
@@ -312,7 +324,9 @@ impl Engine {
         }
         w.set_rcode(rcode);
         if q.edns.is_some() {
-            let echo = ecs.subnet.map(|s| (s, ecs.scope.min(if s.family == 1 { 32 } else { 128 })));
+            let echo = ecs
+                .subnet
+                .map(|s| (s, ecs.scope.min(if s.family == 1 { 32 } else { 128 })));
             w.opt(self.udp_payload, 0, echo);
         }
         w.finish();
@@ -345,7 +359,8 @@ impl Engine {
     fn glue(&self, w: &mut Writer<'_>, ns: &crate::catalog::RrSet) {
         for k in 0..ns.count as usize {
             let s = ns.starts[k] as usize;
-            let target = &ns.bytes[s + 10..ns.starts.get(k + 1).map_or(ns.bytes.len(), |e| *e as usize)];
+            let target =
+                &ns.bytes[s + 10..ns.starts.get(k + 1).map_or(ns.bytes.len(), |e| *e as usize)];
             if let Some(node) = self.catalog.node(target) {
                 for t in [TYPE_A, TYPE_AAAA] {
                     if let Some(set) = node.get(t) {
@@ -368,9 +383,18 @@ fn chain_loops(_node: &Node, target: &[u8], name: &[u8]) -> bool {
 
 /// Writes record `k` of `set` with the owner at `ptr` (or written out); returns where its RDATA
 /// starts.
-fn write_rr(w: &mut Writer<'_>, ptr: usize, owner: &[u8], set: &crate::catalog::RrSet, k: usize) -> usize {
+fn write_rr(
+    w: &mut Writer<'_>,
+    ptr: usize,
+    owner: &[u8],
+    set: &crate::catalog::RrSet,
+    k: usize,
+) -> usize {
     let s = set.starts[k] as usize;
-    let e = set.starts.get(k + 1).map_or(set.bytes.len(), |e| *e as usize);
+    let e = set
+        .starts
+        .get(k + 1)
+        .map_or(set.bytes.len(), |e| *e as usize);
     w.record(ptr, owner, &set.bytes[s..e])
 }
 

@@ -107,7 +107,10 @@ pub fn decode_frame(
     msg.extend_from_slice(nonce);
     msg.extend_from_slice(&seq.to_be_bytes());
     msg.extend_from_slice(payload);
-    if !keys.iter().any(|k| hmac::verify(k, &msg, tag_bytes).is_ok()) {
+    if !keys
+        .iter()
+        .any(|k| hmac::verify(k, &msg, tag_bytes).is_ok())
+    {
         return Err(FrameError::BadTag);
     }
     if seq <= last_seq {
@@ -119,7 +122,9 @@ pub fn decode_frame(
     let report: Report =
         serde_json::from_slice(payload).map_err(|e| FrameError::BadReport(e.to_string()))?;
     if report.instance.is_empty() || report.sites.len() > 4096 {
-        return Err(FrameError::BadReport("no instance, or too many sites".into()));
+        return Err(FrameError::BadReport(
+            "no instance, or too many sites".into(),
+        ));
     }
     Ok((seq, report))
 }
@@ -133,7 +138,13 @@ mod tests {
         Report {
             instance: "east".into(),
             version: 3,
-            sites: vec![SiteView { name: "east".into(), up: true, addresses_up: 1, addresses: 1, check_ms: Some(0.4) }],
+            sites: vec![SiteView {
+                name: "east".into(),
+                up: true,
+                addresses_up: 1,
+                addresses: 1,
+                check_ms: Some(0.4),
+            }],
             capacity: Some(0.5),
             cpu: None,
             response_ms: None,
@@ -148,11 +159,17 @@ mod tests {
     #[test]
     fn round_trip_and_rotation() {
         let old = keys(&["old-secret-0123456789".into()]);
-        let both = keys(&["new-secret-0123456789".into(), "old-secret-0123456789".into()]);
+        let both = keys(&[
+            "new-secret-0123456789".into(),
+            "old-secret-0123456789".into(),
+        ]);
         let nonce = [7u8; NONCE_LEN];
         let f = encode_frame(&old[0], &nonce, 1, &report());
         let (body, t) = split(&f);
-        assert_eq!(decode_frame(&both, &nonce, 0, body, t).unwrap(), (1, report()));
+        assert_eq!(
+            decode_frame(&both, &nonce, 0, body, t).unwrap(),
+            (1, report())
+        );
     }
 
     #[test]
@@ -162,13 +179,28 @@ mod tests {
         let nonce = [1u8; NONCE_LEN];
         let f = encode_frame(&k[0], &nonce, 5, &report());
         let (body, t) = split(&f);
-        assert_eq!(decode_frame(&other, &nonce, 0, body, t), Err(FrameError::BadTag));
-        assert_eq!(decode_frame(&k, &[2u8; NONCE_LEN], 0, body, t), Err(FrameError::BadTag));
-        assert!(matches!(decode_frame(&k, &nonce, 5, body, t), Err(FrameError::Replay { .. })));
+        assert_eq!(
+            decode_frame(&other, &nonce, 0, body, t),
+            Err(FrameError::BadTag)
+        );
+        assert_eq!(
+            decode_frame(&k, &[2u8; NONCE_LEN], 0, body, t),
+            Err(FrameError::BadTag)
+        );
+        assert!(matches!(
+            decode_frame(&k, &nonce, 5, body, t),
+            Err(FrameError::Replay { .. })
+        ));
         let mut tampered = body.to_vec();
         let last = tampered.len() - 2;
         tampered[last] ^= 1;
-        assert_eq!(decode_frame(&k, &nonce, 0, &tampered, t), Err(FrameError::BadTag));
-        assert_eq!(frame_len([0xFF, 0, 0, 0]), Err(FrameError::TooLarge(0xFF00_0000)));
+        assert_eq!(
+            decode_frame(&k, &nonce, 0, &tampered, t),
+            Err(FrameError::BadTag)
+        );
+        assert_eq!(
+            frame_len([0xFF, 0, 0, 0]),
+            Err(FrameError::TooLarge(0xFF00_0000))
+        );
     }
 }

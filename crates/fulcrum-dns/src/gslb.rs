@@ -73,9 +73,10 @@ impl Site {
     pub fn address_up(&self, i: usize) -> bool {
         match &self.pool {
             None => true,
-            Some(p) => p.members().get(i).is_some_and(|m| {
-                m.health.is_up() && m.effective_state() != AdminState::Disabled
-            }),
+            Some(p) => p
+                .members()
+                .get(i)
+                .is_some_and(|m| m.health.is_up() && m.effective_state() != AdminState::Disabled),
         }
     }
 
@@ -193,7 +194,10 @@ fn site_pool_name(site: &str) -> String {
 /// A stable placeholder address for site `k` as a member of a name's pool (the scheduler keys
 /// members by address; a site has several, or none of one family).
 fn site_member_addr(k: usize) -> SocketAddr {
-    SocketAddr::new(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, k as u16)), 0)
+    SocketAddr::new(
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, k as u16)),
+        0,
+    )
 }
 
 fn pool_algorithm(a: GslbAlgorithm) -> Algorithm {
@@ -220,10 +224,7 @@ fn table_driven(a: GslbAlgorithm) -> bool {
 }
 
 fn region_dependent(a: GslbAlgorithm) -> bool {
-    matches!(
-        a,
-        GslbAlgorithm::FastestResponse | GslbAlgorithm::Topology
-    )
+    matches!(a, GslbAlgorithm::FastestResponse | GslbAlgorithm::Topology)
 }
 
 /// The monitor port a site's addresses are probed at.
@@ -342,7 +343,8 @@ impl GslbState {
                         reuse: fulcrum_config::Reuse::Safe,
                         tls: None,
                     };
-                    let labels: Vec<Arc<str>> = idx.iter().map(|&s| sites[s].name.clone()).collect();
+                    let labels: Vec<Arc<str>> =
+                        idx.iter().map(|&s| sites[s].name.clone()).collect();
                     Arc::new(Pool::new_labeled(&pc, &[], prev_pool, &labels))
                 };
                 let rd = region_dependent(nc.algorithm);
@@ -380,7 +382,8 @@ impl GslbState {
                         for (a, b) in n.answers_by.iter().zip(&p.answers_by) {
                             a.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
                         }
-                        n.queries.store(p.queries.load(Ordering::Relaxed), Ordering::Relaxed);
+                        n.queries
+                            .store(p.queries.load(Ordering::Relaxed), Ordering::Relaxed);
                         n.fallbacks
                             .store(p.fallbacks.load(Ordering::Relaxed), Ordering::Relaxed);
                     }
@@ -463,8 +466,8 @@ impl GslbState {
                 .region
                 .is_some_and(|r| self.sites[n.sites[k]].regions.contains(&r.table))
         };
-        let has_preferred = n.algorithm == GslbAlgorithm::Topology
-            && (0..count).any(|k| !down[k] && preferred(k));
+        let has_preferred =
+            n.algorithm == GslbAlgorithm::Topology && (0..count).any(|k| !down[k] && preferred(k));
         let ctx = PickContext {
             hash: Some(hash_ip(client.ip)),
         };
@@ -475,10 +478,9 @@ impl GslbState {
         let mut exclude = [0usize; MAX_SITES];
         while emitted < n.answers && nchosen < count {
             let mut ex = 0;
-            for k in 0..count {
-                let out_of_play = down[k]
-                    || chosen[..nchosen].contains(&k)
-                    || (has_preferred && !preferred(k));
+            for (k, &is_down) in down.iter().enumerate().take(count) {
+                let out_of_play =
+                    is_down || chosen[..nchosen].contains(&k) || (has_preferred && !preferred(k));
                 if out_of_play {
                     exclude[ex] = k;
                     ex += 1;
@@ -493,8 +495,8 @@ impl GslbState {
                 Some(p) => Some(p.index),
                 None => {
                     ex = 0;
-                    for k in 0..count {
-                        if down[k] || chosen[..nchosen].contains(&k) {
+                    for (k, &is_down) in down.iter().enumerate().take(count) {
+                        if is_down || chosen[..nchosen].contains(&k) {
                             exclude[ex] = k;
                             ex += 1;
                         }
@@ -614,7 +616,12 @@ impl GslbState {
                     .sites
                     .iter()
                     .zip(&shares)
-                    .map(|(&s, v)| (self.sites[s].name.to_string(), (v * 10000.0).round() / 10000.0))
+                    .map(|(&s, v)| {
+                        (
+                            self.sites[s].name.to_string(),
+                            (v * 10000.0).round() / 10000.0,
+                        )
+                    })
                     .collect();
                 by_region.insert(rname.clone(), row);
             }
@@ -693,7 +700,8 @@ pub fn local_figures(pools: &[Arc<Pool>], cpu: Option<f64>) -> LocalFigures {
     LocalFigures {
         capacity: capacity.map(|c| (c * 1000.0).round() / 1000.0),
         cpu,
-        response_ms: (!rt.is_empty())
-            .then(|| ((rt.iter().sum::<f64>() / rt.len() as f64) / 1000.0 * 1000.0).round() / 1000.0),
+        response_ms: (!rt.is_empty()).then(|| {
+            ((rt.iter().sum::<f64>() / rt.len() as f64) / 1000.0 * 1000.0).round() / 1000.0
+        }),
     }
 }

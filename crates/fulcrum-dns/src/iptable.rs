@@ -289,7 +289,7 @@ impl Locator {
     fn locate_geo(&self, ip: IpAddr) -> Option<Region> {
         let mut by_continent = None;
         // Tables usually share one database: look the address up once per database.
-        let mut seen: Vec<(*const Reader<Vec<u8>>, Option<(String, String, u8)>)> = Vec::new();
+        let mut seen: Vec<(*const Reader<Vec<u8>>, Option<GeoHit>)> = Vec::new();
         for g in &self.geo {
             let key = Arc::as_ptr(&g.reader);
             let found = match seen.iter().find(|(k, _)| *k == key) {
@@ -307,10 +307,10 @@ impl Locator {
                 table: g.table,
                 prefix_len,
             };
-            if g.countries.iter().any(|c| *c == country) {
+            if g.countries.contains(&country) {
                 return Some(region);
             }
-            if by_continent.is_none() && g.continents.iter().any(|c| *c == continent) {
+            if by_continent.is_none() && g.continents.contains(&continent) {
                 by_continent = Some(region);
             }
         }
@@ -319,7 +319,9 @@ impl Locator {
 }
 
 /// Country ISO code, continent code and the database network's prefix length.
-fn geo_lookup(reader: &Reader<Vec<u8>>, ip: IpAddr) -> Option<(String, String, u8)> {
+type GeoHit = (String, String, u8);
+
+fn geo_lookup(reader: &Reader<Vec<u8>>, ip: IpAddr) -> Option<GeoHit> {
     let res = reader.lookup(ip).ok()?;
     if !res.has_data() {
         return None;
@@ -364,7 +366,10 @@ mod tests {
             &mut GeoCache::new(),
         )
         .unwrap();
-        let at = |s: &str| l.locate(s.parse().unwrap()).map(|r| (r.table, r.prefix_len));
+        let at = |s: &str| {
+            l.locate(s.parse().unwrap())
+                .map(|r| (r.table, r.prefix_len))
+        };
         assert_eq!(at("10.9.9.9"), Some((0, 8)));
         assert_eq!(at("10.1.2.9"), Some((1, 24)));
         assert_eq!(at("10.1.2.3"), Some((2, 32)));
@@ -401,12 +406,22 @@ mod tests {
             }
             let refs: Vec<&str> = nets.iter().map(String::as_str).collect();
             let l = Locator::build(&[table("t", &refs)], &mut GeoCache::new()).unwrap();
-            let parsed: Vec<ipnet::Ipv4Net> =
-                nets.iter().map(|n| n.parse::<ipnet::Ipv4Net>().unwrap().trunc()).collect();
+            let parsed: Vec<ipnet::Ipv4Net> = nets
+                .iter()
+                .map(|n| n.parse::<ipnet::Ipv4Net>().unwrap().trunc())
+                .collect();
             for _ in 0..500 {
                 let a = std::net::Ipv4Addr::from(rng.u32(..));
-                let best = parsed.iter().filter(|n| n.contains(&a)).map(|n| n.prefix_len()).max();
-                assert_eq!(l.locate(a.into()).map(|r| r.prefix_len), best, "{a} in {nets:?}");
+                let best = parsed
+                    .iter()
+                    .filter(|n| n.contains(&a))
+                    .map(|n| n.prefix_len())
+                    .max();
+                assert_eq!(
+                    l.locate(a.into()).map(|r| r.prefix_len),
+                    best,
+                    "{a} in {nets:?}"
+                );
             }
         }
     }
@@ -443,15 +458,30 @@ mod geo_tests {
         explicit.geoip = None;
         explicit.cidrs = vec!["192.0.2.128/25".parse().unwrap()];
         let l = Locator::build(
-            &[geo("asia", &[], &["AS"]), geo("china", &["CN"], &[]), explicit],
+            &[
+                geo("asia", &[], &["AS"]),
+                geo("china", &["CN"], &[]),
+                explicit,
+            ],
             &mut GeoCache::new(),
         )
         .unwrap();
-        let at = |s: &str| l.locate(s.parse().unwrap()).map(|r| (l.names()[r.table as usize].clone(), r.prefix_len));
-        assert_eq!(at("192.0.2.7"), Some(("china".into(), 24)), "a country beats a continent");
+        let at = |s: &str| {
+            l.locate(s.parse().unwrap())
+                .map(|r| (l.names()[r.table as usize].clone(), r.prefix_len))
+        };
+        assert_eq!(
+            at("192.0.2.7"),
+            Some(("china".into(), 24)),
+            "a country beats a continent"
+        );
         assert_eq!(at("198.51.100.7"), Some(("asia".into(), 24)));
         assert_eq!(at("203.0.113.7"), None);
-        assert_eq!(at("192.0.2.200"), Some(("office".into(), 25)), "a prefix beats GeoIP");
+        assert_eq!(
+            at("192.0.2.200"),
+            Some(("office".into(), 25)),
+            "a prefix beats GeoIP"
+        );
         assert_eq!(at("2001:db8:1::1"), Some(("china".into(), 48)));
         assert_eq!(at("10.0.0.1"), None);
     }

@@ -47,13 +47,21 @@ pub fn compile(config: &Config, geo_cache: &mut GeoCache) -> Result<Compiled, Ve
         if n.sites.len() > gslb::MAX_SITES {
             errors.push(loc.error(
                 &format!("gslb.name[{i}].sites"),
-                format!("{} sites; a name may have at most {}", n.sites.len(), gslb::MAX_SITES),
+                format!(
+                    "{} sites; a name may have at most {}",
+                    n.sites.len(),
+                    gslb::MAX_SITES
+                ),
             ));
         }
         if n.answers > gslb::MAX_ANSWERS {
             errors.push(loc.error(
                 &format!("gslb.name[{i}].answers"),
-                format!("{} is more than {} addresses per answer", n.answers, gslb::MAX_ANSWERS),
+                format!(
+                    "{} is more than {} addresses per answer",
+                    n.answers,
+                    gslb::MAX_ANSWERS
+                ),
             ));
         }
         if let Err(e) = zone::parse_name(&n.fqdn) {
@@ -64,7 +72,10 @@ pub fn compile(config: &Config, geo_cache: &mut GeoCache) -> Result<Compiled, Ve
         if dns.udp_payload > 4096 {
             errors.push(loc.error(
                 "dns.udp_payload",
-                format!("{} is above 4096, the largest UDP response Fulcrum sends", dns.udp_payload),
+                format!(
+                    "{} is above 4096, the largest UDP response Fulcrum sends",
+                    dns.udp_payload
+                ),
             ));
         }
         if dns.tcp_idle_timeout.is_zero() {
@@ -155,8 +166,15 @@ impl DnsRuntime {
     pub fn prepare(&self, config: &Config) -> Result<Prepared, Vec<String>> {
         let compiled = compile(config, &mut self.geo_cache.lock())
             .map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())?;
-        let wanted = config.dns.as_ref().map(|d| d.listen.clone()).unwrap_or_default();
-        let server = self.server.lock().prepare(&wanted, self.sockets_per_address)?;
+        let wanted = config
+            .dns
+            .as_ref()
+            .map(|d| d.listen.clone())
+            .unwrap_or_default();
+        let server = self
+            .server
+            .lock()
+            .prepare(&wanted, self.sockets_per_address)?;
         let exchange_listener = self.gslb.prepare_listener(config).map_err(|e| vec![e])?;
         Ok(Prepared {
             compiled,
@@ -168,11 +186,17 @@ impl DnsRuntime {
     /// Swaps the prepared configuration in. Returns the pools of site addresses, which the
     /// caller hands to `HealthService::apply` together with its own pools. `local_pools` are
     /// the pools this instance serves (the local site's own capacity figures).
-    pub fn commit(&self, mut p: Prepared, config: &Config, local_pools: Vec<Arc<Pool>>) -> Vec<Arc<Pool>> {
+    pub fn commit(
+        &self,
+        mut p: Prepared,
+        config: &Config,
+        local_pools: Vec<Arc<Pool>>,
+    ) -> Vec<Arc<Pool>> {
         let previous = self.gslb.state();
         let state = GslbState::build(config, p.compiled.locator.clone(), Some(&previous));
         let site_pools = state.site_pools();
-        self.gslb.apply(state, config, p.exchange_listener.take(), local_pools);
+        self.gslb
+            .apply(state, config, p.exchange_listener.take(), local_pools);
         let engine = Engine {
             catalog: p.compiled.catalog,
             gslb: self.gslb.state(),
@@ -183,7 +207,11 @@ impl DnsRuntime {
                 .and_then(|d| d.rate_limit.as_ref())
                 .map(|r| Arc::new(rrl::Rrl::new(r))),
         };
-        let wanted = config.dns.as_ref().map(|d| d.listen.clone()).unwrap_or_default();
+        let wanted = config
+            .dns
+            .as_ref()
+            .map(|d| d.listen.clone())
+            .unwrap_or_default();
         let idle = config
             .dns
             .as_ref()

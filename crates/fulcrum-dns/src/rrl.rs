@@ -33,7 +33,10 @@ pub struct Rrl {
 
 impl std::fmt::Debug for Rrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rrl").field("rate", &self.rate).field("slip", &self.slip).finish()
+        f.debug_struct("Rrl")
+            .field("rate", &self.rate)
+            .field("slip", &self.slip)
+            .finish()
     }
 }
 
@@ -42,8 +45,12 @@ impl Rrl {
         Rrl {
             rate: cfg.responses_per_second,
             slip: cfg.slip,
-            v4_mask: u32::MAX.checked_shl(32 - u32::from(cfg.ipv4_prefix.min(32))).unwrap_or(0),
-            v6_mask: u128::MAX.checked_shl(128 - u32::from(cfg.ipv6_prefix.min(128))).unwrap_or(0),
+            v4_mask: u32::MAX
+                .checked_shl(32 - u32::from(cfg.ipv4_prefix.min(32)))
+                .unwrap_or(0),
+            v6_mask: u128::MAX
+                .checked_shl(128 - u32::from(cfg.ipv6_prefix.min(128)))
+                .unwrap_or(0),
             start: Instant::now(),
             buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
         }
@@ -73,8 +80,17 @@ impl Rrl {
         let mut cur = b.load(Ordering::Relaxed);
         let count = loop {
             let (sec, n) = ((cur >> 32) as u32, cur as u32);
-            let next = if sec == second { n.saturating_add(1) } else { 1 };
-            match b.compare_exchange_weak(cur, (u64::from(second) << 32) | u64::from(next), Ordering::Relaxed, Ordering::Relaxed) {
+            let next = if sec == second {
+                n.saturating_add(1)
+            } else {
+                1
+            };
+            match b.compare_exchange_weak(
+                cur,
+                (u64::from(second) << 32) | u64::from(next),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => break next,
                 Err(v) => cur = v,
             }
@@ -83,7 +99,7 @@ impl Rrl {
             return Verdict::Pass;
         }
         let over = count - self.rate;
-        if self.slip > 0 && over % self.slip == 0 {
+        if self.slip > 0 && over.is_multiple_of(self.slip) {
             Verdict::Slip
         } else {
             Verdict::Drop
@@ -97,14 +113,34 @@ mod tests {
 
     #[test]
     fn limits_per_network_per_second_with_slip() {
-        let r = Rrl::new(&fulcrum_config::RateLimit { responses_per_second: 5, slip: 2, ipv4_prefix: 24, ipv6_prefix: 56 });
+        let r = Rrl::new(&fulcrum_config::RateLimit {
+            responses_per_second: 5,
+            slip: 2,
+            ipv4_prefix: 24,
+            ipv6_prefix: 56,
+        });
         let a: IpAddr = "192.0.2.1".parse().unwrap();
         let b: IpAddr = "192.0.2.200".parse().unwrap();
         let other: IpAddr = "198.51.100.1".parse().unwrap();
-        let v: Vec<Verdict> = (0..10).map(|i| r.check_at(if i % 2 == 0 { a } else { b }, 7)).collect();
+        let v: Vec<Verdict> = (0..10)
+            .map(|i| r.check_at(if i % 2 == 0 { a } else { b }, 7))
+            .collect();
         assert_eq!(&v[..5], &[Verdict::Pass; 5]);
-        assert_eq!(&v[5..], &[Verdict::Drop, Verdict::Slip, Verdict::Drop, Verdict::Slip, Verdict::Drop]);
+        assert_eq!(
+            &v[5..],
+            &[
+                Verdict::Drop,
+                Verdict::Slip,
+                Verdict::Drop,
+                Verdict::Slip,
+                Verdict::Drop
+            ]
+        );
         assert_eq!(r.check_at(other, 7), Verdict::Pass);
-        assert_eq!(r.check_at(a, 8), Verdict::Pass, "a new second starts afresh");
+        assert_eq!(
+            r.check_at(a, 8),
+            Verdict::Pass,
+            "a new second starts afresh"
+        );
     }
 }

@@ -146,7 +146,11 @@ impl DnsServer {
 
     /// Binds UDP and TCP sockets for the addresses in `wanted` that are not served yet. Nothing
     /// changes if any bind fails; every failure is returned.
-    pub fn prepare(&self, wanted: &[SocketAddr], per_address: usize) -> Result<Prepared, Vec<String>> {
+    pub fn prepare(
+        &self,
+        wanted: &[SocketAddr],
+        per_address: usize,
+    ) -> Result<Prepared, Vec<String>> {
         let mut sockets = HashMap::new();
         let mut errors = Vec::new();
         for addr in wanted {
@@ -172,7 +176,13 @@ impl DnsServer {
     }
 
     /// Installs `engine`, starts the prepared sockets and closes listeners not in `wanted`.
-    pub fn commit(&mut self, prepared: Prepared, wanted: &[SocketAddr], engine: Engine, tcp_idle: Duration) {
+    pub fn commit(
+        &mut self,
+        prepared: Prepared,
+        wanted: &[SocketAddr],
+        engine: Engine,
+        tcp_idle: Duration,
+    ) {
         self.engine.store(Arc::new(engine));
         self.tcp_idle_ms
             .store(tcp_idle.as_millis() as u64, Ordering::Relaxed);
@@ -190,7 +200,9 @@ impl DnsServer {
                     .spawn(move || udp_loop(sock, engine, counters, st));
                 match spawned {
                     Ok(_) => workers.push(UdpWorker { stop, fd }),
-                    Err(e) => tracing::error!(%addr, error = %e, "cannot start a DNS worker thread"),
+                    Err(e) => {
+                        tracing::error!(%addr, error = %e, "cannot start a DNS worker thread")
+                    }
                 }
             }
             let mut tasks = Vec::new();
@@ -207,7 +219,13 @@ impl DnsServer {
                     Err(e) => tracing::error!(%addr, error = %e, "cannot serve DNS over TCP"),
                 }
             }
-            self.listeners.insert(addr, Listener { _udp: workers, tcp: tasks });
+            self.listeners.insert(
+                addr,
+                Listener {
+                    _udp: workers,
+                    tcp: tasks,
+                },
+            );
         }
     }
 
@@ -246,7 +264,12 @@ fn sockaddr_to_ip(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-fn udp_loop(sock: std::net::UdpSocket, engine: Arc<ArcSwap<Engine>>, counters: Arc<Counters>, stop: Arc<AtomicBool>) {
+fn udp_loop(
+    sock: std::net::UdpSocket,
+    engine: Arc<ArcSwap<Engine>>,
+    counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+) {
     let fd = sock.as_raw_fd();
     let mut inbuf = vec![0u8; BATCH * MAX_QUERY];
     let mut outbufs: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(4096)).collect();
@@ -277,7 +300,13 @@ fn udp_loop(sock: std::net::UdpSocket, engine: Arc<ArcSwap<Engine>>, counters: A
         // `addrs`, `iov_in` and `inbuf`, all alive and unmoved for the call; the kernel writes at
         // most msg_namelen / iov_len bytes into each.
         let n = unsafe {
-            libc::recvmmsg(fd, msgs_in.as_mut_ptr(), BATCH as libc::c_uint, libc::MSG_WAITFORONE, std::ptr::null_mut())
+            libc::recvmmsg(
+                fd,
+                msgs_in.as_mut_ptr(),
+                BATCH as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
         };
         if n <= 0 {
             let e = io::Error::last_os_error();
@@ -328,7 +357,12 @@ fn udp_loop(sock: std::net::UdpSocket, engine: Arc<ArcSwap<Engine>>, counters: A
             // SAFETY: headers `sent..out` point into `addrs`, `iov_out` and `outbufs`, alive and
             // unchanged for the call; the kernel only reads them.
             let r = unsafe {
-                libc::sendmmsg(fd, msgs_out[sent..].as_mut_ptr(), (out - sent) as libc::c_uint, 0)
+                libc::sendmmsg(
+                    fd,
+                    msgs_out[sent..].as_mut_ptr(),
+                    (out - sent) as libc::c_uint,
+                    0,
+                )
             };
             if r <= 0 {
                 let e = io::Error::last_os_error();

@@ -152,14 +152,21 @@ impl GslbService {
     }
 
     /// Binds the exchange listener if its address is new (a failure changes nothing).
-    pub fn prepare_listener(&self, config: &fulcrum_config::Config) -> Result<Option<std::net::TcpListener>, String> {
+    pub fn prepare_listener(
+        &self,
+        config: &fulcrum_config::Config,
+    ) -> Result<Option<std::net::TcpListener>, String> {
         let want = exchange_config(config).listen;
         let tasks = self.tasks.lock();
         match (want, &tasks.listener) {
             (Some(a), Some((have, _))) if *have == a => Ok(None),
             (Some(a), _) => {
-                let s = socket2::Socket::new(socket2::Domain::for_address(a), socket2::Type::STREAM, None)
-                    .map_err(|e| format!("cannot listen on {a} (gslb exchange): {e}"))?;
+                let s = socket2::Socket::new(
+                    socket2::Domain::for_address(a),
+                    socket2::Type::STREAM,
+                    None,
+                )
+                .map_err(|e| format!("cannot listen on {a} (gslb exchange): {e}"))?;
                 let _ = s.set_reuse_address(true);
                 let _ = s.set_nonblocking(true);
                 s.bind(&a.into())
@@ -188,7 +195,9 @@ impl GslbService {
         // Reports from sites that no longer exist go.
         let names: Vec<String> = config.gslb.sites.iter().map(|s| s.name.clone()).collect();
         sh.received.lock().retain(|k, _| names.contains(k));
-        sh.peers.lock().retain(|k, _| xc.peers.iter().any(|(s, _)| s == k));
+        sh.peers
+            .lock()
+            .retain(|k, _| xc.peers.iter().any(|(s, _)| s == k));
         recompute(sh);
 
         let mut tasks = self.tasks.lock();
@@ -359,7 +368,8 @@ impl GslbService {
         let st = self.state();
         let table = st.table.load();
         let received = self.shared.received.lock();
-        let reports: BTreeMap<&String, &Report> = received.iter().map(|(k, v)| (k, &v.report)).collect();
+        let reports: BTreeMap<&String, &Report> =
+            received.iter().map(|(k, v)| (k, &v.report)).collect();
         json!({
             "local_site": st.local_site.map(|i| st.sites[i].name.to_string()),
             "reporters": table.reporters,
@@ -374,7 +384,10 @@ impl GslbService {
 fn exchange_config(c: &fulcrum_config::Config) -> ExchangeConfig {
     let g = &c.gslb;
     let local = g.local_site.clone();
-    let local_peer = local.as_deref().and_then(|l| g.site(l)).and_then(|s| s.peer);
+    let local_peer = local
+        .as_deref()
+        .and_then(|l| g.site(l))
+        .and_then(|s| s.peer);
     let peers = match &local {
         Some(l) => g
             .sites
@@ -424,7 +437,11 @@ impl CpuSampler {
     fn sample(&mut self) -> Option<f64> {
         let text = std::fs::read_to_string("/proc/stat").ok()?;
         let line = text.lines().next()?;
-        let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
         let total: u64 = v.iter().sum();
         let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
         let prev = self.last.replace((total, idle));
@@ -453,7 +470,11 @@ async fn sample(sh: Arc<Shared>) {
             cpu_value = cpu.sample().map(|c| (c * 1000.0).round() / 1000.0);
             last_cpu = Instant::now();
         }
-        let health: Vec<(bool, u32)> = st.sites.iter().map(|s| (s.is_up(), s.addresses_up())).collect();
+        let health: Vec<(bool, u32)> = st
+            .sites
+            .iter()
+            .map(|s| (s.is_up(), s.addresses_up()))
+            .collect();
         let changed = health != last_health;
         if changed || last_publish.elapsed() >= xc.interval {
             let figures = local_figures(&sh.local_pools.load(), cpu_value);
@@ -603,19 +624,30 @@ async fn receive(sh: &Shared, mut s: TcpStream) -> Result<(), String> {
             .map_err(|_| "frame timed out".to_string())?
             .map_err(|e| e.to_string())?;
         let keys = sh.keys.load();
-        let (seq, report) = match exchange::decode_frame(&keys, &nonce, last_seq, &body[..n], &body[n..]) {
-            Ok(x) => x,
-            Err(e) => {
-                if e == FrameError::BadTag {
-                    sh.auth_failures.fetch_add(1, Ordering::Relaxed);
+        let (seq, report) =
+            match exchange::decode_frame(&keys, &nonce, last_seq, &body[..n], &body[n..]) {
+                Ok(x) => x,
+                Err(e) => {
+                    if e == FrameError::BadTag {
+                        sh.auth_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(e.to_string());
                 }
-                return Err(e.to_string());
-            }
-        };
+            };
         last_seq = seq;
         let xc = sh.config.load();
-        if Some(&report.instance) == xc.local.as_ref() || !sh.state.load().sites.iter().any(|x| *x.name == report.instance) {
-            return Err(format!("report from {:?}, which is not another configured site", report.instance));
+        if Some(&report.instance) == xc.local.as_ref()
+            || !sh
+                .state
+                .load()
+                .sites
+                .iter()
+                .any(|x| *x.name == report.instance)
+        {
+            return Err(format!(
+                "report from {:?}, which is not another configured site",
+                report.instance
+            ));
         }
         sh.reports_received.fetch_add(1, Ordering::Relaxed);
         let site = report.instance.clone();
@@ -627,9 +659,17 @@ async fn receive(sh: &Shared, mut s: TcpStream) -> Result<(), String> {
         }
         let changed = {
             let mut rec = sh.received.lock();
-            let before = rec.get(&site).map(|r| r.report.sites.iter().map(|v| v.up).collect::<Vec<_>>());
+            let before = rec
+                .get(&site)
+                .map(|r| r.report.sites.iter().map(|v| v.up).collect::<Vec<_>>());
             let now: Vec<bool> = report.sites.iter().map(|v| v.up).collect();
-            rec.insert(site, Received { report, at: Instant::now() });
+            rec.insert(
+                site,
+                Received {
+                    report,
+                    at: Instant::now(),
+                },
+            );
             before.as_ref() != Some(&now)
         };
         if changed {

@@ -141,7 +141,12 @@ fn times(
 
 /// Relative speed factors: best time / site time, floored; unmeasured sites count as the mean.
 fn speed(times: &[Option<f64>]) -> Vec<f64> {
-    let known: Vec<f64> = times.iter().flatten().copied().filter(|t| *t > 0.0).collect();
+    let known: Vec<f64> = times
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|t| *t > 0.0)
+        .collect();
     if known.is_empty() {
         return vec![1.0; times.len()];
     }
@@ -198,7 +203,12 @@ pub fn shares(
                 GslbAlgorithm::FastestResponse => w * poor[i] * sp[i],
                 GslbAlgorithm::Topology => {
                     let home = region.is_some_and(|r| s.regions.contains(&r));
-                    if region.is_some() && !home && sites.iter().any(|o| region.is_some_and(|r| o.regions.contains(&r))) {
+                    if region.is_some()
+                        && !home
+                        && sites
+                            .iter()
+                            .any(|o| region.is_some_and(|r| o.regions.contains(&r)))
+                    {
                         0.0
                     } else {
                         w * poor[i] * load[i]
@@ -220,31 +230,72 @@ mod tests {
 
     fn sites() -> Vec<TableSite> {
         vec![
-            TableSite { name: "east".into(), weight: 1, regions: vec![0] },
-            TableSite { name: "west".into(), weight: 1, regions: vec![1] },
+            TableSite {
+                name: "east".into(),
+                weight: 1,
+                regions: vec![0],
+            },
+            TableSite {
+                name: "west".into(),
+                weight: 1,
+                regions: vec![1],
+            },
         ]
     }
 
     fn view(name: &str, up: bool, ms: f64) -> SiteView {
-        SiteView { name: name.into(), up, addresses_up: u32::from(up), addresses: 1, check_ms: Some(ms) }
+        SiteView {
+            name: name.into(),
+            up,
+            addresses_up: u32::from(up),
+            addresses: 1,
+            check_ms: Some(ms),
+        }
     }
 
     fn report(instance: &str, views: Vec<SiteView>, capacity: f64) -> Report {
-        Report { instance: instance.into(), version: 1, sites: views, capacity: Some(capacity), cpu: None, response_ms: None }
+        Report {
+            instance: instance.into(),
+            version: 1,
+            sites: views,
+            capacity: Some(capacity),
+            cpu: None,
+            response_ms: None,
+        }
     }
 
     #[test]
     fn fastest_gets_more_but_not_all_and_depends_on_region() {
         let mut reports = BTreeMap::new();
         // East's instance reaches east in 1 ms and west in 40; west's the other way round.
-        reports.insert("east".into(), report("east", vec![view("east", true, 1.0), view("west", true, 40.0)], 1.0));
-        reports.insert("west".into(), report("west", vec![view("east", true, 40.0), view("west", true, 1.0)], 1.0));
+        reports.insert(
+            "east".into(),
+            report(
+                "east",
+                vec![view("east", true, 1.0), view("west", true, 40.0)],
+                1.0,
+            ),
+        );
+        reports.insert(
+            "west".into(),
+            report(
+                "west",
+                vec![view("east", true, 40.0), view("west", true, 1.0)],
+                1.0,
+            ),
+        );
         let s = sites();
         let f = factors(&s, &reports);
         let east_clients = shares(GslbAlgorithm::FastestResponse, &s, &f, &reports, Some(0));
-        assert!(east_clients[0] > 0.9 && east_clients[1] > 0.0, "{east_clients:?}");
+        assert!(
+            east_clients[0] > 0.9 && east_clients[1] > 0.0,
+            "{east_clients:?}"
+        );
         let west_clients = shares(GslbAlgorithm::FastestResponse, &s, &f, &reports, Some(1));
-        assert!(west_clients[1] > 0.9 && west_clients[0] > 0.0, "{west_clients:?}");
+        assert!(
+            west_clients[1] > 0.9 && west_clients[0] > 0.0,
+            "{west_clients:?}"
+        );
         let nowhere = shares(GslbAlgorithm::FastestResponse, &s, &f, &reports, None);
         assert!((nowhere[0] - 0.5).abs() < 1e-9, "{nowhere:?}");
     }
@@ -252,8 +303,22 @@ mod tests {
     #[test]
     fn a_site_every_peer_sees_down_gets_little_and_load_moves_shares() {
         let mut reports = BTreeMap::new();
-        reports.insert("east".into(), report("east", vec![view("east", true, 1.0), view("west", false, 1.0)], 0.25));
-        reports.insert("west".into(), report("west", vec![view("east", true, 1.0), view("west", false, 1.0)], 1.0));
+        reports.insert(
+            "east".into(),
+            report(
+                "east",
+                vec![view("east", true, 1.0), view("west", false, 1.0)],
+                0.25,
+            ),
+        );
+        reports.insert(
+            "west".into(),
+            report(
+                "west",
+                vec![view("east", true, 1.0), view("west", false, 1.0)],
+                1.0,
+            ),
+        );
         let s = sites();
         let f = factors(&s, &reports);
         let w = shares(GslbAlgorithm::Weighted, &s, &f, &reports, None);
@@ -265,8 +330,16 @@ mod tests {
 
     #[test]
     fn same_reports_same_table_whatever_the_insertion_order() {
-        let a = report("east", vec![view("east", true, 3.0), view("west", true, 9.0)], 0.5);
-        let b = report("west", vec![view("east", true, 7.0), view("west", true, 2.0)], 0.9);
+        let a = report(
+            "east",
+            vec![view("east", true, 3.0), view("west", true, 9.0)],
+            0.5,
+        );
+        let b = report(
+            "west",
+            vec![view("east", true, 7.0), view("west", true, 2.0)],
+            0.9,
+        );
         let mut r1 = BTreeMap::new();
         r1.insert("east".to_string(), a.clone());
         r1.insert("west".to_string(), b.clone());
@@ -274,7 +347,11 @@ mod tests {
         r2.insert("west".to_string(), b);
         r2.insert("east".to_string(), a);
         let s = sites();
-        for alg in [GslbAlgorithm::FastestResponse, GslbAlgorithm::LeastLoad, GslbAlgorithm::Topology] {
+        for alg in [
+            GslbAlgorithm::FastestResponse,
+            GslbAlgorithm::LeastLoad,
+            GslbAlgorithm::Topology,
+        ] {
             for region in [None, Some(0), Some(1)] {
                 assert_eq!(
                     shares(alg, &s, &factors(&s, &r1), &r1, region),

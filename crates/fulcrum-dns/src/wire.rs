@@ -155,7 +155,7 @@ fn parse_ecs(o: &[u8]) -> Result<ClientSubnet, ()> {
     let mut full = [0u8; 16];
     full[..addr.len()].copy_from_slice(addr);
     // Bits beyond the source prefix must be zero (RFC 7871 §6).
-    if source % 8 != 0 {
+    if !source.is_multiple_of(8) {
         let last = addr.len() - 1;
         let mask = 0xFFu8 >> (source % 8);
         if full[last] & mask != 0 {
@@ -280,7 +280,8 @@ impl<'a> Writer<'a> {
     pub fn start(buf: &'a mut Vec<u8>, packet: &[u8], q: &Query, aa: bool, rcode: u8) -> Self {
         buf.clear();
         buf.extend_from_slice(&q.id.to_be_bytes());
-        let flags = 0x8000 | (q.flags & 0x7900) | if aa { 0x0400 } else { 0 } | u16::from(rcode & 0xF);
+        let flags =
+            0x8000 | (q.flags & 0x7900) | if aa { 0x0400 } else { 0 } | u16::from(rcode & 0xF);
         buf.extend_from_slice(&flags.to_be_bytes());
         buf.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0]);
         buf.extend_from_slice(&packet[12..q.question_end()]);
@@ -419,8 +420,9 @@ mod tests {
         if let Some(net) = ecs {
             let mut e = HEdns::new();
             e.set_max_payload(1400);
-            e.options_mut()
-                .insert(EdnsOption::Subnet(HSubnet::from(net.parse::<ipnet::IpNet>().unwrap())));
+            e.options_mut().insert(EdnsOption::Subnet(HSubnet::from(
+                net.parse::<ipnet::IpNet>().unwrap(),
+            )));
             m.set_edns(e);
         }
         m.to_vec().unwrap()
@@ -428,7 +430,11 @@ mod tests {
 
     #[test]
     fn reads_question_and_client_subnet() {
-        let p = query("WwW.Example.com.", RecordType::AAAA, Some("198.51.100.0/24"));
+        let p = query(
+            "WwW.Example.com.",
+            RecordType::AAAA,
+            Some("198.51.100.0/24"),
+        );
         let q = parse_query(&p).unwrap();
         assert_eq!(q.id, 0x1234);
         assert_eq!(q.qtype, 28);
@@ -460,7 +466,10 @@ mod tests {
         assert_eq!(m.answers.len(), 1);
         assert_eq!(m.answers[0].name.to_ascii(), "www.example.com.");
         let edns = m.edns.unwrap();
-        let Some(EdnsOption::Subnet(s)) = edns.options().get(hickory_proto::rr::rdata::opt::EdnsCode::Subnet) else {
+        let Some(EdnsOption::Subnet(s)) = edns
+            .options()
+            .get(hickory_proto::rr::rdata::opt::EdnsCode::Subnet)
+        else {
             panic!("no subnet");
         };
         assert_eq!(s.scope_prefix(), 48);

@@ -249,9 +249,7 @@ pub fn parse_master(text: &str, origin: &Name) -> Result<Vec<ZoneRecord>, ZoneEr
             let first = t.next().unwrap_or_default();
             match first.to_ascii_uppercase().as_str() {
                 "$ORIGIN" => {
-                    let name = t
-                        .next()
-                        .ok_or_else(|| err("$ORIGIN needs a name".into()))?;
+                    let name = t.next().ok_or_else(|| err("$ORIGIN needs a name".into()))?;
                     origin = Name::parse(name, Some(&origin))
                         .map_err(|x| err(format!("$ORIGIN {name}: {x}")))?;
                     continue;
@@ -262,7 +260,12 @@ pub fn parse_master(text: &str, origin: &Name) -> Result<Vec<ZoneRecord>, ZoneEr
                         Some(parse_ttl(v).ok_or_else(|| err(format!("$TTL {v:?} is not a TTL")))?);
                     continue;
                 }
-                "$INCLUDE" => return Err(err("$INCLUDE is not supported: list each file as its own zone or records".into())),
+                "$INCLUDE" => {
+                    return Err(err(
+                        "$INCLUDE is not supported: list each file as its own zone or records"
+                            .into(),
+                    ))
+                }
                 "@" => owner = Some(origin.clone()),
                 _ => {
                     owner = Some(
@@ -277,7 +280,7 @@ pub fn parse_master(text: &str, origin: &Name) -> Result<Vec<ZoneRecord>, ZoneEr
         };
         let mut ttl = None;
         let mut rtype = None;
-        while let Some(tok) = t.next() {
+        for tok in t.by_ref() {
             if let Some(v) = parse_ttl(tok) {
                 ttl = Some(v);
                 continue;

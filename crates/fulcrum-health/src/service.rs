@@ -297,7 +297,11 @@ async fn run_check(
             .run(&Probe::new(address, monitor.port, monitor.timeout))
             .await;
         if let Verdict::Health { ok: true, .. } = verdict {
-            target.load().member.stats.observe_check_time(started.elapsed());
+            target
+                .load()
+                .member
+                .stats
+                .observe_check_time(started.elapsed());
         }
         record(&monitor.name, verdict, &target.load());
         next = started + jittered(interval);

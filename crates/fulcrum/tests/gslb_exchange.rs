@@ -110,13 +110,16 @@ async fn peer(f: &Fulcrum, site: &str) -> Value {
 
 async fn share(f: &Fulcrum, site: &str) -> f64 {
     let t = f.get_json("/api/v1/gslb/table").await;
-    t["shares"]["app.example.com."]["*"][site].as_f64().unwrap_or(-1.0)
+    t["shares"]["app.example.com."]["*"][site]
+        .as_f64()
+        .unwrap_or(-1.0)
 }
 
 async fn tables_agree(a: &Fulcrum, b: &Fulcrum) -> bool {
     let ta = a.get_json("/api/v1/gslb/table").await;
     let tb = b.get_json("/api/v1/gslb/table").await;
-    ta["shares"] == tb["shares"] && ta["reporters"].as_array().is_some_and(|r| r.len() == 2)
+    ta["shares"] == tb["shares"]
+        && ta["reporters"].as_array().is_some_and(|r| r.len() == 2)
         && tb["reporters"] == ta["reporters"]
 }
 
@@ -137,13 +140,24 @@ async fn two_instances_exchange_state_and_compute_the_same_table() {
     // East's instance probes east where it answers; west's instance probes a port where
     // nothing listens, so it sees east down: the two views differ.
     let dead = free_addr_on([127, 0, 0, 11]).port();
-    let a = Fulcrum::start(BIN, free_addr(), &config(&s, "east", key, s.port, "weighted")).await.unwrap();
-    let b = Fulcrum::start(BIN, free_addr(), &config(&s, "west", key, dead, "weighted")).await.unwrap();
+    let a = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &config(&s, "east", key, s.port, "weighted"),
+    )
+    .await
+    .unwrap();
+    let b = Fulcrum::start(BIN, free_addr(), &config(&s, "west", key, dead, "weighted"))
+        .await
+        .unwrap();
 
     assert!(
         wait_until(Duration::from_secs(10), || async {
             let (pa, pb) = (peer(&a, "west").await, peer(&b, "east").await);
-            pa["connected"] == true && pb["connected"] == true && pa["stale"] == false && pb["stale"] == false
+            pa["connected"] == true
+                && pb["connected"] == true
+                && pa["stale"] == false
+                && pb["stale"] == false
         })
         .await,
         "peers did not connect:\n{}\n{}\n{}",
@@ -178,14 +192,21 @@ async fn two_instances_exchange_state_and_compute_the_same_table() {
         "{}",
         a.get_json("/api/v1/gslb/table").await
     );
-    assert!(t0.elapsed() < Duration::from_millis(2500), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_millis(2500),
+        "took {:?}",
+        t0.elapsed()
+    );
     assert!(share(&b, "east").await > 0.0, "little, not nothing");
 
     // West's instance stops: east's instance marks it stale after stale_after (4 s), computes
     // its table from its own report alone, and keeps answering from its own monitors.
     drop(b);
     assert!(
-        wait_until(Duration::from_secs(10), || async { peer(&a, "west").await["stale"] == true }).await,
+        wait_until(Duration::from_secs(10), || async {
+            peer(&a, "west").await["stale"] == true
+        })
+        .await,
         "{}",
         a.get_json("/api/v1/gslb/peers").await
     );
@@ -198,11 +219,19 @@ async fn two_instances_exchange_state_and_compute_the_same_table() {
     let p = peer(&a, "west").await;
     assert_eq!(p["connected"], false, "{p}");
     let m = a.api("GET", "/metrics", None).await.unwrap().text();
-    assert!(m.contains("fulcrum_gslb_peer_stale{peer=\"west\"} 1"), "{m}");
-    assert!(m.contains("fulcrum_gslb_peer_connected{peer=\"west\"} 0"), "{m}");
+    assert!(
+        m.contains("fulcrum_gslb_peer_stale{peer=\"west\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("fulcrum_gslb_peer_connected{peer=\"west\"} 0"),
+        "{m}"
+    );
 
     // West comes back: it reconnects and its reports count again.
-    let b = Fulcrum::start(BIN, free_addr(), &config(&s, "west", key, dead, "weighted")).await.unwrap();
+    let b = Fulcrum::start(BIN, free_addr(), &config(&s, "west", key, dead, "weighted"))
+        .await
+        .unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || async {
             peer(&a, "west").await["stale"] == false && tables_agree(&a, &b).await
@@ -218,12 +247,30 @@ async fn a_peer_with_another_key_is_refused() {
     let s = setup();
     let _east_srv = ok_server(SocketAddr::from(([127, 0, 0, 11], s.port))).await;
     let _west_srv = ok_server(SocketAddr::from(([127, 0, 0, 12], s.port))).await;
-    let a = Fulcrum::start(BIN, free_addr(), &config(&s, "east", "the-right-secret-0123", s.port, "least_load")).await.unwrap();
-    let b = Fulcrum::start(BIN, free_addr(), &config(&s, "west", "another-secret-456789", s.port, "least_load")).await.unwrap();
+    let a = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &config(&s, "east", "the-right-secret-0123", s.port, "least_load"),
+    )
+    .await
+    .unwrap();
+    let b = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &config(&s, "west", "another-secret-456789", s.port, "least_load"),
+    )
+    .await
+    .unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            a.get_json("/api/v1/gslb/peers").await["auth_failures"].as_u64().unwrap_or(0) >= 2
-                && b.get_json("/api/v1/gslb/peers").await["auth_failures"].as_u64().unwrap_or(0) >= 2
+            a.get_json("/api/v1/gslb/peers").await["auth_failures"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 2
+                && b.get_json("/api/v1/gslb/peers").await["auth_failures"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= 2
         })
         .await,
         "{}",
@@ -233,7 +280,12 @@ async fn a_peer_with_another_key_is_refused() {
         let p = peer(f, other).await;
         assert_eq!(p["reports_received"], 0, "{p}");
         assert_eq!(p["stale"], true, "{p}");
-        assert_eq!(f.get_json("/api/v1/gslb/table").await["reporters"].as_array().map(Vec::len), Some(1));
+        assert_eq!(
+            f.get_json("/api/v1/gslb/table").await["reporters"]
+                .as_array()
+                .map(Vec::len),
+            Some(1)
+        );
     }
     assert!(a.logs().contains("authentication failed"), "{}", a.logs());
 }
