@@ -108,10 +108,12 @@ impl Engine {
         }
         let rcode = self.resolve(packet, &q, peer, transport, out);
         stats.rcode(rcode);
-        if transport == Transport::Udp {
-            let limit = match q.edns {
-                Some(e) => e.payload.min(self.udp_payload).max(512) as usize,
-                None => 512,
+        {
+            let limit = match (transport, q.edns) {
+                // A TCP message's length is a 16-bit field.
+                (Transport::Tcp, _) => usize::from(u16::MAX),
+                (Transport::Udp, Some(e)) => e.payload.min(self.udp_payload).max(512) as usize,
+                (Transport::Udp, None) => 512,
             };
             if out.len() > limit {
                 stats.truncated.fetch_add(1, Ordering::Relaxed);

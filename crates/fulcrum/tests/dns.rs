@@ -116,6 +116,9 @@ sip     IN A   192.0.2.26
 @       IN CAA 0 issue "letsencrypt.org"
 deep.a.b IN A 192.0.2.99
 7       IN PTR host.example.com.
+*.wild  IN A   192.0.2.77
+sub     IN NS  ns.sub
+ns.sub  IN A   192.0.2.53
 long    IN TXT "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 long    IN TXT "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc" "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
 long    IN TXT "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee" "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"
@@ -254,6 +257,35 @@ async fn authoritative_answers_negative_answers_and_refusals() {
     let out = dig(dns, &["www.example.org", "A"]);
     assert_eq!(status(&out), "REFUSED", "{out}");
     assert!(!flags(&out).contains(&"aa".to_string()), "{out}");
+
+    // Wildcards answer under the asked name, for one label or several.
+    let out = dig(dns, &["anything.wild.example.com", "A"]);
+    assert_eq!(
+        section(&out, "ANSWER"),
+        ["anything.wild.example.com. 300 IN A 192.0.2.77"],
+        "{out}"
+    );
+    assert_eq!(short(dns, &["a.b.wild.example.com", "A"]), ["192.0.2.77"]);
+    assert_eq!(
+        status(&dig(dns, &["wild.example.com", "A"])),
+        "NOERROR",
+        "the wildcard's parent exists"
+    );
+    // A delegation: a referral with glue, not authoritative.
+    let out = dig(dns, &["host.sub.example.com", "A"]);
+    assert_eq!(status(&out), "NOERROR", "{out}");
+    assert!(!flags(&out).contains(&"aa".to_string()), "{out}");
+    assert!(section(&out, "ANSWER").is_empty(), "{out}");
+    assert_eq!(
+        section(&out, "AUTHORITY"),
+        ["sub.example.com. 300 IN NS ns.sub.example.com."],
+        "{out}"
+    );
+    assert_eq!(
+        section(&out, "ADDITIONAL"),
+        ["ns.sub.example.com. 300 IN A 192.0.2.53"],
+        "{out}"
+    );
 
     // Minimal responses: no additional records beyond the OPT.
     let out = dig(dns, &["mail.example.com", "MX"]);
