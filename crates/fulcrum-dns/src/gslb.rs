@@ -705,3 +705,72 @@ pub fn local_figures(pools: &[Arc<Pool>], cpu: Option<f64>) -> LocalFigures {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iptable::GeoCache;
+
+    fn state(algorithm: &str, extra: &str) -> GslbState {
+        let text = format!(
+            r#"
+[[ip_table]]
+name = "tel"
+cidrs = ["198.51.100.0/24"]
+[gslb]
+local_site = "east"
+{extra}
+[[gslb.site]]
+name = "east"
+addresses = ["192.0.2.10", "192.0.2.11", "2001:db8::10"]
+regions = ["tel"]
+[[gslb.site]]
+name = "west"
+addresses = ["192.0.2.20"]
+[[gslb.name]]
+fqdn = "app.example.com."
+sites = ["east", "west"]
+algorithm = "{algorithm}"
+answers = 2
+"#
+        );
+        let config = fulcrum_config::parse(&text, "t.toml", std::path::Path::new(".")).unwrap();
+        let locator = Locator::build(&config.ip_tables, &mut GeoCache::new()).unwrap();
+        GslbState::build(&config, Arc::new(locator), None)
+    }
+
+    fn answer(st: &GslbState, client: &str, v6: bool, skip: Option<usize>) -> (Vec<IpAddr>, Option<u8>) {
+        let mut out = Vec::new();
+        let c = st.client(client.parse().unwrap(), Some(24));
+        let scope = st.select(0, &c, v6, skip, &mut |ip| out.push(ip));
+        (out, scope)
+    }
+
+    #[test]
+    fn answers_fill_from_the_chosen_site_first_then_the_next() {
+        let st = state("topology", "");
+        let (a, scope) = answer(&st, "198.51.100.7", false, None);
+        assert_eq!(a.len(), 2);
+        assert!(a.iter().all(|ip| ip.to_string().starts_with("192.0.2.1")), "{a:?}");
+        assert_eq!(scope, Some(24));
+        let (a, _) = answer(&st, "198.51.100.7", true, None);
+        assert_eq!(a, ["2001:db8::10".parse::<IpAddr>().unwrap()], "only east has IPv6");
+        let st = state("round_robin", "");
+        let (a, scope) = answer(&st, "203.0.113.1", false, Some(0));
+        assert_eq!(a, ["192.0.2.20".parse::<IpAddr>().unwrap()], "skipping the local site");
+        assert_eq!(scope, Some(0));
+        let (a, scope) = answer(&st, "203.0.113.1", true, Some(0));
+        assert!(a.is_empty());
+        assert_eq!(scope, None, "no address of the family: NODATA");
+    }
+
+    #[test]
+    fn a_disabled_site_is_never_answered() {
+        let st = state("first_available", "");
+        st.sites[0].set_admin_state(AdminState::Disabled);
+        for _ in 0..5 {
+            let (a, _) = answer(&st, "198.51.100.7", false, None);
+            assert_eq!(a, ["192.0.2.20".parse::<IpAddr>().unwrap()]);
+        }
+    }
+}
