@@ -739,7 +739,12 @@ answers = 2
         GslbState::build(&config, Arc::new(locator), None)
     }
 
-    fn answer(st: &GslbState, client: &str, v6: bool, skip: Option<usize>) -> (Vec<IpAddr>, Option<u8>) {
+    fn answer(
+        st: &GslbState,
+        client: &str,
+        v6: bool,
+        skip: Option<usize>,
+    ) -> (Vec<IpAddr>, Option<u8>) {
         let mut out = Vec::new();
         let c = st.client(client.parse().unwrap(), Some(24));
         let scope = st.select(0, &c, v6, skip, &mut |ip| out.push(ip));
@@ -751,13 +756,24 @@ answers = 2
         let st = state("topology", "");
         let (a, scope) = answer(&st, "198.51.100.7", false, None);
         assert_eq!(a.len(), 2);
-        assert!(a.iter().all(|ip| ip.to_string().starts_with("192.0.2.1")), "{a:?}");
+        assert!(
+            a.iter().all(|ip| ip.to_string().starts_with("192.0.2.1")),
+            "{a:?}"
+        );
         assert_eq!(scope, Some(24));
         let (a, _) = answer(&st, "198.51.100.7", true, None);
-        assert_eq!(a, ["2001:db8::10".parse::<IpAddr>().unwrap()], "only east has IPv6");
+        assert_eq!(
+            a,
+            ["2001:db8::10".parse::<IpAddr>().unwrap()],
+            "only east has IPv6"
+        );
         let st = state("round_robin", "");
         let (a, scope) = answer(&st, "203.0.113.1", false, Some(0));
-        assert_eq!(a, ["192.0.2.20".parse::<IpAddr>().unwrap()], "skipping the local site");
+        assert_eq!(
+            a,
+            ["192.0.2.20".parse::<IpAddr>().unwrap()],
+            "skipping the local site"
+        );
         assert_eq!(scope, Some(0));
         let (a, scope) = answer(&st, "203.0.113.1", true, Some(0));
         assert!(a.is_empty());

@@ -219,6 +219,7 @@ impl DnsServer {
                     Err(e) => tracing::error!(%addr, error = %e, "cannot serve DNS over TCP"),
                 }
             }
+            tracing::info!(%addr, udp_sockets = workers.len(), "dns listening (udp and tcp)");
             self.listeners.insert(
                 addr,
                 Listener {

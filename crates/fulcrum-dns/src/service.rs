@@ -210,6 +210,7 @@ impl GslbService {
                             old.abort();
                         }
                         tasks.listener = Some((a, self.handle.spawn(accept(l, sh.clone()))));
+                        tracing::info!(addr = %a, "gslb site state exchange listening");
                     }
                     Err(e) => tracing::error!(error = %e, "cannot serve the gslb exchange"),
                 }
