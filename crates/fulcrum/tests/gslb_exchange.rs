@@ -73,8 +73,8 @@ fall = 2
 [gslb]
 local_site = "{local}"
 key = "{key}"
-interval = "3s"
-stale_after = "4s"
+interval = "4s"
+stale_after = "5s"
 
 [[gslb.site]]
 name = "east"
@@ -181,7 +181,7 @@ async fn two_instances_exchange_state_and_compute_the_same_table() {
     assert_eq!(sites["sites"][0]["factors"]["seen_by"], 2, "{sites}");
 
     // East goes down for east's instance too: every reporter sees it down, and both tables
-    // give it little (5% of its weight) — event-triggered, well within the 3 s report interval.
+    // give it little (5% of its weight) — event-triggered: well before the next periodic report (4 s).
     _east_srv.abort();
     let t0 = Instant::now();
     assert!(
@@ -199,7 +199,7 @@ async fn two_instances_exchange_state_and_compute_the_same_table() {
     );
     assert!(share(&b, "east").await > 0.0, "little, not nothing");
 
-    // West's instance stops: east's instance marks it stale after stale_after (4 s), computes
+    // West's instance stops: east's instance marks it stale after stale_after (5 s), computes
     // its table from its own report alone, and keeps answering from its own monitors.
     drop(b);
     assert!(
