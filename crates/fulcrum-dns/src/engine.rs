@@ -432,3 +432,139 @@ fn question_len_at(p: &[u8]) -> Option<usize> {
     }
     (i + 4 <= p.len()).then_some(i + 4 - 12)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::{Message, Query as HQuery};
+    use hickory_proto::rr::{Name, RecordType};
+
+    fn engine(records: &[String]) -> Engine {
+        let mut text = String::from("[dns]\nlisten = \"127.0.0.1:5353\"\n[[dns.zone]]\norigin = \"example.com.\"\nrecords = [\n");
+        for r in records {
+            text.push_str(&format!("  {r:?},\n"));
+        }
+        text.push_str("]\n");
+        let config = fulcrum_config::parse(&text, "t.toml", std::path::Path::new(".")).unwrap();
+        let compiled = crate::compile(&config, &mut crate::iptable::GeoCache::new()).unwrap();
+        Engine {
+            catalog: compiled.catalog,
+            gslb: Arc::new(GslbState::build(&config, compiled.locator, None)),
+            udp_payload: 1232,
+            rrl: None,
+        }
+    }
+
+    fn ask(e: &Engine, name: &str, t: RecordType, transport: Transport) -> (Vec<u8>, Message) {
+        let mut m = Message::query();
+        m.metadata.id = 7;
+        m.add_query(HQuery::query(Name::from_ascii(name).unwrap(), t));
+        let mut out = Vec::new();
+        let action = e.answer(
+            &m.to_vec().unwrap(),
+            "192.0.2.1".parse().unwrap(),
+            transport,
+            &mut out,
+            &Counters::default(),
+        );
+        assert_eq!(action, Action::Send);
+        let decoded = Message::from_vec(&out).unwrap();
+        (out, decoded)
+    }
+
+    #[test]
+    fn huge_answers_over_tcp_keep_valid_names_past_the_pointer_range() {
+        // 340 TXT records of ~200 bytes: ~74 KB, beyond both the 14-bit pointer range and the
+        // 16-bit TCP length; 150 of them: ~33 KB, past the pointer range only.
+        let txt = "x".repeat(200);
+        let mut recs: Vec<String> = (0..150)
+            .map(|i| format!("big 60 IN TXT \"{i} {txt}\""))
+            .collect();
+        recs.push("alias 60 IN CNAME big".into());
+        let e = engine(&recs);
+        let (out, m) = ask(&e, "alias.example.com.", RecordType::TXT, Transport::Tcp);
+        assert!(out.len() > 0x4000, "{}", out.len());
+        assert_eq!(m.answers.len(), 151);
+        assert!(m.answers[1..]
+            .iter()
+            .all(|r| r.name.to_ascii() == "big.example.com."));
+        // Over UDP the same answer is truncated.
+        let (out, m) = ask(&e, "alias.example.com.", RecordType::TXT, Transport::Udp);
+        assert!(m.metadata.truncation && m.answers.is_empty() && out.len() <= 512);
+
+        let recs: Vec<String> = (0..340)
+            .map(|i| format!("big 60 IN TXT \"{i} {txt}\""))
+            .collect();
+        let e = engine(&recs);
+        let (_, m) = ask(&e, "big.example.com.", RecordType::TXT, Transport::Tcp);
+        assert!(m.metadata.truncation, "longer than a TCP message can carry");
+    }
+
+    #[test]
+    fn negative_answers_after_a_chain_point_at_the_right_zone() {
+        let e = engine(&[
+            "@ 60 IN SOA ns hm 1 2 3 4 5".into(),
+            "a 60 IN CNAME b".into(),
+            "b 60 IN CNAME gone".into(),
+        ]);
+        let (_, m) = ask(&e, "A.example.com.", RecordType::A, Transport::Udp);
+        assert_eq!(
+            u16::from(m.metadata.response_code),
+            3,
+            "NXDOMAIN at the end of the chain"
+        );
+        assert_eq!(m.answers.len(), 2);
+        assert_eq!(m.authorities.len(), 1);
+        assert_eq!(m.authorities[0].name.to_ascii(), "example.com.");
+        assert_eq!(m.authorities[0].ttl, 5);
+    }
+
+    #[test]
+    fn edns_versions_classes_and_transfers() {
+        let e = engine(&["www 60 IN A 192.0.2.1".into()]);
+        let mut m = Message::query();
+        m.add_query(HQuery::query(
+            Name::from_ascii("www.example.com.").unwrap(),
+            RecordType::A,
+        ));
+        let mut edns = hickory_proto::op::Edns::new();
+        edns.set_version(1);
+        m.set_edns(edns);
+        let mut out = Vec::new();
+        let stats = Counters::default();
+        e.answer(
+            &m.to_vec().unwrap(),
+            "192.0.2.1".parse().unwrap(),
+            Transport::Udp,
+            &mut out,
+            &stats,
+        );
+        let r = Message::from_vec(&out).unwrap();
+        assert_eq!(
+            r.edns.as_ref().map(|e| e.rcode_high()),
+            Some(1),
+            "BADVERS = 16"
+        );
+        assert!(r.answers.is_empty());
+        assert_eq!(stats.rcodes[16].load(Ordering::Relaxed), 1);
+
+        let (_, r) = ask(&e, "example.com.", RecordType::AXFR, Transport::Tcp);
+        assert_eq!(u16::from(r.metadata.response_code), 5, "no zone transfers");
+        let mut m = Message::query();
+        let mut q = HQuery::query(
+            Name::from_ascii("www.example.com.").unwrap(),
+            RecordType::TXT,
+        );
+        q.set_query_class(hickory_proto::rr::DNSClass::CH);
+        m.add_query(q);
+        e.answer(
+            &m.to_vec().unwrap(),
+            "192.0.2.1".parse().unwrap(),
+            Transport::Udp,
+            &mut out,
+            &stats,
+        );
+        let r = Message::from_vec(&out).unwrap();
+        assert_eq!(u16::from(r.metadata.response_code), 5, "CHAOS is refused");
+    }
+}
