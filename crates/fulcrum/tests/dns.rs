@@ -947,3 +947,43 @@ regions = ["europe"]
         "scope: the database's network: {out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_address_of_an_up_site_is_not_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let dns = free_addr();
+    let port = loop {
+        let p = port_on_both();
+        if std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 13], p))).is_ok() {
+            break p;
+        }
+    };
+    let _e = slow_ok(SocketAddr::from(([127, 0, 0, 11], port)), Duration::ZERO).await;
+    let _w = slow_ok(SocketAddr::from(([127, 0, 0, 12], port)), Duration::ZERO).await;
+    // 127.0.0.13 (east's second address) has nothing listening.
+    let f = start(&format!(
+        "{}{}{}",
+        dns_section(dir.path(), &[dns], ""),
+        loopback_sites(port, "", "", "").replace(
+            "addresses = [\"127.0.0.11\"]",
+            "addresses = [\"127.0.0.11\", \"127.0.0.13\"]"
+        ),
+        gslb_name("app.example.com.", "first_available", "answers = 3")
+    ))
+    .await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.get_json("/api/v1/gslb/sites/east").await["addresses"][1]["health"] == "down"
+        })
+        .await
+    );
+    for _ in 0..5 {
+        let mut a = short(dns, &["app.example.com", "A"]);
+        a.sort();
+        assert_eq!(
+            a,
+            ["127.0.0.11", "127.0.0.12"],
+            "east's up address, then west"
+        );
+    }
+}
