@@ -356,6 +356,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 }
             }
         }
+        if pool.name.starts_with("gslb:") || pool.name.starts_with("gslb-site:") {
+            c.err(
+                &at("name"),
+                format!("{:?}: pool names starting with \"gslb:\" or \"gslb-site:\" are reserved for GSLB's own pools", pool.name),
+            );
+        }
         if pool.min_active == 0 {
             c.err(&at("min_active"), "must be at least 1");
         }
