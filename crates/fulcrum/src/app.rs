@@ -71,10 +71,11 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
 pub fn check(path: &Path) -> Result<String, Vec<String>> {
     let c = Source::File(path.to_path_buf()).load()?;
     Ok(format!(
-        "{} virtual services, {} pools, {} monitors",
+        "{} virtual services, {} pools, {} monitors{}",
         c.virtual_services.len(),
         c.pools.len(),
-        c.monitors.len()
+        c.monitors.len(),
+        crate::dns::summary(&c)
     ))
 }
 

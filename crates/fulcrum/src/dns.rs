@@ -23,6 +23,19 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
     }
 }
 
+/// `, 1 dns zones, 2 gslb sites, 1 gslb names` for `fulcrum check` (empty without DNS/GSLB).
+pub fn summary(config: &Config) -> String {
+    if !fulcrum_dns::configured(config) {
+        return String::new();
+    }
+    format!(
+        ", {} dns zones, {} gslb sites, {} gslb names",
+        config.dns.as_ref().map_or(0, |d| d.zones.len()),
+        config.gslb.sites.len(),
+        config.gslb.names.len()
+    )
+}
+
 /// DNS and GSLB of the running process.
 pub struct Dns {
     runtime: DnsRuntime,
