@@ -168,6 +168,8 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/pools/{pool}/members/{address}/state", put(set_state))
         .route("/pools/{pool}/members/{address}/weight", put(set_weight))
         .route("/reload", post(reload))
+        .route("/gslb", axum::routing::any(gslb))
+        .route("/gslb/{*path}", axum::routing::any(gslb))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth));
     Router::new()
@@ -208,7 +210,8 @@ async fn index() -> Json<Value> {
         "version": env!("CARGO_PKG_VERSION"),
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
-                      "/api/v1/reload", "/metrics"],
+                      "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/metrics"],
     }))
 }
 
@@ -329,6 +332,19 @@ async fn set_weight(
     m.set_weight(weight as u32);
     p.refresh();
     Ok(Json(member_status(&m)))
+}
+
+async fn gslb(
+    State(app): State<App>,
+    method: axum::http::Method,
+    path: Option<Path<String>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let path = path.map(|p| p.0).unwrap_or_default();
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let (status, value) = app.control.gslb_api(method.as_str(), &parts, &body);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(value)).into_response()
 }
 
 async fn reload(State(app): State<App>) -> Response {

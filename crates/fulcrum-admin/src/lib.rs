@@ -40,6 +40,11 @@ pub trait Control: Send + Sync + 'static {
     fn admin_token(&self) -> Option<Arc<str>>;
     /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
     fn extra_metrics(&self, _out: &mut MetricsWriter) {}
+    /// Serves `/api/v1/gslb` and `/api/v1/gslb/{*path}` (`path` split at `/`): a status code and
+    /// a JSON body. The default has no GSLB.
+    fn gslb_api(&self, _method: &str, _path: &[&str], _body: &[u8]) -> (u16, serde_json::Value) {
+        (404, serde_json::json!({ "error": "no such endpoint" }))
+    }
 }
 
 /// Serves the API on `listener` until the process ends.

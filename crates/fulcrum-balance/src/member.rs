@@ -44,6 +44,9 @@ pub struct MemberStats {
     traffic_bps: AtomicU64,
     traffic_sample_bytes: AtomicU64,
     traffic_sample_ms: AtomicU64,
+    /// Duration EWMA of passing active checks in microseconds, as f64 bits; 0 = no sample. Kept
+    /// apart from `response_us`, which the data plane feeds, so checks do not skew it.
+    check_us: AtomicU64,
 }
 
 impl MemberStats {
@@ -63,6 +66,20 @@ impl MemberStats {
             old + (x - old) / 8.0
         };
         self.response_us.store(new.to_bits(), Ordering::Relaxed);
+    }
+
+    /// How long passing active checks take, EWMA in microseconds (0 = no sample yet). GSLB reads
+    /// it as the time from this instance to a site.
+    pub fn check_time_us(&self) -> f64 {
+        f64::from_bits(self.check_us.load(Ordering::Relaxed))
+    }
+
+    /// Folds the duration of one passing active check into its EWMA (gain 1/8).
+    pub fn observe_check_time(&self, d: Duration) {
+        let x = (d.as_secs_f64() * 1e6).max(1.0);
+        let old = self.check_time_us();
+        let new = if old == 0.0 { x } else { old + (x - old) / 8.0 };
+        self.check_us.store(new.to_bits(), Ordering::Relaxed);
     }
 
     /// Traffic EWMA in bytes per second.
@@ -152,9 +169,14 @@ fn state_from_u8(v: u8) -> AdminState {
 
 impl Member {
     pub fn new(pool: Arc<str>, cfg: &fulcrum_config::Member) -> Self {
+        Self::new_labeled(pool, cfg, Arc::from(cfg.address.to_string()))
+    }
+
+    /// A member shown under `label` rather than its address (a site, a link).
+    pub fn new_labeled(pool: Arc<str>, cfg: &fulcrum_config::Member, label: Arc<str>) -> Self {
         Member {
             address: cfg.address,
-            label: Arc::from(cfg.address.to_string()),
+            label,
             pool,
             weight: AtomicU32::new(cfg.weight),
             config_weight: AtomicU32::new(cfg.weight),

@@ -59,18 +59,35 @@ impl Pool {
     /// Builds a pool from its config. Members of `previous` (the same pool before a reload) with
     /// the same address are kept, with their health, counters and slow-start phase.
     pub fn new(cfg: &fulcrum_config::Pool, checks: &[CheckSpec], previous: Option<&Pool>) -> Pool {
+        Self::new_labeled(cfg, checks, previous, &[])
+    }
+
+    /// As `new`, with new members shown under `labels[i]` (member `i` in config order) instead
+    /// of their address: sites and links have names.
+    pub fn new_labeled(
+        cfg: &fulcrum_config::Pool,
+        checks: &[CheckSpec],
+        previous: Option<&Pool>,
+        labels: &[Arc<str>],
+    ) -> Pool {
         let name: Arc<str> = Arc::from(cfg.name.as_str());
         let slow = cfg.slow_start.unwrap_or_default();
         let members: Vec<Arc<Member>> = cfg
             .members
             .iter()
-            .map(|mc| {
+            .enumerate()
+            .map(|(i, mc)| {
                 let member = match previous.and_then(|p| p.member_by_addr(mc.address)) {
-                    Some((_, old)) => {
+                    Some((_, old)) if labels.get(i).is_none_or(|l| *l == old.label) => {
                         old.reconfigure(mc);
                         old.clone()
                     }
-                    None => Arc::new(Member::new(name.clone(), mc)),
+                    _ => match labels.get(i) {
+                        Some(label) => {
+                            Arc::new(Member::new_labeled(name.clone(), mc, label.clone()))
+                        }
+                        None => Arc::new(Member::new(name.clone(), mc)),
+                    },
                 };
                 member.set_slow_start(slow.recovery, slow.warm);
                 member.health.configure(checks);

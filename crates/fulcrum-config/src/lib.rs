@@ -18,6 +18,7 @@ pub use schema::*;
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };
+pub use validate::{site_monitor_port, CONTINENTS};
 
 /// Reads, parses and validates a configuration file.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
@@ -106,6 +107,9 @@ fn resolve_paths(config: &mut Config, base: &Path) {
     }
     for t in &mut config.ip_tables {
         if let Some(f) = &mut t.file {
+            fix(f);
+        }
+        if let Some(f) = &mut t.geoip {
             fix(f);
         }
     }

@@ -125,6 +125,11 @@ pub struct VirtualService {
     pub framing: Option<Framing>,
     pub message_mode: MessageMode,
     pub sequence: Option<Sequence>,
+    /// http/https: a `gslb.name` whose best other site a client is redirected to (302) when
+    /// the service's pool has no available member or is over `gslb_redirect_threshold`.
+    pub gslb_redirect: Option<String>,
+    /// Active connections of the service above which it redirects to another site.
+    pub gslb_redirect_threshold: Option<u64>,
 }
 
 impl FromNode for VirtualService {
@@ -150,6 +155,8 @@ impl FromNode for VirtualService {
             let framing = t.opt(cx, "framing");
             let message_mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
             let sequence = t.opt(cx, "sequence");
+            let gslb_redirect = t.opt(cx, "gslb_redirect");
+            let gslb_redirect_threshold = t.opt(cx, "gslb_redirect_threshold");
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -174,6 +181,8 @@ impl FromNode for VirtualService {
                 framing,
                 message_mode,
                 sequence,
+                gslb_redirect,
+                gslb_redirect_threshold,
             })
         })
     }
@@ -938,15 +947,74 @@ impl FromNode for Persistence {
 pub struct Dns {
     pub listen: Vec<SocketAddr>,
     pub zones: Vec<Zone>,
+    /// Largest UDP response sent to an EDNS client (the client's own limit applies if smaller).
+    pub udp_payload: u16,
+    /// Response rate limiting against reflection (off when absent).
+    pub rate_limit: Option<RateLimit>,
+    /// Closes a DNS-over-TCP connection idle this long.
+    pub tcp_idle_timeout: Duration,
 }
 
 impl FromNode for Dns {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let listen: Option<OneOrMany<SocketAddr>> = t.req(cx, "listen");
+            let udp_payload: u16 = t.opt(cx, "udp_payload").unwrap_or(1232);
+            if udp_payload < 512 {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.udp_payload", t.path()),
+                    format!("{udp_payload} is below 512, the size every DNS client accepts"),
+                );
+            }
             Some(Dns {
                 zones: t.opt(cx, "zone").unwrap_or_default(),
+                udp_payload,
+                rate_limit: t.opt(cx, "rate_limit"),
+                tcp_idle_timeout: t
+                    .opt(cx, "tcp_idle_timeout")
+                    .unwrap_or(Duration::from_secs(10)),
                 listen: listen?.0,
+            })
+        })
+    }
+}
+
+/// Response rate limiting (BIND's RRL): answers per second to one client network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimit {
+    pub responses_per_second: u32,
+    /// Every `slip`-th limited response is sent truncated (TC) instead of dropped; 0 = drop all.
+    pub slip: u32,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+}
+
+impl FromNode for RateLimit {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let rps = t.req(cx, "responses_per_second");
+            let ipv4_prefix = t.opt(cx, "ipv4_prefix").unwrap_or(24);
+            let ipv6_prefix = t.opt(cx, "ipv6_prefix").unwrap_or(56);
+            if ipv4_prefix > 32 {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.ipv4_prefix", t.path()),
+                    format!("{ipv4_prefix} is not an IPv4 prefix length (0 to 32)"),
+                );
+            }
+            if ipv6_prefix > 128 {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.ipv6_prefix", t.path()),
+                    format!("{ipv6_prefix} is not an IPv6 prefix length (0 to 128)"),
+                );
+            }
+            Some(RateLimit {
+                slip: t.opt(cx, "slip").unwrap_or(2),
+                ipv4_prefix,
+                ipv6_prefix,
+                responses_per_second: rps?,
             })
         })
     }
@@ -977,6 +1045,12 @@ pub struct IpTable {
     pub name: String,
     pub cidrs: Vec<IpNet>,
     pub file: Option<PathBuf>,
+    /// A MaxMind DB (GeoIP2 / GeoLite2 Country or City) for `countries` and `continents`.
+    pub geoip: Option<PathBuf>,
+    /// ISO 3166-1 alpha-2 country codes whose clients belong to the table.
+    pub countries: Vec<String>,
+    /// Continent codes (AF, AN, AS, EU, NA, OC, SA) whose clients belong to the table.
+    pub continents: Vec<String>,
 }
 
 impl FromNode for IpTable {
@@ -986,24 +1060,67 @@ impl FromNode for IpTable {
             Some(IpTable {
                 cidrs: t.opt(cx, "cidrs").unwrap_or_default(),
                 file: t.opt::<String>(cx, "file").map(PathBuf::from),
+                geoip: t.opt::<String>(cx, "geoip").map(PathBuf::from),
+                countries: t.opt(cx, "countries").unwrap_or_default(),
+                continents: t.opt(cx, "continents").unwrap_or_default(),
                 name: name?,
             })
         })
     }
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Gslb {
     pub sites: Vec<Site>,
     pub names: Vec<GslbName>,
+    /// The site this instance runs at: its reports carry that site's own figures, and its
+    /// `peer` address is where it accepts the other instances' reports.
+    pub local_site: Option<String>,
+    /// Where the site state exchange accepts peers; default: the local site's `peer`.
+    pub listen: Option<SocketAddr>,
+    /// Shared secrets authenticating the exchange (HMAC-SHA256): the first signs, any verifies.
+    pub keys: Vec<String>,
+    /// Period of the state reports sent to peers (changes are also sent at once).
+    pub interval: Duration,
+    /// A peer whose last report is older than this is stale and left out of the table.
+    pub stale_after: Duration,
+}
+
+impl Default for Gslb {
+    fn default() -> Self {
+        Gslb {
+            sites: Vec::new(),
+            names: Vec::new(),
+            local_site: None,
+            listen: None,
+            keys: Vec::new(),
+            interval: Duration::from_secs(1),
+            stale_after: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Gslb {
+    pub fn site(&self, name: &str) -> Option<&Site> {
+        self.sites.iter().find(|s| s.name == name)
+    }
 }
 
 impl FromNode for Gslb {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
+            let d = Gslb::default();
             Some(Gslb {
                 sites: t.opt(cx, "site").unwrap_or_default(),
                 names: t.opt(cx, "name").unwrap_or_default(),
+                local_site: t.opt(cx, "local_site"),
+                listen: t.opt(cx, "listen"),
+                keys: t
+                    .opt::<OneOrMany<String>>(cx, "key")
+                    .map(|k| k.0)
+                    .unwrap_or_default(),
+                interval: t.opt(cx, "interval").unwrap_or(d.interval),
+                stale_after: t.opt(cx, "stale_after").unwrap_or(d.stale_after),
             })
         })
     }

@@ -403,6 +403,65 @@ fn reads_udp_service_radius_persistence_and_protocol_monitors() {
     );
 }
 
+const GSLB: &str = r#"
+[dns]
+listen = "127.0.0.1:5353"
+rate_limit = { responses_per_second = 100 }
+
+[[dns.zone]]
+origin = "example.com."
+
+[[ip_table]]
+name = "tel"
+cidrs = ["198.51.100.0/24"]
+
+[[ip_table]]
+name = "asia"
+geoip = "geo.mmdb"
+continents = ["AS"]
+
+[[monitor]]
+name = "http"
+type = "http"
+
+[gslb]
+local_site = "east"
+key = "0123456789abcdef0123"
+
+[[gslb.site]]
+name = "east"
+addresses = ["192.0.2.10"]
+regions = ["tel"]
+monitor = "http"
+peer = "127.0.0.2:7400"
+
+[[gslb.site]]
+name = "west"
+addresses = ["192.0.2.20"]
+regions = ["asia"]
+peer = "127.0.0.3:7400"
+
+[[gslb.name]]
+fqdn = "app.example.com."
+sites = ["east", "west"]
+"#;
+
+#[test]
+fn reads_gslb_additions_with_defaults() {
+    let c = ok(GSLB);
+    let dns = c.dns.as_ref().unwrap();
+    assert_eq!(dns.udp_payload, 1232);
+    assert_eq!(dns.rate_limit.as_ref().unwrap().slip, 2);
+    assert_eq!(dns.tcp_idle_timeout, Duration::from_secs(10));
+    assert_eq!(c.gslb.local_site.as_deref(), Some("east"));
+    assert_eq!(c.gslb.interval, Duration::from_secs(1));
+    assert_eq!(c.gslb.stale_after, Duration::from_secs(5));
+    assert_eq!(
+        c.ip_tables[1].geoip.as_deref(),
+        Some(Path::new("/etc/fulcrum/geo.mmdb"))
+    );
+}
+
 #[test]
 fn protocol_monitor_and_radius_checks() {
     let e = errs(
@@ -444,4 +503,71 @@ fn protocol_monitor_and_radius_checks() {
         &e,
         "`max_sessions` applies to protocol udp; this service is tcp",
     );
+}
+
+#[test]
+fn gslb_checks() {
+    let e = errs(&GSLB.replace("key = \"0123456789abcdef0123\"\n", ""));
+    has(&e, "gslb: site state exchange with peers needs `key`");
+    let e = errs(&GSLB.replace("local_site = \"east\"", "local_site = \"eats\""));
+    has(
+        &e,
+        "gslb.local_site: no gslb.site named \"eats\" (did you mean \"east\"?)",
+    );
+    let e = errs(&GSLB.replace("0123456789abcdef0123", "short"));
+    has(&e, "gslb.key[0]: a key must be at least 16 characters long");
+    let e = errs(&GSLB.replace(
+        "continents = [\"AS\"]",
+        "continents = [\"XX\"]\ncountries = [\"cn\"]",
+    ));
+    has(
+        &e,
+        "ip_table[1].continents[0]: \"XX\" is not a continent code",
+    );
+    has(
+        &e,
+        "ip_table[1].countries[0]: \"cn\" is not an ISO 3166-1 country code",
+    );
+    let e = errs(&GSLB.replace("geoip = \"geo.mmdb\"\n", ""));
+    has(&e, "`countries` and `continents` need `geoip`");
+    let e = errs(&GSLB.replace("type = \"http\"", "type = \"tcp\""));
+    has(
+        &e,
+        "gslb.site[0].monitor: monitor \"http\" (type tcp) has no `port`",
+    );
+    let e = errs(&GSLB.replace("key = ", "stale_after = \"1s\"\nkey = "));
+    has(
+        &e,
+        "gslb.stale_after: 1s must be longer than the report interval (1s)",
+    );
+    let e = errs(&GSLB.replace("peer = \"127.0.0.2:7400\"", "peer = \"127.0.0.1:5353\""));
+    has(&e, "127.0.0.1:5353 is already used by dns");
+    let e = errs(&GSLB.replace(
+        "rate_limit = { responses_per_second = 100 }",
+        "udp_payload = 100",
+    ));
+    has(&e, "dns.udp_payload: 100 is below 512");
+}
+
+#[test]
+fn gslb_redirect_needs_an_http_service_and_a_name() {
+    let e = errs(&format!(
+        "{GSLB}\n[[virtual_service]]\nname = \"t\"\nlisten = \"127.0.0.1:81\"\nprotocol = \"tcp\"\npool = \"p\"\ngslb_redirect = \"ap.example.com.\"\n[[pool]]\nname = \"p\"\n"
+    ));
+    has(
+        &e,
+        "`gslb_redirect` applies to protocol http / https; this service is tcp",
+    );
+    has(
+        &e,
+        "no gslb.name named \"ap.example.com.\" (did you mean \"app.example.com.\"?)",
+    );
+    let c = ok(&format!(
+        "{GSLB}\n[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:80\"\nprotocol = \"http\"\npool = \"p\"\ngslb_redirect = \"app.example.com.\"\ngslb_redirect_threshold = 5000\n[[pool]]\nname = \"p\"\n"
+    ));
+    assert_eq!(
+        c.virtual_services[0].gslb_redirect.as_deref(),
+        Some("app.example.com.")
+    );
+    assert_eq!(c.virtual_services[0].gslb_redirect_threshold, Some(5000));
 }

@@ -94,6 +94,26 @@ fn regex_ok(c: &mut Checker<'_>, path: &str, pattern: &str) {
     }
 }
 
+/// Continent codes of the MaxMind databases.
+pub const CONTINENTS: [&str; 7] = ["AF", "AN", "AS", "EU", "NA", "OC", "SA"];
+
+/// The port a site monitor probes when it names none: the well-known port of its kind, if it
+/// has one (a site's addresses carry no port).
+pub fn site_monitor_port(kind: MonitorKind) -> Option<u16> {
+    match kind {
+        MonitorKind::Http => Some(80),
+        MonitorKind::Https => Some(443),
+        MonitorKind::Dns => Some(53),
+        MonitorKind::Radius => Some(1812),
+        MonitorKind::Smtp => Some(25),
+        MonitorKind::Pop3 => Some(110),
+        MonitorKind::Imap => Some(143),
+        MonitorKind::Ftp => Some(21),
+        MonitorKind::Icmp => Some(7),
+        MonitorKind::Tcp | MonitorKind::SendExpect | MonitorKind::Agent => None,
+    }
+}
+
 pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigError> {
     let mut c = Checker {
         loc: &cfg.locations,
@@ -346,6 +366,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 }
             }
         }
+        if pool.name.starts_with("gslb:") || pool.name.starts_with("gslb-site:") {
+            c.err(
+                &at("name"),
+                format!("{:?}: pool names starting with \"gslb:\" or \"gslb-site:\" are reserved for GSLB's own pools", pool.name),
+            );
+        }
         if pool.min_active == 0 {
             c.err(&at("min_active"), "must be at least 1");
         }
@@ -469,8 +495,43 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
 
     let table_names = cfg.ip_tables.iter().map(|t| t.name.as_str());
     for (i, t) in cfg.ip_tables.iter().enumerate() {
-        if t.cidrs.is_empty() && t.file.is_none() {
-            c.err(&format!("ip_table[{i}]"), "needs `cidrs`, `file`, or both");
+        let geo = !t.countries.is_empty() || !t.continents.is_empty();
+        if t.cidrs.is_empty() && t.file.is_none() && !geo {
+            c.err(
+                &format!("ip_table[{i}]"),
+                "needs `cidrs`, `file`, or `geoip` with `countries`/`continents`",
+            );
+        }
+        if geo && t.geoip.is_none() {
+            c.err(
+                &format!("ip_table[{i}]"),
+                "`countries` and `continents` need `geoip`: the MaxMind database to look clients up in",
+            );
+        }
+        if t.geoip.is_some() && !geo {
+            c.err(
+                &format!("ip_table[{i}].geoip"),
+                "`geoip` needs `countries` or `continents` to say which clients belong to the table",
+            );
+        }
+        for (j, code) in t.countries.iter().enumerate() {
+            if code.len() != 2 || !code.bytes().all(|b| b.is_ascii_uppercase()) {
+                c.err(
+                    &format!("ip_table[{i}].countries[{j}]"),
+                    format!("{code:?} is not an ISO 3166-1 country code (two upper-case letters, e.g. \"CN\")"),
+                );
+            }
+        }
+        for (j, code) in t.continents.iter().enumerate() {
+            if !CONTINENTS.contains(&code.as_str()) {
+                c.err(
+                    &format!("ip_table[{i}].continents[{j}]"),
+                    format!(
+                        "{code:?} is not a continent code; expected one of: {}",
+                        CONTINENTS.join(", ")
+                    ),
+                );
+            }
         }
     }
     let site_names = cfg.gslb.sites.iter().map(|s| s.name.as_str());
@@ -499,6 +560,88 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 "at least one address is required",
             );
         }
+        if let Some(m) = s.monitor.as_deref().and_then(|m| cfg.monitor(m)) {
+            if m.port.is_none() && site_monitor_port(m.kind).is_none() {
+                c.err(
+                    &format!("gslb.site[{i}].monitor"),
+                    format!(
+                        "monitor {:?} (type {}) has no `port`, and a site's addresses have none: set `port` on the monitor",
+                        m.name, m.kind
+                    ),
+                );
+            }
+        }
+        if s.weight > crate::MAX_WEIGHT {
+            c.err(
+                &format!("gslb.site[{i}].weight"),
+                format!(
+                    "{} is too large; expected 0 to {}",
+                    s.weight,
+                    crate::MAX_WEIGHT
+                ),
+            );
+        }
+    }
+    let g = &cfg.gslb;
+    if let Some(local) = &g.local_site {
+        c.reference(
+            "gslb.local_site",
+            "gslb.site",
+            "gslb.site",
+            local,
+            site_names.clone(),
+        );
+        let local_peer = g.site(local).and_then(|s| s.peer);
+        let exchanging =
+            g.listen.is_some() || g.sites.iter().any(|s| s.peer.is_some() && s.name != *local);
+        if exchanging && g.keys.is_empty() {
+            c.err(
+                "gslb",
+                "site state exchange with peers needs `key`: a shared secret of at least 16 characters, the same on every instance",
+            );
+        }
+        if exchanging && g.listen.is_none() && local_peer.is_none() {
+            c.err(
+                "gslb.local_site",
+                format!("the local site {local:?} has no `peer` address to accept the other instances on: set its `peer` or gslb.listen"),
+            );
+        }
+        if let Some(addr) = g.listen.or(local_peer) {
+            if let Some(prev) = stream_owner.insert(addr, "gslb site state exchange".into()) {
+                let at = if g.listen.is_some() {
+                    "gslb.listen"
+                } else {
+                    "gslb.local_site"
+                };
+                c.err(at, format!("{addr} is already used by {prev}"));
+            }
+        }
+    } else if g.listen.is_some() {
+        c.err(
+            "gslb.listen",
+            "the site state exchange needs gslb.local_site: the site this instance runs at",
+        );
+    }
+    for (j, k) in g.keys.iter().enumerate() {
+        if k.len() < 16 {
+            c.err(
+                &format!("gslb.key[{j}]"),
+                "a key must be at least 16 characters long",
+            );
+        }
+    }
+    if g.interval.is_zero() {
+        c.err("gslb.interval", "must be longer than 0s");
+    }
+    if g.stale_after <= g.interval {
+        c.err(
+            "gslb.stale_after",
+            format!(
+                "{} must be longer than the report interval ({})",
+                humantime::format_duration(g.stale_after),
+                humantime::format_duration(g.interval)
+            ),
+        );
     }
     c.unique(
         "gslb.name",
@@ -523,6 +666,33 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
         if n.answers == 0 {
             c.err(&format!("gslb.name[{i}].answers"), "must be at least 1");
+        }
+        if n.sites.is_empty() {
+            c.err(
+                &format!("gslb.name[{i}].sites"),
+                "at least one site is required",
+            );
+        }
+    }
+    let gslb_names = cfg.gslb.names.iter().map(|n| n.fqdn.as_str());
+    for (i, vs) in cfg.virtual_services.iter().enumerate() {
+        let at = format!("virtual_service[{i}].gslb_redirect");
+        if let Some(name) = &vs.gslb_redirect {
+            if !vs.protocol.is_http() {
+                c.err(
+                    &at,
+                    format!(
+                        "`gslb_redirect` applies to protocol http / https; this service is {}",
+                        vs.protocol
+                    ),
+                );
+            }
+            c.reference(&at, "gslb.name", "gslb.name", name, gslb_names.clone());
+        } else if vs.gslb_redirect_threshold.is_some() {
+            c.err(
+                &format!("virtual_service[{i}].gslb_redirect_threshold"),
+                "`gslb_redirect_threshold` needs `gslb_redirect`",
+            );
         }
     }
 

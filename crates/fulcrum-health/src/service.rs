@@ -302,6 +302,13 @@ async fn run_check(
         let verdict = check
             .run(&Probe::new(address, monitor.port, monitor.timeout))
             .await;
+        if let Verdict::Health { ok: true, .. } = verdict {
+            target
+                .load()
+                .member
+                .stats
+                .observe_check_time(started.elapsed());
+        }
         record(&monitor.name, verdict, &target.load());
         next = started + jittered(interval);
     }

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod dialogue;
+pub mod mmdb;
 pub mod process;
 pub mod servers;
 pub mod udp;

@@ -52,23 +52,7 @@ impl Source {
 
 /// Checks that need more than the config's own text: features this build runs.
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
-    let mut errors = Vec::new();
-    // Sections whose data planes have not landed yet: refused rather than silently ignored.
-    for (section, present) in [
-        ("dns", config.dns.is_some()),
-        ("ip_table", !config.ip_tables.is_empty()),
-        (
-            "gslb",
-            !config.gslb.sites.is_empty() || !config.gslb.names.is_empty(),
-        ),
-    ] {
-        if present {
-            errors.push(config.locations.error(
-                section,
-                format!("[{section}] is not available in this build yet"),
-            ));
-        }
-    }
+    let mut errors = crate::dns::checks(config);
     for (i, vs) in config.virtual_services.iter().enumerate() {
         if !matches!(vs.protocol, Protocol::Tcp | Protocol::Udp) {
             errors.push(config.locations.error(
@@ -87,10 +71,11 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
 pub fn check(path: &Path) -> Result<String, Vec<String>> {
     let c = Source::File(path.to_path_buf()).load()?;
     Ok(format!(
-        "{} virtual services, {} pools, {} monitors",
+        "{} virtual services, {} pools, {} monitors{}",
         c.virtual_services.len(),
         c.pools.len(),
-        c.monitors.len()
+        c.monitors.len(),
+        crate::dns::summary(&c)
     ))
 }
 
@@ -115,6 +100,7 @@ pub struct App {
     generation: AtomicU64,
     tracker: Arc<Tracker>,
     health: HealthService,
+    dns: crate::dns::Dns,
     sockets_per_address: usize,
     udp: crate::udp::Udp,
 }
@@ -136,6 +122,7 @@ impl App {
             generation: AtomicU64::new(0),
             tracker: Arc::new(Tracker::default()),
             health: HealthService::new(),
+            dns: crate::dns::Dns::new(default_sockets_per_address(workers)),
             sockets_per_address: default_sockets_per_address(workers),
             udp: crate::udp::Udp::default(),
         }
@@ -158,6 +145,7 @@ impl App {
             .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
         let udp_prepared = self.udp.prepare(&config, self.sockets_per_address)?;
         let mut udp_next = crate::udp::Next::default();
+        let dns = self.dns.prepare(&config)?;
 
         let old = self.snapshot.load_full();
         let pools: Vec<Arc<Pool>> = config
@@ -255,7 +243,9 @@ impl App {
         self.udp.commit(udp_prepared, udp_next);
         asm.stats = stats;
         asm.tables = tables;
-        self.health.apply(&pools, &config.monitors);
+        let site_pools = self.dns.commit(dns, &config, &pools);
+        self.health
+            .apply(&[pools.as_slice(), &site_pools].concat(), &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
             config: Arc::new(config),
             pools,
@@ -293,6 +283,7 @@ impl App {
         let deadline = self.snapshot.load().config.global.shutdown_timeout;
         self.assembly.lock().listeners.close_all();
         self.udp.close_all();
+        self.dns.shutdown();
         self.health.shutdown();
         let active = self.tracker.active();
         if active > 0 {
@@ -333,6 +324,11 @@ impl Control for App {
 
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
         self.udp.metrics(out);
+        self.dns.metrics(out);
+    }
+
+    fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
+        self.dns.api(method, path, body)
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {

@@ -2,6 +2,7 @@
 
 mod app;
 mod demo;
+mod dns;
 mod udp;
 
 use std::path::PathBuf;

@@ -1,0 +1,792 @@
+//! GSLB names and sites: which addresses a name answers for a client.
+//!
+//! A site is a `fulcrum_balance::Member` of a pool per name (and per client region where the
+//! algorithm depends on it), so round robin, weighted, first available and hash come from the
+//! one scheduler library; topology is a region filter in front of it, and least_load and
+//! fastest_response are weighted round robin over the distribution table's shares.
+//!
+//! Site health comes from a second kind of pool: each site's addresses are members of a pool
+//! checked by the site's monitor at the monitor's port, so `HealthService::apply` checks them
+//! like any other member. A site is up for a family (A or AAAA) while one of its addresses of
+//! that family is up; down sites and addresses are never answered while one is up. When every
+//! site of a name is down, the name answers as if all were up: a GSLB that answers nothing takes
+//! the service down for certain, while the monitors may be the ones that are wrong.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use fulcrum_balance::{hash::hash_ip, CheckSpec, PickContext, Pool};
+use fulcrum_config::{AdminState, Algorithm, GslbAlgorithm};
+use serde::Serialize;
+
+use crate::iptable::{Locator, Region};
+use crate::table::{self, Report, SiteFactors, SiteView, TableSite};
+
+/// Sites one name may list (the per-query exclusion list lives on the stack).
+pub const MAX_SITES: usize = 64;
+/// Addresses one answer may carry.
+pub const MAX_ANSWERS: u32 = 32;
+
+/// A data centre: addresses answered for it and the pool that checks them.
+pub struct Site {
+    pub name: Arc<str>,
+    pub addresses: Vec<IpAddr>,
+    /// ip_table indices of the clients that prefer this site.
+    pub regions: Vec<u16>,
+    pub weight: u32,
+    /// The site's addresses as members, checked by its monitor; None without a monitor.
+    pub pool: Option<Arc<Pool>>,
+    cursor: AtomicUsize,
+    /// The operator's state (API): a site not enabled gets no answers, even when every other
+    /// site is down. Kept across reloads.
+    admin: AtomicU8,
+}
+
+impl Site {
+    pub fn admin_state(&self) -> AdminState {
+        match self.admin.load(Ordering::Relaxed) {
+            0 => AdminState::Enabled,
+            1 => AdminState::Drain,
+            _ => AdminState::Disabled,
+        }
+    }
+
+    pub fn set_admin_state(&self, s: AdminState) {
+        let v = match s {
+            AdminState::Enabled => 0,
+            AdminState::Drain => 1,
+            AdminState::Disabled => 2,
+        };
+        if self.admin.swap(v, Ordering::Relaxed) != v {
+            tracing::info!(site = %self.name, state = %s, "gslb site state changed");
+        }
+    }
+
+    fn answerable(&self) -> bool {
+        self.admin.load(Ordering::Relaxed) == 0
+    }
+
+    /// Whether address `i` may be answered: up and not disabled by the operator.
+    pub fn address_up(&self, i: usize) -> bool {
+        match &self.pool {
+            None => true,
+            Some(p) => p
+                .members()
+                .get(i)
+                .is_some_and(|m| m.health.is_up() && m.effective_state() != AdminState::Disabled),
+        }
+    }
+
+    fn has_family(&self, v6: bool) -> bool {
+        self.addresses.iter().any(|a| a.is_ipv6() == v6)
+    }
+
+    fn up_for(&self, v6: bool) -> bool {
+        self.addresses
+            .iter()
+            .enumerate()
+            .any(|(i, a)| a.is_ipv6() == v6 && self.address_up(i))
+    }
+
+    /// Up for either family.
+    pub fn is_up(&self) -> bool {
+        (0..self.addresses.len()).any(|i| self.address_up(i))
+    }
+
+    pub fn addresses_up(&self) -> u32 {
+        (0..self.addresses.len())
+            .filter(|&i| self.address_up(i))
+            .count() as u32
+    }
+
+    /// Mean duration of the passing checks of its addresses, in ms.
+    pub fn check_ms(&self) -> Option<f64> {
+        let p = self.pool.as_ref()?;
+        let t: Vec<f64> = p
+            .members()
+            .iter()
+            .map(|m| m.stats.check_time_us())
+            .filter(|t| *t > 0.0)
+            .collect();
+        (!t.is_empty()).then(|| t.iter().sum::<f64>() / t.len() as f64 / 1000.0)
+    }
+
+    /// Emits up to `max` of its addresses of the family, rotating; only healthy ones unless
+    /// `all`.
+    fn emit(&self, v6: bool, all: bool, max: u32, out: &mut dyn FnMut(IpAddr)) -> u32 {
+        let n = self.addresses.len();
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let mut emitted = 0;
+        for k in 0..n {
+            if emitted == max {
+                break;
+            }
+            let i = (start + k) % n;
+            let a = self.addresses[i];
+            if a.is_ipv6() == v6 && (all || self.address_up(i)) {
+                out(a);
+                emitted += 1;
+            }
+        }
+        emitted
+    }
+}
+
+/// A name answered by GSLB.
+pub struct Name {
+    /// Lower-case wire form.
+    pub fqdn: Vec<u8>,
+    pub text: String,
+    /// Indices into `GslbState::sites`, in the name's order.
+    pub sites: Vec<usize>,
+    pub algorithm: GslbAlgorithm,
+    pub fallback: GslbAlgorithm,
+    pub ttl: u32,
+    pub answers: u32,
+    /// Whether the choice depends on the client's region (one pool per region slot).
+    region_dependent: bool,
+    /// Slot 0: clients in no table; slot t + 1: clients in ip_table t.
+    pools: Vec<Arc<Pool>>,
+    fallback_pool: Arc<Pool>,
+    /// Answers per (region slot, site): `slot * sites.len() + k`.
+    answers_by: Vec<AtomicU64>,
+    pub queries: AtomicU64,
+    /// Queries answered by the fallback algorithm.
+    pub fallbacks: AtomicU64,
+}
+
+/// A client as GSLB sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    /// The EDNS Client Subnet address, else the resolver's.
+    pub ip: IpAddr,
+    pub region: Option<Region>,
+    /// ECS source prefix length, when the address came from ECS.
+    pub source_prefix: Option<u8>,
+}
+
+/// The shares last computed, for the API.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TableView {
+    pub factors: Vec<SiteFactors>,
+    /// name → region ("*" for clients in no table) → site → share.
+    pub shares: BTreeMap<String, BTreeMap<String, BTreeMap<String, f64>>>,
+    /// Instances whose reports went into the table.
+    pub reporters: Vec<String>,
+}
+
+/// Everything GSLB answers from, rebuilt on reload (members keep their state).
+pub struct GslbState {
+    pub sites: Vec<Site>,
+    pub names: Vec<Name>,
+    pub locator: Arc<Locator>,
+    pub local_site: Option<usize>,
+    pub table: ArcSwap<TableView>,
+}
+
+fn site_pool_name(site: &str) -> String {
+    format!("gslb-site:{site}")
+}
+
+/// A stable placeholder address for site `k` as a member of a name's pool (the scheduler keys
+/// members by address; a site has several, or none of one family).
+fn site_member_addr(k: usize) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, k as u16)),
+        0,
+    )
+}
+
+fn pool_algorithm(a: GslbAlgorithm) -> Algorithm {
+    match a {
+        GslbAlgorithm::RoundRobin => Algorithm::RoundRobin,
+        GslbAlgorithm::FirstAvailable => Algorithm::FirstAvailable,
+        GslbAlgorithm::Hash => Algorithm::Hash,
+        GslbAlgorithm::Weighted
+        | GslbAlgorithm::LeastLoad
+        | GslbAlgorithm::FastestResponse
+        | GslbAlgorithm::Topology => Algorithm::WeightedRoundRobin,
+    }
+}
+
+/// Whether the algorithm's weights come from the distribution table.
+fn table_driven(a: GslbAlgorithm) -> bool {
+    matches!(
+        a,
+        GslbAlgorithm::Weighted
+            | GslbAlgorithm::LeastLoad
+            | GslbAlgorithm::FastestResponse
+            | GslbAlgorithm::Topology
+    )
+}
+
+fn region_dependent(a: GslbAlgorithm) -> bool {
+    matches!(a, GslbAlgorithm::FastestResponse | GslbAlgorithm::Topology)
+}
+
+/// The monitor port a site's addresses are probed at.
+fn probe_port(m: &fulcrum_config::Monitor) -> u16 {
+    m.port
+        .or_else(|| fulcrum_config::site_monitor_port(m.kind))
+        .unwrap_or(80)
+}
+
+/// Lower-case wire form of a configured fqdn (validated to parse).
+fn fqdn_wire(s: &str) -> Vec<u8> {
+    crate::zone::parse_name(s).unwrap_or_else(|_| vec![0])
+}
+
+impl GslbState {
+    /// Builds from the config; pools of `previous` are reused by name so health, counters and
+    /// the state of members survive a reload.
+    pub fn build(
+        config: &fulcrum_config::Config,
+        locator: Arc<Locator>,
+        previous: Option<&GslbState>,
+    ) -> GslbState {
+        let g = &config.gslb;
+        let sites: Vec<Site> = g
+            .sites
+            .iter()
+            .map(|sc| {
+                let monitor = sc.monitor.as_deref().and_then(|m| config.monitor(m));
+                let pool = monitor.map(|m| {
+                    let pc = fulcrum_config::Pool {
+                        name: site_pool_name(&sc.name),
+                        algorithm: Algorithm::RoundRobin,
+                        hash_key: fulcrum_config::HashKey::SourceIp,
+                        monitors: vec![m.name.clone()],
+                        slow_start: None,
+                        min_active: 1,
+                        retries: 0,
+                        connect_timeout: m.timeout,
+                        members: sc
+                            .addresses
+                            .iter()
+                            .map(|a| fulcrum_config::Member {
+                                address: SocketAddr::new(*a, probe_port(m)),
+                                weight: 1,
+                                priority: 0,
+                                max_connections: 0,
+                                state: AdminState::Enabled,
+                            })
+                            .collect(),
+                        reuse: fulcrum_config::Reuse::Safe,
+                        tls: None,
+                    };
+                    let checks = [CheckSpec {
+                        monitor: m.name.clone(),
+                        rise: m.rise,
+                        fall: m.fall,
+                    }];
+                    let prev = previous
+                        .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
+                        .and_then(|s| s.pool.as_deref());
+                    Arc::new(Pool::new(&pc, &checks, prev))
+                });
+                Site {
+                    name: Arc::from(sc.name.as_str()),
+                    addresses: sc.addresses.clone(),
+                    regions: sc
+                        .regions
+                        .iter()
+                        .filter_map(|r| locator.names().iter().position(|n| n == r))
+                        .map(|i| i as u16)
+                        .collect(),
+                    weight: sc.weight,
+                    pool,
+                    cursor: AtomicUsize::new(0),
+                    admin: AtomicU8::new(
+                        previous
+                            .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
+                            .map_or(0, |s| s.admin.load(Ordering::Relaxed)),
+                    ),
+                }
+            })
+            .collect();
+        let slots = locator.names().len() + 1;
+        let names = g
+            .names
+            .iter()
+            .map(|nc| {
+                let idx: Vec<usize> = nc
+                    .sites
+                    .iter()
+                    .filter_map(|s| sites.iter().position(|x| *x.name == *s))
+                    .take(MAX_SITES)
+                    .collect();
+                let prev = previous.and_then(|p| p.names.iter().find(|n| n.text == nc.fqdn));
+                let make = |alg: GslbAlgorithm, tag: &str, prev_pool: Option<&Pool>| {
+                    let pc = fulcrum_config::Pool {
+                        name: format!("gslb:{}:{tag}", nc.fqdn),
+                        algorithm: pool_algorithm(alg),
+                        hash_key: fulcrum_config::HashKey::SourceIp,
+                        monitors: vec![],
+                        slow_start: None,
+                        min_active: 1,
+                        retries: 0,
+                        connect_timeout: std::time::Duration::from_secs(1),
+                        members: idx
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &s)| fulcrum_config::Member {
+                                address: site_member_addr(k),
+                                weight: sites[s].weight,
+                                priority: 0,
+                                max_connections: 0,
+                                state: AdminState::Enabled,
+                            })
+                            .collect(),
+                        reuse: fulcrum_config::Reuse::Safe,
+                        tls: None,
+                    };
+                    let labels: Vec<Arc<str>> =
+                        idx.iter().map(|&s| sites[s].name.clone()).collect();
+                    Arc::new(Pool::new_labeled(&pc, &[], prev_pool, &labels))
+                };
+                let rd = region_dependent(nc.algorithm);
+                let pools: Vec<Arc<Pool>> = (0..if rd { slots } else { 1 })
+                    .map(|slot| {
+                        let pp = prev.and_then(|p| p.pools.get(slot)).map(|p| p.as_ref());
+                        make(nc.algorithm, &slot.to_string(), pp)
+                    })
+                    .collect();
+                let fb = if nc.fallback == GslbAlgorithm::Topology {
+                    GslbAlgorithm::Weighted
+                } else {
+                    nc.fallback
+                };
+                let fallback_pool = make(fb, "fallback", prev.map(|p| p.fallback_pool.as_ref()));
+                let answers_by = (0..slots * idx.len()).map(|_| AtomicU64::new(0)).collect();
+                let n = Name {
+                    fqdn: fqdn_wire(&nc.fqdn),
+                    text: nc.fqdn.clone(),
+                    sites: idx,
+                    algorithm: nc.algorithm,
+                    fallback: nc.fallback,
+                    ttl: nc.ttl,
+                    answers: nc.answers.clamp(1, MAX_ANSWERS),
+                    region_dependent: rd,
+                    pools,
+                    fallback_pool,
+                    answers_by,
+                    queries: AtomicU64::new(0),
+                    fallbacks: AtomicU64::new(0),
+                };
+                // Counters carry over when the shape stays.
+                if let Some(p) = prev {
+                    if p.answers_by.len() == n.answers_by.len() && p.sites.len() == n.sites.len() {
+                        for (a, b) in n.answers_by.iter().zip(&p.answers_by) {
+                            a.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
+                        }
+                        n.queries
+                            .store(p.queries.load(Ordering::Relaxed), Ordering::Relaxed);
+                        n.fallbacks
+                            .store(p.fallbacks.load(Ordering::Relaxed), Ordering::Relaxed);
+                    }
+                }
+                n
+            })
+            .collect();
+        GslbState {
+            local_site: g
+                .local_site
+                .as_deref()
+                .and_then(|l| sites.iter().position(|s| *s.name == *l)),
+            sites,
+            names,
+            locator,
+            table: ArcSwap::from_pointee(TableView::default()),
+        }
+    }
+
+    /// The pools of site addresses, for `HealthService::apply`.
+    pub fn site_pools(&self) -> Vec<Arc<Pool>> {
+        self.sites.iter().filter_map(|s| s.pool.clone()).collect()
+    }
+
+    pub fn name_index(&self, fqdn_wire: &[u8]) -> Option<usize> {
+        self.names.iter().position(|n| n.fqdn == fqdn_wire)
+    }
+
+    /// Places a client.
+    pub fn client(&self, ip: IpAddr, source_prefix: Option<u8>) -> Client {
+        Client {
+            ip,
+            region: self.locator.locate(ip),
+            source_prefix,
+        }
+    }
+
+    /// Chooses the addresses of family `v6` that name `ni` answers for `client`, calling `out`
+    /// for each; `skip` excludes a site (the local one, for HTTP redirects). Returns the ECS
+    /// scope the choice depended on, or None when the name has no address of the family.
+    pub fn select(
+        &self,
+        ni: usize,
+        client: &Client,
+        v6: bool,
+        skip: Option<usize>,
+        out: &mut dyn FnMut(IpAddr),
+    ) -> Option<u8> {
+        let n = &self.names[ni];
+        n.queries.fetch_add(1, Ordering::Relaxed);
+        let count = n.sites.len();
+        let mut down = [true; MAX_SITES];
+        let mut any_family = false;
+        let mut any_up = false;
+        for (k, &s) in n.sites.iter().enumerate() {
+            let site = &self.sites[s];
+            if Some(s) == skip || !site.has_family(v6) || !site.answerable() {
+                continue;
+            }
+            any_family = true;
+            if site.up_for(v6) {
+                down[k] = false;
+                any_up = true;
+            }
+        }
+        if !any_family {
+            return None;
+        }
+        let fail_open = !any_up;
+        if fail_open {
+            for (k, &s) in n.sites.iter().enumerate() {
+                let site = &self.sites[s];
+                down[k] = Some(s) == skip || !site.has_family(v6) || !site.answerable();
+            }
+        }
+        let region_slot = client.region.map_or(0, |r| r.table as usize + 1);
+        let slot = if n.region_dependent { region_slot } else { 0 };
+        let preferred = |k: usize| {
+            client
+                .region
+                .is_some_and(|r| self.sites[n.sites[k]].regions.contains(&r.table))
+        };
+        let has_preferred =
+            n.algorithm == GslbAlgorithm::Topology && (0..count).any(|k| !down[k] && preferred(k));
+        let ctx = PickContext {
+            hash: Some(hash_ip(client.ip)),
+        };
+        let mut chosen = [0usize; MAX_SITES];
+        let mut nchosen = 0;
+        let mut emitted = 0;
+        let mut used_fallback = false;
+        let mut exclude = [0usize; MAX_SITES];
+        while emitted < n.answers && nchosen < count {
+            let mut ex = 0;
+            for (k, &is_down) in down.iter().enumerate().take(count) {
+                let out_of_play =
+                    is_down || chosen[..nchosen].contains(&k) || (has_preferred && !preferred(k));
+                if out_of_play {
+                    exclude[ex] = k;
+                    ex += 1;
+                }
+            }
+            let primary = if n.algorithm == GslbAlgorithm::Topology && !has_preferred {
+                None
+            } else {
+                n.pools[slot.min(n.pools.len() - 1)].pick(&ctx, &exclude[..ex])
+            };
+            let picked = match primary {
+                Some(p) => Some(p.index),
+                None => {
+                    ex = 0;
+                    for (k, &is_down) in down.iter().enumerate().take(count) {
+                        if is_down || chosen[..nchosen].contains(&k) {
+                            exclude[ex] = k;
+                            ex += 1;
+                        }
+                    }
+                    let fb = n.fallback_pool.pick(&ctx, &exclude[..ex]).map(|p| p.index);
+                    used_fallback |= fb.is_some();
+                    fb
+                }
+            };
+            let Some(k) = picked else { break };
+            chosen[nchosen] = k;
+            nchosen += 1;
+            let got = self.sites[n.sites[k]].emit(v6, fail_open, n.answers - emitted, out);
+            if got > 0 {
+                n.answers_by[region_slot * count + k].fetch_add(1, Ordering::Relaxed);
+            }
+            emitted += got;
+        }
+        if used_fallback {
+            n.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        let source = client.source_prefix.unwrap_or(0);
+        let scope = match n.algorithm {
+            GslbAlgorithm::Topology | GslbAlgorithm::FastestResponse => match client.region {
+                Some(r) => r.prefix_len.min(source),
+                None => source,
+            },
+            GslbAlgorithm::Hash => source,
+            _ => 0,
+        };
+        Some(scope)
+    }
+
+    /// This instance's view of every site, and its own site's figures.
+    pub fn local_report(&self, version: u64, own: LocalFigures) -> Option<Report> {
+        let local = self.local_site?;
+        Some(Report {
+            instance: self.sites[local].name.to_string(),
+            version,
+            sites: self
+                .sites
+                .iter()
+                .map(|s| SiteView {
+                    name: s.name.to_string(),
+                    up: s.is_up(),
+                    addresses_up: s.addresses_up(),
+                    addresses: s.addresses.len() as u32,
+                    check_ms: s.check_ms().map(|v| (v * 1000.0).round() / 1000.0),
+                })
+                .collect(),
+            capacity: own.capacity,
+            cpu: own.cpu,
+            response_ms: own.response_ms,
+        })
+    }
+
+    /// A report of what this instance sees when it has no local site (no exchange): used only
+    /// to compute its own table.
+    pub fn anonymous_view(&self) -> Report {
+        Report {
+            instance: String::new(),
+            version: 0,
+            sites: self
+                .sites
+                .iter()
+                .map(|s| SiteView {
+                    name: s.name.to_string(),
+                    up: s.is_up(),
+                    addresses_up: s.addresses_up(),
+                    addresses: s.addresses.len() as u32,
+                    check_ms: s.check_ms(),
+                })
+                .collect(),
+            capacity: None,
+            cpu: None,
+            response_ms: None,
+        }
+    }
+
+    /// Recomputes the distribution table from `reports` and sets the site members' weights of
+    /// the table-driven names.
+    pub fn apply_table(&self, reports: &BTreeMap<String, Report>) {
+        let tsites: Vec<TableSite> = self
+            .sites
+            .iter()
+            .map(|s| TableSite {
+                name: s.name.to_string(),
+                weight: s.weight,
+                regions: s.regions.clone(),
+            })
+            .collect();
+        let factors = table::factors(&tsites, reports);
+        let mut view = TableView {
+            factors: factors.clone(),
+            shares: BTreeMap::new(),
+            reporters: reports.keys().filter(|k| !k.is_empty()).cloned().collect(),
+        };
+        let region_names: Vec<String> = std::iter::once("*".to_string())
+            .chain(self.locator.names().iter().cloned())
+            .collect();
+        for n in &self.names {
+            let sub: Vec<TableSite> = n.sites.iter().map(|&s| tsites[s].clone()).collect();
+            let subf: Vec<SiteFactors> = n.sites.iter().map(|&s| factors[s].clone()).collect();
+            let mut by_region = BTreeMap::new();
+            for (slot, rname) in region_names.iter().enumerate() {
+                let region = slot.checked_sub(1).map(|t| t as u16);
+                let shares = table::shares(n.algorithm, &sub, &subf, reports, region);
+                if table_driven(n.algorithm) && (n.region_dependent || slot == 0) {
+                    let pool = &n.pools[if n.region_dependent { slot } else { 0 }];
+                    for (m, share) in pool.members().iter().zip(&shares) {
+                        let w = (share * 1000.0).round() as u32;
+                        m.set_weight(if *share > 0.0 { w.max(1) } else { 0 });
+                    }
+                    pool.refresh();
+                }
+                let row: BTreeMap<String, f64> = n
+                    .sites
+                    .iter()
+                    .zip(&shares)
+                    .map(|(&s, v)| {
+                        (
+                            self.sites[s].name.to_string(),
+                            (v * 10000.0).round() / 10000.0,
+                        )
+                    })
+                    .collect();
+                by_region.insert(rname.clone(), row);
+            }
+            view.shares.insert(n.text.clone(), by_region);
+        }
+        self.table.store(Arc::new(view));
+    }
+
+    /// Region names by slot: "*" (no table) then the ip_tables.
+    pub fn region_names(&self) -> Vec<String> {
+        std::iter::once("*".to_string())
+            .chain(self.locator.names().iter().cloned())
+            .collect()
+    }
+
+    /// Answers given per (name, site, region), for metrics.
+    pub fn answer_counts(&self) -> Vec<(String, String, String, u64)> {
+        let regions = self.region_names();
+        let mut out = Vec::new();
+        for n in &self.names {
+            let c = n.sites.len();
+            for (slot, r) in regions.iter().enumerate() {
+                for (k, &s) in n.sites.iter().enumerate() {
+                    let v = n.answers_by[slot * c + k].load(Ordering::Relaxed);
+                    if v > 0 {
+                        out.push((n.text.clone(), self.sites[s].name.to_string(), r.clone(), v));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// This instance's own site figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalFigures {
+    pub capacity: Option<f64>,
+    pub cpu: Option<f64>,
+    pub response_ms: Option<f64>,
+}
+
+/// Capacity left and response time of the local site, from the pools this instance serves:
+/// with connection limits, 1 − active / limit over the limited members; otherwise the share of
+/// members that can take a client.
+pub fn local_figures(pools: &[Arc<Pool>], cpu: Option<f64>) -> LocalFigures {
+    let mut limit = 0u64;
+    let mut active = 0u64;
+    let mut total = 0usize;
+    let mut available = 0usize;
+    let mut rt = Vec::new();
+    for p in pools {
+        for m in p.members() {
+            total += 1;
+            if m.accepts_new(0) {
+                available += 1;
+            }
+            let max = u64::from(m.max_connections());
+            if max > 0 {
+                limit += max;
+                active += m.stats.active_connections.load(Ordering::Relaxed).min(max);
+            }
+            let t = m.stats.response_time_us();
+            if t > 0.0 {
+                rt.push(t);
+            }
+        }
+    }
+    let capacity = if limit > 0 {
+        Some(1.0 - active as f64 / limit as f64)
+    } else if total > 0 {
+        Some(available as f64 / total as f64)
+    } else {
+        None
+    };
+    LocalFigures {
+        capacity: capacity.map(|c| (c * 1000.0).round() / 1000.0),
+        cpu,
+        response_ms: (!rt.is_empty()).then(|| {
+            ((rt.iter().sum::<f64>() / rt.len() as f64) / 1000.0 * 1000.0).round() / 1000.0
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iptable::GeoCache;
+
+    fn state(algorithm: &str, extra: &str) -> GslbState {
+        let text = format!(
+            r#"
+[[ip_table]]
+name = "tel"
+cidrs = ["198.51.100.0/24"]
+[gslb]
+local_site = "east"
+{extra}
+[[gslb.site]]
+name = "east"
+addresses = ["192.0.2.10", "192.0.2.11", "2001:db8::10"]
+regions = ["tel"]
+[[gslb.site]]
+name = "west"
+addresses = ["192.0.2.20"]
+[[gslb.name]]
+fqdn = "app.example.com."
+sites = ["east", "west"]
+algorithm = "{algorithm}"
+answers = 2
+"#
+        );
+        let config = fulcrum_config::parse(&text, "t.toml", std::path::Path::new(".")).unwrap();
+        let locator = Locator::build(&config.ip_tables, &mut GeoCache::new()).unwrap();
+        GslbState::build(&config, Arc::new(locator), None)
+    }
+
+    fn answer(
+        st: &GslbState,
+        client: &str,
+        v6: bool,
+        skip: Option<usize>,
+    ) -> (Vec<IpAddr>, Option<u8>) {
+        let mut out = Vec::new();
+        let c = st.client(client.parse().unwrap(), Some(24));
+        let scope = st.select(0, &c, v6, skip, &mut |ip| out.push(ip));
+        (out, scope)
+    }
+
+    #[test]
+    fn answers_fill_from_the_chosen_site_first_then_the_next() {
+        let st = state("topology", "");
+        let (a, scope) = answer(&st, "198.51.100.7", false, None);
+        assert_eq!(a.len(), 2);
+        assert!(
+            a.iter().all(|ip| ip.to_string().starts_with("192.0.2.1")),
+            "{a:?}"
+        );
+        assert_eq!(scope, Some(24));
+        let (a, _) = answer(&st, "198.51.100.7", true, None);
+        assert_eq!(
+            a,
+            ["2001:db8::10".parse::<IpAddr>().unwrap()],
+            "only east has IPv6"
+        );
+        let st = state("round_robin", "");
+        let (a, scope) = answer(&st, "203.0.113.1", false, Some(0));
+        assert_eq!(
+            a,
+            ["192.0.2.20".parse::<IpAddr>().unwrap()],
+            "skipping the local site"
+        );
+        assert_eq!(scope, Some(0));
+        let (a, scope) = answer(&st, "203.0.113.1", true, Some(0));
+        assert!(a.is_empty());
+        assert_eq!(scope, None, "no address of the family: NODATA");
+    }
+
+    #[test]
+    fn a_disabled_site_is_never_answered() {
+        let st = state("first_available", "");
+        st.sites[0].set_admin_state(AdminState::Disabled);
+        for _ in 0..5 {
+            let (a, _) = answer(&st, "198.51.100.7", false, None);
+            assert_eq!(a, ["192.0.2.20".parse::<IpAddr>().unwrap()]);
+        }
+    }
+}

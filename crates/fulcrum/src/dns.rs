@@ -1,0 +1,384 @@
+//! Assembly of DNS and GSLB: the `[dns]` listeners, zones, IP tables, GSLB sites and names, and
+//! the site state exchange, applied with the rest of a configuration; their API and metrics.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fulcrum_admin::MetricsWriter;
+use fulcrum_balance::Pool;
+use fulcrum_config::{AdminState, Config, ConfigError};
+use fulcrum_dns::iptable::GeoCache;
+use fulcrum_dns::DnsRuntime;
+use serde_json::{json, Value};
+
+/// Config problems only loading the zones and tables shows (bad zone files, prefix files,
+/// GeoIP databases), for `fulcrum check` and reloads.
+pub fn checks(config: &Config) -> Vec<ConfigError> {
+    if !fulcrum_dns::configured(config) && config.ip_tables.is_empty() {
+        return Vec::new();
+    }
+    match fulcrum_dns::compile(config, &mut GeoCache::new()) {
+        Ok(_) => Vec::new(),
+        Err(e) => e,
+    }
+}
+
+/// `, 1 dns zones, 2 gslb sites, 1 gslb names` for `fulcrum check` (empty without DNS/GSLB).
+pub fn summary(config: &Config) -> String {
+    if !fulcrum_dns::configured(config) {
+        return String::new();
+    }
+    format!(
+        ", {} dns zones, {} gslb sites, {} gslb names",
+        config.dns.as_ref().map_or(0, |d| d.zones.len()),
+        config.gslb.sites.len(),
+        config.gslb.names.len()
+    )
+}
+
+/// DNS and GSLB of the running process.
+pub struct Dns {
+    runtime: DnsRuntime,
+}
+
+/// A configuration's DNS side, compiled and bound, not yet serving.
+pub struct Prepared(fulcrum_dns::Prepared);
+
+impl Dns {
+    pub fn new(sockets_per_address: usize) -> Dns {
+        Dns {
+            runtime: DnsRuntime::new(sockets_per_address),
+        }
+    }
+
+    /// Compiles and binds the new addresses; on error nothing running changed.
+    pub fn prepare(&self, config: &Config) -> Result<Prepared, Vec<String>> {
+        self.runtime.prepare(config).map(Prepared)
+    }
+
+    /// Swaps the prepared configuration in; returns the pools of GSLB site addresses, to be
+    /// health-checked with the others.
+    pub fn commit(
+        &self,
+        p: Prepared,
+        config: &Config,
+        local_pools: &[Arc<Pool>],
+    ) -> Vec<Arc<Pool>> {
+        self.runtime.commit(p.0, config, local_pools.to_vec())
+    }
+
+    pub fn shutdown(&self) {
+        self.runtime.shutdown();
+    }
+
+    /// The address an HTTP service redirects a client to when it cannot serve it: the best site
+    /// of GSLB name `fqdn` for `client` other than this instance's own (see `gslb_redirect`).
+    #[allow(dead_code)] // Called by the HTTP data plane once it lands.
+    pub fn best_other_site(
+        &self,
+        fqdn: &str,
+        client: std::net::IpAddr,
+    ) -> Option<std::net::IpAddr> {
+        self.runtime.gslb().best_other_site(fqdn, client)
+    }
+
+    /// `/api/v1/gslb/...`.
+    pub fn api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
+        let g = self.runtime.gslb();
+        let not_found = || (404, json!({ "error": "no such endpoint" }));
+        match (method, path) {
+            ("GET", []) => {
+                let mut v = g.sites_json(&member_json);
+                v["names"] = g.names_json()["names"].take();
+                v["peers"] = json!(g.peers());
+                (200, v)
+            }
+            ("GET", ["sites"]) => (200, g.sites_json(&member_json)),
+            ("GET", ["sites", site]) => {
+                let all = g.sites_json(&member_json);
+                match all["sites"]
+                    .as_array()
+                    .and_then(|s| s.iter().find(|x| x["name"] == *site))
+                {
+                    Some(s) => (200, s.clone()),
+                    None => (
+                        404,
+                        json!({ "error": format!("no gslb site named {site:?}") }),
+                    ),
+                }
+            }
+            ("PUT", ["sites", site, "state"]) => {
+                let state = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
+                    v.get("state")
+                        .and_then(Value::as_str)
+                        .and_then(AdminState::parse)
+                });
+                let Some(state) = state else {
+                    return (
+                        400,
+                        json!({ "error": format!("the body must be {{\"state\": one of {}}}", AdminState::ALL.join(", ")) }),
+                    );
+                };
+                if g.set_site_state(site, state) {
+                    self.api("GET", &["sites", site], &[])
+                } else {
+                    (
+                        404,
+                        json!({ "error": format!("no gslb site named {site:?}") }),
+                    )
+                }
+            }
+            ("GET", ["names"]) => (200, g.names_json()),
+            ("GET", ["names", fqdn]) => {
+                let want = if fqdn.ends_with('.') {
+                    fqdn.to_string()
+                } else {
+                    format!("{fqdn}.")
+                };
+                let all = g.names_json();
+                match all["names"].as_array().and_then(|n| {
+                    n.iter().find(|x| {
+                        x["fqdn"]
+                            .as_str()
+                            .is_some_and(|f| f.eq_ignore_ascii_case(&want))
+                    })
+                }) {
+                    Some(n) => (200, n.clone()),
+                    None => (404, json!({ "error": format!("no gslb name {want:?}") })),
+                }
+            }
+            ("GET", ["peers"]) => (
+                200,
+                json!({ "peers": g.peers(), "auth_failures": g.auth_failures() }),
+            ),
+            ("GET", ["table"]) => (200, g.table_json()),
+            (
+                _,
+                []
+                | ["sites"]
+                | ["sites", _]
+                | ["names"]
+                | ["names", _]
+                | ["peers"]
+                | ["table"]
+                | ["sites", _, "state"],
+            ) => (
+                405,
+                json!({ "error": format!("{method} is not allowed here") }),
+            ),
+            _ => not_found(),
+        }
+    }
+
+    /// DNS and GSLB metric families.
+    pub fn metrics(&self, w: &mut MetricsWriter) {
+        let reg = self.runtime.registry();
+        let engine = self.runtime.engine();
+        let counter = |w: &mut MetricsWriter, name: &str, help: &str, v: u64| {
+            w.family(name, "counter", help);
+            w.sample(name, &[], v as f64);
+        };
+        w.family(
+            "fulcrum_dns_queries_total",
+            "counter",
+            "DNS queries received, by transport.",
+        );
+        w.sample(
+            "fulcrum_dns_queries_total",
+            &[("transport", "udp")],
+            reg.sum(|c| c.udp_queries.load(Ordering::Relaxed)) as f64,
+        );
+        w.sample(
+            "fulcrum_dns_queries_total",
+            &[("transport", "tcp")],
+            reg.sum(|c| c.tcp_queries.load(Ordering::Relaxed)) as f64,
+        );
+        w.family(
+            "fulcrum_dns_responses_total",
+            "counter",
+            "DNS responses, by response code.",
+        );
+        for (rc, name) in [
+            (0, "NOERROR"),
+            (1, "FORMERR"),
+            (2, "SERVFAIL"),
+            (3, "NXDOMAIN"),
+            (4, "NOTIMP"),
+            (5, "REFUSED"),
+            (16, "BADVERS"),
+        ] {
+            let v = reg.sum(|c| c.rcodes[rc].load(Ordering::Relaxed));
+            w.sample("fulcrum_dns_responses_total", &[("rcode", name)], v as f64);
+        }
+        counter(
+            w,
+            "fulcrum_dns_dropped_total",
+            "Packets dropped unanswered: too short or too long to be a query, or a response.",
+            reg.sum(|c| c.dropped.load(Ordering::Relaxed)),
+        );
+        counter(
+            w,
+            "fulcrum_dns_truncated_total",
+            "UDP responses sent empty with TC set because they did not fit.",
+            reg.sum(|c| c.truncated.load(Ordering::Relaxed)),
+        );
+        w.family(
+            "fulcrum_dns_rate_limited_total",
+            "counter",
+            "Responses held back by response rate limiting: dropped, or sent truncated (slip).",
+        );
+        w.sample(
+            "fulcrum_dns_rate_limited_total",
+            &[("action", "drop")],
+            reg.sum(|c| c.rrl_dropped.load(Ordering::Relaxed)) as f64,
+        );
+        w.sample(
+            "fulcrum_dns_rate_limited_total",
+            &[("action", "slip")],
+            reg.sum(|c| c.rrl_slipped.load(Ordering::Relaxed)) as f64,
+        );
+        w.family(
+            "fulcrum_dns_tcp_connections",
+            "gauge",
+            "DNS-over-TCP connections open now.",
+        );
+        w.sample(
+            "fulcrum_dns_tcp_connections",
+            &[],
+            reg.tcp_connections.load(Ordering::Relaxed) as f64,
+        );
+        w.family(
+            "fulcrum_dns_zone_records",
+            "gauge",
+            "Records loaded, by zone.",
+        );
+        for z in &engine.catalog.zones {
+            w.sample(
+                "fulcrum_dns_zone_records",
+                &[("zone", &z.origin_text)],
+                z.records as f64,
+            );
+        }
+
+        let st = self.runtime.gslb().state();
+        w.family(
+            "fulcrum_gslb_queries_total",
+            "counter",
+            "Address queries for a GSLB name.",
+        );
+        for n in &st.names {
+            w.sample(
+                "fulcrum_gslb_queries_total",
+                &[("name", &n.text)],
+                n.queries.load(Ordering::Relaxed) as f64,
+            );
+        }
+        w.family(
+            "fulcrum_gslb_fallbacks_total",
+            "counter",
+            "GSLB answers chosen by the fallback algorithm.",
+        );
+        for n in &st.names {
+            w.sample(
+                "fulcrum_gslb_fallbacks_total",
+                &[("name", &n.text)],
+                n.fallbacks.load(Ordering::Relaxed) as f64,
+            );
+        }
+        w.family(
+            "fulcrum_gslb_answers_total",
+            "counter",
+            "GSLB answers, by name, site and client region (\"*\": in no ip_table).",
+        );
+        for (name, site, region, v) in st.answer_counts() {
+            w.sample(
+                "fulcrum_gslb_answers_total",
+                &[("name", &name), ("site", &site), ("region", &region)],
+                v as f64,
+            );
+        }
+        w.family(
+            "fulcrum_gslb_site_up",
+            "gauge",
+            "1 while one of the site's addresses is up.",
+        );
+        for s in &st.sites {
+            w.sample(
+                "fulcrum_gslb_site_up",
+                &[("site", &s.name)],
+                if s.is_up() { 1.0 } else { 0.0 },
+            );
+        }
+        w.family(
+            "fulcrum_gslb_site_addresses_up",
+            "gauge",
+            "Addresses of the site that are up.",
+        );
+        for s in &st.sites {
+            w.sample(
+                "fulcrum_gslb_site_addresses_up",
+                &[("site", &s.name)],
+                f64::from(s.addresses_up()),
+            );
+        }
+        w.family(
+            "fulcrum_gslb_share",
+            "gauge",
+            "Share of answers the distribution table gives a site, by name and client region.",
+        );
+        let table = st.table.load();
+        for (name, regions) in &table.shares {
+            for (region, sites) in regions {
+                for (site, share) in sites {
+                    w.sample(
+                        "fulcrum_gslb_share",
+                        &[("name", name), ("region", region), ("site", site)],
+                        *share,
+                    );
+                }
+            }
+        }
+        let peers = self.runtime.gslb().peers();
+        w.family(
+            "fulcrum_gslb_peer_connected",
+            "gauge",
+            "1 while this instance's connection to the peer is up.",
+        );
+        for p in &peers {
+            w.sample(
+                "fulcrum_gslb_peer_connected",
+                &[("peer", &p.site)],
+                if p.connected { 1.0 } else { 0.0 },
+            );
+        }
+        w.family(
+            "fulcrum_gslb_peer_stale",
+            "gauge",
+            "1 while the peer's last report is older than stale_after (or none came).",
+        );
+        for p in &peers {
+            w.sample(
+                "fulcrum_gslb_peer_stale",
+                &[("peer", &p.site)],
+                if p.stale { 1.0 } else { 0.0 },
+            );
+        }
+        counter(
+            w,
+            "fulcrum_gslb_reports_received_total",
+            "Site state reports accepted from peers.",
+            self.runtime.gslb().reports_received(),
+        );
+        counter(
+            w,
+            "fulcrum_gslb_auth_failures_total",
+            "Exchange connections refused because a frame failed authentication.",
+            self.runtime.gslb().auth_failures(),
+        );
+    }
+}
+
+fn member_json(m: &fulcrum_balance::Member) -> Value {
+    let s = fulcrum_admin::member_status(m);
+    json!({ "state": s.state, "checks": s.checks, "transitions": s.transitions })
+}

@@ -1,0 +1,291 @@
+//! Site state exchange between two Fulcrum processes on loopback (127.0.0.2 and 127.0.0.3).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use fulcrum_testkit::free_addr_on;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A TCP server on `addr` answering "OK\n" (a site's health endpoint).
+async fn ok_server(addr: SocketAddr) -> tokio::task::JoinHandle<()> {
+    let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let _ = s.write_all(b"OK\n").await;
+                let mut b = [0u8; 16];
+                let _ = s.read(&mut b).await;
+            });
+        }
+    })
+}
+
+fn port_on_both() -> u16 {
+    loop {
+        let a = free_addr_on([127, 0, 0, 11]);
+        if std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 12], a.port()))).is_ok() {
+            return a.port();
+        }
+    }
+}
+
+struct Setup {
+    east_peer: SocketAddr,
+    west_peer: SocketAddr,
+    port: u16,
+}
+
+/// The config of the instance at `local`. `east_monitor_port` lets one instance probe east
+/// somewhere else (its own view of the site).
+fn config(s: &Setup, local: &str, key: &str, east_monitor_port: u16, algorithm: &str) -> String {
+    format!(
+        r#"
+[dns]
+listen = "{dns}"
+
+[[dns.zone]]
+origin = "example.com."
+
+[[monitor]]
+name = "site"
+type = "send_expect"
+expect = "OK"
+port = {port}
+interval = "200ms"
+timeout = "150ms"
+rise = 1
+fall = 2
+
+[[monitor]]
+name = "east-view"
+type = "send_expect"
+expect = "OK"
+port = {east_monitor_port}
+interval = "200ms"
+timeout = "150ms"
+rise = 1
+fall = 2
+
+[gslb]
+local_site = "{local}"
+key = "{key}"
+interval = "4s"
+stale_after = "5s"
+
+[[gslb.site]]
+name = "east"
+addresses = ["127.0.0.11"]
+monitor = "east-view"
+peer = "{east_peer}"
+
+[[gslb.site]]
+name = "west"
+addresses = ["127.0.0.12"]
+monitor = "site"
+peer = "{west_peer}"
+
+[[gslb.name]]
+fqdn = "app.example.com."
+sites = ["east", "west"]
+algorithm = "{algorithm}"
+"#,
+        dns = free_addr(),
+        port = s.port,
+        east_peer = s.east_peer,
+        west_peer = s.west_peer,
+    )
+}
+
+async fn peer(f: &Fulcrum, site: &str) -> Value {
+    let p = f.get_json("/api/v1/gslb/peers").await;
+    p["peers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["site"] == site).cloned())
+        .unwrap_or_default()
+}
+
+async fn share(f: &Fulcrum, site: &str) -> f64 {
+    let t = f.get_json("/api/v1/gslb/table").await;
+    t["shares"]["app.example.com."]["*"][site]
+        .as_f64()
+        .unwrap_or(-1.0)
+}
+
+async fn tables_agree(a: &Fulcrum, b: &Fulcrum) -> bool {
+    let ta = a.get_json("/api/v1/gslb/table").await;
+    let tb = b.get_json("/api/v1/gslb/table").await;
+    ta["shares"] == tb["shares"]
+        && ta["reporters"].as_array().is_some_and(|r| r.len() == 2)
+        && tb["reporters"] == ta["reporters"]
+}
+
+fn setup() -> Setup {
+    Setup {
+        east_peer: free_addr_on([127, 0, 0, 2]),
+        west_peer: free_addr_on([127, 0, 0, 3]),
+        port: port_on_both(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_exchange_state_and_compute_the_same_table() {
+    let s = setup();
+    let key = "a-shared-secret-for-tests";
+    let _east_srv = ok_server(SocketAddr::from(([127, 0, 0, 11], s.port))).await;
+    let _west_srv = ok_server(SocketAddr::from(([127, 0, 0, 12], s.port))).await;
+    // East's instance probes east where it answers; west's instance probes a port where
+    // nothing listens, so it sees east down: the two views differ.
+    let dead = free_addr_on([127, 0, 0, 11]).port();
+    let a = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &config(&s, "east", key, s.port, "weighted"),
+    )
+    .await
+    .unwrap();
+    let b = Fulcrum::start(BIN, free_addr(), &config(&s, "west", key, dead, "weighted"))
+        .await
+        .unwrap();
+
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            let (pa, pb) = (peer(&a, "west").await, peer(&b, "east").await);
+            pa["connected"] == true
+                && pb["connected"] == true
+                && pa["stale"] == false
+                && pb["stale"] == false
+        })
+        .await,
+        "peers did not connect:\n{}\n{}\n{}",
+        a.get_json("/api/v1/gslb/peers").await,
+        b.get_json("/api/v1/gslb/peers").await,
+        b.logs()
+    );
+    // One of two reporters sees east down: east gets half its weight, 1/3 of the answers, in
+    // both tables.
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            tables_agree(&a, &b).await && (share(&a, "east").await - 1.0 / 3.0).abs() < 0.001
+        })
+        .await,
+        "{}\n{}",
+        a.get_json("/api/v1/gslb/table").await,
+        b.get_json("/api/v1/gslb/table").await
+    );
+    let sites = a.get_json("/api/v1/gslb/sites").await;
+    assert_eq!(sites["sites"][0]["factors"]["seen_up"], 1, "{sites}");
+    assert_eq!(sites["sites"][0]["factors"]["seen_by"], 2, "{sites}");
+
+    // East goes down for east's instance too: every reporter sees it down, and both tables
+    // give it little (5% of its weight) — event-triggered: well before the next periodic report (4 s).
+    _east_srv.abort();
+    let t0 = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            tables_agree(&a, &b).await && share(&a, "east").await < 0.05
+        })
+        .await,
+        "{}",
+        a.get_json("/api/v1/gslb/table").await
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(2500),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(share(&b, "east").await > 0.0, "little, not nothing");
+
+    // West's instance stops: east's instance marks it stale after stale_after (5 s), computes
+    // its table from its own report alone, and keeps answering from its own monitors.
+    drop(b);
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            peer(&a, "west").await["stale"] == true
+        })
+        .await,
+        "{}",
+        a.get_json("/api/v1/gslb/peers").await
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            a.get_json("/api/v1/gslb/table").await["reporters"] == serde_json::json!(["east"])
+        })
+        .await
+    );
+    let p = peer(&a, "west").await;
+    assert_eq!(p["connected"], false, "{p}");
+    let m = a.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(
+        m.contains("fulcrum_gslb_peer_stale{peer=\"west\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("fulcrum_gslb_peer_connected{peer=\"west\"} 0"),
+        "{m}"
+    );
+
+    // West comes back: it reconnects and its reports count again.
+    let b = Fulcrum::start(BIN, free_addr(), &config(&s, "west", key, dead, "weighted"))
+        .await
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            peer(&a, "west").await["stale"] == false && tables_agree(&a, &b).await
+        })
+        .await,
+        "{}",
+        a.get_json("/api/v1/gslb/peers").await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_another_key_is_refused() {
+    let s = setup();
+    let _east_srv = ok_server(SocketAddr::from(([127, 0, 0, 11], s.port))).await;
+    let _west_srv = ok_server(SocketAddr::from(([127, 0, 0, 12], s.port))).await;
+    let a = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &config(&s, "east", "the-right-secret-0123", s.port, "least_load"),
+    )
+    .await
+    .unwrap();
+    let b = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &config(&s, "west", "another-secret-456789", s.port, "least_load"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            a.get_json("/api/v1/gslb/peers").await["auth_failures"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 2
+                && b.get_json("/api/v1/gslb/peers").await["auth_failures"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= 2
+        })
+        .await,
+        "{}",
+        a.get_json("/api/v1/gslb/peers").await
+    );
+    for (f, other) in [(&a, "west"), (&b, "east")] {
+        let p = peer(f, other).await;
+        assert_eq!(p["reports_received"], 0, "{p}");
+        assert_eq!(p["stale"], true, "{p}");
+        assert_eq!(
+            f.get_json("/api/v1/gslb/table").await["reporters"]
+                .as_array()
+                .map(Vec::len),
+            Some(1)
+        );
+    }
+    assert!(a.logs().contains("authentication failed"), "{}", a.logs());
+}
