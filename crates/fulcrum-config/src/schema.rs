@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::message::{Framing, MessageOptions, Sequence};
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::string_enum;
 use crate::types::{read_table, ByteSize, KeyValues, OneOrMany};
@@ -119,6 +120,8 @@ pub struct VirtualService {
     pub framing: Option<Framing>,
     pub message_mode: MessageMode,
     pub sequence: Option<Sequence>,
+    /// Member connections and delivery of a message service (Fulcrum additions).
+    pub message: MessageOptions,
 }
 
 impl FromNode for VirtualService {
@@ -143,6 +146,7 @@ impl FromNode for VirtualService {
             let framing = t.opt(cx, "framing");
             let message_mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
             let sequence = t.opt(cx, "sequence");
+            let message = MessageOptions::read(t, cx, node, message_mode);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -166,6 +170,7 @@ impl FromNode for VirtualService {
                 framing,
                 message_mode,
                 sequence,
+                message,
             })
         })
     }
@@ -431,56 +436,6 @@ impl FromNode for Cache {
             Some(Cache {
                 size: t.opt::<ByteSize>(cx, "size").map_or(256 << 20, |s| s.0),
                 max_object: t.opt::<ByteSize>(cx, "max_object").map_or(8 << 20, |s| s.0),
-            })
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Framing {
-    pub length_bytes: u8,
-    pub length_offset: usize,
-    pub big_endian: bool,
-    pub length_includes_header: bool,
-    pub max_message: usize,
-}
-
-impl FromNode for Framing {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            let length_bytes = t.opt(cx, "length_bytes").unwrap_or(2);
-            if ![1, 2, 4, 8].contains(&length_bytes) {
-                cx.error_at(
-                    node.span.clone(),
-                    &format!("{}.length_bytes", t.path()),
-                    format!("{length_bytes} is not supported; expected 1, 2, 4 or 8"),
-                );
-            }
-            Some(Framing {
-                length_bytes,
-                length_offset: t.opt(cx, "length_offset").unwrap_or(0),
-                big_endian: t.opt(cx, "big_endian").unwrap_or(true),
-                length_includes_header: t.opt(cx, "length_includes_header").unwrap_or(false),
-                max_message: t.opt(cx, "max_message").unwrap_or(65536),
-            })
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Sequence {
-    pub offset: usize,
-    pub length: usize,
-}
-
-impl FromNode for Sequence {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            let offset = t.req(cx, "offset");
-            let length = t.req(cx, "length");
-            Some(Sequence {
-                offset: offset?,
-                length: length?,
             })
         })
     }

@@ -491,5 +491,6 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
     }
 
+    c.errors.extend(crate::message::validate(cfg));
     c.errors
 }

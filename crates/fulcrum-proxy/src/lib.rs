@@ -1,8 +1,9 @@
 //! L4 data planes: listening sockets that survive reloads, the TCP full proxy with zero-copy
-//! forwarding, and PROXY protocol towards members. Later: UDP and message-based balancing.
+//! forwarding, PROXY protocol towards members, and message-based load balancing.
 
 pub mod forward;
 pub mod listener;
+pub mod message;
 pub mod proxy_protocol;
 mod splice;
 pub mod stats;
@@ -10,6 +11,7 @@ pub mod tcp;
 pub mod tracker;
 
 pub use listener::{BindError, Listener, Listeners, Prepared, StreamHandler};
+pub use message::MessageService;
 pub use stats::{ServiceConnection, ServiceStats};
 pub use tcp::{SourcePersistence, TcpService};
 pub use tracker::Tracker;

@@ -2,6 +2,7 @@
 //! observable, and controllable (a backend can be made unhealthy, an agent can change its reply).
 
 pub mod client;
+pub mod message;
 pub mod process;
 pub mod servers;
 
@@ -10,6 +11,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
+pub use message::{MessageClient, MessageSwitch, SwitchOptions, WireFraming};
 pub use process::Fulcrum;
 pub use servers::{AgentServer, HttpBackend, TcpIdServer};
 

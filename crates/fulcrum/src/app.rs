@@ -70,11 +70,11 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
         }
     }
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        if vs.protocol != Protocol::Tcp {
+        if !matches!(vs.protocol, Protocol::Tcp | Protocol::Message) {
             errors.push(config.locations.error(
                 &format!("virtual_service[{i}].protocol"),
                 format!(
-                    "protocol {} is not available in this build yet; tcp is",
+                    "protocol {} is not available in this build yet; tcp and message are",
                     vs.protocol
                 ),
             ));
@@ -116,6 +116,7 @@ pub struct App {
     tracker: Arc<Tracker>,
     health: HealthService,
     sockets_per_address: usize,
+    messages: crate::message::Messages,
 }
 
 impl App {
@@ -136,6 +137,7 @@ impl App {
             tracker: Arc::new(Tracker::default()),
             health: HealthService::new(),
             sockets_per_address: default_sockets_per_address(workers),
+            messages: crate::message::Messages::default(),
         }
     }
 
@@ -154,6 +156,7 @@ impl App {
             .prepare(&wanted, self.sockets_per_address)
             .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
 
+        self.messages.begin();
         let old = self.snapshot.load_full();
         let pools: Vec<Arc<Pool>> = config
             .pools
@@ -208,6 +211,10 @@ impl App {
                     stats: st.clone(),
                     tracker: self.tracker.clone(),
                 }),
+                (Protocol::Message, Some(pool)) => {
+                    self.messages
+                        .handler(vs, pool, st.clone(), source_persistence, &self.tracker)
+                }
                 // runtime_checks refused everything else before we got here.
                 _ => {
                     return Err(vec![format!(
@@ -230,6 +237,7 @@ impl App {
         asm.listeners
             .commit(prepared, handlers)
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
+        self.messages.commit();
         asm.stats = stats;
         asm.tables = tables;
         self.health.apply(&pools, &config.monitors);
@@ -305,6 +313,10 @@ impl Control for App {
             .token
             .as_deref()
             .map(Arc::from)
+    }
+
+    fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        self.messages.write_metrics(out);
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {

@@ -2,6 +2,7 @@
 
 mod app;
 mod demo;
+mod message;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

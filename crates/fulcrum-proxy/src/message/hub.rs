@@ -1,0 +1,542 @@
+//! The dispatcher of one message service: it schedules every message on its own with the pool,
+//! hands it to the chosen member's connections, and takes it back when a member connection dies.
+//!
+//! Ownership is the delivery guarantee. A `Message` is owned by exactly one place at a time — a
+//! member's queue, a member connection's pending table, or the dispatcher in between — and it is
+//! consumed by handing its answer or its failure to the client connection it came from. Rust's
+//! move semantics therefore make "answered at most once" structural; and a message dropped by any
+//! other path (a task aborted at shutdown) reports itself failed from its `Drop`, so a client
+//! connection never waits for an answer that nothing will send.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use fulcrum_balance::{Member, PickContext, Pool};
+use fulcrum_config::{Delivery, Framing, MessageMode, MessageOptions, ProxyProtocol, Sequence};
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use crate::message::framing::Framer;
+use crate::message::link;
+use crate::message::stats::{FailReason, MemberMessageStats, MessageStats};
+use crate::stats::ServiceStats;
+use crate::tcp::{l4_hash, SourcePersistence};
+
+/// How many times a message may be handed back unsent (its member's connections could not be
+/// established, or the member left the pool) before it fails; the message timeout bounds it too.
+const MAX_BOUNCES: u32 = 16;
+
+/// What a message service's member connections depend on. A reload that changes any of it builds
+/// a new dispatcher (new member connections) for client connections accepted from then on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub framing: Framing,
+    pub mode: MessageMode,
+    pub sequence: Option<Sequence>,
+    pub options: MessageOptions,
+    pub proxy_protocol: Option<ProxyProtocol>,
+}
+
+impl Settings {
+    /// Messages one member connection carries at once.
+    pub(crate) fn window(&self) -> usize {
+        match self.mode {
+            MessageMode::Sync => 1,
+            MessageMode::Async => self.options.max_pending as usize,
+        }
+    }
+
+    /// Connections opened per member as soon as it joins (sync opens more on demand).
+    pub(crate) fn base_connections(&self) -> usize {
+        match self.mode {
+            MessageMode::Sync => 1,
+            MessageMode::Async => self.options.member_connections as usize,
+        }
+    }
+}
+
+/// What goes back to a client connection for one of its messages.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Response { index: u64, bytes: Bytes },
+    Failed { index: u64 },
+}
+
+struct Origin {
+    reply: mpsc::UnboundedSender<Reply>,
+    index: u64,
+}
+
+/// One message on its way: the frame as received, and where its answer goes.
+pub(crate) struct Message {
+    pub bytes: Bytes,
+    /// Where the sequence id lies within `bytes` (async with `sequence`).
+    pub id: Option<Range<usize>>,
+    origin: Option<Origin>,
+    pub peer: SocketAddr,
+    pub accepted: Instant,
+    /// Sends to members so far.
+    pub attempts: u32,
+    /// Hand-backs without a send (see `MAX_BOUNCES`).
+    pub bounces: u32,
+    /// Members whose connection died with this message, or could not take it: avoided next.
+    pub tried: Vec<SocketAddr>,
+}
+
+impl Message {
+    pub(crate) fn new(
+        bytes: Bytes,
+        id: Option<Range<usize>>,
+        reply: mpsc::UnboundedSender<Reply>,
+        index: u64,
+        peer: SocketAddr,
+        accepted: Instant,
+    ) -> Message {
+        Message {
+            bytes,
+            id,
+            origin: Some(Origin { reply, index }),
+            peer,
+            accepted,
+            attempts: 0,
+            bounces: 0,
+            tried: Vec::new(),
+        }
+    }
+
+    /// The sequence id, sharing the message's bytes.
+    pub(crate) fn id_bytes(&self) -> Option<Bytes> {
+        self.id.clone().map(|r| self.bytes.slice(r))
+    }
+
+    fn avoid(&mut self, member: SocketAddr) {
+        if !self.tried.contains(&member) {
+            self.tried.push(member);
+        }
+    }
+
+    /// Hands the answer to the client connection; false when that connection is gone.
+    fn answer(mut self, bytes: Bytes) -> bool {
+        match self.origin.take() {
+            Some(o) => o
+                .reply
+                .send(Reply::Response {
+                    index: o.index,
+                    bytes,
+                })
+                .is_ok(),
+            None => false,
+        }
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        if let Some(o) = self.origin.take() {
+            let _ = o.reply.send(Reply::Failed { index: o.index });
+        }
+    }
+}
+
+/// The connections of one service to one member, and the queue of messages waiting for them.
+pub struct MemberLinks {
+    pub member: Arc<Member>,
+    pub stats: MemberMessageStats,
+    queue_tx: crossbeam_channel::Sender<Message>,
+    queue_rx: crossbeam_channel::Receiver<Message>,
+    /// A message was queued: wakes one connected link with room.
+    pub(crate) work: Notify,
+    /// A message was scheduled here while no link was connected: wakes links in back-off.
+    pub(crate) wanted: Notify,
+    /// The set is retired, or the service is shutting down: wakes every link.
+    pub(crate) closing: Notify,
+    retired: AtomicBool,
+    /// Links connected now, and those of them with room for another message.
+    ready: AtomicUsize,
+    pub(crate) idle: AtomicUsize,
+    /// Link tasks alive (connected or not).
+    tasks: AtomicU32,
+}
+
+impl MemberLinks {
+    fn new(member: Arc<Member>) -> MemberLinks {
+        let (queue_tx, queue_rx) = crossbeam_channel::unbounded();
+        MemberLinks {
+            member,
+            stats: MemberMessageStats::default(),
+            queue_tx,
+            queue_rx,
+            work: Notify::new(),
+            wanted: Notify::new(),
+            closing: Notify::new(),
+            retired: AtomicBool::new(false),
+            ready: AtomicUsize::new(0),
+            idle: AtomicUsize::new(0),
+            tasks: AtomicU32::new(0),
+        }
+    }
+
+    pub fn ready(&self) -> usize {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_ready(&self, up: bool) {
+        if up {
+            self.ready.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.ready.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    pub(crate) fn retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
+
+    /// The next queued message, if any.
+    pub(crate) fn take(&self) -> Option<Message> {
+        self.queue_rx.try_recv().ok()
+    }
+
+    pub(crate) fn queued(&self) -> usize {
+        self.queue_rx.len()
+    }
+
+    fn push(self: &Arc<Self>, msg: Message, hub: &Arc<Hub>) {
+        // The set owns the receiver, so the queue cannot be disconnected.
+        let _ = self.queue_tx.send(msg);
+        self.work.notify_one();
+        if self.ready() == 0 {
+            self.wanted.notify_waiters();
+        }
+        if hub.settings.mode == MessageMode::Sync && self.idle.load(Ordering::Acquire) == 0 {
+            // No idle connection: open another, as far as member_connections allows.
+            self.spawn_links(hub, hub.settings.options.member_connections as usize, false);
+        }
+        // Retirement drains the queue after setting the flag; a push that raced it finds the
+        // flag here and drains what it added.
+        if self.retired() {
+            self.drain(hub);
+        }
+    }
+
+    /// Sends every queued message elsewhere.
+    pub(crate) fn drain(&self, hub: &Arc<Hub>) {
+        while let Some(mut msg) = self.take() {
+            msg.bounces += 1;
+            msg.avoid(self.member.address);
+            if msg.bounces > MAX_BOUNCES {
+                hub.fail(msg, FailReason::MemberFailed);
+            } else {
+                hub.dispatch(msg);
+            }
+        }
+    }
+
+    /// Starts link tasks until `target` run; `keep` ones reconnect forever, the others end when
+    /// their connection does.
+    fn spawn_links(self: &Arc<Self>, hub: &Arc<Hub>, target: usize, keep: bool) {
+        loop {
+            let n = self.tasks.load(Ordering::Acquire);
+            if n as usize >= target || self.retired() {
+                return;
+            }
+            if self
+                .tasks
+                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                tokio::spawn(link::run(self.clone(), hub.clone(), keep));
+                if !keep {
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn task_ended(&self) {
+        self.tasks.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn retire(&self, hub: &Arc<Hub>) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.closing.notify_waiters();
+        self.wanted.notify_waiters();
+        self.drain(hub);
+    }
+
+    /// Whether links should stop taking messages and end once theirs are answered.
+    pub(crate) fn closing_for(&self, hub: &Hub) -> bool {
+        self.retired() || hub.is_shut()
+    }
+}
+
+/// The pool and member connection sets new messages go to; swapped whole on reload.
+pub struct Dispatch {
+    pub pool: Arc<Pool>,
+    /// One set per pool member, in pool order.
+    pub members: Vec<Arc<MemberLinks>>,
+    pub persistence: Option<SourcePersistence>,
+}
+
+impl Dispatch {
+    /// The member for a message: persistence first, then the pool's scheduler. Members whose
+    /// connections are all down are passed over while another can take the message; members
+    /// the message already failed on are avoided, unless no other member is left.
+    fn choose(&self, msg: &Message) -> Option<usize> {
+        let pool = &self.pool;
+        let n = pool.members().len();
+        let mut exclude: Vec<usize> = msg
+            .tried
+            .iter()
+            .filter_map(|a| pool.member_by_addr(*a).map(|(i, _)| i))
+            .collect();
+        let key = self.persistence.as_ref().map(|p| p.key(msg.peer));
+        let mut remembered = None;
+        if let (Some(p), Some(k)) = (&self.persistence, &key) {
+            remembered = p.table.get(k);
+            if let Some(picked) = remembered.and_then(|a| pool.persistent(a, &exclude)) {
+                if self.members[picked.index].ready() > 0 {
+                    return Some(picked.index);
+                }
+            }
+        }
+        let ctx = PickContext {
+            hash: l4_hash(&pool.hash_key, msg.peer),
+        };
+        let mut chosen = None;
+        let mut fallback = None;
+        while exclude.len() < n {
+            let Some(p) = pool.pick(&ctx, &exclude) else {
+                break;
+            };
+            if self.members[p.index].ready() > 0 {
+                chosen = Some(p.index);
+                break;
+            }
+            fallback.get_or_insert(p.index);
+            exclude.push(p.index);
+        }
+        if chosen.is_none() && fallback.is_none() && !msg.tried.is_empty() {
+            // Every other member is out: the one the message failed on may still serve its
+            // re-send (a lone member that restarted).
+            fallback = pool.pick(&ctx, &[]).map(|p| p.index);
+        }
+        let chosen = chosen.or(fallback)?;
+        if let (Some(p), Some(k)) = (&self.persistence, key) {
+            let addr = self.members[chosen].member.address;
+            if remembered != Some(addr) {
+                p.table.insert(k, addr);
+            }
+        }
+        Some(chosen)
+    }
+}
+
+/// One message service's dispatcher, shared by its client connections and member connections.
+pub struct Hub {
+    pub name: Arc<str>,
+    pub settings: Settings,
+    pub(crate) framer: Framer,
+    current: ArcSwap<Dispatch>,
+    pub stats: Arc<ServiceStats>,
+    pub messages: Arc<MessageStats>,
+    clients: AtomicUsize,
+    registered: AtomicBool,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("name", &self.name).finish()
+    }
+}
+
+impl Hub {
+    /// A dispatcher over `pool`; no member connection is opened before `start`.
+    pub fn new(
+        name: Arc<str>,
+        settings: Settings,
+        stats: Arc<ServiceStats>,
+        messages: Arc<MessageStats>,
+        pool: Arc<Pool>,
+        persistence: Option<SourcePersistence>,
+    ) -> Arc<Hub> {
+        let members = pool
+            .members()
+            .iter()
+            .map(|m| Arc::new(MemberLinks::new(m.clone())))
+            .collect();
+        Arc::new(Hub {
+            name,
+            framer: Framer::new(&settings.framing),
+            settings,
+            current: ArcSwap::from_pointee(Dispatch {
+                pool,
+                members,
+                persistence,
+            }),
+            stats,
+            messages,
+            clients: AtomicUsize::new(0),
+            registered: AtomicBool::new(true),
+        })
+    }
+
+    /// Opens the member connections.
+    pub fn start(self: &Arc<Self>) {
+        for links in &self.current.load().members {
+            links.spawn_links(self, self.settings.base_connections(), true);
+        }
+    }
+
+    /// Sends new messages to `pool` from now on. Member connection sets of members that stay
+    /// (the same member, as a reload keeps it) are kept; sets of members that left stop taking
+    /// messages, finish the ones they carry and close; their queued messages are rescheduled.
+    pub fn retarget(self: &Arc<Self>, pool: Arc<Pool>, persistence: Option<SourcePersistence>) {
+        let old = self.current.load_full();
+        let members: Vec<Arc<MemberLinks>> = pool
+            .members()
+            .iter()
+            .map(|m| {
+                old.members
+                    .iter()
+                    .find(|l| Arc::ptr_eq(&l.member, m))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(MemberLinks::new(m.clone())))
+            })
+            .collect();
+        let gone: Vec<Arc<MemberLinks>> = old
+            .members
+            .iter()
+            .filter(|l| !members.iter().any(|n| Arc::ptr_eq(n, l)))
+            .cloned()
+            .collect();
+        self.current.store(Arc::new(Dispatch {
+            pool,
+            members,
+            persistence,
+        }));
+        self.start();
+        for links in gone {
+            links.retire(self);
+        }
+    }
+
+    /// The service left the configuration: member connections close once no client connection
+    /// of this dispatcher is left.
+    pub fn unregister(&self) {
+        self.registered.store(false, Ordering::SeqCst);
+        if self.clients.load(Ordering::SeqCst) == 0 {
+            self.wake_links();
+        }
+    }
+
+    pub(crate) fn is_shut(&self) -> bool {
+        !self.registered.load(Ordering::SeqCst) && self.clients.load(Ordering::SeqCst) == 0
+    }
+
+    fn wake_links(&self) {
+        for links in &self.current.load().members {
+            links.closing.notify_waiters();
+            links.wanted.notify_waiters();
+        }
+    }
+
+    pub(crate) fn client_joined(&self) {
+        self.clients.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn client_left(&self) {
+        if self.clients.fetch_sub(1, Ordering::SeqCst) == 1
+            && !self.registered.load(Ordering::SeqCst)
+        {
+            self.wake_links();
+        }
+    }
+
+    /// The dispatcher's current pool and member connection sets.
+    pub fn dispatch_state(&self) -> Arc<Dispatch> {
+        self.current.load_full()
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.current.load().pool.connect_timeout
+    }
+
+    /// Schedules a message and queues it on the chosen member's connections.
+    pub(crate) fn dispatch(self: &Arc<Self>, msg: Message) {
+        if msg.accepted.elapsed() >= self.settings.options.message_timeout {
+            return self.fail(msg, FailReason::Timeout);
+        }
+        let d = self.current.load();
+        match d.choose(&msg) {
+            Some(i) => {
+                let links = d.members[i].clone();
+                drop(d);
+                links.push(msg, self);
+            }
+            None => self.fail(msg, FailReason::NoMember),
+        }
+    }
+
+    /// A message whose member connection died before the member answered: sent again to another
+    /// member (at_least_once, within max_attempts), or failed.
+    pub(crate) fn member_failed(self: &Arc<Self>, mut msg: Message, member: SocketAddr) {
+        msg.avoid(member);
+        if self.settings.options.delivery == Delivery::AtLeastOnce
+            && msg.attempts < self.settings.options.max_attempts
+        {
+            self.messages.redispatched.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(service = %self.name, %member, attempts = msg.attempts, "re-sending a message its member did not answer");
+            self.dispatch(msg);
+        } else {
+            self.fail(msg, FailReason::MemberFailed);
+        }
+    }
+
+    /// A message never sent to `member` that must go elsewhere (its link could not keep it).
+    pub(crate) fn bounce(self: &Arc<Self>, mut msg: Message, member: SocketAddr) {
+        msg.bounces += 1;
+        msg.avoid(member);
+        if msg.bounces > MAX_BOUNCES {
+            self.fail(msg, FailReason::MemberFailed);
+        } else {
+            self.dispatch(msg);
+        }
+    }
+
+    /// Hands an answer to the message's client connection.
+    pub(crate) fn deliver(&self, msg: Message, bytes: Bytes) {
+        let latency = msg.accepted.elapsed();
+        if msg.answer(bytes) {
+            self.messages.responses.fetch_add(1, Ordering::Relaxed);
+            self.messages.latency.observe(latency);
+        } else {
+            self.messages.client_gone.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn fail(&self, msg: Message, reason: FailReason) {
+        self.messages.count_failure(reason);
+        match reason {
+            FailReason::NoMember => {
+                self.stats.no_member.fetch_add(1, Ordering::Relaxed);
+            }
+            FailReason::MemberFailed => {
+                self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            FailReason::Timeout => {}
+        }
+        tracing::debug!(service = %self.name, client = %msg.peer, reason = reason.as_str(), "message failed");
+        drop(msg);
+    }
+
+    /// Messages received and not yet answered or failed.
+    pub fn in_flight(&self) -> u64 {
+        self.messages.in_flight()
+    }
+}
