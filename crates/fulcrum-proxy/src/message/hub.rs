@@ -17,7 +17,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use fulcrum_balance::{Member, PickContext, Pool};
-use fulcrum_config::{Delivery, Framing, MessageMode, MessageOptions, ProxyProtocol, Sequence};
+use fulcrum_config::{
+    Algorithm, Delivery, Framing, MessageMode, MessageOptions, ProxyProtocol, Sequence,
+};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
@@ -305,8 +307,11 @@ impl Dispatch {
                 }
             }
         }
+        // Only the hash algorithm reads the key: skip hashing the client per message otherwise.
         let ctx = PickContext {
-            hash: l4_hash(&pool.hash_key, msg.peer),
+            hash: (pool.algorithm == Algorithm::Hash)
+                .then(|| l4_hash(&pool.hash_key, msg.peer))
+                .flatten(),
         };
         let mut chosen = None;
         let mut fallback = None;
@@ -318,6 +323,9 @@ impl Dispatch {
                 chosen = Some(p.index);
                 break;
             }
+            // The member may take work but has no connection up (it just recovered, or just
+            // joined): have its connections retry now instead of at the end of their back-off.
+            self.members[p.index].wanted.notify_waiters();
             fallback.get_or_insert(p.index);
             exclude.push(p.index);
         }

@@ -27,6 +27,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A link in back-off that is wanted (a message was scheduled on its member) reconnects early,
 /// but never sooner than this after its last attempt.
 const MIN_RECONNECT_GAP: Duration = Duration::from_millis(50);
+/// A connection that lasted this long before the member closed it cleanly is reopened at once.
+const STABLE_SESSION: Duration = Duration::from_secs(1);
 /// Reads per wake-up before other work gets a turn.
 const READS_PER_WAKE: usize = 16;
 /// Read buffer growth step.
@@ -59,10 +61,14 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
                 let failed = session.finish();
                 match end {
                     End::Closing => break,
-                    End::Closed if keep => {
+                    // A member closing a connection it had kept for a while (an idle timeout):
+                    // reconnect at once. One that closes every connection at once gets the
+                    // back-off, so a broken member cannot make us spin.
+                    End::Closed if keep && started.elapsed() >= STABLE_SESSION => {
                         backoff = BACKOFF_MIN;
                         continue;
                     }
+                    End::Closed if keep => "the member closed the connection at once".to_string(),
                     End::Closed => break,
                     End::Failed(reason) => {
                         if failed > 0 {
