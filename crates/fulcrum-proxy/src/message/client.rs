@@ -91,6 +91,16 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
                 while let Ok(reply) = rx.try_recv() {
                     take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
                 }
+                if in_flight > 0 {
+                    // More answers are on their way, often already readable on other member
+                    // connections. Yielding lets the runtime poll for them (a yielded task runs
+                    // after the next I/O poll), so one write carries them all: an event loop's
+                    // gather-then-flush, instead of one write per member connection.
+                    tokio::task::yield_now().await;
+                    while let Ok(reply) = rx.try_recv() {
+                        take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
+                    }
+                }
                 if !wbuf.is_empty() {
                     if let Err(e) = write_all(&stream, &wbuf).await {
                         tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");

@@ -111,11 +111,6 @@ impl Message {
         }
     }
 
-    /// The sequence id, sharing the message's bytes.
-    pub(crate) fn id_bytes(&self) -> Option<Bytes> {
-        self.id.clone().map(|r| self.bytes.slice(r))
-    }
-
     fn avoid(&mut self, member: SocketAddr) {
         if !self.tried.contains(&member) {
             self.tried.push(member);
@@ -477,7 +472,10 @@ impl Hub {
 
     /// Schedules a message and queues it on the chosen member's connections.
     pub(crate) fn dispatch(self: &Arc<Self>, msg: Message) {
-        if msg.accepted.elapsed() >= self.settings.options.message_timeout {
+        // A message just read from its client cannot be overdue: only re-sends and bounces
+        // pay for a clock read.
+        let retry = msg.attempts > 0 || msg.bounces > 0;
+        if retry && msg.accepted.elapsed() >= self.settings.options.message_timeout {
             return self.fail(msg, FailReason::Timeout);
         }
         let d = self.current.load();
@@ -518,8 +516,8 @@ impl Hub {
     }
 
     /// Hands an answer to the message's client connection.
-    pub(crate) fn deliver(&self, msg: Message, bytes: Bytes) {
-        let latency = msg.accepted.elapsed();
+    pub(crate) fn deliver(&self, msg: Message, bytes: Bytes, now: Instant) {
+        let latency = now.saturating_duration_since(msg.accepted);
         if msg.answer(bytes) {
             self.messages.responses.fetch_add(1, Ordering::Relaxed);
             self.messages.latency.observe(latency);

@@ -127,6 +127,40 @@ async fn wait_backoff(links: &MemberLinks, hub: &Hub, attempt: Instant, backoff:
     }
 }
 
+/// Bytes waiting to be written to the member. A partial write advances an offset instead of
+/// moving the rest of the buffer.
+#[derive(Default)]
+struct SendBuf {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl SendBuf {
+    fn is_empty(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos += n;
+        if self.pos == self.buf.len() {
+            self.pos = 0;
+            self.buf.clear();
+            // A burst's buffer is not kept for ever.
+            if self.buf.capacity() > 256 * 1024 {
+                self.buf = Vec::new();
+            }
+        }
+    }
+}
+
 /// How a connected session ended.
 enum End {
     /// The set is retired or the service shut down, and nothing was left to answer.
@@ -137,6 +171,118 @@ enum End {
     Failed(String),
 }
 
+/// Hashes sequence ids for the pending tables. SipHash (std's default) costs more than the
+/// rest of pairing an answer; ids are short (at most 64 bytes) and a table holds at most
+/// `max_pending` of them, so a multiply-rotate hash over 8-byte words, keyed per process so
+/// clients cannot aim at collisions ahead of time, does the job.
+#[derive(Clone)]
+struct IdHashBuilder(u64);
+
+impl Default for IdHashBuilder {
+    fn default() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        static KEY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        IdHashBuilder(*KEY.get_or_init(|| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(0x9e37_79b9_7f4a_7c15);
+            h.finish() | 1
+        }))
+    }
+}
+
+impl std::hash::BuildHasher for IdHashBuilder {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(self.0)
+    }
+}
+
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 = (self.0 ^ u64::from_le_bytes(w))
+                .wrapping_mul(K)
+                .rotate_left(29);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.0 = (self.0 ^ u64::from_le_bytes(w))
+                .wrapping_mul(K)
+                .rotate_left(29);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        // Final avalanche (from splitmix64), so the table's low bits depend on every byte.
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// A sequence id as a table key: copied inline when short (the common case: no reference count
+/// on the message's buffer to take and drop), shared with the message's bytes when long.
+#[derive(Clone, Eq)]
+enum IdKey {
+    Inline { len: u8, bytes: [u8; 24] },
+    Shared(Bytes),
+}
+
+impl IdKey {
+    fn new(message: &Bytes, range: std::ops::Range<usize>) -> IdKey {
+        let id = &message[range.clone()];
+        if id.len() <= 24 {
+            let mut bytes = [0u8; 24];
+            bytes[..id.len()].copy_from_slice(id);
+            IdKey::Inline {
+                len: id.len() as u8,
+                bytes,
+            }
+        } else {
+            IdKey::Shared(message.slice(range))
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            IdKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            IdKey::Shared(b) => b,
+        }
+    }
+}
+
+impl PartialEq for IdKey {
+    fn eq(&self, other: &IdKey) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+// Hashes exactly as the `[u8]` it holds, so answers can look keys up by a plain slice.
+impl std::hash::Hash for IdKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_slice().hash(h)
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for IdKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 /// Messages sent on this connection and not answered yet.
 enum Pending {
     /// Paired by order: the member answers in the order it received.
@@ -144,8 +290,8 @@ enum Pending {
     /// Paired by sequence id; messages whose id is already outstanding here wait in `blocked`
     /// until that one is answered, so an id is never outstanding twice on one connection.
     ById {
-        sent: HashMap<Bytes, (Message, Instant)>,
-        blocked: HashMap<Bytes, VecDeque<Message>>,
+        sent: HashMap<IdKey, (Message, Instant), IdHashBuilder>,
+        blocked: HashMap<IdKey, VecDeque<Message>, IdHashBuilder>,
         blocked_count: usize,
     },
 }
@@ -155,7 +301,7 @@ struct Session<'a> {
     hub: &'a Arc<Hub>,
     pending: Pending,
     window: usize,
-    wbuf: Vec<u8>,
+    wbuf: SendBuf,
     rbuf: BytesMut,
     scanned: usize,
     idle: bool,
@@ -174,15 +320,15 @@ impl<'a> Session<'a> {
             hub,
             pending: if by_id {
                 Pending::ById {
-                    sent: HashMap::new(),
-                    blocked: HashMap::new(),
+                    sent: HashMap::default(),
+                    blocked: HashMap::default(),
                     blocked_count: 0,
                 }
             } else {
                 Pending::Fifo(VecDeque::new())
             },
             window: hub.settings.window(),
-            wbuf: Vec::new(),
+            wbuf: SendBuf::default(),
             rbuf: BytesMut::new(),
             scanned: 0,
             idle: false,
@@ -238,11 +384,20 @@ impl<'a> Session<'a> {
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             let closing = self.links.closing_for(self.hub);
+            let busy = self.outstanding() > 0;
             if !closing {
                 self.pull();
             }
             if closing && self.outstanding() == 0 && self.wbuf.is_empty() {
                 return End::Closing;
+            }
+            if busy && !self.wbuf.is_empty() && !closing {
+                // Under load (messages already outstanding here), let the other client
+                // connections that are readable now queue their messages too, and write them
+                // all at once, as for client answers. A lone message goes out at once: the yield
+                // would cost it an extra poll of the runtime.
+                tokio::task::yield_now().await;
+                self.pull();
             }
             if !self.wbuf.is_empty() {
                 if let Err(e) = self.try_write(stream) {
@@ -306,7 +461,7 @@ impl<'a> Session<'a> {
             blocked_count,
         } = &mut self.pending
         {
-            let Some(id) = msg.id_bytes() else {
+            let Some(id) = msg.id.clone().map(|r| IdKey::new(&msg.bytes, r)) else {
                 // The client connection checked that every message carries its id.
                 self.hub.fail(msg, FailReason::MemberFailed);
                 return;
@@ -318,7 +473,7 @@ impl<'a> Session<'a> {
             }
             key = Some(id);
         }
-        self.wbuf.extend_from_slice(&msg.bytes);
+        self.wbuf.push(&msg.bytes);
         self.count_send(&mut msg);
         match (&mut self.pending, key) {
             (Pending::Fifo(q), _) => q.push_back((msg, now)),
@@ -353,17 +508,12 @@ impl<'a> Session<'a> {
 
     fn try_write(&mut self, stream: &TcpStream) -> io::Result<()> {
         while !self.wbuf.is_empty() {
-            match stream.try_write(&self.wbuf) {
+            match stream.try_write(self.wbuf.pending()) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.wbuf.drain(..n);
-                }
+                Ok(n) => self.wbuf.consume(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
             }
-        }
-        if self.wbuf.is_empty() && self.wbuf.capacity() > 256 * 1024 {
-            self.wbuf = Vec::new();
         }
         self.report(false);
         Ok(())
@@ -383,6 +533,7 @@ impl<'a> Session<'a> {
     /// Reads what the member sent and hands out the answers; `Some` when the connection ended.
     fn read(&mut self, stream: &TcpStream) -> Option<End> {
         let framer = &self.hub.framer;
+        let mut now = None;
         for _ in 0..READS_PER_WAKE {
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                 self.rbuf.reserve(READ_CHUNK);
@@ -406,7 +557,8 @@ impl<'a> Session<'a> {
                 match framer.parse(&self.rbuf, &mut self.scanned) {
                     Ok(Some(frame)) => {
                         let bytes = self.rbuf.split_to(frame.len).freeze();
-                        self.on_answer(bytes, frame.body.start, frame.body.end);
+                        let now = *now.get_or_insert_with(Instant::now);
+                        self.on_answer(bytes, frame.body.start, frame.body.end, now);
                     }
                     Ok(None) => break,
                     Err(e) => {
@@ -424,7 +576,7 @@ impl<'a> Session<'a> {
         None
     }
 
-    fn on_answer(&mut self, bytes: Bytes, body_start: usize, body_end: usize) {
+    fn on_answer(&mut self, bytes: Bytes, body_start: usize, body_end: usize, now: Instant) {
         let mut released = None;
         let matched = match &mut self.pending {
             Pending::Fifo(q) => q.pop_front(),
@@ -453,16 +605,18 @@ impl<'a> Session<'a> {
             }
         };
         if let Some(next) = released {
-            self.send(next, Instant::now());
+            self.send(next, now);
         }
         match matched {
             Some((msg, sent_at)) => {
                 self.count_done(1);
                 let member = &self.links.member;
-                member.stats.observe_response_time(sent_at.elapsed());
+                member
+                    .stats
+                    .observe_response_time(now.saturating_duration_since(sent_at));
                 member.record_exchange_success();
                 self.links.stats.responses.fetch_add(1, Ordering::Relaxed);
-                self.hub.deliver(msg, bytes);
+                self.hub.deliver(msg, bytes, now);
             }
             None => {
                 self.links.stats.orphans.fetch_add(1, Ordering::Relaxed);
@@ -495,7 +649,7 @@ impl<'a> Session<'a> {
                 blocked,
                 blocked_count,
             } => {
-                let ids: Vec<Bytes> = sent
+                let ids: Vec<IdKey> = sent
                     .iter()
                     .filter(|(_, (m, _))| overdue(m))
                     .map(|(k, _)| k.clone())
