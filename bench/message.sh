@@ -18,23 +18,29 @@ need haproxy
 cargo build --release -q -p fulcrum -p fulcrum-testkit --bins
 ulimit -n "$(ulimit -Hn)"
 
+# Ports of its own (bench/tcp.sh uses 180xx/181xx): HAProxy and Fulcrum bind with SO_REUSEPORT,
+# so a port another benchmark still holds would silently share its connections.
+for port in 18280 18281 18291 18292 18980; do
+  if ss -Hltn "sport = :$port" | grep -q .; then echo "port $port is in use; stop what holds it" >&2; exit 1; fi
+done
+
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-taskset -c "$BENCH_CPU_LOAD" target/release/msgswitch 127.0.0.1:18201 127.0.0.1:18202 &
+taskset -c "$BENCH_CPU_LOAD" target/release/msgswitch 127.0.0.1:18291 127.0.0.1:18292 &
 pids+=($!)
-wait_port 127.0.0.1:18201; wait_port 127.0.0.1:18202
+wait_port 127.0.0.1:18291; wait_port 127.0.0.1:18292
 
 cat >"$work/fulcrum.toml" <<CONF
 [global]
 workers = 1
 [admin]
-listen = "127.0.0.1:18900"
+listen = "127.0.0.1:18980"
 [[virtual_service]]
 name = "bench"
-listen = "127.0.0.1:18080"
+listen = "127.0.0.1:18280"
 protocol = "message"
 pool = "hosts"
 framing = { length_bytes = 2 }
@@ -46,9 +52,9 @@ max_pending = 1024
 name = "hosts"
 algorithm = "round_robin"
 [[pool.member]]
-address = "127.0.0.1:18201"
+address = "127.0.0.1:18291"
 [[pool.member]]
-address = "127.0.0.1:18202"
+address = "127.0.0.1:18292"
 CONF
 RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
@@ -63,16 +69,16 @@ defaults
   timeout client 60s
   timeout server 60s
 frontend bench
-  bind 127.0.0.1:18081
+  bind 127.0.0.1:18281
   default_backend hosts
 backend hosts
   balance roundrobin
-  server a 127.0.0.1:18201
-  server b 127.0.0.1:18202
+  server a 127.0.0.1:18291
+  server b 127.0.0.1:18292
 CONF
 taskset -c "$BENCH_CPU_PROXY" haproxy -db -f "$work/haproxy.cfg" &
 haproxy_pid=$!; pids+=($haproxy_pid)
-wait_port 127.0.0.1:18080; wait_port 127.0.0.1:18081
+wait_port 127.0.0.1:18280; wait_port 127.0.0.1:18281
 
 # msg_run PID PORT CONNS WINDOW: "cpu_us_per_message messages_per_s p99_ms"
 msg_run() {
@@ -91,7 +97,7 @@ for round in $(seq "$ROUNDS"); do
   for shape in $SHAPES; do
     conns=${shape%x*} window=${shape#*x}
     for peer in fulcrum haproxy; do
-      if [ $peer = fulcrum ]; then pid=$fulcrum_pid port=18080; else pid=$haproxy_pid port=18081; fi
+      if [ $peer = fulcrum ]; then pid=$fulcrum_pid port=18280; else pid=$haproxy_pid port=18281; fi
       read -r c r p <<<"$(msg_run "$pid" "$port" "$conns" "$window")"
       cpu[$peer,$shape]+="$c "; rps[$peer,$shape]+="$r "; p99[$peer,$shape]+="$p "
       echo "round $round $shape $peer: cpu/msg ${c}us msg/s $r p99 ${p}ms" >&2
@@ -100,7 +106,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 # Fulcrum balanced every message: show the per-member split it achieved.
-split=$(curl -s http://127.0.0.1:18900/api/v1/pools/hosts | python3 -c 'import json,sys; print(" / ".join(str(m["requests_total"]) for m in json.load(sys.stdin)["members"]))')
+split=$(curl -s http://127.0.0.1:18980/api/v1/pools/hosts | python3 -c 'import json,sys; print(" / ".join(str(m["requests_total"]) for m in json.load(sys.stdin)["members"]))')
 
 row() {  # row SHAPE
   local f h conns=${1%x*} window=${1#*x}

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::forward::write_all;
-use crate::message::hub::{Hub, Message, Reply};
+use crate::message::hub::{Client, Hub, Message, Reply};
 use crate::message::MessageService;
 
 /// Read buffer growth step.
@@ -68,6 +68,7 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
     let idle_timeout = service.idle_timeout;
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
+    let me = Client::new(tx, peer);
     let mut rbuf = BytesMut::new();
     let mut scanned = 0usize;
     let mut wbuf: Vec<u8> = Vec::new();
@@ -102,9 +103,18 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
                     }
                 }
                 if !wbuf.is_empty() {
-                    if let Err(e) = write_all(&stream, &wbuf).await {
-                        tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");
-                        return;
+                    // A client that stops reading its answers is closed after idle_timeout, as
+                    // HAProxy's `timeout client` would: it must not hold its answers for ever.
+                    match tokio::time::timeout(idle_timeout, write_all(&stream, &wbuf)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(service = %hub.name, client = %peer, "client does not read its answers; closing");
+                            return;
+                        }
                     }
                     hub.stats.bytes_out.fetch_add(wbuf.len() as u64, Ordering::Relaxed);
                     wbuf.clear();
@@ -163,7 +173,7 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
                         None => None,
                     };
                     let bytes = rbuf.split_to(frame.len).freeze();
-                    let msg = Message::new(bytes, id, tx.clone(), next_index, peer, last_activity);
+                    let msg = Message::new(bytes, id, me.clone(), next_index, last_activity);
                     if let Some(o) = &mut in_order {
                         o.slots.push_back(None);
                     }

@@ -14,12 +14,15 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::VecDeque;
+
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use fulcrum_balance::{Member, PickContext, Pool};
 use fulcrum_config::{
     Algorithm, Delivery, Framing, MessageMode, MessageOptions, ProxyProtocol, Sequence,
 };
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
@@ -69,73 +72,111 @@ pub(crate) enum Reply {
     Failed { index: u64 },
 }
 
-struct Origin {
+/// A client connection as its messages know it: where answers go, and its address.
+pub(crate) struct Client {
     reply: mpsc::UnboundedSender<Reply>,
-    index: u64,
+    pub peer: SocketAddr,
+}
+
+impl Client {
+    pub(crate) fn new(reply: mpsc::UnboundedSender<Reply>, peer: SocketAddr) -> Arc<Client> {
+        Arc::new(Client { reply, peer })
+    }
 }
 
 /// One message on its way: the frame as received, and where its answer goes.
+///
+/// Kept small (it is moved between queues and tables several times): the client's channel and
+/// address sit behind one shared pointer, the sequence id is an offset, and the rarely used list
+/// of members to avoid is boxed.
 pub(crate) struct Message {
     pub bytes: Bytes,
-    /// Where the sequence id lies within `bytes` (async with `sequence`).
-    pub id: Option<Range<usize>>,
-    origin: Option<Origin>,
-    pub peer: SocketAddr,
+    client: Arc<Client>,
+    /// Position of this message among its client's messages.
+    index: u64,
     pub accepted: Instant,
+    /// Where the sequence id lies within `bytes` (async with `sequence`); length 0 = none.
+    id_at: u32,
+    id_len: u8,
     /// Sends to members so far.
-    pub attempts: u32,
+    pub attempts: u8,
     /// Hand-backs without a send (see `MAX_BOUNCES`).
-    pub bounces: u32,
+    pub bounces: u8,
+    /// Answered or failed: nothing more is owed to the client.
+    done: bool,
     /// Members whose connection died with this message, or could not take it: avoided next.
-    pub tried: Vec<SocketAddr>,
+    tried: Option<Box<[SocketAddr]>>,
 }
 
 impl Message {
     pub(crate) fn new(
         bytes: Bytes,
         id: Option<Range<usize>>,
-        reply: mpsc::UnboundedSender<Reply>,
+        client: Arc<Client>,
         index: u64,
-        peer: SocketAddr,
         accepted: Instant,
     ) -> Message {
+        // The client connection bounds frames by max_message (at most 64 MiB) and ids by 64
+        // bytes, so both fit; anything else would be a bug, and then the message has no id.
+        let (id_at, id_len) = id
+            .and_then(|r| Some((u32::try_from(r.start).ok()?, u8::try_from(r.len()).ok()?)))
+            .unwrap_or((0, 0));
         Message {
             bytes,
-            id,
-            origin: Some(Origin { reply, index }),
-            peer,
+            client,
+            index,
             accepted,
+            id_at,
+            id_len,
             attempts: 0,
             bounces: 0,
-            tried: Vec::new(),
+            done: false,
+            tried: None,
         }
     }
 
+    /// Where the sequence id lies within `bytes`.
+    pub(crate) fn id(&self) -> Option<Range<usize>> {
+        (self.id_len > 0).then(|| {
+            let at = self.id_at as usize;
+            at..at + usize::from(self.id_len)
+        })
+    }
+
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.client.peer
+    }
+
+    /// Members to avoid for this message.
+    pub(crate) fn tried(&self) -> &[SocketAddr] {
+        self.tried.as_deref().unwrap_or_default()
+    }
+
     fn avoid(&mut self, member: SocketAddr) {
-        if !self.tried.contains(&member) {
-            self.tried.push(member);
+        if !self.tried().contains(&member) {
+            let mut v = self.tried().to_vec();
+            v.push(member);
+            self.tried = Some(v.into_boxed_slice());
         }
     }
 
     /// Hands the answer to the client connection; false when that connection is gone.
     fn answer(mut self, bytes: Bytes) -> bool {
-        match self.origin.take() {
-            Some(o) => o
-                .reply
-                .send(Reply::Response {
-                    index: o.index,
-                    bytes,
-                })
-                .is_ok(),
-            None => false,
-        }
+        self.done = true;
+        self.client
+            .reply
+            .send(Reply::Response {
+                index: self.index,
+                bytes,
+            })
+            .is_ok()
     }
 }
 
 impl Drop for Message {
     fn drop(&mut self) {
-        if let Some(o) = self.origin.take() {
-            let _ = o.reply.send(Reply::Failed { index: o.index });
+        if !self.done {
+            let _ = self.client.reply.send(Reply::Failed { index: self.index });
         }
     }
 }
@@ -144,8 +185,9 @@ impl Drop for Message {
 pub struct MemberLinks {
     pub member: Arc<Member>,
     pub stats: MemberMessageStats,
-    queue_tx: crossbeam_channel::Sender<Message>,
-    queue_rx: crossbeam_channel::Receiver<Message>,
+    /// Messages scheduled on this member, waiting for a connection with room. A per-member lock
+    /// held for a push or for taking a batch; links take as many as they have room for at once.
+    queue: Mutex<VecDeque<Message>>,
     /// A message was queued: wakes one connected link with room.
     pub(crate) work: Notify,
     /// A message was scheduled here while no link was connected: wakes links in back-off.
@@ -162,12 +204,10 @@ pub struct MemberLinks {
 
 impl MemberLinks {
     fn new(member: Arc<Member>) -> MemberLinks {
-        let (queue_tx, queue_rx) = crossbeam_channel::unbounded();
         MemberLinks {
             member,
             stats: MemberMessageStats::default(),
-            queue_tx,
-            queue_rx,
+            queue: Mutex::new(VecDeque::new()),
             work: Notify::new(),
             wanted: Notify::new(),
             closing: Notify::new(),
@@ -194,18 +234,16 @@ impl MemberLinks {
         self.retired.load(Ordering::SeqCst)
     }
 
-    /// The next queued message, if any.
-    pub(crate) fn take(&self) -> Option<Message> {
-        self.queue_rx.try_recv().ok()
-    }
-
-    pub(crate) fn queued(&self) -> usize {
-        self.queue_rx.len()
+    /// Moves up to `max` queued messages, oldest first, to `out`; returns whether more are left.
+    pub(crate) fn take(&self, max: usize, out: &mut Vec<Message>) -> bool {
+        let mut q = self.queue.lock();
+        let n = max.min(q.len());
+        out.extend(q.drain(..n));
+        !q.is_empty()
     }
 
     fn push(self: &Arc<Self>, msg: Message, hub: &Arc<Hub>) {
-        // The set owns the receiver, so the queue cannot be disconnected.
-        let _ = self.queue_tx.send(msg);
+        self.queue.lock().push_back(msg);
         self.work.notify_one();
         if self.ready() == 0 {
             self.wanted.notify_waiters();
@@ -223,10 +261,12 @@ impl MemberLinks {
 
     /// Sends every queued message elsewhere.
     pub(crate) fn drain(&self, hub: &Arc<Hub>) {
-        while let Some(mut msg) = self.take() {
+        // Taken out first: rescheduling may queue on this very set again.
+        let queued = std::mem::take(&mut *self.queue.lock());
+        for mut msg in queued {
             msg.bounces += 1;
             msg.avoid(self.member.address);
-            if msg.bounces > MAX_BOUNCES {
+            if u32::from(msg.bounces) > MAX_BOUNCES {
                 hub.fail(msg, FailReason::MemberFailed);
             } else {
                 hub.dispatch(msg);
@@ -288,11 +328,11 @@ impl Dispatch {
         let pool = &self.pool;
         let n = pool.members().len();
         let mut exclude: Vec<usize> = msg
-            .tried
+            .tried()
             .iter()
             .filter_map(|a| pool.member_by_addr(*a).map(|(i, _)| i))
             .collect();
-        let key = self.persistence.as_ref().map(|p| p.key(msg.peer));
+        let key = self.persistence.as_ref().map(|p| p.key(msg.peer()));
         let mut remembered = None;
         if let (Some(p), Some(k)) = (&self.persistence, &key) {
             remembered = p.table.get(k);
@@ -305,7 +345,7 @@ impl Dispatch {
         // Only the hash algorithm reads the key: skip hashing the client per message otherwise.
         let ctx = PickContext {
             hash: (pool.algorithm == Algorithm::Hash)
-                .then(|| l4_hash(&pool.hash_key, msg.peer))
+                .then(|| l4_hash(&pool.hash_key, msg.peer()))
                 .flatten(),
         };
         let mut chosen = None;
@@ -324,7 +364,7 @@ impl Dispatch {
             fallback.get_or_insert(p.index);
             exclude.push(p.index);
         }
-        if chosen.is_none() && fallback.is_none() && !msg.tried.is_empty() {
+        if chosen.is_none() && fallback.is_none() && !msg.tried().is_empty() {
             // Every other member is out: the one the message failed on may still serve its
             // re-send (a lone member that restarted).
             fallback = pool.pick(&ctx, &[]).map(|p| p.index);
@@ -494,7 +534,7 @@ impl Hub {
     pub(crate) fn member_failed(self: &Arc<Self>, mut msg: Message, member: SocketAddr) {
         msg.avoid(member);
         if self.settings.options.delivery == Delivery::AtLeastOnce
-            && msg.attempts < self.settings.options.max_attempts
+            && u32::from(msg.attempts) < self.settings.options.max_attempts
         {
             self.messages.redispatched.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(service = %self.name, %member, attempts = msg.attempts, "re-sending a message its member did not answer");
@@ -508,7 +548,7 @@ impl Hub {
     pub(crate) fn bounce(self: &Arc<Self>, mut msg: Message, member: SocketAddr) {
         msg.bounces += 1;
         msg.avoid(member);
-        if msg.bounces > MAX_BOUNCES {
+        if u32::from(msg.bounces) > MAX_BOUNCES {
             self.fail(msg, FailReason::MemberFailed);
         } else {
             self.dispatch(msg);
@@ -537,7 +577,7 @@ impl Hub {
             }
             FailReason::Timeout => {}
         }
-        tracing::debug!(service = %self.name, client = %msg.peer, reason = reason.as_str(), "message failed");
+        tracing::debug!(service = %self.name, client = %msg.peer(), reason = reason.as_str(), "message failed");
         drop(msg);
     }
 

@@ -303,6 +303,8 @@ struct Session<'a> {
     window: usize,
     wbuf: SendBuf,
     rbuf: BytesMut,
+    /// Reused for the messages taken from the queue in one go.
+    batch: Vec<Message>,
     scanned: usize,
     idle: bool,
     ready: bool,
@@ -330,6 +332,7 @@ impl<'a> Session<'a> {
             window: hub.settings.window(),
             wbuf: SendBuf::default(),
             rbuf: BytesMut::new(),
+            batch: Vec::new(),
             scanned: 0,
             idle: false,
             ready: false,
@@ -434,21 +437,29 @@ impl<'a> Session<'a> {
 
     /// Takes queued messages while there is room, and writes them into the send buffer.
     fn pull(&mut self) {
-        let timeout = self.hub.settings.options.message_timeout;
-        let mut now = None;
-        while self.outstanding() < self.window {
-            let Some(msg) = self.links.take() else {
-                return;
-            };
-            let now = *now.get_or_insert_with(Instant::now);
-            if now.duration_since(msg.accepted) >= timeout {
-                self.hub.fail(msg, FailReason::Timeout);
-                continue;
-            }
-            self.send(msg, now);
+        let room = self.window.saturating_sub(self.outstanding());
+        if room == 0 {
+            return;
         }
-        // Full, with messages still queued: another link with room should take them.
-        if self.links.queued() > 0 {
+        let mut batch = std::mem::take(&mut self.batch);
+        let more = self.links.take(room, &mut batch);
+        if !batch.is_empty() {
+            let now = Instant::now();
+            // Messages accepted before this instant are overdue (a comparison per message, not
+            // a subtraction).
+            let overdue_before = now.checked_sub(self.hub.settings.options.message_timeout);
+            for msg in batch.drain(..) {
+                if overdue_before.is_some_and(|t| msg.accepted <= t) {
+                    self.hub.fail(msg, FailReason::Timeout);
+                } else {
+                    self.send(msg, now);
+                }
+            }
+        }
+        self.batch = batch;
+        // Full (or ids blocked), with messages still queued: another link with room should
+        // take them. (A message released from `blocked` may leave room; the next turn sees it.)
+        if more {
             self.links.work.notify_one();
         }
     }
@@ -461,7 +472,7 @@ impl<'a> Session<'a> {
             blocked_count,
         } = &mut self.pending
         {
-            let Some(id) = msg.id.clone().map(|r| IdKey::new(&msg.bytes, r)) else {
+            let Some(id) = msg.id().map(|r| IdKey::new(&msg.bytes, r)) else {
                 // The client connection checked that every message carries its id.
                 self.hub.fail(msg, FailReason::MemberFailed);
                 return;
@@ -686,7 +697,16 @@ impl<'a> Session<'a> {
         for m in expired {
             self.hub.fail(m, FailReason::Timeout);
         }
-        desync.then_some(End::Failed(reason))
+        // Bytes still unwritten after a whole message_timeout: the member stopped reading. The
+        // connection is closed rather than letting further messages pile up behind them.
+        let stuck = sent_expired > 0 && !self.wbuf.is_empty();
+        (desync || stuck).then(|| {
+            End::Failed(if stuck {
+                format!("the member read nothing for {timeout:?}")
+            } else {
+                reason
+            })
+        })
     }
 
     /// After the connection ended: the messages it carried go back to the dispatcher. Returns how

@@ -15,6 +15,13 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Counts an error and says what it was (once per kind is enough to diagnose).
+fn error(totals: &Totals, conn: u32, what: &str) {
+    if totals.errors.fetch_add(1, Ordering::Relaxed) < 3 {
+        eprintln!("msgload: connection {conn}: {what}");
+    }
+}
+
 struct Totals {
     /// Answers within the measured window, and over the whole run (warm-up and drain included).
     answers: AtomicU64,
@@ -42,9 +49,12 @@ async fn client(
     totals: Arc<Totals>,
 ) -> Vec<u32> {
     let mut lat_us = Vec::new();
-    let Ok(mut s) = TcpStream::connect(addr).await else {
-        totals.errors.fetch_add(1, Ordering::Relaxed);
-        return lat_us;
+    let mut s = match TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => {
+            error(&totals, conn, &format!("connect: {e}"));
+            return lat_us;
+        }
     };
     let _ = s.set_nodelay(true);
     let mut seq = 0u64;
@@ -53,8 +63,8 @@ async fn client(
         frame(&mut out, conn, seq, start.elapsed().as_nanos() as u64, size);
         seq += 1;
     }
-    if s.write_all(&out).await.is_err() {
-        totals.errors.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = s.write_all(&out).await {
+        error(&totals, conn, &format!("write: {e}"));
         return lat_us;
     }
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
@@ -63,8 +73,24 @@ async fn client(
     while outstanding > 0 {
         let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk)).await;
         let n = match read {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => {
-                totals.errors.fetch_add(1, Ordering::Relaxed);
+            Ok(Ok(0)) => {
+                error(
+                    &totals,
+                    conn,
+                    &format!("closed with {outstanding} outstanding"),
+                );
+                return lat_us;
+            }
+            Ok(Err(e)) => {
+                error(&totals, conn, &format!("read: {e}"));
+                return lat_us;
+            }
+            Err(_) => {
+                error(
+                    &totals,
+                    conn,
+                    &format!("no answer for 10s, {outstanding} outstanding"),
+                );
                 return lat_us;
             }
             Ok(Ok(n)) => n,
@@ -81,7 +107,7 @@ async fn client(
             }
             let body = &buf[at + 2..at + len];
             if body.len() < 20 || u32::from_be_bytes([body[0], body[1], body[2], body[3]]) != conn {
-                totals.errors.fetch_add(1, Ordering::Relaxed);
+                error(&totals, conn, "an answer to another connection's message");
             } else {
                 let sent = u64::from_be_bytes(body[12..20].try_into().unwrap_or([0; 8]));
                 totals.all.fetch_add(1, Ordering::Relaxed);
@@ -99,9 +125,11 @@ async fn client(
             }
         }
         buf.drain(..at);
-        if !out.is_empty() && s.write_all(&out).await.is_err() {
-            totals.errors.fetch_add(1, Ordering::Relaxed);
-            return lat_us;
+        if !out.is_empty() {
+            if let Err(e) = s.write_all(&out).await {
+                error(&totals, conn, &format!("write: {e}"));
+                return lat_us;
+            }
         }
     }
     lat_us
