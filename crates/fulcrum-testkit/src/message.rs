@@ -275,6 +275,7 @@ struct SwitchState {
     active: AtomicU64,
     max_outstanding: AtomicU64,
     ids: Mutex<Vec<Vec<u8>>>,
+    proxy_headers: Mutex<Vec<Vec<u8>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -352,6 +353,15 @@ impl MessageSwitch {
         self.state.ids.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
+    /// PROXY protocol headers that connections started with, raw.
+    pub fn proxy_headers(&self) -> Vec<Vec<u8>> {
+        self.state
+            .proxy_headers
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
     /// Stops listening and cuts every connection, like a crashed host.
     pub fn kill(&self) {
         self.accept.abort();
@@ -411,12 +421,32 @@ async fn serve_switch(
     }));
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
+    let mut first = true;
     'read: loop {
         let n = match rd.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
+        if first {
+            // A PROXY protocol header (v1 or v2) may open the connection: recorded, not a message.
+            let maybe = buf.starts_with(b"PROXY ") || buf.starts_with(b"\r\n\r\n\0\r\nQUIT\n");
+            let prefix_of_one = b"PROXY ".starts_with(&buf[..buf.len().min(6)])
+                || b"\r\n\r\n\0\r\nQUIT\n".starts_with(&buf[..buf.len().min(12)]);
+            if maybe || (prefix_of_one && buf.len() < 12) {
+                match crate::servers::split_proxy_header(&buf) {
+                    Some(end) => {
+                        if let Ok(mut h) = state.proxy_headers.lock() {
+                            h.push(buf[..end].to_vec());
+                        }
+                        buf.drain(..end);
+                    }
+                    None if buf.len() < 256 => continue,
+                    None => {}
+                }
+            }
+            first = false;
+        }
         loop {
             let body = match framing.decode(&mut buf) {
                 Ok(Some(b)) => b,

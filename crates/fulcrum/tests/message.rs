@@ -957,3 +957,38 @@ fn check_reports_message_framing_errors_with_their_place() {
         "{out}"
     );
 }
+
+/// proxy_protocol on a message service: every member connection opens with the header for a
+/// connection of Fulcrum's own (v2 LOCAL, v1 UNKNOWN), since it carries many clients' messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_announces_fulcrums_own_member_connections() {
+    let framing = WireFraming::two_byte();
+    for (version, check) in [
+        (
+            "v2",
+            (|h: &[u8]| h.len() == 16 && h[12] == 0x20 && h[13] == 0) as fn(&[u8]) -> bool,
+        ),
+        ("v1", |h: &[u8]| h == b"PROXY UNKNOWN\r\n"),
+    ] {
+        let servers = switches(1, &framing, SwitchOptions::default()).await;
+        let vs = free_addr();
+        let f = start(&config(
+            vs,
+            &servers,
+            &format!("{ASYNC_SEQ}\nproxy_protocol = \"{version}\""),
+            "",
+        ))
+        .await;
+        wait_connected(&f, &servers, 2).await;
+        let mut c = MessageClient::connect(vs, framing.clone()).await.unwrap();
+        c.send(&id(7), b"hi").await.unwrap();
+        assert_eq!(c.recv(WAIT).await.unwrap().unwrap().payload, b"hi");
+        assert!(
+            wait_until(WAIT, || async { servers[0].proxy_headers().len() == 2 }).await,
+            "{version}: one header per member connection: {:?}",
+            servers[0].proxy_headers()
+        );
+        let headers = servers[0].proxy_headers();
+        assert!(headers.iter().all(|h| check(h)), "{version}: {headers:?}");
+    }
+}
