@@ -2,6 +2,7 @@
 //! error located by file, line, column and key path.
 
 mod error;
+mod message;
 mod reader;
 mod schema;
 mod types;
@@ -13,6 +14,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
+pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
 pub use types::{

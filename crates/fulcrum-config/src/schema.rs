@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::message::{Framing, MessageOptions, Sequence};
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::string_enum;
 use crate::types::{read_table, ByteSize, KeyValues, OneOrMany};
@@ -130,6 +131,8 @@ pub struct VirtualService {
     pub gslb_redirect: Option<String>,
     /// Active connections of the service above which it redirects to another site.
     pub gslb_redirect_threshold: Option<u64>,
+    /// Member connections and delivery of a message service (Fulcrum additions).
+    pub message: MessageOptions,
 }
 
 impl FromNode for VirtualService {
@@ -157,6 +160,7 @@ impl FromNode for VirtualService {
             let sequence = t.opt(cx, "sequence");
             let gslb_redirect = t.opt(cx, "gslb_redirect");
             let gslb_redirect_threshold = t.opt(cx, "gslb_redirect_threshold");
+            let message = MessageOptions::read(t, cx, node, message_mode);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -183,6 +187,7 @@ impl FromNode for VirtualService {
                 sequence,
                 gslb_redirect,
                 gslb_redirect_threshold,
+                message,
             })
         })
     }
@@ -448,56 +453,6 @@ impl FromNode for Cache {
             Some(Cache {
                 size: t.opt::<ByteSize>(cx, "size").map_or(256 << 20, |s| s.0),
                 max_object: t.opt::<ByteSize>(cx, "max_object").map_or(8 << 20, |s| s.0),
-            })
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Framing {
-    pub length_bytes: u8,
-    pub length_offset: usize,
-    pub big_endian: bool,
-    pub length_includes_header: bool,
-    pub max_message: usize,
-}
-
-impl FromNode for Framing {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            let length_bytes = t.opt(cx, "length_bytes").unwrap_or(2);
-            if ![1, 2, 4, 8].contains(&length_bytes) {
-                cx.error_at(
-                    node.span.clone(),
-                    &format!("{}.length_bytes", t.path()),
-                    format!("{length_bytes} is not supported; expected 1, 2, 4 or 8"),
-                );
-            }
-            Some(Framing {
-                length_bytes,
-                length_offset: t.opt(cx, "length_offset").unwrap_or(0),
-                big_endian: t.opt(cx, "big_endian").unwrap_or(true),
-                length_includes_header: t.opt(cx, "length_includes_header").unwrap_or(false),
-                max_message: t.opt(cx, "max_message").unwrap_or(65536),
-            })
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Sequence {
-    pub offset: usize,
-    pub length: usize,
-}
-
-impl FromNode for Sequence {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            let offset = t.req(cx, "offset");
-            let length = t.req(cx, "length");
-            Some(Sequence {
-                offset: offset?,
-                length: length?,
             })
         })
     }

@@ -571,3 +571,164 @@ fn gslb_redirect_needs_an_http_service_and_a_name() {
     );
     assert_eq!(c.virtual_services[0].gslb_redirect_threshold, Some(5000));
 }
+const MESSAGE: &str = r#"
+[[virtual_service]]
+name = "pos"
+listen = "127.0.0.1:7000"
+protocol = "message"
+pool = "hosts"
+message_mode = "async"
+
+[[pool]]
+name = "hosts"
+algorithm = "least_request"
+
+[[pool.member]]
+address = "127.0.0.1:9001"
+"#;
+
+fn message_with(extra: &str) -> String {
+    MESSAGE.replace(
+        "message_mode = \"async\"",
+        &format!("message_mode = \"async\"\n{extra}"),
+    )
+}
+
+#[test]
+fn message_defaults() {
+    let c = ok(MESSAGE);
+    let vs = &c.virtual_services[0];
+    assert!(vs.framing.is_none());
+    let f = vs.framing.clone().unwrap_or_default();
+    assert_eq!(f.length_bytes, 2);
+    assert!(f.big_endian);
+    assert_eq!(f.max_message, 65536);
+    assert_eq!(f.length_encoding, LengthEncoding::Binary);
+    assert_eq!(f.header_len(), 2);
+    assert_eq!(vs.message.member_connections, 2);
+    assert_eq!(vs.message.max_pending, 256);
+    assert_eq!(vs.message.delivery, Delivery::AtLeastOnce);
+    assert_eq!(vs.message.max_attempts, 3);
+    assert_eq!(vs.message.message_timeout, Duration::from_secs(30));
+    let c = ok(&MESSAGE.replace("\"async\"", "\"sync\""));
+    assert_eq!(c.virtual_services[0].message.member_connections, 8);
+}
+
+#[test]
+fn message_framing_variants() {
+    let c = ok(&message_with(
+        "framing = { length_encoding = \"ascii\", length_bytes = 4, length_offset = 3, max_message = \"8KiB\" }",
+    ));
+    let f = c.virtual_services[0].framing.clone().unwrap();
+    assert_eq!(f.length_encoding, LengthEncoding::Ascii);
+    assert_eq!(f.header_len(), 7);
+    assert_eq!(f.max_message, 8192);
+    let c = ok(&message_with("framing = { delimiter = \"\\r\\n\" }"));
+    let f = c.virtual_services[0].framing.clone().unwrap();
+    assert_eq!(f.delimiter.as_deref(), Some(&b"\r\n"[..]));
+    assert_eq!(f.header_len(), 0);
+    let c = ok(&message_with("framing = { delimiter = [0x03, 255] }"));
+    assert_eq!(
+        c.virtual_services[0].framing.clone().unwrap().delimiter,
+        Some(vec![3, 255])
+    );
+    ok(&message_with(
+        "framing = { length_encoding = \"bcd\", length_bytes = 2, length_includes_header = true, length_adjust = -2 }",
+    ));
+}
+
+#[test]
+fn message_framing_errors_are_located() {
+    let e = errs(&message_with("framing = { length_bytes = 3 }"));
+    has(
+        &e,
+        "t.toml:8:13: virtual_service[0].framing.length_bytes: 3 is not supported for a binary length; expected 1, 2, 4 or 8",
+    );
+    let e = errs(&message_with(
+        "framing = { length_encoding = \"bcd\", length_bytes = 5 }",
+    ));
+    has(
+        &e,
+        "framing.length_bytes: 5 is not supported for a bcd length",
+    );
+    let e = errs(&message_with(
+        "framing = { length_encoding = \"ascii\", big_endian = false }",
+    ));
+    has(
+        &e,
+        "framing.big_endian: `big_endian` applies to binary lengths",
+    );
+    let e = errs(&message_with(
+        "framing = { delimiter = \"\\n\", length_bytes = 2 }",
+    ));
+    has(
+        &e,
+        "framing.delimiter: a frame ends with `delimiter` or has a length prefix, not both; remove `delimiter` or `length_bytes`",
+    );
+    let e = errs(&message_with("framing = { delimiter = \"\" }"));
+    has(
+        &e,
+        "framing.delimiter: a delimiter of 0 bytes is not supported",
+    );
+    let e = errs(&message_with("framing = { delimiter = [300] }"));
+    has(
+        &e,
+        "framing.delimiter[0]: expected a byte value from 0 to 255",
+    );
+    let e = errs(&message_with("framing = { max_message = 0 }"));
+    has(&e, "framing.max_message: 0 is out of range");
+    let e = errs(&message_with("framing = { max_message = \"1GiB\" }"));
+    has(&e, "framing.max_message: 1073741824 is out of range");
+}
+
+#[test]
+fn message_sequence_and_delivery_errors() {
+    let e = errs(&message_with(
+        "framing = { max_message = 100 }\nsequence = { offset = 95, length = 12 }",
+    ));
+    has(
+        &e,
+        "virtual_service[0].sequence: the id at bytes 95..107 of the body lies beyond max_message (100 bytes)",
+    );
+    let e = errs(&message_with("sequence = { offset = 0, length = 0 }"));
+    has(
+        &e,
+        "sequence.length: 0 is out of range; expected 1 to 64 bytes",
+    );
+    let e = errs(&message_with(
+        "delivery = \"at_most_once\"\nmax_attempts = 3",
+    ));
+    has(
+        &e,
+        "virtual_service[0].max_attempts: delivery = \"at_most_once\" never sends a message twice",
+    );
+    let c = ok(&message_with("delivery = \"at_most_once\""));
+    assert_eq!(c.virtual_services[0].message.max_attempts, 1);
+    let e = errs(&message_with(
+        "member_connections = 0\nmessage_timeout = \"0s\"",
+    ));
+    has(
+        &e,
+        "virtual_service[0].member_connections: 0 is out of range; expected 1 to 1024",
+    );
+    has(
+        &e,
+        "virtual_service[0].message_timeout: must be longer than 0s",
+    );
+    let e = errs(&TCP.replace(
+        "persistence = \"src\"",
+        "persistence = \"src\"\nmax_pending = 5",
+    ));
+    has(
+        &e,
+        "virtual_service[0].max_pending: `max_pending` applies to protocol message; this service is tcp",
+    );
+    let e = errs(&MESSAGE.replace(
+        "address = \"127.0.0.1:9001\"",
+        "address = \"127.0.0.1:9001\"\nmax_connections = 10",
+    ));
+    has(
+        &e,
+        "pool[0].member[0].max_connections: message service \"pos\" uses this pool",
+    );
+}

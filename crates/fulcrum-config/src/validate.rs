@@ -696,6 +696,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
     }
 
+    c.errors.extend(crate::message::validate(cfg));
     c.errors
 }
 

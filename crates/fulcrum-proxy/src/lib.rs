@@ -1,9 +1,10 @@
 //! L4 data planes: listening sockets that survive reloads, the TCP full proxy with zero-copy
-//! forwarding, PROXY protocol towards members, and the UDP proxy (session and per-packet, with
-//! RADIUS persistence).
+//! forwarding, PROXY protocol towards members, the UDP proxy (session and per-packet, with
+//! RADIUS persistence), and message-based load balancing.
 
 pub mod forward;
 pub mod listener;
+pub mod message;
 pub mod proxy_protocol;
 pub mod radius;
 mod splice;
@@ -16,6 +17,7 @@ pub use listener::{
     BindError, DatagramListeners, DatagramService, Listener, Listeners, Prepared, PreparedDatagram,
     StreamHandler,
 };
+pub use message::MessageService;
 pub use stats::{ServiceConnection, ServiceStats};
 pub use tcp::{SourcePersistence, TcpService};
 pub use tracker::Tracker;

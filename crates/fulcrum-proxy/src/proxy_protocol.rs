@@ -26,6 +26,21 @@ pub fn header(version: ProxyProtocol, client: SocketAddr, local: SocketAddr) -> 
     }
 }
 
+/// The header for a connection that carries no single client (it is the proxy's own, e.g. a
+/// member connection shared by many clients' messages): v1 `UNKNOWN`, v2 the `LOCAL` command.
+/// Receivers then use the connection's real endpoints.
+pub fn local_header(version: ProxyProtocol) -> Vec<u8> {
+    match version {
+        ProxyProtocol::V1 => b"PROXY UNKNOWN\r\n".to_vec(),
+        ProxyProtocol::V2 => {
+            let mut h = V2_SIGNATURE.to_vec();
+            // version 2, LOCAL command; UNSPEC family; no address block.
+            h.extend_from_slice(&[0x20, 0x00, 0x00, 0x00]);
+            h
+        }
+    }
+}
+
 fn v1(client: SocketAddr, local: SocketAddr) -> Vec<u8> {
     match (client.ip(), local.ip()) {
         (IpAddr::V4(c), IpAddr::V4(l)) => {

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod dialogue;
+pub mod message;
 pub mod mmdb;
 pub mod process;
 pub mod servers;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
 pub use dialogue::DialogueServer;
+pub use message::{MessageClient, MessageSwitch, SwitchOptions, WireFraming};
 pub use process::Fulcrum;
 pub use servers::{AgentServer, HttpBackend, TcpIdServer};
 pub use udp::{RadiusServer, UdpEchoServer};

@@ -63,7 +63,7 @@ impl Drop for ActiveGuard {
 }
 
 /// Splits a PROXY protocol header off the start of `buf`, if there is a complete one.
-fn split_proxy_header(buf: &[u8]) -> Option<usize> {
+pub(crate) fn split_proxy_header(buf: &[u8]) -> Option<usize> {
     const V2: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
     if buf.starts_with(b"PROXY ") {
         return buf.windows(2).position(|w| w == b"\r\n").map(|p| p + 2);

@@ -54,11 +54,14 @@ impl Source {
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::dns::checks(config);
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        if !matches!(vs.protocol, Protocol::Tcp | Protocol::Udp) {
+        if !matches!(
+            vs.protocol,
+            Protocol::Tcp | Protocol::Udp | Protocol::Message
+        ) {
             errors.push(config.locations.error(
                 &format!("virtual_service[{i}].protocol"),
                 format!(
-                    "protocol {} is not available in this build yet; tcp and udp are",
+                    "protocol {} is not available in this build yet; tcp, udp and message are",
                     vs.protocol
                 ),
             ));
@@ -103,6 +106,7 @@ pub struct App {
     dns: crate::dns::Dns,
     sockets_per_address: usize,
     udp: crate::udp::Udp,
+    messages: crate::message::Messages,
 }
 
 impl App {
@@ -125,6 +129,7 @@ impl App {
             dns: crate::dns::Dns::new(default_sockets_per_address(workers)),
             sockets_per_address: default_sockets_per_address(workers),
             udp: crate::udp::Udp::default(),
+            messages: crate::message::Messages::default(),
         }
     }
 
@@ -147,6 +152,7 @@ impl App {
         let mut udp_next = crate::udp::Next::default();
         let dns = self.dns.prepare(&config)?;
 
+        self.messages.begin();
         let old = self.snapshot.load_full();
         let pools: Vec<Arc<Pool>> = config
             .pools
@@ -218,6 +224,10 @@ impl App {
                     stats: st.clone(),
                     tracker: self.tracker.clone(),
                 }),
+                (Protocol::Message, Some(pool)) => {
+                    self.messages
+                        .handler(vs, pool, st.clone(), source_persistence, &self.tracker)
+                }
                 // runtime_checks refused everything else before we got here.
                 _ => {
                     return Err(vec![format!(
@@ -241,6 +251,7 @@ impl App {
             .commit(prepared, handlers)
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
         self.udp.commit(udp_prepared, udp_next);
+        self.messages.commit();
         asm.stats = stats;
         asm.tables = tables;
         let site_pools = self.dns.commit(dns, &config, &pools);
@@ -325,6 +336,7 @@ impl Control for App {
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
         self.udp.metrics(out);
         self.dns.metrics(out);
+        self.messages.write_metrics(out);
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {

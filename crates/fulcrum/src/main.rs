@@ -3,6 +3,7 @@
 mod app;
 mod demo;
 mod dns;
+mod message;
 mod udp;
 
 use std::path::PathBuf;

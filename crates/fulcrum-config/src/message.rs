@@ -1,0 +1,462 @@
+//! Keys of `protocol = "message"` virtual services (message-based load balancing): how the byte
+//! stream is cut into messages (`framing`), where the id pairing a response with its request sits
+//! (`sequence`), and how Fulcrum keeps and uses its connections to members.
+//!
+//! DESIGN §4 names `framing` (length prefix), `message_mode` and `sequence`; the length encodings,
+//! the delimiter variant, `length_adjust` and the connection and delivery keys are Fulcrum
+//! additions, documented in docs/configuration.md.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::schema::{Config, MessageMode, Protocol};
+use crate::string_enum;
+use crate::types::{read_table, ByteSize};
+use crate::ConfigError;
+
+string_enum!(
+    /// How the length field of a length-prefixed frame is written.
+    LengthEncoding {
+        /// An unsigned binary integer of `length_bytes` bytes (`big_endian` or little-endian).
+        Binary = "binary",
+        /// `length_bytes` ASCII decimal digits, e.g. "0123" (common on ISO 8583 links).
+        Ascii = "ascii",
+        /// Packed BCD: two decimal digits per byte, `length_bytes` bytes, e.g. 0x01 0x23 = 123.
+        Bcd = "bcd",
+    }
+);
+
+string_enum!(
+    /// What happens to a message whose member connection died before the member answered it.
+    Delivery {
+        /// Sent again to another member (up to `max_attempts` sends in all): the client gets its
+        /// answer, and a member may see the message twice.
+        AtLeastOnce = "at_least_once",
+        /// Never sent twice: the message fails, and the client gets no answer for it.
+        AtMostOnce = "at_most_once",
+    }
+);
+
+/// The largest message (`max_message`) a service may allow: bounds the memory one frame can take.
+pub const MAX_MESSAGE_LIMIT: u64 = 64 << 20;
+/// The longest `sequence` id, in bytes.
+pub const MAX_SEQUENCE_LENGTH: usize = 64;
+/// The longest delimiter, in bytes.
+pub const MAX_DELIMITER: usize = 16;
+
+/// How a byte stream is cut into messages; the same framing applies to requests and responses.
+///
+/// With a length prefix, a frame is `length_offset` bytes of leading header, the length field of
+/// `length_bytes` bytes, then the body. The length field counts the body (or, with
+/// `length_includes_header`, the whole frame), plus `length_adjust`. With a `delimiter`, a frame is
+/// everything up to and including the delimiter, and the body is what precedes the delimiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Framing {
+    pub length_bytes: u8,
+    pub length_offset: usize,
+    pub big_endian: bool,
+    pub length_includes_header: bool,
+    /// The largest body accepted, in bytes (the bytes after the length field, or before the
+    /// delimiter). A larger frame closes the connection that sent it.
+    pub max_message: usize,
+    /// Fulcrum addition: binary, ASCII decimal or BCD length field.
+    pub length_encoding: LengthEncoding,
+    /// Fulcrum addition: added to the length field's value to get the body length (or the frame
+    /// length with `length_includes_header`), for protocols whose length counts something else.
+    pub length_adjust: i64,
+    /// Fulcrum addition: frames end with these bytes instead of having a length prefix.
+    pub delimiter: Option<Vec<u8>>,
+}
+
+impl Default for Framing {
+    fn default() -> Self {
+        Framing {
+            length_bytes: 2,
+            length_offset: 0,
+            big_endian: true,
+            length_includes_header: false,
+            max_message: 65536,
+            length_encoding: LengthEncoding::Binary,
+            length_adjust: 0,
+            delimiter: None,
+        }
+    }
+}
+
+impl Framing {
+    /// Bytes before the body: the leading header and the length field (0 with a delimiter).
+    pub fn header_len(&self) -> usize {
+        if self.delimiter.is_some() {
+            0
+        } else {
+            self.length_offset + usize::from(self.length_bytes)
+        }
+    }
+}
+
+/// Reports an error at `key` of the table `t` (at the key itself when it was written).
+fn key_error(
+    t: &mut TableReader<'_>,
+    cx: &mut Cx<'_>,
+    table: &Node<'_>,
+    key: &'static str,
+    msg: String,
+) {
+    let span = t
+        .node(key)
+        .and_then(|n| n.span.clone())
+        .or_else(|| table.span.clone());
+    cx.error_at(span, &format!("{}.{key}", t.path()), msg);
+}
+
+/// Delimiter bytes: a string (its UTF-8 bytes, TOML escapes such as "\r\n" or "\u0003"), or an
+/// array of byte values (`[0x03]`) for bytes a string cannot hold.
+struct DelimiterBytes(Vec<u8>);
+
+impl FromNode for DelimiterBytes {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        match node.shape() {
+            Shape::Str(s) => Some(DelimiterBytes(s.as_bytes().to_vec())),
+            Shape::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in &items {
+                    match item.shape() {
+                        Shape::Int(i) if (0..=255).contains(&i) => out.push(i as u8),
+                        _ => {
+                            cx.error(item, "expected a byte value from 0 to 255");
+                            return None;
+                        }
+                    }
+                }
+                Some(DelimiterBytes(out))
+            }
+            _ => {
+                cx.error(
+                    node,
+                    format!(
+                        "expected a string or an array of byte values, found {}",
+                        node.type_name()
+                    ),
+                );
+                None
+            }
+        }
+    }
+}
+
+impl FromNode for Framing {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let d = Framing::default();
+            let length_bytes: u8 = t.opt(cx, "length_bytes").unwrap_or(d.length_bytes);
+            let length_offset: usize = t.opt(cx, "length_offset").unwrap_or(d.length_offset);
+            let big_endian = t.opt(cx, "big_endian").unwrap_or(d.big_endian);
+            let length_includes_header = t
+                .opt(cx, "length_includes_header")
+                .unwrap_or(d.length_includes_header);
+            let max_message: Option<ByteSize> = t.opt(cx, "max_message");
+            let length_encoding: LengthEncoding =
+                t.opt(cx, "length_encoding").unwrap_or(d.length_encoding);
+            let length_adjust: i64 = t.opt(cx, "length_adjust").unwrap_or(0);
+            let delimiter: Option<DelimiterBytes> = t.opt(cx, "delimiter");
+
+            let (allowed, what): (&[u8], &str) = match length_encoding {
+                LengthEncoding::Binary => (&[1, 2, 4, 8], "1, 2, 4 or 8 bytes"),
+                LengthEncoding::Ascii => (&[1, 2, 3, 4, 5, 6, 7, 8], "1 to 8 digits"),
+                LengthEncoding::Bcd => (&[1, 2, 3, 4], "1 to 4 bytes (2 to 8 digits)"),
+            };
+            if !allowed.contains(&length_bytes) {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "length_bytes",
+                    format!(
+                        "{length_bytes} is not supported for a {length_encoding} length; expected {what}"
+                    ),
+                );
+            }
+            if length_offset > 4096 {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "length_offset",
+                    format!("{length_offset} is too large; expected 0 to 4096"),
+                );
+            }
+            if t.has("big_endian") && length_encoding != LengthEncoding::Binary {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "big_endian",
+                    format!(
+                        "`big_endian` applies to binary lengths; a {length_encoding} length is always written most significant digit first"
+                    ),
+                );
+            }
+            if !(-65536..=65536).contains(&length_adjust) {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "length_adjust",
+                    format!("{length_adjust} is out of range; expected -65536 to 65536"),
+                );
+            }
+            let max_message = max_message.map_or(d.max_message as u64, |s| s.0);
+            if max_message == 0 || max_message > MAX_MESSAGE_LIMIT {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "max_message",
+                    format!(
+                        "{max_message} is out of range; expected 1 to {MAX_MESSAGE_LIMIT} (64 MiB)"
+                    ),
+                );
+            }
+            let delimiter = delimiter.map(|d| d.0);
+            if let Some(bytes) = &delimiter {
+                if bytes.is_empty() || bytes.len() > MAX_DELIMITER {
+                    key_error(
+                        t,
+                        cx,
+                        node,
+                        "delimiter",
+                        format!(
+                            "a delimiter of {} bytes is not supported; expected 1 to {MAX_DELIMITER} bytes",
+                            bytes.len()
+                        ),
+                    );
+                }
+                let prefix_keys = [
+                    "length_bytes",
+                    "length_offset",
+                    "big_endian",
+                    "length_includes_header",
+                    "length_encoding",
+                    "length_adjust",
+                ];
+                if let Some(k) = prefix_keys.iter().find(|k| t.has(k)) {
+                    key_error(
+                        t,
+                        cx,
+                        node,
+                        "delimiter",
+                        format!(
+                            "a frame ends with `delimiter` or has a length prefix, not both; remove `delimiter` or `{k}`"
+                        ),
+                    );
+                }
+            }
+            Some(Framing {
+                length_bytes,
+                length_offset,
+                big_endian,
+                length_includes_header,
+                max_message: usize::try_from(max_message).unwrap_or(usize::MAX),
+                length_encoding,
+                length_adjust,
+                delimiter,
+            })
+        })
+    }
+}
+
+/// Where, in a message's body, the id pairing a response with its request sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sequence {
+    pub offset: usize,
+    pub length: usize,
+}
+
+impl Sequence {
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.length
+    }
+}
+
+impl FromNode for Sequence {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let offset = t.req(cx, "offset");
+            let length: Option<usize> = t.req(cx, "length");
+            if let Some(l) = length {
+                if l == 0 || l > MAX_SEQUENCE_LENGTH {
+                    key_error(
+                        t,
+                        cx,
+                        node,
+                        "length",
+                        format!("{l} is out of range; expected 1 to {MAX_SEQUENCE_LENGTH} bytes"),
+                    );
+                }
+            }
+            Some(Sequence {
+                offset: offset?,
+                length: length?,
+            })
+        })
+    }
+}
+
+/// Fulcrum additions for message services: the member connections and message delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageOptions {
+    /// Connections Fulcrum keeps to each member. async: opened at once and kept; sync: opened as
+    /// messages need them, up to this many, and kept for reuse.
+    pub member_connections: u32,
+    /// async: messages outstanding on one member connection at most (sync: always 1).
+    pub max_pending: u32,
+    /// Messages one client connection may have outstanding; past it Fulcrum stops reading that
+    /// client until answers come back.
+    pub client_max_pending: u32,
+    /// How long a message may wait for its answer, from its arrival, before it fails.
+    pub message_timeout: Duration,
+    pub delivery: Delivery,
+    /// Sends of one message to members in all (the first and the re-sends).
+    pub max_attempts: u32,
+}
+
+impl MessageOptions {
+    /// Reads the keys from a virtual service table; defaults depend on the message mode.
+    pub(crate) fn read(
+        t: &mut TableReader<'_>,
+        cx: &mut Cx<'_>,
+        node: &Node<'_>,
+        mode: MessageMode,
+    ) -> Self {
+        let default_connections = match mode {
+            MessageMode::Async => 2,
+            MessageMode::Sync => 8,
+        };
+        let mut o = MessageOptions {
+            member_connections: t
+                .opt(cx, "member_connections")
+                .unwrap_or(default_connections),
+            max_pending: t.opt(cx, "max_pending").unwrap_or(256),
+            client_max_pending: t.opt(cx, "client_max_pending").unwrap_or(1024),
+            message_timeout: t
+                .opt(cx, "message_timeout")
+                .unwrap_or(Duration::from_secs(30)),
+            delivery: t.opt(cx, "delivery").unwrap_or(Delivery::AtLeastOnce),
+            max_attempts: t.opt(cx, "max_attempts").unwrap_or(3),
+        };
+        for (key, value, max) in [
+            ("member_connections", &mut o.member_connections, 1024),
+            ("max_pending", &mut o.max_pending, 65536),
+            ("client_max_pending", &mut o.client_max_pending, 65536),
+            ("max_attempts", &mut o.max_attempts, 16),
+        ] {
+            if *value == 0 || *value > max {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    key,
+                    format!("{value} is out of range; expected 1 to {max}"),
+                );
+                *value = (*value).clamp(1, max);
+            }
+        }
+        if o.message_timeout.is_zero() {
+            key_error(
+                t,
+                cx,
+                node,
+                "message_timeout",
+                "must be longer than 0s".into(),
+            );
+        }
+        if o.delivery == Delivery::AtMostOnce && t.has("max_attempts") && o.max_attempts > 1 {
+            key_error(
+                t,
+                cx,
+                node,
+                "max_attempts",
+                format!(
+                    "delivery = \"at_most_once\" never sends a message twice; max_attempts = {} needs delivery = \"at_least_once\"",
+                    o.max_attempts
+                ),
+            );
+        }
+        if o.delivery == Delivery::AtMostOnce {
+            o.max_attempts = 1;
+        }
+        o
+    }
+}
+
+/// The message keys a virtual service of another protocol may not have.
+pub(crate) const MESSAGE_KEYS: &[&str] = &[
+    "member_connections",
+    "max_pending",
+    "client_max_pending",
+    "message_timeout",
+    "delivery",
+    "max_attempts",
+];
+
+/// Cross-checks of message services that need the whole config.
+pub(crate) fn validate(cfg: &Config) -> Vec<ConfigError> {
+    let loc = &cfg.locations;
+    let mut errors = Vec::new();
+    for (i, vs) in cfg.virtual_services.iter().enumerate() {
+        let at = |k: &str| format!("virtual_service[{i}].{k}");
+        if vs.protocol != Protocol::Message {
+            for key in MESSAGE_KEYS {
+                if loc.contains(&at(key)) {
+                    errors.push(loc.error(
+                        &at(key),
+                        format!(
+                            "`{key}` applies to protocol message; this service is {}",
+                            vs.protocol
+                        ),
+                    ));
+                }
+            }
+            continue;
+        }
+        let framing = vs.framing.clone().unwrap_or_default();
+        if let Some(seq) = &vs.sequence {
+            if seq.offset.saturating_add(seq.length) > framing.max_message {
+                errors.push(loc.error(
+                    &at("sequence"),
+                    format!(
+                        "the id at bytes {}..{} of the body lies beyond max_message ({} bytes)",
+                        seq.offset,
+                        seq.offset.saturating_add(seq.length),
+                        framing.max_message
+                    ),
+                ));
+            }
+        }
+        // Member connections of a message service are Fulcrum's own long-lived ones, counted in
+        // the member's active connections: a per-member connection cap would stop every message
+        // once they are open. `member_connections` is the knob for them.
+        if let Some(pool_name) = &vs.pool {
+            if let Some((p, pool)) = cfg
+                .pools
+                .iter()
+                .enumerate()
+                .find(|(_, p)| &p.name == pool_name)
+            {
+                for (j, m) in pool.members.iter().enumerate() {
+                    if m.max_connections > 0 {
+                        errors.push(loc.error(
+                            &format!("pool[{p}].member[{j}].max_connections"),
+                            format!(
+                                "message service {:?} uses this pool: its member connections are Fulcrum's own, set by `member_connections` on the service, so a member's max_connections does not apply",
+                                vs.name
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    errors
+}

@@ -1,0 +1,240 @@
+//! One client connection of a message service: cut its bytes into messages, schedule each on its
+//! own, and write the answers back as they come.
+//!
+//! Without a `sequence` the client has no way to tell answers apart, so they are written in the
+//! order of its requests (answers from faster members wait for the slower ones before them). With
+//! a sequence id they are written as they arrive. A message that fails leaves no answer, but no
+//! gap either: the answers after it flow on.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::forward::write_all;
+use crate::message::hub::{Client, Hub, Message, Reply};
+use crate::message::MessageService;
+
+/// Read buffer growth step.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Keeps the dispatcher's client count while the connection lives.
+struct ClientGuard<'a>(&'a Hub);
+
+impl Drop for ClientGuard<'_> {
+    fn drop(&mut self) {
+        self.0.client_left();
+    }
+}
+
+/// Answers waiting for earlier ones, for clients that need them in request order.
+struct InOrder {
+    /// Index of the first slot.
+    base: u64,
+    /// `None`: not answered yet; `Some(None)`: failed; `Some(Some(bytes))`: answered.
+    slots: VecDeque<Option<Option<Bytes>>>,
+}
+
+pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer: SocketAddr) {
+    let hub = &service.hub;
+    if service.max_connections > 0
+        && hub.stats.connections_active.load(Ordering::Relaxed)
+            >= u64::from(service.max_connections)
+    {
+        hub.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let _conn = hub.stats.open();
+    hub.client_joined();
+    let _client = ClientGuard(hub);
+    let _ = stream.set_nodelay(true);
+
+    let framer = &hub.framer;
+    let sequence = hub
+        .settings
+        .sequence
+        .clone()
+        .filter(|_| hub.settings.mode == fulcrum_config::MessageMode::Async);
+    let mut in_order = sequence.is_none().then(|| InOrder {
+        base: 0,
+        slots: VecDeque::new(),
+    });
+    let limit = hub.settings.options.client_max_pending as usize;
+    let idle_timeout = service.idle_timeout;
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
+    let me = Client::new(tx, peer);
+    let mut rbuf = BytesMut::new();
+    let mut scanned = 0usize;
+    let mut wbuf: Vec<u8> = Vec::new();
+    let mut next_index = 0u64;
+    let mut in_flight = 0usize;
+    let mut eof = false;
+    let mut last_activity = Instant::now();
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
+
+    loop {
+        if eof && in_flight == 0 {
+            break;
+        }
+        tokio::select! {
+            biased;
+            reply = rx.recv() => {
+                // This task holds a sender, so the channel stays open.
+                let Some(reply) = reply else { break };
+                take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
+                while let Ok(reply) = rx.try_recv() {
+                    take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
+                }
+                if in_flight > 0 {
+                    // More answers are on their way, often already readable on other member
+                    // connections. Yielding lets the runtime poll for them (a yielded task runs
+                    // after the next I/O poll), so one write carries them all: an event loop's
+                    // gather-then-flush, instead of one write per member connection.
+                    tokio::task::yield_now().await;
+                    while let Ok(reply) = rx.try_recv() {
+                        take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
+                    }
+                }
+                if !wbuf.is_empty() {
+                    // A client that stops reading its answers is closed after idle_timeout, as
+                    // HAProxy's `timeout client` would: it must not hold its answers for ever.
+                    match tokio::time::timeout(idle_timeout, write_all(&stream, &wbuf)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(service = %hub.name, client = %peer, "client does not read its answers; closing");
+                            return;
+                        }
+                    }
+                    hub.stats.bytes_out.fetch_add(wbuf.len() as u64, Ordering::Relaxed);
+                    wbuf.clear();
+                    if wbuf.capacity() > 256 * 1024 {
+                        wbuf = Vec::new();
+                    }
+                }
+                last_activity = Instant::now();
+            }
+            r = stream.readable(), if !eof && in_flight < limit => {
+                if let Err(e) = r {
+                    tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed");
+                    return;
+                }
+                if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
+                    rbuf.reserve(READ_CHUNK);
+                }
+                let n = match stream.try_read_buf(&mut rbuf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => {
+                        tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed");
+                        return;
+                    }
+                };
+                if n == 0 {
+                    eof = true;
+                    if !rbuf.is_empty() {
+                        tracing::debug!(service = %hub.name, client = %peer, bytes = rbuf.len(), "client closed in the middle of a message");
+                    }
+                    continue;
+                }
+                last_activity = Instant::now();
+                hub.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                loop {
+                    let frame = match framer.parse(&rbuf, &mut scanned) {
+                        Ok(Some(frame)) => frame,
+                        Ok(None) => break,
+                        Err(e) => {
+                            bad_frame(hub, peer, e.kind(), &e.to_string());
+                            return;
+                        }
+                    };
+                    let id = match &sequence {
+                        Some(seq) => {
+                            let at = frame.body.start + seq.offset;
+                            if at + seq.length > frame.body.end {
+                                bad_frame(hub, peer, "malformed", &format!(
+                                    "a message of {} bytes is too short for its sequence id at bytes {}..{} of the body",
+                                    frame.body.len(), seq.offset, seq.offset + seq.length
+                                ));
+                                return;
+                            }
+                            Some(at..at + seq.length)
+                        }
+                        None => None,
+                    };
+                    let bytes = rbuf.split_to(frame.len).freeze();
+                    let msg = Message::new(bytes, id, me.clone(), next_index, last_activity);
+                    if let Some(o) = &mut in_order {
+                        o.slots.push_back(None);
+                    }
+                    next_index += 1;
+                    in_flight += 1;
+                    hub.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+                    hub.messages.requests.fetch_add(1, Ordering::Relaxed);
+                    hub.dispatch(msg);
+                }
+            }
+            _ = &mut idle => {
+                let deadline = last_activity + idle_timeout;
+                if Instant::now() >= deadline {
+                    tracing::debug!(service = %hub.name, client = %peer, in_flight, "idle timeout");
+                    return;
+                }
+                idle.as_mut().reset(deadline);
+            }
+        }
+    }
+    // Every answer is written: end the connection cleanly.
+    let _ = socket2::SockRef::from(&stream).shutdown(std::net::Shutdown::Write);
+}
+
+fn bad_frame(hub: &Hub, peer: SocketAddr, kind: &str, detail: &str) {
+    let counter = if kind == "oversize" {
+        &hub.messages.client_oversize
+    } else {
+        &hub.messages.client_malformed
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(service = %hub.name, client = %peer, error = %detail, "closing client connection: bad frame");
+}
+
+fn take_reply(
+    reply: Reply,
+    in_order: &mut Option<InOrder>,
+    wbuf: &mut Vec<u8>,
+    in_flight: &mut usize,
+) {
+    *in_flight = in_flight.saturating_sub(1);
+    let Some(o) = in_order else {
+        if let Reply::Response { bytes, .. } = reply {
+            wbuf.extend_from_slice(&bytes);
+        }
+        return;
+    };
+    let (index, answer) = match reply {
+        Reply::Response { index, bytes } => (index, Some(bytes)),
+        Reply::Failed { index } => (index, None),
+    };
+    if let Some(slot) = index
+        .checked_sub(o.base)
+        .and_then(|i| o.slots.get_mut(i as usize))
+    {
+        *slot = Some(answer);
+    }
+    while let Some(Some(_)) = o.slots.front() {
+        if let Some(Some(Some(bytes))) = o.slots.pop_front() {
+            wbuf.extend_from_slice(&bytes);
+        }
+        o.base += 1;
+    }
+}

@@ -1,0 +1,588 @@
+//! The dispatcher of one message service: it schedules every message on its own with the pool,
+//! hands it to the chosen member's connections, and takes it back when a member connection dies.
+//!
+//! Ownership is the delivery guarantee. A `Message` is owned by exactly one place at a time — a
+//! member's queue, a member connection's pending table, or the dispatcher in between — and it is
+//! consumed by handing its answer or its failure to the client connection it came from. Rust's
+//! move semantics therefore make "answered at most once" structural; and a message dropped by any
+//! other path (a task aborted at shutdown) reports itself failed from its `Drop`, so a client
+//! connection never waits for an answer that nothing will send.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::collections::VecDeque;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use fulcrum_balance::{Member, PickContext, Pool};
+use fulcrum_config::{
+    Algorithm, Delivery, Framing, MessageMode, MessageOptions, ProxyProtocol, Sequence,
+};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use crate::message::framing::Framer;
+use crate::message::link;
+use crate::message::stats::{FailReason, MemberMessageStats, MessageStats};
+use crate::stats::ServiceStats;
+use crate::tcp::{l4_hash, SourcePersistence};
+
+/// How many times a message may be handed back unsent (its member's connections could not be
+/// established, or the member left the pool) before it fails; the message timeout bounds it too.
+const MAX_BOUNCES: u32 = 16;
+
+/// What a message service's member connections depend on. A reload that changes any of it builds
+/// a new dispatcher (new member connections) for client connections accepted from then on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub framing: Framing,
+    pub mode: MessageMode,
+    pub sequence: Option<Sequence>,
+    pub options: MessageOptions,
+    pub proxy_protocol: Option<ProxyProtocol>,
+}
+
+impl Settings {
+    /// Messages one member connection carries at once.
+    pub(crate) fn window(&self) -> usize {
+        match self.mode {
+            MessageMode::Sync => 1,
+            MessageMode::Async => self.options.max_pending as usize,
+        }
+    }
+
+    /// Connections opened per member as soon as it joins (sync opens more on demand).
+    pub(crate) fn base_connections(&self) -> usize {
+        match self.mode {
+            MessageMode::Sync => 1,
+            MessageMode::Async => self.options.member_connections as usize,
+        }
+    }
+}
+
+/// What goes back to a client connection for one of its messages.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Response { index: u64, bytes: Bytes },
+    Failed { index: u64 },
+}
+
+/// A client connection as its messages know it: where answers go, and its address.
+pub(crate) struct Client {
+    reply: mpsc::UnboundedSender<Reply>,
+    pub peer: SocketAddr,
+}
+
+impl Client {
+    pub(crate) fn new(reply: mpsc::UnboundedSender<Reply>, peer: SocketAddr) -> Arc<Client> {
+        Arc::new(Client { reply, peer })
+    }
+}
+
+/// One message on its way: the frame as received, and where its answer goes.
+///
+/// Kept small (it is moved between queues and tables several times): the client's channel and
+/// address sit behind one shared pointer, the sequence id is an offset, and the rarely used list
+/// of members to avoid is boxed.
+pub(crate) struct Message {
+    pub bytes: Bytes,
+    client: Arc<Client>,
+    /// Position of this message among its client's messages.
+    index: u64,
+    pub accepted: Instant,
+    /// Where the sequence id lies within `bytes` (async with `sequence`); length 0 = none.
+    id_at: u32,
+    id_len: u8,
+    /// Sends to members so far.
+    pub attempts: u8,
+    /// Hand-backs without a send (see `MAX_BOUNCES`).
+    pub bounces: u8,
+    /// Answered or failed: nothing more is owed to the client.
+    done: bool,
+    /// Members whose connection died with this message, or could not take it: avoided next.
+    tried: Option<Box<[SocketAddr]>>,
+}
+
+impl Message {
+    pub(crate) fn new(
+        bytes: Bytes,
+        id: Option<Range<usize>>,
+        client: Arc<Client>,
+        index: u64,
+        accepted: Instant,
+    ) -> Message {
+        // The client connection bounds frames by max_message (at most 64 MiB) and ids by 64
+        // bytes, so both fit; anything else would be a bug, and then the message has no id.
+        let (id_at, id_len) = id
+            .and_then(|r| Some((u32::try_from(r.start).ok()?, u8::try_from(r.len()).ok()?)))
+            .unwrap_or((0, 0));
+        Message {
+            bytes,
+            client,
+            index,
+            accepted,
+            id_at,
+            id_len,
+            attempts: 0,
+            bounces: 0,
+            done: false,
+            tried: None,
+        }
+    }
+
+    /// Where the sequence id lies within `bytes`.
+    pub(crate) fn id(&self) -> Option<Range<usize>> {
+        (self.id_len > 0).then(|| {
+            let at = self.id_at as usize;
+            at..at + usize::from(self.id_len)
+        })
+    }
+
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.client.peer
+    }
+
+    /// Members to avoid for this message.
+    pub(crate) fn tried(&self) -> &[SocketAddr] {
+        self.tried.as_deref().unwrap_or_default()
+    }
+
+    fn avoid(&mut self, member: SocketAddr) {
+        if !self.tried().contains(&member) {
+            let mut v = self.tried().to_vec();
+            v.push(member);
+            self.tried = Some(v.into_boxed_slice());
+        }
+    }
+
+    /// Hands the answer to the client connection; false when that connection is gone.
+    fn answer(mut self, bytes: Bytes) -> bool {
+        self.done = true;
+        self.client
+            .reply
+            .send(Reply::Response {
+                index: self.index,
+                bytes,
+            })
+            .is_ok()
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.client.reply.send(Reply::Failed { index: self.index });
+        }
+    }
+}
+
+/// The connections of one service to one member, and the queue of messages waiting for them.
+pub struct MemberLinks {
+    pub member: Arc<Member>,
+    pub stats: MemberMessageStats,
+    /// Messages scheduled on this member, waiting for a connection with room. A per-member lock
+    /// held for a push or for taking a batch; links take as many as they have room for at once.
+    queue: Mutex<VecDeque<Message>>,
+    /// A message was queued: wakes one connected link with room.
+    pub(crate) work: Notify,
+    /// A message was scheduled here while no link was connected: wakes links in back-off.
+    pub(crate) wanted: Notify,
+    /// The set is retired, or the service is shutting down: wakes every link.
+    pub(crate) closing: Notify,
+    retired: AtomicBool,
+    /// Links connected now, and those of them with room for another message.
+    ready: AtomicUsize,
+    pub(crate) idle: AtomicUsize,
+    /// Link tasks alive (connected or not).
+    tasks: AtomicU32,
+}
+
+impl MemberLinks {
+    fn new(member: Arc<Member>) -> MemberLinks {
+        MemberLinks {
+            member,
+            stats: MemberMessageStats::default(),
+            queue: Mutex::new(VecDeque::new()),
+            work: Notify::new(),
+            wanted: Notify::new(),
+            closing: Notify::new(),
+            retired: AtomicBool::new(false),
+            ready: AtomicUsize::new(0),
+            idle: AtomicUsize::new(0),
+            tasks: AtomicU32::new(0),
+        }
+    }
+
+    pub fn ready(&self) -> usize {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_ready(&self, up: bool) {
+        if up {
+            self.ready.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.ready.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    pub(crate) fn retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
+
+    /// Moves up to `max` queued messages, oldest first, to `out`; returns whether more are left.
+    pub(crate) fn take(&self, max: usize, out: &mut Vec<Message>) -> bool {
+        let mut q = self.queue.lock();
+        let n = max.min(q.len());
+        out.extend(q.drain(..n));
+        !q.is_empty()
+    }
+
+    fn push(self: &Arc<Self>, msg: Message, hub: &Arc<Hub>) {
+        self.queue.lock().push_back(msg);
+        self.work.notify_one();
+        if self.ready() == 0 {
+            self.wanted.notify_waiters();
+        }
+        if hub.settings.mode == MessageMode::Sync && self.idle.load(Ordering::Acquire) == 0 {
+            // No idle connection: open another, as far as member_connections allows.
+            self.spawn_links(hub, hub.settings.options.member_connections as usize, false);
+        }
+        // Retirement drains the queue after setting the flag; a push that raced it finds the
+        // flag here and drains what it added.
+        if self.retired() {
+            self.drain(hub);
+        }
+    }
+
+    /// Sends every queued message elsewhere.
+    pub(crate) fn drain(&self, hub: &Arc<Hub>) {
+        // Taken out first: rescheduling may queue on this very set again.
+        let queued = std::mem::take(&mut *self.queue.lock());
+        for mut msg in queued {
+            msg.bounces += 1;
+            msg.avoid(self.member.address);
+            if u32::from(msg.bounces) > MAX_BOUNCES {
+                hub.fail(msg, FailReason::MemberFailed);
+            } else {
+                hub.dispatch(msg);
+            }
+        }
+    }
+
+    /// Starts link tasks until `target` run; `keep` ones reconnect forever, the others end when
+    /// their connection does.
+    fn spawn_links(self: &Arc<Self>, hub: &Arc<Hub>, target: usize, keep: bool) {
+        loop {
+            let n = self.tasks.load(Ordering::Acquire);
+            if n as usize >= target || self.retired() {
+                return;
+            }
+            if self
+                .tasks
+                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                tokio::spawn(link::run(self.clone(), hub.clone(), keep));
+                if !keep {
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn task_ended(&self) {
+        self.tasks.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn retire(&self, hub: &Arc<Hub>) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.closing.notify_waiters();
+        self.wanted.notify_waiters();
+        self.drain(hub);
+    }
+
+    /// Whether links should stop taking messages and end once theirs are answered.
+    pub(crate) fn closing_for(&self, hub: &Hub) -> bool {
+        self.retired() || hub.is_shut()
+    }
+}
+
+/// The pool and member connection sets new messages go to; swapped whole on reload.
+pub struct Dispatch {
+    pub pool: Arc<Pool>,
+    /// One set per pool member, in pool order.
+    pub members: Vec<Arc<MemberLinks>>,
+    pub persistence: Option<SourcePersistence>,
+}
+
+impl Dispatch {
+    /// The member for a message: persistence first, then the pool's scheduler. Members whose
+    /// connections are all down are passed over while another can take the message; members
+    /// the message already failed on are avoided, unless no other member is left.
+    fn choose(&self, msg: &Message) -> Option<usize> {
+        let pool = &self.pool;
+        let n = pool.members().len();
+        let mut exclude: Vec<usize> = msg
+            .tried()
+            .iter()
+            .filter_map(|a| pool.member_by_addr(*a).map(|(i, _)| i))
+            .collect();
+        let key = self.persistence.as_ref().map(|p| p.key(msg.peer()));
+        let mut remembered = None;
+        if let (Some(p), Some(k)) = (&self.persistence, &key) {
+            remembered = p.table.get(k);
+            if let Some(picked) = remembered.and_then(|a| pool.persistent(a, &exclude)) {
+                if self.members[picked.index].ready() > 0 {
+                    return Some(picked.index);
+                }
+            }
+        }
+        // Only the hash algorithm reads the key: skip hashing the client per message otherwise.
+        let ctx = PickContext {
+            hash: (pool.algorithm == Algorithm::Hash)
+                .then(|| l4_hash(&pool.hash_key, msg.peer()))
+                .flatten(),
+        };
+        let mut chosen = None;
+        let mut fallback = None;
+        while exclude.len() < n {
+            let Some(p) = pool.pick(&ctx, &exclude) else {
+                break;
+            };
+            if self.members[p.index].ready() > 0 {
+                chosen = Some(p.index);
+                break;
+            }
+            // The member may take work but has no connection up (it just recovered, or just
+            // joined): have its connections retry now instead of at the end of their back-off.
+            self.members[p.index].wanted.notify_waiters();
+            fallback.get_or_insert(p.index);
+            exclude.push(p.index);
+        }
+        if chosen.is_none() && fallback.is_none() && !msg.tried().is_empty() {
+            // Every other member is out: the one the message failed on may still serve its
+            // re-send (a lone member that restarted).
+            fallback = pool.pick(&ctx, &[]).map(|p| p.index);
+        }
+        let chosen = chosen.or(fallback)?;
+        if let (Some(p), Some(k)) = (&self.persistence, key) {
+            let addr = self.members[chosen].member.address;
+            if remembered != Some(addr) {
+                p.table.insert(k, addr);
+            }
+        }
+        Some(chosen)
+    }
+}
+
+/// One message service's dispatcher, shared by its client connections and member connections.
+pub struct Hub {
+    pub name: Arc<str>,
+    pub settings: Settings,
+    pub(crate) framer: Framer,
+    current: ArcSwap<Dispatch>,
+    pub stats: Arc<ServiceStats>,
+    pub messages: Arc<MessageStats>,
+    clients: AtomicUsize,
+    registered: AtomicBool,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("name", &self.name).finish()
+    }
+}
+
+impl Hub {
+    /// A dispatcher over `pool`; no member connection is opened before `start`.
+    pub fn new(
+        name: Arc<str>,
+        settings: Settings,
+        stats: Arc<ServiceStats>,
+        messages: Arc<MessageStats>,
+        pool: Arc<Pool>,
+        persistence: Option<SourcePersistence>,
+    ) -> Arc<Hub> {
+        let members = pool
+            .members()
+            .iter()
+            .map(|m| Arc::new(MemberLinks::new(m.clone())))
+            .collect();
+        Arc::new(Hub {
+            name,
+            framer: Framer::new(&settings.framing),
+            settings,
+            current: ArcSwap::from_pointee(Dispatch {
+                pool,
+                members,
+                persistence,
+            }),
+            stats,
+            messages,
+            clients: AtomicUsize::new(0),
+            registered: AtomicBool::new(true),
+        })
+    }
+
+    /// Opens the member connections.
+    pub fn start(self: &Arc<Self>) {
+        for links in &self.current.load().members {
+            links.spawn_links(self, self.settings.base_connections(), true);
+        }
+    }
+
+    /// Sends new messages to `pool` from now on. Member connection sets of members that stay
+    /// (the same member, as a reload keeps it) are kept; sets of members that left stop taking
+    /// messages, finish the ones they carry and close; their queued messages are rescheduled.
+    pub fn retarget(self: &Arc<Self>, pool: Arc<Pool>, persistence: Option<SourcePersistence>) {
+        let old = self.current.load_full();
+        let members: Vec<Arc<MemberLinks>> = pool
+            .members()
+            .iter()
+            .map(|m| {
+                old.members
+                    .iter()
+                    .find(|l| Arc::ptr_eq(&l.member, m))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(MemberLinks::new(m.clone())))
+            })
+            .collect();
+        let gone: Vec<Arc<MemberLinks>> = old
+            .members
+            .iter()
+            .filter(|l| !members.iter().any(|n| Arc::ptr_eq(n, l)))
+            .cloned()
+            .collect();
+        self.current.store(Arc::new(Dispatch {
+            pool,
+            members,
+            persistence,
+        }));
+        self.start();
+        for links in gone {
+            links.retire(self);
+        }
+    }
+
+    /// The service left the configuration: member connections close once no client connection
+    /// of this dispatcher is left.
+    pub fn unregister(&self) {
+        self.registered.store(false, Ordering::SeqCst);
+        if self.clients.load(Ordering::SeqCst) == 0 {
+            self.wake_links();
+        }
+    }
+
+    pub(crate) fn is_shut(&self) -> bool {
+        !self.registered.load(Ordering::SeqCst) && self.clients.load(Ordering::SeqCst) == 0
+    }
+
+    fn wake_links(&self) {
+        for links in &self.current.load().members {
+            links.closing.notify_waiters();
+            links.wanted.notify_waiters();
+        }
+    }
+
+    pub(crate) fn client_joined(&self) {
+        self.clients.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn client_left(&self) {
+        if self.clients.fetch_sub(1, Ordering::SeqCst) == 1
+            && !self.registered.load(Ordering::SeqCst)
+        {
+            self.wake_links();
+        }
+    }
+
+    /// The dispatcher's current pool and member connection sets.
+    pub fn dispatch_state(&self) -> Arc<Dispatch> {
+        self.current.load_full()
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.current.load().pool.connect_timeout
+    }
+
+    /// Schedules a message and queues it on the chosen member's connections.
+    pub(crate) fn dispatch(self: &Arc<Self>, msg: Message) {
+        // A message just read from its client cannot be overdue: only re-sends and bounces
+        // pay for a clock read.
+        let retry = msg.attempts > 0 || msg.bounces > 0;
+        if retry && msg.accepted.elapsed() >= self.settings.options.message_timeout {
+            return self.fail(msg, FailReason::Timeout);
+        }
+        let d = self.current.load();
+        match d.choose(&msg) {
+            Some(i) => {
+                let links = d.members[i].clone();
+                drop(d);
+                links.push(msg, self);
+            }
+            None => self.fail(msg, FailReason::NoMember),
+        }
+    }
+
+    /// A message whose member connection died before the member answered: sent again to another
+    /// member (at_least_once, within max_attempts), or failed.
+    pub(crate) fn member_failed(self: &Arc<Self>, mut msg: Message, member: SocketAddr) {
+        msg.avoid(member);
+        if self.settings.options.delivery == Delivery::AtLeastOnce
+            && u32::from(msg.attempts) < self.settings.options.max_attempts
+        {
+            self.messages.redispatched.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(service = %self.name, %member, attempts = msg.attempts, "re-sending a message its member did not answer");
+            self.dispatch(msg);
+        } else {
+            self.fail(msg, FailReason::MemberFailed);
+        }
+    }
+
+    /// A message never sent to `member` that must go elsewhere (its link could not keep it).
+    pub(crate) fn bounce(self: &Arc<Self>, mut msg: Message, member: SocketAddr) {
+        msg.bounces += 1;
+        msg.avoid(member);
+        if u32::from(msg.bounces) > MAX_BOUNCES {
+            self.fail(msg, FailReason::MemberFailed);
+        } else {
+            self.dispatch(msg);
+        }
+    }
+
+    /// Hands an answer to the message's client connection.
+    pub(crate) fn deliver(&self, msg: Message, bytes: Bytes, now: Instant) {
+        let latency = now.saturating_duration_since(msg.accepted);
+        if msg.answer(bytes) {
+            self.messages.responses.fetch_add(1, Ordering::Relaxed);
+            self.messages.latency.observe(latency);
+        } else {
+            self.messages.client_gone.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn fail(&self, msg: Message, reason: FailReason) {
+        self.messages.count_failure(reason);
+        match reason {
+            FailReason::NoMember => {
+                self.stats.no_member.fetch_add(1, Ordering::Relaxed);
+            }
+            FailReason::MemberFailed => {
+                self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            FailReason::Timeout => {}
+        }
+        tracing::debug!(service = %self.name, client = %msg.peer(), reason = reason.as_str(), "message failed");
+        drop(msg);
+    }
+
+    /// Messages received and not yet answered or failed.
+    pub fn in_flight(&self) -> u64 {
+        self.messages.in_flight()
+    }
+}

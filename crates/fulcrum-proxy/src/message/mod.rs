@@ -1,0 +1,52 @@
+//! Message-based load balancing (`protocol = "message"`): long-lived client connections carrying
+//! framed messages (length prefix, ISO 8583 style, or a delimiter), each message scheduled on its
+//! own over long-lived connections that Fulcrum keeps to the members.
+//!
+//! - `framing`: cuts byte streams into messages (pure, bounded; fuzzed).
+//! - `client`: one task per client connection: frames in, answers out.
+//! - `hub`: the dispatcher of a service: per-message scheduling with the pool, the member queues,
+//!   re-sending after a member connection died, reload re-targeting.
+//! - `link`: one task per member connection: sync (one message at a time) or async (pipelined,
+//!   answers paired by sequence id or by order).
+//! - `stats`: counters for the API and metrics.
+
+mod client;
+pub mod framing;
+mod hub;
+mod link;
+pub mod stats;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+pub use framing::{Frame, FrameError, Framer};
+pub use hub::{Dispatch, Hub, MemberLinks, Settings};
+pub use stats::{FailReason, LatencyHistogram, MemberMessageStats, MessageStats, LATENCY_BUCKETS};
+
+use crate::listener::StreamHandler;
+use crate::tracker::Tracker;
+
+/// A `protocol = "message"` virtual service as the listeners see it: the dispatcher its client
+/// connections use, and the client-side limits of the current configuration.
+#[derive(Debug)]
+pub struct MessageService {
+    pub hub: Arc<Hub>,
+    /// Closes a client connection after this long without a byte either way.
+    pub idle_timeout: Duration,
+    /// Concurrent client connections; 0 = unlimited.
+    pub max_connections: u32,
+    pub tracker: Arc<Tracker>,
+}
+
+impl StreamHandler for MessageService {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let tracked = self.tracker.track();
+        tokio::spawn(async move {
+            client::serve(self.clone(), stream, peer).await;
+            drop(tracked);
+        });
+    }
+}

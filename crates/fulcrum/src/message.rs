@@ -1,0 +1,277 @@
+//! Assembly of `protocol = "message"` services: one dispatcher (`Hub`) per service, kept across
+//! reloads so client connections stay and their next messages go to the new pool, and the
+//! message metric families.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fulcrum_admin::MetricsWriter;
+use fulcrum_balance::Pool;
+use fulcrum_config::VirtualService;
+use fulcrum_proxy::message::{FailReason, Hub, MessageStats, Settings};
+use fulcrum_proxy::{MessageService, ServiceStats, SourcePersistence, StreamHandler, Tracker};
+use parking_lot::Mutex;
+
+/// What a reload under way will do to a service's dispatcher once it commits.
+enum Plan {
+    /// A new dispatcher (new service, or its message settings changed); it replaces the one of
+    /// that name, whose client connections keep it until they close.
+    New(Arc<Hub>),
+    /// The same dispatcher, re-targeted at the new pool.
+    Retarget(Arc<Hub>, Arc<Pool>, Option<SourcePersistence>),
+}
+
+#[derive(Default)]
+struct Inner {
+    hubs: HashMap<String, Arc<Hub>>,
+    /// Service counters by name, kept across reloads and dispatchers.
+    stats: HashMap<String, Arc<MessageStats>>,
+    plans: Vec<(String, Plan)>,
+}
+
+/// The message services of the process.
+#[derive(Default)]
+pub struct Messages {
+    inner: Mutex<Inner>,
+}
+
+impl Messages {
+    /// Starts preparing a new configuration (forgets a preparation that was not committed).
+    pub fn begin(&self) {
+        self.inner.lock().plans.clear();
+    }
+
+    /// The handler for one message service of the configuration being prepared. Nothing runs
+    /// differently until `commit`.
+    pub fn handler(
+        &self,
+        vs: &VirtualService,
+        pool: Arc<Pool>,
+        stats: Arc<ServiceStats>,
+        persistence: Option<SourcePersistence>,
+        tracker: &Arc<Tracker>,
+    ) -> Arc<dyn StreamHandler> {
+        let settings = Settings {
+            framing: vs.framing.clone().unwrap_or_default(),
+            mode: vs.message_mode,
+            sequence: vs.sequence.clone(),
+            options: vs.message.clone(),
+            proxy_protocol: vs.proxy_protocol,
+        };
+        let mut inner = self.inner.lock();
+        let messages = inner.stats.entry(vs.name.clone()).or_default().clone();
+        let (hub, plan) = match inner.hubs.get(&vs.name) {
+            Some(hub) if hub.settings == settings => {
+                (hub.clone(), Plan::Retarget(hub.clone(), pool, persistence))
+            }
+            _ => {
+                let hub = Hub::new(
+                    Arc::from(vs.name.as_str()),
+                    settings,
+                    stats,
+                    messages,
+                    pool,
+                    persistence,
+                );
+                (hub.clone(), Plan::New(hub))
+            }
+        };
+        inner.plans.push((vs.name.clone(), plan));
+        Arc::new(MessageService {
+            hub,
+            idle_timeout: vs.idle_timeout,
+            max_connections: vs.max_connections,
+            tracker: tracker.clone(),
+        })
+    }
+
+    /// Applies what `handler` prepared: new dispatchers open their member connections, kept ones
+    /// switch to the new pool, and dispatchers of removed or replaced services close their member
+    /// connections once their last client connection has gone.
+    pub fn commit(&self) {
+        let mut inner = self.inner.lock();
+        let plans = std::mem::take(&mut inner.plans);
+        let mut hubs = HashMap::new();
+        for (name, plan) in plans {
+            let hub = match plan {
+                Plan::New(hub) => {
+                    hub.start();
+                    hub
+                }
+                Plan::Retarget(hub, pool, persistence) => {
+                    hub.retarget(pool, persistence);
+                    hub
+                }
+            };
+            hubs.insert(name, hub);
+        }
+        for (name, old) in &inner.hubs {
+            if !hubs.get(name).is_some_and(|h| Arc::ptr_eq(h, old)) {
+                old.unregister();
+            }
+        }
+        inner.stats.retain(|name, _| hubs.contains_key(name));
+        inner.hubs = hubs;
+    }
+
+    /// The message metric families (see docs/operations.md).
+    pub fn write_metrics(&self, w: &mut MetricsWriter) {
+        let mut hubs: Vec<Arc<Hub>> = self.inner.lock().hubs.values().cloned().collect();
+        if hubs.is_empty() {
+            return;
+        }
+        hubs.sort_by(|a, b| a.name.cmp(&b.name));
+        type Field = fn(&MessageStats) -> f64;
+        let service: [(&str, &str, &str, Field); 6] = [
+            ("fulcrum_message_requests_total", "counter", "Messages received from clients.", |s| {
+                load(&s.requests)
+            }),
+            ("fulcrum_message_responses_total", "counter", "Answers delivered to the client that sent the message.", |s| {
+                load(&s.responses)
+            }),
+            ("fulcrum_message_in_flight", "gauge", "Messages received and not answered or failed yet.", |s| {
+                s.in_flight() as f64
+            }),
+            ("fulcrum_message_redispatched_total", "counter", "Re-sends to another member after a member connection died with the message unanswered.", |s| {
+                load(&s.redispatched)
+            }),
+            ("fulcrum_message_client_gone_total", "counter", "Answers that came back after their client connection had closed.", |s| {
+                load(&s.client_gone)
+            }),
+            ("fulcrum_message_member_bad_frames_total", "counter", "Member connections closed for a bad frame from the member.", |s| {
+                load(&s.member_bad_frames)
+            }),
+        ];
+        for (name, kind, help, get) in service {
+            w.family(name, kind, help);
+            for h in &hubs {
+                w.sample(name, &[("vs", &h.name)], get(&h.messages));
+            }
+        }
+        w.family(
+            "fulcrum_message_failed_total",
+            "counter",
+            "Messages that failed without an answer, by reason.",
+        );
+        for h in &hubs {
+            for r in FailReason::ALL {
+                w.sample(
+                    "fulcrum_message_failed_total",
+                    &[("vs", &h.name), ("reason", r.as_str())],
+                    h.messages.failed(r) as f64,
+                );
+            }
+        }
+        w.family(
+            "fulcrum_message_client_bad_frames_total",
+            "counter",
+            "Client connections closed for a bad frame, by reason.",
+        );
+        for h in &hubs {
+            for (reason, c) in [
+                ("oversize", &h.messages.client_oversize),
+                ("malformed", &h.messages.client_malformed),
+            ] {
+                w.sample(
+                    "fulcrum_message_client_bad_frames_total",
+                    &[("vs", &h.name), ("reason", reason)],
+                    load(c),
+                );
+            }
+        }
+        w.family(
+            "fulcrum_message_latency_seconds",
+            "histogram",
+            "From a message's arrival to its answer being handed to its client connection.",
+        );
+        for h in &hubs {
+            let lat = &h.messages.latency;
+            for (le, count) in lat.cumulative() {
+                let le = if le.is_finite() {
+                    le.to_string()
+                } else {
+                    "+Inf".to_string()
+                };
+                w.sample(
+                    "fulcrum_message_latency_seconds_bucket",
+                    &[("vs", &h.name), ("le", &le)],
+                    count as f64,
+                );
+            }
+            w.sample(
+                "fulcrum_message_latency_seconds_sum",
+                &[("vs", &h.name)],
+                lat.sum_seconds(),
+            );
+            w.sample(
+                "fulcrum_message_latency_seconds_count",
+                &[("vs", &h.name)],
+                lat.count() as f64,
+            );
+        }
+
+        type MemberField = fn(&fulcrum_proxy::message::MemberMessageStats) -> f64;
+        let member: [(&str, &str, &str, MemberField); 6] = [
+            (
+                "fulcrum_message_member_sent_total",
+                "counter",
+                "Messages written to the member (re-sends included).",
+                |s| load(&s.sent),
+            ),
+            (
+                "fulcrum_message_member_responses_total",
+                "counter",
+                "Answers from the member paired with their message.",
+                |s| load(&s.responses),
+            ),
+            (
+                "fulcrum_message_member_in_flight",
+                "gauge",
+                "Messages sent to the member and not answered yet.",
+                |s| load(&s.in_flight),
+            ),
+            (
+                "fulcrum_message_member_orphans_total",
+                "counter",
+                "Answers from the member that matched no waiting message (dropped).",
+                |s| load(&s.orphans),
+            ),
+            (
+                "fulcrum_message_member_timeouts_total",
+                "counter",
+                "Messages the member did not answer within message_timeout.",
+                |s| load(&s.timeouts),
+            ),
+            (
+                "fulcrum_message_member_connections",
+                "gauge",
+                "Connections open from Fulcrum to the member for this service.",
+                |s| load(&s.connections),
+            ),
+        ];
+        let states: Vec<_> = hubs
+            .iter()
+            .map(|h| (h.clone(), h.dispatch_state()))
+            .collect();
+        for (name, kind, help, get) in member {
+            w.family(name, kind, help);
+            for (h, d) in &states {
+                for links in &d.members {
+                    w.sample(
+                        name,
+                        &[
+                            ("vs", &h.name),
+                            ("pool", &d.pool.name),
+                            ("member", &links.member.label),
+                        ],
+                        get(&links.stats),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn load(c: &std::sync::atomic::AtomicU64) -> f64 {
+    c.load(std::sync::atomic::Ordering::Relaxed) as f64
+}
