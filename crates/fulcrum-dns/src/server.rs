@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use fulcrum_proxy::listener::{bind_datagram, bind_new, bind_stream, BindError};
 use parking_lot::Mutex;
-use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
@@ -97,32 +97,13 @@ pub struct DnsServer {
     handle: Handle,
 }
 
+/// A UDP socket as the other data planes bind it, but blocking with a read timeout: the UDP
+/// threads block in `recvmmsg` and wake up now and then to see whether they should stop.
 fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
-    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    if addr.is_ipv6() {
-        s.set_only_v6(true)?;
-    }
-    // Room for bursts: a full queue drops queries.
-    let _ = s.set_recv_buffer_size(4 << 20);
-    let _ = s.set_send_buffer_size(4 << 20);
+    let s = bind_datagram(addr)?;
+    s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_millis(500)))?;
-    s.bind(&addr.into())?;
-    Ok(s.into())
-}
-
-fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    if addr.is_ipv6() {
-        s.set_only_v6(true)?;
-    }
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    s.listen(1024)?;
-    Ok(s.into())
+    Ok(s)
 }
 
 impl DnsServer {
@@ -151,27 +132,22 @@ impl DnsServer {
         wanted: &[SocketAddr],
         per_address: usize,
     ) -> Result<Prepared, Vec<String>> {
-        let mut sockets = HashMap::new();
-        let mut errors = Vec::new();
-        for addr in wanted {
-            if self.listeners.contains_key(addr) || sockets.contains_key(addr) {
-                continue;
-            }
-            let n = per_address.max(1);
-            let udp: io::Result<Vec<_>> = (0..n).map(|_| bind_udp(*addr)).collect();
-            let tcp: io::Result<Vec<_>> = (0..n.min(2)).map(|_| bind_tcp(*addr)).collect();
-            match (udp, tcp) {
-                (Ok(u), Ok(t)) => {
-                    sockets.insert(*addr, (u, t));
-                }
-                (Err(e), _) => errors.push(format!("cannot listen on {addr} (dns, udp): {e}")),
-                (_, Err(e)) => errors.push(format!("cannot listen on {addr} (dns, tcp): {e}")),
-            }
+        let listening = |a: &SocketAddr| self.listeners.contains_key(a);
+        fn named(proto: &'static str) -> impl Fn(Vec<BindError>) -> Vec<String> {
+            move |errs| errs.iter().map(|e| format!("{e} (dns, {proto})")).collect()
         }
-        if errors.is_empty() {
-            Ok(Prepared { sockets })
-        } else {
-            Err(errors)
+        let n = per_address.max(1);
+        let udp = bind_new(wanted, listening, n, bind_udp).map_err(named("udp"));
+        // TCP carries only truncated retries and large answers: two sockets are plenty.
+        let tcp = bind_new(wanted, listening, n.min(2), bind_stream).map_err(named("tcp"));
+        match (udp, tcp) {
+            (Ok(mut udp), Ok(mut tcp)) => Ok(Prepared {
+                sockets: wanted
+                    .iter()
+                    .filter_map(|a| Some((*a, (udp.remove(a)?, tcp.remove(a)?))))
+                    .collect(),
+            }),
+            (udp, tcp) => Err(udp.err().into_iter().chain(tcp.err()).flatten().collect()),
         }
     }
 

@@ -47,6 +47,38 @@ pub fn bind_stream(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
+/// Binds `per_address` sockets with `bind` for every address of `wanted` not yet `listening`:
+/// the first step of a reload, before anything running changes. On any failure every error is
+/// returned, and the sockets bound so far are closed again when the map is dropped.
+pub fn bind_new<T>(
+    wanted: &[SocketAddr],
+    listening: impl Fn(&SocketAddr) -> bool,
+    per_address: usize,
+    bind: impl Fn(SocketAddr) -> io::Result<T>,
+) -> Result<HashMap<SocketAddr, Vec<T>>, Vec<BindError>> {
+    let mut sockets = HashMap::new();
+    let mut errors = Vec::new();
+    for &addr in wanted {
+        if listening(&addr) || sockets.contains_key(&addr) {
+            continue;
+        }
+        match (0..per_address.max(1))
+            .map(|_| bind(addr))
+            .collect::<io::Result<Vec<T>>>()
+        {
+            Ok(s) => {
+                sockets.insert(addr, s);
+            }
+            Err(error) => errors.push(BindError { addr, error }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(sockets)
+    } else {
+        Err(errors)
+    }
+}
+
 /// One listening address: its sockets, their accept loops and the current handler.
 pub struct Listener {
     pub addr: SocketAddr,
@@ -149,27 +181,13 @@ impl Listeners {
         wanted: &[SocketAddr],
         sockets_per_address: usize,
     ) -> Result<Prepared, Vec<BindError>> {
-        let mut sockets = HashMap::new();
-        let mut errors = Vec::new();
-        for addr in wanted {
-            if self.by_addr.contains_key(addr) || sockets.contains_key(addr) {
-                continue;
-            }
-            match (0..sockets_per_address.max(1))
-                .map(|_| bind_stream(*addr))
-                .collect::<io::Result<Vec<_>>>()
-            {
-                Ok(s) => {
-                    sockets.insert(*addr, s);
-                }
-                Err(error) => errors.push(BindError { addr: *addr, error }),
-            }
-        }
-        if errors.is_empty() {
-            Ok(Prepared { sockets })
-        } else {
-            Err(errors)
-        }
+        bind_new(
+            wanted,
+            |a| self.by_addr.contains_key(a),
+            sockets_per_address,
+            bind_stream,
+        )
+        .map(|sockets| Prepared { sockets })
     }
 
     /// Makes the listening set exactly `wanted`: addresses that stay keep their sockets and get
@@ -277,27 +295,13 @@ impl<S: DatagramService> DatagramListeners<S> {
         wanted: &[SocketAddr],
         sockets_per_address: usize,
     ) -> Result<PreparedDatagram, Vec<BindError>> {
-        let mut sockets = HashMap::new();
-        let mut errors = Vec::new();
-        for addr in wanted {
-            if self.by_addr.contains_key(addr) || sockets.contains_key(addr) {
-                continue;
-            }
-            match (0..sockets_per_address.max(1))
-                .map(|_| bind_datagram(*addr))
-                .collect::<io::Result<Vec<_>>>()
-            {
-                Ok(s) => {
-                    sockets.insert(*addr, s);
-                }
-                Err(error) => errors.push(BindError { addr: *addr, error }),
-            }
-        }
-        if errors.is_empty() {
-            Ok(PreparedDatagram { sockets })
-        } else {
-            Err(errors)
-        }
+        bind_new(
+            wanted,
+            |a| self.by_addr.contains_key(a),
+            sockets_per_address,
+            bind_datagram,
+        )
+        .map(|sockets| PreparedDatagram { sockets })
     }
 
     /// Makes the listening set exactly `wanted`.
