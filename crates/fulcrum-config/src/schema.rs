@@ -119,6 +119,8 @@ pub struct VirtualService {
     pub framing: Option<Framing>,
     pub message_mode: MessageMode,
     pub sequence: Option<Sequence>,
+    /// HTTP timeouts, limits, forwarding headers and access log (Fulcrum additions).
+    pub http: crate::http::HttpOptions,
 }
 
 impl FromNode for VirtualService {
@@ -143,6 +145,7 @@ impl FromNode for VirtualService {
             let framing = t.opt(cx, "framing");
             let message_mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
             let sequence = t.opt(cx, "sequence");
+            let http = crate::http::HttpOptions::read(t, cx);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -166,6 +169,7 @@ impl FromNode for VirtualService {
                 framing,
                 message_mode,
                 sequence,
+                http,
             })
         })
     }
@@ -592,6 +596,8 @@ pub struct Pool {
     pub members: Vec<Member>,
     pub reuse: Reuse,
     pub tls: Option<UpstreamTls>,
+    /// How the HTTP data plane talks to the members (Fulcrum additions).
+    pub http: crate::http::HttpPoolOptions,
 }
 
 impl FromNode for Pool {
@@ -611,6 +617,7 @@ impl FromNode for Pool {
                 members: t.opt(cx, "member").unwrap_or_default(),
                 reuse: t.opt(cx, "reuse").unwrap_or(Reuse::Safe),
                 tls: t.opt(cx, "tls"),
+                http: crate::http::HttpPoolOptions::read(t, cx),
                 name: name?,
             })
         })
@@ -788,6 +795,11 @@ pub struct Persistence {
     pub source_mask_v6: u8,
     /// Bound on the entries of a persistence table; the least recently used go first.
     pub max_entries: u64,
+    /// cookie_insert / cookie_rewrite: the key that signs the member id in the cookie. Without it
+    /// a random key is drawn at start, so cookies do not survive a restart.
+    pub secret: Option<String>,
+    /// cookie_insert: the cookie's `SameSite` attribute (none written when unset).
+    pub same_site: Option<crate::http::SameSite>,
 }
 
 impl Persistence {
@@ -826,6 +838,8 @@ impl FromNode for Persistence {
                 source_mask,
                 source_mask_v6,
                 max_entries: t.opt(cx, "max_entries").unwrap_or(1_000_000),
+                secret: t.opt(cx, "secret"),
+                same_site: t.opt(cx, "same_site"),
                 name: name?,
                 kind: kind?,
             })

@@ -70,11 +70,11 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
         }
     }
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        if vs.protocol != Protocol::Tcp {
+        if !matches!(vs.protocol, Protocol::Tcp | Protocol::Http) {
             errors.push(config.locations.error(
                 &format!("virtual_service[{i}].protocol"),
                 format!(
-                    "protocol {} is not available in this build yet; tcp is",
+                    "protocol {} is not available in this build yet; tcp and http are",
                     vs.protocol
                 ),
             ));
@@ -116,6 +116,7 @@ pub struct App {
     tracker: Arc<Tracker>,
     health: HealthService,
     sockets_per_address: usize,
+    http: crate::http::HttpAssembly,
 }
 
 impl App {
@@ -136,6 +137,7 @@ impl App {
             tracker: Arc::new(Tracker::default()),
             health: HealthService::new(),
             sockets_per_address: default_sockets_per_address(workers),
+            http: crate::http::HttpAssembly::new(),
         }
     }
 
@@ -169,6 +171,7 @@ impl App {
         let mut services = Vec::new();
         let mut stats = HashMap::new();
         let mut tables = HashMap::new();
+        let mut http_stats = HashMap::new();
         for vs in &config.virtual_services {
             let st = asm.stats.get(&vs.name).cloned().unwrap_or_default();
             stats.insert(vs.name.clone(), st.clone());
@@ -208,6 +211,19 @@ impl App {
                     stats: st.clone(),
                     tracker: self.tracker.clone(),
                 }),
+                (Protocol::Http, _) => self
+                    .http
+                    .service(
+                        vs,
+                        &config,
+                        &pools,
+                        st.clone(),
+                        &asm.tables,
+                        &mut tables,
+                        &self.tracker,
+                        &mut http_stats,
+                    )
+                    .map_err(|e| vec![e])?,
                 // runtime_checks refused everything else before we got here.
                 _ => {
                     return Err(vec![format!(
@@ -232,6 +248,7 @@ impl App {
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
         asm.stats = stats;
         asm.tables = tables;
+        self.http.commit(&pools, http_stats);
         self.health.apply(&pools, &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
             config: Arc::new(config),
@@ -305,6 +322,10 @@ impl Control for App {
             .token
             .as_deref()
             .map(Arc::from)
+    }
+
+    fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        self.http.metrics(out);
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {

@@ -2,6 +2,7 @@
 
 mod app;
 mod demo;
+mod http;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
