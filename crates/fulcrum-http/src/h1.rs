@@ -297,6 +297,17 @@ where
         let ctx = PickContext {
             hash: request_hash(&t.pool.hash_key, &self.head, &self.client),
         };
+        if self.head.chunked {
+            // Chunked framing that arrived with the head is checked before any member sees the
+            // request: a malformed body is refused whole, not forwarded in part.
+            let mut d = Decoder::default();
+            if let Err(e) = d.feed(self.head.after_head(), |_| {}) {
+                svc.http_stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                let mut l = Local::error(400, e.0);
+                l.close = true;
+                return self.fail(l, rule).await;
+            }
+        }
         if t.http2 {
             return self.forward_h2(t, ti, rule, lookup, ctx).await;
         }
@@ -393,6 +404,17 @@ where
                         early = e;
                     }
                     Err(PumpError::Client) => return Done::default(),
+                    Err(PumpError::BadChunk(e)) => {
+                        // What went to the member is well-formed but incomplete; the member
+                        // connection is dropped with it.
+                        self.svc
+                            .http_stats
+                            .bad_requests
+                            .fetch_add(1, Ordering::Relaxed);
+                        let mut l = Local::error(400, e.0);
+                        l.close = true;
+                        return self.fail(l, rule).await;
+                    }
                     Err(PumpError::Member(e)) => {
                         // Body bytes already went out: never sent again.
                         member.record_passive_failure(&format!("sending the request body: {e}"));
@@ -557,7 +579,7 @@ where
                     let out = &mut self.out;
                     let used = d
                         .feed(avail, |data| chunked::encode_chunk(out, data))
-                        .map_err(|_| PumpError::Client)?;
+                        .map_err(PumpError::BadChunk)?;
                     self.pos += used;
                     if d.is_done() {
                         self.out.extend_from_slice(chunked::END);
@@ -925,6 +947,8 @@ async fn write_timed<W: AsyncWrite + Unpin>(
 #[derive(Debug)]
 enum PumpError {
     Client,
+    /// The client's chunked framing is invalid.
+    BadChunk(crate::chunked::ChunkError),
     Member(io::Error),
     Timeout,
 }

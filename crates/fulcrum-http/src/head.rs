@@ -288,6 +288,15 @@ fn valid_host(h: &[u8]) -> bool {
             .all(|&b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&b))
 }
 
+/// Whether the first line is `METHOD SP TARGET SP VERSION` (two single spaces).
+fn request_line_has_three_parts(buf: &[u8]) -> bool {
+    let line = match memchr::memchr(b'\n', buf) {
+        Some(i) => &buf[..i],
+        None => buf,
+    };
+    memchr::memchr_iter(b' ', line).count() == 2
+}
+
 fn httparse_error(e: httparse::Error) -> HeadError {
     match e {
         httparse::Error::TooManyHeaders => HeadError {
@@ -339,7 +348,13 @@ impl RequestHead {
         let buf = &self.buf[..];
         let status = req
             .parse_with_uninit_headers(buf, &mut slots[..max_fields])
-            .map_err(httparse_error)?;
+            .map_err(|e| match e {
+                // "GET /a b HTTP/1.1" fails on its version, but is a malformed request line.
+                httparse::Error::Version if !request_line_has_three_parts(buf) => {
+                    bad("invalid request line")
+                }
+                e => httparse_error(e),
+            })?;
         let head_len = match status {
             httparse::Status::Complete(n) => n,
             httparse::Status::Partial => {

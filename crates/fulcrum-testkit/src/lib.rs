@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
 pub use process::Fulcrum;
-pub use servers::{AgentServer, HttpBackend, TcpIdServer};
+pub use servers::{AgentServer, Blackhole, HttpBackend, RawBackend, RawBehaviour, TcpIdServer};
 
 /// A port on 127.0.0.1 that was free a moment ago (the usual race: another process may take it).
 pub fn free_port() -> u16 {

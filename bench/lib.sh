@@ -1,0 +1,54 @@
+# Shared helpers for the benchmarks: pinning, CPU accounting, wrk parsing, medians.
+# Sourced by the bench scripts; all traffic stays on 127.0.0.1.
+
+BENCH_CPU_PROXY=${BENCH_CPU_PROXY:-0}   # the proxy under test runs alone on this CPU
+BENCH_CPU_LOAD=${BENCH_CPU_LOAD:-1}     # load generator and backends share this one
+CLK_TCK=$(getconf CLK_TCK)
+
+need() {  # need PACKAGE [COMMAND]: installs a Debian package when its command is missing
+  local pkg=$1 cmd=${2:-$1}
+  command -v "$cmd" >/dev/null 2>&1 && return 0
+  echo "installing $pkg" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null
+}
+
+cpu_ticks() {  # user+system clock ticks of a process and its threads
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+rss_kib() {
+  awk '/^VmRSS/ {print $2}' "/proc/$1/status"
+}
+
+wait_port() {  # wait_port HOST:PORT — up to 10 s
+  local hp=$1
+  for _ in $(seq 200); do
+    (exec 3<>"/dev/tcp/${hp%:*}/${hp##*:}") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on $hp" >&2
+  return 1
+}
+
+# wrk_run PID URL SECONDS CONNECTIONS [extra wrk args...]
+# Prints "requests cpu_us_per_request req_per_s p99_ms" for the process PID under that load.
+wrk_run() {
+  local pid=$1 url=$2 secs=$3 conns=$4; shift 4
+  local before after out reqs rps p99 cpu
+  before=$(cpu_ticks "$pid")
+  out=$(taskset -c "$BENCH_CPU_LOAD" wrk -t1 -c"$conns" -d"${secs}s" --latency "$@" "$url" 2>&1)
+  after=$(cpu_ticks "$pid")
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+  p99=$(awk '$1 == "99%" {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; print v}' <<<"$out")
+  errors=$(awk '/Socket errors|Non-2xx/ {print}' <<<"$out")
+  [ -n "$errors" ] && echo "wrk: $errors" >&2
+  cpu=$(awk -v t=$((after - before)) -v hz="$CLK_TCK" -v r="$reqs" 'BEGIN { if (r > 0) printf "%.2f", t / hz * 1e6 / r; else print "nan" }')
+  echo "$reqs $cpu $rps $p99"
+}
+
+median() {  # median of the arguments
+  printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}'
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
