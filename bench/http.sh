@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-8} CONNS=${CONNS:-50} HOLD=${HOLD:-2000} HYPER=${HYPER:-1}
 need haproxy; need nginx; need wrk
-cargo build --release -q -p fulcrum
+FULCRUM=${FULCRUM:-target/release/fulcrum}   # another build of the binary, for quick comparisons
+[ "$FULCRUM" = target/release/fulcrum ] && cargo build --release -q -p fulcrum
 [ "$HYPER" = 1 ] && cargo build --release -q -p fulcrum-http --example hyper_baseline
 ulimit -n "$(ulimit -Hn)"
 
@@ -76,10 +77,10 @@ CONF
 }
 fulcrum_conf $F $FA 0 >"$work/fulcrum.toml"
 fulcrum_conf $R $RA 300 >"$work/rules.toml"
-target/release/fulcrum check -c "$work/rules.toml" >/dev/null
-RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/fulcrum.toml" &
+"$FULCRUM" check -c "$work/rules.toml" >/dev/null
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$FULCRUM" run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
-RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/rules.toml" &
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$FULCRUM" run -c "$work/rules.toml" &
 rules_pid=$!; pids+=($rules_pid)
 
 cat >"$work/haproxy.cfg" <<CONF

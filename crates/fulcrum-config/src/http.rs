@@ -309,9 +309,96 @@ pub(crate) fn check_pool(path: &str, o: &HttpPoolOptions, errors: &mut Vec<(Stri
     }
 }
 
+/// Header edits of a rule: names must be field names (tokens), values visible characters.
+pub(crate) fn check_rule_edits(path: &str, rule: &crate::Rule, errors: &mut Vec<(String, String)>) {
+    let token = |n: &str| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    let value_ok = |v: &str| {
+        v.bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80)
+    };
+    for (key, edits) in [
+        ("request_headers", &rule.request_headers),
+        ("response_headers", &rule.response_headers),
+    ] {
+        let Some(e) = edits else { continue };
+        for (part, map) in [("set", &e.set), ("add", &e.add)] {
+            for (n, v) in &map.0 {
+                let at = format!("{path}.{key}.{part}.{n}");
+                if !token(n) {
+                    errors.push((at.clone(), format!("{n:?} is not a header field name")));
+                }
+                if !value_ok(v) {
+                    errors.push((at, format!("{v:?} contains control characters")));
+                }
+            }
+        }
+        for (j, n) in e.remove.iter().enumerate() {
+            if !token(n) {
+                errors.push((
+                    format!("{path}.{key}.remove[{j}]"),
+                    format!("{n:?} is not a header field name"),
+                ));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_keys_are_read_and_validated() {
+        let ok = crate::parse(
+            "[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\n\
+             header_timeout = \"2s\"\nmax_uri_length = \"1KiB\"\nforward_headers = { via = false }\n\
+             access_log = { path = \"a.log\", format = \"json\" }\n\
+             [[pool]]\nname = \"p\"\nhttp2 = true\nmax_idle = 8\npassive_statuses = [404, \"5xx\"]\n",
+            "t.toml",
+            std::path::Path::new("/etc/f"),
+        )
+        .unwrap();
+        let vs = &ok.virtual_services[0].http;
+        assert_eq!(vs.header_timeout, Duration::from_secs(2));
+        assert_eq!(vs.max_uri_length, 1024);
+        assert!(!vs.forward_headers.via && vs.forward_headers.x_forwarded_for);
+        let log = vs.access_log.as_ref().unwrap();
+        assert_eq!(log.path, PathBuf::from("/etc/f/a.log"));
+        assert_eq!(log.format, LogFormat::Json);
+        let p = &ok.pools[0].http;
+        assert!(p.http2 && p.max_idle == 8);
+        assert!(p.passive_statuses.contains(404) && p.passive_statuses.contains(502));
+        assert!(!p.passive_statuses.contains(403));
+
+        let errors = crate::parse(
+            "[[virtual_service]]\nname = \"t\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"tcp\"\npool = \"p\"\n\
+             max_headers = 5\n[[pool]]\nname = \"p\"\nhttp2 = true\n\
+             [[persistence]]\nname = \"s\"\ntype = \"cookie_insert\"\nsecret = \"short\"\n",
+            "t.toml",
+            std::path::Path::new("."),
+        )
+        .unwrap_err()
+        .messages()
+        .join("\n");
+        assert!(
+            errors.contains(
+                "virtual_service[0].max_headers: `max_headers` applies to protocol http / https"
+            ),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("pool[0].http2: `http2` applies to pools of http/https services"),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("persistence[0].secret: too short"),
+            "{errors}"
+        );
+    }
 
     #[test]
     fn status_sets() {

@@ -277,6 +277,15 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             if let Some(rw) = &rule.rewrite_path {
                 regex_ok(&mut c, &rp("rewrite_path.regex"), &rw.regex);
             }
+            let mut errs = Vec::new();
+            crate::http::check_rule_edits(
+                &format!("virtual_service[{i}].rule[{r}]"),
+                rule,
+                &mut errs,
+            );
+            for (path, msg) in errs {
+                c.err(&path, msg);
+            }
             if let Some(h) = &rule.host {
                 let bare = h.strip_prefix("*.").unwrap_or(h);
                 if bare.is_empty() || bare.contains(['*', '/', ' ']) {

@@ -86,7 +86,7 @@ where
         client: Client::new(info),
         head: RequestHead::with_buffer(buf),
         pos: 0,
-        out: Vec::with_capacity(4096),
+        out: Vec::new(),
         private: None,
         served: 0,
         svc,
@@ -202,7 +202,7 @@ where
         self.head.reset();
         self.pos = 0;
         if self.out.capacity() > KEEP_BUFFER {
-            self.out = Vec::with_capacity(4096);
+            self.out = Vec::new();
         }
         if self.head.buf.capacity() > KEEP_BUFFER && self.head.buf.len() < 4096 {
             self.head.buf.shrink_to(4096);
@@ -230,9 +230,25 @@ where
                     deadline = Instant::now() + self.svc.header_timeout;
                 }
             }
-            let want = (limits.max_header_size + 1).saturating_sub(self.head.buf.len());
-            self.head.buf.reserve(want.min(8192));
-            match tokio::time::timeout_at(deadline, self.io.read_buf(&mut self.head.buf)).await {
+            let buf = &mut self.head.buf;
+            if buf.capacity() - buf.len() < 256 {
+                // Double, up to the limit (plus one byte to notice it was passed).
+                let want = buf.capacity().max(1024);
+                let room = (limits.max_header_size + 1).saturating_sub(buf.len());
+                buf.reserve(want.min(room).max(1));
+            }
+            let idle = self.head.buf.is_empty();
+            let read = tokio::time::timeout_at(deadline, self.io.read_buf(&mut self.head.buf));
+            let result = if idle && self.served > 0 {
+                // Between requests a retired service closes the connection at once.
+                tokio::select! {
+                    r = read => r,
+                    _ = self.svc.retired() => return ReadHead::Closed,
+                }
+            } else {
+                read.await
+            };
+            match result {
                 Ok(Ok(0)) | Ok(Err(_)) => return ReadHead::Closed,
                 Ok(Ok(_)) => {}
                 Err(_) => {

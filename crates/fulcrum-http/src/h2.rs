@@ -149,6 +149,10 @@ where
                 }
                 return;
             }
+            _ = svc.retired(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
             _ = tokio::time::sleep(check), if !closing => {
                 let quiet = clock::now_ms().saturating_sub(state.last.load(Ordering::Relaxed));
                 if state.active.load(Ordering::Relaxed) == 0 && quiet >= idle.as_millis() as u64 {

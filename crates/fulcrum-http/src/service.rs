@@ -253,6 +253,10 @@ pub struct HttpService {
     pub tracker: Arc<Tracker>,
     pub access_log: Option<AccessLog>,
     pub no_member_hook: Option<Arc<dyn NoMemberHook>>,
+    /// Set when a reload replaced this service, or at shutdown: connections finish the request
+    /// in progress and close, so keep-alive clients reconnect to the configuration in force.
+    retired: std::sync::atomic::AtomicBool,
+    retire: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for HttpService {
@@ -346,7 +350,31 @@ impl HttpService {
             tracker: parts.tracker,
             access_log,
             no_member_hook: parts.no_member_hook,
+            retired: std::sync::atomic::AtomicBool::new(false),
+            retire: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Takes the service out of service: idle client connections close now, busy ones after
+    /// their current response (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        self.retire.notify_waiters();
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Completes when the service is retired.
+    pub async fn retired(&self) {
+        loop {
+            let notified = self.retire.notified();
+            if self.is_retired() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     pub fn scheme(&self) -> &'static str {
@@ -488,11 +516,12 @@ where
 {
     match info.alpn {
         Alpn::H2 => crate::h2::serve(svc, io, info, Vec::new()).await,
-        Alpn::Http1 => crate::h1::serve(svc, io, info, Vec::with_capacity(4096)).await,
+        Alpn::Http1 => crate::h1::serve(svc, io, info, Vec::with_capacity(1024)).await,
         Alpn::Unknown => {
             // Read until the bytes either differ from the preface or complete it; an HTTP/1
             // request differs at its first byte, so this costs nothing for HTTP/1 clients.
-            let mut buf = Vec::with_capacity(4096);
+            // The buffer starts small (most request heads fit) and grows as needed.
+            let mut buf = Vec::with_capacity(1024);
             let deadline = tokio::time::Instant::now() + svc.header_timeout;
             loop {
                 let n = buf.len().min(PREFACE.len());
@@ -522,5 +551,57 @@ where
             }
             crate::h1::serve(svc, io, info, buf).await
         }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn future_sizes() {
+        fn size<F: std::future::Future>(_: &F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (a, _b) = tokio::io::duplex(64);
+            let svc: std::sync::Arc<super::HttpService> = unimplemented_service();
+            let info = super::ConnInfo {
+                peer: "127.0.0.1:1".parse().unwrap(),
+                local: "127.0.0.1:2".parse().unwrap(),
+                alpn: super::Alpn::Unknown,
+            };
+            let f = super::serve_connection(svc, a, info);
+            eprintln!("serve_connection future: {} bytes", size(&f));
+        });
+    }
+
+    fn unimplemented_service() -> std::sync::Arc<super::HttpService> {
+        let cfg = fulcrum_config::parse(
+            "[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\n[[pool]]\nname = \"p\"\n",
+            "t",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let pool = std::sync::Arc::new(fulcrum_balance::Pool::new(&cfg.pools[0], &[], None));
+        let up = super::Upstreams::new();
+        std::sync::Arc::new(
+            super::HttpService::build(
+                &cfg.virtual_services[0],
+                super::Parts {
+                    config: &cfg,
+                    pools: &[pool],
+                    upstreams: &up,
+                    table: None,
+                    stats: Default::default(),
+                    http_stats: Default::default(),
+                    tracker: Default::default(),
+                    no_member_hook: None,
+                },
+            )
+            .unwrap(),
+        )
     }
 }

@@ -177,11 +177,14 @@ pub struct Upstreams {
 type MemberKey = (Arc<str>, SocketAddr);
 
 impl Upstreams {
-    /// A registry with its sweeper task (on the current tokio runtime).
+    /// A registry with its sweeper task (on the current tokio runtime, if there is one).
     pub fn new() -> Arc<Upstreams> {
         let u = Arc::new(Upstreams::default());
         let weak: Weak<Upstreams> = Arc::downgrade(&u);
-        tokio::spawn(async move {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return u;
+        };
+        rt.spawn(async move {
             let mut every = tokio::time::interval(SWEEP_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

@@ -171,7 +171,7 @@ impl App {
         let mut services = Vec::new();
         let mut stats = HashMap::new();
         let mut tables = HashMap::new();
-        let mut http_stats = HashMap::new();
+        let mut http_build = crate::http::HttpBuild::default();
         for vs in &config.virtual_services {
             let st = asm.stats.get(&vs.name).cloned().unwrap_or_default();
             stats.insert(vs.name.clone(), st.clone());
@@ -221,7 +221,7 @@ impl App {
                         &asm.tables,
                         &mut tables,
                         &self.tracker,
-                        &mut http_stats,
+                        &mut http_build,
                     )
                     .map_err(|e| vec![e])?,
                 // runtime_checks refused everything else before we got here.
@@ -248,7 +248,7 @@ impl App {
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
         asm.stats = stats;
         asm.tables = tables;
-        self.http.commit(&pools, http_stats);
+        self.http.commit(&pools, http_build);
         self.health.apply(&pools, &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
             config: Arc::new(config),
@@ -287,6 +287,7 @@ impl App {
         let deadline = self.snapshot.load().config.global.shutdown_timeout;
         self.assembly.lock().listeners.close_all();
         self.health.shutdown();
+        self.http.retire_all();
         let active = self.tracker.active();
         if active > 0 {
             tracing::info!(connections = active, deadline = ?deadline, "stopped accepting; waiting for connections to finish");

@@ -17,6 +17,14 @@ use parking_lot::Mutex;
 pub struct HttpAssembly {
     upstreams: Arc<Upstreams>,
     stats: Mutex<HashMap<String, Arc<HttpStats>>>,
+    services: Mutex<Vec<Arc<HttpService>>>,
+}
+
+/// The http services of a configuration being applied.
+#[derive(Default)]
+pub struct HttpBuild {
+    stats: HashMap<String, Arc<HttpStats>>,
+    services: Vec<Arc<HttpService>>,
 }
 
 impl HttpAssembly {
@@ -25,6 +33,7 @@ impl HttpAssembly {
         HttpAssembly {
             upstreams: Upstreams::new(),
             stats: Mutex::new(HashMap::new()),
+            services: Mutex::new(Vec::new()),
         }
     }
 
@@ -40,8 +49,16 @@ impl HttpAssembly {
         old_tables: &HashMap<String, Arc<PersistTable>>,
         tables: &mut HashMap<String, Arc<PersistTable>>,
         tracker: &Arc<Tracker>,
-        http_stats: &mut HashMap<String, Arc<HttpStats>>,
+        build: &mut HttpBuild,
     ) -> Result<Arc<dyn StreamHandler>, String> {
+        for (key, set) in [
+            ("compression", vs.compression.is_some()),
+            ("cache", vs.cache.is_some()),
+        ] {
+            if set {
+                tracing::warn!(service = %vs.name, "`{key}` is not applied in this build yet");
+            }
+        }
         let profile = vs.persistence.as_ref().and_then(|n| config.persistence(n));
         let table = profile
             .filter(|p| {
@@ -65,7 +82,7 @@ impl HttpAssembly {
                 table
             });
         let hs = self.stats.lock().get(&vs.name).cloned().unwrap_or_default();
-        http_stats.insert(vs.name.clone(), hs.clone());
+        build.stats.insert(vs.name.clone(), hs.clone());
         let svc = HttpService::build(
             vs,
             Parts {
@@ -81,14 +98,29 @@ impl HttpAssembly {
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
-        Ok(Arc::new(svc))
+        let svc = Arc::new(svc);
+        build.services.push(svc.clone());
+        Ok(svc)
     }
 
-    /// After a successful apply: keeps the counters of the services that run now and drops the
-    /// idle connections of members that left.
-    pub fn commit(&self, pools: &[Arc<Pool>], http_stats: HashMap<String, Arc<HttpStats>>) {
-        *self.stats.lock() = http_stats;
+    /// After a successful apply: keeps the counters of the services that run now, drops the
+    /// idle connections of members that left, and retires the services of the previous
+    /// configuration (their keep-alive connections close after the request in progress, so
+    /// clients reconnect to the new one).
+    pub fn commit(&self, pools: &[Arc<Pool>], build: HttpBuild) {
+        *self.stats.lock() = build.stats;
         self.upstreams.retain(pools);
+        let old = std::mem::replace(&mut *self.services.lock(), build.services);
+        for s in old {
+            s.retire();
+        }
+    }
+
+    /// At shutdown: idle keep-alive connections close now, busy ones after their response.
+    pub fn retire_all(&self) {
+        for s in self.services.lock().iter() {
+            s.retire();
+        }
     }
 
     /// The `fulcrum_http_*` metric families.

@@ -1035,3 +1035,80 @@ async fn the_http_example_passes_check() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_binds_member_connections_to_their_client() {
+    let member = RawBackend::start(
+        free_addr(),
+        RawBehaviour::Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n".to_vec()),
+    )
+    .await
+    .unwrap();
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}{}",
+        service(vs, "proxy_protocol = \"v1\""),
+        pool("p", &[member.addr], "reuse = \"always\"")
+    ))
+    .await;
+    let mut ports = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(vs).await.unwrap();
+        ports.push(s.local_addr().unwrap().port());
+        for _ in 0..2 {
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+        }
+    }
+    let seen = member.received();
+    assert_eq!(seen.len(), 2, "one member connection per client connection");
+    for (conn, port) in seen.iter().zip(ports) {
+        let text = String::from_utf8_lossy(conn);
+        assert!(
+            text.starts_with(&format!(
+                "PROXY TCP4 127.0.0.1 127.0.0.1 {port} {}\r\nGET / HTTP/1.1\r\n",
+                vs.port()
+            )),
+            "{text}"
+        );
+        assert_eq!(text.matches("GET / HTTP/1.1").count(), 2, "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_and_shutdown_close_idle_keep_alive_connections() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let config = format!("{}{}", service(vs, ""), pool("p", &addrs(&b), ""));
+    let mut f = start(&config).await;
+    let mut s = TcpStream::connect(vs).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    // A reload retires the service: the idle connection is closed, a new one sees the new
+    // configuration.
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200);
+    let (bytes, closed) = read_until_close(&mut s, Duration::from_secs(3)).await;
+    assert!(closed && bytes.is_empty());
+    // At shutdown idle keep-alive connections do not hold the process for shutdown_timeout.
+    let mut s = TcpStream::connect(vs).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    let started = Instant::now();
+    f.signal(libc::SIGTERM);
+    let status = f.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let (_, closed) = read_until_close(&mut s, Duration::from_secs(3)).await;
+    assert!(closed);
+}
