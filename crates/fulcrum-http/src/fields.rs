@@ -399,6 +399,11 @@ pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &Res
     let mut scratch = Vec::new();
     let switching = resp.status == 101;
     for f in &resp.fields {
+        // Trailers are not passed on (chunked bodies are re-encoded), so neither is their
+        // announcement.
+        if f.kind == FieldKind::Trailer {
+            continue;
+        }
         if f.hop || f.kind.is_hop_by_hop() {
             // A bodiless response keeps the member's Content-Length: for HEAD and 304 it
             // describes the representation.

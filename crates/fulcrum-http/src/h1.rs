@@ -58,6 +58,9 @@ struct Conn<S> {
     out: Vec<u8>,
     private: Option<Private>,
     served: u64,
+    /// The current request's body has been read to its end (or it has none): the connection
+    /// can carry another request.
+    body_read: bool,
 }
 
 /// How an exchange ended, for the access log and the keep-alive decision.
@@ -89,6 +92,7 @@ where
         out: Vec::new(),
         private: None,
         served: 0,
+        body_read: true,
         svc,
     };
     c.run().await;
@@ -134,6 +138,7 @@ where
                 .fetch_add(1, Ordering::Relaxed);
             let started = Instant::now();
             self.pos = self.head.head_len;
+            self.body_read = !self.head.has_body();
             let svc = self.svc.clone();
             let done = match svc.plan(&self.head, &self.client) {
                 Plan::Drop => {
@@ -144,11 +149,9 @@ where
                 Plan::Local(local, rule) => {
                     let mut local = local;
                     // A body the client may still be sending is not read: close after.
-                    local.close |= self.head.has_body() && !self.body_buffered();
+                    self.skip_buffered_body();
+                    local.close |= !self.body_read;
                     let mut d = self.answer(&local, rule).await;
-                    if d.keep {
-                        self.skip_buffered_body();
-                    }
                     d.keep &= !local.close;
                     self.log(&d, started, rule);
                     d
@@ -218,12 +221,27 @@ where
         };
         let mut deadline = Instant::now() + first_wait;
         let mut started = false;
+        // How far the buffer was searched for the end of the head. A head is parsed only once
+        // its end may be there (or a limit is passed), so a client dripping a long head byte by
+        // byte costs linear time, not a re-parse per byte.
+        let mut scanned = 0usize;
         loop {
             if !self.head.buf.is_empty() {
-                match self.head.parse(&limits) {
-                    Ok(Parse::Complete) => return ReadHead::Request,
-                    Ok(Parse::Partial) => {}
-                    Err(e) => return ReadHead::Error(e),
+                let buf = &self.head.buf;
+                let from = scanned.saturating_sub(2);
+                let may_end = memchr::memchr_iter(b'\n', &buf[from..]).any(|i| {
+                    let rest = &buf[from + i + 1..];
+                    rest.starts_with(b"\n") || rest.starts_with(b"\r\n")
+                });
+                let too_long = buf.len() >= limits.max_header_size
+                    || (buf.len() > limits.max_uri + 32 && memchr::memchr(b'\n', buf).is_none());
+                scanned = buf.len();
+                if may_end || too_long {
+                    match self.head.parse(&limits) {
+                        Ok(Parse::Complete) => return ReadHead::Request,
+                        Ok(Parse::Partial) => {}
+                        Err(e) => return ReadHead::Error(e),
+                    }
                 }
                 if !started {
                     started = true;
@@ -270,9 +288,13 @@ where
 
     /// Marks a fully buffered Content-Length body as read (a local answer did not need it).
     fn skip_buffered_body(&mut self) {
+        if !self.body_buffered() {
+            return;
+        }
         if let Some(n) = self.head.content_length {
             self.pos = (self.head.head_len + n as usize).min(self.head.buf.len());
         }
+        self.body_read = true;
     }
 
     fn log(&self, d: &Done, started: Instant, rule: Option<&CompiledRule>) {
@@ -398,6 +420,7 @@ where
                     self.out.extend_from_slice(body);
                     sent += n;
                     self.pos = self.head.head_len + n as usize;
+                    self.body_read = true;
                 }
             }
             let written = conn.io.write_all(&self.out).await;
@@ -418,6 +441,7 @@ where
                     Ok((n, e)) => {
                         sent += n;
                         early = e;
+                        self.body_read = !e;
                     }
                     Err(PumpError::Client) => return Done::default(),
                     Err(PumpError::BadChunk(e)) => {
@@ -486,6 +510,7 @@ where
                         force_fresh = true;
                         lookup.member = Some(member.address);
                         self.pos = self.head.head_len;
+                        self.body_read = !self.head.has_body();
                         continue;
                     }
                     member.record_passive_failure(&format!("reset before any response: {e}"));
@@ -493,6 +518,7 @@ where
                         tried.push(picked.index);
                         svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
                         self.pos = self.head.head_len;
+                        self.body_read = !self.head.has_body();
                         continue;
                     }
                     svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
@@ -514,18 +540,14 @@ where
 
     /// Whether the request body has been read completely (so the client connection can go on).
     fn body_done(&self, early: bool) -> bool {
-        !early && (self.body_buffered() || !self.head.has_body())
+        !early && self.body_read
     }
 
     async fn fail(&mut self, mut l: Local, rule: Option<&CompiledRule>) -> Done {
-        if !self.body_buffered() && self.pos < self.head.buf.len().max(self.head.head_len + 1) {
-            // The body was not (completely) read: the connection cannot carry another request.
-            l.close |= self.head.has_body();
-        }
+        // A body not read to its end leaves the connection out of step: close after answering.
+        self.skip_buffered_body();
+        l.close |= !self.body_read;
         let mut d = self.answer(&l, rule).await;
-        if d.keep && self.body_buffered() {
-            self.skip_buffered_body();
-        }
         d.keep &= !l.close;
         d
     }
@@ -1106,6 +1128,7 @@ where
                 Some(n) if n > 0 => {
                     let start = self.head.head_len;
                     self.pos = start + n as usize;
+                    self.body_read = true;
                     bytes::Bytes::copy_from_slice(&self.head.buf[start..start + n as usize])
                 }
                 _ => bytes::Bytes::new(),
@@ -1172,6 +1195,7 @@ where
                     self.head.buf.truncate(hl);
                     self.head.buf.extend_from_slice(&leftover);
                     self.pos = hl;
+                    self.body_read = true;
                 }
                 Err(()) => {
                     self.head.close = true;

@@ -234,7 +234,7 @@ async fn handle(
         .map_or("/", |p| p.as_str())
         .as_bytes();
     let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
-    let mut head = match RequestHead::from_h2(
+    let head = match RequestHead::from_h2(
         parts.method.as_str().as_bytes(),
         pq,
         authority,
@@ -259,10 +259,6 @@ async fn handle(
             None,
             head.method,
         ));
-    }
-    // The body's length, when the client gave one, goes to the member as Content-Length.
-    if head.content_length.is_none() && body.is_end_stream() {
-        head.content_length = Some(0);
     }
     let (response, status, member, rule) = match svc.plan(&head, &st.client) {
         Plan::Drop => {

@@ -56,7 +56,7 @@ async fn curl_http1_and_http2_are_balanced_over_one_connection_each() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_and_response_bodies_stream_both_ways() {
     let (b, vs) = two().await;
-    let _f = start(&format!("{}{}", service(vs, ""), pool("p", &addrs(&b), ""))).await;
+    let f = start(&format!("{}{}", service(vs, ""), pool("p", &addrs(&b), ""))).await;
     let dir = tempfile::tempdir().unwrap();
     let upload = dir.path().join("up.bin");
     let data: Vec<u8> = (0..1_500_000u32).map(|i| b'a' + (i % 26) as u8).collect();
@@ -109,6 +109,23 @@ async fn request_and_response_bodies_stream_both_ways() {
     let (ok, out, _) = curl(&["-I", &format!("http://{vs}/bytes/1234")]).await;
     assert!(ok);
     assert_eq!(header(&out, "content-length"), Some("1234"), "{out}");
+    // A streamed upload leaves the connection usable: two uploads over one connection.
+    let before = f.get_json("/api/v1/status").await["virtual_services"][0]["connections_total"]
+        .as_u64()
+        .unwrap();
+    for te in [&[][..], &["-H", "Transfer-Encoding: chunked"][..]] {
+        let (ok, out, err) = curl(&[te, &["--data-binary", &at, &url, &url]].concat()).await;
+        assert!(ok, "{err}");
+        assert_eq!(out.matches("POST /echo HTTP/1.1").count(), 2);
+    }
+    let after = f.get_json("/api/v1/status").await["virtual_services"][0]["connections_total"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        after - before,
+        2,
+        "one connection per curl, two uploads each"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,6 +162,19 @@ async fn h2load_streams_and_http1_pipelining() {
     let r3 = read_response(&mut s).await.unwrap();
     assert_eq!((r1.0, r2.0, r3.0), (200, 200, 200));
     assert!(String::from_utf8_lossy(&r2.2).starts_with("GET /echo?two"));
+    // A head that arrives a byte at a time (CRLF split across reads), then an LF-only one.
+    for req in [
+        &b"GET /echo?drip HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\n"[..],
+        b"GET /echo?lf HTTP/1.1\nHost: x\n\n",
+    ] {
+        for b in req {
+            s.write_all(&[*b]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let (status, _, body) = read_response(&mut s).await.unwrap();
+        assert_eq!(status, 200);
+        assert!(String::from_utf8_lossy(&body).starts_with("GET /echo?"));
+    }
 }
 
 /// The seed's short → long conversion: 1000 requests, each on its own client connection, reach

@@ -92,47 +92,39 @@ pub async fn read_until_close(s: &mut TcpStream, wait: Duration) -> (Vec<u8>, bo
     }
 }
 
-/// Reads one HTTP/1.1 response (head and Content-Length body) from `s`.
+/// Reads one HTTP/1.1 response (head and Content-Length body) from `s`, never past its end
+/// (pipelined responses that follow stay in the socket).
 pub async fn read_response(s: &mut TcpStream) -> Result<(u16, String, Vec<u8>), String> {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
     let work = async {
-        loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..end + 4]).to_string();
-                let status: u16 = head
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse().ok())?
-                    })
-                    .unwrap_or(0);
-                while buf.len() < end + 4 + len {
-                    let n = s.read(&mut tmp).await.map_err(|e| e.to_string())?;
-                    if n == 0 {
-                        return Err("closed in the body".to_string());
-                    }
-                    buf.extend_from_slice(&tmp[..n]);
-                }
-                let body = buf[end + 4..end + 4 + len].to_vec();
-                buf.drain(..end + 4 + len);
-                return Ok((status, head, body));
-            }
-            let n = s.read(&mut tmp).await.map_err(|e| e.to_string())?;
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = s.read(&mut byte).await.map_err(|e| e.to_string())?;
             if n == 0 {
                 return Err(format!(
                     "closed before a response: {:?}",
-                    String::from_utf8_lossy(&buf)
+                    String::from_utf8_lossy(&head)
                 ));
             }
-            buf.extend_from_slice(&tmp[..n]);
+            head.push(byte[0]);
         }
+        let head = String::from_utf8_lossy(&head).to_string();
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+        Ok((status, head, body))
     };
     tokio::time::timeout(Duration::from_secs(10), work)
         .await
