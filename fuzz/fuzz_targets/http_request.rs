@@ -102,7 +102,7 @@ fuzz_target!(|data: &[u8]| {
         fulcrum_http::service::Plan::Local(_, rule) => rule,
         fulcrum_http::service::Plan::Drop => None,
     };
-    let _ = fulcrum_http::service::request_hash(&svc.targets[0].pool.hash_key, &head, &client);
+    let _ = fulcrum_http::service::request_hash(&svc.targets[0].pool, &head, &client);
     let mut out = Vec::new();
     fulcrum_http::fields::write_request_line(&mut out, &head, rule);
     fulcrum_http::fields::write_request_fields(

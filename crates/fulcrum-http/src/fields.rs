@@ -199,7 +199,7 @@ pub fn write_request_fields<S: Sink>(out: &mut S, req: &RequestHead, cx: &Reques
         match req.authority() {
             Some(a) => out.field(b"host", a),
             // HTTP/1.0 without Host: name the address the client connected to.
-            None => out.field(b"host", cx.client.local_text.as_bytes()),
+            None => out.field(b"host", cx.client.info.local.to_string().as_bytes()),
         }
     }
     write_edits(out, edits);

@@ -34,6 +34,7 @@ use crate::head::{Parse, RequestHead, ResponseHead, Version};
 use crate::rules::CompiledRule;
 use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Target};
 use crate::sticky::Lookup;
+use crate::timer::Timer;
 use crate::upstream::{self, UpstreamConn};
 
 /// Chunk size of body transfers.
@@ -61,6 +62,7 @@ struct Conn<S> {
     /// The current request's body has been read to its end (or it has none): the connection
     /// can carry another request.
     body_read: bool,
+    timer: Timer,
 }
 
 /// How an exchange ended, for the access log and the keep-alive decision.
@@ -93,6 +95,7 @@ where
         private: None,
         served: 0,
         body_read: true,
+        timer: Timer::new(),
         svc,
     };
     c.run().await;
@@ -136,7 +139,8 @@ where
                 .stats
                 .requests_total
                 .fetch_add(1, Ordering::Relaxed);
-            let started = Instant::now();
+            // Only the access log needs the request's start time.
+            let started = self.svc.access_log.is_some().then(Instant::now);
             self.pos = self.head.head_len;
             self.body_read = !self.head.has_body();
             let svc = self.svc.clone();
@@ -219,7 +223,7 @@ where
         } else {
             self.svc.idle_timeout
         };
-        let mut deadline = Instant::now() + first_wait;
+        self.timer.set_after(first_wait);
         let mut started = false;
         // How far the buffer was searched for the end of the head. A head is parsed only once
         // its end may be there (or a limit is passed), so a client dripping a long head byte by
@@ -245,7 +249,7 @@ where
                 }
                 if !started {
                     started = true;
-                    deadline = Instant::now() + self.svc.header_timeout;
+                    self.timer.set_after(self.svc.header_timeout);
                 }
             }
             let buf = &mut self.head.buf;
@@ -256,10 +260,11 @@ where
                 buf.reserve(want.min(room).max(1));
             }
             let idle = self.head.buf.is_empty();
-            let read = tokio::time::timeout_at(deadline, self.io.read_buf(&mut self.head.buf));
+            let read = self.timer.run(self.io.read_buf(&mut self.head.buf));
             let result = if idle && self.served > 0 {
                 // Between requests a retired service closes the connection at once.
                 tokio::select! {
+                    biased;
                     r = read => r,
                     _ = self.svc.retired() => return ReadHead::Closed,
                 }
@@ -267,9 +272,9 @@ where
                 read.await
             };
             match result {
-                Ok(Ok(0)) | Ok(Err(_)) => return ReadHead::Closed,
-                Ok(Ok(_)) => {}
-                Err(_) => {
+                Some(Ok(0)) | Some(Err(_)) => return ReadHead::Closed,
+                Some(Ok(_)) => {}
+                None => {
                     return ReadHead::Timeout {
                         partial: !self.head.buf.is_empty(),
                     }
@@ -297,8 +302,8 @@ where
         self.body_read = true;
     }
 
-    fn log(&self, d: &Done, started: Instant, rule: Option<&CompiledRule>) {
-        if let Some(log) = &self.svc.access_log {
+    fn log(&self, d: &Done, started: Option<Instant>, rule: Option<&CompiledRule>) {
+        if let (Some(log), Some(started)) = (&self.svc.access_log, started) {
             log.record(&crate::access_log::Entry {
                 client: &self.client,
                 req: &self.head,
@@ -333,7 +338,7 @@ where
             None => Lookup::default(),
         };
         let ctx = PickContext {
-            hash: request_hash(&t.pool.hash_key, &self.head, &self.client),
+            hash: request_hash(&t.pool, &self.head, &self.client),
         };
         if self.head.chunked {
             // Chunked framing that arrived with the head is checked before any member sees the
@@ -472,13 +477,9 @@ where
             let sent_at = Instant::now();
             let head = match written {
                 Ok(()) => {
-                    read_response_head(
-                        &mut conn,
-                        sent_at + t.response_timeout,
-                        &mut self.io,
-                        self.head.version,
-                    )
-                    .await
+                    self.timer.set(sent_at + t.response_timeout);
+                    read_response_head(&mut conn, &mut self.timer, &mut self.io, self.head.version)
+                        .await
                 }
                 Err(e) => Err(RespError::Io(e, false)),
             };
@@ -633,6 +634,7 @@ where
                 }
             }
             // Write it, watching for an early answer.
+            self.timer.set_after(idle);
             let mut w = 0;
             while w < self.out.len() {
                 tokio::select! {
@@ -647,7 +649,7 @@ where
                         Ok(n) => { w += n; sent += n as u64; }
                         Err(e) => return Err(PumpError::Member(e)),
                     },
-                    _ = tokio::time::sleep(idle) => return Err(PumpError::Timeout),
+                    _ = self.timer.expired() => return Err(PumpError::Timeout),
                 }
             }
             if finished {
@@ -659,6 +661,7 @@ where
                 self.pos = self.head.head_len;
             }
             self.head.buf.reserve(BODY_CHUNK);
+            self.timer.set_after(idle);
             tokio::select! {
                 biased;
                 r = up_r.as_ref().readable() => {
@@ -670,7 +673,7 @@ where
                     Ok(0) | Err(_) => return Err(PumpError::Client),
                     Ok(_) => {}
                 },
-                _ = tokio::time::sleep(idle) => return Err(PumpError::Timeout),
+                _ = self.timer.expired() => return Err(PumpError::Timeout),
             }
         }
     }
@@ -827,8 +830,8 @@ where
 
     fn release(&mut self, t: &Target, picked: &Picked, mut conn: UpstreamConn) {
         conn.guard = None;
-        conn.last_ok_ms = clock::now_ms();
         if self.svc.proxy_protocol.is_some() || t.reuse == Reuse::Never {
+            conn.last_ok_ms = clock::now_ms();
             conn.buf.clear();
             self.private = Some(Private {
                 member: picked.member.clone(),
@@ -862,11 +865,11 @@ where
                         self.out.extend_from_slice(&conn.buf[..n]);
                     } else {
                         // Large bodies go out from the read buffer without a copy.
-                        write_timed(&mut self.io, &self.out, idle)
+                        write_timed(&mut self.io, &mut self.timer, &self.out, idle)
                             .await
                             .map_err(|_| Cut::client(to_client, received))?;
                         self.out.clear();
-                        write_timed(&mut self.io, &conn.buf[..n], idle)
+                        write_timed(&mut self.io, &mut self.timer, &conn.buf[..n], idle)
                             .await
                             .map_err(|_| Cut::client(to_client, received))?;
                     }
@@ -911,7 +914,7 @@ where
                 conn.buf.drain(..consumed);
             }
             if finished || self.out.len() >= BODY_CHUNK {
-                write_timed(&mut self.io, &self.out, idle)
+                write_timed(&mut self.io, &mut self.timer, &self.out, idle)
                     .await
                     .map_err(|_| Cut::client(to_client, received))?;
                 self.out.clear();
@@ -921,17 +924,18 @@ where
                 return Ok((to_client, received, conn.buf.is_empty()));
             }
             if !self.out.is_empty() {
-                write_timed(&mut self.io, &self.out, idle)
+                write_timed(&mut self.io, &mut self.timer, &self.out, idle)
                     .await
                     .map_err(|_| Cut::client(to_client, received))?;
                 self.out.clear();
             }
             conn.buf.reserve(BODY_CHUNK);
-            match tokio::time::timeout(idle, conn.io.read_buf(&mut conn.buf)).await {
-                Ok(Ok(0)) => {
+            self.timer.set_after(idle);
+            match self.timer.run(conn.io.read_buf(&mut conn.buf)).await {
+                Some(Ok(0)) => {
                     if let InFraming::Close = framing {
                         if out_framing == RespFraming::Chunked {
-                            write_timed(&mut self.io, chunked::END, idle)
+                            write_timed(&mut self.io, &mut self.timer, chunked::END, idle)
                                 .await
                                 .map_err(|_| Cut::client(to_client, received))?;
                         }
@@ -939,9 +943,8 @@ where
                     }
                     return Err(Cut::member(to_client, received));
                 }
-                Ok(Ok(n)) => received += n as u64,
-                Ok(Err(_)) => return Err(Cut::member(to_client, received)),
-                Err(_) => return Err(Cut::member(to_client, received)),
+                Some(Ok(n)) => received += n as u64,
+                Some(Err(_)) | None => return Err(Cut::member(to_client, received)),
             }
         }
     }
@@ -973,12 +976,14 @@ impl Cut {
 
 async fn write_timed<W: AsyncWrite + Unpin>(
     io: &mut W,
+    timer: &mut Timer,
     buf: &[u8],
     idle: Duration,
 ) -> io::Result<()> {
-    match tokio::time::timeout(idle, io.write_all(buf)).await {
-        Ok(r) => r,
-        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+    timer.set_after(idle);
+    match timer.run(io.write_all(buf)).await {
+        Some(r) => r,
+        None => Err(io::ErrorKind::TimedOut.into()),
     }
 }
 
@@ -1017,7 +1022,7 @@ pub(crate) enum RespError {
 /// are passed on to an HTTP/1.1 client as they come.
 pub(crate) async fn read_response_head<W: AsyncWrite + Unpin>(
     conn: &mut UpstreamConn,
-    deadline: Instant,
+    timer: &mut Timer,
     client: &mut W,
     client_version: Version,
 ) -> Result<ResponseHead, RespError> {
@@ -1044,16 +1049,16 @@ pub(crate) async fn read_response_head<W: AsyncWrite + Unpin>(
             }
         }
         resp.buf.reserve(8192);
-        match tokio::time::timeout_at(deadline, conn.io.read_buf(&mut resp.buf)).await {
-            Ok(Ok(0)) => {
+        match timer.run(conn.io.read_buf(&mut resp.buf)).await {
+            Some(Ok(0)) => {
                 return Err(RespError::Io(
                     io::ErrorKind::UnexpectedEof.into(),
                     got_bytes,
                 ))
             }
-            Ok(Ok(_)) => got_bytes = true,
-            Ok(Err(e)) => return Err(RespError::Io(e, got_bytes)),
-            Err(_) => return Err(RespError::Timeout),
+            Some(Ok(_)) => got_bytes = true,
+            Some(Err(e)) => return Err(RespError::Io(e, got_bytes)),
+            None => return Err(RespError::Timeout),
         }
     }
 }
@@ -1291,7 +1296,9 @@ where
                         self.out.extend_from_slice(&data);
                     }
                     if self.out.len() >= BODY_CHUNK
-                        && write_timed(&mut self.io, &self.out, idle).await.is_err()
+                        && write_timed(&mut self.io, &mut self.timer, &self.out, idle)
+                            .await
+                            .is_err()
                     {
                         ok = false;
                         break;
@@ -1305,7 +1312,11 @@ where
                 self.out.extend_from_slice(chunked::END);
             }
         }
-        if !self.out.is_empty() && write_timed(&mut self.io, &self.out, idle).await.is_err() {
+        if !self.out.is_empty()
+            && write_timed(&mut self.io, &mut self.timer, &self.out, idle)
+                .await
+                .is_err()
+        {
             ok = false;
         }
         drop(request_guard);

@@ -375,7 +375,7 @@ async fn forward(
         None => Lookup::default(),
     };
     let ctx = PickContext {
-        hash: request_hash(&t.pool.hash_key, head, &st.client),
+        hash: request_hash(&t.pool, head, &st.client),
     };
     let has_body = !body.is_end_stream();
     let framing = match head.content_length {
@@ -539,9 +539,11 @@ async fn forward(
         let sent_at = Instant::now();
         let head_result = match written {
             Ok(()) => {
+                let mut timer = crate::timer::Timer::new();
+                timer.set(sent_at + t.response_timeout);
                 crate::h1::read_response_head(
                     &mut conn,
-                    sent_at + t.response_timeout,
+                    &mut timer,
                     &mut tokio::io::sink(),
                     Version::Http2,
                 )

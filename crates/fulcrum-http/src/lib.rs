@@ -32,6 +32,7 @@ pub mod head;
 pub mod rules;
 pub mod service;
 pub mod sticky;
+mod timer;
 mod tunnel;
 pub mod upstream;
 

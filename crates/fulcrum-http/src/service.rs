@@ -49,7 +49,6 @@ pub struct Client {
     /// The client address; an IPv4-mapped IPv6 address as IPv4.
     pub ip: IpAddr,
     pub ip_text: String,
-    pub local_text: String,
 }
 
 impl Client {
@@ -62,7 +61,6 @@ impl Client {
             info,
             ip,
             ip_text: ip.to_string(),
-            local_text: info.local.to_string(),
         }
     }
 }
@@ -460,9 +458,12 @@ impl HttpService {
     }
 }
 
-/// The hash `algorithm = "hash"` uses for a request.
-pub fn request_hash(key: &HashKey, req: &RequestHead, client: &Client) -> Option<u64> {
-    match key {
+/// The hash `algorithm = "hash"` uses for a request (none for the other algorithms).
+pub fn request_hash(pool: &Pool, req: &RequestHead, client: &Client) -> Option<u64> {
+    if pool.algorithm != fulcrum_config::Algorithm::Hash {
+        return None;
+    }
+    match &pool.hash_key {
         HashKey::SourceIp => Some(hash_ip(client.ip)),
         HashKey::SourceIpPort => Some(hash_socket_addr(client.info.peer)),
         HashKey::Uri => Some(hash_bytes(req.target())),
