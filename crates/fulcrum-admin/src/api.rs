@@ -49,6 +49,14 @@ pub struct PoolStatus {
     /// Members that can take a new client now.
     pub available: usize,
     pub no_member: u64,
+    /// HTTP connection reuse (`never`, `safe`, `always`).
+    pub reuse: String,
+    /// Over the members: connections opened, requests sent, and requests that reused an open
+    /// connection. Requests ÷ connections is the reuse factor (short client connections
+    /// carried over long member connections).
+    pub connections_total: u64,
+    pub requests_total: u64,
+    pub connections_reused: u64,
     pub members: Vec<MemberStatus>,
 }
 
@@ -80,6 +88,10 @@ pub struct MemberStatus {
     pub connect_failures: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Requests that went over an already open connection (HTTP reuse).
+    pub connections_reused: u64,
+    /// Open connections waiting idle for reuse (HTTP).
+    pub connections_idle: u64,
     pub response_time_ms: f64,
     pub agent: AgentStatus,
     pub checks: Vec<CheckState>,
@@ -107,6 +119,8 @@ pub fn member_status(m: &Member) -> MemberStatus {
         connect_failures: s.connect_failures.load(Ordering::Relaxed),
         bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
         bytes_received: s.bytes_received.load(Ordering::Relaxed),
+        connections_reused: s.connections_reused.load(Ordering::Relaxed),
+        connections_idle: s.connections_idle.load(Ordering::Relaxed),
         response_time_ms: (s.response_time_us() / 10.0).round() / 100.0,
         agent: AgentStatus {
             state: m.agent_state(),
@@ -118,11 +132,21 @@ pub fn member_status(m: &Member) -> MemberStatus {
 }
 
 pub fn pool_status(p: &Pool) -> PoolStatus {
+    let sum = |f: fn(&fulcrum_balance::MemberStats) -> &std::sync::atomic::AtomicU64| {
+        p.members()
+            .iter()
+            .map(|m| f(&m.stats).load(Ordering::Relaxed))
+            .sum()
+    };
     PoolStatus {
         name: p.name.to_string(),
         algorithm: p.algorithm.to_string(),
         available: p.available(),
         no_member: p.no_member.load(Ordering::Relaxed),
+        reuse: p.config.reuse.to_string(),
+        connections_total: sum(|s| &s.connections_total),
+        requests_total: sum(|s| &s.requests_total),
+        connections_reused: sum(|s| &s.connections_reused),
         members: p.members().iter().map(|m| member_status(m)).collect(),
     }
 }

@@ -161,7 +161,7 @@ pub fn render(control: &dyn Control) -> String {
     }
 
     type MemberField = fn(&fulcrum_balance::Member) -> f64;
-    let member_families: [(&str, &str, &str, MemberField); 12] = [
+    let member_families: [(&str, &str, &str, MemberField); 14] = [
         (
             "fulcrum_member_up",
             "gauge",
@@ -203,6 +203,18 @@ pub fn render(control: &dyn Control) -> String {
             "counter",
             "Requests sent to the member.",
             |m| m.stats.requests_total.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "fulcrum_member_connections_reused_total",
+            "counter",
+            "Requests that went over an already open member connection (HTTP reuse).",
+            |m| m.stats.connections_reused.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "fulcrum_member_connections_idle",
+            "gauge",
+            "Open member connections waiting idle for reuse (HTTP).",
+            |m| m.stats.connections_idle.load(Ordering::Relaxed) as f64,
         ),
         (
             "fulcrum_member_connect_failures_total",

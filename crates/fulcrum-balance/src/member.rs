@@ -33,6 +33,10 @@ pub struct MemberStats {
     pub connections_total: AtomicU64,
     pub active_requests: AtomicU64,
     pub requests_total: AtomicU64,
+    /// Requests that went over an already open member connection (HTTP connection reuse).
+    pub connections_reused: AtomicU64,
+    /// Open member connections waiting idle for reuse (HTTP), a gauge kept by the data plane.
+    pub connections_idle: AtomicU64,
     /// Connection attempts that failed (refused, timed out, reset before use).
     pub connect_failures: AtomicU64,
     /// Bytes sent to the member / received from it.
@@ -437,6 +441,25 @@ impl Member {
             .active_connections
             .fetch_add(1, Ordering::Relaxed);
         self.stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard(self.clone())
+    }
+
+    /// Counts a member connection in use for as long as the guard lives, for data planes that
+    /// keep member connections open between requests (HTTP reuse): `fresh` counts a newly opened
+    /// connection in `connections_total`; otherwise it is a reuse. A connection idle in a reuse
+    /// pool holds no guard, so `active_connections` (and `max_connections`, least connections)
+    /// count connections carrying a request.
+    pub fn use_connection(self: &Arc<Self>, fresh: bool) -> ConnectionGuard {
+        self.stats
+            .active_connections
+            .fetch_add(1, Ordering::Relaxed);
+        if fresh {
+            self.stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats
+                .connections_reused
+                .fetch_add(1, Ordering::Relaxed);
+        }
         ConnectionGuard(self.clone())
     }
 

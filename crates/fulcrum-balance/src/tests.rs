@@ -79,6 +79,7 @@ fn config(algorithm: Algorithm, weights: &[u32]) -> fulcrum_config::Pool {
             .map(|(i, &w)| member_cfg(i, w))
             .collect(),
         reuse: Reuse::Safe,
+        http: Default::default(),
         tls: None,
     }
 }

@@ -2,6 +2,7 @@
 //! error located by file, line, column and key path.
 
 mod error;
+mod http;
 mod message;
 mod reader;
 mod schema;
@@ -14,6 +15,10 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
+pub use http::{
+    AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
+    StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,
+};
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
@@ -90,6 +95,9 @@ fn resolve_paths(config: &mut Config, base: &Path) {
         }
     };
     for vs in &mut config.virtual_services {
+        if let Some(log) = &mut vs.http.access_log {
+            fix(&mut log.path);
+        }
         for t in &mut vs.tls {
             fix(&mut t.cert);
             fix(&mut t.key);

@@ -133,6 +133,8 @@ pub struct VirtualService {
     pub gslb_redirect_threshold: Option<u64>,
     /// Member connections and delivery of a message service (Fulcrum additions).
     pub message: MessageOptions,
+    /// HTTP timeouts, limits, forwarding headers and access log (Fulcrum additions).
+    pub http: crate::http::HttpOptions,
 }
 
 impl FromNode for VirtualService {
@@ -161,6 +163,7 @@ impl FromNode for VirtualService {
             let gslb_redirect = t.opt(cx, "gslb_redirect");
             let gslb_redirect_threshold = t.opt(cx, "gslb_redirect_threshold");
             let message = MessageOptions::read(t, cx, node, message_mode);
+            let http = crate::http::HttpOptions::read(t, cx);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -188,6 +191,7 @@ impl FromNode for VirtualService {
                 gslb_redirect,
                 gslb_redirect_threshold,
                 message,
+                http,
             })
         })
     }
@@ -564,6 +568,8 @@ pub struct Pool {
     pub members: Vec<Member>,
     pub reuse: Reuse,
     pub tls: Option<UpstreamTls>,
+    /// How the HTTP data plane talks to the members (Fulcrum additions).
+    pub http: crate::http::HttpPoolOptions,
 }
 
 impl FromNode for Pool {
@@ -583,6 +589,7 @@ impl FromNode for Pool {
                 members: t.opt(cx, "member").unwrap_or_default(),
                 reuse: t.opt(cx, "reuse").unwrap_or(Reuse::Safe),
                 tls: t.opt(cx, "tls"),
+                http: crate::http::HttpPoolOptions::read(t, cx),
                 name: name?,
             })
         })
@@ -812,6 +819,11 @@ pub struct Persistence {
     pub source_mask_v6: u8,
     /// Bound on the entries of a persistence table; the least recently used go first.
     pub max_entries: u64,
+    /// cookie_insert / cookie_rewrite: the key that signs the member id in the cookie. Without it
+    /// a random key is drawn at start, so cookies do not survive a restart.
+    pub secret: Option<String>,
+    /// cookie_insert: the cookie's `SameSite` attribute (none written when unset).
+    pub same_site: Option<crate::http::SameSite>,
     /// radius: what happens to a datagram that is not a well-formed RADIUS packet.
     pub malformed: Malformed,
 }
@@ -891,6 +903,8 @@ impl FromNode for Persistence {
                 source_mask_v6,
                 max_entries: t.opt(cx, "max_entries").unwrap_or(1_000_000),
                 malformed: t.opt(cx, "malformed").unwrap_or(Malformed::Schedule),
+                secret: t.opt(cx, "secret"),
+                same_site: t.opt(cx, "same_site"),
                 name: name?,
                 kind: kind?,
             })

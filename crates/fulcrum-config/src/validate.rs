@@ -255,6 +255,16 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         c.only_for(i, "framing", vs.protocol, &[Message]);
         c.only_for(i, "message_mode", vs.protocol, &[Message]);
         c.only_for(i, "sequence", vs.protocol, &[Message]);
+        for key in crate::http::HTTP_SERVICE_KEYS {
+            c.only_for(i, key, vs.protocol, &[Http, Https]);
+        }
+        if vs.protocol.is_http() {
+            let mut errs = Vec::new();
+            crate::http::check_service(&format!("virtual_service[{i}]"), &vs.http, &mut errs);
+            for (path, msg) in errs {
+                c.err(&path, msg);
+            }
+        }
         if vs.protocol == Https && vs.tls.is_empty() {
             c.err(
                 &format!("virtual_service[{i}]"),
@@ -296,6 +306,15 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             }
             if let Some(rw) = &rule.rewrite_path {
                 regex_ok(&mut c, &rp("rewrite_path.regex"), &rw.regex);
+            }
+            let mut errs = Vec::new();
+            crate::http::check_rule_edits(
+                &format!("virtual_service[{i}].rule[{r}]"),
+                rule,
+                &mut errs,
+            );
+            for (path, msg) in errs {
+                c.err(&path, msg);
             }
             if let Some(h) = &rule.host {
                 let bare = h.strip_prefix("*.").unwrap_or(h);
@@ -359,7 +378,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 .find(|p| !p.is_http())
                 .filter(|_| protos.iter().all(|p| !p.is_http()))
             {
-                for key in ["reuse", "tls"] {
+                for key in ["reuse", "tls"].iter().chain(crate::http::HTTP_POOL_KEYS) {
                     if cfg.locations.contains(&at(key)) {
                         c.err(&at(key), format!("`{key}` applies to pools of http/https services; this pool serves {p}"));
                     }
@@ -371,6 +390,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 &at("name"),
                 format!("{:?}: pool names starting with \"gslb:\" or \"gslb-site:\" are reserved for GSLB's own pools", pool.name),
             );
+        }
+        let mut errs = Vec::new();
+        crate::http::check_pool(&format!("pool[{i}]"), &pool.http, &mut errs);
+        for (path, msg) in errs {
+            c.err(&path, msg);
         }
         if pool.min_active == 0 {
             c.err(&at("min_active"), "must be at least 1");
@@ -462,6 +486,34 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             c.err(
                 &format!("{at}.cookie"),
                 format!("{:?} is not a valid cookie name", p.cookie),
+            );
+        }
+        let cookie_kind = matches!(
+            p.kind,
+            PersistenceKind::CookieInsert | PersistenceKind::CookieRewrite
+        );
+        if p.secret.is_some() && !cookie_kind {
+            c.err(
+                &format!("{at}.secret"),
+                format!(
+                    "`secret` signs cookie_insert and cookie_rewrite cookies; this profile is {}",
+                    p.kind
+                ),
+            );
+        }
+        if p.secret.as_ref().is_some_and(|s| s.len() < 16) {
+            c.err(
+                &format!("{at}.secret"),
+                "too short: use at least 16 characters (e.g. `openssl rand -hex 32`)",
+            );
+        }
+        if p.same_site.is_some() && p.kind != PersistenceKind::CookieInsert {
+            c.err(
+                &format!("{at}.same_site"),
+                format!(
+                    "`same_site` applies to cookie_insert; this profile is {}",
+                    p.kind
+                ),
             );
         }
         if p.max_entries == 0 {

@@ -276,6 +276,7 @@ impl GslbState {
                             .collect(),
                         reuse: fulcrum_config::Reuse::Safe,
                         tls: None,
+                        http: Default::default(),
                     };
                     let checks = [CheckSpec {
                         monitor: m.name.clone(),
@@ -342,6 +343,7 @@ impl GslbState {
                             .collect(),
                         reuse: fulcrum_config::Reuse::Safe,
                         tls: None,
+                        http: Default::default(),
                     };
                     let labels: Vec<Arc<str>> =
                         idx.iter().map(|&s| sites[s].name.clone()).collect();

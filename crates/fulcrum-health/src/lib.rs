@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 mod check;
+mod passive;
 mod probe;
 mod service;
 mod task;
@@ -27,6 +28,7 @@ use fulcrum_balance::CheckSpec;
 use fulcrum_config::Monitor;
 
 pub use check::{parse_agent_reply, AgentReply};
+pub use passive::StatusObserver;
 pub use service::HealthService;
 
 /// The state-machine view of a pool's monitors, for `fulcrum_balance::Pool::new`; monitors the

@@ -51,10 +51,10 @@ pub async fn http_request(
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("Host", addr.to_string());
+        let mut req = Request::builder().method(method).uri(path);
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            req = req.header("Host", addr.to_string());
+        }
         for (k, v) in headers {
             req = req.header(*k, *v);
         }

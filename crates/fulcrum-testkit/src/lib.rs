@@ -17,7 +17,7 @@ pub use client::{http_get, http_request, HttpResponse};
 pub use dialogue::DialogueServer;
 pub use message::{MessageClient, MessageSwitch, SwitchOptions, WireFraming};
 pub use process::Fulcrum;
-pub use servers::{AgentServer, HttpBackend, TcpIdServer};
+pub use servers::{AgentServer, Blackhole, HttpBackend, RawBackend, RawBehaviour, TcpIdServer};
 pub use udp::{RadiusServer, UdpEchoServer};
 
 /// A port on 127.0.0.1 that was free a moment ago (the usual race: another process may take it).

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -171,13 +171,31 @@ async fn serve_id(s: &mut TcpStream, name: &str, headers: &Mutex<Vec<Vec<u8>>>) 
     }
 }
 
-/// An HTTP/1.1 backend. `GET /health` answers 200 "OK" while healthy and 503 otherwise; every
-/// other request answers 200 with the backend's name as body and an `X-Server` header.
+/// An HTTP/1.1 backend (hyper, keep-alive). `GET /health` answers 200 "OK" while healthy and 503
+/// otherwise; other paths:
+///
+/// | path | answer |
+/// |---|---|
+/// | `/echo` | the request line, fields and body as text |
+/// | `/conn` | `NAME conn=N`: N numbers the backend's connections from 1 |
+/// | `/status/NNN` | status NNN |
+/// | `/delay/MS` | waits MS milliseconds first |
+/// | `/set-cookie/NAME/VALUE` | `Set-Cookie: NAME=VALUE; Path=/` |
+/// | `/redirect/PATH` | 302 to `http://ADDR/PATH`, the backend's own address |
+/// | `/chunked/N` | N lines sent as separate chunks |
+/// | `/bytes/N` | N bytes |
+/// | `/slow/N/MS` | N lines, one every MS milliseconds |
+/// | any, with `Connection: upgrade` and `Upgrade: P` | 101, then echoes the bytes it receives |
+///
+/// and anything else answers 200 with the backend's name as body. Every answer carries
+/// `X-Server: NAME`; `set_status` forces a status for all but `/health`.
 pub struct HttpBackend {
     pub addr: SocketAddr,
     pub name: String,
     healthy: Arc<AtomicBool>,
     requests: Arc<AtomicU64>,
+    connections: Arc<AtomicU64>,
+    status: Arc<std::sync::atomic::AtomicU16>,
     accept: JoinHandle<()>,
     tasks: Tasks,
 }
@@ -189,27 +207,40 @@ impl Drop for HttpBackend {
     }
 }
 
+#[derive(Clone)]
+struct BackendState {
+    name: Arc<str>,
+    addr: SocketAddr,
+    healthy: Arc<AtomicBool>,
+    requests: Arc<AtomicU64>,
+    status: Arc<std::sync::atomic::AtomicU16>,
+}
+
+type BackendBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
 impl HttpBackend {
     pub async fn start(addr: SocketAddr, name: &str) -> io::Result<HttpBackend> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let healthy = Arc::new(AtomicBool::new(true));
-        let requests = Arc::new(AtomicU64::new(0));
+        let state = BackendState {
+            name: Arc::from(name),
+            addr,
+            healthy: Arc::new(AtomicBool::new(true)),
+            requests: Arc::new(AtomicU64::new(0)),
+            status: Arc::new(std::sync::atomic::AtomicU16::new(0)),
+        };
+        let connections = Arc::new(AtomicU64::new(0));
         let tasks = Tasks::default();
-        let (h, r, t, n) = (
-            healthy.clone(),
-            requests.clone(),
-            tasks.clone(),
-            Arc::<str>::from(name),
-        );
+        let (st, t, c) = (state.clone(), tasks.clone(), connections.clone());
         let accept = tokio::spawn(async move {
             while let Ok((s, _)) = listener.accept().await {
-                let (h, r, n) = (h.clone(), r.clone(), n.clone());
+                let conn = c.fetch_add(1, Ordering::Relaxed) + 1;
+                let st = st.clone();
                 t.push(tokio::spawn(async move {
                     let _ = s.set_nodelay(true);
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let (h, r, n) = (h.clone(), r.clone(), n.clone());
-                        async move { Ok::<_, Infallible>(respond(req, &n, &h, &r).await) }
+                        let st = st.clone();
+                        async move { Ok::<_, Infallible>(respond(req, &st, conn).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(s), svc)
@@ -221,8 +252,10 @@ impl HttpBackend {
         Ok(HttpBackend {
             addr,
             name: name.to_string(),
-            healthy,
-            requests,
+            healthy: state.healthy,
+            requests: state.requests,
+            connections,
+            status: state.status,
             accept,
             tasks,
         })
@@ -232,9 +265,19 @@ impl HttpBackend {
         self.healthy.store(up, Ordering::Relaxed);
     }
 
+    /// Answers every request but `/health` with `status` (0 restores normal answers).
+    pub fn set_status(&self, status: u16) {
+        self.status.store(status, Ordering::Relaxed);
+    }
+
     /// Requests served, `/health` excluded.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
     }
 
     pub fn kill(&self) {
@@ -243,51 +286,227 @@ impl HttpBackend {
     }
 }
 
-async fn respond(
-    req: Request<Incoming>,
-    name: &str,
-    healthy: &AtomicBool,
-    requests: &AtomicU64,
-) -> Response<Full<Bytes>> {
+fn full(b: impl Into<Bytes>) -> BackendBody {
+    use http_body_util::BodyExt;
+    Full::new(b.into()).boxed()
+}
+
+async fn respond(req: Request<Incoming>, st: &BackendState, conn: u64) -> Response<BackendBody> {
+    use http_body_util::BodyExt;
+    let name = &*st.name;
     let path = req.uri().path().to_string();
     if path == "/health" {
-        let up = healthy.load(Ordering::Relaxed);
+        let up = st.healthy.load(Ordering::Relaxed);
         return Response::builder()
             .status(if up { 200 } else { 503 })
-            .body(Full::new(Bytes::from_static(if up {
-                b"OK\n"
-            } else {
-                b"DOWN\n"
-            })))
+            .body(full(if up { &b"OK\n"[..] } else { &b"DOWN\n"[..] }))
             .unwrap_or_default();
     }
-    requests.fetch_add(1, Ordering::Relaxed);
-    let body = if path == "/echo" {
-        let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
-        for (k, v) in req.headers() {
-            text.push_str(&format!(
-                "{}: {}\n",
-                k,
-                String::from_utf8_lossy(v.as_bytes())
-            ));
-        }
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        text.push('\n');
-        text.push_str(&String::from_utf8_lossy(&body));
-        text
-    } else {
-        format!("{name}\n")
-    };
-    Response::builder()
+    st.requests.fetch_add(1, Ordering::Relaxed);
+    let forced = st.status.load(Ordering::Relaxed);
+    let builder = Response::builder()
         .header("X-Server", name)
-        .header("Content-Type", "text/plain")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_default()
+        .header("Content-Type", "text/plain");
+    if forced != 0 {
+        return builder
+            .status(forced)
+            .body(full(format!("{name}\n")))
+            .unwrap_or_default();
+    }
+    let upgrade = req
+        .headers()
+        .get("connection")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().contains("upgrade"));
+    if upgrade {
+        let proto = req
+            .headers()
+            .get("upgrade")
+            .cloned()
+            .unwrap_or(hyper::header::HeaderValue::from_static("echo"));
+        tokio::spawn(async move {
+            if let Ok(up) = hyper::upgrade::on(req).await {
+                let mut io = TokioIo::new(up);
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        return Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", proto)
+            .body(full(Bytes::new()))
+            .unwrap_or_default();
+    }
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["echo", ..] => {
+            let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
+            for (k, v) in req.headers() {
+                text.push_str(&format!(
+                    "{}: {}\n",
+                    k,
+                    String::from_utf8_lossy(v.as_bytes())
+                ));
+            }
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            text.push('\n');
+            text.push_str(&String::from_utf8_lossy(&body));
+            builder.body(full(text)).unwrap_or_default()
+        }
+        ["conn"] => builder
+            .body(full(format!("{name} conn={conn}\n")))
+            .unwrap_or_default(),
+        ["status", code] => builder
+            .status(code.parse::<u16>().unwrap_or(500))
+            .body(full(format!("{name}\n")))
+            .unwrap_or_default(),
+        ["delay", ms] => {
+            tokio::time::sleep(std::time::Duration::from_millis(ms.parse().unwrap_or(0))).await;
+            builder.body(full(format!("{name}\n"))).unwrap_or_default()
+        }
+        ["set-cookie", cookie, value] => builder
+            .header("Set-Cookie", format!("{cookie}={value}; Path=/"))
+            .body(full(format!("{name}\n")))
+            .unwrap_or_default(),
+        ["redirect", rest @ ..] => builder
+            .status(302)
+            .header("Location", format!("http://{}/{}", st.addr, rest.join("/")))
+            .body(full(Bytes::new()))
+            .unwrap_or_default(),
+        ["bytes", n] => builder
+            .body(full(vec![b'x'; n.parse().unwrap_or(0)]))
+            .unwrap_or_default(),
+        ["chunked", n] | ["slow", n, ..] => {
+            let n: usize = n.parse().unwrap_or(0);
+            let every = match parts.as_slice() {
+                ["slow", _, ms] => std::time::Duration::from_millis(ms.parse().unwrap_or(0)),
+                _ => std::time::Duration::ZERO,
+            };
+            let (mut tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
+            let name = name.to_string();
+            tokio::spawn(async move {
+                for i in 0..n {
+                    if !every.is_zero() {
+                        tokio::time::sleep(every).await;
+                    }
+                    if tx
+                        .send_data(Bytes::from(format!("{name} chunk {i}\n")))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            builder.body(body.boxed()).unwrap_or_default()
+        }
+        _ => builder.body(full(format!("{name}\n"))).unwrap_or_default(),
+    }
+}
+
+/// A member that speaks raw bytes: it records what each connection sent and answers as told.
+/// For checking exactly what the proxy forwards (smuggling tests) and for misbehaving members.
+pub struct RawBackend {
+    pub addr: SocketAddr,
+    received: Arc<Mutex<Vec<Vec<u8>>>>,
+    connections: Arc<AtomicU64>,
+    accept: JoinHandle<()>,
+    tasks: Tasks,
+}
+
+/// What a `RawBackend` does once a request head (up to an empty line) has arrived.
+#[derive(Debug, Clone)]
+pub enum RawBehaviour {
+    /// Writes these bytes after each request head, keeping the connection.
+    Reply(Vec<u8>),
+    /// Resets the connection (RST) without a byte.
+    Reset,
+    /// Never answers.
+    Silent,
+}
+
+impl Drop for RawBackend {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.tasks.abort_all();
+    }
+}
+
+impl RawBackend {
+    pub async fn start(addr: SocketAddr, behaviour: RawBehaviour) -> io::Result<RawBackend> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicU64::new(0));
+        let tasks = Tasks::default();
+        let (r, c, t) = (received.clone(), connections.clone(), tasks.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let idx = c.fetch_add(1, Ordering::Relaxed) as usize;
+                if let Ok(mut v) = r.lock() {
+                    v.push(Vec::new());
+                }
+                let (r, b) = (r.clone(), behaviour.clone());
+                t.push(tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut pending = Vec::new();
+                    loop {
+                        let n = match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if let Ok(mut v) = r.lock() {
+                            if let Some(c) = v.get_mut(idx) {
+                                c.extend_from_slice(&buf[..n]);
+                            }
+                        }
+                        pending.extend_from_slice(&buf[..n]);
+                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            pending.drain(..end + 4);
+                            match &b {
+                                RawBehaviour::Reply(bytes) => {
+                                    if s.write_all(bytes).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                RawBehaviour::Reset => {
+                                    let _ = s.set_zero_linger();
+                                    return;
+                                }
+                                RawBehaviour::Silent => {}
+                            }
+                        }
+                    }
+                }));
+            }
+        });
+        Ok(RawBackend {
+            addr,
+            received,
+            connections,
+            accept,
+            tasks,
+        })
+    }
+
+    /// The bytes each connection sent, in accept order.
+    pub fn received(&self) -> Vec<Vec<u8>> {
+        self.received.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
 }
 
 /// An agent-check server (HAProxy's agent protocol): answers every connection with its current
@@ -330,5 +549,30 @@ impl AgentServer {
         if let Ok(mut r) = self.reply.lock() {
             *r = reply.to_string();
         }
+    }
+}
+
+/// An address whose connects hang: a listening socket with a backlog of 0, its queue filled by
+/// one connection nobody accepts, so the kernel drops further SYNs. For connect timeouts.
+pub struct Blackhole {
+    pub addr: SocketAddr,
+    _listener: std::net::TcpListener,
+    _filler: std::net::TcpStream,
+}
+
+impl Blackhole {
+    pub fn start() -> io::Result<Blackhole> {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())?;
+        sock.listen(0)?;
+        let listener: std::net::TcpListener = sock.into();
+        let addr = listener.local_addr()?;
+        let filler =
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1))?;
+        Ok(Blackhole {
+            addr,
+            _listener: listener,
+            _filler: filler,
+        })
     }
 }

@@ -56,12 +56,12 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     for (i, vs) in config.virtual_services.iter().enumerate() {
         if !matches!(
             vs.protocol,
-            Protocol::Tcp | Protocol::Udp | Protocol::Message
+            Protocol::Tcp | Protocol::Udp | Protocol::Message | Protocol::Http
         ) {
             errors.push(config.locations.error(
                 &format!("virtual_service[{i}].protocol"),
                 format!(
-                    "protocol {} is not available in this build yet; tcp, udp and message are",
+                    "protocol {} is not available in this build yet; tcp, udp, message and http are",
                     vs.protocol
                 ),
             ));
@@ -107,6 +107,7 @@ pub struct App {
     sockets_per_address: usize,
     udp: crate::udp::Udp,
     messages: crate::message::Messages,
+    http: crate::http::HttpAssembly,
 }
 
 impl App {
@@ -130,6 +131,7 @@ impl App {
             sockets_per_address: default_sockets_per_address(workers),
             udp: crate::udp::Udp::default(),
             messages: crate::message::Messages::default(),
+            http: crate::http::HttpAssembly::new(),
         }
     }
 
@@ -168,6 +170,7 @@ impl App {
         let mut services = Vec::new();
         let mut stats = HashMap::new();
         let mut tables = HashMap::new();
+        let mut http_build = crate::http::HttpBuild::default();
         for vs in &config.virtual_services {
             let st = asm.stats.get(&vs.name).cloned().unwrap_or_default();
             stats.insert(vs.name.clone(), st.clone());
@@ -228,6 +231,19 @@ impl App {
                     self.messages
                         .handler(vs, pool, st.clone(), source_persistence, &self.tracker)
                 }
+                (Protocol::Http, _) => self
+                    .http
+                    .service(
+                        vs,
+                        &config,
+                        &pools,
+                        st.clone(),
+                        &asm.tables,
+                        &mut tables,
+                        &self.tracker,
+                        &mut http_build,
+                    )
+                    .map_err(|e| vec![e])?,
                 // runtime_checks refused everything else before we got here.
                 _ => {
                     return Err(vec![format!(
@@ -255,6 +271,7 @@ impl App {
         asm.stats = stats;
         asm.tables = tables;
         let site_pools = self.dns.commit(dns, &config, &pools);
+        self.http.commit(&pools, http_build);
         self.health
             .apply(&[pools.as_slice(), &site_pools].concat(), &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
@@ -296,6 +313,7 @@ impl App {
         self.udp.close_all();
         self.dns.shutdown();
         self.health.shutdown();
+        self.http.retire_all();
         let active = self.tracker.active();
         if active > 0 {
             tracing::info!(connections = active, deadline = ?deadline, "stopped accepting; waiting for connections to finish");
@@ -337,6 +355,7 @@ impl Control for App {
         self.udp.metrics(out);
         self.dns.metrics(out);
         self.messages.write_metrics(out);
+        self.http.metrics(out);
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {

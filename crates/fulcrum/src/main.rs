@@ -3,6 +3,7 @@
 mod app;
 mod demo;
 mod dns;
+mod http;
 mod message;
 mod udp;
 

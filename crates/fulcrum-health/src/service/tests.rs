@@ -37,6 +37,7 @@ fn pool_config(name: &str, members: &[SocketAddr], monitors: &[&str]) -> fulcrum
             })
             .collect(),
         reuse: Reuse::Safe,
+        http: Default::default(),
         tls: None,
     }
 }

@@ -1,0 +1,409 @@
+//! Keys of the HTTP data plane that DESIGN §4 does not list (Fulcrum additions): timeouts and
+//! limits of a virtual service, forwarding headers, the access log, and the upstream options of a
+//! pool (response timeout, idle member connections, HTTP/2 to members, passive status checks).
+//!
+//! They live apart from `schema.rs` so that the contract's tables stay readable; each struct is
+//! read from the same TOML table as its owner (`[[virtual_service]]`, `[[pool]]`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::string_enum;
+use crate::types::{read_table, ByteSize};
+
+/// HTTP options of a virtual service (http / https).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// From the first byte of a request until its head is complete (slowloris guard).
+    pub header_timeout: Duration,
+    /// From a complete request head until the whole response is sent; `None`: no limit.
+    pub request_timeout: Option<Duration>,
+    /// Largest request head (request line and header fields), in bytes: beyond it, 431.
+    pub max_header_size: u64,
+    /// Most header fields in a request: beyond it, 431.
+    pub max_headers: u32,
+    /// Longest request target, in bytes: beyond it, 414.
+    pub max_uri_length: u64,
+    pub forward_headers: ForwardHeaders,
+    pub access_log: Option<AccessLog>,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            header_timeout: Duration::from_secs(10),
+            request_timeout: None,
+            max_header_size: 32 * 1024,
+            max_headers: 100,
+            max_uri_length: 8 * 1024,
+            forward_headers: ForwardHeaders::default(),
+            access_log: None,
+        }
+    }
+}
+
+/// The keys `HttpOptions` reads from a virtual service table.
+pub const HTTP_SERVICE_KEYS: &[&str] = &[
+    "header_timeout",
+    "request_timeout",
+    "max_header_size",
+    "max_headers",
+    "max_uri_length",
+    "forward_headers",
+    "access_log",
+];
+
+impl HttpOptions {
+    /// Reads the HTTP keys of a `[[virtual_service]]` table.
+    pub fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> HttpOptions {
+        let d = HttpOptions::default();
+        HttpOptions {
+            header_timeout: t.opt(cx, "header_timeout").unwrap_or(d.header_timeout),
+            request_timeout: t.opt(cx, "request_timeout"),
+            max_header_size: t
+                .opt::<ByteSize>(cx, "max_header_size")
+                .map_or(d.max_header_size, |s| s.0),
+            max_headers: t.opt(cx, "max_headers").unwrap_or(d.max_headers),
+            max_uri_length: t
+                .opt::<ByteSize>(cx, "max_uri_length")
+                .map_or(d.max_uri_length, |s| s.0),
+            forward_headers: t.opt(cx, "forward_headers").unwrap_or_default(),
+            access_log: t.opt(cx, "access_log"),
+        }
+    }
+}
+
+/// Which forwarding headers the proxy adds to requests (and `via` to responses too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardHeaders {
+    /// Appends the client address to `X-Forwarded-For`.
+    pub x_forwarded_for: bool,
+    /// Sets `X-Forwarded-Proto` to the client's scheme.
+    pub x_forwarded_proto: bool,
+    /// Sets `X-Forwarded-Host` to the Host the client asked for.
+    pub x_forwarded_host: bool,
+    /// Appends an RFC 7239 `Forwarded: for=…;proto=…;host=…` element.
+    pub forwarded: bool,
+    /// Sets `X-Real-IP` to the client address.
+    pub x_real_ip: bool,
+    /// Appends `1.1 fulcrum` to `Via`, on requests and responses.
+    pub via: bool,
+}
+
+impl Default for ForwardHeaders {
+    fn default() -> Self {
+        ForwardHeaders {
+            x_forwarded_for: true,
+            x_forwarded_proto: true,
+            x_forwarded_host: true,
+            forwarded: false,
+            x_real_ip: false,
+            via: true,
+        }
+    }
+}
+
+impl FromNode for ForwardHeaders {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let d = ForwardHeaders::default();
+            Some(ForwardHeaders {
+                x_forwarded_for: t.opt(cx, "x_forwarded_for").unwrap_or(d.x_forwarded_for),
+                x_forwarded_proto: t
+                    .opt(cx, "x_forwarded_proto")
+                    .unwrap_or(d.x_forwarded_proto),
+                x_forwarded_host: t.opt(cx, "x_forwarded_host").unwrap_or(d.x_forwarded_host),
+                forwarded: t.opt(cx, "forwarded").unwrap_or(d.forwarded),
+                x_real_ip: t.opt(cx, "x_real_ip").unwrap_or(d.x_real_ip),
+                via: t.opt(cx, "via").unwrap_or(d.via),
+            })
+        })
+    }
+}
+
+string_enum!(
+    /// Access log line format.
+    LogFormat {
+        Combined = "combined",
+        Json = "json",
+    }
+);
+
+/// Where and how a virtual service logs its requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    /// A file, appended to; relative paths are from the configuration's folder.
+    pub path: PathBuf,
+    pub format: LogFormat,
+}
+
+impl FromNode for AccessLog {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let path: Option<String> = t.req(cx, "path");
+            let format = t.opt(cx, "format").unwrap_or(LogFormat::Combined);
+            Some(AccessLog {
+                path: path?.into(),
+                format,
+            })
+        })
+    }
+}
+
+/// HTTP options of a pool: how the HTTP data plane talks to its members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpPoolOptions {
+    /// From the request sent until the response head arrived: beyond it, 504.
+    pub response_timeout: Duration,
+    /// Speak HTTP/2 (prior knowledge, h2c) to the members instead of HTTP/1.1.
+    pub http2: bool,
+    /// Idle connections kept per member for reuse.
+    pub max_idle: u32,
+    /// An idle member connection is closed after this long unused.
+    pub idle_timeout: Duration,
+    /// Response statuses that count as a passive failure of the member.
+    pub passive_statuses: StatusSet,
+}
+
+impl Default for HttpPoolOptions {
+    fn default() -> Self {
+        HttpPoolOptions {
+            response_timeout: Duration::from_secs(60),
+            http2: false,
+            max_idle: 100,
+            idle_timeout: Duration::from_secs(30),
+            passive_statuses: StatusSet(vec![StatusMatch::Class(5)]),
+        }
+    }
+}
+
+/// The keys `HttpPoolOptions` reads from a pool table.
+pub const HTTP_POOL_KEYS: &[&str] = &[
+    "response_timeout",
+    "http2",
+    "max_idle",
+    "idle_timeout",
+    "passive_statuses",
+];
+
+impl HttpPoolOptions {
+    /// Reads the HTTP keys of a `[[pool]]` table.
+    pub fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> HttpPoolOptions {
+        let d = HttpPoolOptions::default();
+        HttpPoolOptions {
+            response_timeout: t.opt(cx, "response_timeout").unwrap_or(d.response_timeout),
+            http2: t.opt(cx, "http2").unwrap_or(d.http2),
+            max_idle: t.opt(cx, "max_idle").unwrap_or(d.max_idle),
+            idle_timeout: t.opt(cx, "idle_timeout").unwrap_or(d.idle_timeout),
+            passive_statuses: t.opt(cx, "passive_statuses").unwrap_or(d.passive_statuses),
+        }
+    }
+}
+
+/// One entry of a status list: a status, or a whole class (`"5xx"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusMatch {
+    Code(u16),
+    /// The hundreds digit: 5 for "5xx".
+    Class(u8),
+}
+
+/// A set of HTTP statuses, written as integers and classes: `[403, 404, "5xx"]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StatusSet(pub Vec<StatusMatch>);
+
+impl StatusSet {
+    pub fn contains(&self, status: u16) -> bool {
+        self.0.iter().any(|m| match *m {
+            StatusMatch::Code(c) => c == status,
+            StatusMatch::Class(c) => status / 100 == u16::from(c),
+        })
+    }
+}
+
+impl FromNode for StatusMatch {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        match node.shape() {
+            Shape::Int(i) if (100..=599).contains(&i) => Some(StatusMatch::Code(i as u16)),
+            Shape::Str(s)
+                if s.len() == 3
+                    && s[1..].eq_ignore_ascii_case("xx")
+                    && (b'1'..=b'5').contains(&s.as_bytes()[0]) =>
+            {
+                Some(StatusMatch::Class(s.as_bytes()[0] - b'0'))
+            }
+            _ => {
+                cx.error(
+                    node,
+                    "expected an HTTP status from 100 to 599 or a class \"1xx\" to \"5xx\"",
+                );
+                None
+            }
+        }
+    }
+}
+
+impl FromNode for StatusSet {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        Vec::<StatusMatch>::from_node(node, cx).map(StatusSet)
+    }
+}
+
+string_enum!(
+    /// The `SameSite` attribute of an inserted persistence cookie.
+    SameSite {
+        Strict = "strict",
+        Lax = "lax",
+        None = "none",
+    }
+);
+
+/// Cross-checks of the HTTP keys, for `validate`; each error is (key path, message).
+pub(crate) fn check_service(path: &str, o: &HttpOptions, errors: &mut Vec<(String, String)>) {
+    let mut err = |k: &str, m: String| errors.push((format!("{path}.{k}"), m));
+    if o.header_timeout.is_zero() {
+        err("header_timeout", "must be longer than 0s".into());
+    }
+    if o.request_timeout.is_some_and(|d| d.is_zero()) {
+        err("request_timeout", "must be longer than 0s".into());
+    }
+    if !(1024..=1 << 20).contains(&o.max_header_size) {
+        err(
+            "max_header_size",
+            format!(
+                "{} is out of range; expected 1KiB (1024) to 1MiB (1048576)",
+                o.max_header_size
+            ),
+        );
+    }
+    if !(1..=1000).contains(&o.max_headers) {
+        err(
+            "max_headers",
+            format!("{} is out of range; expected 1 to 1000", o.max_headers),
+        );
+    }
+    if o.max_uri_length < 16 || o.max_uri_length > o.max_header_size {
+        err(
+            "max_uri_length",
+            format!(
+                "{} is out of range; expected 16 up to max_header_size ({})",
+                o.max_uri_length, o.max_header_size
+            ),
+        );
+    }
+}
+
+pub(crate) fn check_pool(path: &str, o: &HttpPoolOptions, errors: &mut Vec<(String, String)>) {
+    if o.response_timeout.is_zero() {
+        errors.push((
+            format!("{path}.response_timeout"),
+            "must be longer than 0s".into(),
+        ));
+    }
+    if o.idle_timeout.is_zero() {
+        errors.push((
+            format!("{path}.idle_timeout"),
+            "must be longer than 0s".into(),
+        ));
+    }
+}
+
+/// Header edits of a rule: names must be field names (tokens), values visible characters.
+pub(crate) fn check_rule_edits(path: &str, rule: &crate::Rule, errors: &mut Vec<(String, String)>) {
+    let token = |n: &str| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    let value_ok = |v: &str| {
+        v.bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80)
+    };
+    for (key, edits) in [
+        ("request_headers", &rule.request_headers),
+        ("response_headers", &rule.response_headers),
+    ] {
+        let Some(e) = edits else { continue };
+        for (part, map) in [("set", &e.set), ("add", &e.add)] {
+            for (n, v) in &map.0 {
+                let at = format!("{path}.{key}.{part}.{n}");
+                if !token(n) {
+                    errors.push((at.clone(), format!("{n:?} is not a header field name")));
+                }
+                if !value_ok(v) {
+                    errors.push((at, format!("{v:?} contains control characters")));
+                }
+            }
+        }
+        for (j, n) in e.remove.iter().enumerate() {
+            if !token(n) {
+                errors.push((
+                    format!("{path}.{key}.remove[{j}]"),
+                    format!("{n:?} is not a header field name"),
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_keys_are_read_and_validated() {
+        let ok = crate::parse(
+            "[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\n\
+             header_timeout = \"2s\"\nmax_uri_length = \"1KiB\"\nforward_headers = { via = false }\n\
+             access_log = { path = \"a.log\", format = \"json\" }\n\
+             [[pool]]\nname = \"p\"\nhttp2 = true\nmax_idle = 8\npassive_statuses = [404, \"5xx\"]\n",
+            "t.toml",
+            std::path::Path::new("/etc/f"),
+        )
+        .unwrap();
+        let vs = &ok.virtual_services[0].http;
+        assert_eq!(vs.header_timeout, Duration::from_secs(2));
+        assert_eq!(vs.max_uri_length, 1024);
+        assert!(!vs.forward_headers.via && vs.forward_headers.x_forwarded_for);
+        let log = vs.access_log.as_ref().unwrap();
+        assert_eq!(log.path, PathBuf::from("/etc/f/a.log"));
+        assert_eq!(log.format, LogFormat::Json);
+        let p = &ok.pools[0].http;
+        assert!(p.http2 && p.max_idle == 8);
+        assert!(p.passive_statuses.contains(404) && p.passive_statuses.contains(502));
+        assert!(!p.passive_statuses.contains(403));
+
+        let errors = crate::parse(
+            "[[virtual_service]]\nname = \"t\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"tcp\"\npool = \"p\"\n\
+             max_headers = 5\n[[pool]]\nname = \"p\"\nhttp2 = true\n\
+             [[persistence]]\nname = \"s\"\ntype = \"cookie_insert\"\nsecret = \"short\"\n",
+            "t.toml",
+            std::path::Path::new("."),
+        )
+        .unwrap_err()
+        .messages()
+        .join("\n");
+        assert!(
+            errors.contains(
+                "virtual_service[0].max_headers: `max_headers` applies to protocol http / https"
+            ),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("pool[0].http2: `http2` applies to pools of http/https services"),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("persistence[0].secret: too short"),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    fn status_sets() {
+        let s = StatusSet(vec![StatusMatch::Class(5), StatusMatch::Code(404)]);
+        assert!(s.contains(500) && s.contains(599) && s.contains(404));
+        assert!(!s.contains(403) && !s.contains(200));
+    }
+}

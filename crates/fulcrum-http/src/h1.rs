@@ -1,0 +1,1389 @@
+//! HTTP/1.x client connections: keep-alive, pipelining (requests answered in order), bodies
+//! streamed both ways, Upgrade tunnels, and every timeout of the exchange.
+//!
+//! One task per client connection runs this loop:
+//!
+//! ```text
+//!   read head (header_timeout; idle_timeout between requests) ─▶ parse + validate (400/414/431)
+//!   ─▶ plan (rules) ─▶ local answer | drop | forward:
+//!        persistence / scheduler ─▶ member connection (idle store or connect, retries)
+//!        ─▶ head (+ buffered body) in one write ─▶ body pump (early answers noticed)
+//!        ─▶ response head (response_timeout) ─▶ client head (+ body) in one write ─▶ body relay
+//!        ─▶ member connection back to its store
+//! ```
+//!
+//! The request head stays in the connection's read buffer while it is served; the bytes after
+//! it are the body and, with pipelining, the next requests. Nothing about a request is copied
+//! out of that buffer, and the same write buffer is reused for every response.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fulcrum_balance::{clock, Member, PickContext, Picked};
+use fulcrum_config::Reuse;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::body::InFraming;
+use crate::chunked::{self, Decoder};
+use crate::fields::{self, ReqFraming, RequestCtx, RespFraming, ResponseCtx};
+use crate::head::{Parse, RequestHead, ResponseHead, Version};
+use crate::rules::CompiledRule;
+use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Target};
+use crate::sticky::Lookup;
+use crate::timer::Timer;
+use crate::upstream::{self, UpstreamConn};
+
+/// Chunk size of body transfers.
+const BODY_CHUNK: usize = 32 * 1024;
+/// Write buffers larger than this are shrunk between requests, so idle connections stay small.
+const KEEP_BUFFER: usize = 16 * 1024;
+
+/// A member connection bound to this client connection (`reuse = "never"`, or PROXY protocol,
+/// whose header describes one client).
+struct Private {
+    member: Arc<Member>,
+    conn: UpstreamConn,
+}
+
+struct Conn<S> {
+    io: S,
+    svc: Arc<HttpService>,
+    client: Client,
+    head: RequestHead,
+    /// Where the unread part of the read buffer starts (past the current request's body).
+    pos: usize,
+    out: Vec<u8>,
+    private: Option<Private>,
+    served: u64,
+    /// The current request's body has been read to its end (or it has none): the connection
+    /// can carry another request.
+    body_read: bool,
+    timer: Timer,
+}
+
+/// How an exchange ended, for the access log and the keep-alive decision.
+#[derive(Debug, Default)]
+struct Done {
+    status: u16,
+    bytes: u64,
+    member: Option<SocketAddr>,
+    keep: bool,
+}
+
+enum ReadHead {
+    Request,
+    Closed,
+    Error(crate::head::HeadError),
+    Timeout { partial: bool },
+}
+
+/// Serves one HTTP/1.x client connection; `buf` holds bytes already read from it.
+pub(crate) async fn serve<S>(svc: Arc<HttpService>, io: S, info: ConnInfo, buf: Vec<u8>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut c = Conn {
+        io,
+        client: Client::new(info),
+        head: RequestHead::with_buffer(buf),
+        pos: 0,
+        out: Vec::new(),
+        private: None,
+        served: 0,
+        body_read: true,
+        timer: Timer::new(),
+        svc,
+    };
+    c.run().await;
+}
+
+impl<S> Conn<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    async fn run(&mut self) {
+        loop {
+            match self.read_head().await {
+                ReadHead::Request => {}
+                ReadHead::Closed => return,
+                ReadHead::Timeout { partial } => {
+                    if partial {
+                        self.svc
+                            .http_stats
+                            .header_timeouts
+                            .fetch_add(1, Ordering::Relaxed);
+                        let mut l = Local::error(408, "");
+                        l.close = true;
+                        let _ = self.answer(&l, None).await;
+                    }
+                    return;
+                }
+                ReadHead::Error(e) => {
+                    self.svc
+                        .http_stats
+                        .bad_requests
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(service = %self.svc.name, client = %self.client.info.peer, status = e.status, reason = e.reason, "refused request");
+                    let mut l = Local::error(e.status, e.reason);
+                    l.close = true;
+                    let _ = self.answer(&l, None).await;
+                    return;
+                }
+            }
+            self.served += 1;
+            self.svc
+                .stats
+                .requests_total
+                .fetch_add(1, Ordering::Relaxed);
+            // Only the access log needs the request's start time.
+            let started = self.svc.access_log.is_some().then(Instant::now);
+            self.pos = self.head.head_len;
+            self.body_read = !self.head.has_body();
+            let svc = self.svc.clone();
+            let done = match svc.plan(&self.head, &self.client) {
+                Plan::Drop => {
+                    svc.http_stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    self.log(&Done::default(), started, None);
+                    return;
+                }
+                Plan::Local(local, rule) => {
+                    let mut local = local;
+                    // A body the client may still be sending is not read: close after.
+                    self.skip_buffered_body();
+                    local.close |= !self.body_read;
+                    let mut d = self.answer(&local, rule).await;
+                    d.keep &= !local.close;
+                    self.log(&d, started, rule);
+                    d
+                }
+                Plan::Forward { target, rule } => {
+                    let t = svc.targets[target].clone();
+                    let d = match svc.request_timeout {
+                        Some(limit) => {
+                            match tokio::time::timeout(limit, self.forward(&t, target, rule)).await
+                            {
+                                Ok(d) => d,
+                                Err(_) => {
+                                    svc.http_stats
+                                        .response_timeouts
+                                        .fetch_add(1, Ordering::Relaxed);
+                                    // Nothing may have reached the client yet; if something
+                                    // did, the 504 is cut short by the close, which is what
+                                    // the client must see anyway.
+                                    let mut l = Local::error(504, "request_timeout");
+                                    l.close = true;
+                                    let mut d = self.answer(&l, rule).await;
+                                    d.keep = false;
+                                    d
+                                }
+                            }
+                        }
+                        None => self.forward(&t, target, rule).await,
+                    };
+                    self.log(&d, started, rule);
+                    d
+                }
+            };
+            if !done.keep || self.head.close {
+                let _ = self.io.shutdown().await;
+                return;
+            }
+            self.next_request();
+        }
+    }
+
+    /// Drops the served request from the buffer, keeping pipelined bytes after it.
+    fn next_request(&mut self) {
+        let buf = &mut self.head.buf;
+        let pos = self.pos.min(buf.len());
+        if pos == buf.len() {
+            buf.clear();
+        } else {
+            buf.copy_within(pos.., 0);
+            buf.truncate(buf.len() - pos);
+        }
+        self.head.reset();
+        self.pos = 0;
+        if self.out.capacity() > KEEP_BUFFER {
+            self.out = Vec::new();
+        }
+        if self.head.buf.capacity() > KEEP_BUFFER && self.head.buf.len() < 4096 {
+            self.head.buf.shrink_to(4096);
+        }
+    }
+
+    async fn read_head(&mut self) -> ReadHead {
+        let limits = self.svc.limits;
+        let first_wait = if self.served == 0 {
+            self.svc.header_timeout
+        } else {
+            self.svc.idle_timeout
+        };
+        self.timer.set_after(first_wait);
+        let mut started = false;
+        // How far the buffer was searched for the end of the head. A head is parsed only once
+        // its end may be there (or a limit is passed), so a client dripping a long head byte by
+        // byte costs linear time, not a re-parse per byte.
+        let mut scanned = 0usize;
+        loop {
+            if !self.head.buf.is_empty() {
+                let buf = &self.head.buf;
+                let from = scanned.saturating_sub(2);
+                let may_end = memchr::memchr_iter(b'\n', &buf[from..]).any(|i| {
+                    let rest = &buf[from + i + 1..];
+                    rest.starts_with(b"\n") || rest.starts_with(b"\r\n")
+                });
+                let too_long = buf.len() >= limits.max_header_size
+                    || (buf.len() > limits.max_uri + 32 && memchr::memchr(b'\n', buf).is_none());
+                scanned = buf.len();
+                if may_end || too_long {
+                    match self.head.parse(&limits) {
+                        Ok(Parse::Complete) => return ReadHead::Request,
+                        Ok(Parse::Partial) => {}
+                        Err(e) => return ReadHead::Error(e),
+                    }
+                }
+                if !started {
+                    started = true;
+                    self.timer.set_after(self.svc.header_timeout);
+                }
+            }
+            let buf = &mut self.head.buf;
+            if buf.capacity() - buf.len() < 256 {
+                // Double, up to the limit (plus one byte to notice it was passed).
+                let want = buf.capacity().max(1024);
+                let room = (limits.max_header_size + 1).saturating_sub(buf.len());
+                buf.reserve(want.min(room).max(1));
+            }
+            let idle = self.head.buf.is_empty();
+            let read = self.timer.run(self.io.read_buf(&mut self.head.buf));
+            let result = if idle && self.served > 0 {
+                // Between requests a retired service closes the connection at once.
+                tokio::select! {
+                    biased;
+                    r = read => r,
+                    _ = self.svc.retired() => return ReadHead::Closed,
+                }
+            } else {
+                read.await
+            };
+            match result {
+                Some(Ok(0)) | Some(Err(_)) => return ReadHead::Closed,
+                Some(Ok(_)) => {}
+                None => {
+                    return ReadHead::Timeout {
+                        partial: !self.head.buf.is_empty(),
+                    }
+                }
+            }
+        }
+    }
+
+    fn body_buffered(&self) -> bool {
+        !self.head.chunked
+            && self
+                .head
+                .content_length
+                .is_none_or(|n| n <= self.head.after_head().len() as u64)
+    }
+
+    /// Marks a fully buffered Content-Length body as read (a local answer did not need it).
+    fn skip_buffered_body(&mut self) {
+        if !self.body_buffered() {
+            return;
+        }
+        if let Some(n) = self.head.content_length {
+            self.pos = (self.head.head_len + n as usize).min(self.head.buf.len());
+        }
+        self.body_read = true;
+    }
+
+    fn log(&self, d: &Done, started: Option<Instant>, rule: Option<&CompiledRule>) {
+        if let (Some(log), Some(started)) = (&self.svc.access_log, started) {
+            log.record(&crate::access_log::Entry {
+                client: &self.client,
+                req: &self.head,
+                status: d.status,
+                bytes: d.bytes,
+                duration: started.elapsed(),
+                member: d.member,
+                rule: rule.and_then(|r| r.name.as_deref()),
+            });
+        }
+    }
+
+    /// Writes a local answer (rule redirect/respond, or an error).
+    async fn answer(&mut self, l: &Local, rule: Option<&CompiledRule>) -> Done {
+        self.out.clear();
+        write_local(&mut self.out, l, &self.head, rule, &self.svc);
+        self.svc.http_stats.count_status(l.status);
+        let ok = self.io.write_all(&self.out).await.is_ok();
+        Done {
+            status: l.status,
+            bytes: l.body.len() as u64,
+            member: None,
+            keep: ok && !l.close,
+        }
+    }
+
+    /// Forwards the request to a member of `t` and its response to the client.
+    async fn forward(&mut self, t: &Arc<Target>, ti: usize, rule: Option<&CompiledRule>) -> Done {
+        let svc = self.svc.clone();
+        let mut lookup = match &svc.sticky {
+            Some(s) => s.lookup(&self.head, self.client.ip, ti, &t.pool),
+            None => Lookup::default(),
+        };
+        let ctx = PickContext {
+            hash: request_hash(&t.pool, &self.head, &self.client),
+        };
+        if self.head.chunked {
+            // Chunked framing that arrived with the head is checked before any member sees the
+            // request: a malformed body is refused whole, not forwarded in part.
+            let mut d = Decoder::default();
+            if let Err(e) = d.feed(self.head.after_head(), |_| {}) {
+                svc.http_stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                let mut l = Local::error(400, e.0);
+                l.close = true;
+                return self.fail(l, rule).await;
+            }
+        }
+        if t.http2 {
+            return self.forward_h2(t, ti, rule, lookup, ctx).await;
+        }
+        let body_buffered = self.body_buffered();
+        let replayable = !self.head.has_body() || body_buffered;
+        let retryable = self.head.method.is_idempotent() && replayable;
+        let mut tried: Vec<usize> = Vec::new();
+        let mut force_fresh = false;
+        loop {
+            // Choose a member: the persisted one if it may still take the client, else the
+            // scheduler's choice among those not tried yet.
+            let remembered = lookup
+                .member
+                .and_then(|addr| t.pool.persistent(addr, &tried));
+            let Some(picked) = remembered.or_else(|| t.pool.pick(&ctx, &tried)) else {
+                let local = if tried.is_empty() {
+                    svc.no_member(t, &self.head, &self.client)
+                } else {
+                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                    Local::error(502, "no member could be reached")
+                };
+                return self.fail(local, rule).await;
+            };
+            let member = picked.member.clone();
+            let (mut conn, fresh) = match self.acquire(t, &picked, retryable, force_fresh).await {
+                Ok(c) => c,
+                Err(e) => {
+                    member.record_connect_failure(&format!("connect: {e}"));
+                    tried.push(picked.index);
+                    if tried.len() > t.pool.retries as usize {
+                        svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                        return self
+                            .fail(Local::error(502, "no member could be reached"), rule)
+                            .await;
+                    }
+                    svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            force_fresh = false;
+            let _request = member.open_request();
+            conn.guard = Some(member.use_connection(fresh));
+            conn.used += 1;
+
+            // The head, and the body if it came with it, in one write.
+            let framing = if self.head.chunked {
+                ReqFraming::Chunked
+            } else {
+                match self.head.content_length {
+                    Some(n) if n > 0 => ReqFraming::Length(n),
+                    _ => ReqFraming::None,
+                }
+            };
+            self.out.clear();
+            fields::write_request_line(&mut self.out, &self.head, rule);
+            fields::write_request_fields(
+                &mut self.out,
+                &self.head,
+                &RequestCtx {
+                    svc: &svc,
+                    client: &self.client,
+                    rule,
+                    framing,
+                    h2: false,
+                },
+            );
+            self.out.extend_from_slice(b"\r\n");
+            let mut sent = self.out.len() as u64;
+            if body_buffered {
+                if let ReqFraming::Length(n) = framing {
+                    let body = &self.head.buf[self.head.head_len..self.head.head_len + n as usize];
+                    self.out.extend_from_slice(body);
+                    sent += n;
+                    self.pos = self.head.head_len + n as usize;
+                    self.body_read = true;
+                }
+            }
+            let written = conn.io.write_all(&self.out).await;
+            let mut early = false;
+            if written.is_ok() && !body_buffered {
+                if self.head.expect_continue && self.head.version == Version::Http11 {
+                    // The member never saw the Expect: the proxy asks for the body itself.
+                    if self
+                        .io
+                        .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                        .await
+                        .is_err()
+                    {
+                        return Done::default();
+                    }
+                }
+                match self.pump_body(&mut conn).await {
+                    Ok((n, e)) => {
+                        sent += n;
+                        early = e;
+                        self.body_read = !e;
+                    }
+                    Err(PumpError::Client) => return Done::default(),
+                    Err(PumpError::BadChunk(e)) => {
+                        // What went to the member is well-formed but incomplete; the member
+                        // connection is dropped with it.
+                        self.svc
+                            .http_stats
+                            .bad_requests
+                            .fetch_add(1, Ordering::Relaxed);
+                        let mut l = Local::error(400, e.0);
+                        l.close = true;
+                        return self.fail(l, rule).await;
+                    }
+                    Err(PumpError::Member(e)) => {
+                        // Body bytes already went out: never sent again.
+                        member.record_passive_failure(&format!("sending the request body: {e}"));
+                        return self
+                            .fail(Local::error(502, "the member broke the connection"), rule)
+                            .await;
+                    }
+                    Err(PumpError::Timeout) => {
+                        let mut l = Local::error(408, "request body timeout");
+                        l.close = true;
+                        return self.fail(l, rule).await;
+                    }
+                }
+            }
+            let sent_at = Instant::now();
+            let head = match written {
+                Ok(()) => {
+                    self.timer.set(sent_at + t.response_timeout);
+                    read_response_head(&mut conn, &mut self.timer, &mut self.io, self.head.version)
+                        .await
+                }
+                Err(e) => Err(RespError::Io(e, false)),
+            };
+            let resp = match head {
+                Ok(r) => r,
+                Err(RespError::Client) => return Done::default(),
+                Err(RespError::Timeout) => {
+                    svc.http_stats
+                        .response_timeouts
+                        .fetch_add(1, Ordering::Relaxed);
+                    member.record_passive_failure(&format!(
+                        "no response within {:?}",
+                        t.response_timeout
+                    ));
+                    let mut l = Local::error(504, "the member did not answer in time");
+                    l.close = !self.body_done(early);
+                    return self.fail(l, rule).await;
+                }
+                Err(RespError::Bad(e)) => {
+                    member.record_passive_failure(e.reason);
+                    let mut l = Local::error(502, e.reason);
+                    l.close = !self.body_done(early);
+                    return self.fail(l, rule).await;
+                }
+                Err(RespError::Io(e, got_bytes)) => {
+                    if !fresh && !got_bytes && retryable {
+                        // A reused connection the member had just closed: not the member's
+                        // fault; send again over a new connection to the same member.
+                        force_fresh = true;
+                        lookup.member = Some(member.address);
+                        self.pos = self.head.head_len;
+                        self.body_read = !self.head.has_body();
+                        continue;
+                    }
+                    member.record_passive_failure(&format!("reset before any response: {e}"));
+                    if retryable && !got_bytes && tried.len() < t.pool.retries as usize {
+                        tried.push(picked.index);
+                        svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
+                        self.pos = self.head.head_len;
+                        self.body_read = !self.head.has_body();
+                        continue;
+                    }
+                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                    let mut l = Local::error(502, "the member broke the connection");
+                    l.close = !self.body_done(early);
+                    return self.fail(l, rule).await;
+                }
+            };
+            member.stats.observe_response_time(sent_at.elapsed());
+            t.observer.observe(&member, resp.status);
+            if let Some(s) = &svc.sticky {
+                s.remember(&mut lookup, member.address);
+            }
+            return self
+                .respond(t, ti, &picked, rule, &lookup, conn, resp, sent, early)
+                .await;
+        }
+    }
+
+    /// Whether the request body has been read completely (so the client connection can go on).
+    fn body_done(&self, early: bool) -> bool {
+        !early && self.body_read
+    }
+
+    async fn fail(&mut self, mut l: Local, rule: Option<&CompiledRule>) -> Done {
+        // A body not read to its end leaves the connection out of step: close after answering.
+        self.skip_buffered_body();
+        l.close |= !self.body_read;
+        let mut d = self.answer(&l, rule).await;
+        d.keep &= !l.close;
+        d
+    }
+
+    /// A member connection for this request: the private one, an idle one, or a new one.
+    async fn acquire(
+        &mut self,
+        t: &Target,
+        picked: &Picked,
+        retryable: bool,
+        force_fresh: bool,
+    ) -> io::Result<(UpstreamConn, bool)> {
+        let private = self.svc.proxy_protocol.is_some() || t.reuse == Reuse::Never;
+        if !force_fresh {
+            if private {
+                if let Some(p) = self.private.take() {
+                    if Arc::ptr_eq(&p.member, &picked.member) && p.conn.is_idle_alive() {
+                        return Ok((p.conn, false));
+                    }
+                }
+            } else if let Some(store) = t.conns.get(picked.index) {
+                let proven_only = t.reuse == Reuse::Safe && !retryable;
+                if let Some(c) = store.take(proven_only) {
+                    return Ok((c, false));
+                }
+            }
+        }
+        let member = &picked.member;
+        let started = Instant::now();
+        let mut io = upstream::connect(member.address, t.pool.connect_timeout).await?;
+        member.record_connect_success(started.elapsed());
+        if let Some(v) = self.svc.proxy_protocol {
+            let header = fulcrum_proxy::proxy_protocol::header(
+                v,
+                self.client.info.peer,
+                self.client.info.local,
+            );
+            io.write_all(&header).await?;
+        }
+        Ok((UpstreamConn::new(io), true))
+    }
+
+    /// Moves the request body from the client to the member, re-framed. Returns the bytes sent
+    /// and whether the member began to answer before the body was complete.
+    async fn pump_body(&mut self, conn: &mut UpstreamConn) -> Result<(u64, bool), PumpError> {
+        let idle = self.svc.idle_timeout;
+        let mut remaining = if self.head.chunked {
+            u64::MAX
+        } else {
+            self.head.content_length.unwrap_or(0)
+        };
+        let mut decoder = self.head.chunked.then(Decoder::default);
+        let mut sent = 0u64;
+        let UpstreamConn {
+            io: up,
+            buf: up_buf,
+            ..
+        } = conn;
+        let (up_r, mut up_w) = up.split();
+        loop {
+            // Encode what the buffer holds.
+            self.out.clear();
+            let avail = &self.head.buf[self.pos..];
+            let mut finished = false;
+            match &mut decoder {
+                Some(d) => {
+                    let out = &mut self.out;
+                    let used = d
+                        .feed(avail, |data| chunked::encode_chunk(out, data))
+                        .map_err(PumpError::BadChunk)?;
+                    self.pos += used;
+                    if d.is_done() {
+                        self.out.extend_from_slice(chunked::END);
+                        finished = true;
+                    }
+                }
+                None => {
+                    let n = (avail.len() as u64).min(remaining) as usize;
+                    self.out.extend_from_slice(&avail[..n]);
+                    self.pos += n;
+                    remaining -= n as u64;
+                    finished = remaining == 0;
+                }
+            }
+            // Write it, watching for an early answer.
+            self.timer.set_after(idle);
+            let mut w = 0;
+            while w < self.out.len() {
+                tokio::select! {
+                    biased;
+                    r = up_r.as_ref().readable() => {
+                        if r.is_ok() && early_answer(up_r.as_ref(), up_buf)? {
+                            return Ok((sent, true));
+                        }
+                    }
+                    r = up_w.write(&self.out[w..]) => match r {
+                        Ok(0) => return Err(PumpError::Member(io::ErrorKind::WriteZero.into())),
+                        Ok(n) => { w += n; sent += n as u64; }
+                        Err(e) => return Err(PumpError::Member(e)),
+                    },
+                    _ = self.timer.expired() => return Err(PumpError::Timeout),
+                }
+            }
+            if finished {
+                return Ok((sent, false));
+            }
+            // Read more from the client.
+            if self.pos >= self.head.buf.len() {
+                self.head.buf.truncate(self.head.head_len);
+                self.pos = self.head.head_len;
+            }
+            self.head.buf.reserve(BODY_CHUNK);
+            self.timer.set_after(idle);
+            tokio::select! {
+                biased;
+                r = up_r.as_ref().readable() => {
+                    if r.is_ok() && early_answer(up_r.as_ref(), up_buf)? {
+                        return Ok((sent, true));
+                    }
+                }
+                r = self.io.read_buf(&mut self.head.buf) => match r {
+                    Ok(0) | Err(_) => return Err(PumpError::Client),
+                    Ok(_) => {}
+                },
+                _ = self.timer.expired() => return Err(PumpError::Timeout),
+            }
+        }
+    }
+
+    /// Sends the response head and body to the client, then puts the member connection back.
+    #[allow(clippy::too_many_arguments)]
+    async fn respond(
+        &mut self,
+        t: &Arc<Target>,
+        ti: usize,
+        picked: &Picked,
+        rule: Option<&CompiledRule>,
+        lookup: &Lookup,
+        mut conn: UpstreamConn,
+        mut resp: ResponseHead,
+        sent: u64,
+        early: bool,
+    ) -> Done {
+        let svc = self.svc.clone();
+        let member = &picked.member;
+        let status = resp.status;
+        svc.http_stats.count_status(status);
+        let upgrade = status == 101;
+        if upgrade && self.head.upgrade().is_none() {
+            member.record_passive_failure("101 Switching Protocols without an upgrade request");
+            return self
+                .fail(Local::error(502, "unexpected 101 from the member"), rule)
+                .await;
+        }
+        let bodiless = resp.bodiless(self.head.method);
+        let in_framing = if bodiless || upgrade {
+            InFraming::None
+        } else if resp.chunked {
+            InFraming::Chunked(Decoder::default())
+        } else if let Some(n) = resp.content_length {
+            InFraming::Length(n)
+        } else {
+            InFraming::Close
+        };
+        let client_10 = self.head.version == Version::Http10;
+        let out_framing = match in_framing {
+            InFraming::None => RespFraming::None,
+            InFraming::Length(n) => RespFraming::Length(n),
+            _ if client_10 => RespFraming::Close,
+            _ => RespFraming::Chunked,
+        };
+        let body_complete = self.body_done(early);
+        let close = self.head.close || !body_complete || out_framing == RespFraming::Close;
+        let (insert_cookie, rewrite_id) = match &svc.sticky {
+            Some(s) => {
+                let id = s.id(ti, picked.index);
+                match s.kind {
+                    crate::sticky::Kind::CookieInsert => (
+                        id.filter(|_| lookup.cookie_member != Some(picked.index)),
+                        None,
+                    ),
+                    crate::sticky::Kind::CookieRewrite => (None, id),
+                    _ => (None, None),
+                }
+            }
+            None => (None, None),
+        };
+        self.out.clear();
+        fields::write_status_line(&mut self.out, status, resp.reason());
+        fields::write_response_fields(
+            &mut self.out,
+            &resp,
+            &ResponseCtx {
+                svc: &svc,
+                target: t,
+                member: picked.index,
+                req: &self.head,
+                rule,
+                insert_cookie,
+                rewrite_id,
+                framing: out_framing,
+                close: close && !upgrade,
+                h2: false,
+            },
+        );
+        self.out.extend_from_slice(b"\r\n");
+        let head_bytes = self.out.len() as u64;
+        // The body bytes that came with the head follow in the same write.
+        let mut body = std::mem::take(&mut resp.buf);
+        body.drain(..resp.head_len);
+        conn.buf = body;
+        let member_close = resp.close;
+        drop(resp);
+
+        if upgrade {
+            let sent_head = self.io.write_all(&self.out).await;
+            if sent_head.is_err() {
+                return Done::default();
+            }
+            let leftover_client = self.head.buf.split_off(self.pos.min(self.head.buf.len()));
+            let (up, down) = crate::tunnel::run(
+                &mut self.io,
+                &leftover_client,
+                &mut conn.io,
+                &conn.buf,
+                svc.idle_timeout,
+            )
+            .await;
+            member.stats.add_bytes(sent + up, down);
+            svc.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+            svc.stats
+                .bytes_out
+                .fetch_add(head_bytes + down, Ordering::Relaxed);
+            member.record_exchange_success();
+            return Done {
+                status,
+                bytes: down,
+                member: Some(member.address),
+                keep: false,
+            };
+        }
+
+        let relayed = self
+            .relay_body(&mut conn, in_framing, out_framing, svc.idle_timeout)
+            .await;
+        let (body_bytes, received, reusable) = match relayed {
+            Ok(r) => r,
+            Err(r) => {
+                member.stats.add_bytes(sent, r.received);
+                svc.stats
+                    .bytes_out
+                    .fetch_add(head_bytes + r.sent, Ordering::Relaxed);
+                if r.member_fault {
+                    member.record_passive_failure("the response body was cut short");
+                }
+                return Done {
+                    status,
+                    bytes: r.sent,
+                    member: Some(member.address),
+                    keep: false,
+                };
+            }
+        };
+        member.stats.add_bytes(sent, received);
+        svc.stats.bytes_in.fetch_add(sent, Ordering::Relaxed);
+        svc.stats
+            .bytes_out
+            .fetch_add(head_bytes + body_bytes, Ordering::Relaxed);
+        if reusable && !member_close && !early && body_complete {
+            self.release(t, picked, conn);
+        }
+        Done {
+            status,
+            bytes: body_bytes,
+            member: Some(member.address),
+            keep: !close,
+        }
+    }
+
+    fn release(&mut self, t: &Target, picked: &Picked, mut conn: UpstreamConn) {
+        conn.guard = None;
+        if self.svc.proxy_protocol.is_some() || t.reuse == Reuse::Never {
+            conn.last_ok_ms = clock::now_ms();
+            conn.buf.clear();
+            self.private = Some(Private {
+                member: picked.member.clone(),
+                conn,
+            });
+        } else if let Some(store) = t.conns.get(picked.index) {
+            store.put(conn);
+        }
+    }
+
+    /// Moves the response body from the member to the client. `self.out` holds the response
+    /// head, which goes out with the first body bytes. Returns (body bytes to the client, bytes
+    /// from the member, whether the member connection ended cleanly and may be reused).
+    async fn relay_body(
+        &mut self,
+        conn: &mut UpstreamConn,
+        mut framing: InFraming,
+        out_framing: RespFraming,
+        idle: Duration,
+    ) -> Result<(u64, u64, bool), Cut> {
+        let mut to_client = 0u64;
+        let mut received = conn.buf.len() as u64;
+        let mut first = true;
+        loop {
+            let (consumed, finished) = match &mut framing {
+                InFraming::None => (0, true),
+                InFraming::Length(remaining) => {
+                    let n = (conn.buf.len() as u64).min(*remaining) as usize;
+                    *remaining -= n as u64;
+                    if first || self.out.len() + n <= BODY_CHUNK {
+                        self.out.extend_from_slice(&conn.buf[..n]);
+                    } else {
+                        // Large bodies go out from the read buffer without a copy.
+                        write_timed(&mut self.io, &mut self.timer, &self.out, idle)
+                            .await
+                            .map_err(|_| Cut::client(to_client, received))?;
+                        self.out.clear();
+                        write_timed(&mut self.io, &mut self.timer, &conn.buf[..n], idle)
+                            .await
+                            .map_err(|_| Cut::client(to_client, received))?;
+                    }
+                    to_client += n as u64;
+                    (n, *remaining == 0)
+                }
+                InFraming::Chunked(d) => {
+                    let out = &mut self.out;
+                    let before = out.len();
+                    let chunked_out = out_framing == RespFraming::Chunked;
+                    let used = d
+                        .feed(&conn.buf, |data| {
+                            if chunked_out {
+                                chunked::encode_chunk(out, data);
+                            } else {
+                                out.extend_from_slice(data);
+                            }
+                        })
+                        .map_err(|_| Cut::member(to_client, received))?;
+                    to_client += (self.out.len() - before) as u64;
+                    let done = d.is_done();
+                    if done && chunked_out {
+                        self.out.extend_from_slice(chunked::END);
+                    }
+                    (used, done)
+                }
+                InFraming::Close => {
+                    let before = self.out.len();
+                    if out_framing == RespFraming::Chunked {
+                        chunked::encode_chunk(&mut self.out, &conn.buf);
+                    } else {
+                        self.out.extend_from_slice(&conn.buf);
+                    }
+                    to_client += (self.out.len() - before) as u64;
+                    (conn.buf.len(), false)
+                }
+            };
+            first = false;
+            if consumed == conn.buf.len() {
+                conn.buf.clear();
+            } else {
+                conn.buf.drain(..consumed);
+            }
+            if finished || self.out.len() >= BODY_CHUNK {
+                write_timed(&mut self.io, &mut self.timer, &self.out, idle)
+                    .await
+                    .map_err(|_| Cut::client(to_client, received))?;
+                self.out.clear();
+            }
+            if finished {
+                // Bytes after the response: the member is out of step, do not reuse.
+                return Ok((to_client, received, conn.buf.is_empty()));
+            }
+            if !self.out.is_empty() {
+                write_timed(&mut self.io, &mut self.timer, &self.out, idle)
+                    .await
+                    .map_err(|_| Cut::client(to_client, received))?;
+                self.out.clear();
+            }
+            conn.buf.reserve(BODY_CHUNK);
+            self.timer.set_after(idle);
+            match self.timer.run(conn.io.read_buf(&mut conn.buf)).await {
+                Some(Ok(0)) => {
+                    if let InFraming::Close = framing {
+                        if out_framing == RespFraming::Chunked {
+                            write_timed(&mut self.io, &mut self.timer, chunked::END, idle)
+                                .await
+                                .map_err(|_| Cut::client(to_client, received))?;
+                        }
+                        return Ok((to_client, received, false));
+                    }
+                    return Err(Cut::member(to_client, received));
+                }
+                Some(Ok(n)) => received += n as u64,
+                Some(Err(_)) | None => return Err(Cut::member(to_client, received)),
+            }
+        }
+    }
+}
+
+/// A response body that could not be relayed completely.
+struct Cut {
+    sent: u64,
+    received: u64,
+    member_fault: bool,
+}
+
+impl Cut {
+    fn client(sent: u64, received: u64) -> Cut {
+        Cut {
+            sent,
+            received,
+            member_fault: false,
+        }
+    }
+    fn member(sent: u64, received: u64) -> Cut {
+        Cut {
+            sent,
+            received,
+            member_fault: true,
+        }
+    }
+}
+
+async fn write_timed<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    timer: &mut Timer,
+    buf: &[u8],
+    idle: Duration,
+) -> io::Result<()> {
+    timer.set_after(idle);
+    match timer.run(io.write_all(buf)).await {
+        Some(r) => r,
+        None => Err(io::ErrorKind::TimedOut.into()),
+    }
+}
+
+#[derive(Debug)]
+enum PumpError {
+    Client,
+    /// The client's chunked framing is invalid.
+    BadChunk(crate::chunked::ChunkError),
+    Member(io::Error),
+    Timeout,
+}
+
+/// The member's socket reported readable while the body was being sent: either a spurious
+/// readiness (nothing to read; cleared), or the start of an answer.
+fn early_answer(io: &tokio::net::TcpStream, buf: &mut Vec<u8>) -> Result<bool, PumpError> {
+    buf.reserve(4096);
+    match io.try_read_buf(buf) {
+        Ok(0) => Err(PumpError::Member(io::ErrorKind::UnexpectedEof.into())),
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) => Err(PumpError::Member(e)),
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum RespError {
+    /// The client broke the connection while interim responses were passed on.
+    Client,
+    Timeout,
+    Bad(crate::head::HeadError),
+    /// An I/O error or end of stream; `true` if any response byte had arrived.
+    Io(io::Error, bool),
+}
+
+/// Reads the member's response head within `deadline`. Interim 1xx responses (other than 101)
+/// are passed on to an HTTP/1.1 client as they come.
+pub(crate) async fn read_response_head<W: AsyncWrite + Unpin>(
+    conn: &mut UpstreamConn,
+    timer: &mut Timer,
+    client: &mut W,
+    client_version: Version,
+) -> Result<ResponseHead, RespError> {
+    let mut resp = ResponseHead::with_buffer(std::mem::take(&mut conn.buf));
+    let mut got_bytes = !resp.buf.is_empty();
+    loop {
+        if !resp.buf.is_empty() {
+            match resp.parse() {
+                Ok(Parse::Complete) => {
+                    if (100..200).contains(&resp.status) && resp.status != 101 {
+                        if client_version == Version::Http11 {
+                            client
+                                .write_all(&resp.buf[..resp.head_len])
+                                .await
+                                .map_err(|_| RespError::Client)?;
+                        }
+                        resp.buf.drain(..resp.head_len);
+                        continue;
+                    }
+                    return Ok(resp);
+                }
+                Ok(Parse::Partial) => {}
+                Err(e) => return Err(RespError::Bad(e)),
+            }
+        }
+        resp.buf.reserve(8192);
+        match timer.run(conn.io.read_buf(&mut resp.buf)).await {
+            Some(Ok(0)) => {
+                return Err(RespError::Io(
+                    io::ErrorKind::UnexpectedEof.into(),
+                    got_bytes,
+                ))
+            }
+            Some(Ok(_)) => got_bytes = true,
+            Some(Err(e)) => return Err(RespError::Io(e, got_bytes)),
+            None => return Err(RespError::Timeout),
+        }
+    }
+}
+
+/// Writes a local answer for an HTTP/1.x client.
+pub(crate) fn write_local(
+    out: &mut Vec<u8>,
+    l: &Local,
+    req: &RequestHead,
+    rule: Option<&CompiledRule>,
+    svc: &HttpService,
+) {
+    fields::write_status_line(out, l.status, b"");
+    out.extend_from_slice(b"date: ");
+    crate::date::append_http_date(out);
+    out.extend_from_slice(b"\r\n");
+    if let Some(loc) = &l.location {
+        out.extend_from_slice(b"location: ");
+        out.extend_from_slice(loc);
+        out.extend_from_slice(b"\r\n");
+    }
+    if l.retry_after {
+        out.extend_from_slice(b"retry-after: 5\r\n");
+    }
+    if !l.body.is_empty() {
+        out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
+    }
+    if let Some(e) = rule.and_then(|r| r.response_headers.as_ref()) {
+        for (n, v) in e.set.iter().chain(&e.add) {
+            out.extend_from_slice(n.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    let _ = svc;
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(l.body.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if l.close || req.close {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if req.version == Version::Http10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if req.method != crate::head::Method::Head {
+        out.extend_from_slice(&l.body);
+    }
+}
+
+impl<S> Conn<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    /// Forwards to a pool that speaks HTTP/2 to its members.
+    async fn forward_h2(
+        &mut self,
+        t: &Arc<Target>,
+        ti: usize,
+        rule: Option<&CompiledRule>,
+        mut lookup: Lookup,
+        ctx: PickContext,
+    ) -> Done {
+        let svc = self.svc.clone();
+        let body_buffered = self.body_buffered();
+        let framing = match self.head.content_length {
+            Some(n) if n > 0 => ReqFraming::Length(n),
+            _ => ReqFraming::None,
+        };
+        let exchange = if !self.head.has_body() || body_buffered {
+            let replay = match self.head.content_length {
+                Some(n) if n > 0 => {
+                    let start = self.head.head_len;
+                    self.pos = start + n as usize;
+                    self.body_read = true;
+                    bytes::Bytes::copy_from_slice(&self.head.buf[start..start + n as usize])
+                }
+                _ => bytes::Bytes::new(),
+            };
+            crate::h2_upstream::exchange(
+                &svc,
+                t,
+                rule,
+                &self.head,
+                &self.client,
+                &mut lookup,
+                ctx,
+                None,
+                Some(replay),
+                framing,
+            )
+            .await
+        } else {
+            // Stream the body through a channel while the request is under way.
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            if self.head.expect_continue
+                && self.head.version == Version::Http11
+                && self
+                    .io
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .is_err()
+            {
+                return Done::default();
+            }
+            let Conn {
+                io, head, client, ..
+            } = self;
+            let initial = bytes::Bytes::copy_from_slice(head.after_head());
+            let pump = pump_to_channel(
+                io,
+                initial,
+                head.chunked,
+                head.content_length,
+                tx,
+                svc.idle_timeout,
+            );
+            let send = crate::h2_upstream::exchange(
+                &svc,
+                t,
+                rule,
+                head,
+                client,
+                &mut lookup,
+                ctx,
+                Some(crate::body::UpBody::Channel(rx)),
+                None,
+                if head.chunked {
+                    ReqFraming::Chunked
+                } else {
+                    framing
+                },
+            );
+            let (r, pumped) = tokio::join!(send, pump);
+            match pumped {
+                Ok(leftover) => {
+                    // Pipelined bytes after the body stay for the next request.
+                    let hl = self.head.head_len;
+                    self.head.buf.truncate(hl);
+                    self.head.buf.extend_from_slice(&leftover);
+                    self.pos = hl;
+                    self.body_read = true;
+                }
+                Err(()) => {
+                    self.head.close = true;
+                }
+            }
+            r
+        };
+        let r = match exchange {
+            Ok(r) => r,
+            Err(l) => return self.fail(l, rule).await,
+        };
+        let crate::h2_upstream::H2Response {
+            picked,
+            response,
+            request_guard,
+            connection_guard,
+            sent,
+        } = r;
+        let member = picked.member.clone();
+        let (parts, mut body) = response.into_parts();
+        let resp = ResponseHead::from_h2(&parts);
+        t.observer.observe(&member, resp.status);
+        if let Some(s) = &svc.sticky {
+            s.remember(&mut lookup, member.address);
+        }
+        let status = resp.status;
+        svc.http_stats.count_status(status);
+        let bodiless = resp.bodiless(self.head.method);
+        let client_10 = self.head.version == Version::Http10;
+        let out_framing = if bodiless {
+            RespFraming::None
+        } else if let Some(n) = resp.content_length {
+            RespFraming::Length(n)
+        } else if client_10 {
+            RespFraming::Close
+        } else {
+            RespFraming::Chunked
+        };
+        let close = self.head.close || out_framing == RespFraming::Close;
+        let (insert_cookie, rewrite_id) = match &svc.sticky {
+            Some(s) => {
+                let id = s.id(ti, picked.index);
+                match s.kind {
+                    crate::sticky::Kind::CookieInsert => (
+                        id.filter(|_| lookup.cookie_member != Some(picked.index)),
+                        None,
+                    ),
+                    crate::sticky::Kind::CookieRewrite => (None, id),
+                    _ => (None, None),
+                }
+            }
+            None => (None, None),
+        };
+        self.out.clear();
+        fields::write_status_line(&mut self.out, status, resp.reason());
+        fields::write_response_fields(
+            &mut self.out,
+            &resp,
+            &ResponseCtx {
+                svc: &svc,
+                target: t,
+                member: picked.index,
+                req: &self.head,
+                rule,
+                insert_cookie,
+                rewrite_id,
+                framing: out_framing,
+                close,
+                h2: false,
+            },
+        );
+        self.out.extend_from_slice(b"\r\n");
+        let head_bytes = self.out.len() as u64;
+        let idle = svc.idle_timeout;
+        let mut delivered = 0u64;
+        let mut ok = true;
+        if out_framing != RespFraming::None {
+            use http_body_util::BodyExt;
+            loop {
+                let frame = match tokio::time::timeout(idle, body.frame()).await {
+                    Ok(Some(Ok(f))) => f,
+                    Ok(None) => break,
+                    Ok(Some(Err(_))) | Err(_) => {
+                        ok = false;
+                        break;
+                    }
+                };
+                if let Ok(data) = frame.into_data() {
+                    delivered += data.len() as u64;
+                    if out_framing == RespFraming::Chunked {
+                        chunked::encode_chunk(&mut self.out, &data);
+                    } else {
+                        self.out.extend_from_slice(&data);
+                    }
+                    if self.out.len() >= BODY_CHUNK
+                        && write_timed(&mut self.io, &mut self.timer, &self.out, idle)
+                            .await
+                            .is_err()
+                    {
+                        ok = false;
+                        break;
+                    }
+                    if self.out.len() >= BODY_CHUNK {
+                        self.out.clear();
+                    }
+                }
+            }
+            if ok && out_framing == RespFraming::Chunked {
+                self.out.extend_from_slice(chunked::END);
+            }
+        }
+        if !self.out.is_empty()
+            && write_timed(&mut self.io, &mut self.timer, &self.out, idle)
+                .await
+                .is_err()
+        {
+            ok = false;
+        }
+        drop(request_guard);
+        drop(connection_guard);
+        member.stats.add_bytes(sent, delivered);
+        svc.stats.bytes_in.fetch_add(sent, Ordering::Relaxed);
+        svc.stats
+            .bytes_out
+            .fetch_add(head_bytes + delivered, Ordering::Relaxed);
+        if !ok {
+            member.record_passive_failure("the response body was cut short");
+        }
+        Done {
+            status,
+            bytes: delivered,
+            member: Some(member.address),
+            keep: ok && !close,
+        }
+    }
+}
+
+/// Reads an HTTP/1.1 client's request body and sends it, de-framed, into a channel (the body of
+/// a request to an HTTP/2 member). Returns the bytes read past the body's end (pipelining).
+async fn pump_to_channel<R: AsyncRead + Unpin>(
+    io: &mut R,
+    initial: bytes::Bytes,
+    chunked: bool,
+    length: Option<u64>,
+    tx: tokio::sync::mpsc::Sender<Result<bytes::Bytes, crate::body::BoxError>>,
+    idle: Duration,
+) -> Result<Vec<u8>, ()> {
+    let mut decoder = chunked.then(Decoder::default);
+    let mut remaining = length.unwrap_or(0);
+    let mut buf: Vec<u8> = initial.to_vec();
+    loop {
+        let mut data = Vec::new();
+        let used = match &mut decoder {
+            Some(d) => d
+                .feed(&buf, |b| data.extend_from_slice(b))
+                .map_err(|_| ())?,
+            None => {
+                let n = (buf.len() as u64).min(remaining) as usize;
+                data.extend_from_slice(&buf[..n]);
+                remaining -= n as u64;
+                n
+            }
+        };
+        buf.drain(..used);
+        if !data.is_empty() && tx.send(Ok(bytes::Bytes::from(data))).await.is_err() {
+            return Err(());
+        }
+        let finished = match &decoder {
+            Some(d) => d.is_done(),
+            None => remaining == 0,
+        };
+        if finished {
+            return Ok(buf);
+        }
+        buf.reserve(BODY_CHUNK);
+        match tokio::time::timeout(idle, io.read_buf(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => {
+                let _ = tx
+                    .send(Err("the client stopped sending the request body".into()))
+                    .await;
+                return Err(());
+            }
+        }
+    }
+}

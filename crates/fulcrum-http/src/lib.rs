@@ -1,0 +1,42 @@
+//! Fulcrum's L7 data plane: `protocol = "http"` virtual services.
+//!
+//! An HTTP/1.1 and HTTP/2 reverse proxy and load balancer built on the shared libraries: members,
+//! pools, schedulers, persistence tables and the one health state machine come from
+//! `fulcrum-balance`, listeners and counters from `fulcrum-proxy`, passive status observation
+//! from `fulcrum-health`. What lives here is the HTTP part:
+//!
+//! - `head`: request/response heads parsed in place (`httparse`) and checked against RFC 9112's
+//!   framing rules (smuggling: 400 and close), with the 414/431 limits;
+//! - `chunked`: a strict chunked decoder and encoder;
+//! - `rules`: content switching compiled to indexes (hosts, paths, methods) and regexes;
+//! - `sticky`: persistence cookies (signed insert, rewrite, passive), header and source tables;
+//! - `upstream`: member connections, shared idle stores for reuse, the sweeper;
+//! - `h1` / `h2`: client connections (HTTP/1.x with keep-alive and pipelining; HTTP/2 via hyper),
+//!   `h2_upstream` for pools that speak HTTP/2 to their members;
+//! - `fields`: the forwarded heads (hop-by-hop fields, forwarding headers, rule edits);
+//! - `access_log`, `tunnel` (Upgrade/WebSocket), `date`.
+//!
+//! Connections are served by [`serve_connection`], generic over the byte stream: a TLS acceptor
+//! (https) wraps the socket and passes the negotiated ALPN in [`ConnInfo`].
+
+pub mod access_log;
+mod body;
+pub mod chunked;
+pub mod cookie;
+mod date;
+pub mod fields;
+mod h1;
+mod h2;
+mod h2_upstream;
+pub mod head;
+pub mod rules;
+pub mod service;
+pub mod sticky;
+mod timer;
+mod tunnel;
+pub mod upstream;
+
+pub use service::{
+    serve_connection, Alpn, ConnInfo, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo,
+};
+pub use upstream::Upstreams;

@@ -1,0 +1,608 @@
+//! An `http` virtual service as compiled from the configuration: its targets (pools with their
+//! member connection stores), rules, persistence, limits and counters, and what it decides for
+//! each request before anything is forwarded.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fulcrum_balance::hash::{hash_bytes, hash_ip, hash_socket_addr};
+use fulcrum_balance::{PersistTable, Pool};
+use fulcrum_config::{ForwardHeaders, HashKey, ProxyProtocol, Reuse, VirtualService};
+use fulcrum_health::StatusObserver;
+use fulcrum_proxy::{ServiceStats, StreamHandler, Tracker};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::access_log::AccessLog;
+use crate::head::{Limits, RequestHead};
+use crate::rules::{Action, CompiledRule, RuleSet};
+use crate::sticky::Sticky;
+use crate::upstream::{MemberConns, Upstreams};
+
+/// The scheme a client connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alpn {
+    /// Plain TCP: HTTP/2 is recognised by its connection preface (prior knowledge, h2c).
+    Unknown,
+    /// TLS negotiated `http/1.1` (or no ALPN).
+    Http1,
+    /// TLS negotiated `h2`.
+    H2,
+}
+
+/// What is known about a client connection when it is handed to the HTTP data plane. A TLS
+/// acceptor in front (https) fills `alpn` from the handshake.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub alpn: Alpn,
+}
+
+/// The client of a connection, with the text forms forwarding headers need (made once).
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub info: ConnInfo,
+    /// The client address; an IPv4-mapped IPv6 address as IPv4.
+    pub ip: IpAddr,
+    pub ip_text: String,
+}
+
+impl Client {
+    pub fn new(info: ConnInfo) -> Client {
+        let ip = match info.peer.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(info.peer.ip(), IpAddr::V4),
+            v4 => v4,
+        };
+        Client {
+            info,
+            ip,
+            ip_text: ip.to_string(),
+        }
+    }
+}
+
+/// Consulted when a request finds no available member in its pool, before answering 503.
+///
+/// This is the hook for GSLB's HTTP redirect fallback (the site's own pool is empty: send the
+/// client to the best other site). The data plane calls it with the request; a returned location
+/// is answered with `302 Found`, `None` with `503` and `Retry-After`.
+pub trait NoMemberHook: Send + Sync + 'static {
+    fn redirect(&self, service: &str, pool: &str, request: &RequestInfo<'_>) -> Option<String>;
+}
+
+/// What a `NoMemberHook` sees of a request.
+#[derive(Debug)]
+pub struct RequestInfo<'a> {
+    pub scheme: &'static str,
+    /// Host without port, as the client sent it.
+    pub host: Option<&'a [u8]>,
+    pub path: &'a [u8],
+    pub query: Option<&'a [u8]>,
+    pub client: IpAddr,
+}
+
+/// HTTP counters of a virtual service, kept across reloads by service name.
+#[derive(Debug, Default)]
+pub struct HttpStats {
+    /// Responses sent, by class: index 1 = 1xx (interim responses are not counted) … 5 = 5xx.
+    pub responses: [AtomicU64; 6],
+    /// Requests refused as malformed or ambiguous (400, 414, 431, 505).
+    pub bad_requests: AtomicU64,
+    /// Clients that did not send a complete request head in time (408 or close).
+    pub header_timeouts: AtomicU64,
+    /// Requests sent again to another member after a connect failure or a reset.
+    pub retries: AtomicU64,
+    /// Members that did not answer within `response_timeout` (504).
+    pub response_timeouts: AtomicU64,
+    /// Requests dropped by a `drop` rule.
+    pub dropped: AtomicU64,
+}
+
+impl HttpStats {
+    pub fn count_status(&self, status: u16) {
+        if let Some(c) = self.responses.get(usize::from(status / 100)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A pool as an HTTP service uses it.
+pub struct Target {
+    pub pool: Arc<Pool>,
+    /// Idle-connection stores, by member index.
+    pub conns: Vec<Arc<MemberConns>>,
+    pub reuse: Reuse,
+    pub response_timeout: Duration,
+    pub http2: bool,
+    pub observer: StatusObserver,
+    /// `ip:port` of each member, and `ip` alone for members on port 80, as they appear in
+    /// absolute Location URLs.
+    authorities: Vec<Vec<u8>>,
+    /// HTTP/2 member connections (when `http2`), by member index.
+    pub h2: Vec<Arc<crate::h2_upstream::H2Member>>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("pool", &self.pool.name)
+            .finish()
+    }
+}
+
+impl Target {
+    pub fn new(pool: Arc<Pool>, upstreams: &Upstreams) -> Target {
+        let mut authorities = Vec::new();
+        for m in pool.members() {
+            let a = m.address;
+            let host = match a.ip() {
+                IpAddr::V6(v6) => format!("[{v6}]"),
+                v4 => v4.to_string(),
+            };
+            authorities.push(format!("{host}:{}", a.port()).into_bytes());
+            if a.port() == 80 {
+                authorities.push(host.into_bytes());
+            }
+        }
+        let opts = &pool.config.http;
+        Target {
+            conns: upstreams.for_pool(&pool),
+            reuse: pool.config.reuse,
+            response_timeout: opts.response_timeout,
+            http2: opts.http2,
+            observer: StatusObserver::new(&opts.passive_statuses),
+            h2: if opts.http2 {
+                upstreams.h2_for_pool(&pool)
+            } else {
+                Vec::new()
+            },
+            authorities,
+            pool,
+        }
+    }
+
+    /// For a Location value that points at one of the members (`http://10.0.0.1:8080/x`), the
+    /// part after the authority (`/x`).
+    pub fn member_location_rest<'v>(&self, location: &'v [u8]) -> Option<&'v [u8]> {
+        let lower = location.get(..8)?.to_ascii_lowercase();
+        let rest = if lower.starts_with(b"http://") {
+            &location[7..]
+        } else if lower.starts_with(b"https://") {
+            &location[8..]
+        } else {
+            return None;
+        };
+        let end = rest
+            .iter()
+            .position(|b| matches!(b, b'/' | b'?' | b'#'))
+            .unwrap_or(rest.len());
+        let authority = &rest[..end];
+        self.authorities
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(authority))
+            .then(|| &rest[end..])
+    }
+}
+
+/// A local answer: a rule's redirect or respond, or an error.
+#[derive(Debug, Clone)]
+pub struct Local {
+    pub status: u16,
+    pub location: Option<Vec<u8>>,
+    pub body: Bytes,
+    pub retry_after: bool,
+    /// Close the client connection after the answer.
+    pub close: bool,
+}
+
+impl Local {
+    pub fn error(status: u16, text: &str) -> Local {
+        let reason = http::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("Error");
+        let body = if text.is_empty() {
+            format!("{status} {reason}\n")
+        } else {
+            format!("{status} {reason}: {text}\n")
+        };
+        Local {
+            status,
+            location: None,
+            body: Bytes::from(body),
+            retry_after: false,
+            close: false,
+        }
+    }
+}
+
+/// What the service does with a request.
+pub enum Plan<'s> {
+    Local(Local, Option<&'s CompiledRule>),
+    Drop,
+    Forward {
+        target: usize,
+        rule: Option<&'s CompiledRule>,
+    },
+}
+
+/// A compiled `protocol = "http"` virtual service.
+pub struct HttpService {
+    pub name: Arc<str>,
+    pub targets: Vec<Arc<Target>>,
+    pub default_target: Option<usize>,
+    pub rules: RuleSet,
+    pub sticky: Option<Sticky>,
+    pub limits: Limits,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub request_timeout: Option<Duration>,
+    pub forward: ForwardHeaders,
+    pub proxy_protocol: Option<ProxyProtocol>,
+    pub max_connections: u32,
+    /// The service is reached over TLS (protocol https): scheme, Secure cookies.
+    pub https: bool,
+    pub stats: Arc<ServiceStats>,
+    pub http_stats: Arc<HttpStats>,
+    pub tracker: Arc<Tracker>,
+    pub access_log: Option<AccessLog>,
+    pub no_member_hook: Option<Arc<dyn NoMemberHook>>,
+    /// Set when a reload replaced this service, or at shutdown: connections finish the request
+    /// in progress and close, so keep-alive clients reconnect to the configuration in force.
+    retired: std::sync::atomic::AtomicBool,
+    retire: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for HttpService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpService")
+            .field("name", &self.name)
+            .field("targets", &self.targets)
+            .field("rules", &self.rules.len())
+            .finish()
+    }
+}
+
+/// What a service is built from besides its configuration.
+pub struct Parts<'a> {
+    pub config: &'a fulcrum_config::Config,
+    pub pools: &'a [Arc<Pool>],
+    pub upstreams: &'a Upstreams,
+    /// The service's persistence table (kept across reloads) for the kinds that need one.
+    pub table: Option<Arc<PersistTable>>,
+    pub stats: Arc<ServiceStats>,
+    pub http_stats: Arc<HttpStats>,
+    pub tracker: Arc<Tracker>,
+    pub no_member_hook: Option<Arc<dyn NoMemberHook>>,
+}
+
+impl HttpService {
+    /// Compiles a virtual service: its pools become targets, its rules are indexed, its
+    /// persistence profile gets its member ids.
+    pub fn build(vs: &VirtualService, parts: Parts<'_>) -> Result<HttpService, String> {
+        let find = |name: &str| -> Result<Arc<Pool>, String> {
+            parts
+                .pools
+                .iter()
+                .find(|p| &*p.name == name)
+                .cloned()
+                .ok_or_else(|| format!("no pool named {name:?}"))
+        };
+        let mut names: Vec<&str> = Vec::new();
+        if let Some(p) = &vs.pool {
+            names.push(p);
+        }
+        for r in &vs.rules {
+            if let fulcrum_config::RuleAction::Pool(p) = &r.action {
+                if !names.contains(&p.as_str()) {
+                    names.push(p);
+                }
+            }
+        }
+        let pools: Vec<Arc<Pool>> = names.iter().map(|n| find(n)).collect::<Result<_, _>>()?;
+        let targets: Vec<Arc<Target>> = pools
+            .iter()
+            .map(|p| Arc::new(Target::new(p.clone(), parts.upstreams)))
+            .collect();
+        let rules = RuleSet::compile(&vs.rules, &|name| names.iter().position(|n| *n == name))?;
+        let https = vs.protocol == fulcrum_config::Protocol::Https;
+        let sticky = match vs
+            .persistence
+            .as_ref()
+            .and_then(|n| parts.config.persistence(n))
+        {
+            Some(profile) => Some(Sticky::new(profile, &pools, parts.table, https)?),
+            None => None,
+        };
+        let access_log = match &vs.http.access_log {
+            Some(cfg) => Some(
+                AccessLog::open(cfg, &vs.name)
+                    .map_err(|e| format!("access_log {}: {e}", cfg.path.display()))?,
+            ),
+            None => None,
+        };
+        Ok(HttpService {
+            name: Arc::from(vs.name.as_str()),
+            default_target: vs.pool.as_ref().map(|_| 0),
+            targets,
+            rules,
+            sticky,
+            limits: Limits {
+                max_header_size: vs.http.max_header_size as usize,
+                max_headers: vs.http.max_headers as usize,
+                max_uri: vs.http.max_uri_length as usize,
+            },
+            header_timeout: vs.http.header_timeout,
+            idle_timeout: vs.idle_timeout,
+            request_timeout: vs.http.request_timeout,
+            forward: vs.http.forward_headers,
+            proxy_protocol: vs.proxy_protocol,
+            max_connections: vs.max_connections,
+            https,
+            stats: parts.stats,
+            http_stats: parts.http_stats,
+            tracker: parts.tracker,
+            access_log,
+            no_member_hook: parts.no_member_hook,
+            retired: std::sync::atomic::AtomicBool::new(false),
+            retire: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Takes the service out of service: idle client connections close now, busy ones after
+    /// their current response (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        self.retire.notify_waiters();
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Completes when the service is retired.
+    pub async fn retired(&self) {
+        loop {
+            let notified = self.retire.notified();
+            if self.is_retired() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Decides what to do with a request: a rule's action, or the default pool.
+    pub fn plan(&self, req: &RequestHead, client: &Client) -> Plan<'_> {
+        let rule = self
+            .rules
+            .find(req, client.ip)
+            .and_then(|i| self.rules.get(i));
+        match rule {
+            Some(r) => match &r.action {
+                Action::Pool(t) => Plan::Forward {
+                    target: *t,
+                    rule: Some(r),
+                },
+                Action::Redirect { location, status } => Plan::Local(
+                    Local {
+                        status: *status,
+                        location: Some(location.expand(self.scheme(), req)),
+                        body: Bytes::new(),
+                        retry_after: false,
+                        close: false,
+                    },
+                    Some(r),
+                ),
+                Action::Respond { status, body } => Plan::Local(
+                    Local {
+                        status: *status,
+                        location: None,
+                        body: body.clone(),
+                        retry_after: false,
+                        close: false,
+                    },
+                    Some(r),
+                ),
+                Action::Drop => Plan::Drop,
+            },
+            None => match self.default_target {
+                Some(t) => Plan::Forward {
+                    target: t,
+                    rule: None,
+                },
+                None => Plan::Local(
+                    Local::error(404, "no rule matches and the service has no default pool"),
+                    None,
+                ),
+            },
+        }
+    }
+
+    /// The answer when a pool has no member to take the request: the GSLB hook's redirect, or
+    /// 503 with Retry-After.
+    pub fn no_member(&self, target: &Target, req: &RequestHead, client: &Client) -> Local {
+        self.stats.no_member.fetch_add(1, Ordering::Relaxed);
+        if let Some(hook) = &self.no_member_hook {
+            let info = RequestInfo {
+                scheme: self.scheme(),
+                host: req.host_name(),
+                path: req.path(),
+                query: req.query(),
+                client: client.ip,
+            };
+            if let Some(location) = hook.redirect(&self.name, &target.pool.name, &info) {
+                return Local {
+                    status: 302,
+                    location: Some(location.into_bytes()),
+                    body: Bytes::new(),
+                    retry_after: false,
+                    close: false,
+                };
+            }
+        }
+        let mut l = Local::error(503, "no member available");
+        l.retry_after = true;
+        l
+    }
+}
+
+/// The hash `algorithm = "hash"` uses for a request (none for the other algorithms).
+pub fn request_hash(pool: &Pool, req: &RequestHead, client: &Client) -> Option<u64> {
+    if pool.algorithm != fulcrum_config::Algorithm::Hash {
+        return None;
+    }
+    match &pool.hash_key {
+        HashKey::SourceIp => Some(hash_ip(client.ip)),
+        HashKey::SourceIpPort => Some(hash_socket_addr(client.info.peer)),
+        HashKey::Uri => Some(hash_bytes(req.target())),
+        HashKey::Host => req.host_name().map(|h| {
+            let mut lower = [0u8; 256];
+            let n = h.len().min(256);
+            for (d, s) in lower.iter_mut().zip(&h[..n]) {
+                *d = s.to_ascii_lowercase();
+            }
+            hash_bytes(&lower[..n])
+        }),
+        HashKey::Header(name) => req.first_value_named(name.as_bytes()).map(hash_bytes),
+        HashKey::Cookie(name) => req.cookie(name.as_bytes()).map(hash_bytes),
+    }
+}
+
+impl StreamHandler for HttpService {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        if self.max_connections > 0
+            && self.stats.connections_active.load(Ordering::Relaxed)
+                >= u64::from(self.max_connections)
+        {
+            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let tracked = self.tracker.track();
+        let conn = self.stats.open();
+        let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().unwrap_or(peer);
+        tokio::spawn(async move {
+            let info = ConnInfo {
+                peer,
+                local,
+                alpn: Alpn::Unknown,
+            };
+            serve_connection(self, stream, info).await;
+            drop(conn);
+            drop(tracked);
+        });
+    }
+}
+
+/// The HTTP/2 connection preface a client speaking h2c by prior knowledge starts with.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Serves one client connection: HTTP/1.1, or HTTP/2 when ALPN chose it or the client opens with
+/// the HTTP/2 preface. Generic over the byte stream so a TLS acceptor can sit in front.
+pub async fn serve_connection<S>(svc: Arc<HttpService>, mut io: S, info: ConnInfo)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match info.alpn {
+        Alpn::H2 => crate::h2::serve(svc, io, info, Vec::new()).await,
+        Alpn::Http1 => crate::h1::serve(svc, io, info, Vec::with_capacity(1024)).await,
+        Alpn::Unknown => {
+            // Read until the bytes either differ from the preface or complete it; an HTTP/1
+            // request differs at its first byte, so this costs nothing for HTTP/1 clients.
+            // The buffer starts small (most request heads fit) and grows as needed.
+            let mut buf = Vec::with_capacity(1024);
+            let deadline = tokio::time::Instant::now() + svc.header_timeout;
+            loop {
+                let n = buf.len().min(PREFACE.len());
+                if buf[..n] != PREFACE[..n] {
+                    break;
+                }
+                if n == PREFACE.len() {
+                    return crate::h2::serve(svc, io, info, buf).await;
+                }
+                match tokio::time::timeout_at(
+                    deadline,
+                    tokio::io::AsyncReadExt::read_buf(&mut io, &mut buf),
+                )
+                .await
+                {
+                    Ok(Ok(0)) | Ok(Err(_)) => return,
+                    Ok(Ok(_)) => {}
+                    Err(_) => {
+                        if !buf.is_empty() {
+                            svc.http_stats
+                                .header_timeouts
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        return;
+                    }
+                }
+            }
+            crate::h1::serve(svc, io, info, buf).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn future_sizes() {
+        fn size<F: std::future::Future>(_: &F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (a, _b) = tokio::io::duplex(64);
+            let svc: std::sync::Arc<super::HttpService> = unimplemented_service();
+            let info = super::ConnInfo {
+                peer: "127.0.0.1:1".parse().unwrap(),
+                local: "127.0.0.1:2".parse().unwrap(),
+                alpn: super::Alpn::Unknown,
+            };
+            let f = super::serve_connection(svc, a, info);
+            eprintln!("serve_connection future: {} bytes", size(&f));
+        });
+    }
+
+    fn unimplemented_service() -> std::sync::Arc<super::HttpService> {
+        let cfg = fulcrum_config::parse(
+            "[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\n[[pool]]\nname = \"p\"\n",
+            "t",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let pool = std::sync::Arc::new(fulcrum_balance::Pool::new(&cfg.pools[0], &[], None));
+        let up = super::Upstreams::new();
+        std::sync::Arc::new(
+            super::HttpService::build(
+                &cfg.virtual_services[0],
+                super::Parts {
+                    config: &cfg,
+                    pools: &[pool],
+                    upstreams: &up,
+                    table: None,
+                    stats: Default::default(),
+                    http_stats: Default::default(),
+                    tracker: Default::default(),
+                    no_member_hook: None,
+                },
+            )
+            .unwrap(),
+        )
+    }
+}

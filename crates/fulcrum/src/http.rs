@@ -1,0 +1,190 @@
+//! Assembly of `protocol = "http"` virtual services (the L7 data plane, `fulcrum-http`): the
+//! shared member connection stores, the per-service HTTP counters kept across reloads, and the
+//! HTTP metric families.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fulcrum_admin::MetricsWriter;
+use fulcrum_balance::{PersistTable, Pool, TableSpec};
+use fulcrum_config::{Config, PersistenceKind, VirtualService};
+use fulcrum_http::{HttpService, HttpStats, Parts, Upstreams};
+use fulcrum_proxy::{ServiceStats, StreamHandler, Tracker};
+use parking_lot::Mutex;
+
+/// What the HTTP data plane keeps across reloads.
+pub struct HttpAssembly {
+    upstreams: Arc<Upstreams>,
+    stats: Mutex<HashMap<String, Arc<HttpStats>>>,
+    services: Mutex<Vec<Arc<HttpService>>>,
+}
+
+/// The http services of a configuration being applied.
+#[derive(Default)]
+pub struct HttpBuild {
+    stats: HashMap<String, Arc<HttpStats>>,
+    services: Vec<Arc<HttpService>>,
+}
+
+impl HttpAssembly {
+    /// Needs a tokio runtime (the idle-connection sweeper starts here).
+    pub fn new() -> HttpAssembly {
+        HttpAssembly {
+            upstreams: Upstreams::new(),
+            stats: Mutex::new(HashMap::new()),
+            services: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Builds the handler of an http virtual service. `old_tables` are the persistence tables of
+    /// the running configuration, `tables` those of the one being built (by service name).
+    #[allow(clippy::too_many_arguments)]
+    pub fn service(
+        &self,
+        vs: &VirtualService,
+        config: &Config,
+        pools: &[Arc<Pool>],
+        stats: Arc<ServiceStats>,
+        old_tables: &HashMap<String, Arc<PersistTable>>,
+        tables: &mut HashMap<String, Arc<PersistTable>>,
+        tracker: &Arc<Tracker>,
+        build: &mut HttpBuild,
+    ) -> Result<Arc<dyn StreamHandler>, String> {
+        for (key, set) in [
+            ("compression", vs.compression.is_some()),
+            ("cache", vs.cache.is_some()),
+        ] {
+            if set {
+                tracing::warn!(service = %vs.name, "`{key}` is not applied in this build yet");
+            }
+        }
+        let profile = vs.persistence.as_ref().and_then(|n| config.persistence(n));
+        let table = profile
+            .filter(|p| {
+                matches!(
+                    p.kind,
+                    PersistenceKind::SourceIp
+                        | PersistenceKind::CookiePassive
+                        | PersistenceKind::Header
+                )
+            })
+            .map(|p| {
+                let spec = TableSpec {
+                    idle_timeout: p.table_timeout(),
+                    max_entries: p.max_entries,
+                };
+                let table = match tables.get(&vs.name).or_else(|| old_tables.get(&vs.name)) {
+                    Some(t) => t.respec(spec),
+                    None => Arc::new(PersistTable::new(spec)),
+                };
+                tables.insert(vs.name.clone(), table.clone());
+                table
+            });
+        let hs = self.stats.lock().get(&vs.name).cloned().unwrap_or_default();
+        build.stats.insert(vs.name.clone(), hs.clone());
+        let svc = HttpService::build(
+            vs,
+            Parts {
+                config,
+                pools,
+                upstreams: &self.upstreams,
+                table,
+                stats,
+                http_stats: hs,
+                tracker: tracker.clone(),
+                // GSLB (issue 6) installs its "redirect to the best other site" here.
+                no_member_hook: None,
+            },
+        )
+        .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
+        let svc = Arc::new(svc);
+        build.services.push(svc.clone());
+        Ok(svc)
+    }
+
+    /// After a successful apply: keeps the counters of the services that run now, drops the
+    /// idle connections of members that left, and retires the services of the previous
+    /// configuration (their keep-alive connections close after the request in progress, so
+    /// clients reconnect to the new one).
+    pub fn commit(&self, pools: &[Arc<Pool>], build: HttpBuild) {
+        *self.stats.lock() = build.stats;
+        self.upstreams.retain(pools);
+        let old = std::mem::replace(&mut *self.services.lock(), build.services);
+        for s in old {
+            s.retire();
+        }
+    }
+
+    /// At shutdown: idle keep-alive connections close now, busy ones after their response.
+    pub fn retire_all(&self) {
+        for s in self.services.lock().iter() {
+            s.retire();
+        }
+    }
+
+    /// The `fulcrum_http_*` metric families.
+    pub fn metrics(&self, w: &mut MetricsWriter) {
+        let stats: Vec<(String, Arc<HttpStats>)> = {
+            let mut v: Vec<_> = self
+                .stats
+                .lock()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        if stats.is_empty() {
+            return;
+        }
+        w.family(
+            "fulcrum_http_responses_total",
+            "counter",
+            "Responses sent to clients of http services, by status class.",
+        );
+        for (name, s) in &stats {
+            for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+                w.sample(
+                    "fulcrum_http_responses_total",
+                    &[("vs", name), ("code", class)],
+                    s.responses[i + 1].load(Ordering::Relaxed) as f64,
+                );
+            }
+        }
+        type Field = fn(&HttpStats) -> u64;
+        let families: [(&str, &str, Field); 5] = [
+            (
+                "fulcrum_http_bad_requests_total",
+                "Requests refused as malformed or ambiguous (400, 414, 431, 505), connection closed.",
+                |s| s.bad_requests.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_header_timeouts_total",
+                "Clients that did not complete a request head within header_timeout.",
+                |s| s.header_timeouts.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_retries_total",
+                "Requests sent again to another member after a connect failure or a reset.",
+                |s| s.retries.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_response_timeouts_total",
+                "Requests answered 504: the member did not answer within response_timeout (or request_timeout passed).",
+                |s| s.response_timeouts.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_dropped_total",
+                "Requests closed without an answer by a drop rule.",
+                |s| s.dropped.load(Ordering::Relaxed),
+            ),
+        ];
+        for (family, help, get) in families {
+            w.family(family, "counter", help);
+            for (name, s) in &stats {
+                w.sample(family, &[("vs", name)], get(s) as f64);
+            }
+        }
+    }
+}
