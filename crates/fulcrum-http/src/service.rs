@@ -83,6 +83,8 @@ pub struct RequestInfo<'a> {
     pub path: &'a [u8],
     pub query: Option<&'a [u8]>,
     pub client: IpAddr,
+    /// The port the client connected to.
+    pub local_port: u16,
 }
 
 /// HTTP counters of a virtual service, kept across reloads by service name.
@@ -251,6 +253,9 @@ pub struct HttpService {
     pub tracker: Arc<Tracker>,
     pub access_log: Option<AccessLog>,
     pub no_member_hook: Option<Arc<dyn NoMemberHook>>,
+    /// `gslb_redirect_threshold`: above this many active client connections, requests are sent
+    /// to the hook's redirect too (when it gives one), before any member is chosen.
+    pub redirect_threshold: Option<u64>,
     /// Set when a reload replaced this service, or at shutdown: connections finish the request
     /// in progress and close, so keep-alive clients reconnect to the configuration in force.
     retired: std::sync::atomic::AtomicBool,
@@ -347,6 +352,10 @@ impl HttpService {
             http_stats: parts.http_stats,
             tracker: parts.tracker,
             access_log,
+            redirect_threshold: parts
+                .no_member_hook
+                .as_ref()
+                .and(vs.gslb_redirect_threshold),
             no_member_hook: parts.no_member_hook,
             retired: std::sync::atomic::AtomicBool::new(false),
             retire: tokio::sync::Notify::new(),
@@ -383,8 +392,22 @@ impl HttpService {
         }
     }
 
-    /// Decides what to do with a request: a rule's action, or the default pool.
+    /// Decides what to do with a request: a rule's action, or the default pool; a request bound
+    /// for a pool while the service is over `gslb_redirect_threshold` is redirected to another
+    /// site instead, when there is one.
     pub fn plan(&self, req: &RequestHead, client: &Client) -> Plan<'_> {
+        let plan = self.route(req, client);
+        if let (Plan::Forward { target, rule }, Some(limit)) = (&plan, self.redirect_threshold) {
+            if self.stats.connections_active.load(Ordering::Relaxed) > limit {
+                if let Some(l) = self.hook_redirect(&self.targets[*target], req, client) {
+                    return Plan::Local(l, *rule);
+                }
+            }
+        }
+        plan
+    }
+
+    fn route(&self, req: &RequestHead, client: &Client) -> Plan<'_> {
         let rule = self
             .rules
             .find(req, client.ip)
@@ -434,27 +457,33 @@ impl HttpService {
     /// 503 with Retry-After.
     pub fn no_member(&self, target: &Target, req: &RequestHead, client: &Client) -> Local {
         self.stats.no_member.fetch_add(1, Ordering::Relaxed);
-        if let Some(hook) = &self.no_member_hook {
-            let info = RequestInfo {
-                scheme: self.scheme(),
-                host: req.host_name(),
-                path: req.path(),
-                query: req.query(),
-                client: client.ip,
-            };
-            if let Some(location) = hook.redirect(&self.name, &target.pool.name, &info) {
-                return Local {
-                    status: 302,
-                    location: Some(location.into_bytes()),
-                    body: Bytes::new(),
-                    retry_after: false,
-                    close: false,
-                };
-            }
+        if let Some(l) = self.hook_redirect(target, req, client) {
+            return l;
         }
         let mut l = Local::error(503, "no member available");
         l.retry_after = true;
         l
+    }
+
+    /// The `302 Found` the no-member hook (GSLB) gives for a request, if any.
+    fn hook_redirect(&self, target: &Target, req: &RequestHead, client: &Client) -> Option<Local> {
+        let hook = self.no_member_hook.as_ref()?;
+        let info = RequestInfo {
+            scheme: self.scheme(),
+            host: req.host_name(),
+            path: req.path(),
+            query: req.query(),
+            client: client.ip,
+            local_port: client.info.local.port(),
+        };
+        let location = hook.redirect(&self.name, &target.pool.name, &info)?;
+        Some(Local {
+            status: 302,
+            location: Some(location.into_bytes()),
+            body: Bytes::new(),
+            retry_after: false,
+            close: false,
+        })
     }
 }
 

@@ -73,7 +73,6 @@ impl Dns {
 
     /// The address an HTTP service redirects a client to when it cannot serve it: the best site
     /// of GSLB name `fqdn` for `client` other than this instance's own (see `gslb_redirect`).
-    #[allow(dead_code)] // Called by the HTTP data plane once it lands.
     pub fn best_other_site(
         &self,
         fqdn: &str,

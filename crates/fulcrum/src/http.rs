@@ -9,7 +9,7 @@ use std::sync::Arc;
 use fulcrum_admin::MetricsWriter;
 use fulcrum_balance::{PersistTable, Pool, TableSpec};
 use fulcrum_config::{Config, PersistenceKind, VirtualService};
-use fulcrum_http::{HttpService, HttpStats, Parts, Upstreams};
+use fulcrum_http::{HttpService, HttpStats, NoMemberHook, Parts, RequestInfo, Upstreams};
 use fulcrum_proxy::{ServiceStats, StreamHandler, Tracker};
 use parking_lot::Mutex;
 
@@ -49,6 +49,7 @@ impl HttpAssembly {
         old_tables: &HashMap<String, Arc<PersistTable>>,
         tables: &mut HashMap<String, Arc<PersistTable>>,
         tracker: &Arc<Tracker>,
+        dns: &Arc<crate::dns::Dns>,
         build: &mut HttpBuild,
     ) -> Result<Arc<dyn StreamHandler>, String> {
         for (key, set) in [
@@ -93,8 +94,12 @@ impl HttpAssembly {
                 stats,
                 http_stats: hs,
                 tracker: tracker.clone(),
-                // GSLB (issue 6) installs its "redirect to the best other site" here.
-                no_member_hook: None,
+                no_member_hook: vs.gslb_redirect.as_ref().map(|fqdn| {
+                    Arc::new(GslbRedirect {
+                        dns: dns.clone(),
+                        fqdn: fqdn.clone(),
+                    }) as Arc<dyn NoMemberHook>
+                }),
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
@@ -186,5 +191,99 @@ impl HttpAssembly {
                 w.sample(family, &[("vs", name)], get(s) as f64);
             }
         }
+    }
+}
+
+/// GSLB's HTTP redirect fallback (`gslb_redirect`): a client this site cannot serve (no member
+/// available, or the service over `gslb_redirect_threshold`) is sent to the best other site of
+/// the GSLB name for that client, as the DNS would answer it without this site.
+struct GslbRedirect {
+    dns: Arc<crate::dns::Dns>,
+    fqdn: String,
+}
+
+impl NoMemberHook for GslbRedirect {
+    fn redirect(&self, service: &str, _pool: &str, req: &RequestInfo<'_>) -> Option<String> {
+        let site = self.dns.best_other_site(&self.fqdn, req.client)?;
+        tracing::debug!(service, client = %req.client, %site, "redirected to another GSLB site");
+        Some(redirect_location(req, site))
+    }
+}
+
+/// `scheme://address[:port]/path?query`: the same request at another site's address. The port
+/// the client connected to is kept (left out when it is the scheme's default). The path and
+/// query were checked by the request parser; bytes outside visible ASCII are percent-encoded
+/// anyway, because this text becomes a header value.
+fn redirect_location(req: &RequestInfo<'_>, site: std::net::IpAddr) -> String {
+    use std::fmt::Write;
+    let mut out = format!("{}://", req.scheme);
+    match site {
+        std::net::IpAddr::V4(a) => {
+            let _ = write!(out, "{a}");
+        }
+        std::net::IpAddr::V6(a) => {
+            let _ = write!(out, "[{a}]");
+        }
+    }
+    let default_port = if req.scheme == "https" { 443 } else { 80 };
+    if req.local_port != default_port {
+        let _ = write!(out, ":{}", req.local_port);
+    }
+    let push = |out: &mut String, bytes: &[u8]| {
+        for &b in bytes {
+            if b.is_ascii_graphic() {
+                out.push(b as char);
+            } else {
+                let _ = write!(out, "%{b:02X}");
+            }
+        }
+    };
+    if req.path.is_empty() {
+        out.push('/');
+    }
+    push(&mut out, req.path);
+    if let Some(q) = req.query {
+        out.push('?');
+        push(&mut out, q);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info<'a>(
+        scheme: &'static str,
+        path: &'a [u8],
+        query: Option<&'a [u8]>,
+        port: u16,
+    ) -> RequestInfo<'a> {
+        RequestInfo {
+            scheme,
+            host: Some(b"app.example.com"),
+            path,
+            query,
+            client: "192.0.2.1".parse().unwrap(),
+            local_port: port,
+        }
+    }
+
+    #[test]
+    fn redirect_keeps_path_query_and_a_non_default_port() {
+        let v4 = "198.51.100.7".parse().unwrap();
+        let v6 = "2001:db8::7".parse().unwrap();
+        assert_eq!(
+            redirect_location(&info("http", b"/a/b", Some(b"x=1"), 80), v4),
+            "http://198.51.100.7/a/b?x=1"
+        );
+        assert_eq!(
+            redirect_location(&info("http", b"/", None, 8080), v6),
+            "http://[2001:db8::7]:8080/"
+        );
+        assert_eq!(
+            redirect_location(&info("https", b"/\xff", None, 443), v4),
+            "https://198.51.100.7/%FF"
+        );
     }
 }

@@ -987,3 +987,73 @@ async fn a_down_address_of_an_up_site_is_not_answered() {
         );
     }
 }
+
+/// Sends one HTTP/1.1 request and returns the response head.
+async fn http_head(vs: SocketAddr, target: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(vs).await.unwrap();
+    s.write_all(
+        format!("GET {target} HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("answer within 5 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.split("\r\n\r\n").next().unwrap_or("").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_services_redirect_to_the_best_other_site_when_they_cannot_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let dns = free_addr();
+    let backend = fulcrum_testkit::HttpBackend::start("127.0.0.1:0".parse().unwrap(), "m1")
+        .await
+        .unwrap();
+    let (empty, busy) = (free_addr(), free_addr());
+    // This instance is east. "empty" has no member to offer; "busy" has one, but a threshold
+    // of 0 active connections, so every client is one too many.
+    let f = start(&format!(
+        "{}{}{}[gslb]\nlocal_site = \"east\"\n\n\
+         [[virtual_service]]\nname = \"empty\"\nlisten = \"{empty}\"\nprotocol = \"http\"\npool = \"down\"\ngslb_redirect = \"app.example.com.\"\n\
+         [[virtual_service]]\nname = \"busy\"\nlisten = \"{busy}\"\nprotocol = \"http\"\npool = \"up\"\ngslb_redirect = \"app.example.com.\"\ngslb_redirect_threshold = 0\n\
+         [[pool]]\nname = \"down\"\n[[pool.member]]\naddress = \"{}\"\nstate = \"disabled\"\n\
+         [[pool]]\nname = \"up\"\n[[pool.member]]\naddress = \"{}\"\n",
+        dns_section(dir.path(), &[dns], ""),
+        two_sites("", ""),
+        gslb_name("app.example.com.", "first_available", ""),
+        backend.addr,
+        backend.addr,
+    ))
+    .await;
+    let head = http_head(empty, "/cart/view?item=7").await;
+    assert!(head.starts_with("HTTP/1.1 302"), "{head}");
+    assert!(
+        head.contains(&format!(
+            "\r\nlocation: http://192.0.2.20:{}/cart/view?item=7",
+            empty.port()
+        )) || head.contains(&format!(
+            "\r\nLocation: http://192.0.2.20:{}/cart/view?item=7",
+            empty.port()
+        )),
+        "{head}"
+    );
+    let head = http_head(busy, "/").await;
+    assert!(head.starts_with("HTTP/1.1 302"), "{head}");
+    assert!(head.contains("192.0.2.20"), "{head}");
+    // With the other site down too, there is nowhere to send the client: 503 as without GSLB.
+    let r = f
+        .api(
+            "PUT",
+            "/api/v1/gslb/sites/west/state",
+            Some(serde_json::json!({"state": "disabled"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = http_head(empty, "/").await;
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+}
