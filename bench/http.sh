@@ -159,16 +159,6 @@ done
 # Short client connections onto long member connections: what the members saw.
 reuse=$(curl -s "http://127.0.0.1:$FA/api/v1/pools/nginx" | python3 -c 'import json,sys; p=json.load(sys.stdin); print(p["requests_total"], p["connections_total"])')
 
-mem_per_conn() {  # mem_per_conn PID PORT: KiB of RSS per idle client connection
-  local pid=$1 port=$2 before after
-  before=$(rss_kib "$pid")
-  coproc HOLDER { python3 bench/hold_connections.py 127.0.0.1 "$port" "$HOLD"; }
-  read -r _ <&"${HOLDER[0]}"
-  sleep 1
-  after=$(rss_kib "$pid")
-  echo >&"${HOLDER[1]}"; wait "$HOLDER_PID" 2>/dev/null || true
-  awk -v a="$after" -v b="$before" -v n="$HOLD" 'BEGIN { printf "%.1f", (a - b) / n }'
-}
 declare -A mem
 for peer in fulcrum haproxy nginx; do
   mem[$peer]=$(mem_per_conn "$(pid_of $peer)" "$(port_of $peer)"); sleep 1

@@ -52,3 +52,14 @@ median() {  # median of the arguments
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+mem_per_conn() {  # mem_per_conn PID PORT: KiB of RSS per idle client connection (HOLD of them)
+  local pid=$1 port=$2 before after
+  before=$(rss_kib "$pid")
+  coproc HOLDER { python3 bench/hold_connections.py 127.0.0.1 "$port" "$HOLD"; }
+  read -r _ <&"${HOLDER[0]}"
+  sleep 1
+  after=$(rss_kib "$pid")
+  echo >&"${HOLDER[1]}"; wait "$HOLDER_PID" 2>/dev/null || true
+  awk -v a="$after" -v b="$before" -v n="$HOLD" 'BEGIN { printf "%.1f", (a - b) / n }'
+}

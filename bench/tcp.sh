@@ -75,16 +75,6 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-mem_per_conn() {  # mem_per_conn PID PORT: KiB of RSS per idle proxied connection
-  local pid=$1 port=$2 before after
-  before=$(rss_kib "$pid")
-  coproc HOLDER { python3 bench/hold_connections.py 127.0.0.1 "$port" "$HOLD"; }
-  read -r _ <&"${HOLDER[0]}"
-  sleep 1
-  after=$(rss_kib "$pid")
-  echo >&"${HOLDER[1]}"; wait "$HOLDER_PID" 2>/dev/null || true
-  awk -v a="$after" -v b="$before" -v n="$HOLD" 'BEGIN { printf "%.1f", (a - b) / n }'
-}
 mem_f=$(mem_per_conn "$fulcrum_pid" 18080)
 sleep 1
 mem_h=$(mem_per_conn "$haproxy_pid" 18081)
