@@ -122,7 +122,9 @@ impl HealthMachine {
 
     /// Sets the monitors (on start and on reload). States of monitors that stay are kept; a new
     /// monitor starts up, so adding a check never takes traffic away before it has failed.
-    pub fn configure(&self, specs: &[CheckSpec]) {
+    /// Removing the only failing monitor can bring the member up: that is returned like any
+    /// other change.
+    pub fn configure(&self, specs: &[CheckSpec]) -> Changed {
         let mut inner = self.inner.lock();
         let old = std::mem::take(&mut inner.checks);
         inner.checks = specs
@@ -148,7 +150,7 @@ impl HealthMachine {
             .collect();
         inner.passive_fall = specs.iter().map(|s| s.fall).max().unwrap_or(DEFAULT_FALL);
         inner.passive_rise = specs.iter().map(|s| s.rise).max().unwrap_or(DEFAULT_RISE);
-        self.settle(&mut inner, "monitors reconfigured");
+        self.settle(&mut inner, "monitors reconfigured")
     }
 
     pub fn has_monitors(&self) -> bool {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use fulcrum_config::AdminState;
 use serde::Serialize;
 
-use crate::health::{Changed, HealthMachine};
+use crate::health::{Changed, CheckSpec, HealthMachine};
 
 /// Effective weights carry 8 fractional bits so a slow-start ramp or an agent's percentage can
 /// scale a weight of 1 smoothly.
@@ -401,6 +401,12 @@ impl Member {
             }
         }
         changed
+    }
+
+    /// Sets the member's monitors (start, reload); a change of state it causes is logged and
+    /// starts slow start like any other.
+    pub fn configure_checks(&self, checks: &[CheckSpec]) -> Changed {
+        self.on_health_change(self.health.configure(checks))
     }
 
     /// Feeds the result of one active check by `monitor`.

@@ -90,7 +90,7 @@ impl Pool {
                     },
                 };
                 member.set_slow_start(slow.recovery, slow.warm);
-                member.health.configure(checks);
+                member.configure_checks(checks);
                 member
             })
             .collect();

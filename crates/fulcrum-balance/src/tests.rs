@@ -1215,3 +1215,21 @@ fn empty_pool_picks_nothing() {
         assert!(pool.persistent(addr(0), &[]).is_none());
     }
 }
+
+#[test]
+fn removing_the_failing_monitor_brings_the_member_up_through_slow_start() {
+    let m = Member::new("p".into(), &member_cfg(0, 1));
+    m.set_slow_start(Duration::from_secs(5), Duration::from_secs(10));
+    assert_eq!(
+        m.configure_checks(&checks()),
+        None,
+        "a new monitor starts up"
+    );
+    fail_checks(&m);
+    assert!(!m.health.is_up());
+    // A reload drops the monitor: the member comes up, and like any member that comes back it
+    // starts in slow start's recovery phase rather than at full weight at once.
+    assert_eq!(m.configure_checks(&[]), Some(true));
+    assert!(m.health.is_up());
+    assert_eq!(m.slow_start_phase(crate::clock::now_ms()), "recovery");
+}
