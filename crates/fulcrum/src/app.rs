@@ -56,17 +56,18 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     for (i, vs) in config.virtual_services.iter().enumerate() {
         if !matches!(
             vs.protocol,
-            Protocol::Tcp | Protocol::Udp | Protocol::Message | Protocol::Http
+            Protocol::Tcp | Protocol::Udp | Protocol::Message | Protocol::Http | Protocol::Https
         ) {
             errors.push(config.locations.error(
                 &format!("virtual_service[{i}].protocol"),
                 format!(
-                    "protocol {} is not available in this build yet; tcp, udp, message and http are",
+                    "protocol {} is not available in this build yet; tcp, udp, message, http and https are",
                     vs.protocol
                 ),
             ));
         }
     }
+    errors.extend(crate::https::checks(config));
     errors
 }
 
@@ -231,7 +232,7 @@ impl App {
                     self.messages
                         .handler(vs, pool, st.clone(), source_persistence, &self.tracker)
                 }
-                (Protocol::Http, _) => self
+                (Protocol::Http | Protocol::Https, _) => self
                     .http
                     .service(
                         vs,
