@@ -527,8 +527,9 @@ fn cert_names(cert: &CertificateDer<'_>) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
-/// The commonName values of an X.509 Name (the DER content of its SEQUENCE).
-fn common_names(mut name: &[u8]) -> Vec<String> {
+/// The commonName values of an X.509 Name (the DER content of its SEQUENCE). Public for the
+/// fuzz target; certificate files are read through [`ServerTls::load`].
+pub fn common_names(mut name: &[u8]) -> Vec<String> {
     const CN: &[u8] = &[0x55, 0x04, 0x03];
     let mut out = Vec::new();
     while let Some((0x31, mut set, rest)) = der_next(name) {

@@ -65,6 +65,10 @@ impl MemberIo {
                 }
             },
             MemberIo::Tls(s) => {
+                if buf.len() == buf.capacity() {
+                    // No room would read as the end of the stream.
+                    buf.reserve(READ_BUFFER);
+                }
                 let mut rb = ReadBuf::uninit(buf.spare_capacity_mut());
                 std::task::ready!(Pin::new(&mut **s).poll_read(cx, &mut rb))?;
                 let n = rb.filled().len();
