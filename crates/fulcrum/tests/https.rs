@@ -704,6 +704,28 @@ async fn reencryption_to_tls_members_with_verification_and_reuse() {
             "{out}"
         );
     }
+    // Streamed request bodies go over the TLS member connection too (HTTP/1.1 and HTTP/2
+    // clients), and the connection is reused after them.
+    let body = pki.p("upload.bin");
+    std::fs::write(&body, vec![b'x'; 300_000]).unwrap();
+    for v in ["--http1.1", "--http2"] {
+        let (ok, out, err) = curl(&[
+            "--cacert",
+            &ca,
+            "--resolve",
+            &resolve("front.test", vs),
+            v,
+            "--data-binary",
+            &format!("@{body}"),
+            &url(vs),
+        ])
+        .await;
+        assert!(ok, "{err}");
+        assert!(
+            out.starts_with("tls TLSv1.3 sni=backend.internal HTTP/1.1"),
+            "{v}: {out}"
+        );
+    }
     // A pool speaking HTTP/2 to its member over TLS (ALPN h2); no SNI: the member's IP address
     // is checked against the certificate.
     let (ok, out, err) = get(h2vs, "--http1.1").await;
