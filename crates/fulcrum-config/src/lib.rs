@@ -6,6 +6,7 @@ mod http;
 mod message;
 mod reader;
 mod schema;
+mod tls;
 mod types;
 mod validate;
 
@@ -22,6 +23,7 @@ pub use http::{
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
+pub use tls::{ClientAuth, TlsOptions, TlsVersion, ALPN_PROTOCOLS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };
@@ -101,6 +103,12 @@ fn resolve_paths(config: &mut Config, base: &Path) {
         for t in &mut vs.tls {
             fix(&mut t.cert);
             fix(&mut t.key);
+            if let Some(o) = &mut t.ocsp {
+                fix(o);
+            }
+        }
+        if let Some(ca) = &mut vs.tls_options.client_ca {
+            fix(ca);
         }
     }
     for pool in &mut config.pools {

@@ -116,6 +116,8 @@ pub struct VirtualService {
     pub max_connections: u32,
     pub rules: Vec<Rule>,
     pub tls: Vec<TlsCert>,
+    /// https: versions, ciphers, resumption, client certificates (Fulcrum additions).
+    pub tls_options: crate::tls::TlsOptions,
     pub compression: Option<Compression>,
     pub cache: Option<Cache>,
     pub proxy_protocol: Option<ProxyProtocol>,
@@ -149,6 +151,7 @@ impl FromNode for VirtualService {
             let max_connections = t.opt(cx, "max_connections").unwrap_or(0);
             let rules = t.opt(cx, "rule").unwrap_or_default();
             let tls = t.opt(cx, "tls").unwrap_or_default();
+            let tls_options = t.opt(cx, "tls_options").unwrap_or_default();
             let compression = t.opt(cx, "compression");
             let cache = t.opt(cx, "cache");
             let proxy_protocol = t.opt(cx, "proxy_protocol");
@@ -179,6 +182,7 @@ impl FromNode for VirtualService {
                 max_connections,
                 rules,
                 tls,
+                tls_options,
                 compression,
                 cache,
                 proxy_protocol,
@@ -387,6 +391,8 @@ impl FromNode for Rewrite {
 pub struct TlsCert {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// A DER OCSP response stapled to handshakes with this certificate (Fulcrum addition).
+    pub ocsp: Option<PathBuf>,
 }
 
 impl FromNode for TlsCert {
@@ -394,9 +400,11 @@ impl FromNode for TlsCert {
         read_table(node, cx, |t, cx| {
             let cert: Option<String> = t.req(cx, "cert");
             let key: Option<String> = t.req(cx, "key");
+            let ocsp: Option<String> = t.opt(cx, "ocsp");
             Some(TlsCert {
                 cert: cert?.into(),
                 key: key?.into(),
+                ocsp: ocsp.map(PathBuf::from),
             })
         })
     }

@@ -242,7 +242,8 @@ impl Body for MemberBody {
             let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            match conn.io.poll_read_ready(cx) {
+            conn.buf.reserve(32 * 1024);
+            match conn.io.poll_read_buf(cx, &mut conn.buf) {
                 Poll::Pending => {
                     let idle = this.idle;
                     let timer = this
@@ -254,15 +255,7 @@ impl Body for MemberBody {
                     }
                     return Poll::Pending;
                 }
-                Poll::Ready(Err(e)) => {
-                    this.finish(false);
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Poll::Ready(Ok(())) => {}
-            }
-            conn.buf.reserve(32 * 1024);
-            match conn.io.try_read_buf(&mut conn.buf) {
-                Ok(0) => {
+                Poll::Ready(Ok(0)) => {
                     let clean = matches!(this.framing, InFraming::Close);
                     this.finish(clean);
                     if clean {
@@ -270,14 +263,13 @@ impl Body for MemberBody {
                     }
                     return Poll::Ready(Some(Err(io::ErrorKind::UnexpectedEof.into())));
                 }
-                Ok(n) => {
+                Poll::Ready(Ok(n)) => {
                     this.received += n as u64;
                     if let Some(t) = this.timer.as_mut() {
                         t.as_mut().reset(tokio::time::Instant::now() + this.idle);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => {
+                Poll::Ready(Err(e)) => {
                     this.finish(false);
                     return Poll::Ready(Some(Err(e)));
                 }

@@ -564,7 +564,7 @@ where
         let private = self.svc.proxy_protocol.is_some() || t.reuse == Reuse::Never;
         if !force_fresh {
             if private {
-                if let Some(p) = self.private.take() {
+                if let Some(mut p) = self.private.take() {
                     if Arc::ptr_eq(&p.member, &picked.member) && p.conn.is_idle_alive() {
                         return Ok((p.conn, false));
                     }
@@ -588,6 +588,8 @@ where
             );
             io.write_all(&header).await?;
         }
+        let io =
+            upstream::secure(io, t.tls.as_deref(), member.address, t.pool.connect_timeout).await?;
         Ok((UpstreamConn::new(io), true))
     }
 
@@ -607,7 +609,21 @@ where
             buf: up_buf,
             ..
         } = conn;
-        let (up_r, mut up_w) = up.split();
+        // Plain TCP: the member's socket is watched for an early answer while the body goes
+        // out. TLS: the stream cannot be read and written at once here, so the body is sent
+        // whole (the member's answer waits in the socket buffer).
+        let mut tcp_w;
+        let (up_r, up_w): (
+            Option<tokio::net::tcp::ReadHalf<'_>>,
+            &mut (dyn AsyncWrite + Unpin + Send),
+        ) = match up {
+            upstream::MemberIo::Plain(tcp) => {
+                let (r, w) = tcp.split();
+                tcp_w = w;
+                (Some(r), &mut tcp_w)
+            }
+            upstream::MemberIo::Tls(tls) => (None, &mut **tls),
+        };
         loop {
             // Encode what the buffer holds.
             self.out.clear();
@@ -639,7 +655,7 @@ where
             while w < self.out.len() {
                 tokio::select! {
                     biased;
-                    r = up_r.as_ref().readable() => {
+                    r = readable(up_r.as_ref()) => {
                         if r.is_ok() && early_answer(up_r.as_ref(), up_buf)? {
                             return Ok((sent, true));
                         }
@@ -664,7 +680,7 @@ where
             self.timer.set_after(idle);
             tokio::select! {
                 biased;
-                r = up_r.as_ref().readable() => {
+                r = readable(up_r.as_ref()) => {
                     if r.is_ok() && early_answer(up_r.as_ref(), up_buf)? {
                         return Ok((sent, true));
                     }
@@ -998,13 +1014,26 @@ enum PumpError {
 
 /// The member's socket reported readable while the body was being sent: either a spurious
 /// readiness (nothing to read; cleared), or the start of an answer.
-fn early_answer(io: &tokio::net::TcpStream, buf: &mut Vec<u8>) -> Result<bool, PumpError> {
+fn early_answer(
+    io: Option<&tokio::net::tcp::ReadHalf<'_>>,
+    buf: &mut Vec<u8>,
+) -> Result<bool, PumpError> {
+    let Some(io) = io else { return Ok(false) };
+    let io: &tokio::net::TcpStream = io.as_ref();
     buf.reserve(4096);
     match io.try_read_buf(buf) {
         Ok(0) => Err(PumpError::Member(io::ErrorKind::UnexpectedEof.into())),
         Ok(_) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
         Err(e) => Err(PumpError::Member(e)),
+    }
+}
+
+/// Readiness of a plain member socket; never, for TLS (see `pump_body`).
+async fn readable(io: Option<&tokio::net::tcp::ReadHalf<'_>>) -> io::Result<()> {
+    match io {
+        Some(r) => r.as_ref().readable().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -462,7 +462,7 @@ async fn forward(
             None
         } else if private {
             let mut p = st.private.lock();
-            p.iter()
+            p.iter_mut()
                 .position(|(m, c)| std::sync::Arc::ptr_eq(m, &member) && c.is_idle_alive())
                 .map(|i| p.swap_remove(i).1)
         } else {
@@ -491,7 +491,21 @@ async fn forward(
                                 return Err(Local::error(502, "the member broke the connection"));
                             }
                         }
-                        UpstreamConn::new(io)
+                        match upstream::secure(
+                            io,
+                            t.tls.as_deref(),
+                            member.address,
+                            t.pool.connect_timeout,
+                        )
+                        .await
+                        {
+                            Ok(io) => UpstreamConn::new(io),
+                            Err(e) => {
+                                member.record_connect_failure(&format!("connect: {e}"));
+                                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                                return Err(Local::error(502, "no member could be reached"));
+                            }
+                        }
                     }
                     Err(e) => {
                         member.record_connect_failure(&format!("connect: {e}"));

@@ -59,6 +59,7 @@ impl H2Member {
     pub async fn sender(
         &self,
         connect_timeout: Duration,
+        tls: Option<&crate::tls::client::MemberTls>,
     ) -> io::Result<(SendRequest<UpBody>, bool)> {
         if let Some(s) = self.current() {
             return Ok((s, false));
@@ -69,6 +70,7 @@ impl H2Member {
         }
         let started = Instant::now();
         let io = upstream::connect(self.member.address, connect_timeout).await?;
+        let io = upstream::secure(io, tls, self.member.address, connect_timeout).await?;
         let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(TokioIo::new(io));
@@ -132,7 +134,7 @@ pub async fn exchange(
         let Some(h2) = t.h2.get(picked.index) else {
             return Err(Local::error(502, "no HTTP/2 connection for the member"));
         };
-        let (mut sender, fresh) = match h2.sender(t.pool.connect_timeout).await {
+        let (mut sender, fresh) = match h2.sender(t.pool.connect_timeout, t.tls.as_deref()).await {
             Ok(s) => s,
             Err(e) => {
                 member.record_connect_failure(&format!("connect: {e}"));

@@ -14,6 +14,8 @@
 //! - `h1` / `h2`: client connections (HTTP/1.x with keep-alive and pipelining; HTTP/2 via hyper),
 //!   `h2_upstream` for pools that speak HTTP/2 to their members;
 //! - `fields`: the forwarded heads (hop-by-hop fields, forwarding headers, rule edits);
+//! - `tls`: TLS termination for https (certificates by SNI, resumption, client certificates)
+//!   and TLS to members (`tls::client`);
 //! - `access_log`, `tunnel` (Upgrade/WebSocket), `date`.
 //!
 //! Connections are served by [`serve_connection`], generic over the byte stream: a TLS acceptor
@@ -33,6 +35,7 @@ pub mod rules;
 pub mod service;
 pub mod sticky;
 mod timer;
+pub mod tls;
 mod tunnel;
 pub mod upstream;
 

@@ -126,6 +126,8 @@ pub struct Target {
     authorities: Vec<Vec<u8>>,
     /// HTTP/2 member connections (when `http2`), by member index.
     pub h2: Vec<Arc<crate::h2_upstream::H2Member>>,
+    /// TLS to the members (pool `tls`), set by `HttpService::build`.
+    pub tls: Option<Arc<crate::tls::client::MemberTls>>,
 }
 
 impl std::fmt::Debug for Target {
@@ -164,6 +166,7 @@ impl Target {
             },
             authorities,
             pool,
+            tls: None,
         }
     }
 
@@ -248,6 +251,8 @@ pub struct HttpService {
     pub max_connections: u32,
     /// The service is reached over TLS (protocol https): scheme, Secure cookies.
     pub https: bool,
+    /// TLS termination (protocol https), set by the assembly after `build`.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
     pub stats: Arc<ServiceStats>,
     pub http_stats: Arc<HttpStats>,
     pub tracker: Arc<Tracker>,
@@ -311,8 +316,16 @@ impl HttpService {
         let pools: Vec<Arc<Pool>> = names.iter().map(|n| find(n)).collect::<Result<_, _>>()?;
         let targets: Vec<Arc<Target>> = pools
             .iter()
-            .map(|p| Arc::new(Target::new(p.clone(), parts.upstreams)))
-            .collect();
+            .map(|p| {
+                let mut t = Target::new(p.clone(), parts.upstreams);
+                if let Some(tls) = &p.config.tls {
+                    let m = crate::tls::client::MemberTls::load(tls, t.http2, "pool")
+                        .map_err(|(k, m)| format!("{k}: {m}"))?;
+                    t.tls = Some(Arc::new(m));
+                }
+                Ok(Arc::new(t))
+            })
+            .collect::<Result<_, String>>()?;
         let rules = RuleSet::compile(&vs.rules, &|name| names.iter().position(|n| *n == name))?;
         let https = vs.protocol == fulcrum_config::Protocol::Https;
         let sticky = match vs
@@ -348,6 +361,7 @@ impl HttpService {
             proxy_protocol: vs.proxy_protocol,
             max_connections: vs.max_connections,
             https,
+            tls: None,
             stats: parts.stats,
             http_stats: parts.http_stats,
             tracker: parts.tracker,
@@ -523,12 +537,20 @@ impl StreamHandler for HttpService {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(peer);
         tokio::spawn(async move {
-            let info = ConnInfo {
+            let mut info = ConnInfo {
                 peer,
                 local,
                 alpn: Alpn::Unknown,
             };
-            serve_connection(self, stream, info).await;
+            match self.tls.clone() {
+                None => serve_connection(self, stream, info).await,
+                Some(tls) => {
+                    if let Some((stream, alpn)) = tls.accept(stream, &self.name, peer).await {
+                        info.alpn = alpn;
+                        serve_connection(self, stream, info).await;
+                    }
+                }
+            }
             drop(conn);
             drop(tracked);
         });

@@ -17,6 +17,9 @@ use std::time::Duration;
 
 use fulcrum_balance::{clock, ConnectionGuard, Member, Pool};
 use parking_lot::Mutex;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Initial read buffer of a member connection.
@@ -28,10 +31,137 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// (Apache 5 s, nginx 75 s), so one that answered within the last second is proven alive.
 pub const PROVEN_ALIVE_MS: u64 = 1000;
 
+/// The byte stream to a member: plain TCP, or TLS over it (pool `tls`).
+#[derive(Debug)]
+pub enum MemberIo {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl MemberIo {
+    /// The TCP socket under the stream.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            MemberIo::Plain(s) => s,
+            MemberIo::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    /// Reads into the spare capacity of `buf`; `Ok(0)` at the end of the stream.
+    pub fn poll_read_buf(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Poll<io::Result<usize>> {
+        match self {
+            MemberIo::Plain(s) => loop {
+                // Readiness first: `try_read_buf` costs no system call when nothing came.
+                if let Err(e) = std::task::ready!(s.poll_read_ready(cx)) {
+                    return Poll::Ready(Err(e));
+                }
+                match s.try_read_buf(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    r => return Poll::Ready(r),
+                }
+            },
+            MemberIo::Tls(s) => {
+                if buf.len() == buf.capacity() {
+                    // No room would read as the end of the stream.
+                    buf.reserve(READ_BUFFER);
+                }
+                let mut rb = ReadBuf::uninit(buf.spare_capacity_mut());
+                std::task::ready!(Pin::new(&mut **s).poll_read(cx, &mut rb))?;
+                let n = rb.filled().len();
+                // SAFETY: `ReadBuf` counts as filled only bytes that were written, and they
+                // lie right after `buf.len()` in `buf`'s allocation (its spare capacity).
+                unsafe { buf.set_len(buf.len() + n) };
+                Poll::Ready(Ok(n))
+            }
+        }
+    }
+
+    /// Whether the member left the connection as it was: not closed, nothing unsolicited sent.
+    fn is_idle_alive(&mut self) -> bool {
+        match self {
+            MemberIo::Plain(s) => {
+                let mut probe = [0u8; 1];
+                matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+            MemberIo::Tls(s) => {
+                // One non-blocking poll: TLS records that carry no data (TLS 1.3 session
+                // tickets) are consumed by rustls and leave it pending; data, close_notify, an
+                // end of stream or an error mean the connection cannot be reused.
+                let mut probe = [0u8; 1];
+                let mut rb = ReadBuf::new(&mut probe);
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                Pin::new(&mut **s).poll_read(&mut cx, &mut rb).is_pending()
+            }
+        }
+    }
+}
+
+impl AsyncRead for MemberIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MemberIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            MemberIo::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for MemberIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MemberIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            MemberIo::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MemberIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            MemberIo::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            MemberIo::Plain(s) => s.is_write_vectored(),
+            MemberIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MemberIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            MemberIo::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MemberIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            MemberIo::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+}
+
 /// One connection to a member.
 #[derive(Debug)]
 pub struct UpstreamConn {
-    pub io: TcpStream,
+    pub io: MemberIo,
     /// Bytes read from the member not yet consumed (a response head, then its body).
     pub buf: Vec<u8>,
     /// Requests sent over this connection so far.
@@ -43,7 +173,7 @@ pub struct UpstreamConn {
 }
 
 impl UpstreamConn {
-    pub fn new(io: TcpStream) -> UpstreamConn {
+    pub fn new(io: MemberIo) -> UpstreamConn {
         UpstreamConn {
             io,
             buf: Vec::with_capacity(READ_BUFFER),
@@ -55,9 +185,8 @@ impl UpstreamConn {
 
     /// Whether the member left the connection as it was: not closed, nothing unsolicited sent.
     /// Costs no system call unless the reactor reported the socket readable.
-    pub fn is_idle_alive(&self) -> bool {
-        let mut probe = [0u8; 1];
-        matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    pub fn is_idle_alive(&mut self) -> bool {
+        self.io.is_idle_alive()
     }
 }
 
@@ -123,7 +252,7 @@ impl MemberConns {
             if proven && now.saturating_sub(top.conn.last_ok_ms) >= PROVEN_ALIVE_MS {
                 return None;
             }
-            let Idle { conn, .. } = idle.pop()?;
+            let Idle { mut conn, .. } = idle.pop()?;
             self.set_gauge(idle.len());
             if conn.is_idle_alive() {
                 return Some(conn);
@@ -157,7 +286,7 @@ impl MemberConns {
     fn sweep(&self, now: u64) {
         let timeout = self.idle_timeout_ms.load(Ordering::Relaxed);
         let mut idle = self.idle.lock();
-        idle.retain(|i| now.saturating_sub(i.since_ms) < timeout && i.conn.is_idle_alive());
+        idle.retain_mut(|i| now.saturating_sub(i.since_ms) < timeout && i.conn.is_idle_alive());
         self.set_gauge(idle.len());
     }
 
@@ -278,6 +407,27 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStrea
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("no answer within {timeout:?}"),
+        )),
+    }
+}
+
+/// A connected member socket as the pool speaks to it: as is, or after a TLS handshake (pool
+/// `tls`) finished within `timeout`.
+pub async fn secure(
+    io: TcpStream,
+    tls: Option<&crate::tls::client::MemberTls>,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> io::Result<MemberIo> {
+    let Some(tls) = tls else {
+        return Ok(MemberIo::Plain(io));
+    };
+    match tokio::time::timeout(timeout, tls.connect(io, addr)).await {
+        Ok(Ok(s)) => Ok(MemberIo::Tls(Box::new(s))),
+        Ok(Err(e)) => Err(io::Error::new(e.kind(), format!("TLS handshake: {e}"))),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("TLS handshake not finished within {timeout:?}"),
         )),
     }
 }

@@ -50,23 +50,11 @@ impl Source {
     }
 }
 
-/// Checks that need more than the config's own text: features this build runs.
+/// Checks that need more than the config's own text: the zone, prefix and GeoIP files DNS and
+/// GSLB load, and the certificates and keys of https services and TLS pools.
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::dns::checks(config);
-    for (i, vs) in config.virtual_services.iter().enumerate() {
-        if !matches!(
-            vs.protocol,
-            Protocol::Tcp | Protocol::Udp | Protocol::Message | Protocol::Http
-        ) {
-            errors.push(config.locations.error(
-                &format!("virtual_service[{i}].protocol"),
-                format!(
-                    "protocol {} is not available in this build yet; tcp, udp, message and http are",
-                    vs.protocol
-                ),
-            ));
-        }
-    }
+    errors.extend(crate::https::checks(config));
     errors
 }
 
@@ -231,7 +219,7 @@ impl App {
                     self.messages
                         .handler(vs, pool, st.clone(), source_persistence, &self.tracker)
                 }
-                (Protocol::Http, _) => self
+                (Protocol::Http | Protocol::Https, _) => self
                     .http
                     .service(
                         vs,

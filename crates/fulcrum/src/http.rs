@@ -18,6 +18,7 @@ pub struct HttpAssembly {
     upstreams: Arc<Upstreams>,
     stats: Mutex<HashMap<String, Arc<HttpStats>>>,
     services: Mutex<Vec<Arc<HttpService>>>,
+    tls: crate::https::TlsAssembly,
 }
 
 /// The http services of a configuration being applied.
@@ -34,6 +35,7 @@ impl HttpAssembly {
             upstreams: Upstreams::new(),
             stats: Mutex::new(HashMap::new()),
             services: Mutex::new(Vec::new()),
+            tls: crate::https::TlsAssembly::default(),
         }
     }
 
@@ -103,6 +105,14 @@ impl HttpAssembly {
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
+        let mut svc = svc;
+        if vs.protocol == fulcrum_config::Protocol::Https {
+            svc.tls = Some(
+                self.tls
+                    .server(vs, config)
+                    .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?,
+            );
+        }
         let svc = Arc::new(svc);
         build.services.push(svc.clone());
         Ok(svc)
@@ -113,6 +123,7 @@ impl HttpAssembly {
     /// configuration (their keep-alive connections close after the request in progress, so
     /// clients reconnect to the new one).
     pub fn commit(&self, pools: &[Arc<Pool>], build: HttpBuild) {
+        self.tls.retain(&|name| build.stats.contains_key(name));
         *self.stats.lock() = build.stats;
         self.upstreams.retain(pools);
         let old = std::mem::replace(&mut *self.services.lock(), build.services);
@@ -140,6 +151,7 @@ impl HttpAssembly {
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
         };
+        self.tls.metrics(w);
         if stats.is_empty() {
             return;
         }

@@ -4,6 +4,7 @@ mod app;
 mod demo;
 mod dns;
 mod http;
+mod https;
 mod message;
 mod udp;
 

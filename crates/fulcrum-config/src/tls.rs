@@ -1,0 +1,113 @@
+//! TLS options of an `https` virtual service that DESIGN §4 does not list (Fulcrum additions):
+//! protocol versions, cipher suites, session resumption, client certificates, handshake timeout
+//! and the ALPN protocols offered. The certificates themselves are the contract's `tls` array.
+//!
+//! Only the shape is checked here; what needs the files or the TLS library (certificates, keys,
+//! cipher suite names) is checked when the data plane loads them, with the same key paths.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::reader::{Cx, FromNode, Node};
+use crate::string_enum;
+use crate::types::read_table;
+
+string_enum!(
+    /// Lowest TLS version a client may negotiate.
+    TlsVersion { V12 = "1.2", V13 = "1.3" }
+);
+
+string_enum!(
+    /// Whether clients present a certificate.
+    ClientAuth {
+        None = "none",
+        Optional = "optional",
+        Required = "required",
+    }
+);
+
+/// `tls_options = { … }` of an https virtual service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsOptions {
+    pub min_version: TlsVersion,
+    /// Cipher suites in order of preference (rustls / IANA names such as
+    /// `TLS13_AES_128_GCM_SHA256`, `TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`); empty: the
+    /// library's defaults.
+    pub cipher_suites: Vec<String>,
+    /// Stateless resumption tickets (keys rotated every 6 hours).
+    pub session_tickets: bool,
+    /// Server-side session cache, in entries; 0 turns it off.
+    pub session_cache: u64,
+    pub client_auth: ClientAuth,
+    /// PEM bundle of the CAs client certificates must chain to.
+    pub client_ca: Option<PathBuf>,
+    /// From accept to a finished handshake; `None`: the service's `header_timeout`.
+    pub handshake_timeout: Option<Duration>,
+    /// ALPN protocols offered, in order of preference (`h2`, `http/1.1`).
+    pub alpn: Vec<String>,
+}
+
+/// ALPN protocol names the HTTP data plane serves.
+pub const ALPN_PROTOCOLS: &[&str] = &["h2", "http/1.1"];
+
+impl Default for TlsOptions {
+    fn default() -> Self {
+        TlsOptions {
+            min_version: TlsVersion::V12,
+            cipher_suites: Vec::new(),
+            session_tickets: true,
+            session_cache: 20_000,
+            client_auth: ClientAuth::None,
+            client_ca: None,
+            handshake_timeout: None,
+            alpn: ALPN_PROTOCOLS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+impl FromNode for TlsOptions {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let d = TlsOptions::default();
+            let alpn: Vec<String> = t.opt(cx, "alpn").unwrap_or(d.alpn);
+            let client_auth = t.opt(cx, "client_auth").unwrap_or(d.client_auth);
+            let client_ca = t.opt::<String>(cx, "client_ca").map(PathBuf::from);
+            let opts = TlsOptions {
+                min_version: t.opt(cx, "min_version").unwrap_or(d.min_version),
+                cipher_suites: t.opt(cx, "cipher_suites").unwrap_or_default(),
+                session_tickets: t.opt(cx, "session_tickets").unwrap_or(d.session_tickets),
+                session_cache: t.opt(cx, "session_cache").unwrap_or(d.session_cache),
+                client_auth,
+                client_ca,
+                handshake_timeout: t.opt(cx, "handshake_timeout"),
+                alpn,
+            };
+            for (i, p) in opts.alpn.iter().enumerate() {
+                if !ALPN_PROTOCOLS.contains(&p.as_str()) {
+                    cx.error_at(
+                        node.span.clone(),
+                        &format!("{}.alpn[{i}]", node.path),
+                        format!("unknown ALPN protocol {p:?}; expected h2 or http/1.1"),
+                    );
+                }
+            }
+            if opts.client_auth != ClientAuth::None && opts.client_ca.is_none() {
+                cx.error(
+                    node,
+                    format!(
+                        "client_auth = \"{}\" needs `client_ca`, the CA bundle client certificates must chain to",
+                        opts.client_auth
+                    ),
+                );
+            }
+            if opts.handshake_timeout.is_some_and(|d| d.is_zero()) {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.handshake_timeout", node.path),
+                    "must be longer than 0s",
+                );
+            }
+            Some(opts)
+        })
+    }
+}

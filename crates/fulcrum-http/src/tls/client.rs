@@ -1,0 +1,138 @@
+//! TLS to members (pool `tls = { verify, ca, sni }`): re-encryption, so traffic stays encrypted
+//! end to end. Certificates are verified against the `ca` bundle, else the Mozilla roots
+//! (`webpki-roots`); `verify = false` accepts any certificate (still checking the handshake
+//! signatures, so the session keys are bound to the key the member presented).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use fulcrum_config::UpstreamTls;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::KeyError;
+
+/// How a pool's members are reached over TLS.
+pub struct MemberTls {
+    connector: tokio_rustls::TlsConnector,
+    sni: Option<ServerName<'static>>,
+}
+
+impl std::fmt::Debug for MemberTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberTls")
+            .field("sni", &self.sni)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemberTls {
+    /// The TLS client of a pool (at `path`, such as `pool[1]`), offering ALPN `h2` when the pool
+    /// speaks HTTP/2 to its members, else `http/1.1`.
+    pub fn load(tls: &UpstreamTls, http2: bool, path: &str) -> Result<MemberTls, KeyError> {
+        let provider = Arc::new(super::provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| (format!("{path}.tls"), e.to_string()))?;
+        let mut config = if tls.verify {
+            let roots = match &tls.ca {
+                Some(ca) => super::load_roots(ca).map_err(|e| (format!("{path}.tls.ca"), e))?,
+                None => RootCertStore {
+                    roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+                },
+            };
+            builder.with_root_certificates(roots).with_no_client_auth()
+        } else {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_no_client_auth()
+        };
+        config.alpn_protocols = vec![if http2 {
+            b"h2".to_vec()
+        } else {
+            b"http/1.1".to_vec()
+        }];
+        let sni = match &tls.sni {
+            Some(name) => Some(ServerName::try_from(name.clone()).map_err(|e| {
+                (
+                    format!("{path}.tls.sni"),
+                    format!("{name:?} is not a DNS name: {e}"),
+                )
+            })?),
+            None => None,
+        };
+        Ok(MemberTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            sni,
+        })
+    }
+
+    /// The TLS handshake with a member over a connected socket. Without `sni`, no server name
+    /// is sent and the certificate must name the member's IP address.
+    pub async fn connect(
+        &self,
+        tcp: TcpStream,
+        addr: SocketAddr,
+    ) -> io::Result<TlsStream<TcpStream>> {
+        let name = match &self.sni {
+            Some(n) => n.clone(),
+            None => ServerName::IpAddress(addr.ip().into()),
+        };
+        self.connector.connect(name, tcp).await
+    }
+}
+
+/// `verify = false`: any certificate is accepted.
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -1,0 +1,122 @@
+//! Assembly of `protocol = "https"`: the TLS side of http services (fulcrum-http `tls`), what
+//! it keeps across reloads (ticket keys, session cache, handshake counters, by service name),
+//! the configuration checks that read certificate files, and the `fulcrum_tls_*` metrics.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fulcrum_admin::MetricsWriter;
+use fulcrum_config::{Config, ConfigError, Protocol, VirtualService};
+use fulcrum_http::tls::client::MemberTls;
+use fulcrum_http::tls::{FailReason, ServerTls, TlsShared, TlsStats};
+use parking_lot::Mutex;
+
+/// Loads every certificate, key, OCSP response and CA bundle the configuration names, so that
+/// `fulcrum check` and a reload report a bad one (with its key path) before anything runs.
+pub fn checks(config: &Config) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    for (i, vs) in config.virtual_services.iter().enumerate() {
+        if vs.protocol != Protocol::Https || vs.tls.is_empty() {
+            continue;
+        }
+        let mut shared = match TlsShared::new() {
+            Ok(s) => s,
+            Err(e) => {
+                errors.push(config.locations.error(&format!("virtual_service[{i}]"), e));
+                continue;
+            }
+        };
+        if let Err(errs) = ServerTls::load(vs, &format!("virtual_service[{i}]"), &mut shared) {
+            errors.extend(errs.into_iter().map(|(k, m)| config.locations.error(&k, m)));
+        }
+    }
+    for (i, pool) in config.pools.iter().enumerate() {
+        if let Some(tls) = &pool.tls {
+            if let Err((k, m)) = MemberTls::load(tls, pool.http.http2, &format!("pool[{i}]")) {
+                errors.push(config.locations.error(&k, m));
+            }
+        }
+    }
+    errors
+}
+
+/// What https services keep across reloads.
+#[derive(Default)]
+pub struct TlsAssembly {
+    shared: Mutex<HashMap<String, TlsShared>>,
+}
+
+impl TlsAssembly {
+    /// The TLS termination of an https service, reusing the service's ticket keys, session
+    /// cache and counters from the running configuration.
+    pub fn server(&self, vs: &VirtualService, config: &Config) -> Result<Arc<ServerTls>, String> {
+        let i = config
+            .virtual_services
+            .iter()
+            .position(|v| v.name == vs.name)
+            .unwrap_or(0);
+        let mut map = self.shared.lock();
+        let shared = match map.entry(vs.name.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(TlsShared::new()?),
+        };
+        ServerTls::load(vs, &format!("virtual_service[{i}]"), shared)
+            .map(Arc::new)
+            .map_err(|errs| {
+                let text: Vec<String> =
+                    errs.into_iter().map(|(k, m)| format!("{k}: {m}")).collect();
+                text.join("; ")
+            })
+    }
+
+    /// Forgets the services that no longer exist.
+    pub fn retain(&self, names: &dyn Fn(&str) -> bool) {
+        self.shared.lock().retain(|n, _| names(n));
+    }
+
+    /// `fulcrum_tls_handshakes_total` and `fulcrum_tls_handshake_failures_total`.
+    pub fn metrics(&self, w: &mut MetricsWriter) {
+        let mut stats: Vec<(String, Arc<TlsStats>)> = self
+            .shared
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.stats.clone()))
+            .collect();
+        if stats.is_empty() {
+            return;
+        }
+        stats.sort_by(|a, b| a.0.cmp(&b.0));
+        w.family(
+            "fulcrum_tls_handshakes_total",
+            "counter",
+            "TLS handshakes completed by https services, by protocol version and whether the session was resumed.",
+        );
+        for (name, s) in &stats {
+            for (version, resumed, n) in s.handshakes() {
+                w.sample(
+                    "fulcrum_tls_handshakes_total",
+                    &[
+                        ("vs", name),
+                        ("version", version),
+                        ("resumed", if resumed { "true" } else { "false" }),
+                    ],
+                    n as f64,
+                );
+            }
+        }
+        w.family(
+            "fulcrum_tls_handshake_failures_total",
+            "counter",
+            "TLS handshakes that failed on https services, by reason.",
+        );
+        for (name, s) in &stats {
+            for r in FailReason::ALL {
+                w.sample(
+                    "fulcrum_tls_handshake_failures_total",
+                    &[("vs", name), ("reason", r.as_str())],
+                    s.failures(r) as f64,
+                );
+            }
+        }
+    }
+}
