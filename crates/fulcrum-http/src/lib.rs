@@ -14,6 +14,7 @@
 //! - `h1` / `h2`: client connections (HTTP/1.x with keep-alive and pipelining; HTTP/2 via hyper),
 //!   `h2_upstream` for pools that speak HTTP/2 to their members;
 //! - `fields`: the forwarded heads (hop-by-hop fields, forwarding headers, rule edits);
+//! - `cache`: the shared HTTP cache (RFC 9111) of `virtual_service.cache`;
 //! - `access_log`, `tunnel` (Upgrade/WebSocket), `date`.
 //!
 //! Connections are served by [`serve_connection`], generic over the byte stream: a TLS acceptor
@@ -21,6 +22,7 @@
 
 pub mod access_log;
 mod body;
+pub mod cache;
 pub mod chunked;
 pub mod cookie;
 mod date;
@@ -39,4 +41,5 @@ pub mod upstream;
 pub use service::{
     serve_connection, Alpn, ConnInfo, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo,
 };
+pub use cache::HttpCache;
 pub use upstream::Upstreams;

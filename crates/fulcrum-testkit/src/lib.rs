@@ -5,6 +5,7 @@ pub mod client;
 pub mod dialogue;
 pub mod message;
 pub mod mmdb;
+pub mod origin;
 pub mod process;
 pub mod servers;
 pub mod udp;
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
 pub use dialogue::DialogueServer;
+pub use origin::{Origin, Reply, Seen};
 pub use message::{MessageClient, MessageSwitch, SwitchOptions, WireFraming};
 pub use process::Fulcrum;
 pub use servers::{AgentServer, Blackhole, HttpBackend, RawBackend, RawBehaviour, TcpIdServer};
