@@ -374,6 +374,11 @@ pub(crate) async fn serve(
         return Reply::Bypass;
     };
     let req = Request::of(head);
+    if req.cc.no_store && !req.cc.only_if_cached {
+        // Nothing of this exchange may be stored, and the client asks for a response the
+        // member makes for it.
+        return Reply::Bypass;
+    }
     let key: Arc<str> = Arc::from(primary_key(svc.scheme(), head));
     let mut waited = false;
     loop {
@@ -602,10 +607,7 @@ async fn revalidate(
 }
 
 fn age_header(h: &HeaderMap) -> u64 {
-    h.get(http::header::AGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0)
+    policy::age_value(h.get_all(http::header::AGE).iter().map(|v| v.as_bytes()))
 }
 
 /// Decides whether a member's response is stored and wraps its body to store it as it streams.
@@ -654,7 +656,23 @@ fn take_response(
             (n, v)
         })
         .collect();
-    let (parts, inner) = resp.into_parts();
+    let (mut parts, inner) = resp.into_parts();
+    let age_value = age_header(&parts.headers);
+    // The response's age when it arrived (§4.2.3), told to the client as well.
+    let initial_age = policy::corrected_initial_age(&policy::AgeInputs {
+        age_value,
+        date: parts
+            .headers
+            .get(http::header::DATE)
+            .and_then(|v| policy::http_date(v.as_bytes())),
+        request_time,
+        response_time: now_secs(),
+    });
+    if initial_age > age_value {
+        parts
+            .headers
+            .insert(http::header::AGE, HeaderValue::from(initial_age));
+    }
     let fill = Fill {
         cache: cache.clone(),
         key,
@@ -662,7 +680,7 @@ fn take_response(
         headers: parts.headers.clone(),
         vary,
         request_time,
-        age_value: age_header(&parts.headers),
+        age_value,
         chunks: Vec::new(),
         len: 0,
         max: cache.max_object(),

@@ -33,19 +33,21 @@ pub struct Directives {
     pub present: bool,
 }
 
-/// A delta-seconds argument (§1.2.2): digits, capped at 2^31; a quoted form is accepted.
-/// Anything else is invalid (`None`).
+/// A delta-seconds argument (§1.2.2): its leading digits (so `3600.5` and `3600a` read as
+/// 3600, as common caches do), capped at 2^31; a quoted form is accepted. Without a leading
+/// digit (`a3600`, ` 3600`, `'3600'`) it is invalid (`None`).
 fn delta(v: Option<&[u8]>) -> Option<u64> {
     let v = v?;
     let v = v
         .strip_prefix(b"\"")
         .and_then(|v| v.strip_suffix(b"\""))
         .unwrap_or(v);
-    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+    let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 {
         return None;
     }
     let mut n: u64 = 0;
-    for d in v {
+    for d in &v[..digits] {
         n = n.saturating_mul(10).saturating_add(u64::from(d - b'0'));
         if n > DELTA_MAX {
             return Some(DELTA_MAX);
@@ -81,8 +83,10 @@ fn directives(v: &[u8]) -> Vec<(&[u8], Option<&[u8]>)> {
                 if item.is_empty() {
                     continue;
                 }
+                // No whitespace is allowed around `=` (RFC 9111 §5.2): `max-age = 5` is not
+                // max-age.
                 match item.iter().position(|&c| c == b'=') {
-                    Some(eq) => out.push((item[..eq].trim_ascii(), Some(item[eq + 1..].trim_ascii()))),
+                    Some(eq) => out.push((&item[..eq], Some(&item[eq + 1..]))),
                     None => out.push((item, None)),
                 }
             }
@@ -493,11 +497,56 @@ pub fn vary_names<'a>(values: impl Iterator<Item = &'a [u8]>) -> Result<Vec<Stri
 }
 
 /// Parses an HTTP date (IMF-fixdate, RFC 850 and asctime forms, RFC 9110 §5.6.7) to seconds.
+/// Names of days, months and the zone are matched without case, as most caches do.
 pub fn http_date(v: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(v).ok()?.trim();
-    let t = httpdate::parse_http_date(s).ok()?;
+    let t = match httpdate::parse_http_date(s) {
+        Ok(t) => t,
+        Err(_) => {
+            let mut fixed = String::with_capacity(s.len());
+            let mut word_start = true;
+            for c in s.chars() {
+                if c.is_ascii_alphabetic() {
+                    fixed.push(if word_start {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c.to_ascii_lowercase()
+                    });
+                    word_start = false;
+                } else {
+                    fixed.push(c);
+                    word_start = true;
+                }
+            }
+            let fixed = fixed.replace("Gmt", "GMT");
+            match httpdate::parse_http_date(&fixed) {
+                Ok(t) => t,
+                // A weekday that does not fit the date is not worth refusing the date for.
+                Err(_) => {
+                    let rest = fixed.trim_start_matches(|c: char| c.is_ascii_alphabetic());
+                    ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+                        .iter()
+                        .find_map(|d| httpdate::parse_http_date(&format!("{d}{rest}")).ok())?
+                }
+            }
+        }
+    };
     let secs = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
     i64::try_from(secs).ok()
+}
+
+/// The Age field's value (§5.1): the first member of the first line, if it is all digits
+/// (capped at 2^31); anything else counts as absent.
+pub fn age_value<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> u64 {
+    let Some(v) = values.next() else {
+        return 0;
+    };
+    let first = v.split(|&b| b == b',').next().unwrap_or_default().trim_ascii();
+    let first = first.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
+    if first.is_empty() || !first.iter().all(u8::is_ascii_digit) {
+        return 0;
+    }
+    delta(Some(first)).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -535,6 +584,11 @@ mod tests {
     #[test]
     fn invalid_max_age_is_stale_first_occurrence_wins_big_values_capped() {
         assert_eq!(cc("max-age=abc").max_age, Some(0));
+        assert_eq!(cc("max-age= 60").max_age, Some(0));
+        assert_eq!(cc("max-age =60").max_age, None);
+        assert_eq!(cc("max-age='60'").max_age, Some(0));
+        assert_eq!(cc("max-age=60.5").max_age, Some(60));
+        assert_eq!(cc("max-age=0060").max_age, Some(60));
         assert_eq!(cc("max-age=-1").max_age, Some(0));
         assert_eq!(cc("max-age=10, max-age=20").max_age, Some(10));
         assert_eq!(cc("max-age=99999999999999999999").max_age, Some(DELTA_MAX));
@@ -818,5 +872,23 @@ mod tests {
         assert_eq!(http_date(b"Sunday, 06-Nov-94 08:49:37 GMT"), Some(784111777));
         assert_eq!(http_date(b"Sun Nov  6 08:49:37 1994"), Some(784111777));
         assert_eq!(http_date(b"0"), None);
+        assert_eq!(http_date(b"SUN, 06 NOV 1994 08:49:37 gmt"), Some(784111777));
+        assert_eq!(http_date(b"Mon Aug  8 02:01:18 2050"), Some(2543536878));
+        assert_eq!(http_date(b"Thu Aug  8 02:01:18 2050"), Some(2543536878));
+    }
+
+    // §5.1: Age.
+    #[test]
+    fn age_values() {
+        let age = |v: &[&str]| age_value(v.iter().map(|s| s.as_bytes()));
+        assert_eq!(age(&["7200"]), 7200);
+        assert_eq!(age(&["7200, 0"]), 7200);
+        assert_eq!(age(&["0", "7200"]), 0);
+        assert_eq!(age(&["7200;foo=bar"]), 7200);
+        assert_eq!(age(&["7200.0"]), 0);
+        assert_eq!(age(&["-7200"]), 0);
+        assert_eq!(age(&["abc"]), 0);
+        assert_eq!(age(&["99999999999"]), DELTA_MAX);
+        assert_eq!(age(&[]), 0);
     }
 }
