@@ -402,6 +402,13 @@ pub(crate) async fn serve(
                     return stored_reply(&req, e, age, Status::Stale);
                 }
                 Usable::Validate => {
+                    if policy::stale_while_revalidate(&req.cc, req.no_cache, &stored)
+                        && head.method == Method::Get
+                    {
+                        cache.stats.stale.fetch_add(1, Ordering::Relaxed);
+                        revalidate_in_background(&cache, svc, client, t, ti, rule, head, &key, &e);
+                        return stored_reply(&req, e, age, Status::Stale);
+                    }
                     if req.cc.only_if_cached {
                         return Reply::Local(Local::error(504, "only-if-cached: not fresh"));
                     }
@@ -481,9 +488,71 @@ fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> R
     }
 }
 
-/// A copy of the client's request for a member, with the cache's validators instead of the
-/// client's conditionals.
-fn conditional_head(head: &RequestHead, e: &Entry, limits: &crate::head::Limits) -> Option<RequestHead> {
+/// Revalidates a stale entry in a task of its own while the stale copy is served
+/// (stale-while-revalidate); one at a time per URL.
+#[allow(clippy::too_many_arguments)]
+fn revalidate_in_background(
+    cache: &Arc<HttpCache>,
+    svc: &Arc<HttpService>,
+    client: &Client,
+    t: &Arc<Target>,
+    ti: usize,
+    rule: Option<&CompiledRule>,
+    head: &RequestHead,
+    key: &Arc<str>,
+    e: &Arc<Entry>,
+) {
+    let pending = {
+        let mut map = cache.pending.lock();
+        if map.contains_key(key) {
+            return;
+        }
+        let p = Arc::new(Pending {
+            done: AtomicBool::new(false),
+            notify: tokio::sync::Notify::new(),
+        });
+        map.insert(key.clone(), p.clone());
+        p
+    };
+    let leader = Leader {
+        cache: cache.clone(),
+        key: key.clone(),
+        pending,
+    };
+    // The rule is found again by index in the task (it borrows from the service).
+    let rule_index = rule.and_then(|r| {
+        (0..svc.rules.len()).find(|&i| svc.rules.get(i).is_some_and(|x| std::ptr::eq(x, r)))
+    });
+    let Some(copy) = conditional_head(head, None, &svc.limits) else {
+        return;
+    };
+    let (cache, svc, client, t, key, e) = (
+        cache.clone(),
+        svc.clone(),
+        client.clone(),
+        t.clone(),
+        key.clone(),
+        e.clone(),
+    );
+    tokio::spawn(async move {
+        let _leader = leader;
+        let rule = rule_index.and_then(|i| svc.rules.get(i));
+        let req = Request::of(&copy);
+        let reply = revalidate(&cache, &svc, &client, &t, ti, rule, &copy, &req, key, e, false).await;
+        if let Reply::Member { resp, .. } = reply {
+            // Reading the body to its end stores it.
+            let _ = resp.into_body().collect().await;
+        }
+    });
+}
+
+/// A copy of the client's request for a member, with the cache's validators (from `e`) instead
+/// of the client's conditionals.
+fn conditional_head(
+    head: &RequestHead,
+    e: Option<&Entry>,
+    limits: &crate::head::Limits,
+) -> Option<RequestHead> {
     let mut h = HeaderMap::new();
     for f in &head.fields {
         let name = head.name(f);
@@ -502,11 +571,13 @@ fn conditional_head(head: &RequestHead, e: &Entry, limits: &crate::head::Limits)
             h.append(n, v);
         }
     }
-    if let Some(etag) = e.etag.as_ref().and_then(|t| HeaderValue::from_bytes(t).ok()) {
-        h.insert(http::header::IF_NONE_MATCH, etag);
-    }
-    if let Some(lm) = e.headers.get(http::header::LAST_MODIFIED) {
-        h.insert(http::header::IF_MODIFIED_SINCE, lm.clone());
+    if let Some(e) = e {
+        if let Some(etag) = e.etag.as_ref().and_then(|t| HeaderValue::from_bytes(t).ok()) {
+            h.insert(http::header::IF_NONE_MATCH, etag);
+        }
+        if let Some(lm) = e.headers.get(http::header::LAST_MODIFIED) {
+            h.insert(http::header::IF_MODIFIED_SINCE, lm.clone());
+        }
     }
     let mut pq = head.path().to_vec();
     if pq.is_empty() {
@@ -536,7 +607,7 @@ async fn revalidate(
 ) -> Reply {
     let request_time = now_secs();
     let cond = if e.has_validator() {
-        conditional_head(head, &e, &svc.limits)
+        conditional_head(head, Some(&e), &svc.limits)
     } else {
         None
     };
@@ -558,7 +629,11 @@ async fn revalidate(
     };
     match fetched {
         Err(l) => {
-            if policy::stale_on_error(&req.cc, &stored) {
+            // The member could not be reached (or failed before answering): a disconnected
+            // cache may serve stale where the origin allows it (§4.2.4).
+            if policy::stale_on_error(&req.cc, &stored)
+                || (!client_asked && policy::stale_when_disconnected(&stored))
+            {
                 cache.stats.stale.fetch_add(1, Ordering::Relaxed);
                 return stored_reply(req, e, age, Status::Stale);
             }

@@ -29,6 +29,7 @@ pub struct Directives {
     pub max_stale: Option<Option<u64>>,
     pub min_fresh: Option<u64>,
     pub stale_if_error: Option<u64>,
+    pub stale_while_revalidate: Option<u64>,
     /// Any directive was present.
     pub present: bool,
 }
@@ -130,6 +131,8 @@ impl Directives {
                     d.s_maxage.get_or_insert_with(num);
                 } else if name.eq_ignore_ascii_case(b"min-fresh") {
                     d.min_fresh.get_or_insert_with(num);
+                } else if name.eq_ignore_ascii_case(b"stale-while-revalidate") {
+                    d.stale_while_revalidate.get_or_insert_with(num);
                 } else if name.eq_ignore_ascii_case(b"stale-if-error") {
                     d.stale_if_error.get_or_insert_with(num);
                 } else if name.eq_ignore_ascii_case(b"max-stale") {
@@ -349,6 +352,27 @@ pub fn stale_on_error(req: &Directives, s: &Stored<'_>) -> bool {
     req.stale_if_error
         .or(s.cc.stale_if_error)
         .is_some_and(|limit| staleness <= limit)
+}
+
+/// May a stale stored response be served while it is revalidated in the background
+/// (`stale-while-revalidate`, RFC 5861 §3)? Not when the request asks for a validated or
+/// fresher answer.
+pub fn stale_while_revalidate(req: &Directives, req_no_cache: bool, s: &Stored<'_>) -> bool {
+    if req_no_cache || req.max_age.is_some() || req.min_fresh.is_some() {
+        return false;
+    }
+    if never_stale(s.cc) || s.cc.no_cache || s.lifetime > s.age {
+        return false;
+    }
+    s.cc
+        .stale_while_revalidate
+        .is_some_and(|window| s.age - s.lifetime <= window)
+}
+
+/// May a stale stored response be served when the member cannot be reached at all (§4.2.4:
+/// a disconnected cache)? Not where the origin forbids stale use.
+pub fn stale_when_disconnected(s: &Stored<'_>) -> bool {
+    !never_stale(s.cc) && !s.cc.no_cache
 }
 
 /// Fields a cache never stores or copies from a 304 (§3.1, §3.2): hop-by-hop and framing
@@ -813,6 +837,22 @@ mod tests {
         assert!(stale_on_error(&none, &stored(&cc("stale-if-error=10"), 1, 5)));
         assert!(!stale_on_error(&none, &stored(&cc("stale-if-error=1"), 1, 5)));
         assert!(!stale_on_error(&none, &stored(&none, 1, 5)));
+        assert!(stale_when_disconnected(&stored(&none, 1, 5)));
+        assert!(!stale_when_disconnected(&stored(&cc("must-revalidate"), 1, 5)));
+        assert!(!stale_when_disconnected(&stored(&cc("no-cache"), 1, 5)));
+    }
+
+    // RFC 5861 §3: stale-while-revalidate.
+    #[test]
+    fn stale_while_revalidate_window() {
+        let none = Directives::default();
+        let swr = cc("max-age=1, stale-while-revalidate=10");
+        assert!(stale_while_revalidate(&none, false, &stored(&swr, 1, 5)));
+        assert!(!stale_while_revalidate(&none, false, &stored(&swr, 1, 12)));
+        assert!(!stale_while_revalidate(&none, true, &stored(&swr, 1, 5)));
+        assert!(!stale_while_revalidate(&cc("max-age=2"), false, &stored(&swr, 1, 5)));
+        let mr = cc("max-age=1, stale-while-revalidate=10, must-revalidate");
+        assert!(!stale_while_revalidate(&none, false, &stored(&mr, 1, 5)));
     }
 
     // §3.2 / §4.3.4: 304 header update.
