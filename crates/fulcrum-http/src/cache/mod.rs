@@ -700,12 +700,16 @@ fn take_response(
 ) -> Reply {
     let code = resp.status().as_u16();
     let h = resp.headers();
-    let cc = Directives::parse(h.get_all(http::header::CACHE_CONTROL).iter().map(|v| v.as_bytes()));
+    let cdn = policy::targeted(h.get_all("cdn-cache-control").iter().map(|v| v.as_bytes()));
+    let has_expires = cdn.is_none() && h.contains_key(http::header::EXPIRES);
+    let cc = cdn.unwrap_or_else(|| {
+        Directives::parse(h.get_all(http::header::CACHE_CONTROL).iter().map(|v| v.as_bytes()))
+    });
     let vary = policy::vary_names(h.get_all(http::header::VARY).iter().map(|v| v.as_bytes()));
     let facts = policy::ResponseFacts {
         status: code,
         cc: &cc,
-        has_expires: h.contains_key(http::header::EXPIRES),
+        has_expires,
         vary_star: vary.is_err(),
     };
     let too_big = h

@@ -145,6 +145,36 @@ impl Directives {
     }
 }
 
+/// The directives of a `CDN-Cache-Control` field (RFC 9213), which a reverse-proxy cache
+/// obeys instead of Cache-Control and Expires when present and valid. The field is a
+/// structured dictionary: an item with an invalid key or a numeric directive whose value is
+/// not an integer makes the whole field invalid (`None`: Cache-Control applies). Keys are
+/// compared without case, as deployed caches do.
+pub fn targeted<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<Directives> {
+    let values: Vec<&[u8]> = values.collect();
+    if values.is_empty() {
+        return None;
+    }
+    for v in &values {
+        for (name, arg) in directives(v) {
+            let key_ok = name.first().is_some_and(|c| c.is_ascii_alphabetic() || *c == b'*')
+                && name
+                    .iter()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b'*'));
+            if !key_ok {
+                return None;
+            }
+            let numeric = [&b"max-age"[..], b"s-maxage", b"stale-if-error", b"stale-while-revalidate"]
+                .iter()
+                .any(|n| name.eq_ignore_ascii_case(n));
+            if numeric && !arg.is_some_and(|a| !a.is_empty() && a.iter().all(u8::is_ascii_digit)) {
+                return None;
+            }
+        }
+    }
+    Some(Directives::parse(values.into_iter()))
+}
+
 /// Statuses a cache may store without explicit freshness: "heuristically cacheable" (RFC 9110
 /// §15.1).
 pub fn heuristically_cacheable(status: u16) -> bool {
@@ -904,6 +934,18 @@ mod tests {
             vary_value("x-foo", [&b"A"[..]].into_iter()),
             vary_value("x-foo", [&b"a"[..]].into_iter())
         );
+    }
+
+    // RFC 9213: CDN-Cache-Control.
+    #[test]
+    fn targeted_directives() {
+        let t = |v: &str| targeted(std::iter::once(v.as_bytes()));
+        assert_eq!(t("max-age=60").unwrap().max_age, Some(60));
+        assert!(t("no-store").unwrap().no_store);
+        assert_eq!(t("foobar, MaX-aGe=60").unwrap().max_age, Some(60));
+        assert!(t("max-age=60, &&&&&").is_none());
+        assert!(t("max-age=\"60\"").is_none());
+        assert!(targeted(std::iter::empty()).is_none());
     }
 
     #[test]
