@@ -236,7 +236,7 @@ async fn index() -> Json<Value> {
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
-                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/metrics"],
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/metrics"],
     }))
 }
 

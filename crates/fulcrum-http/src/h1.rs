@@ -555,9 +555,14 @@ where
             crate::cache::Reply::Bypass => self.forward(t, ti, rule).await,
             crate::cache::Reply::Local(l) => self.fail(l, rule).await,
             r => {
-                let w =
-                    crate::cache::write_h1(&mut self.io, &mut self.out, &self.head, r, svc.idle_timeout)
-                        .await;
+                let w = crate::cache::write_h1(
+                    &mut self.io,
+                    &mut self.out,
+                    &self.head,
+                    r,
+                    svc.idle_timeout,
+                )
+                .await;
                 svc.http_stats.count_status(w.status);
                 svc.stats.bytes_out.fetch_add(w.bytes, Ordering::Relaxed);
                 Done {

@@ -38,8 +38,8 @@ mod timer;
 mod tunnel;
 pub mod upstream;
 
+pub use cache::HttpCache;
 pub use service::{
     serve_connection, Alpn, ConnInfo, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo,
 };
-pub use cache::HttpCache;
 pub use upstream::Upstreams;

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
 pub use dialogue::DialogueServer;
-pub use origin::{Origin, Reply, Seen};
 pub use message::{MessageClient, MessageSwitch, SwitchOptions, WireFraming};
+pub use origin::{Origin, Reply, Seen};
 pub use process::Fulcrum;
 pub use servers::{AgentServer, Blackhole, HttpBackend, RawBackend, RawBehaviour, TcpIdServer};
 pub use udp::{RadiusServer, UdpEchoServer};

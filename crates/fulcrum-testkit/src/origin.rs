@@ -143,7 +143,13 @@ impl Origin {
                                 tokio::time::sleep(reply.delay).await;
                             }
                             let body = if reply.chunked {
-                                Pieces(reply.body.chunks(1000).map(Bytes::copy_from_slice).collect())
+                                Pieces(
+                                    reply
+                                        .body
+                                        .chunks(1000)
+                                        .map(Bytes::copy_from_slice)
+                                        .collect(),
+                                )
                             } else {
                                 Pieces(std::iter::once(Bytes::from(reply.body)).collect())
                             };

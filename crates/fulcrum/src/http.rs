@@ -197,7 +197,11 @@ impl HttpAssembly {
                     None => (None, None),
                 };
                 let host = param("host")
-                    .map(|h| h.rsplit_once(':').map_or(h, |(h, _)| h).to_ascii_lowercase())
+                    .map(|h| {
+                        h.rsplit_once(':')
+                            .map_or(h, |(h, _)| h)
+                            .to_ascii_lowercase()
+                    })
                     .or(url_host);
                 let prefix = param("prefix").map(str::to_string);
                 if url.is_some() && prefix.is_some() {

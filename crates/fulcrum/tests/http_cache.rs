@@ -63,8 +63,12 @@ async fn fresh_responses_are_served_from_the_cache_with_age() {
     assert_eq!(get_with(s.vs, "/a", &[("host", &host)]).await.text(), "v0");
     assert_eq!(s.origin.count(), 2);
     // Stored responses keep an Age from the member and add their time in the cache.
-    s.origin
-        .set(|_, n| Reply::ok(&numbered(n), &[("cache-control", "max-age=600"), ("age", "100")]));
+    s.origin.set(|_, n| {
+        Reply::ok(
+            &numbered(n),
+            &[("cache-control", "max-age=600"), ("age", "100")],
+        )
+    });
     get(s.vs, "/aged").await;
     let r = get(s.vs, "/aged").await;
     let age: u64 = r.header("age").unwrap().parse().unwrap();
@@ -97,7 +101,11 @@ async fn freshness_from_s_maxage_max_age_expires_and_heuristics() {
             ],
             _ => &[],
         };
-        let status = if req.path == "/heuristic-302" { 302 } else { 200 };
+        let status = if req.path == "/heuristic-302" {
+            302
+        } else {
+            200
+        };
         Reply::status(status, &numbered(n), h)
     })
     .await;
@@ -123,7 +131,11 @@ async fn freshness_from_s_maxage_max_age_expires_and_heuristics() {
             second.text(),
             status_of(&second)
         );
-        assert_eq!(s.origin.count_path(path), if cached { 1 } else { 2 }, "{path}");
+        assert_eq!(
+            s.origin.count_path(path),
+            if cached { 1 } else { 2 },
+            "{path}"
+        );
     }
 }
 
@@ -145,7 +157,11 @@ async fn no_store_private_and_authorization_are_not_stored() {
     })
     .await;
     for path in ["/no-store", "/private", "/vary-star"] {
-        assert_ne!(get(s.vs, path).await.text(), get(s.vs, path).await.text(), "{path}");
+        assert_ne!(
+            get(s.vs, path).await.text(),
+            get(s.vs, path).await.text(),
+            "{path}"
+        );
     }
     // Request no-store: nothing is stored from it.
     get_with(s.vs, "/req-no-store", &[("cache-control", "no-store")]).await;
@@ -191,7 +207,12 @@ async fn no_cache_revalidates_with_etag_and_the_304_updates_the_stored_fields() 
     for i in 1..=2 {
         let b = get(s.vs, "/nc").await;
         assert_eq!(b.text(), "body-one");
-        assert_eq!(b.header("x-version"), Some(i.to_string().as_str()), "{:?}", b.headers);
+        assert_eq!(
+            b.header("x-version"),
+            Some(i.to_string().as_str()),
+            "{:?}",
+            b.headers
+        );
         assert_eq!(status_of(&b), "fulcrum; fwd=stale; fwd-status=304");
         assert_eq!(b.header("content-length"), Some("8"));
     }
@@ -275,11 +296,21 @@ async fn request_directives_no_cache_max_age_min_fresh_max_stale_and_pragma() {
     for (headers, hit) in cases {
         let before = s.origin.count();
         let r = get_with(s.vs, "/r", headers).await;
-        assert_eq!(s.origin.count() == before, hit, "{headers:?}: {}", status_of(&r));
+        assert_eq!(
+            s.origin.count() == before,
+            hit,
+            "{headers:?}: {}",
+            status_of(&r)
+        );
     }
     // Pragma is ignored when Cache-Control is present.
     let before = s.origin.count();
-    get_with(s.vs, "/r", &[("pragma", "no-cache"), ("cache-control", "max-stale")]).await;
+    get_with(
+        s.vs,
+        "/r",
+        &[("pragma", "no-cache"), ("cache-control", "max-stale")],
+    )
+    .await;
     assert_eq!(s.origin.count(), before);
 }
 
@@ -333,7 +364,12 @@ async fn client_conditionals_and_head_are_answered_from_the_cache() {
     assert_eq!((r.status, r.text().as_str()), (200, "v0"));
     let r = get_with(s.vs, "/c", &[("if-modified-since", lm)]).await;
     assert_eq!(r.status, 304);
-    let r = get_with(s.vs, "/c", &[("if-modified-since", "Fri, 01 Jan 1999 00:00:00 GMT")]).await;
+    let r = get_with(
+        s.vs,
+        "/c",
+        &[("if-modified-since", "Fri, 01 Jan 1999 00:00:00 GMT")],
+    )
+    .await;
     assert_eq!(r.status, 200);
     // If-None-Match wins over If-Modified-Since.
     let r = get_with(
@@ -370,7 +406,9 @@ async fn unsafe_methods_invalidate_the_uri_and_its_location() {
     get(s.vs, "/created").await;
     assert_eq!(s.origin.count_path("/created"), 2, "Location invalidated");
     // An error response does not invalidate.
-    http_request(s.vs, "POST", "/fail", &[], b"x").await.unwrap();
+    http_request(s.vs, "POST", "/fail", &[], b"x")
+        .await
+        .unwrap();
     get(s.vs, "/fail").await;
     assert_eq!(s.origin.count_path("/fail"), 2);
 }
@@ -409,7 +447,11 @@ async fn concurrent_misses_collapse_into_one_member_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_object_bounds_what_is_stored_streamed_or_not() {
     let s = setup_with("{ size = \"1MiB\", max_object = \"4KiB\" }", |req, n| {
-        let size = if req.path.starts_with("/big") { 5000 } else { 3000 };
+        let size = if req.path.starts_with("/big") {
+            5000
+        } else {
+            3000
+        };
         let mut body = numbered(n);
         body.push_str(&"x".repeat(size - body.len()));
         let mut r = Reply::ok(&body, &[("cache-control", "max-age=60")]);
@@ -427,7 +469,11 @@ async fn max_object_bounds_what_is_stored_streamed_or_not() {
         let b = get(s.vs, path).await;
         let len = if stored { 3000 } else { 5000 };
         assert_eq!((a.body.len(), b.body.len()), (len, len), "{path}");
-        assert_eq!(s.origin.count_path(path), if stored { 1 } else { 2 }, "{path}");
+        assert_eq!(
+            s.origin.count_path(path),
+            if stored { 1 } else { 2 },
+            "{path}"
+        );
     }
 }
 
@@ -454,7 +500,10 @@ async fn size_bounds_the_cache_by_eviction() {
         .await
         .unwrap()
         .text();
-    assert!(metrics.contains("fulcrum_http_cache_bytes{vs=\"web\"}"), "{metrics}");
+    assert!(
+        metrics.contains("fulcrum_http_cache_bytes{vs=\"web\"}"),
+        "{metrics}"
+    );
     assert!(metrics.contains("fulcrum_http_cache_hits_total{vs=\"web\"}"));
 }
 
@@ -465,11 +514,10 @@ async fn purge_by_url_and_prefix_through_the_api() {
         get(s.vs, p).await;
     }
     assert_eq!(s.origin.count(), 4);
-    let r = s
-        .f
-        .api("DELETE", "/api/v1/cache/web?prefix=/static/", None)
-        .await
-        .unwrap();
+    let r =
+        s.f.api("DELETE", "/api/v1/cache/web?prefix=/static/", None)
+            .await
+            .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["purged"], 2);
     get(s.vs, "/static/a").await;
@@ -477,21 +525,26 @@ async fn purge_by_url_and_prefix_through_the_api() {
     assert_eq!(s.origin.count(), 5);
     // By URL, absolute (its host) or with host=.
     let url = format!("http://{}/other", s.vs);
-    let r = s
-        .f
-        .api("DELETE", &format!("/api/v1/cache/web?url={url}"), None)
-        .await
-        .unwrap();
+    let r =
+        s.f.api("DELETE", &format!("/api/v1/cache/web?url={url}"), None)
+            .await
+            .unwrap();
     assert_eq!(r.json()["purged"], 1, "{}", r.text());
     get(s.vs, "/other").await;
     assert_eq!(s.origin.count(), 6);
-    let r = s
-        .f
-        .api("DELETE", "/api/v1/cache/web?url=/other%3Fq%3D1&host=127.0.0.1", None)
+    let r =
+        s.f.api(
+            "DELETE",
+            "/api/v1/cache/web?url=/other%3Fq%3D1&host=127.0.0.1",
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(r.json()["purged"], 1, "{}", r.text());
-    let r = s.f.api("DELETE", "/api/v1/cache/nope?url=/x", None).await.unwrap();
+    let r =
+        s.f.api("DELETE", "/api/v1/cache/nope?url=/x", None)
+            .await
+            .unwrap();
     assert_eq!(r.status, 404);
     let c: Value = s.f.get_json("/api/v1/cache/web").await;
     assert_eq!(c["urls"], 2, "{c}");

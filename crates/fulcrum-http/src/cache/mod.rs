@@ -40,8 +40,8 @@ use crate::head::{FieldKind, Method, RequestHead, Version};
 use crate::rules::CompiledRule;
 use crate::service::{Client, HttpService, Local, Target};
 use policy::{Directives, Usable};
-pub use store::{CacheStats, Entry};
 use store::Store;
+pub use store::{CacheStats, Entry};
 
 /// Longest a request waits for another request's fetch of the same URL before it asks a member
 /// itself.
@@ -271,7 +271,11 @@ pub fn primary_key(scheme: &str, head: &RequestHead) -> String {
     for &b in host {
         k.push(b.to_ascii_lowercase() as char);
     }
-    k.push_str(&String::from_utf8_lossy(if path.is_empty() { b"/" } else { path }));
+    k.push_str(&String::from_utf8_lossy(if path.is_empty() {
+        b"/"
+    } else {
+        path
+    }));
     if let Some(q) = query {
         k.push('?');
         k.push_str(&String::from_utf8_lossy(q));
@@ -415,9 +419,12 @@ pub(crate) async fn serve(
                     if head.method != Method::Get {
                         return Reply::Bypass;
                     }
-                    let bypass = req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
-                    return revalidate(&cache, svc, client, t, ti, rule, head, &req, key, e, bypass)
-                        .await;
+                    let bypass =
+                        req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
+                    return revalidate(
+                        &cache, svc, client, t, ti, rule, head, &req, key, e, bypass,
+                    )
+                    .await;
                 }
             }
         }
@@ -471,9 +478,17 @@ pub(crate) async fn serve(
         cache.stats.misses.fetch_add(1, Ordering::Relaxed);
         let request_time = now_secs();
         return match crate::h2::fetch(svc, client, t, ti, rule, head).await {
-            Ok((resp, member)) => {
-                take_response(&cache, &req, head, key, resp, member, status, request_time, leader)
-            }
+            Ok((resp, member)) => take_response(
+                &cache,
+                &req,
+                head,
+                key,
+                resp,
+                member,
+                status,
+                request_time,
+                leader,
+            ),
             Err(l) => Reply::Local(l),
         };
     }
@@ -538,7 +553,10 @@ fn revalidate_in_background(
         let _leader = leader;
         let rule = rule_index.and_then(|i| svc.rules.get(i));
         let req = Request::of(&copy);
-        let reply = revalidate(&cache, &svc, &client, &t, ti, rule, &copy, &req, key, e, false).await;
+        let reply = revalidate(
+            &cache, &svc, &client, &t, ti, rule, &copy, &req, key, e, false,
+        )
+        .await;
         if let Reply::Member { resp, .. } = reply {
             // Reading the body to its end stores it.
             let _ = resp.into_body().collect().await;
@@ -572,7 +590,11 @@ fn conditional_head(
         }
     }
     if let Some(e) = e {
-        if let Some(etag) = e.etag.as_ref().and_then(|t| HeaderValue::from_bytes(t).ok()) {
+        if let Some(etag) = e
+            .etag
+            .as_ref()
+            .and_then(|t| HeaderValue::from_bytes(t).ok())
+        {
             h.insert(http::header::IF_NONE_MATCH, etag);
         }
         if let Some(lm) = e.headers.get(http::header::LAST_MODIFIED) {
@@ -638,7 +660,10 @@ async fn revalidate(
                 return stored_reply(req, e, age, Status::Stale);
             }
             if policy::never_stale(&e.cc) {
-                return Reply::Local(Local::error(504, "the member could not validate the stored response"));
+                return Reply::Local(Local::error(
+                    504,
+                    "the member could not validate the stored response",
+                ));
             }
             Reply::Local(l)
         }
@@ -676,7 +701,17 @@ async fn revalidate(
                     ));
                 }
             }
-            take_response(cache, req, head, key, resp, member, status, request_time, None)
+            take_response(
+                cache,
+                req,
+                head,
+                key,
+                resp,
+                member,
+                status,
+                request_time,
+                None,
+            )
         }
     }
 }
@@ -703,7 +738,11 @@ fn take_response(
     let cdn = policy::targeted(h.get_all("cdn-cache-control").iter().map(|v| v.as_bytes()));
     let has_expires = cdn.is_none() && h.contains_key(http::header::EXPIRES);
     let cc = cdn.unwrap_or_else(|| {
-        Directives::parse(h.get_all(http::header::CACHE_CONTROL).iter().map(|v| v.as_bytes()))
+        Directives::parse(
+            h.get_all(http::header::CACHE_CONTROL)
+                .iter()
+                .map(|v| v.as_bytes()),
+        )
     });
     let vary = policy::vary_names(h.get_all(http::header::VARY).iter().map(|v| v.as_bytes()));
     let facts = policy::ResponseFacts {
@@ -717,7 +756,13 @@ fn take_response(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .is_some_and(|n| n > cache.max_object());
-    let ok = policy::storable(head.method == Method::Get, &req.cc, req.authorization, &facts).is_ok()
+    let ok = policy::storable(
+        head.method == Method::Get,
+        &req.cc,
+        req.authorization,
+        &facts,
+    )
+    .is_ok()
         && !too_big;
     if !ok {
         return Reply::Member {
@@ -882,9 +927,9 @@ impl Body for CacheBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            CacheBody::Stored { chunks, next } => SizeHint::with_exact(
-                chunks.iter().skip(*next).map(|c| c.len() as u64).sum(),
-            ),
+            CacheBody::Stored { chunks, next } => {
+                SizeHint::with_exact(chunks.iter().skip(*next).map(|c| c.len() as u64).sum())
+            }
             CacheBody::Tee { inner, .. } => inner.size_hint(),
         }
     }
@@ -902,7 +947,10 @@ const NOT_MODIFIED_FIELDS: [&str; 7] = [
 ];
 
 /// The response for an HTTP/2 client.
-pub(crate) fn h2_response(reply: Reply, method: Method) -> Option<(Response<DownBody>, Option<SocketAddr>)> {
+pub(crate) fn h2_response(
+    reply: Reply,
+    method: Method,
+) -> Option<(Response<DownBody>, Option<SocketAddr>)> {
     match reply {
         Reply::Stored {
             entry,
@@ -923,10 +971,17 @@ pub(crate) fn h2_response(reply: Reply, method: Method) -> Option<(Response<Down
                 entry.headers.clone()
             };
             headers.insert(http::header::AGE, HeaderValue::from(age));
-            headers.insert("cache-status", HeaderValue::from_static(status.header(false)));
-            let bodiless = not_modified || method == Method::Head || matches!(entry.status, 204 | 304);
+            headers.insert(
+                "cache-status",
+                HeaderValue::from_static(status.header(false)),
+            );
+            let bodiless =
+                not_modified || method == Method::Head || matches!(entry.status, 204 | 304);
             if !not_modified && entry.status != 204 {
-                headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(entry.body_len));
+                headers.insert(
+                    http::header::CONTENT_LENGTH,
+                    HeaderValue::from(entry.body_len),
+                );
             }
             let body = if bodiless {
                 DownBody::Full(None)
@@ -949,8 +1004,10 @@ pub(crate) fn h2_response(reply: Reply, method: Method) -> Option<(Response<Down
             status,
             stored,
         } => {
-            resp.headers_mut()
-                .insert("cache-status", HeaderValue::from_static(status.header(stored)));
+            resp.headers_mut().insert(
+                "cache-status",
+                HeaderValue::from_static(status.header(stored)),
+            );
             Some((resp, Some(member)))
         }
         Reply::Local(_) | Reply::Bypass => None,
@@ -1134,7 +1191,10 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
 }
 
 async fn write_idle<W: AsyncWrite + Unpin>(io: &mut W, buf: &[u8], idle: Duration) -> bool {
-    matches!(tokio::time::timeout(idle, io.write_all(buf)).await, Ok(Ok(())))
+    matches!(
+        tokio::time::timeout(idle, io.write_all(buf)).await,
+        Ok(Ok(()))
+    )
 }
 
 #[cfg(test)]
@@ -1143,13 +1203,22 @@ mod tests {
 
     #[test]
     fn same_origin_targets() {
-        assert_eq!(same_origin_target("http", "a.test", b"/x?y").as_deref(), Some("/x?y"));
+        assert_eq!(
+            same_origin_target("http", "a.test", b"/x?y").as_deref(),
+            Some("/x?y")
+        );
         assert_eq!(
             same_origin_target("http", "a.test", b"http://A.test:80/z").as_deref(),
             Some("/z")
         );
-        assert_eq!(same_origin_target("http", "a.test", b"http://b.test/z"), None);
-        assert_eq!(same_origin_target("http", "a.test", b"https://a.test/z"), None);
+        assert_eq!(
+            same_origin_target("http", "a.test", b"http://b.test/z"),
+            None
+        );
+        assert_eq!(
+            same_origin_target("http", "a.test", b"https://a.test/z"),
+            None
+        );
         assert_eq!(same_origin_target("http", "a.test", b"//a.test/z"), None);
     }
 

@@ -63,7 +63,11 @@ fn directives(v: &[u8]) -> Vec<(&[u8], Option<&[u8]>)> {
     let mut start = 0;
     let mut quoted = false;
     let mut escaped = false;
-    for (i, &b) in v.iter().enumerate().chain(std::iter::once((v.len(), &b','))) {
+    for (i, &b) in v
+        .iter()
+        .enumerate()
+        .chain(std::iter::once((v.len(), &b',')))
+    {
         if quoted {
             if escaped {
                 escaped = false;
@@ -157,16 +161,23 @@ pub fn targeted<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<Directives
     }
     for v in &values {
         for (name, arg) in directives(v) {
-            let key_ok = name.first().is_some_and(|c| c.is_ascii_alphabetic() || *c == b'*')
+            let key_ok = name
+                .first()
+                .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'*')
                 && name
                     .iter()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b'*'));
             if !key_ok {
                 return None;
             }
-            let numeric = [&b"max-age"[..], b"s-maxage", b"stale-if-error", b"stale-while-revalidate"]
-                .iter()
-                .any(|n| name.eq_ignore_ascii_case(n));
+            let numeric = [
+                &b"max-age"[..],
+                b"s-maxage",
+                b"stale-if-error",
+                b"stale-while-revalidate",
+            ]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n));
             if numeric && !arg.is_some_and(|a| !a.is_empty() && a.iter().all(u8::is_ascii_digit)) {
                 return None;
             }
@@ -186,7 +197,8 @@ pub fn heuristically_cacheable(status: u16) -> bool {
 
 /// Statuses whose semantics this cache understands (for `must-understand`, §5.2.2.3).
 fn understood(status: u16) -> bool {
-    heuristically_cacheable(status) || matches!(status, 302 | 303 | 307 | 400 | 403 | 500 | 502 | 503 | 504)
+    heuristically_cacheable(status)
+        || matches!(status, 302 | 303 | 307 | 400 | 403 | 500 | 502 | 503 | 504)
 }
 
 /// What the storability decision looks at in a response.
@@ -394,8 +406,7 @@ pub fn stale_while_revalidate(req: &Directives, req_no_cache: bool, s: &Stored<'
     if never_stale(s.cc) || s.cc.no_cache || s.lifetime > s.age {
         return false;
     }
-    s.cc
-        .stale_while_revalidate
+    s.cc.stale_while_revalidate
         .is_some_and(|window| s.age - s.lifetime <= window)
 }
 
@@ -488,9 +499,9 @@ pub fn not_modified(
 ) -> bool {
     if !if_none_match.is_empty() {
         return if_none_match.iter().any(|v| {
-            etag_list(v).into_iter().any(|t| {
-                t == b"*" || etag.is_some_and(|e| weak_match(t, e))
-            })
+            etag_list(v)
+                .into_iter()
+                .any(|t| t == b"*" || etag.is_some_and(|e| weak_match(t, e)))
         });
     }
     match (if_modified_since, last_modified.or(date)) {
@@ -595,8 +606,16 @@ pub fn age_value<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> u64 {
     let Some(v) = values.next() else {
         return 0;
     };
-    let first = v.split(|&b| b == b',').next().unwrap_or_default().trim_ascii();
-    let first = first.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
+    let first = v
+        .split(|&b| b == b',')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    let first = first
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
     if first.is_empty() || !first.iter().all(u8::is_ascii_digit) {
         return 0;
     }
@@ -719,7 +738,10 @@ mod tests {
             Err(NotStored::Authorization)
         );
         for ok in ["public", "s-maxage=10", "must-revalidate, max-age=10"] {
-            assert!(storable(true, &none, true, &facts(200, &cc(ok))).is_ok(), "{ok}");
+            assert!(
+                storable(true, &none, true, &facts(200, &cc(ok))).is_ok(),
+                "{ok}"
+            );
         }
     }
 
@@ -747,23 +769,38 @@ mod tests {
             expires: Some(Some(1100)),
             last_modified: Some(0),
         };
-        assert_eq!(freshness_lifetime(200, &cc("s-maxage=5, max-age=50"), &t, 1000), 5);
+        assert_eq!(
+            freshness_lifetime(200, &cc("s-maxage=5, max-age=50"), &t, 1000),
+            5
+        );
         assert_eq!(freshness_lifetime(200, &cc("max-age=50"), &t, 1000), 50);
-        assert_eq!(freshness_lifetime(200, &Directives::default(), &t, 1000), 100);
+        assert_eq!(
+            freshness_lifetime(200, &Directives::default(), &t, 1000),
+            100
+        );
         // Expires in the past or invalid: already stale.
         let past = Times {
             expires: Some(Some(900)),
             ..t
         };
-        assert_eq!(freshness_lifetime(200, &Directives::default(), &past, 1000), 0);
+        assert_eq!(
+            freshness_lifetime(200, &Directives::default(), &past, 1000),
+            0
+        );
         let invalid = Times {
             expires: Some(None),
             ..t
         };
-        assert_eq!(freshness_lifetime(200, &Directives::default(), &invalid, 1000), 0);
+        assert_eq!(
+            freshness_lifetime(200, &Directives::default(), &invalid, 1000),
+            0
+        );
         // Without Date, the response time stands in.
         let nodate = Times { date: None, ..t };
-        assert_eq!(freshness_lifetime(200, &Directives::default(), &nodate, 1050), 50);
+        assert_eq!(
+            freshness_lifetime(200, &Directives::default(), &nodate, 1050),
+            50
+        );
     }
 
     // §4.2.2: heuristic freshness only where allowed.
@@ -838,13 +875,22 @@ mod tests {
         assert_eq!(usable(&cc("no-cache"), true, &s), Usable::Validate);
         assert_eq!(usable(&cc("max-age=5"), false, &s), Usable::Validate);
         assert_eq!(usable(&cc("max-age=10"), false, &s), Usable::Fresh);
-        assert_eq!(usable(&cc("max-age=0"), false, &stored(&none, 100, 0)), Usable::Validate);
+        assert_eq!(
+            usable(&cc("max-age=0"), false, &stored(&none, 100, 0)),
+            Usable::Validate
+        );
         assert_eq!(usable(&cc("min-fresh=95"), false, &s), Usable::Validate);
         assert_eq!(usable(&cc("min-fresh=90"), false, &s), Usable::Fresh);
         let stale = stored(&none, 10, 15);
         assert_eq!(usable(&none, false, &stale), Usable::Validate);
-        assert_eq!(usable(&cc("max-stale"), false, &stale), Usable::StaleAllowed);
-        assert_eq!(usable(&cc("max-stale=5"), false, &stale), Usable::StaleAllowed);
+        assert_eq!(
+            usable(&cc("max-stale"), false, &stale),
+            Usable::StaleAllowed
+        );
+        assert_eq!(
+            usable(&cc("max-stale=5"), false, &stale),
+            Usable::StaleAllowed
+        );
         assert_eq!(usable(&cc("max-stale=4"), false, &stale), Usable::Validate);
     }
 
@@ -855,20 +901,36 @@ mod tests {
         let nc = cc("no-cache, max-age=100");
         assert_eq!(usable(&none, false, &stored(&nc, 100, 1)), Usable::Validate);
         let ncf = cc("no-cache=\"set-cookie\", max-age=100");
-        assert_eq!(usable(&none, false, &stored(&ncf, 100, 1)), Usable::Validate);
+        assert_eq!(
+            usable(&none, false, &stored(&ncf, 100, 1)),
+            Usable::Validate
+        );
         for d in ["must-revalidate", "proxy-revalidate", "s-maxage=1"] {
             let d = cc(d);
             assert_eq!(
                 usable(&cc("max-stale"), false, &stored(&d, 1, 5)),
                 Usable::Validate
             );
-            assert!(!stale_on_error(&cc("stale-if-error=100"), &stored(&d, 1, 5)));
+            assert!(!stale_on_error(
+                &cc("stale-if-error=100"),
+                &stored(&d, 1, 5)
+            ));
         }
-        assert!(stale_on_error(&none, &stored(&cc("stale-if-error=10"), 1, 5)));
-        assert!(!stale_on_error(&none, &stored(&cc("stale-if-error=1"), 1, 5)));
+        assert!(stale_on_error(
+            &none,
+            &stored(&cc("stale-if-error=10"), 1, 5)
+        ));
+        assert!(!stale_on_error(
+            &none,
+            &stored(&cc("stale-if-error=1"), 1, 5)
+        ));
         assert!(!stale_on_error(&none, &stored(&none, 1, 5)));
         assert!(stale_when_disconnected(&stored(&none, 1, 5)));
-        assert!(!stale_when_disconnected(&stored(&cc("must-revalidate"), 1, 5)));
+        assert!(!stale_when_disconnected(&stored(
+            &cc("must-revalidate"),
+            1,
+            5
+        )));
         assert!(!stale_when_disconnected(&stored(&cc("no-cache"), 1, 5)));
     }
 
@@ -880,7 +942,11 @@ mod tests {
         assert!(stale_while_revalidate(&none, false, &stored(&swr, 1, 5)));
         assert!(!stale_while_revalidate(&none, false, &stored(&swr, 1, 12)));
         assert!(!stale_while_revalidate(&none, true, &stored(&swr, 1, 5)));
-        assert!(!stale_while_revalidate(&cc("max-age=2"), false, &stored(&swr, 1, 5)));
+        assert!(!stale_while_revalidate(
+            &cc("max-age=2"),
+            false,
+            &stored(&swr, 1, 5)
+        ));
         let mr = cc("max-age=1, stale-while-revalidate=10, must-revalidate");
         assert!(!stale_while_revalidate(&none, false, &stored(&mr, 1, 5)));
     }
@@ -912,7 +978,10 @@ mod tests {
     fn conditionals() {
         assert!(weak_match(b"W/\"a\"", b"\"a\""));
         assert!(!weak_match(b"\"a\"", b"\"b\""));
-        assert_eq!(etag_list(b"\"a,b\", W/\"c\""), vec![&b"\"a,b\""[..], b"W/\"c\""]);
+        assert_eq!(
+            etag_list(b"\"a,b\", W/\"c\""),
+            vec![&b"\"a,b\""[..], b"W/\"c\""]
+        );
         let etag = Some(&b"\"x\""[..]);
         assert!(not_modified(&[b"\"y\", W/\"x\""], None, etag, None, None));
         assert!(not_modified(&[b"*"], None, etag, None, None));
@@ -951,7 +1020,10 @@ mod tests {
     #[test]
     fn dates() {
         assert_eq!(http_date(b"Sun, 06 Nov 1994 08:49:37 GMT"), Some(784111777));
-        assert_eq!(http_date(b"Sunday, 06-Nov-94 08:49:37 GMT"), Some(784111777));
+        assert_eq!(
+            http_date(b"Sunday, 06-Nov-94 08:49:37 GMT"),
+            Some(784111777)
+        );
         assert_eq!(http_date(b"Sun Nov  6 08:49:37 1994"), Some(784111777));
         assert_eq!(http_date(b"0"), None);
         assert_eq!(http_date(b"SUN, 06 NOV 1994 08:49:37 gmt"), Some(784111777));

@@ -51,16 +51,30 @@ impl Entry {
             headers.remove(n);
         }
         // CDN-Cache-Control, when valid, replaces Cache-Control and Expires (RFC 9213).
-        let cdn = policy::targeted(headers.get_all("cdn-cache-control").iter().map(|v| v.as_bytes()));
+        let cdn = policy::targeted(
+            headers
+                .get_all("cdn-cache-control")
+                .iter()
+                .map(|v| v.as_bytes()),
+        );
         let expires = if cdn.is_some() {
             None
         } else {
-            headers.get("expires").map(|v| policy::http_date(v.as_bytes()))
+            headers
+                .get("expires")
+                .map(|v| policy::http_date(v.as_bytes()))
         };
         let cc = cdn.unwrap_or_else(|| {
-            Directives::parse(headers.get_all("cache-control").iter().map(|v| v.as_bytes()))
+            Directives::parse(
+                headers
+                    .get_all("cache-control")
+                    .iter()
+                    .map(|v| v.as_bytes()),
+            )
         });
-        let date = headers.get("date").and_then(|v| policy::http_date(v.as_bytes()));
+        let date = headers
+            .get("date")
+            .and_then(|v| policy::http_date(v.as_bytes()));
         let times = policy::Times {
             date,
             expires,
