@@ -568,3 +568,88 @@ async fn http2_clients_share_the_cache() {
     assert_eq!(get(s.vs, "/h2b").await.text(), "v1");
     assert_eq!(s.origin.count(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_response_freshens_the_stored_get_response() {
+    let s = setup(|req, n| {
+        if req.method == "HEAD" {
+            return Reply::ok(
+                "",
+                &[
+                    ("cache-control", "max-age=600"),
+                    ("etag", "\"a\""),
+                    ("x-new", "1"),
+                ],
+            );
+        }
+        Reply::ok(
+            &numbered(n),
+            &[("cache-control", "max-age=0"), ("etag", "\"a\"")],
+        )
+    })
+    .await;
+    assert_eq!(get(s.vs, "/h").await.text(), "v0");
+    let r = http_request(s.vs, "HEAD", "/h", &[], b"").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-new"), Some("1"));
+    assert_eq!(r.header("content-length"), Some("2"));
+    let r = get(s.vs, "/h").await;
+    assert_eq!(r.text(), "v0");
+    assert_eq!(r.header("x-new"), Some("1"));
+    assert_eq!(status_of(&r), "fulcrum; hit");
+    assert_eq!(s.origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_serves_stale_and_refreshes_in_the_background() {
+    let s = setup(|_, n| {
+        let cc = if n == 0 {
+            "max-age=0, stale-while-revalidate=600"
+        } else {
+            "max-age=600"
+        };
+        Reply::ok(&numbered(n), &[("cache-control", cc), ("etag", "\"s\"")])
+    })
+    .await;
+    assert_eq!(get(s.vs, "/swr").await.text(), "v0");
+    let r = get(s.vs, "/swr").await;
+    assert_eq!(r.text(), "v0");
+    assert_eq!(status_of(&r), "fulcrum; hit; detail=stale");
+    assert!(wait_until(Duration::from_secs(5), || async { s.origin.count() == 2 }).await);
+    assert_eq!(s.origin.seen()[1].header("if-none-match"), Some("\"s\""));
+    let ok = wait_until(Duration::from_secs(5), || async {
+        get(s.vs, "/swr").await.text() == "v1"
+    })
+    .await;
+    assert!(ok);
+    assert_eq!(s.origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_is_kept_across_reloads_and_dropped_with_its_key() {
+    let s = setup(|_, n| Reply::ok(&numbered(n), &[("cache-control", "max-age=600")])).await;
+    get(s.vs, "/k").await;
+    let config = |cache: &str| {
+        format!(
+            "{}{}",
+            service(s.vs, cache),
+            pool("p", &[s.origin.addr], "")
+        )
+    };
+    // A new size keeps the entries.
+    s.f.write_config(&config("cache = { size = \"8MiB\" }"));
+    let r = s.f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(s.vs, "/k").await;
+    assert_eq!((r.text().as_str(), status_of(&r)), ("v0", "fulcrum; hit"));
+    // Without `cache` the service forwards everything and the API has no cache for it.
+    s.f.write_config(&config(""));
+    let r = s.f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(s.vs, "/k").await;
+    assert_eq!(r.text(), "v1");
+    assert_eq!(r.header("cache-status"), None);
+    let r = s.f.api("GET", "/api/v1/cache/web", None).await.unwrap();
+    assert_eq!(r.status, 404);
+    assert!(!s.f.logs().contains("not applied in this build yet"));
+}

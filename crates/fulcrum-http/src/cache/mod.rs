@@ -417,7 +417,8 @@ pub(crate) async fn serve(
                         return Reply::Local(Local::error(504, "only-if-cached: not fresh"));
                     }
                     if head.method != Method::Get {
-                        return Reply::Bypass;
+                        return head_update(&cache, svc, client, t, ti, rule, head, &req, &key, e)
+                            .await;
                     }
                     let bypass =
                         req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
@@ -501,6 +502,74 @@ fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> R
         age,
         status,
     }
+}
+
+/// A HEAD for a URL whose stored response is stale: forwarded, and a 200 with the same
+/// validators updates the stored response's fields and freshness (RFC 9111 §4.3.5); the client
+/// is answered from the updated entry. Different validators mean the stored response is
+/// outdated: it is removed.
+#[allow(clippy::too_many_arguments)]
+async fn head_update(
+    cache: &Arc<HttpCache>,
+    svc: &Arc<HttpService>,
+    client: &Client,
+    t: &Arc<Target>,
+    ti: usize,
+    rule: Option<&CompiledRule>,
+    head: &RequestHead,
+    req: &Request,
+    key: &Arc<str>,
+    e: Arc<Entry>,
+) -> Reply {
+    let request_time = now_secs();
+    let (resp, member) = match crate::h2::fetch(svc, client, t, ti, rule, head).await {
+        Ok(r) => r,
+        Err(l) => return Reply::Local(l),
+    };
+    if resp.status().as_u16() != 200 {
+        return Reply::Member {
+            resp,
+            member,
+            status: Status::Bypass,
+            stored: false,
+        };
+    }
+    let etag = resp.headers().get(http::header::ETAG).map(|v| v.as_bytes());
+    let lm = resp
+        .headers()
+        .get(http::header::LAST_MODIFIED)
+        .and_then(|v| policy::http_date(v.as_bytes()));
+    let changed = match (etag, e.etag.as_deref()) {
+        (Some(a), Some(b)) => !policy::weak_match(a, b),
+        _ => lm.is_some() && e.last_modified.is_some() && lm != e.last_modified,
+    };
+    if changed {
+        cache.store.remove(key);
+        return Reply::Member {
+            resp,
+            member,
+            status: Status::Bypass,
+            stored: false,
+        };
+    }
+    let (parts, mut body) = resp.into_parts();
+    while let Some(Ok(_)) = body.frame().await {}
+    let mut headers = e.headers.clone();
+    policy::update_headers(&mut headers, &parts.headers);
+    let now = now_secs();
+    let fresh = Arc::new(Entry::new(
+        e.status,
+        headers,
+        e.body.clone(),
+        e.vary.clone(),
+        request_time,
+        now,
+        age_header(&parts.headers),
+    ));
+    cache.store.replace(key, &e, fresh.clone());
+    cache.stats.revalidated.fetch_add(1, Ordering::Relaxed);
+    let age = fresh.age(now);
+    stored_reply(req, fresh, age, Status::Revalidated)
 }
 
 /// Revalidates a stale entry in a task of its own while the stale copy is served
