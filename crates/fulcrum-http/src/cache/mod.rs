@@ -818,7 +818,7 @@ fn take_response(
         status: code,
         cc: &cc,
         has_expires,
-        vary_star: vary.is_err(),
+        vary_star: vary.is_none(),
     };
     let too_big = h
         .get(http::header::CONTENT_LENGTH)
@@ -881,7 +881,7 @@ fn take_response(
     };
     let body = DownBody::Cache(Box::new(CacheBody::Tee {
         inner,
-        fill: Some(fill),
+        fill: Some(Box::new(fill)),
     }));
     Reply::Member {
         resp: Response::from_parts(parts, body),
@@ -941,8 +941,14 @@ impl Fill {
 
 /// A response body from the cache for an HTTP/2 client (or the HTTP/1 writer).
 pub enum CacheBody {
-    Stored { chunks: Vec<Bytes>, next: usize },
-    Tee { inner: DownBody, fill: Option<Fill> },
+    Stored {
+        chunks: Vec<Bytes>,
+        next: usize,
+    },
+    Tee {
+        inner: DownBody,
+        fill: Option<Box<Fill>>,
+    },
 }
 
 impl Body for CacheBody {
