@@ -25,6 +25,7 @@ trap cleanup EXIT
 head -c 4096 /dev/urandom | base64 -w0 | head -c 4096 >"$work/4k"
 head -c 65536 /dev/urandom | base64 -w0 | head -c 65536 >"$work/64k"
 mkdir -p "$work/www" && mv "$work/4k" "$work/64k" "$work/www/"
+chmod -R a+rX "$work"   # nginx workers (nobody) read the objects
 
 cat >"$work/member.conf" <<CONF
 worker_processes 1;
@@ -107,8 +108,10 @@ for peer in "${peers[@]}"; do
     curl -s -o /dev/null "http://127.0.0.1:$(port_of $peer)/$o"
     status=$(curl -s -o /dev/null -D - "http://127.0.0.1:$(port_of $peer)/$o" | tr -d '\r' | awk -F': ' 'tolower($1) == "cache-status" {print $2}')
     echo "warm-up $peer /$o: $status" >&2
+    case $status in HIT|"fulcrum; hit") ;; *) echo "no cache hit from $peer for /$o" >&2; exit 1;; esac
   done
 done
+warm=$(wc -l <"$work/member.log")
 
 declare -A cpu rps p99
 for round in $(seq "$ROUNDS"); do
@@ -120,7 +123,7 @@ for round in $(seq "$ROUNDS"); do
     done
   done
 done
-member_requests=$(wc -l <"$work/member.log")
+member_requests=$(($(wc -l <"$work/member.log") - warm))
 
 row() {  # row OBJECT
   local f n
@@ -136,4 +139,4 @@ echo "| Cache hits, $CONNS keep-alive connections, median of $ROUNDS × ${SECS}s
 echo "|---|---|---|---|"
 for o in "${objects[@]}"; do row "$o"; done
 echo
-echo "Requests that reached the member: $member_requests (warm-up misses; every benchmark request was a hit)."
+echo "Requests that reached the member during the runs: $member_requests (after the warm-up misses, every request is a hit)."
