@@ -194,6 +194,7 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/reload", post(reload))
         .route("/gslb", axum::routing::any(gslb))
         .route("/gslb/{*path}", axum::routing::any(gslb))
+        .route("/cache/{service}", get(cache).delete(cache))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth));
     Router::new()
@@ -235,7 +236,7 @@ async fn index() -> Json<Value> {
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
-                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/metrics"],
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/metrics"],
     }))
 }
 
@@ -367,6 +368,17 @@ async fn gslb(
     let path = path.map(|p| p.0).unwrap_or_default();
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let (status, value) = app.control.gslb_api(method.as_str(), &parts, &body);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(value)).into_response()
+}
+
+async fn cache(
+    State(app): State<App>,
+    method: axum::http::Method,
+    Path(service): Path<String>,
+    axum::extract::Query(query): axum::extract::Query<Vec<(String, String)>>,
+) -> Response {
+    let (status, value) = app.control.cache_api(method.as_str(), &service, &query);
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, Json(value)).into_response()
 }

@@ -45,6 +45,17 @@ pub trait Control: Send + Sync + 'static {
     fn gslb_api(&self, _method: &str, _path: &[&str], _body: &[u8]) -> (u16, serde_json::Value) {
         (404, serde_json::json!({ "error": "no such endpoint" }))
     }
+    /// Serves `/api/v1/cache/{service}`: `GET` (usage and counters) and `DELETE` (purge;
+    /// `query` holds the decoded `url`, `host` and `prefix` parameters). The default has no
+    /// caches.
+    fn cache_api(
+        &self,
+        _method: &str,
+        _service: &str,
+        _query: &[(String, String)],
+    ) -> (u16, serde_json::Value) {
+        (404, serde_json::json!({ "error": "no such cache" }))
+    }
 }
 
 /// Serves the API on `listener` until the process ends.

@@ -364,6 +364,8 @@ pub enum DownBody {
     Full(Option<Bytes>),
     Member(Box<MemberBody>),
     Relay(Box<Relay>),
+    /// From the cache, or from a member while being stored.
+    Cache(Box<crate::cache::CacheBody>),
 }
 
 impl Body for DownBody {
@@ -378,6 +380,7 @@ impl Body for DownBody {
             DownBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             DownBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx).map_err(Into::into),
             DownBody::Relay(r) => Pin::new(r.as_mut()).poll_frame(cx),
+            DownBody::Cache(c) => Pin::new(c.as_mut()).poll_frame(cx),
         }
     }
 
@@ -386,6 +389,7 @@ impl Body for DownBody {
             DownBody::Full(b) => b.is_none(),
             DownBody::Member(m) => m.is_end_stream(),
             DownBody::Relay(r) => r.is_end_stream(),
+            DownBody::Cache(c) => c.is_end_stream(),
         }
     }
 
@@ -394,6 +398,7 @@ impl Body for DownBody {
             DownBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             DownBody::Member(m) => m.size_hint(),
             DownBody::Relay(r) => r.size_hint(),
+            DownBody::Cache(c) => c.size_hint(),
         }
     }
 }

@@ -160,6 +160,14 @@ where
                     self.log(&d, started, rule);
                     d
                 }
+                Plan::Forward { target, rule }
+                    if svc.cache.as_ref().is_some_and(|c| c.applies(&self.head)) =>
+                {
+                    let t = svc.targets[target].clone();
+                    let d = self.cached(&t, target, rule).await;
+                    self.log(&d, started, rule);
+                    d
+                }
                 Plan::Forward { target, rule } => {
                     let t = svc.targets[target].clone();
                     let d = match svc.request_timeout {
@@ -539,6 +547,34 @@ where
         }
     }
 
+    /// Answers a GET/HEAD through the service's cache (`crate::cache`).
+    async fn cached(&mut self, t: &Arc<Target>, ti: usize, rule: Option<&CompiledRule>) -> Done {
+        let svc = self.svc.clone();
+        let reply = crate::cache::serve(&svc, &self.client, t, ti, rule, &self.head).await;
+        match reply {
+            crate::cache::Reply::Bypass => self.forward(t, ti, rule).await,
+            crate::cache::Reply::Local(l) => self.fail(l, rule).await,
+            r => {
+                let w = crate::cache::write_h1(
+                    &mut self.io,
+                    &mut self.out,
+                    &self.head,
+                    r,
+                    svc.idle_timeout,
+                )
+                .await;
+                svc.http_stats.count_status(w.status);
+                svc.stats.bytes_out.fetch_add(w.bytes, Ordering::Relaxed);
+                Done {
+                    status: w.status,
+                    bytes: w.bytes,
+                    member: w.member,
+                    keep: w.keep,
+                }
+            }
+        }
+    }
+
     /// Whether the request body has been read completely (so the client connection can go on).
     fn body_done(&self, early: bool) -> bool {
         !early && self.body_read
@@ -712,6 +748,9 @@ where
         let member = &picked.member;
         let status = resp.status;
         svc.http_stats.count_status(status);
+        if let Some(c) = &svc.cache {
+            invalidate(c, &svc, &self.head, &resp);
+        }
         let upgrade = status == 101;
         if upgrade && self.head.upgrade().is_none() {
             member.record_passive_failure("101 Switching Protocols without an upgrade request");
@@ -1092,6 +1131,31 @@ pub(crate) async fn read_response_head<W: AsyncWrite + Unpin>(
     }
 }
 
+/// Cache invalidation after an unsafe request (`crate::cache`, RFC 9111 §4.4).
+fn invalidate(
+    cache: &crate::cache::HttpCache,
+    svc: &HttpService,
+    req: &RequestHead,
+    resp: &ResponseHead,
+) {
+    let field = |kind| {
+        resp.fields
+            .iter()
+            .find(|f| f.kind == kind)
+            .map(|f| resp.value(f))
+    };
+    cache.after_unsafe(
+        svc.scheme(),
+        req,
+        resp.status,
+        field(crate::head::FieldKind::Location),
+        resp.fields
+            .iter()
+            .find(|f| resp.name(f).eq_ignore_ascii_case(b"content-location"))
+            .map(|f| resp.value(f)),
+    );
+}
+
 /// Writes a local answer for an HTTP/1.x client.
 pub(crate) fn write_local(
     out: &mut Vec<u8>,
@@ -1257,6 +1321,9 @@ where
         }
         let status = resp.status;
         svc.http_stats.count_status(status);
+        if let Some(c) = &svc.cache {
+            invalidate(c, &svc, &self.head, &resp);
+        }
         let bodiless = resp.bodiless(self.head.method);
         let client_10 = self.head.version == Version::Http10;
         let out_framing = if bodiless {

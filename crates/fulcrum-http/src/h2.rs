@@ -272,9 +272,31 @@ async fn handle(
             let status = l.status;
             (r, status, None, rule)
         }
+        Plan::Forward { target, rule } if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) => {
+            let t = svc.targets[target].clone();
+            let reply = crate::cache::serve(&svc, &st.client, &t, target, rule, &head).await;
+            let answer = match reply {
+                crate::cache::Reply::Bypass => forward(&st, &t, target, rule, &head, Some(body))
+                    .await
+                    .map(|(r, m)| (r, Some(m))),
+                crate::cache::Reply::Local(l) => Err(l),
+                r => crate::cache::h2_response(r, head.method).ok_or_else(|| Local::error(502, "")),
+            };
+            match answer {
+                Ok((r, member)) => {
+                    let status = r.status().as_u16();
+                    svc.http_stats.count_status(status);
+                    (r, status, member, rule)
+                }
+                Err(l) => {
+                    svc.http_stats.count_status(l.status);
+                    (local_response(&l, rule, head.method), l.status, None, rule)
+                }
+            }
+        }
         Plan::Forward { target, rule } => {
             let t = svc.targets[target].clone();
-            let fwd = forward(&st, &t, target, rule, &head, body);
+            let fwd = forward(&st, &t, target, rule, &head, Some(body));
             let result = match svc.request_timeout {
                 Some(limit) => match tokio::time::timeout(limit, fwd).await {
                     Ok(r) => r,
@@ -291,6 +313,16 @@ async fn handle(
                 Ok((r, member)) => {
                     let status = r.status().as_u16();
                     svc.http_stats.count_status(status);
+                    if let Some(c) = &svc.cache {
+                        let h = r.headers();
+                        c.after_unsafe(
+                            svc.scheme(),
+                            &head,
+                            status,
+                            h.get(http::header::LOCATION).map(|v| v.as_bytes()),
+                            h.get(http::header::CONTENT_LOCATION).map(|v| v.as_bytes()),
+                        );
+                    }
                     (r, status, Some(member), rule)
                 }
                 Err(l) => {
@@ -367,7 +399,7 @@ async fn forward(
     ti: usize,
     rule: Option<&CompiledRule>,
     head: &RequestHead,
-    body: Incoming,
+    body: Option<Incoming>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
     let svc = &st.svc;
     let mut lookup = match &svc.sticky {
@@ -377,7 +409,7 @@ async fn forward(
     let ctx = PickContext {
         hash: request_hash(&t.pool, head, &st.client),
     };
-    let has_body = !body.is_end_stream();
+    let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
     let framing = match head.content_length {
         Some(n) if n > 0 => ReqFraming::Length(n),
         _ if has_body => ReqFraming::Chunked,
@@ -393,7 +425,7 @@ async fn forward(
             &st.client,
             &mut lookup,
             ctx,
-            has_body.then_some(crate::body::UpBody::Incoming(body)),
+            body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
             replay,
             framing,
         )
@@ -441,7 +473,7 @@ async fn forward(
     }
 
     let retryable = head.method.is_idempotent() && !has_body;
-    let mut body = Some(body);
+    let mut body = body;
     let mut tried: Vec<usize> = Vec::new();
     let mut force_fresh = false;
     let private = svc.proxy_protocol.is_some() || t.reuse == Reuse::Never;
@@ -670,6 +702,38 @@ async fn forward(
         *out.status_mut() = status;
         *out.headers_mut() = sink.map;
         return Ok((out, member.address));
+    }
+}
+
+/// A bodiless request fetched from a member of `t` for the cache (HTTP/1 and HTTP/2 clients
+/// alike): the response with a streaming body.
+pub(crate) async fn fetch(
+    svc: &Arc<HttpService>,
+    client: &Client,
+    t: &Arc<Target>,
+    ti: usize,
+    rule: Option<&CompiledRule>,
+    head: &RequestHead,
+) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
+    let st = State {
+        svc: svc.clone(),
+        client: client.clone(),
+        private: PrivateConns::default(),
+        active: AtomicUsize::new(0),
+        last: AtomicU64::new(0),
+    };
+    let fwd = forward(&st, t, ti, rule, head, None);
+    match svc.request_timeout {
+        Some(limit) => match tokio::time::timeout(limit, fwd).await {
+            Ok(r) => r,
+            Err(_) => {
+                svc.http_stats
+                    .response_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(Local::error(504, "request_timeout"))
+            }
+        },
+        None => fwd.await,
     }
 }
 

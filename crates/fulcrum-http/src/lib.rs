@@ -16,6 +16,7 @@
 //! - `fields`: the forwarded heads (hop-by-hop fields, forwarding headers, rule edits);
 //! - `tls`: TLS termination for https (certificates by SNI, resumption, client certificates)
 //!   and TLS to members (`tls::client`);
+//! - `cache`: the shared HTTP cache (RFC 9111) of `virtual_service.cache`;
 //! - `access_log`, `tunnel` (Upgrade/WebSocket), `date`.
 //!
 //! Connections are served by [`serve_connection`], generic over the byte stream: a TLS acceptor
@@ -23,6 +24,7 @@
 
 pub mod access_log;
 mod body;
+pub mod cache;
 pub mod chunked;
 pub mod cookie;
 mod date;
@@ -39,6 +41,7 @@ pub mod tls;
 mod tunnel;
 pub mod upstream;
 
+pub use cache::HttpCache;
 pub use service::{
     serve_connection, Alpn, ConnInfo, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo,
 };

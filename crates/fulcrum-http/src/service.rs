@@ -261,6 +261,8 @@ pub struct HttpService {
     /// `gslb_redirect_threshold`: above this many active client connections, requests are sent
     /// to the hook's redirect too (when it gives one), before any member is chosen.
     pub redirect_threshold: Option<u64>,
+    /// The service's HTTP cache (`cache`), kept across reloads by service name.
+    pub cache: Option<Arc<crate::cache::HttpCache>>,
     /// Set when a reload replaced this service, or at shutdown: connections finish the request
     /// in progress and close, so keep-alive clients reconnect to the configuration in force.
     retired: std::sync::atomic::AtomicBool,
@@ -288,6 +290,8 @@ pub struct Parts<'a> {
     pub http_stats: Arc<HttpStats>,
     pub tracker: Arc<Tracker>,
     pub no_member_hook: Option<Arc<dyn NoMemberHook>>,
+    /// The service's cache when it has a `cache` table.
+    pub cache: Option<Arc<crate::cache::HttpCache>>,
 }
 
 impl HttpService {
@@ -371,6 +375,7 @@ impl HttpService {
                 .as_ref()
                 .and(vs.gslb_redirect_threshold),
             no_member_hook: parts.no_member_hook,
+            cache: parts.cache,
             retired: std::sync::atomic::AtomicBool::new(false),
             retire: tokio::sync::Notify::new(),
         })
@@ -651,6 +656,7 @@ mod size_tests {
                     http_stats: Default::default(),
                     tracker: Default::default(),
                     no_member_hook: None,
+                    cache: None,
                 },
             )
             .unwrap(),

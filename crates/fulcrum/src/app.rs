@@ -351,6 +351,15 @@ impl Control for App {
         self.dns.api(method, path, body)
     }
 
+    fn cache_api(
+        &self,
+        method: &str,
+        service: &str,
+        query: &[(String, String)],
+    ) -> (u16, serde_json::Value) {
+        self.http.cache_api(method, service, query)
+    }
+
     fn reload(&self) -> Result<u64, Vec<String>> {
         let r = self.reload_now();
         if let Err(errors) = &r {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use fulcrum_admin::MetricsWriter;
 use fulcrum_balance::{PersistTable, Pool, TableSpec};
 use fulcrum_config::{Config, PersistenceKind, VirtualService};
-use fulcrum_http::{HttpService, HttpStats, NoMemberHook, Parts, RequestInfo, Upstreams};
+use fulcrum_http::{
+    HttpCache, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo, Upstreams,
+};
 use fulcrum_proxy::{ServiceStats, StreamHandler, Tracker};
 use parking_lot::Mutex;
 
@@ -19,6 +21,8 @@ pub struct HttpAssembly {
     stats: Mutex<HashMap<String, Arc<HttpStats>>>,
     services: Mutex<Vec<Arc<HttpService>>>,
     tls: crate::https::TlsAssembly,
+    /// Caches of the services with a `cache` table, by service name.
+    caches: Mutex<HashMap<String, Arc<HttpCache>>>,
 }
 
 /// The http services of a configuration being applied.
@@ -26,6 +30,7 @@ pub struct HttpAssembly {
 pub struct HttpBuild {
     stats: HashMap<String, Arc<HttpStats>>,
     services: Vec<Arc<HttpService>>,
+    caches: HashMap<String, Arc<HttpCache>>,
 }
 
 impl HttpAssembly {
@@ -36,6 +41,7 @@ impl HttpAssembly {
             stats: Mutex::new(HashMap::new()),
             services: Mutex::new(Vec::new()),
             tls: crate::https::TlsAssembly::default(),
+            caches: Mutex::new(HashMap::new()),
         }
     }
 
@@ -54,10 +60,7 @@ impl HttpAssembly {
         dns: &Arc<crate::dns::Dns>,
         build: &mut HttpBuild,
     ) -> Result<Arc<dyn StreamHandler>, String> {
-        for (key, set) in [
-            ("compression", vs.compression.is_some()),
-            ("cache", vs.cache.is_some()),
-        ] {
+        for (key, set) in [("compression", vs.compression.is_some())] {
             if set {
                 tracing::warn!(service = %vs.name, "`{key}` is not applied in this build yet");
             }
@@ -84,6 +87,14 @@ impl HttpAssembly {
                 tables.insert(vs.name.clone(), table.clone());
                 table
             });
+        let cache = vs.cache.as_ref().map(|c| {
+            let cache = match self.caches.lock().get(&vs.name) {
+                Some(old) => old.with_config(c.size, c.max_object),
+                None => HttpCache::new(c.size, c.max_object),
+            };
+            build.caches.insert(vs.name.clone(), cache.clone());
+            cache
+        });
         let hs = self.stats.lock().get(&vs.name).cloned().unwrap_or_default();
         build.stats.insert(vs.name.clone(), hs.clone());
         let svc = HttpService::build(
@@ -102,6 +113,7 @@ impl HttpAssembly {
                         fqdn: fqdn.clone(),
                     }) as Arc<dyn NoMemberHook>
                 }),
+                cache,
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
@@ -125,6 +137,7 @@ impl HttpAssembly {
     pub fn commit(&self, pools: &[Arc<Pool>], build: HttpBuild) {
         self.tls.retain(&|name| build.stats.contains_key(name));
         *self.stats.lock() = build.stats;
+        *self.caches.lock() = build.caches;
         self.upstreams.retain(pools);
         let old = std::mem::replace(&mut *self.services.lock(), build.services);
         for s in old {
@@ -139,8 +152,163 @@ impl HttpAssembly {
         }
     }
 
+    /// `/api/v1/cache/{service}`: GET shows usage and counters; DELETE purges `url` (every
+    /// variant, on `host` or every host) or everything under `prefix`, or the whole cache.
+    pub fn cache_api(
+        &self,
+        method: &str,
+        service: &str,
+        query: &[(String, String)],
+    ) -> (u16, serde_json::Value) {
+        let Some(cache) = self.caches.lock().get(service).cloned() else {
+            return (
+                404,
+                serde_json::json!({ "error": format!("no http service {service:?} with a cache") }),
+            );
+        };
+        let param = |name: &str| {
+            query
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        match method {
+            "GET" => {
+                let (urls, variants, bytes) = cache.usage();
+                let s = &cache.stats;
+                (
+                    200,
+                    serde_json::json!({
+                        "service": service,
+                        "urls": urls,
+                        "entries": variants,
+                        "bytes": bytes,
+                        "hits": s.hits.load(Ordering::Relaxed),
+                        "misses": s.misses.load(Ordering::Relaxed),
+                        "stale": s.stale.load(Ordering::Relaxed),
+                        "revalidated": s.revalidated.load(Ordering::Relaxed),
+                        "stored": s.stored.load(Ordering::Relaxed),
+                        "evicted": s.evicted.load(Ordering::Relaxed),
+                    }),
+                )
+            }
+            "DELETE" => {
+                // `url` may be absolute (`http://host/path`): its host is used then.
+                let (url_host, url) = match param("url") {
+                    Some(u) => match u.split_once("://") {
+                        Some((_, rest)) => {
+                            let i = rest.find('/').unwrap_or(rest.len());
+                            let host = &rest[..i];
+                            let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+                            let path = if i == rest.len() { "/" } else { &rest[i..] };
+                            (Some(host.to_ascii_lowercase()), Some(path.to_string()))
+                        }
+                        None => (None, Some(u.to_string())),
+                    },
+                    None => (None, None),
+                };
+                let host = param("host")
+                    .map(|h| {
+                        h.rsplit_once(':')
+                            .map_or(h, |(h, _)| h)
+                            .to_ascii_lowercase()
+                    })
+                    .or(url_host);
+                let prefix = param("prefix").map(str::to_string);
+                if url.is_some() && prefix.is_some() {
+                    return (
+                        400,
+                        serde_json::json!({ "error": "give url or prefix, not both" }),
+                    );
+                }
+                let purged = cache.purge(|h, target| {
+                    host.as_deref().is_none_or(|want| want == h)
+                        && match (&url, &prefix) {
+                            (Some(u), _) => target == u,
+                            (None, Some(p)) => target.starts_with(p.as_str()),
+                            (None, None) => true,
+                        }
+                });
+                tracing::info!(service, purged, url = ?url, prefix = ?prefix, host = ?host, "cache purge");
+                (200, serde_json::json!({ "purged": purged }))
+            }
+            _ => (405, serde_json::json!({ "error": "use GET or DELETE" })),
+        }
+    }
+
+    /// The `fulcrum_http_cache_*` metric families.
+    fn cache_metrics(&self, w: &mut MetricsWriter) {
+        let mut caches: Vec<(String, Arc<HttpCache>)> = self
+            .caches
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if caches.is_empty() {
+            return;
+        }
+        caches.sort_by(|a, b| a.0.cmp(&b.0));
+        type Field = fn(&fulcrum_http::cache::CacheStats) -> u64;
+        let families: [(&str, &str, Field); 6] = [
+            (
+                "fulcrum_http_cache_hits_total",
+                "Requests answered from the cache with a fresh stored response.",
+                |s| s.hits.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_cache_misses_total",
+                "Requests the cache had no stored response for (sent to a member).",
+                |s| s.misses.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_cache_stale_total",
+                "Stale stored responses served (max-stale, stale-if-error).",
+                |s| s.stale.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_cache_revalidated_total",
+                "Stored responses validated by a member (304) and served.",
+                |s| s.revalidated.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_cache_stored_total",
+                "Responses stored.",
+                |s| s.stored.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_cache_evicted_total",
+                "Stored URLs evicted to stay within size.",
+                |s| s.evicted.load(Ordering::Relaxed),
+            ),
+        ];
+        for (family, help, get) in families {
+            w.family(family, "counter", help);
+            for (name, c) in &caches {
+                w.sample(family, &[("vs", name)], get(&c.stats) as f64);
+            }
+        }
+        let usage: Vec<(u64, u64, u64)> = caches.iter().map(|(_, c)| c.usage()).collect();
+        w.family(
+            "fulcrum_http_cache_entries",
+            "gauge",
+            "Stored responses (Vary variants counted apart).",
+        );
+        for ((name, _), u) in caches.iter().zip(&usage) {
+            w.sample("fulcrum_http_cache_entries", &[("vs", name)], u.1 as f64);
+        }
+        w.family(
+            "fulcrum_http_cache_bytes",
+            "gauge",
+            "Bytes the stored responses account for against size.",
+        );
+        for ((name, _), u) in caches.iter().zip(&usage) {
+            w.sample("fulcrum_http_cache_bytes", &[("vs", name)], u.2 as f64);
+        }
+    }
+
     /// The `fulcrum_http_*` metric families.
     pub fn metrics(&self, w: &mut MetricsWriter) {
+        self.cache_metrics(w);
         let stats: Vec<(String, Arc<HttpStats>)> = {
             let mut v: Vec<_> = self
                 .stats
