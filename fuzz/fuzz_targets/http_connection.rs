@@ -69,6 +69,7 @@ fn world() -> &'static World {
                         http_stats: Default::default(),
                         tracker: Default::default(),
                         no_member_hook: None,
+                        cache: None,
                     },
                 )
                 .expect("the fuzz service builds"),

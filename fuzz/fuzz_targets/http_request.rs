@@ -66,6 +66,7 @@ fn service() -> &'static Arc<HttpService> {
                     http_stats: Default::default(),
                     tracker: Default::default(),
                     no_member_hook: None,
+                    cache: None,
                 },
             )
             .expect("the fuzz service builds"),
