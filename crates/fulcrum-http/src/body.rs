@@ -372,6 +372,8 @@ pub enum DownBody {
     Full(Option<Bytes>),
     Member(Box<MemberBody>),
     Relay(Box<Relay>),
+    /// Either of the above, compressed on the way (`compression`).
+    Compressed(Box<crate::compress::CompressBody>),
 }
 
 impl Body for DownBody {
@@ -386,6 +388,7 @@ impl Body for DownBody {
             DownBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             DownBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx).map_err(Into::into),
             DownBody::Relay(r) => Pin::new(r.as_mut()).poll_frame(cx),
+            DownBody::Compressed(c) => Pin::new(c.as_mut()).poll_frame(cx),
         }
     }
 
@@ -394,6 +397,7 @@ impl Body for DownBody {
             DownBody::Full(b) => b.is_none(),
             DownBody::Member(m) => m.is_end_stream(),
             DownBody::Relay(r) => r.is_end_stream(),
+            DownBody::Compressed(c) => c.is_end_stream(),
         }
     }
 
@@ -402,6 +406,7 @@ impl Body for DownBody {
             DownBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             DownBody::Member(m) => m.size_hint(),
             DownBody::Relay(r) => r.size_hint(),
+            DownBody::Compressed(c) => c.size_hint(),
         }
     }
 }

@@ -102,6 +102,8 @@ pub struct HttpStats {
     pub response_timeouts: AtomicU64,
     /// Requests dropped by a `drop` rule.
     pub dropped: AtomicU64,
+    /// Response compression (`compression`).
+    pub compression: crate::compress::CompressStats,
 }
 
 impl HttpStats {
@@ -256,6 +258,8 @@ pub struct HttpService {
     /// `gslb_redirect_threshold`: above this many active client connections, requests are sent
     /// to the hook's redirect too (when it gives one), before any member is chosen.
     pub redirect_threshold: Option<u64>,
+    /// Response compression (`compression`); `None`: responses pass untouched.
+    pub compress: Option<crate::compress::Compressor>,
     /// Set when a reload replaced this service, or at shutdown: connections finish the request
     /// in progress and close, so keep-alive clients reconnect to the configuration in force.
     retired: std::sync::atomic::AtomicBool,
@@ -357,6 +361,7 @@ impl HttpService {
                 .as_ref()
                 .and(vs.gslb_redirect_threshold),
             no_member_hook: parts.no_member_hook,
+            compress: vs.compression.as_ref().map(crate::compress::Compressor::new),
             retired: std::sync::atomic::AtomicBool::new(false),
             retire: tokio::sync::Notify::new(),
         })

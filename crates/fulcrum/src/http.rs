@@ -52,10 +52,7 @@ impl HttpAssembly {
         dns: &Arc<crate::dns::Dns>,
         build: &mut HttpBuild,
     ) -> Result<Arc<dyn StreamHandler>, String> {
-        for (key, set) in [
-            ("compression", vs.compression.is_some()),
-            ("cache", vs.cache.is_some()),
-        ] {
+        for (key, set) in [("cache", vs.cache.is_some())] {
             if set {
                 tracing::warn!(service = %vs.name, "`{key}` is not applied in this build yet");
             }
@@ -191,6 +188,7 @@ impl HttpAssembly {
                 w.sample(family, &[("vs", name)], get(s) as f64);
             }
         }
+        crate::compression::metrics(w, &stats);
     }
 }
 

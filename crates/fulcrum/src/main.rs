@@ -1,6 +1,7 @@
 //! The `fulcrum` binary: command line, assembly of the data planes, reload, signals, demo mode.
 
 mod app;
+mod compression;
 mod demo;
 mod dns;
 mod http;
