@@ -192,7 +192,10 @@ pub const TCP_TUNING_KEYS: &[&str] = &[
 fn size_u32(node: &Node<'_>, cx: &mut Cx<'_>, lo: u64, hi: u64) -> Option<u32> {
     let v = ByteSize::from_node(node, cx)?.0;
     if !(lo..=hi).contains(&v) {
-        cx.error(node, format!("{v} bytes is out of range; expected {lo} to {hi}"));
+        cx.error(
+            node,
+            format!("{v} bytes is out of range; expected {lo} to {hi}"),
+        );
         return None;
     }
     Some(v as u32)
@@ -328,7 +331,10 @@ mod tests {
             Path::new("."),
         )
         .unwrap();
-        assert_eq!(c.virtual_services[0].tcp.as_ref().unwrap().keepalive, Some(None));
+        assert_eq!(
+            c.virtual_services[0].tcp.as_ref().unwrap().keepalive,
+            Some(None)
+        );
     }
 
     #[test]

@@ -357,19 +357,17 @@ pub(crate) fn write_added_fields<S: crate::fields::Sink>(
     if let Some(c) = plan.coding() {
         out.field(b"content-encoding", c.algo.as_str().as_bytes());
     }
-    let mut values = resp
+    let values = resp
         .fields
         .iter()
         .filter(|f| resp.name(f).eq_ignore_ascii_case(b"vary"))
         .map(|f| resp.value(f))
-        .filter(|v| !trim(v).is_empty())
-        .peekable();
+        .filter(|v| !trim(v).is_empty());
     out.begin(b"vary");
     let mut covered = false;
     let mut first = true;
-    while let Some(v) = values.next() {
-        covered |= list_items(v)
-            .any(|i| i == b"*" || i.eq_ignore_ascii_case(b"accept-encoding"));
+    for v in values {
+        covered |= list_items(v).any(|i| i == b"*" || i.eq_ignore_ascii_case(b"accept-encoding"));
         if !first {
             out.push(b", ");
         }
@@ -672,9 +670,8 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
         match read {
             Some(Ok(0)) => {
                 if let InFraming::Close = framing {
-                    let sent =
-                        finish_h1(io, timer, out, s, chunked_out, idle, to_client, received)
-                            .await?;
+                    let sent = finish_h1(io, timer, out, s, chunked_out, idle, to_client, received)
+                        .await?;
                     return Ok((sent, received, false));
                 }
                 return Err((to_client, received, true));
@@ -818,7 +815,12 @@ mod tests {
     use std::io::Read;
 
     fn order() -> Vec<(Algo, i32)> {
-        vec![(Algo::Br, 4), (Algo::Zstd, 3), (Algo::Gzip, 6), (Algo::Deflate, 6)]
+        vec![
+            (Algo::Br, 4),
+            (Algo::Zstd, 3),
+            (Algo::Gzip, 6),
+            (Algo::Deflate, 6),
+        ]
     }
 
     fn pick(ae: &[&str]) -> Option<Algo> {
@@ -833,11 +835,23 @@ mod tests {
         assert_eq!(pick(&["gzip, deflate"]), Some(Algo::Gzip));
         assert_eq!(pick(&["deflate"]), Some(Algo::Deflate));
         assert_eq!(pick(&["x-gzip"]), Some(Algo::Gzip));
-        assert_eq!(pick(&["GZIP;Q=0.5, Zstd;q=0.8"]), Some(Algo::Zstd), "highest q");
-        assert_eq!(pick(&["br;q=0.5, gzip;q=0.5"]), Some(Algo::Br), "tie: order");
+        assert_eq!(
+            pick(&["GZIP;Q=0.5, Zstd;q=0.8"]),
+            Some(Algo::Zstd),
+            "highest q"
+        );
+        assert_eq!(
+            pick(&["br;q=0.5, gzip;q=0.5"]),
+            Some(Algo::Br),
+            "tie: order"
+        );
         assert_eq!(pick(&["br;q=0, gzip"]), Some(Algo::Gzip), "q=0 excludes");
         assert_eq!(pick(&["*"]), Some(Algo::Br));
-        assert_eq!(pick(&["*;q=0.1, br;q=0"]), Some(Algo::Zstd), "* covers the unnamed");
+        assert_eq!(
+            pick(&["*;q=0.1, br;q=0"]),
+            Some(Algo::Zstd),
+            "* covers the unnamed"
+        );
         assert_eq!(pick(&["*;q=0"]), None);
         assert_eq!(pick(&["identity"]), None);
         assert_eq!(pick(&["gzip;q=0.5, identity"]), None, "identity preferred");
@@ -845,7 +859,11 @@ mod tests {
         assert_eq!(pick(&["gzip, identity"]), Some(Algo::Gzip));
         assert_eq!(pick(&["compress, gzip;q=0.001"]), Some(Algo::Gzip));
         assert_eq!(pick(&["gzip;q=1.5"]), None, "malformed weight");
-        assert_eq!(pick(&["gzip;q=0.5", "br;q=0.9"]), Some(Algo::Br), "several fields");
+        assert_eq!(
+            pick(&["gzip;q=0.5", "br;q=0.9"]),
+            Some(Algo::Br),
+            "several fields"
+        );
         assert_eq!(pick(&["gzip ; q=0.2 , deflate"]), Some(Algo::Deflate));
         let gzip_only = [(Algo::Gzip, 1)];
         assert_eq!(
@@ -893,16 +911,27 @@ mod tests {
         let c = compressor(&["text/*", "application/json"]);
         let req = request("GET / HTTP/1.1\r\nhost: a\r\naccept-encoding: gzip\r\n\r\n");
         let plain = request("GET / HTTP/1.1\r\nhost: a\r\n\r\n");
-        let ok = "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: 500\r\n";
+        let ok =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: 500\r\n";
         let gz = Plan::Encode(Coding {
             algo: Algo::Gzip,
             level: 6,
         });
         assert_eq!(c.plan(&req, &response(&format!("{ok}\r\n")), false), gz);
-        assert_eq!(c.plan(&plain, &response(&format!("{ok}\r\n")), false), Plan::Vary);
-        assert_eq!(c.plan(&req, &response(&format!("{ok}\r\n")), true), Plan::Identity);
+        assert_eq!(
+            c.plan(&plain, &response(&format!("{ok}\r\n")), false),
+            Plan::Vary
+        );
+        assert_eq!(
+            c.plan(&req, &response(&format!("{ok}\r\n")), true),
+            Plan::Identity
+        );
         let chunked = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
-        assert_eq!(c.plan(&req, &response(chunked), false), gz, "unknown length");
+        assert_eq!(
+            c.plan(&req, &response(chunked), false),
+            gz,
+            "unknown length"
+        );
         for (why, extra) in [
             ("encoded", "content-encoding: br\r\n"),
             ("no-transform", "cache-control: public, no-transform\r\n"),
@@ -921,7 +950,8 @@ mod tests {
         assert_eq!(c.plan(&req, &response(image), false), Plan::Identity);
         let untyped = "HTTP/1.1 200 OK\r\ncontent-length: 500\r\n\r\n";
         assert_eq!(c.plan(&req, &response(untyped), false), Plan::Identity);
-        let upper = "HTTP/1.1 200 OK\r\ncontent-type: Application/JSON;x=1\r\ncontent-length: 500\r\n\r\n";
+        let upper =
+            "HTTP/1.1 200 OK\r\ncontent-type: Application/JSON;x=1\r\ncontent-length: 500\r\n\r\n";
         assert_eq!(c.plan(&req, &response(upper), false), gz);
         let text_only = "HTTP/1.1 200 OK\r\ncontent-type: text/\r\ncontent-length: 500\r\n\r\n";
         assert_eq!(c.plan(&req, &response(text_only), false), Plan::Identity);
@@ -955,14 +985,23 @@ mod tests {
             f,
             "ETag: W/\"abc\"\r\nX-A: 1\r\ncontent-encoding: gzip\r\nvary: Cookie, Accept-Encoding\r\n"
         );
-        let f = fields(gz, "HTTP/1.1 200 OK\r\nETag: W/\"x\"\r\nvary: accept-encoding\r\n\r\n");
+        let f = fields(
+            gz,
+            "HTTP/1.1 200 OK\r\nETag: W/\"x\"\r\nvary: accept-encoding\r\n\r\n",
+        );
         assert_eq!(
             f,
             "ETag: W/\"x\"\r\ncontent-encoding: gzip\r\nvary: accept-encoding\r\n"
         );
-        let f = fields(Plan::Vary, "HTTP/1.1 200 OK\r\nETag: \"abc\"\r\nVary: *\r\n\r\n");
+        let f = fields(
+            Plan::Vary,
+            "HTTP/1.1 200 OK\r\nETag: \"abc\"\r\nVary: *\r\n\r\n",
+        );
         assert_eq!(f, "ETag: \"abc\"\r\nvary: *\r\n");
-        let f = fields(Plan::Vary, "HTTP/1.1 200 OK\r\nAccept-Ranges: bytes\r\n\r\n");
+        let f = fields(
+            Plan::Vary,
+            "HTTP/1.1 200 OK\r\nAccept-Ranges: bytes\r\n\r\n",
+        );
         assert_eq!(f, "Accept-Ranges: bytes\r\nvary: Accept-Encoding\r\n");
     }
 

@@ -361,7 +361,10 @@ impl HttpService {
                 .as_ref()
                 .and(vs.gslb_redirect_threshold),
             no_member_hook: parts.no_member_hook,
-            compress: vs.compression.as_ref().map(crate::compress::Compressor::new),
+            compress: vs
+                .compression
+                .as_ref()
+                .map(crate::compress::Compressor::new),
             retired: std::sync::atomic::AtomicBool::new(false),
             retire: tokio::sync::Notify::new(),
         })
