@@ -528,7 +528,7 @@ impl StreamHandler for HttpService {
         }
         let tracked = self.tracker.track();
         let conn = self.stats.open();
-        let _ = stream.set_nodelay(true);
+        // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
         let local = stream.local_addr().unwrap_or(peer);
         tokio::spawn(async move {
             let info = ConnInfo {

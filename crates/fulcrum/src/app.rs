@@ -53,6 +53,7 @@ impl Source {
 /// Checks that need more than the config's own text: features this build runs.
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::dns::checks(config);
+    errors.extend(crate::tuning::checks(config));
     for (i, vs) in config.virtual_services.iter().enumerate() {
         if !matches!(
             vs.protocol,
@@ -267,6 +268,7 @@ impl App {
         asm.listeners
             .commit(prepared, handlers)
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
+        crate::tuning::apply(&mut asm.listeners, &config);
         self.udp.commit(udp_prepared, udp_next);
         self.messages.commit();
         asm.stats = stats;

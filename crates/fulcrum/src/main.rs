@@ -6,6 +6,7 @@ mod demo;
 mod dns;
 mod http;
 mod message;
+mod tuning;
 mod udp;
 
 use std::path::PathBuf;
