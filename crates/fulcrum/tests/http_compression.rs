@@ -623,3 +623,74 @@ async fn bad_levels_are_config_errors_naming_the_key() {
     assert!(err.contains("from 0 to 11"), "{err}");
     assert!(err.contains("bad.toml:"), "{err}");
 }
+
+/// Kills the nginx member when the test ends, pass or fail.
+struct Nginx(std::process::Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_from_http2_members_are_compressed_for_both_client_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("page.html"), page()).unwrap();
+    let port = free_addr().port();
+    let conf = format!(
+        "master_process off;\nworker_processes 1;\ndaemon off;\nerror_log stderr error;\npid {dir}/nginx.pid;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{ access_log off; client_body_temp_path {dir}; include /etc/nginx/mime.types; gzip off;\n\
+         server {{ listen 127.0.0.1:{port} http2; root {www}; }} }}\n",
+        dir = dir.path().display(),
+        www = www.display()
+    );
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    let _nginx = Nginx(
+        std::process::Command::new("nginx")
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let member: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            TcpStream::connect(member).await.is_ok()
+        })
+        .await
+    );
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}{}",
+        service(vs, &format!("compression = {ALL}")),
+        pool("p", &[member], "http2 = true")
+    ))
+    .await;
+    for coding in ["br", "zstd", "gzip", "deflate"] {
+        for proto in ["--http1.1", "--http1.0", "--http2-prior-knowledge"] {
+            let ae = format!("Accept-Encoding: {coding}");
+            let (head, raw) = fetch(vs, "/page.html", &[proto, "-H", &ae]).await;
+            let what = format!("{coding} {proto}");
+            assert_eq!(
+                header(&head, "content-encoding"),
+                Some(coding),
+                "{what}: {head}"
+            );
+            assert_eq!(header(&head, "content-length"), None, "{what}: {head}");
+            assert!(
+                header(&head, "etag").is_some_and(|e| e.starts_with("W/")),
+                "{what}: {head}"
+            );
+            assert_eq!(decode_cli(coding, &raw), page(), "{what}");
+        }
+    }
+}
