@@ -809,6 +809,21 @@ pub(crate) fn prepare(
     }
 }
 
+/// The member fields as a compressed (or Vary-only) response rewrites them, then the added
+/// ones: for the fuzz target, which has no service to run the full field writer with.
+#[doc(hidden)]
+pub fn write_fields_for_fuzzing(out: &mut Vec<u8>, plan: Plan, resp: &ResponseHead) {
+    for f in &resp.fields {
+        let (name, value) = (resp.name(f), resp.value(f));
+        if !(plan.edits() && rewrite_field(out, plan, name, value)) {
+            crate::fields::Sink::field(out, name, value);
+        }
+    }
+    if plan.edits() {
+        write_added_fields(out, plan, resp);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1079,20 +1094,5 @@ mod tests {
             assert_eq!(c.bytes_out.load(Ordering::Relaxed), out.len() as u64);
             assert_eq!(c.responses_of(algo), 1);
         }
-    }
-}
-
-/// The member fields as a compressed (or Vary-only) response rewrites them, then the added
-/// ones: for the fuzz target, which has no service to run the full field writer with.
-#[doc(hidden)]
-pub fn write_fields_for_fuzzing(out: &mut Vec<u8>, plan: Plan, resp: &ResponseHead) {
-    for f in &resp.fields {
-        let (name, value) = (resp.name(f), resp.value(f));
-        if !(plan.edits() && rewrite_field(out, plan, name, value)) {
-            crate::fields::Sink::field(out, name, value);
-        }
-    }
-    if plan.edits() {
-        write_added_fields(out, plan, resp);
     }
 }
