@@ -610,6 +610,9 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
 ) -> Result<(u64, u64, bool), Cut> {
     let mut to_client = 0u64;
     let mut received = conn.buf.len() as u64;
+    // Reads that found data at once, in a row: a fast member with a very compressible body
+    // could otherwise keep this task busy without an await for as long as the body lasts.
+    let mut eager = 0u32;
     loop {
         let mut fed: io::Result<()> = Ok(());
         let (consumed, finished) = match &mut framing {
@@ -665,7 +668,13 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
                 timer.set_after(idle);
                 timer.run(conn.io.read_buf(&mut conn.buf)).await
             }
-            r => Some(r),
+            r => {
+                eager += 1;
+                if eager % 16 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                Some(r)
+            }
         };
         match read {
             Some(Ok(0)) => {
