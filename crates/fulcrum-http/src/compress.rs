@@ -670,7 +670,7 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
             }
             r => {
                 eager += 1;
-                if eager % 16 == 0 {
+                if eager.is_multiple_of(16) {
                     tokio::task::yield_now().await;
                 }
                 Some(r)
