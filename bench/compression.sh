@@ -41,6 +41,7 @@ html = ('<!doctype html><html><head><meta charset="utf-8"><title>Catalogue</titl
 open(sys.argv[1], "w").write(html)
 PY
 size=$(stat -c %s "$work/www/page.html")
+chmod 755 "$work" "$work/www"; chmod 644 "$work/www/page.html"   # nginx workers run as nobody
 
 cat >"$work/member.conf" <<CONF
 worker_processes 1;
