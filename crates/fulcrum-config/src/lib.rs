@@ -1,6 +1,7 @@
 //! Fulcrum's configuration: the TOML contract of DESIGN.md §4, read into typed structs with every
 //! error located by file, line, column and key path.
 
+mod accel;
 mod error;
 mod http;
 mod message;
@@ -15,6 +16,7 @@ pub use validate::{DNS_QUERY_TYPES, DNS_RCODES};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,

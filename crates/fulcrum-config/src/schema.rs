@@ -120,6 +120,8 @@ pub struct VirtualService {
     pub tls_options: crate::tls::TlsOptions,
     pub compression: Option<Compression>,
     pub cache: Option<Cache>,
+    /// Client-side TCP options (Fulcrum addition): tcp, http, https, message.
+    pub tcp: Option<crate::accel::TcpTuning>,
     pub proxy_protocol: Option<ProxyProtocol>,
     pub udp_mode: UdpMode,
     pub session_timeout: Duration,
@@ -154,6 +156,7 @@ impl FromNode for VirtualService {
             let tls_options = t.opt(cx, "tls_options").unwrap_or_default();
             let compression = t.opt(cx, "compression");
             let cache = t.opt(cx, "cache");
+            let tcp = t.opt(cx, "tcp");
             let proxy_protocol = t.opt(cx, "proxy_protocol");
             let udp_mode = t.opt(cx, "udp_mode").unwrap_or(UdpMode::Session);
             let session_timeout = t
@@ -185,6 +188,7 @@ impl FromNode for VirtualService {
                 tls_options,
                 compression,
                 cache,
+                tcp,
                 proxy_protocol,
                 udp_mode,
                 session_timeout,
@@ -422,6 +426,8 @@ pub struct Compression {
     pub algorithms: Vec<CompressionAlgorithm>,
     pub min_size: u64,
     pub types: Vec<String>,
+    /// Level of each algorithm (Fulcrum addition).
+    pub levels: crate::accel::CompressionLevels,
 }
 
 impl FromNode for Compression {
@@ -448,6 +454,7 @@ impl FromNode for Compression {
                     .map(String::from)
                     .to_vec()
                 }),
+                levels: t.opt(cx, "levels").unwrap_or_default(),
             })
         })
     }

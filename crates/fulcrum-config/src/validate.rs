@@ -236,6 +236,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         c.only_for(i, "rule", vs.protocol, &[Http, Https]);
         c.only_for(i, "compression", vs.protocol, &[Http, Https]);
         c.only_for(i, "cache", vs.protocol, &[Http, Https]);
+        c.only_for(i, "tcp", vs.protocol, &[Tcp, Http, Https, Message]);
         c.only_for(i, "tls", vs.protocol, &[Https]);
         c.only_for(i, "tls_options", vs.protocol, &[Https]);
         c.only_for(

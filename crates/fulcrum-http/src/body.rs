@@ -366,6 +366,8 @@ pub enum DownBody {
     Relay(Box<Relay>),
     /// From the cache, or from a member while being stored.
     Cache(Box<crate::cache::CacheBody>),
+    /// Either of the above, compressed on the way (`compression`).
+    Compressed(Box<crate::compress::CompressBody>),
 }
 
 impl Body for DownBody {
@@ -381,6 +383,7 @@ impl Body for DownBody {
             DownBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx).map_err(Into::into),
             DownBody::Relay(r) => Pin::new(r.as_mut()).poll_frame(cx),
             DownBody::Cache(c) => Pin::new(c.as_mut()).poll_frame(cx),
+            DownBody::Compressed(c) => Pin::new(c.as_mut()).poll_frame(cx),
         }
     }
 
@@ -390,6 +393,7 @@ impl Body for DownBody {
             DownBody::Member(m) => m.is_end_stream(),
             DownBody::Relay(r) => r.is_end_stream(),
             DownBody::Cache(c) => c.is_end_stream(),
+            DownBody::Compressed(c) => c.is_end_stream(),
         }
     }
 
@@ -399,6 +403,7 @@ impl Body for DownBody {
             DownBody::Member(m) => m.size_hint(),
             DownBody::Relay(r) => r.size_hint(),
             DownBody::Cache(c) => c.size_hint(),
+            DownBody::Compressed(c) => c.size_hint(),
         }
     }
 }

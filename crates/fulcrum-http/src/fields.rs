@@ -370,6 +370,8 @@ pub struct ResponseCtx<'a> {
     pub close: bool,
     /// The client speaks HTTP/2 (no connection-specific fields).
     pub h2: bool,
+    /// Response compression: the fields it rewrites and adds.
+    pub plan: crate::compress::Plan,
 }
 
 /// The status line for an HTTP/1.x client.
@@ -420,6 +422,9 @@ pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &Res
             continue;
         }
         let value = resp.value(f);
+        if cx.plan.edits() && crate::compress::rewrite_field(out, cx.plan, name, value) {
+            continue;
+        }
         match f.kind {
             FieldKind::Location => {
                 if let Some(rest) = cx.target.member_location_rest(value) {
@@ -458,6 +463,9 @@ pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &Res
         scratch.clear();
         s.insert_cookie(id, &mut scratch);
         out.field(b"set-cookie", &scratch);
+    }
+    if cx.plan.edits() {
+        crate::compress::write_added_fields(out, cx.plan, resp);
     }
     write_edits(out, edits);
     if fwd.via && !edits_drop(edits, b"via") {

@@ -759,6 +759,11 @@ where
                 .await;
         }
         let bodiless = resp.bodiless(self.head.method);
+        let (plan, mut encoder) = if upgrade {
+            (crate::compress::Plan::Identity, None)
+        } else {
+            crate::compress::prepare(&svc, &self.head, &resp, bodiless)
+        };
         let in_framing = if bodiless || upgrade {
             InFraming::None
         } else if resp.chunked {
@@ -771,7 +776,7 @@ where
         let client_10 = self.head.version == Version::Http10;
         let out_framing = match in_framing {
             InFraming::None => RespFraming::None,
-            InFraming::Length(n) => RespFraming::Length(n),
+            InFraming::Length(n) if encoder.is_none() => RespFraming::Length(n),
             _ if client_10 => RespFraming::Close,
             _ => RespFraming::Chunked,
         };
@@ -807,6 +812,7 @@ where
                 framing: out_framing,
                 close: close && !upgrade,
                 h2: false,
+                plan,
             },
         );
         self.out.extend_from_slice(b"\r\n");
@@ -846,9 +852,28 @@ where
             };
         }
 
-        let relayed = self
-            .relay_body(&mut conn, in_framing, out_framing, svc.idle_timeout)
-            .await;
+        let relayed = match &mut encoder {
+            Some(s) => crate::compress::relay_h1(
+                &mut self.io,
+                &mut self.timer,
+                &mut self.out,
+                &mut conn,
+                in_framing,
+                out_framing == RespFraming::Chunked,
+                svc.idle_timeout,
+                s,
+            )
+            .await
+            .map_err(|(sent, received, member_fault)| Cut {
+                sent,
+                received,
+                member_fault,
+            }),
+            None => {
+                self.relay_body(&mut conn, in_framing, out_framing, svc.idle_timeout)
+                    .await
+            }
+        };
         let (body_bytes, received, reusable) = match relayed {
             Ok(r) => r,
             Err(r) => {
@@ -1325,10 +1350,11 @@ where
             invalidate(c, &svc, &self.head, &resp);
         }
         let bodiless = resp.bodiless(self.head.method);
+        let (plan, mut encoder) = crate::compress::prepare(&svc, &self.head, &resp, bodiless);
         let client_10 = self.head.version == Version::Http10;
         let out_framing = if bodiless {
             RespFraming::None
-        } else if let Some(n) = resp.content_length {
+        } else if let Some(n) = resp.content_length.filter(|_| encoder.is_none()) {
             RespFraming::Length(n)
         } else if client_10 {
             RespFraming::Close
@@ -1366,6 +1392,7 @@ where
                 framing: out_framing,
                 close,
                 h2: false,
+                plan,
             },
         );
         self.out.extend_from_slice(b"\r\n");
@@ -1386,12 +1413,20 @@ where
                 };
                 if let Ok(data) = frame.into_data() {
                     delivered += data.len() as u64;
-                    if out_framing == RespFraming::Chunked {
+                    if let Some(s) = &mut encoder {
+                        // Frame by frame: each one is flushed, the member's pace is kept.
+                        if s.write(&data).and_then(|()| s.flush()).is_err() {
+                            ok = false;
+                            break;
+                        }
+                        s.drain_into(&mut self.out, out_framing == RespFraming::Chunked);
+                    } else if out_framing == RespFraming::Chunked {
                         chunked::encode_chunk(&mut self.out, &data);
                     } else {
                         self.out.extend_from_slice(&data);
                     }
-                    if self.out.len() >= BODY_CHUNK
+                    let send_now = self.out.len() >= BODY_CHUNK || encoder.is_some();
+                    if send_now
                         && write_timed(&mut self.io, &mut self.timer, &self.out, idle)
                             .await
                             .is_err()
@@ -1399,10 +1434,14 @@ where
                         ok = false;
                         break;
                     }
-                    if self.out.len() >= BODY_CHUNK {
+                    if send_now {
                         self.out.clear();
                     }
                 }
+            }
+            if let Some(s) = encoder.as_mut().filter(|_| ok) {
+                ok = s.finish().is_ok();
+                s.drain_into(&mut self.out, out_framing == RespFraming::Chunked);
             }
             if ok && out_framing == RespFraming::Chunked {
                 self.out.extend_from_slice(chunked::END);

@@ -437,6 +437,8 @@ async fn forward(
         if let Some(s) = &svc.sticky {
             s.remember(&mut lookup, member.address);
         }
+        let (plan, encoder) =
+            crate::compress::prepare(svc, head, &resp, resp.bodiless(head.method));
         let (insert_cookie, rewrite_id) = insert_ids(svc, ti, r.picked.index, &lookup);
         let mut sink = MapSink::default();
         fields::write_response_fields(
@@ -452,9 +454,11 @@ async fn forward(
                 rewrite_id,
                 framing: resp
                     .content_length
+                    .filter(|_| encoder.is_none())
                     .map_or(RespFraming::Chunked, RespFraming::Length),
                 close: false,
                 h2: true,
+                plan,
             },
         );
         let mut out = Response::new(DownBody::Relay(Box::new(Relay {
@@ -467,6 +471,11 @@ async fn forward(
             _request: r.request_guard,
             _connection: r.connection_guard,
         })));
+        if let Some(s) = encoder {
+            let inner = std::mem::replace(out.body_mut(), DownBody::Full(None));
+            *out.body_mut() =
+                DownBody::Compressed(Box::new(crate::compress::CompressBody::new(inner, s)));
+        }
         *out.status_mut() = parts.status;
         *out.headers_mut() = sink.map;
         return Ok((out, member.address));
@@ -642,6 +651,7 @@ async fn forward(
             return Err(Local::error(502, "unexpected 101 from the member"));
         }
         let bodiless = resp.bodiless(head.method);
+        let (plan, encoder) = crate::compress::prepare(svc, head, &resp, bodiless);
         let in_framing = if bodiless {
             InFraming::None
         } else if resp.chunked {
@@ -653,7 +663,7 @@ async fn forward(
         };
         let out_framing = match in_framing {
             InFraming::None => RespFraming::None,
-            InFraming::Length(n) => RespFraming::Length(n),
+            InFraming::Length(n) if encoder.is_none() => RespFraming::Length(n),
             _ => RespFraming::Chunked,
         };
         let (insert_cookie, rewrite_id) = insert_ids(svc, ti, picked.index, &lookup);
@@ -672,6 +682,7 @@ async fn forward(
                 framing: out_framing,
                 close: false,
                 h2: true,
+                plan,
             },
         );
         let status =
@@ -698,7 +709,13 @@ async fn forward(
             svc.idle_timeout,
             request_guard,
         );
-        let mut out = Response::new(DownBody::Member(Box::new(body)));
+        let mut out = Response::new(match encoder {
+            Some(s) => DownBody::Compressed(Box::new(crate::compress::CompressBody::new(
+                DownBody::Member(Box::new(body)),
+                s,
+            ))),
+            None => DownBody::Member(Box::new(body)),
+        });
         *out.status_mut() = status;
         *out.headers_mut() = sink.map;
         return Ok((out, member.address));

@@ -26,6 +26,7 @@ pub mod access_log;
 mod body;
 pub mod cache;
 pub mod chunked;
+pub mod compress;
 pub mod cookie;
 mod date;
 pub mod fields;

@@ -102,6 +102,8 @@ pub struct HttpStats {
     pub response_timeouts: AtomicU64,
     /// Requests dropped by a `drop` rule.
     pub dropped: AtomicU64,
+    /// Response compression (`compression`).
+    pub compression: crate::compress::CompressStats,
 }
 
 impl HttpStats {
@@ -263,6 +265,8 @@ pub struct HttpService {
     pub redirect_threshold: Option<u64>,
     /// The service's HTTP cache (`cache`), kept across reloads by service name.
     pub cache: Option<Arc<crate::cache::HttpCache>>,
+    /// Response compression (`compression`); `None`: responses pass untouched.
+    pub compress: Option<crate::compress::Compressor>,
     /// Set when a reload replaced this service, or at shutdown: connections finish the request
     /// in progress and close, so keep-alive clients reconnect to the configuration in force.
     retired: std::sync::atomic::AtomicBool,
@@ -376,6 +380,10 @@ impl HttpService {
                 .and(vs.gslb_redirect_threshold),
             no_member_hook: parts.no_member_hook,
             cache: parts.cache,
+            compress: vs
+                .compression
+                .as_ref()
+                .map(crate::compress::Compressor::new),
             retired: std::sync::atomic::AtomicBool::new(false),
             retire: tokio::sync::Notify::new(),
         })
@@ -539,7 +547,7 @@ impl StreamHandler for HttpService {
         }
         let tracked = self.tracker.track();
         let conn = self.stats.open();
-        let _ = stream.set_nodelay(true);
+        // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
         let local = stream.local_addr().unwrap_or(peer);
         tokio::spawn(async move {
             let mut info = ConnInfo {

@@ -80,6 +80,23 @@ impl MemberIo {
         }
     }
 
+    /// Reads what is there now without waiting: `WouldBlock` when nothing is. For a plain socket
+    /// this is one `try_read_buf`; for TLS, one poll of the TLS stream (which may find a record
+    /// already buffered). The no-op waker is sound here: the caller awaits a real read after a
+    /// `WouldBlock`, which registers its own waker.
+    pub fn try_read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self {
+            MemberIo::Plain(s) => s.try_read_buf(buf),
+            MemberIo::Tls(_) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                match self.poll_read_buf(&mut cx, buf) {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
+        }
+    }
+
     /// Whether the member left the connection as it was: not closed, nothing unsolicited sent.
     fn is_idle_alive(&mut self) -> bool {
         match self {

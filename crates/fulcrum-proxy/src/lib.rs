@@ -11,6 +11,7 @@ mod splice;
 pub mod stats;
 pub mod tcp;
 pub mod tracker;
+pub mod tuning;
 pub mod udp;
 
 pub use listener::{

@@ -33,10 +33,12 @@ pub fn default_sockets_per_address(workers: usize) -> usize {
 
 /// Binds a TCP listening socket the way a load balancer wants it: SO_REUSEADDR and SO_REUSEPORT
 /// (restarts and parallel accept loops), IPv6 sockets IPv6-only (so `[::]:80` and `0.0.0.0:80`
-/// can both be configured), non-blocking, a deep backlog.
+/// can both be configured), non-blocking, a deep backlog, and TCP_NODELAY, which accepted
+/// connections inherit (a proxy forwards what it has at once; `tcp.nodelay = false` undoes it).
 pub fn bind_stream(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
+    socket.set_tcp_nodelay(true)?;
     socket.set_reuse_port(true)?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
@@ -84,6 +86,10 @@ pub struct Listener {
     pub addr: SocketAddr,
     slot: Arc<HandlerSlot>,
     tasks: Vec<JoinHandle<()>>,
+    /// The sockets, shared with their accept loops (for TCP tuning on reload).
+    sockets: Vec<Arc<TcpListener>>,
+    /// The `tcp` tuning last applied to them.
+    tuned: Option<fulcrum_config::TcpTuning>,
 }
 
 impl Drop for Listener {
@@ -115,11 +121,19 @@ impl Listener {
     ) -> io::Result<Listener> {
         let slot = Arc::new(ArcSwap::from_pointee(handler));
         let mut tasks = Vec::with_capacity(bound.len());
+        let mut sockets = Vec::with_capacity(bound.len());
         for std_listener in bound {
-            let listener = TcpListener::from_std(std_listener)?;
+            let listener = Arc::new(TcpListener::from_std(std_listener)?);
+            sockets.push(listener.clone());
             tasks.push(tokio::spawn(accept_loop(listener, slot.clone())));
         }
-        Ok(Listener { addr, slot, tasks })
+        Ok(Listener {
+            addr,
+            slot,
+            tasks,
+            sockets,
+            tuned: None,
+        })
     }
 
     pub fn set_handler(&self, handler: Arc<dyn StreamHandler>) {
@@ -127,7 +141,7 @@ impl Listener {
     }
 }
 
-async fn accept_loop(listener: TcpListener, slot: Arc<HandlerSlot>) {
+async fn accept_loop(listener: Arc<TcpListener>, slot: Arc<HandlerSlot>) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -216,6 +230,28 @@ impl Listeners {
 
     pub fn addresses(&self) -> Vec<SocketAddr> {
         self.by_addr.keys().copied().collect()
+    }
+
+    /// Sets the client-side TCP options of `addr`'s sockets (`tcp` on its virtual service; the
+    /// default when `None`), which connections accepted from now on inherit. Options applied
+    /// before and now unset go back to the system's defaults.
+    pub fn tune(
+        &mut self,
+        addr: SocketAddr,
+        tuning: Option<&fulcrum_config::TcpTuning>,
+    ) -> io::Result<()> {
+        let Some(l) = self.by_addr.get_mut(&addr) else {
+            return Ok(());
+        };
+        if tuning == l.tuned.as_ref() {
+            return Ok(());
+        }
+        let want = tuning.cloned().unwrap_or_default();
+        for s in &l.sockets {
+            crate::tuning::apply(&socket2::SockRef::from(&**s), &want, l.tuned.as_ref())?;
+        }
+        l.tuned = tuning.cloned();
+        Ok(())
     }
 
     /// Stops accepting everywhere (shutdown); accepted connections run on.

@@ -76,7 +76,7 @@ impl TcpService {
         }
         let _conn = self.stats.open();
         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
-        let _ = client.set_nodelay(true);
+        // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
 
         let opts = ForwardOptions {
             idle_timeout: self.idle_timeout,

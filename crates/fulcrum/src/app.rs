@@ -55,6 +55,7 @@ impl Source {
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::dns::checks(config);
     errors.extend(crate::https::checks(config));
+    errors.extend(crate::tuning::checks(config));
     errors
 }
 
@@ -255,6 +256,7 @@ impl App {
         asm.listeners
             .commit(prepared, handlers)
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
+        crate::tuning::apply(&mut asm.listeners, &config);
         self.udp.commit(udp_prepared, udp_next);
         self.messages.commit();
         asm.stats = stats;

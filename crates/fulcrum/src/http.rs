@@ -60,11 +60,6 @@ impl HttpAssembly {
         dns: &Arc<crate::dns::Dns>,
         build: &mut HttpBuild,
     ) -> Result<Arc<dyn StreamHandler>, String> {
-        for (key, set) in [("compression", vs.compression.is_some())] {
-            if set {
-                tracing::warn!(service = %vs.name, "`{key}` is not applied in this build yet");
-            }
-        }
         let profile = vs.persistence.as_ref().and_then(|n| config.persistence(n));
         let table = profile
             .filter(|p| {
@@ -371,6 +366,7 @@ impl HttpAssembly {
                 w.sample(family, &[("vs", name)], get(s) as f64);
             }
         }
+        crate::compression::metrics(w, &stats);
     }
 }
 

@@ -1,11 +1,13 @@
 //! The `fulcrum` binary: command line, assembly of the data planes, reload, signals, demo mode.
 
 mod app;
+mod compression;
 mod demo;
 mod dns;
 mod http;
 mod https;
 mod message;
+mod tuning;
 mod udp;
 
 use std::path::PathBuf;

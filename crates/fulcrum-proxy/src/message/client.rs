@@ -52,7 +52,7 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
     let _conn = hub.stats.open();
     hub.client_joined();
     let _client = ClientGuard(hub);
-    let _ = stream.set_nodelay(true);
+    // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
 
     let framer = &hub.framer;
     let sequence = hub
