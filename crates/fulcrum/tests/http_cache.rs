@@ -653,3 +653,48 @@ async fn the_cache_is_kept_across_reloads_and_dropped_with_its_key() {
     assert_eq!(r.status, 404);
     assert!(!s.f.logs().contains("not applied in this build yet"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_and_compression_keep_one_variant_per_accept_encoding() {
+    let page = "<p>cacheable and compressible</p>\n".repeat(200);
+    let body = page.clone();
+    let origin = Origin::start(free_addr(), move |_, _| {
+        Reply::ok(
+            &body,
+            &[
+                ("cache-control", "max-age=60"),
+                ("content-type", "text/html"),
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}{}",
+        service(
+            vs,
+            "cache = { size = \"16MiB\", max_object = \"1MiB\" }\ncompression = { algorithms = [\"gzip\"] }"
+        ),
+        pool("p", &[origin.addr], "")
+    ))
+    .await;
+    let gz = [("accept-encoding", "gzip")];
+    let first = get_with(vs, "/page", &gz).await;
+    assert_eq!(first.header("content-encoding"), Some("gzip"));
+    let second = get_with(vs, "/page", &gz).await;
+    assert_eq!(status_of(&second), "fulcrum; hit");
+    assert_eq!(second.header("content-encoding"), Some("gzip"));
+    assert_eq!(
+        second.body, first.body,
+        "the stored gzip variant is served as it was"
+    );
+    // A client that does not accept gzip must never get the stored gzip body.
+    let plain = get(vs, "/page").await;
+    assert_eq!(plain.header("content-encoding"), None);
+    assert_eq!(plain.text(), page);
+    let plain_again = get(vs, "/page").await;
+    assert_eq!(status_of(&plain_again), "fulcrum; hit");
+    assert_eq!(plain_again.text(), page);
+    assert_eq!(origin.count(), 2, "one member fetch per variant");
+}
