@@ -164,7 +164,9 @@ where
                     if svc.cache.as_ref().is_some_and(|c| c.applies(&self.head)) =>
                 {
                     let t = svc.targets[target].clone();
-                    let d = self.cached(&t, target, rule).await;
+                    // Boxed: the cache's states would otherwise enlarge every connection's
+                    // future, idle keep-alive ones included, on services without a cache too.
+                    let d = Box::pin(self.cached(&t, target, rule)).await;
                     self.log(&d, started, rule);
                     d
                 }
@@ -853,7 +855,8 @@ where
         }
 
         let relayed = match &mut encoder {
-            Some(s) => crate::compress::relay_h1(
+            // Boxed for the same reason as the cache path: only compressed answers pay for it.
+            Some(s) => Box::pin(crate::compress::relay_h1(
                 &mut self.io,
                 &mut self.timer,
                 &mut self.out,
@@ -862,7 +865,7 @@ where
                 out_framing == RespFraming::Chunked,
                 svc.idle_timeout,
                 s,
-            )
+            ))
             .await
             .map_err(|(sent, received, member_fault)| Cut {
                 sent,

@@ -557,11 +557,16 @@ impl StreamHandler for HttpService {
             };
             match self.tls.clone() {
                 None => serve_connection(self, stream, info).await,
+                // Boxed: the handshake and the TLS stream would otherwise enlarge the task of
+                // every plain connection too.
                 Some(tls) => {
-                    if let Some((stream, alpn)) = tls.accept(stream, &self.name, peer).await {
-                        info.alpn = alpn;
-                        serve_connection(self, stream, info).await;
-                    }
+                    Box::pin(async move {
+                        if let Some((stream, alpn)) = tls.accept(stream, &self.name, peer).await {
+                            info.alpn = alpn;
+                            serve_connection(self, stream, info).await;
+                        }
+                    })
+                    .await
                 }
             }
             drop(conn);
@@ -638,8 +643,18 @@ mod size_tests {
                 local: "127.0.0.1:2".parse().unwrap(),
                 alpn: super::Alpn::Unknown,
             };
-            let f = super::serve_connection(svc, a, info);
+            let f = super::serve_connection(svc.clone(), a, info);
             eprintln!("serve_connection future: {} bytes", size(&f));
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let s = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+                .await
+                .unwrap();
+            let f = super::serve_connection(svc.clone(), s, info);
+            eprintln!("serve_connection::<TcpStream> future: {} bytes", size(&f));
+            eprintln!(
+                "TlsStream<TcpStream>: {} bytes",
+                std::mem::size_of::<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>()
+            );
         });
     }
 
