@@ -1,5 +1,6 @@
-//! `fulcrum demo`: three built-in HTTP backends behind a weighted TCP virtual service, with an
-//! HTTP health monitor and slow start — Fulcrum's main job on a built-in config, no file needed.
+//! `fulcrum demo`: three built-in HTTP backends behind a weighted HTTP virtual service (L7:
+//! forwarding headers, member connection reuse, a content-switching rule), with an HTTP health
+//! monitor and slow start — Fulcrum's main job on a built-in config, no file needed.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -23,8 +24,15 @@ listen = "{admin}"
 [[virtual_service]]
 name = "demo"
 listen = ["{listen}"]
-protocol = "tcp"
+protocol = "http"
 pool = "demo"
+
+# Content switching: this path is answered by Fulcrum itself; everything else goes to the pool.
+[[virtual_service.rule]]
+name = "about"
+path_prefix = "/fulcrum"
+respond = 200
+body = "answered by Fulcrum's content-switching rule \"about\"\n"
 
 [[pool]]
 name = "demo"
@@ -79,10 +87,12 @@ pub fn run(listen: SocketAddr, admin: SocketAddr) -> ExitCode {
 fn banner(listen: SocketAddr, admin: SocketAddr, first: SocketAddr, text: &str) -> String {
     format!(
         r#"
-Fulcrum demo: three HTTP backends (weights 3:2:1) behind the TCP virtual service {listen}.
+Fulcrum demo: three HTTP backends (weights 3:2:1) behind the HTTP virtual service {listen}.
 
 Try:
   for i in $(seq 6); do curl -s http://{listen}/; done     # backend-1 three times, backend-2 twice, backend-3 once
+  curl -s http://{listen}/fulcrum                          # a rule answers this path itself
+  curl -s http://{admin}/api/v1/pools/demo | grep -o '"connections_total":[0-9]*'   # few member connections: reuse
   curl -s http://{admin}/api/v1/status
   curl -s http://{admin}/api/v1/pools/demo
   curl -s -X PUT -d '{{"state":"drain"}}' http://{admin}/api/v1/pools/demo/members/{first}/state

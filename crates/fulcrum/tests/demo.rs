@@ -55,6 +55,16 @@ async fn demo_serves_weighted_traffic_and_the_api() {
             ("backend-3".into(), 10)
         ])
     );
+    // The content-switching rule answers its path without a member.
+    let about = fulcrum_testkit::http_get(listen, "/fulcrum/")
+        .await
+        .unwrap();
+    assert_eq!(about.status, 200);
+    assert!(
+        about.text().contains("content-switching rule"),
+        "{}",
+        about.text()
+    );
     let pools = fulcrum_testkit::http_get(admin, "/api/v1/pools")
         .await
         .unwrap()
@@ -65,7 +75,7 @@ async fn demo_serves_weighted_traffic_and_the_api() {
         .unwrap()
         .text();
     assert!(
-        metrics.contains("fulcrum_vs_requests_total{vs=\"demo\",protocol=\"tcp\"} 60"),
+        metrics.contains("fulcrum_vs_requests_total{vs=\"demo\",protocol=\"http\"} 61"),
         "{metrics}"
     );
 }
