@@ -784,20 +784,8 @@ where
         };
         let body_complete = self.body_done(early);
         let close = self.head.close || !body_complete || out_framing == RespFraming::Close;
-        let (insert_cookie, rewrite_id) = match &svc.sticky {
-            Some(s) => {
-                let id = s.id(ti, picked.index);
-                match s.kind {
-                    crate::sticky::Kind::CookieInsert => (
-                        id.filter(|_| lookup.cookie_member != Some(picked.index)),
-                        None,
-                    ),
-                    crate::sticky::Kind::CookieRewrite => (None, id),
-                    _ => (None, None),
-                }
-            }
-            None => (None, None),
-        };
+        let (insert_cookie, rewrite_id) =
+            crate::sticky::response_ids(&svc, ti, picked.index, lookup);
         self.out.clear();
         fields::write_status_line(&mut self.out, status, resp.reason());
         fields::write_response_fields(
@@ -1365,20 +1353,8 @@ where
             RespFraming::Chunked
         };
         let close = self.head.close || out_framing == RespFraming::Close;
-        let (insert_cookie, rewrite_id) = match &svc.sticky {
-            Some(s) => {
-                let id = s.id(ti, picked.index);
-                match s.kind {
-                    crate::sticky::Kind::CookieInsert => (
-                        id.filter(|_| lookup.cookie_member != Some(picked.index)),
-                        None,
-                    ),
-                    crate::sticky::Kind::CookieRewrite => (None, id),
-                    _ => (None, None),
-                }
-            }
-            None => (None, None),
-        };
+        let (insert_cookie, rewrite_id) =
+            crate::sticky::response_ids(&svc, ti, picked.index, &lookup);
         self.out.clear();
         fields::write_status_line(&mut self.out, status, resp.reason());
         fields::write_response_fields(

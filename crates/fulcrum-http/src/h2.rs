@@ -368,30 +368,6 @@ fn log(
     }
 }
 
-fn insert_ids<'a>(
-    svc: &'a HttpService,
-    ti: usize,
-    member: usize,
-    lookup: &Lookup,
-) -> (
-    Option<&'a crate::sticky::MemberId>,
-    Option<&'a crate::sticky::MemberId>,
-) {
-    match &svc.sticky {
-        Some(s) => {
-            let id = s.id(ti, member);
-            match s.kind {
-                crate::sticky::Kind::CookieInsert => {
-                    (id.filter(|_| lookup.cookie_member != Some(member)), None)
-                }
-                crate::sticky::Kind::CookieRewrite => (None, id),
-                _ => (None, None),
-            }
-        }
-        None => (None, None),
-    }
-}
-
 /// Forwards one stream to a member of `t`.
 async fn forward(
     st: &State,
@@ -439,7 +415,8 @@ async fn forward(
         }
         let (plan, encoder) =
             crate::compress::prepare(svc, head, &resp, resp.bodiless(head.method));
-        let (insert_cookie, rewrite_id) = insert_ids(svc, ti, r.picked.index, &lookup);
+        let (insert_cookie, rewrite_id) =
+            crate::sticky::response_ids(svc, ti, r.picked.index, &lookup);
         let mut sink = MapSink::default();
         fields::write_response_fields(
             &mut sink,
@@ -666,7 +643,8 @@ async fn forward(
             InFraming::Length(n) if encoder.is_none() => RespFraming::Length(n),
             _ => RespFraming::Chunked,
         };
-        let (insert_cookie, rewrite_id) = insert_ids(svc, ti, picked.index, &lookup);
+        let (insert_cookie, rewrite_id) =
+            crate::sticky::response_ids(svc, ti, picked.index, &lookup);
         let mut sink = MapSink::default();
         fields::write_response_fields(
             &mut sink,

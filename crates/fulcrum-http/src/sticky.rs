@@ -321,3 +321,25 @@ pub fn cookie_fields(req: &RequestHead) -> usize {
         .filter(|f| f.kind == FieldKind::Cookie)
         .count()
 }
+
+/// The member ids a response carries for persistence: `(cookie to insert, id for the rewritten
+/// member cookie)`. cookie_insert sets its cookie only when the request did not already carry
+/// the cookie of the member that answered; cookie_rewrite always marks the member's cookie.
+pub(crate) fn response_ids<'a>(
+    svc: &'a crate::HttpService,
+    ti: usize,
+    member: usize,
+    lookup: &Lookup,
+) -> (Option<&'a MemberId>, Option<&'a MemberId>) {
+    match &svc.sticky {
+        Some(s) => {
+            let id = s.id(ti, member);
+            match s.kind {
+                Kind::CookieInsert => (id.filter(|_| lookup.cookie_member != Some(member)), None),
+                Kind::CookieRewrite => (None, id),
+                _ => (None, None),
+            }
+        }
+        None => (None, None),
+    }
+}
