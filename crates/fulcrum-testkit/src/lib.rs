@@ -5,6 +5,7 @@ pub mod client;
 pub mod dialogue;
 pub mod message;
 pub mod mmdb;
+pub mod netns;
 pub mod origin;
 pub mod process;
 pub mod servers;

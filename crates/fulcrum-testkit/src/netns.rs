@@ -1,0 +1,210 @@
+//! Network namespaces for tests that need hosts of their own (XDP, links, gateways, HA): a `Lab`
+//! creates namespaces and veth pairs under a per-process prefix and removes all of it when it is
+//! dropped, also when the test panics, so a failed run leaves nothing behind on the machine.
+//!
+//! Traffic in these tests only ever goes to addresses inside the lab's namespaces. Interface
+//! names live inside their namespaces (veths are created there directly), so two tests — or two
+//! test processes — never collide on a name; namespace names carry the tag and the process id.
+
+use std::process::{Child, Command, Output, Stdio};
+
+/// A set of namespaces owned by one test; dropping it kills the processes it spawned and deletes
+/// the namespaces (and with them every interface inside).
+pub struct Lab {
+    prefix: String,
+    namespaces: Vec<String>,
+    children: Vec<Child>,
+}
+
+/// One namespace of a `Lab`.
+#[derive(Clone, Debug)]
+pub struct Ns {
+    pub name: String,
+}
+
+/// Runs a command and returns its output, or a message with the command line and its stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<Output, String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(format!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Lab {
+    /// `tag`: a few letters naming the test file, so a leftover (after a kill -9) says whose it is.
+    pub fn new(tag: &str) -> Lab {
+        Lab {
+            prefix: format!("fl-{tag}-{}", std::process::id()),
+            namespaces: Vec::new(),
+            children: Vec::new(),
+        }
+    }
+
+    /// A new namespace with `lo` up.
+    pub fn ns(&mut self, name: &str) -> Result<Ns, String> {
+        let full = format!("{}-{name}", self.prefix);
+        run("ip", &["netns", "add", &full])?;
+        self.namespaces.push(full.clone());
+        let ns = Ns { name: full };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// A veth pair between two namespaces, both ends up.
+    pub fn veth(&self, a: &Ns, a_if: &str, b: &Ns, b_if: &str) -> Result<(), String> {
+        run(
+            "ip",
+            &[
+                "link", "add", "name", a_if, "netns", &a.name, "type", "veth", "peer", "name",
+                b_if, "netns", &b.name,
+            ],
+        )?;
+        a.ip(&["link", "set", a_if, "up"])?;
+        b.ip(&["link", "set", b_if, "up"])?;
+        Ok(())
+    }
+
+    /// Starts `program` inside `ns`; the lab kills it when dropped (or earlier through `kill`).
+    /// Returns the index to pass to `kill`.
+    pub fn spawn(&mut self, ns: &Ns, program: &str, args: &[&str]) -> Result<usize, String> {
+        let child = ns
+            .command(program, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{program} in {}: {e}", ns.name))?;
+        self.children.push(child);
+        Ok(self.children.len() - 1)
+    }
+
+    /// Keeps a child started elsewhere (e.g. with its output captured) to kill it on drop.
+    pub fn adopt(&mut self, child: Child) -> usize {
+        self.children.push(child);
+        self.children.len() - 1
+    }
+
+    /// Kills a spawned process now (SIGKILL) and waits for it.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(child) = self.children.get_mut(index) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The process id of a spawned process.
+    pub fn pid(&self, index: usize) -> Option<u32> {
+        self.children.get(index).map(Child::id)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for ns in self.namespaces.iter().rev() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+impl Ns {
+    /// `ip -n NS ARGS…`
+    pub fn ip(&self, args: &[&str]) -> Result<Output, String> {
+        let mut full = vec!["-n", &self.name];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Adds `cidr` (e.g. "198.18.1.1/24") to `ifname`.
+    pub fn addr(&self, ifname: &str, cidr: &str) -> Result<(), String> {
+        let family = if cidr.contains(':') { "-6" } else { "-4" };
+        let mut args = vec![family, "-n", self.name.as_str()];
+        args.extend_from_slice(&["addr", "add", cidr, "dev", ifname]);
+        if cidr.contains(':') {
+            args.push("nodad");
+        }
+        run("ip", &args).map(drop)
+    }
+
+    /// `ip route add ROUTE…` in the namespace (e.g. `["default", "via", "198.18.1.1"]`).
+    pub fn route(&self, route: &[&str]) -> Result<(), String> {
+        let mut args = vec!["route", "add"];
+        args.extend_from_slice(route);
+        self.ip(&args).map(drop)
+    }
+
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<(), String> {
+        self.exec("sysctl", &["-qw", &format!("{key}={value}")])
+            .map(drop)
+    }
+
+    /// A command that runs inside the namespace (`ip netns exec`), to configure before spawning.
+    pub fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]).args(args);
+        cmd
+    }
+
+    /// Runs a command inside the namespace to completion; an error carries its stderr.
+    pub fn exec(&self, program: &str, args: &[&str]) -> Result<Output, String> {
+        let mut full = vec!["netns", "exec", self.name.as_str(), program];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// The kernel's counters of an interface: (rx_packets, tx_packets).
+    pub fn link_packets(&self, ifname: &str) -> Result<(u64, u64), String> {
+        let read = |dir: &str| -> Result<u64, String> {
+            let out = self.exec(
+                "cat",
+                &[&format!("/sys/class/net/{ifname}/statistics/{dir}_packets")],
+            )?;
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .map_err(|e| format!("{ifname} {dir}_packets: {e}"))
+        };
+        Ok((read("rx")?, read("tx")?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_namespaces_ping_each_other_and_vanish_after_drop() {
+        let names;
+        {
+            let mut lab = Lab::new("tk");
+            let a = lab.ns("a").expect("namespace a");
+            let b = lab.ns("b").expect("namespace b");
+            lab.veth(&a, "eth0", &b, "eth0").expect("veth");
+            a.addr("eth0", "198.18.0.1/30").expect("address a");
+            b.addr("eth0", "198.18.0.2/30").expect("address b");
+            a.exec("ping", &["-c", "1", "-W", "2", "198.18.0.2"])
+                .expect("ping across the veth");
+            let (rx, tx) = b.link_packets("eth0").expect("counters");
+            assert!(rx >= 1 && tx >= 1, "rx {rx} tx {tx}");
+            names = vec![a.name.clone(), b.name.clone()];
+        }
+        let list = run("ip", &["netns", "list"]).expect("ip netns list");
+        let list = String::from_utf8_lossy(&list.stdout);
+        for n in names {
+            assert!(!list.contains(&n), "{n} left behind: {list}");
+        }
+    }
+}
