@@ -192,9 +192,7 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/pools/{pool}/members/{address}/state", put(set_state))
         .route("/pools/{pool}/members/{address}/weight", put(set_weight))
         .route("/reload", post(reload))
-        .route("/gslb", axum::routing::any(gslb))
-        .route("/gslb/{*path}", axum::routing::any(gslb))
-        .route("/cache/{service}", get(cache).delete(cache))
+        .route("/{*path}", axum::routing::any(plane))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth));
     Router::new()
@@ -359,28 +357,28 @@ async fn set_weight(
     Ok(Json(member_status(&m)))
 }
 
-async fn gslb(
+/// Everything under `/api/v1/` the core routes do not have goes to the data planes.
+async fn plane(
     State(app): State<App>,
     method: axum::http::Method,
-    path: Option<Path<String>>,
+    Path(path): Path<String>,
+    axum::extract::Query(query): axum::extract::Query<Vec<(String, String)>>,
     body: axum::body::Bytes,
 ) -> Response {
-    let path = path.map(|p| p.0).unwrap_or_default();
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    let (status, value) = app.control.gslb_api(method.as_str(), &parts, &body);
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(value)).into_response()
-}
-
-async fn cache(
-    State(app): State<App>,
-    method: axum::http::Method,
-    Path(service): Path<String>,
-    axum::extract::Query(query): axum::extract::Query<Vec<(String, String)>>,
-) -> Response {
-    let (status, value) = app.control.cache_api(method.as_str(), &service, &query);
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(value)).into_response()
+    let request = crate::ApiRequest {
+        method: method.as_str(),
+        path: &parts,
+        query: &query,
+        body: &body,
+    };
+    match app.control.plane_api(&request) {
+        Some((status, value)) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (status, Json(value)).into_response()
+        }
+        None => error(StatusCode::NOT_FOUND, "no such endpoint").into_response(),
+    }
 }
 
 async fn reload(State(app): State<App>) -> Response {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use fulcrum_balance::Pool;
 use fulcrum_config::Protocol;
-use fulcrum_proxy::ServiceStats;
+use fulcrum_net::ServiceStats;
 
 pub use api::{
     member_status, pool_status, router, MemberStatus, PoolStatus, ServiceStatus, Status,
@@ -27,6 +27,17 @@ pub struct ServiceInfo {
     pub stats: Arc<ServiceStats>,
 }
 
+/// A request under `/api/v1/` that the core routes (status, pools, members, reload) do not
+/// answer, handed to the data planes.
+pub struct ApiRequest<'a> {
+    pub method: &'a str,
+    /// The path after `/api/v1/`, split at `/`, without empty segments.
+    pub path: &'a [&'a str],
+    /// Decoded query parameters.
+    pub query: &'a [(String, String)],
+    pub body: &'a [u8],
+}
+
 /// What the admin API needs from the running process.
 pub trait Control: Send + Sync + 'static {
     /// Configuration generation: 1 at start, +1 per successful reload.
@@ -40,21 +51,10 @@ pub trait Control: Send + Sync + 'static {
     fn admin_token(&self) -> Option<Arc<str>>;
     /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
     fn extra_metrics(&self, _out: &mut MetricsWriter) {}
-    /// Serves `/api/v1/gslb` and `/api/v1/gslb/{*path}` (`path` split at `/`): a status code and
-    /// a JSON body. The default has no GSLB.
-    fn gslb_api(&self, _method: &str, _path: &[&str], _body: &[u8]) -> (u16, serde_json::Value) {
-        (404, serde_json::json!({ "error": "no such endpoint" }))
-    }
-    /// Serves `/api/v1/cache/{service}`: `GET` (usage and counters) and `DELETE` (purge;
-    /// `query` holds the decoded `url`, `host` and `prefix` parameters). The default has no
-    /// caches.
-    fn cache_api(
-        &self,
-        _method: &str,
-        _service: &str,
-        _query: &[(String, String)],
-    ) -> (u16, serde_json::Value) {
-        (404, serde_json::json!({ "error": "no such cache" }))
+    /// Serves the routes the data planes add under `/api/v1/` (`gslb/…`, `cache/{service}`, …):
+    /// a status and a JSON body, or `None` when no plane has the route.
+    fn plane_api(&self, _request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
+        None
     }
 }
 

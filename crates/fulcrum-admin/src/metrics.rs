@@ -72,7 +72,7 @@ pub fn render(control: &dyn Control) -> String {
     );
 
     let services = control.services();
-    type ServiceField = fn(&fulcrum_proxy::ServiceStats) -> u64;
+    type ServiceField = fn(&fulcrum_net::ServiceStats) -> u64;
     let vs_families: [(&str, &str, &str, ServiceField); 8] = [
         (
             "fulcrum_vs_connections_active",

@@ -8,24 +8,23 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::mem::MaybeUninit;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use fulcrum_proxy::listener::{bind_datagram, bind_new, bind_stream, BindError};
+use fulcrum_net::datagram::{send_each, RecvBatch, BATCH};
+use fulcrum_net::listener::{bind_datagram, bind_new, bind_stream, BindError};
 use parking_lot::Mutex;
+use socket2::SockAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use crate::engine::{Action, Counters, Engine, Transport};
 
-/// Datagrams per recvmmsg / sendmmsg call.
-const BATCH: usize = 32;
 /// Largest query read; longer datagrams are dropped (a query is a few dozen bytes).
 const MAX_QUERY: usize = 4096;
 /// Concurrent DNS-over-TCP connections; more are closed at once.
@@ -216,31 +215,6 @@ impl DnsServer {
     }
 }
 
-fn sockaddr_to_ip(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match i32::from(ss.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the kernel wrote a sockaddr_in for AF_INET; sockaddr_storage is larger and
-            // suitably aligned for every sockaddr type.
-            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                u16::from_be(a.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for AF_INET6 and sockaddr_in6.
-            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(a.sin6_addr.s6_addr),
-                u16::from_be(a.sin6_port),
-                a.sin6_flowinfo,
-                a.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
-}
-
 fn udp_loop(
     sock: std::net::UdpSocket,
     engine: Arc<ArcSwap<Engine>>,
@@ -248,112 +222,47 @@ fn udp_loop(
     stop: Arc<AtomicBool>,
 ) {
     let fd = sock.as_raw_fd();
-    let mut inbuf = vec![0u8; BATCH * MAX_QUERY];
+    let mut batch = RecvBatch::with_slot(MAX_QUERY);
     let mut outbufs: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(4096)).collect();
-    // SAFETY: all-zero is a valid value for these plain C structs.
-    let mut addrs: [libc::sockaddr_storage; BATCH] = unsafe { MaybeUninit::zeroed().assume_init() };
-    let mut iov_in: [libc::iovec; BATCH] = unsafe { MaybeUninit::zeroed().assume_init() };
-    let mut msgs_in: [libc::mmsghdr; BATCH] = unsafe { MaybeUninit::zeroed().assume_init() };
-    let mut iov_out: [libc::iovec; BATCH] = unsafe { MaybeUninit::zeroed().assume_init() };
-    let mut msgs_out: [libc::mmsghdr; BATCH] = unsafe { MaybeUninit::zeroed().assume_init() };
-    let mut dest: [usize; BATCH] = [0; BATCH];
+    let mut dest: Vec<SockAddr> = Vec::with_capacity(BATCH);
+    let unspecified = SockAddr::from(SocketAddr::from(([0u8; 4], 0)));
     while !stop.load(Ordering::Acquire) {
-        for i in 0..BATCH {
-            iov_in[i] = libc::iovec {
-                iov_base: inbuf[i * MAX_QUERY..].as_mut_ptr().cast(),
-                iov_len: MAX_QUERY,
-            };
-            let h = &mut msgs_in[i].msg_hdr;
-            h.msg_name = (&mut addrs[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut iov_in[i];
-            h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
-            h.msg_flags = 0;
-            msgs_in[i].msg_len = 0;
-        }
-        // SAFETY: `msgs_in` holds BATCH headers whose name and iovec pointers point into
-        // `addrs`, `iov_in` and `inbuf`, all alive and unmoved for the call; the kernel writes at
-        // most msg_namelen / iov_len bytes into each.
-        let n = unsafe {
-            libc::recvmmsg(
-                fd,
-                msgs_in.as_mut_ptr(),
-                BATCH as libc::c_uint,
-                libc::MSG_WAITFORONE,
-                std::ptr::null_mut(),
-            )
-        };
-        if n <= 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
+        let n = match batch.recv_wait(fd) {
+            Ok(n) => n,
+            Err(e) => match e.raw_os_error() {
                 Some(libc::EAGAIN | libc::EINTR | libc::ETIMEDOUT) => continue,
-                _ if n == 0 || stop.load(Ordering::Acquire) => continue,
+                _ if stop.load(Ordering::Acquire) => continue,
                 _ => {
                     tracing::warn!(error = %e, "recvmmsg failed");
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 }
-            }
-        }
+            },
+        };
         let eng = engine.load();
-        let mut out = 0;
-        for i in 0..n as usize {
-            let len = msgs_in[i].msg_len as usize;
-            if msgs_in[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+        dest.clear();
+        for i in 0..n {
+            if batch.truncated(i) {
                 counters.dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let Some(peer) = sockaddr_to_ip(&addrs[i]) else {
+            let Some((packet, peer)) = batch.get(i) else {
                 continue;
             };
-            let packet = &inbuf[i * MAX_QUERY..i * MAX_QUERY + len];
-            let buf = &mut outbufs[out];
+            let buf = &mut outbufs[dest.len()];
             if eng.answer(packet, peer.ip(), Transport::Udp, buf, &counters) == Action::Send {
-                dest[out] = i;
-                out += 1;
+                dest.push(batch.reply_address(i));
             }
         }
-        for j in 0..out {
-            iov_out[j] = libc::iovec {
-                iov_base: outbufs[j].as_mut_ptr().cast(),
-                iov_len: outbufs[j].len(),
-            };
-            let h = &mut msgs_out[j].msg_hdr;
-            h.msg_name = (&mut addrs[dest[j]] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = msgs_in[dest[j]].msg_hdr.msg_namelen;
-            h.msg_iov = &mut iov_out[j];
-            h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
-            h.msg_flags = 0;
+        // On the stack: no allocation per batch.
+        let mut items: [(&[u8], &SockAddr); BATCH] = [(&[], &unspecified); BATCH];
+        for (item, (b, to)) in items.iter_mut().zip(outbufs.iter().zip(&dest)) {
+            *item = (&b[..], to);
         }
-        let mut sent = 0;
-        while sent < out {
-            // SAFETY: headers `sent..out` point into `addrs`, `iov_out` and `outbufs`, alive and
-            // unchanged for the call; the kernel only reads them.
-            let r = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    msgs_out[sent..].as_mut_ptr(),
-                    (out - sent) as libc::c_uint,
-                    0,
-                )
-            };
-            if r <= 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                // One bad destination (e.g. unreachable): skip it, send the rest.
-                tracing::debug!(error = %e, "sendmmsg failed");
-                counters.dropped.fetch_add(1, Ordering::Relaxed);
-                sent += 1;
-            } else {
-                sent += r as usize;
-            }
-        }
+        let refused = send_each(fd, &items[..dest.len()]);
+        counters
+            .dropped
+            .fetch_add(refused as u64, Ordering::Relaxed);
     }
 }
 

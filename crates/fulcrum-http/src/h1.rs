@@ -619,7 +619,7 @@ where
         let mut io = upstream::connect(member.address, t.pool.connect_timeout).await?;
         member.record_connect_success(started.elapsed());
         if let Some(v) = self.svc.proxy_protocol {
-            let header = fulcrum_proxy::proxy_protocol::header(
+            let header = fulcrum_net::proxy_protocol::header(
                 v,
                 self.client.info.peer,
                 self.client.info.local,

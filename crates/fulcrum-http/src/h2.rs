@@ -498,7 +498,7 @@ async fn forward(
                     Ok(mut io) => {
                         member.record_connect_success(started.elapsed());
                         if let Some(v) = svc.proxy_protocol {
-                            let h = fulcrum_proxy::proxy_protocol::header(
+                            let h = fulcrum_net::proxy_protocol::header(
                                 v,
                                 st.client.info.peer,
                                 st.client.info.local,

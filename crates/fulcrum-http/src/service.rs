@@ -12,7 +12,7 @@ use fulcrum_balance::hash::{hash_bytes, hash_ip, hash_socket_addr};
 use fulcrum_balance::{PersistTable, Pool};
 use fulcrum_config::{ForwardHeaders, HashKey, ProxyProtocol, Reuse, VirtualService};
 use fulcrum_health::StatusObserver;
-use fulcrum_proxy::{ServiceStats, StreamHandler, Tracker};
+use fulcrum_net::{ServiceStats, StreamHandler, Tracker};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 

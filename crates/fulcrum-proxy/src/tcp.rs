@@ -12,10 +12,10 @@ use fulcrum_config::{HashKey, ProxyProtocol};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::forward::{forward, write_all, End, ForwardOptions};
-use crate::listener::StreamHandler;
-use crate::stats::ServiceStats;
-use crate::tracker::Tracker;
+use fulcrum_net::forward::{forward, write_all, End, ForwardOptions};
+use fulcrum_net::listener::StreamHandler;
+use fulcrum_net::stats::ServiceStats;
+use fulcrum_net::tracker::Tracker;
 
 /// Source-address persistence for a service.
 #[derive(Debug, Clone)]
@@ -94,7 +94,7 @@ impl TcpService {
 
             if let Some(version) = self.proxy_protocol {
                 let local = client.local_addr().unwrap_or(peer);
-                let header = crate::proxy_protocol::header(version, peer, local);
+                let header = fulcrum_net::proxy_protocol::header(version, peer, local);
                 if let Err(e) = write_all(&member_stream, &header).await {
                     member.record_passive_failure(&format!("writing PROXY header: {e}"));
                     tried.push(picked.index);

@@ -11,15 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use fulcrum_admin::{Control, ServiceInfo};
-use fulcrum_balance::{PersistTable, Pool, TableSpec};
-use fulcrum_config::{Config, ConfigError, PersistenceKind, Protocol};
+use fulcrum_admin::{ApiRequest, Control, ServiceInfo};
+use fulcrum_balance::{PersistTable, Pool};
+use fulcrum_config::{Config, ConfigError};
 use fulcrum_health::HealthService;
-use fulcrum_proxy::listener::default_sockets_per_address;
-use fulcrum_proxy::{
-    Listeners, ServiceStats, SourcePersistence, StreamHandler, TcpService, Tracker,
-};
+use fulcrum_net::listener::default_sockets_per_address;
+use fulcrum_net::{Listeners, ServiceStats, StreamHandler, Tracker};
 use parking_lot::Mutex;
+
+use crate::plane::{BuildCx, CommitCx, DataPlane};
 
 /// How often pools recompute dynamic weights (slow start, agents, measured speed and traffic).
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
@@ -80,6 +80,7 @@ pub struct Snapshot {
 
 /// State that only the (serialised) reload path touches.
 struct Assembly {
+    /// The stream listeners every tcp, http(s) and message service shares.
     listeners: Listeners,
     stats: HashMap<String, Arc<ServiceStats>>,
     tables: HashMap<String, Arc<PersistTable>>,
@@ -92,15 +93,22 @@ pub struct App {
     generation: AtomicU64,
     tracker: Arc<Tracker>,
     health: HealthService,
-    dns: Arc<crate::dns::Dns>,
     sockets_per_address: usize,
-    udp: crate::udp::Udp,
-    messages: crate::message::Messages,
-    http: crate::http::HttpAssembly,
+    /// Every data plane, in commit order; each serves the virtual services it claims.
+    planes: Vec<Arc<dyn DataPlane>>,
 }
 
 impl App {
     fn new(source: Source, workers: usize) -> App {
+        let sockets_per_address = default_sockets_per_address(workers);
+        let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
+        let planes: Vec<Arc<dyn DataPlane>> = vec![
+            Arc::new(crate::tcp::TcpPlane),
+            Arc::new(crate::udp::Udp::new(sockets_per_address)),
+            Arc::new(crate::message::Messages::default()),
+            dns.clone(),
+            Arc::new(crate::http::HttpAssembly::new(dns)),
+        ];
         App {
             source,
             snapshot: ArcSwap::from_pointee(Snapshot {
@@ -116,34 +124,85 @@ impl App {
             generation: AtomicU64::new(0),
             tracker: Arc::new(Tracker::default()),
             health: HealthService::new(),
-            dns: Arc::new(crate::dns::Dns::new(default_sockets_per_address(workers))),
-            sockets_per_address: default_sockets_per_address(workers),
-            udp: crate::udp::Udp::default(),
-            messages: crate::message::Messages::default(),
-            http: crate::http::HttpAssembly::new(),
+            sockets_per_address,
+            planes,
         }
     }
 
-    /// Applies `config`: binds new addresses first (a failure changes nothing), then builds the
-    /// pools (keeping members that stay, with their health and counters) and services, swaps
-    /// listeners' handlers and the snapshot, and retargets the health checks.
+    /// Applies `config`: every plane prepares (binding new addresses; a failure changes
+    /// nothing), the pools are built (keeping members that stay, with their health and
+    /// counters), every virtual service is built by its plane, the stream listeners bind what
+    /// is new; then listeners, planes and the snapshot switch over and the health checks are
+    /// retargeted.
     fn apply(&self, config: Config) -> Result<u64, Vec<String>> {
         let mut asm = self.assembly.lock();
-        let wanted: Vec<SocketAddr> = config
-            .virtual_services
-            .iter()
-            .filter(|v| !v.protocol.is_datagram())
-            .flat_map(|v| v.listen.iter().copied())
-            .collect();
-        let prepared = asm
-            .listeners
-            .prepare(&wanted, self.sockets_per_address)
-            .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
-        let udp_prepared = self.udp.prepare(&config, self.sockets_per_address)?;
-        let mut udp_next = crate::udp::Next::default();
-        let dns = self.dns.prepare(&config)?;
+        let built = self.build(&config, &asm);
+        let (pools, services, handlers, stats, tables) = match built {
+            Ok(b) => b,
+            Err(errors) => {
+                for plane in &self.planes {
+                    plane.abort();
+                }
+                return Err(errors);
+            }
+        };
+        let wanted: Vec<SocketAddr> = handlers.iter().map(|(addr, _)| *addr).collect();
+        let prepared = match asm.listeners.prepare(&wanted, self.sockets_per_address) {
+            Ok(p) => p,
+            Err(errs) => {
+                for plane in &self.planes {
+                    plane.abort();
+                }
+                return Err(errs.iter().map(ToString::to_string).collect());
+            }
+        };
+        if let Err(e) = asm.listeners.commit(prepared, handlers) {
+            for plane in &self.planes {
+                plane.abort();
+            }
+            return Err(vec![format!("cannot start listening: {e}")]);
+        }
+        crate::tuning::apply(&mut asm.listeners, &config);
+        asm.stats = stats;
+        asm.tables = tables;
+        let mut cx = CommitCx {
+            config: &config,
+            pools: &pools,
+            checked_pools: pools.clone(),
+        };
+        for plane in &self.planes {
+            plane.commit(&mut cx);
+        }
+        let checked = cx.checked_pools;
+        self.health.apply(&checked, &config.monitors);
+        self.snapshot.store(Arc::new(Snapshot {
+            config: Arc::new(config),
+            pools,
+            services,
+        }));
+        Ok(self.generation.fetch_add(1, Ordering::AcqRel) + 1)
+    }
 
-        self.messages.begin();
+    /// The steps of `apply` that change nothing running: planes prepare, pools and services are
+    /// built.
+    #[allow(clippy::type_complexity)]
+    fn build(
+        &self,
+        config: &Config,
+        asm: &Assembly,
+    ) -> Result<
+        (
+            Vec<Arc<Pool>>,
+            Vec<ServiceInfo>,
+            Vec<(SocketAddr, Arc<dyn StreamHandler>)>,
+            HashMap<String, Arc<ServiceStats>>,
+            HashMap<String, Arc<PersistTable>>,
+        ),
+        Vec<String>,
+    > {
+        for plane in &self.planes {
+            plane.prepare(config)?;
+        }
         let old = self.snapshot.load_full();
         let pools: Vec<Arc<Pool>> = config
             .pools
@@ -154,123 +213,28 @@ impl App {
                 Arc::new(Pool::new(pc, &checks, previous.map(|p| p.as_ref())))
             })
             .collect();
-
-        let mut handlers: Vec<(SocketAddr, Arc<dyn StreamHandler>)> = Vec::new();
+        let mut cx = BuildCx::new(config, &pools, &self.tracker, &asm.stats, &asm.tables);
+        let mut handlers = Vec::new();
         let mut services = Vec::new();
-        let mut stats = HashMap::new();
-        let mut tables = HashMap::new();
-        let mut http_build = crate::http::HttpBuild::default();
         for vs in &config.virtual_services {
-            let st = asm.stats.get(&vs.name).cloned().unwrap_or_default();
-            stats.insert(vs.name.clone(), st.clone());
-            let pool = vs
-                .pool
-                .as_ref()
-                .and_then(|name| pools.iter().find(|p| &*p.name == name))
-                .cloned();
-            let persistence = vs.persistence.as_ref().and_then(|n| config.persistence(n));
-            let source_persistence = persistence
-                .filter(|p| p.kind == PersistenceKind::SourceIp)
-                .map(|p| {
-                    let spec = TableSpec {
-                        idle_timeout: p.table_timeout(),
-                        max_entries: p.max_entries,
-                    };
-                    let table = match asm.tables.get(&vs.name) {
-                        Some(t) => t.respec(spec),
-                        None => Arc::new(PersistTable::new(spec)),
-                    };
-                    tables.insert(vs.name.clone(), table.clone());
-                    SourcePersistence {
-                        table,
-                        mask_v4: p.source_mask,
-                        mask_v6: p.source_mask_v6,
-                    }
-                });
-            if let (Protocol::Udp, Some(pool)) = (vs.protocol, &pool) {
-                self.udp.build(
-                    vs,
-                    &config,
-                    pool.clone(),
-                    st.clone(),
-                    source_persistence,
-                    &mut udp_next,
-                );
-                services.push(ServiceInfo {
-                    name: vs.name.clone(),
-                    protocol: vs.protocol,
-                    listen: vs.listen.clone(),
-                    stats: st,
-                });
-                continue;
-            }
-            let handler: Arc<dyn StreamHandler> = match (vs.protocol, pool) {
-                (Protocol::Tcp, Some(pool)) => Arc::new(TcpService {
-                    name: Arc::from(vs.name.as_str()),
-                    pool,
-                    persistence: source_persistence,
-                    proxy_protocol: vs.proxy_protocol,
-                    idle_timeout: vs.idle_timeout,
-                    max_connections: vs.max_connections,
-                    splice: true,
-                    stats: st.clone(),
-                    tracker: self.tracker.clone(),
-                }),
-                (Protocol::Message, Some(pool)) => {
-                    self.messages
-                        .handler(vs, pool, st.clone(), source_persistence, &self.tracker)
-                }
-                (Protocol::Http | Protocol::Https, _) => self
-                    .http
-                    .service(
-                        vs,
-                        &config,
-                        &pools,
-                        st.clone(),
-                        &asm.tables,
-                        &mut tables,
-                        &self.tracker,
-                        &self.dns,
-                        &mut http_build,
-                    )
-                    .map_err(|e| vec![e])?,
-                // runtime_checks refused everything else before we got here.
-                _ => {
-                    return Err(vec![format!(
-                        "virtual service {:?} cannot run in this build",
-                        vs.name
-                    )])
-                }
+            let Some(plane) = self.planes.iter().find(|p| p.serves(vs)) else {
+                return Err(vec![format!(
+                    "virtual service {:?} cannot run in this build",
+                    vs.name
+                )]);
             };
-            for addr in &vs.listen {
-                handlers.push((*addr, handler.clone()));
+            if let Some(handler) = plane.build(vs, &mut cx).map_err(|e| vec![e])? {
+                handlers.extend(vs.listen.iter().map(|addr| (*addr, handler.clone())));
             }
             services.push(ServiceInfo {
                 name: vs.name.clone(),
                 protocol: vs.protocol,
                 listen: vs.listen.clone(),
-                stats: st,
+                stats: cx.stats(vs),
             });
         }
-
-        asm.listeners
-            .commit(prepared, handlers)
-            .map_err(|e| vec![format!("cannot start listening: {e}")])?;
-        crate::tuning::apply(&mut asm.listeners, &config);
-        self.udp.commit(udp_prepared, udp_next);
-        self.messages.commit();
-        asm.stats = stats;
-        asm.tables = tables;
-        let site_pools = self.dns.commit(dns, &config, &pools);
-        self.http.commit(&pools, http_build);
-        self.health
-            .apply(&[pools.as_slice(), &site_pools].concat(), &config.monitors);
-        self.snapshot.store(Arc::new(Snapshot {
-            config: Arc::new(config),
-            pools,
-            services,
-        }));
-        Ok(self.generation.fetch_add(1, Ordering::AcqRel) + 1)
+        let (stats, tables) = (cx.stats, cx.tables);
+        Ok((pools, services, handlers, stats, tables))
     }
 
     fn reload_now(&self) -> Result<u64, Vec<String>> {
@@ -301,10 +265,10 @@ impl App {
     async fn shutdown(&self) {
         let deadline = self.snapshot.load().config.global.shutdown_timeout;
         self.assembly.lock().listeners.close_all();
-        self.udp.close_all();
-        self.dns.shutdown();
         self.health.shutdown();
-        self.http.retire_all();
+        for plane in &self.planes {
+            plane.shutdown();
+        }
         let active = self.tracker.active();
         if active > 0 {
             tracing::info!(connections = active, deadline = ?deadline, "stopped accepting; waiting for connections to finish");
@@ -343,23 +307,13 @@ impl Control for App {
     }
 
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
-        self.udp.metrics(out);
-        self.dns.metrics(out);
-        self.messages.write_metrics(out);
-        self.http.metrics(out);
+        for plane in &self.planes {
+            plane.metrics(out);
+        }
     }
 
-    fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
-        self.dns.api(method, path, body)
-    }
-
-    fn cache_api(
-        &self,
-        method: &str,
-        service: &str,
-        query: &[(String, String)],
-    ) -> (u16, serde_json::Value) {
-        self.http.cache_api(method, service, query)
+    fn plane_api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
+        self.planes.iter().find_map(|p| p.api(request))
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {

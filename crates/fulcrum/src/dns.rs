@@ -2,14 +2,15 @@
 //! the site state exchange, applied with the rest of a configuration; their API and metrics.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
-use fulcrum_admin::MetricsWriter;
-use fulcrum_balance::Pool;
+use fulcrum_admin::{ApiRequest, MetricsWriter};
 use fulcrum_config::{AdminState, Config, ConfigError};
 use fulcrum_dns::iptable::GeoCache;
 use fulcrum_dns::DnsRuntime;
+use parking_lot::Mutex;
 use serde_json::{json, Value};
+
+use crate::plane::{CommitCx, DataPlane};
 
 /// Config problems only loading the zones and tables shows (bad zone files, prefix files,
 /// GeoIP databases), for `fulcrum check` and reloads.
@@ -39,36 +40,54 @@ pub fn summary(config: &Config) -> String {
 /// DNS and GSLB of the running process.
 pub struct Dns {
     runtime: DnsRuntime,
+    /// The configuration being applied, compiled and bound, not yet serving.
+    pending: Mutex<Option<fulcrum_dns::Prepared>>,
 }
 
-/// A configuration's DNS side, compiled and bound, not yet serving.
-pub struct Prepared(fulcrum_dns::Prepared);
+impl DataPlane for Dns {
+    /// Compiles and binds the new addresses; on error nothing running changed.
+    fn prepare(&self, config: &Config) -> Result<(), Vec<String>> {
+        let mut pending = self.pending.lock();
+        *pending = None;
+        *pending = Some(self.runtime.prepare(config)?);
+        Ok(())
+    }
+
+    /// Swaps the prepared configuration in; the pools of GSLB site addresses are health-checked
+    /// with the others.
+    fn commit(&self, cx: &mut CommitCx) {
+        if let Some(p) = self.pending.lock().take() {
+            let sites = self.runtime.commit(p, cx.config, cx.pools.to_vec());
+            cx.checked_pools.extend(sites);
+        }
+    }
+
+    fn abort(&self) {
+        *self.pending.lock() = None;
+    }
+
+    fn shutdown(&self) {
+        self.runtime.shutdown();
+    }
+
+    fn metrics(&self, w: &mut MetricsWriter) {
+        self.write_metrics(w);
+    }
+
+    fn api(&self, request: &ApiRequest) -> Option<(u16, Value)> {
+        match request.path {
+            ["gslb", rest @ ..] => Some(self.gslb_api(request.method, rest, request.body)),
+            _ => None,
+        }
+    }
+}
 
 impl Dns {
     pub fn new(sockets_per_address: usize) -> Dns {
         Dns {
             runtime: DnsRuntime::new(sockets_per_address),
+            pending: Mutex::new(None),
         }
-    }
-
-    /// Compiles and binds the new addresses; on error nothing running changed.
-    pub fn prepare(&self, config: &Config) -> Result<Prepared, Vec<String>> {
-        self.runtime.prepare(config).map(Prepared)
-    }
-
-    /// Swaps the prepared configuration in; returns the pools of GSLB site addresses, to be
-    /// health-checked with the others.
-    pub fn commit(
-        &self,
-        p: Prepared,
-        config: &Config,
-        local_pools: &[Arc<Pool>],
-    ) -> Vec<Arc<Pool>> {
-        self.runtime.commit(p.0, config, local_pools.to_vec())
-    }
-
-    pub fn shutdown(&self) {
-        self.runtime.shutdown();
     }
 
     /// The address an HTTP service redirects a client to when it cannot serve it: the best site
@@ -82,7 +101,7 @@ impl Dns {
     }
 
     /// `/api/v1/gslb/...`.
-    pub fn api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
+    fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
         let g = self.runtime.gslb();
         let not_found = || (404, json!({ "error": "no such endpoint" }));
         match (method, path) {
@@ -119,7 +138,7 @@ impl Dns {
                     );
                 };
                 if g.set_site_state(site, state) {
-                    self.api("GET", &["sites", site], &[])
+                    self.gslb_api("GET", &["sites", site], &[])
                 } else {
                     (
                         404,
@@ -170,7 +189,7 @@ impl Dns {
     }
 
     /// DNS and GSLB metric families.
-    pub fn metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricsWriter) {
         let reg = self.runtime.registry();
         let engine = self.runtime.engine();
         let counter = |w: &mut MetricsWriter, name: &str, help: &str, v: u64| {

@@ -6,14 +6,15 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricsWriter;
-use fulcrum_balance::{PersistTable, Pool, TableSpec};
-use fulcrum_config::{Config, PersistenceKind, VirtualService};
+use fulcrum_admin::{ApiRequest, MetricsWriter};
+use fulcrum_config::{Config, PersistenceKind, Protocol, VirtualService};
 use fulcrum_http::{
     HttpCache, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo, Upstreams,
 };
-use fulcrum_proxy::{ServiceStats, StreamHandler, Tracker};
+use fulcrum_net::StreamHandler;
 use parking_lot::Mutex;
+
+use crate::plane::{BuildCx, CommitCx, DataPlane};
 
 /// What the HTTP data plane keeps across reloads.
 pub struct HttpAssembly {
@@ -23,11 +24,15 @@ pub struct HttpAssembly {
     tls: crate::https::TlsAssembly,
     /// Caches of the services with a `cache` table, by service name.
     caches: Mutex<HashMap<String, Arc<HttpCache>>>,
+    /// The services of the configuration being applied.
+    pending: Mutex<HttpBuild>,
+    /// For the GSLB redirect fallback (`gslb_redirect`).
+    dns: Arc<crate::dns::Dns>,
 }
 
 /// The http services of a configuration being applied.
 #[derive(Default)]
-pub struct HttpBuild {
+struct HttpBuild {
     stats: HashMap<String, Arc<HttpStats>>,
     services: Vec<Arc<HttpService>>,
     caches: HashMap<String, Arc<HttpCache>>,
@@ -35,53 +40,48 @@ pub struct HttpBuild {
 
 impl HttpAssembly {
     /// Needs a tokio runtime (the idle-connection sweeper starts here).
-    pub fn new() -> HttpAssembly {
+    pub fn new(dns: Arc<crate::dns::Dns>) -> HttpAssembly {
         HttpAssembly {
             upstreams: Upstreams::new(),
             stats: Mutex::new(HashMap::new()),
             services: Mutex::new(Vec::new()),
             tls: crate::https::TlsAssembly::default(),
             caches: Mutex::new(HashMap::new()),
+            pending: Mutex::default(),
+            dns,
         }
     }
+}
 
-    /// Builds the handler of an http virtual service. `old_tables` are the persistence tables of
-    /// the running configuration, `tables` those of the one being built (by service name).
-    #[allow(clippy::too_many_arguments)]
-    pub fn service(
+impl DataPlane for HttpAssembly {
+    fn prepare(&self, _config: &Config) -> Result<(), Vec<String>> {
+        *self.pending.lock() = HttpBuild::default();
+        Ok(())
+    }
+
+    fn serves(&self, vs: &VirtualService) -> bool {
+        matches!(vs.protocol, Protocol::Http | Protocol::Https)
+    }
+
+    /// Builds the handler of an http or https virtual service.
+    fn build(
         &self,
         vs: &VirtualService,
-        config: &Config,
-        pools: &[Arc<Pool>],
-        stats: Arc<ServiceStats>,
-        old_tables: &HashMap<String, Arc<PersistTable>>,
-        tables: &mut HashMap<String, Arc<PersistTable>>,
-        tracker: &Arc<Tracker>,
-        dns: &Arc<crate::dns::Dns>,
-        build: &mut HttpBuild,
-    ) -> Result<Arc<dyn StreamHandler>, String> {
-        let profile = vs.persistence.as_ref().and_then(|n| config.persistence(n));
-        let table = profile
-            .filter(|p| {
-                matches!(
-                    p.kind,
-                    PersistenceKind::SourceIp
-                        | PersistenceKind::CookiePassive
-                        | PersistenceKind::Header
-                )
-            })
-            .map(|p| {
-                let spec = TableSpec {
-                    idle_timeout: p.table_timeout(),
-                    max_entries: p.max_entries,
-                };
-                let table = match tables.get(&vs.name).or_else(|| old_tables.get(&vs.name)) {
-                    Some(t) => t.respec(spec),
-                    None => Arc::new(PersistTable::new(spec)),
-                };
-                tables.insert(vs.name.clone(), table.clone());
-                table
-            });
+        cx: &mut BuildCx,
+    ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
+        let config = cx.config;
+        let table = cx
+            .table(
+                vs,
+                &[
+                    PersistenceKind::SourceIp,
+                    PersistenceKind::CookiePassive,
+                    PersistenceKind::Header,
+                ],
+            )
+            .map(|(table, _)| table);
+        let stats = cx.stats(vs);
+        let mut build = self.pending.lock();
         let cache = vs.cache.as_ref().map(|c| {
             let cache = match self.caches.lock().get(&vs.name) {
                 Some(old) => old.with_config(c.size, c.max_object),
@@ -92,19 +92,19 @@ impl HttpAssembly {
         });
         let hs = self.stats.lock().get(&vs.name).cloned().unwrap_or_default();
         build.stats.insert(vs.name.clone(), hs.clone());
-        let svc = HttpService::build(
+        let mut svc = HttpService::build(
             vs,
             Parts {
                 config,
-                pools,
+                pools: cx.pools,
                 upstreams: &self.upstreams,
                 table,
                 stats,
                 http_stats: hs,
-                tracker: tracker.clone(),
+                tracker: cx.tracker.clone(),
                 no_member_hook: vs.gslb_redirect.as_ref().map(|fqdn| {
                     Arc::new(GslbRedirect {
-                        dns: dns.clone(),
+                        dns: self.dns.clone(),
                         fqdn: fqdn.clone(),
                     }) as Arc<dyn NoMemberHook>
                 }),
@@ -112,8 +112,7 @@ impl HttpAssembly {
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
-        let mut svc = svc;
-        if vs.protocol == fulcrum_config::Protocol::Https {
+        if vs.protocol == Protocol::Https {
             svc.tls = Some(
                 self.tls
                     .server(vs, config)
@@ -122,34 +121,51 @@ impl HttpAssembly {
         }
         let svc = Arc::new(svc);
         build.services.push(svc.clone());
-        Ok(svc)
+        Ok(Some(svc))
     }
 
-    /// After a successful apply: keeps the counters of the services that run now, drops the
-    /// idle connections of members that left, and retires the services of the previous
-    /// configuration (their keep-alive connections close after the request in progress, so
-    /// clients reconnect to the new one).
-    pub fn commit(&self, pools: &[Arc<Pool>], build: HttpBuild) {
+    /// Keeps the counters of the services that run now, drops the idle connections of members
+    /// that left, and retires the services of the previous configuration (their keep-alive
+    /// connections close after the request in progress, so clients reconnect to the new one).
+    fn commit(&self, cx: &mut CommitCx) {
+        let build = std::mem::take(&mut *self.pending.lock());
         self.tls.retain(&|name| build.stats.contains_key(name));
         *self.stats.lock() = build.stats;
         *self.caches.lock() = build.caches;
-        self.upstreams.retain(pools);
+        self.upstreams.retain(cx.pools);
         let old = std::mem::replace(&mut *self.services.lock(), build.services);
         for s in old {
             s.retire();
         }
     }
 
+    fn abort(&self) {
+        *self.pending.lock() = HttpBuild::default();
+    }
+
     /// At shutdown: idle keep-alive connections close now, busy ones after their response.
-    pub fn retire_all(&self) {
+    fn shutdown(&self) {
         for s in self.services.lock().iter() {
             s.retire();
         }
     }
 
+    fn metrics(&self, w: &mut MetricsWriter) {
+        self.write_metrics(w);
+    }
+
+    fn api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
+        match request.path {
+            ["cache", service] => Some(self.cache_api(request.method, service, request.query)),
+            _ => None,
+        }
+    }
+}
+
+impl HttpAssembly {
     /// `/api/v1/cache/{service}`: GET shows usage and counters; DELETE purges `url` (every
     /// variant, on `host` or every host) or everything under `prefix`, or the whole cache.
-    pub fn cache_api(
+    fn cache_api(
         &self,
         method: &str,
         service: &str,
@@ -302,7 +318,7 @@ impl HttpAssembly {
     }
 
     /// The `fulcrum_http_*` metric families.
-    pub fn metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricsWriter) {
         self.cache_metrics(w);
         let stats: Vec<(String, Arc<HttpStats>)> = {
             let mut v: Vec<_> = self

@@ -7,6 +7,8 @@ mod dns;
 mod http;
 mod https;
 mod message;
+mod plane;
+mod tcp;
 mod tuning;
 mod udp;
 

@@ -7,10 +7,13 @@ use std::sync::Arc;
 
 use fulcrum_admin::MetricsWriter;
 use fulcrum_balance::Pool;
-use fulcrum_config::VirtualService;
+use fulcrum_config::{Config, Protocol, VirtualService};
+use fulcrum_net::StreamHandler;
 use fulcrum_proxy::message::{FailReason, Hub, MessageStats, Settings};
-use fulcrum_proxy::{MessageService, ServiceStats, SourcePersistence, StreamHandler, Tracker};
+use fulcrum_proxy::{MessageService, SourcePersistence};
 use parking_lot::Mutex;
+
+use crate::plane::{BuildCx, CommitCx, DataPlane};
 
 /// What a reload under way will do to a service's dispatcher once it commits.
 enum Plan {
@@ -35,22 +38,29 @@ pub struct Messages {
     inner: Mutex<Inner>,
 }
 
-impl Messages {
-    /// Starts preparing a new configuration (forgets a preparation that was not committed).
-    pub fn begin(&self) {
+impl DataPlane for Messages {
+    /// Forgets a preparation that was not committed.
+    fn prepare(&self, _config: &Config) -> Result<(), Vec<String>> {
         self.inner.lock().plans.clear();
+        Ok(())
+    }
+
+    fn serves(&self, vs: &VirtualService) -> bool {
+        vs.protocol == Protocol::Message
     }
 
     /// The handler for one message service of the configuration being prepared. Nothing runs
     /// differently until `commit`.
-    pub fn handler(
+    fn build(
         &self,
         vs: &VirtualService,
-        pool: Arc<Pool>,
-        stats: Arc<ServiceStats>,
-        persistence: Option<SourcePersistence>,
-        tracker: &Arc<Tracker>,
-    ) -> Arc<dyn StreamHandler> {
+        cx: &mut BuildCx,
+    ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
+        let pool = cx
+            .pool(vs)
+            .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
+        let persistence = cx.source_persistence(vs);
+        let stats = cx.stats(vs);
         let settings = Settings {
             framing: vs.framing.clone().unwrap_or_default(),
             mode: vs.message_mode,
@@ -77,18 +87,18 @@ impl Messages {
             }
         };
         inner.plans.push((vs.name.clone(), plan));
-        Arc::new(MessageService {
+        Ok(Some(Arc::new(MessageService {
             hub,
             idle_timeout: vs.idle_timeout,
             max_connections: vs.max_connections,
-            tracker: tracker.clone(),
-        })
+            tracker: cx.tracker.clone(),
+        })))
     }
 
-    /// Applies what `handler` prepared: new dispatchers open their member connections, kept ones
+    /// Applies what `build` prepared: new dispatchers open their member connections, kept ones
     /// switch to the new pool, and dispatchers of removed or replaced services close their member
     /// connections once their last client connection has gone.
-    pub fn commit(&self) {
+    fn commit(&self, _cx: &mut CommitCx) {
         let mut inner = self.inner.lock();
         let plans = std::mem::take(&mut inner.plans);
         let mut hubs = HashMap::new();
@@ -114,8 +124,18 @@ impl Messages {
         inner.hubs = hubs;
     }
 
+    fn abort(&self) {
+        self.inner.lock().plans.clear();
+    }
+
+    fn metrics(&self, w: &mut MetricsWriter) {
+        self.write_metrics(w);
+    }
+}
+
+impl Messages {
     /// The message metric families (see docs/operations.md).
-    pub fn write_metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricsWriter) {
         let mut hubs: Vec<Arc<Hub>> = self.inner.lock().hubs.values().cloned().collect();
         if hubs.is_empty() {
             return;

@@ -3,7 +3,7 @@
 //! after each apply (reloads update listeners that stay).
 
 use fulcrum_config::{Config, ConfigError};
-use fulcrum_proxy::Listeners;
+use fulcrum_net::Listeners;
 
 /// A congestion control the kernel does not offer is a config error naming the key.
 pub fn checks(config: &Config) -> Vec<ConfigError> {
@@ -12,12 +12,12 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
         let Some(c) = vs.tcp.as_ref().and_then(|t| t.congestion.as_deref()) else {
             continue;
         };
-        if !fulcrum_proxy::tuning::congestion_available(c) {
+        if !fulcrum_net::tuning::congestion_available(c) {
             errors.push(config.locations.error(
                 &format!("virtual_service[{i}].tcp.congestion"),
                 format!(
                     "congestion control {c:?} is not available in this kernel; available: {} (load its module, e.g. `modprobe tcp_{c}`)",
-                    fulcrum_proxy::tuning::available_congestion().join(", ")
+                    fulcrum_net::tuning::available_congestion().join(", ")
                 ),
             ));
         }

@@ -9,17 +9,17 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use fulcrum_admin::MetricsWriter;
-use fulcrum_balance::{PersistTable, Pool, TableSpec};
+use fulcrum_balance::{PersistTable, TableSpec};
 use fulcrum_config::{Config, Malformed, PersistenceKind, Protocol, VirtualService};
-use fulcrum_proxy::{
-    DatagramListeners, PreparedDatagram, RadiusPersistence, ServiceStats, SourcePersistence,
-    UdpService, UdpStats,
-};
+use fulcrum_net::{DatagramListeners, PreparedDatagram, StreamHandler};
+use fulcrum_proxy::{RadiusPersistence, UdpService, UdpStats};
 use parking_lot::Mutex;
 
-/// The udp side of the process; `App` calls it from its (serialised) reload path.
-#[derive(Default)]
+use crate::plane::{BuildCx, CommitCx, DataPlane};
+
+/// The udp side of the process.
 pub struct Udp {
+    sockets_per_address: usize,
     state: Mutex<State>,
     /// Per service, for `/metrics`: read without the reload lock.
     shown: ArcSwap<Vec<(String, Arc<UdpStats>)>>,
@@ -31,11 +31,13 @@ struct State {
     stats: HashMap<String, Arc<UdpStats>>,
     /// RADIUS persistence tables by profile name: shared by the services naming the profile.
     radius: HashMap<String, Arc<PersistTable>>,
+    /// The configuration being applied: its bound addresses and compiled services.
+    pending: Option<(PreparedDatagram, Next)>,
 }
 
 /// What a configuration being applied adds up to, committed only if all of it worked.
 #[derive(Default)]
-pub struct Next {
+struct Next {
     handlers: Vec<(SocketAddr, Arc<UdpService>)>,
     stats: HashMap<String, Arc<UdpStats>>,
     radius: HashMap<String, Arc<PersistTable>>,
@@ -43,35 +45,50 @@ pub struct Next {
 }
 
 impl Udp {
+    pub fn new(sockets_per_address: usize) -> Udp {
+        Udp {
+            sockets_per_address,
+            state: Mutex::default(),
+            shown: ArcSwap::default(),
+        }
+    }
+}
+
+impl DataPlane for Udp {
     /// Binds the udp addresses `config` adds; nothing running changes.
-    pub fn prepare(
-        &self,
-        config: &Config,
-        sockets_per_address: usize,
-    ) -> Result<PreparedDatagram, Vec<String>> {
+    fn prepare(&self, config: &Config) -> Result<(), Vec<String>> {
         let wanted: Vec<SocketAddr> = config
             .virtual_services
             .iter()
             .filter(|v| v.protocol == Protocol::Udp)
             .flat_map(|v| v.listen.iter().copied())
             .collect();
-        self.state
-            .lock()
+        let mut state = self.state.lock();
+        state.pending = None;
+        let prepared = state
             .listeners
-            .prepare(&wanted, sockets_per_address)
-            .map_err(|errs| errs.iter().map(ToString::to_string).collect())
+            .prepare(&wanted, self.sockets_per_address)
+            .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        state.pending = Some((prepared, Next::default()));
+        Ok(())
     }
 
-    /// Compiles one udp service into `next`.
-    pub fn build(
+    fn serves(&self, vs: &VirtualService) -> bool {
+        vs.protocol == Protocol::Udp
+    }
+
+    /// Compiles one udp service into the pending configuration.
+    fn build(
         &self,
         vs: &VirtualService,
-        config: &Config,
-        pool: Arc<Pool>,
-        stats: Arc<ServiceStats>,
-        source: Option<SourcePersistence>,
-        next: &mut Next,
-    ) {
+        cx: &mut BuildCx,
+    ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
+        let config = cx.config;
+        let pool = cx
+            .pool(vs)
+            .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
+        let source = cx.source_persistence(vs);
+        let stats = cx.stats(vs);
         // Probes of passively downed members must not be TCP connects to a UDP-only server.
         let only_udp = config
             .virtual_services
@@ -79,12 +96,14 @@ impl Udp {
             .filter(|v| v.pool == vs.pool)
             .all(|v| v.protocol == Protocol::Udp);
         pool.set_datagram(only_udp);
-        let state = self.state.lock();
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let Some((_, next)) = state.pending.as_mut() else {
+            return Err("udp: build without prepare".into());
+        };
         let udp = state.stats.get(&vs.name).cloned().unwrap_or_default();
-        let radius = vs
-            .persistence
-            .as_ref()
-            .and_then(|n| config.persistence(n))
+        let radius = cx
+            .persistence(vs)
             .filter(|p| p.kind == PersistenceKind::Radius)
             .and_then(|p| {
                 let attribute = fulcrum_config::radius_attribute(p.attribute.as_deref()?)?;
@@ -121,25 +140,39 @@ impl Udp {
         }
         next.stats.insert(vs.name.clone(), udp.clone());
         next.shown.push((vs.name.clone(), udp));
+        Ok(None)
     }
 
-    /// Installs `next`: kept sockets (and their flows) get the new services, prepared ones
-    /// start, the rest close.
-    pub fn commit(&self, prepared: PreparedDatagram, next: Next) {
+    /// Installs the pending configuration: kept sockets (and their flows) get the new services,
+    /// prepared ones start, the rest close.
+    fn commit(&self, _cx: &mut CommitCx) {
         let mut state = self.state.lock();
+        let Some((prepared, next)) = state.pending.take() else {
+            return;
+        };
         state.listeners.commit(prepared, next.handlers);
         state.stats = next.stats;
         state.radius = next.radius;
         self.shown.store(Arc::new(next.shown));
     }
 
+    fn abort(&self) {
+        self.state.lock().pending = None;
+    }
+
     /// Stops receiving (shutdown): flows end with their sockets.
-    pub fn close_all(&self) {
+    fn shutdown(&self) {
         self.state.lock().listeners.close_all();
     }
 
+    fn metrics(&self, w: &mut MetricsWriter) {
+        self.write_metrics(w);
+    }
+}
+
+impl Udp {
     /// The udp metric families (see docs/operations.md).
-    pub fn metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricsWriter) {
         let shown = self.shown.load();
         if shown.is_empty() {
             return;

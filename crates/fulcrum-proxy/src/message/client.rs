@@ -16,9 +16,9 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::forward::write_all;
 use crate::message::hub::{Client, Hub, Message, Reply};
 use crate::message::MessageService;
+use fulcrum_net::forward::write_all;
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 16 * 1024;

@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use crate::message::framing::Framer;
 use crate::message::link;
 use crate::message::stats::{FailReason, MemberMessageStats, MessageStats};
-use crate::stats::ServiceStats;
 use crate::tcp::{l4_hash, SourcePersistence};
+use fulcrum_net::stats::ServiceStats;
 
 /// How many times a message may be handed back unsent (its member's connections could not be
 /// established, or the member left the pool) before it fails; the message timeout bounds it too.

@@ -17,9 +17,9 @@ use bytes::{Bytes, BytesMut};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::forward::write_all;
 use crate::message::hub::{Hub, MemberLinks, Message};
 use crate::message::stats::FailReason;
+use fulcrum_net::forward::write_all;
 
 /// First wait before reconnecting after a failure; it doubles up to `BACKOFF_MAX`.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -374,7 +374,7 @@ impl<'a> Session<'a> {
             // A member connection carries many clients' messages, so no single client address
             // can be announced: the header says the connection is Fulcrum's own (v2 LOCAL,
             // v1 UNKNOWN), for members that require one.
-            let header = crate::proxy_protocol::local_header(version);
+            let header = fulcrum_net::proxy_protocol::local_header(version);
             if let Err(e) = write_all(stream, &header).await {
                 return End::Failed(format!("writing PROXY header: {e}"));
             }

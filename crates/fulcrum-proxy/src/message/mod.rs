@@ -26,8 +26,8 @@ pub use framing::{Frame, FrameError, Framer};
 pub use hub::{Dispatch, Hub, MemberLinks, Settings};
 pub use stats::{FailReason, LatencyHistogram, MemberMessageStats, MessageStats, LATENCY_BUCKETS};
 
-use crate::listener::StreamHandler;
-use crate::tracker::Tracker;
+use fulcrum_net::listener::StreamHandler;
+use fulcrum_net::tracker::Tracker;
 
 /// A `protocol = "message"` virtual service as the listeners see it: the dispatcher its client
 /// connections use, and the client-side limits of the current configuration.

@@ -32,8 +32,6 @@
 //! that member as a failed connect; `fall` of them in a row take it down. A reply from a member
 //! clears the run.
 
-pub mod batch;
-
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -52,12 +50,13 @@ use tokio::io::{Interest, Ready};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::listener::DatagramService;
 use crate::radius::{self, KeyOf};
-use crate::stats::{ServiceConnection, ServiceStats};
 use crate::tcp::{l4_hash, SourcePersistence};
+use fulcrum_net::listener::DatagramService;
+use fulcrum_net::stats::{ServiceConnection, ServiceStats};
 
-pub use batch::{normalize, BATCH};
+use fulcrum_net::datagram;
+pub use fulcrum_net::datagram::{normalize, BATCH};
 
 /// Batches a receive loop handles before it lets other tasks of its worker run.
 const BATCHES_PER_WAKE: usize = 8;
@@ -269,7 +268,7 @@ fn receive_batch(
     listen: &Arc<AsyncFd<std::net::UdpSocket>>,
     current: &Arc<ArcSwap<UdpService>>,
 ) -> io::Result<usize> {
-    batch::with_client_batch(|b| {
+    datagram::with_client_batch(|b| {
         let n = b.recv(socket.as_raw_fd())?;
         let now = now_ms();
         // (flow socket, datagram index, destination), sent grouped by flow socket.
@@ -317,7 +316,7 @@ fn receive_batch(
 }
 
 /// Sends the planned datagrams, grouped by flow socket, and empties the plan.
-fn flush(b: &batch::RecvBatch, plan: &mut Vec<(i32, usize, SockAddr)>, svc: &UdpService) {
+fn flush(b: &datagram::RecvBatch, plan: &mut Vec<(i32, usize, SockAddr)>, svc: &UdpService) {
     let mut items: Vec<(&[u8], &SockAddr)> = Vec::with_capacity(plan.len());
     let mut start = 0;
     while start < plan.len() {
@@ -330,7 +329,7 @@ fn flush(b: &batch::RecvBatch, plan: &mut Vec<(i32, usize, SockAddr)>, svc: &Udp
             }
             end += 1;
         }
-        let (sent, err) = batch::send_all(fd, &items);
+        let (sent, err) = datagram::send_all(fd, &items);
         if sent < items.len() {
             svc.udp
                 .send_errors
@@ -536,7 +535,7 @@ fn upstream_socket() -> io::Result<(std::net::UdpSocket, bool)> {
         ([0, 0, 0, 0], 0).into()
     };
     socket.bind(&any.into())?;
-    batch::enable_recverr(socket.as_raw_fd(), v6)?;
+    datagram::enable_recverr(socket.as_raw_fd(), v6)?;
     Ok((socket.into(), v6))
 }
 
@@ -583,7 +582,7 @@ async fn relay_replies(
 }
 
 fn report_icmp_errors(socket: &std::net::UdpSocket, svc: &UdpService, flow: &FlowShared) {
-    batch::read_errors(socket.as_raw_fd(), 64, |e| {
+    datagram::read_errors(socket.as_raw_fd(), 64, |e| {
         svc.udp.icmp_errors.fetch_add(1, Ordering::Relaxed);
         if let Some((_, member)) = svc.pool.member_by_addr(e.destination) {
             let detail = format!("ICMP: {}", e.error);
@@ -600,7 +599,7 @@ fn relay_batch(
     flow: &FlowShared,
     listen: &std::net::UdpSocket,
 ) -> io::Result<usize> {
-    batch::with_member_batch(|b| {
+    datagram::with_member_batch(|b| {
         let n = b.recv(socket.as_raw_fd())?;
         let mut items: [(&[u8], &SockAddr); BATCH] = [(&[], &flow.client); BATCH];
         let mut k = 0;
@@ -634,7 +633,7 @@ fn relay_batch(
             return Ok(n);
         }
         flow.last_active.store(now_ms(), Ordering::Relaxed);
-        let (sent, err) = batch::send_all(listen.as_raw_fd(), &items[..k]);
+        let (sent, err) = datagram::send_all(listen.as_raw_fd(), &items[..k]);
         svc.udp
             .datagrams_out
             .fetch_add(sent as u64, Ordering::Relaxed);

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
-use fulcrum_proxy::udp::batch::{send_all, RecvBatch};
+use fulcrum_net::datagram::{send_all, RecvBatch};
 use socket2::SockAddr;
 
 fn serve(addr: SocketAddr) -> std::io::Result<()> {

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use fulcrum_proxy::udp::batch::{send_all, RecvBatch, BATCH};
+use fulcrum_net::datagram::{send_all, RecvBatch, BATCH};
 use socket2::SockAddr;
 
 struct Flow {

@@ -19,8 +19,10 @@ pub const BATCH: usize = 32;
 /// Room per datagram: the largest UDP payload, so nothing is ever cut.
 pub const SLOT: usize = 65536;
 
-/// Receive buffers for one batch; lives in a thread-local and is used between two awaits only.
+/// Receive buffers for one batch: in a thread-local between two awaits (the proxies), or owned
+/// by a dedicated thread (the DNS server).
 pub struct RecvBatch {
+    slot: usize,
     buf: Vec<u8>,
     iov: Vec<libc::iovec>,
     hdr: Vec<libc::mmsghdr>,
@@ -36,9 +38,16 @@ impl Default for RecvBatch {
 impl RecvBatch {
     /// Buffers for `BATCH` datagrams of up to `SLOT` bytes.
     pub fn new() -> RecvBatch {
+        RecvBatch::with_slot(SLOT)
+    }
+
+    /// Buffers for `BATCH` datagrams of up to `slot` bytes each; longer ones are cut and
+    /// reported by `truncated` (a DNS server reads queries into small slots).
+    pub fn with_slot(slot: usize) -> RecvBatch {
         RecvBatch {
+            slot,
             // Zeroed pages are mapped lazily: only the slots datagrams fill take memory.
-            buf: vec![0u8; BATCH * SLOT],
+            buf: vec![0u8; BATCH * slot],
             iov: (0..BATCH)
                 .map(|_| libc::iovec {
                     iov_base: null_mut(),
@@ -52,12 +61,23 @@ impl RecvBatch {
         }
     }
 
-    /// Receives up to `BATCH` datagrams from the non-blocking socket `fd`.
+    /// Receives up to `BATCH` datagrams from `fd` without waiting.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.recv_flags(fd, libc::MSG_DONTWAIT)
+    }
+
+    /// Waits for at least one datagram on the blocking socket `fd` (up to its receive timeout),
+    /// then takes what else is queued, up to `BATCH`, in the same call.
+    pub fn recv_wait(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.recv_flags(fd, libc::MSG_WAITFORONE)
+    }
+
+    fn recv_flags(&mut self, fd: RawFd, flags: libc::c_int) -> io::Result<usize> {
+        let slot = self.slot;
         for i in 0..BATCH {
             self.iov[i] = libc::iovec {
-                iov_base: self.buf[i * SLOT..].as_mut_ptr().cast(),
-                iov_len: SLOT,
+                iov_base: self.buf[i * slot..].as_mut_ptr().cast(),
+                iov_len: slot,
             };
             // SAFETY: all-zero is a valid msghdr (see `new`).
             let mut h: libc::msghdr = unsafe { zeroed() };
@@ -68,15 +88,15 @@ impl RecvBatch {
             self.hdr[i].msg_hdr = h;
             self.hdr[i].msg_len = 0;
         }
-        // SAFETY: `hdr` holds BATCH headers, each pointing at its own iovec (SLOT bytes inside
-        // `buf`) and its own sockaddr_storage, all owned by `self` and alive for the call; the
-        // kernel writes only within those lengths. MSG_DONTWAIT keeps the call from blocking.
+        // SAFETY: `hdr` holds BATCH headers, each pointing at its own iovec (`slot` bytes inside
+        // `buf`, which is BATCH * slot long) and its own sockaddr_storage, all owned by `self`
+        // and alive for the call; the kernel writes only within those lengths.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
                 self.hdr.as_mut_ptr(),
                 BATCH as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                flags,
                 null_mut(),
             )
         };
@@ -87,16 +107,31 @@ impl RecvBatch {
         }
     }
 
-    /// Datagram `i` of the last `recv`: its bytes and sender; `None` if it was cut (larger than
-    /// a slot, which a UDP payload cannot be) or has no IPv4/IPv6 sender.
+    /// Datagram `i` of the last `recv`: its bytes and sender (IPv4-mapped senders as IPv4);
+    /// `None` if it was cut (see `truncated`) or has no IPv4/IPv6 sender.
     pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {
-        let h = &self.hdr[i];
-        if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+        if self.truncated(i) {
             return None;
         }
-        let len = (h.msg_len as usize).min(SLOT);
+        let h = &self.hdr[i];
+        let len = (h.msg_len as usize).min(self.slot);
         let from = normalize(socket_addr(&self.addr[i], h.msg_hdr.msg_namelen)?);
-        Some((&self.buf[i * SLOT..i * SLOT + len], from))
+        Some((&self.buf[i * self.slot..i * self.slot + len], from))
+    }
+
+    /// Whether datagram `i` was longer than a slot (never with the default `SLOT`).
+    pub fn truncated(&self, i: usize) -> bool {
+        self.hdr[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0
+    }
+
+    /// The sender of datagram `i` exactly as the kernel gave it, to answer it from the same
+    /// socket (a dual-stack socket must answer an IPv4 client at its IPv4-mapped address).
+    pub fn reply_address(&self, i: usize) -> SockAddr {
+        let mut s = SockAddrStorage::zeroed();
+        // SAFETY: SockAddrStorage is a transparent wrapper of sockaddr_storage.
+        unsafe { *s.view_as::<libc::sockaddr_storage>() = self.addr[i] };
+        // SAFETY: the kernel wrote a valid address of msg_namelen bytes into the storage.
+        unsafe { SockAddr::new(s, self.hdr[i].msg_hdr.msg_namelen) }
     }
 }
 
@@ -142,44 +177,61 @@ pub fn normalize(addr: SocketAddr) -> SocketAddr {
 pub fn send_all(fd: RawFd, items: &[(&[u8], &SockAddr)]) -> (usize, Option<io::Error>) {
     let mut sent = 0;
     while sent < items.len() {
-        let chunk = &items[sent..items.len().min(sent + BATCH)];
-        // SAFETY: all-zero iovec/mmsghdr values are valid (null pointers, zero lengths).
-        let mut iov: [libc::iovec; BATCH] = unsafe { zeroed() };
-        let mut hdr: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        for (i, (data, to)) in chunk.iter().enumerate() {
-            iov[i] = libc::iovec {
-                iov_base: data.as_ptr() as *mut libc::c_void,
-                iov_len: data.len(),
-            };
-            hdr[i].msg_hdr.msg_name = to.as_ptr() as *mut libc::c_void;
-            hdr[i].msg_hdr.msg_namelen = to.len();
-            hdr[i].msg_hdr.msg_iov = &mut iov[i];
-            hdr[i].msg_hdr.msg_iovlen = 1;
+        match send_chunk(fd, &items[sent..], libc::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (sent, Some(e)),
         }
-        // SAFETY: the first `chunk.len()` headers point at iovecs on this stack frame, which
-        // point at the callers' byte slices, and at socket addresses the caller keeps alive for
-        // the call. The kernel only reads them (and writes `msg_len`).
-        let n = unsafe {
-            libc::sendmmsg(
-                fd,
-                hdr.as_mut_ptr(),
-                chunk.len() as libc::c_uint,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return (sent, Some(e));
-        }
-        if n == 0 {
-            break;
-        }
-        sent += n as usize;
     }
     (sent, None)
+}
+
+/// Sends every datagram of `items` on the blocking socket `fd`, waiting for room in the send
+/// buffer; a datagram the kernel refuses (an unreachable destination) is skipped so the rest of
+/// the batch still goes out. Returns how many were skipped.
+pub fn send_each(fd: RawFd, items: &[(&[u8], &SockAddr)]) -> usize {
+    let (mut sent, mut skipped) = (0, 0);
+    while sent < items.len() {
+        match send_chunk(fd, &items[sent..], 0) {
+            Ok(0) => break,
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "sendmmsg refused a datagram");
+                sent += 1;
+                skipped += 1;
+            }
+        }
+    }
+    skipped
+}
+
+/// One `sendmmsg` call for up to `BATCH` datagrams of `items`.
+fn send_chunk(fd: RawFd, items: &[(&[u8], &SockAddr)], flags: libc::c_int) -> io::Result<usize> {
+    let chunk = &items[..items.len().min(BATCH)];
+    // SAFETY: all-zero iovec/mmsghdr values are valid (null pointers, zero lengths).
+    let mut iov: [libc::iovec; BATCH] = unsafe { zeroed() };
+    let mut hdr: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    for (i, (data, to)) in chunk.iter().enumerate() {
+        iov[i] = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        hdr[i].msg_hdr.msg_name = to.as_ptr() as *mut libc::c_void;
+        hdr[i].msg_hdr.msg_namelen = to.len();
+        hdr[i].msg_hdr.msg_iov = &mut iov[i];
+        hdr[i].msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: the first `chunk.len()` headers point at iovecs on this stack frame, which
+    // point at the callers' byte slices, and at socket addresses the caller keeps alive for
+    // the call. The kernel only reads them (and writes `msg_len`).
+    let n = unsafe { libc::sendmmsg(fd, hdr.as_mut_ptr(), chunk.len() as libc::c_uint, flags) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// An ICMP error the kernel queued for a datagram this socket sent (`IP_RECVERR`).

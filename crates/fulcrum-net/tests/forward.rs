@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fulcrum_proxy::forward::{forward, End, ForwardOptions};
+use fulcrum_net::forward::{forward, End, ForwardOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

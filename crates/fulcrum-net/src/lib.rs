@@ -1,0 +1,20 @@
+//! Sockets shared by every data plane: listening sockets that outlive reloads, batched datagram
+//! I/O (`recvmmsg`/`sendmmsg`, ICMP error queues), PROXY protocol headers, the forwarding engine
+//! (buffer copy and `splice(2)`), client-side TCP tuning, the connection tracker used at shutdown,
+//! and per-service counters. Nothing here knows a protocol above the transport or a pool.
+
+pub mod datagram;
+pub mod forward;
+pub mod listener;
+pub mod proxy_protocol;
+mod splice;
+pub mod stats;
+pub mod tracker;
+pub mod tuning;
+
+pub use listener::{
+    BindError, DatagramListeners, DatagramService, Listener, Listeners, Prepared, PreparedDatagram,
+    StreamHandler,
+};
+pub use stats::{ServiceConnection, ServiceStats};
+pub use tracker::Tracker;

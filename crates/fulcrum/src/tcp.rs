@@ -1,0 +1,40 @@
+//! Assembly of `protocol = "tcp"` virtual services: the full proxy of `fulcrum-proxy` behind
+//! the shared stream listeners.
+
+use std::sync::Arc;
+
+use fulcrum_config::{Protocol, VirtualService};
+use fulcrum_net::StreamHandler;
+use fulcrum_proxy::TcpService;
+
+use crate::plane::{BuildCx, DataPlane};
+
+/// The TCP full proxy. Its state lives in the services it builds; nothing is kept here.
+pub struct TcpPlane;
+
+impl DataPlane for TcpPlane {
+    fn serves(&self, vs: &VirtualService) -> bool {
+        vs.protocol == Protocol::Tcp
+    }
+
+    fn build(
+        &self,
+        vs: &VirtualService,
+        cx: &mut BuildCx,
+    ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
+        let pool = cx
+            .pool(vs)
+            .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
+        Ok(Some(Arc::new(TcpService {
+            name: Arc::from(vs.name.as_str()),
+            pool,
+            persistence: cx.source_persistence(vs),
+            proxy_protocol: vs.proxy_protocol,
+            idle_timeout: vs.idle_timeout,
+            max_connections: vs.max_connections,
+            splice: true,
+            stats: cx.stats(vs),
+            tracker: cx.tracker.clone(),
+        })))
+    }
+}
