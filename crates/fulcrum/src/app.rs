@@ -97,6 +97,7 @@ pub struct App {
     udp: crate::udp::Udp,
     messages: crate::message::Messages,
     http: crate::http::HttpAssembly,
+    xdp: crate::xdp::XdpPlane,
 }
 
 impl App {
@@ -121,14 +122,16 @@ impl App {
             udp: crate::udp::Udp::default(),
             messages: crate::message::Messages::default(),
             http: crate::http::HttpAssembly::new(),
+            xdp: crate::xdp::XdpPlane::default(),
         }
     }
 
     /// Applies `config`: binds new addresses first (a failure changes nothing), then builds the
     /// pools (keeping members that stay, with their health and counters) and services, swaps
     /// listeners' handlers and the snapshot, and retargets the health checks.
-    fn apply(&self, config: Config) -> Result<u64, Vec<String>> {
+    fn apply(&self, mut config: Config) -> Result<u64, Vec<String>> {
         let mut asm = self.assembly.lock();
+        let in_kernel = crate::xdp::XdpPlane::split(&mut config);
         let wanted: Vec<SocketAddr> = config
             .virtual_services
             .iter()
@@ -253,6 +256,16 @@ impl App {
             });
         }
 
+        self.xdp.apply(&in_kernel, &config, &pools)?;
+        for vs in in_kernel {
+            services.push(ServiceInfo {
+                name: vs.name.clone(),
+                protocol: vs.protocol,
+                listen: vs.listen.clone(),
+                stats: asm.stats.get(&vs.name).cloned().unwrap_or_default(),
+            });
+            config.virtual_services.push(vs);
+        }
         asm.listeners
             .commit(prepared, handlers)
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
@@ -305,6 +318,7 @@ impl App {
         self.dns.shutdown();
         self.health.shutdown();
         self.http.retire_all();
+        self.xdp.shutdown();
         let active = self.tracker.active();
         if active > 0 {
             tracing::info!(connections = active, deadline = ?deadline, "stopped accepting; waiting for connections to finish");
@@ -347,6 +361,7 @@ impl Control for App {
         self.dns.metrics(out);
         self.messages.write_metrics(out);
         self.http.metrics(out);
+        self.xdp.metrics(out);
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {

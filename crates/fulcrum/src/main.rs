@@ -9,6 +9,7 @@ mod https;
 mod message;
 mod tuning;
 mod udp;
+mod xdp;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
