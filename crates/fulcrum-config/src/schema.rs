@@ -139,6 +139,8 @@ pub struct VirtualService {
     pub message: MessageOptions,
     /// HTTP timeouts, limits, forwarding headers and access log (Fulcrum additions).
     pub http: crate::http::HttpOptions,
+    /// tcp / udp: proxy (default) or in-kernel nat / dr / tunnel, and where XDP attaches.
+    pub forwarding: crate::forwarding::ForwardingOptions,
 }
 
 impl FromNode for VirtualService {
@@ -170,6 +172,7 @@ impl FromNode for VirtualService {
             let gslb_redirect_threshold = t.opt(cx, "gslb_redirect_threshold");
             let message = MessageOptions::read(t, cx, node, message_mode);
             let http = crate::http::HttpOptions::read(t, cx);
+            let forwarding = crate::forwarding::ForwardingOptions::read(t, cx);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -200,6 +203,7 @@ impl FromNode for VirtualService {
                 gslb_redirect_threshold,
                 message,
                 http,
+                forwarding,
             })
         })
     }

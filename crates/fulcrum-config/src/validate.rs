@@ -260,6 +260,22 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         for key in crate::http::HTTP_SERVICE_KEYS {
             c.only_for(i, key, vs.protocol, &[Http, Https]);
         }
+        for key in crate::forwarding::FORWARDING_KEYS {
+            c.only_for(i, key, vs.protocol, &[Tcp, Udp]);
+        }
+        if matches!(vs.protocol, Tcp | Udp) {
+            let mut errs = Vec::new();
+            let has_interfaces = c.loc.contains(&at("interfaces"));
+            crate::forwarding::check_service(
+                &format!("virtual_service[{i}]"),
+                &vs.forwarding,
+                has_interfaces,
+                &mut errs,
+            );
+            for (path, msg) in errs {
+                c.err(&path, msg);
+            }
+        }
         if vs.protocol.is_http() {
             let mut errs = Vec::new();
             crate::http::check_service(&format!("virtual_service[{i}]"), &vs.http, &mut errs);

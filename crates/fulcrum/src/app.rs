@@ -16,7 +16,7 @@ use fulcrum_balance::{PersistTable, Pool};
 use fulcrum_config::{Config, ConfigError};
 use fulcrum_health::HealthService;
 use fulcrum_net::listener::default_sockets_per_address;
-use fulcrum_net::{Listeners, ServiceStats, StreamHandler, Tracker};
+use fulcrum_net::{Listeners, Prepared, ServiceStats, StreamHandler, Tracker};
 use parking_lot::Mutex;
 
 use crate::plane::{BuildCx, CommitCx, DataPlane};
@@ -102,7 +102,10 @@ impl App {
     fn new(source: Source, workers: usize) -> App {
         let sockets_per_address = default_sockets_per_address(workers);
         let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
+        // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
+        // than "proxy" before the proxies do.
         let planes: Vec<Arc<dyn DataPlane>> = vec![
+            Arc::new(crate::xdp::XdpPlane::default()),
             Arc::new(crate::tcp::TcpPlane),
             Arc::new(crate::udp::Udp::new(sockets_per_address)),
             Arc::new(crate::message::Messages::default()),
@@ -136,24 +139,14 @@ impl App {
     /// retargeted.
     fn apply(&self, config: Config) -> Result<u64, Vec<String>> {
         let mut asm = self.assembly.lock();
-        let built = self.build(&config, &asm);
-        let (pools, services, handlers, stats, tables) = match built {
+        let built = self.build(&config, &mut asm);
+        let (pools, services, handlers, stats, tables, prepared) = match built {
             Ok(b) => b,
             Err(errors) => {
                 for plane in &self.planes {
                     plane.abort();
                 }
                 return Err(errors);
-            }
-        };
-        let wanted: Vec<SocketAddr> = handlers.iter().map(|(addr, _)| *addr).collect();
-        let prepared = match asm.listeners.prepare(&wanted, self.sockets_per_address) {
-            Ok(p) => p,
-            Err(errs) => {
-                for plane in &self.planes {
-                    plane.abort();
-                }
-                return Err(errs.iter().map(ToString::to_string).collect());
             }
         };
         if let Err(e) = asm.listeners.commit(prepared, handlers) {
@@ -184,12 +177,12 @@ impl App {
     }
 
     /// The steps of `apply` that change nothing running: planes prepare, pools and services are
-    /// built.
+    /// built, new stream listeners are bound (not yet accepting), planes complete.
     #[allow(clippy::type_complexity)]
     fn build(
         &self,
         config: &Config,
-        asm: &Assembly,
+        asm: &mut Assembly,
     ) -> Result<
         (
             Vec<Arc<Pool>>,
@@ -197,6 +190,7 @@ impl App {
             Vec<(SocketAddr, Arc<dyn StreamHandler>)>,
             HashMap<String, Arc<ServiceStats>>,
             HashMap<String, Arc<PersistTable>>,
+            Prepared,
         ),
         Vec<String>,
     > {
@@ -233,8 +227,16 @@ impl App {
                 stats: cx.stats(vs),
             });
         }
+        let wanted: Vec<SocketAddr> = handlers.iter().map(|(addr, _)| *addr).collect();
+        let prepared = asm
+            .listeners
+            .prepare(&wanted, self.sockets_per_address)
+            .map_err(|errs| errs.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        for plane in &self.planes {
+            plane.complete(&cx)?;
+        }
         let (stats, tables) = (cx.stats, cx.tables);
-        Ok((pools, services, handlers, stats, tables))
+        Ok((pools, services, handlers, stats, tables, prepared))
     }
 
     fn reload_now(&self) -> Result<u64, Vec<String>> {

@@ -11,6 +11,7 @@ mod plane;
 mod tcp;
 mod tuning;
 mod udp;
+mod xdp;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

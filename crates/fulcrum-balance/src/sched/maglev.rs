@@ -30,15 +30,24 @@ impl MaglevTable {
     /// Builds the table for members `names` with `weights` (0 = no slots).
     pub fn build(names: &[String], weights: &[u32]) -> MaglevTable {
         let n = names.len();
-        let live: Vec<usize> = (0..n).filter(|&i| weights[i] > 0).collect();
-        if live.is_empty() {
-            return MaglevTable::default();
-        }
         let m = SIZES
             .iter()
             .copied()
             .find(|&s| s >= 100 * n)
             .unwrap_or(SIZES[SIZES.len() - 1]);
+        MaglevTable::build_with_size(names, weights, m)
+    }
+
+    /// Builds a table of exactly `size` slots, for consumers whose lookup side fixes the size
+    /// (the XDP data plane's rings are 65537 slots, the Katran size). `size` must be prime
+    /// (every skip then visits every slot); a size below 2 gives an empty table.
+    pub fn build_with_size(names: &[String], weights: &[u32], size: usize) -> MaglevTable {
+        let n = names.len().min(weights.len());
+        let live: Vec<usize> = (0..n).filter(|&i| weights[i] > 0).collect();
+        if live.is_empty() || size < 2 {
+            return MaglevTable::default();
+        }
+        let m = size;
         let perms: Vec<(usize, usize)> = live
             .iter()
             .map(|&i| {
@@ -183,6 +192,18 @@ mod tests {
         // Exactly the removed member's 1/N must move; Maglev moves a little more (the paper
         // reports a few percent of disruption at this table size).
         assert!((0.095..0.13).contains(&frac), "moved {frac}");
+    }
+
+    #[test]
+    fn explicit_prime_size() {
+        let t = MaglevTable::build_with_size(&names(3), &[1, 1, 2], 65537);
+        assert_eq!(t.slots.len(), 65537);
+        let share = t.slots.iter().filter(|&&s| s == 2).count() as f64 / 65537.0;
+        assert!((share - 0.5).abs() < 0.01, "{share}");
+        assert!(t.slots.iter().all(|&s| s < 3));
+        assert!(MaglevTable::build_with_size(&names(3), &[0, 0, 0], 65537)
+            .slots
+            .is_empty());
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! How packets of a tcp / udp virtual service reach its members (DESIGN §4 Phase 2):
+//! `forwarding` and `interfaces`. `proxy` (the default) is the full proxy; `nat`, `dr` and
+//! `tunnel` hand the service's packets to the in-kernel XDP forwarder (crate fulcrum-xdp).
+
+use crate::reader::{Cx, TableReader};
+use crate::string_enum;
+
+string_enum!(Forwarding {
+    Proxy = "proxy",
+    Nat = "nat",
+    Dr = "dr",
+    Tunnel = "tunnel",
+});
+
+impl Forwarding {
+    /// Whether the service's packets are forwarded in the kernel (XDP) rather than proxied.
+    pub fn in_kernel(self) -> bool {
+        !matches!(self, Forwarding::Proxy)
+    }
+}
+
+/// The forwarding keys of a `[[virtual_service]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardingOptions {
+    pub forwarding: Forwarding,
+    /// Where the XDP program attaches (nat: the client and the member sides).
+    pub interfaces: Vec<String>,
+}
+
+impl Default for ForwardingOptions {
+    fn default() -> Self {
+        ForwardingOptions {
+            forwarding: Forwarding::Proxy,
+            interfaces: Vec::new(),
+        }
+    }
+}
+
+/// Keys read here, for the protocol checks in validate.rs.
+pub const FORWARDING_KEYS: &[&str] = &["forwarding", "interfaces"];
+
+impl ForwardingOptions {
+    pub fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> ForwardingOptions {
+        ForwardingOptions {
+            forwarding: t.opt(cx, "forwarding").unwrap_or(Forwarding::Proxy),
+            interfaces: t.opt(cx, "interfaces").unwrap_or_default(),
+        }
+    }
+}
+
+/// Checks of one service's forwarding keys: (key path, message) for each problem.
+pub fn check_service(
+    at: &str,
+    f: &ForwardingOptions,
+    has_interfaces_key: bool,
+    errs: &mut Vec<(String, String)>,
+) {
+    if f.forwarding.in_kernel() && f.interfaces.is_empty() {
+        errs.push((
+            format!("{at}.forwarding"),
+            format!(
+                "forwarding = \"{}\" needs `interfaces` (where the XDP program attaches, e.g. [\"eth0\"])",
+                f.forwarding
+            ),
+        ));
+    }
+    if !f.forwarding.in_kernel() && has_interfaces_key {
+        errs.push((
+            format!("{at}.interfaces"),
+            "`interfaces` applies to forwarding = \"nat\" / \"dr\" / \"tunnel\"; this service proxies"
+                .to_string(),
+        ));
+    }
+    for (i, name) in f.interfaces.iter().enumerate() {
+        // IFNAMSIZ is 16 including the terminating NUL.
+        if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', '\0']) {
+            errs.push((
+                format!("{at}.interfaces[{i}]"),
+                format!("{name:?} is not an interface name (1 to 15 characters, no '/' or spaces)"),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::{parse, Forwarding};
+
+    fn service(extra: &str, protocol: &str) -> String {
+        format!(
+            r#"
+[[virtual_service]]
+name = "web"
+listen = "198.18.0.10:80"
+protocol = "{protocol}"
+pool = "web"
+{extra}
+
+[[pool]]
+name = "web"
+algorithm = "hash"
+
+[[pool.member]]
+address = "198.18.1.1:80"
+"#
+        )
+    }
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse(text, "f.toml", Path::new("/etc/fulcrum")) {
+            Ok(_) => panic!("accepted:\n{text}"),
+            Err(e) => e.messages(),
+        }
+    }
+
+    fn has(errors: &[String], needle: &str) {
+        assert!(
+            errors.iter().any(|e| e.contains(needle)),
+            "no error contains {needle:?}: {errors:#?}"
+        );
+    }
+
+    #[test]
+    fn proxy_is_the_default_and_modes_parse() {
+        let c = parse(&service("", "tcp"), "f.toml", Path::new("/")).expect("valid");
+        assert_eq!(
+            c.virtual_services[0].forwarding.forwarding,
+            Forwarding::Proxy
+        );
+        for (mode, want) in [
+            ("nat", Forwarding::Nat),
+            ("dr", Forwarding::Dr),
+            ("tunnel", Forwarding::Tunnel),
+        ] {
+            for proto in ["tcp", "udp"] {
+                let text = service(
+                    &format!("forwarding = \"{mode}\"\ninterfaces = [\"eth0\", \"eth1\"]"),
+                    proto,
+                );
+                let c = parse(&text, "f.toml", Path::new("/")).expect("valid");
+                let f = &c.virtual_services[0].forwarding;
+                assert_eq!(f.forwarding, want);
+                assert_eq!(f.interfaces, ["eth0", "eth1"]);
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_key() {
+        let e = errors(&service(
+            "forwarding = \"dsr\"\ninterfaces = [\"eth0\"]",
+            "tcp",
+        ));
+        has(&e, "f.toml:7");
+        has(&e, "forwarding");
+        has(&e, "tunnel");
+        let e = errors(&service("forwarding = \"dr\"", "tcp"));
+        has(&e, "needs `interfaces`");
+        has(&e, "f.toml:7");
+        let e = errors(&service("interfaces = [\"eth0\"]", "tcp"));
+        has(&e, "virtual_service[0].interfaces");
+        let e = errors(&service(
+            "forwarding = \"nat\"\ninterfaces = [\"eth0\"]",
+            "http",
+        ));
+        has(&e, "applies to protocol tcp / udp");
+        let e = errors(&service(
+            "forwarding = \"nat\"\ninterfaces = [\"a/b\"]",
+            "udp",
+        ));
+        has(&e, "interfaces[0]");
+        let e = errors(&service("forwardng = \"nat\"", "tcp"));
+        has(&e, "did you mean `forwarding`");
+    }
+}

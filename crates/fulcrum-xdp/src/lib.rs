@@ -1,0 +1,603 @@
+//! Fulcrum's in-kernel L4 forwarder: an XDP program (bpf/fulcrum_xdp.c) in `dr`, `tunnel` and
+//! `nat` modes, and the userspace side that loads it, fills its maps from pools and members,
+//! attaches it and reads its counters.
+//!
+//! The program is written in C because an eBPF program in Rust needs a nightly toolchain and
+//! bpf-linker. The compiled object is checked in and embedded, so `cargo build` needs no clang;
+//! tests/object.rs rebuilds it with bpf/build.sh and requires it to be byte-identical.
+
+pub mod hash;
+pub mod maps;
+pub mod packet;
+
+use std::collections::HashMap as StdHashMap;
+use std::net::IpAddr;
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap};
+use aya::programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode};
+use aya::{Ebpf, EbpfLoader};
+use fulcrum_balance::sched::MaglevTable;
+
+pub use maps::*;
+
+#[repr(C, align(8))]
+struct Aligned<T: ?Sized>(T);
+
+// The ELF parser reads headers in place and needs them aligned; include_bytes! guarantees none.
+static OBJECT_ALIGNED: &Aligned<[u8]> = &Aligned(*include_bytes!("../bpf/fulcrum_xdp.o"));
+
+/// The compiled XDP object (bpf/fulcrum_xdp.o).
+pub fn object() -> &'static [u8] {
+    &OBJECT_ALIGNED.0
+}
+
+/// The program that forwards; `xdp_pass` in the same object is the benchmark's baseline.
+pub const PROGRAM: &str = "fulcrum_xdp";
+pub const PASS_PROGRAM: &str = "xdp_pass";
+
+/// XDP return codes.
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading the XDP object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("XDP program: {0}")]
+    Program(#[from] ProgramError),
+    #[error("XDP map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("XDP map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("VIP index {0} out of range (at most {1} VIPs)")]
+    VipIndex(u32, u32),
+    #[error("mapping the rings array: {0}")]
+    Mmap(std::io::Error),
+    #[error("attaching XDP to {interface}: {message}")]
+    Attach { interface: String, message: String },
+}
+
+fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
+    move |source| Error::Map { name, source }
+}
+
+/// How many entries the maps get. The defaults suit a production balancer; tests shrink them.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub vips: u32,
+    pub conns: u32,
+    pub nat_entries: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            vips: 64,
+            conns: 1_000_000,
+            nat_entries: 1_000_000,
+        }
+    }
+}
+
+/// Connection-tracking timeouts and tunnel sources, copied into the `settings` map.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    pub tcp_idle: std::time::Duration,
+    pub tcp_fin: std::time::Duration,
+    pub udp_idle: std::time::Duration,
+    /// Tunnel outer source for IPv4: `prefix/len`; host bits come from the flow hash.
+    pub tunnel_source_v4: (std::net::Ipv4Addr, u8),
+    /// Tunnel outer source for IPv6: `prefix/len` (at most the last 32 bits vary).
+    pub tunnel_source_v6: (std::net::Ipv6Addr, u8),
+    /// Some VIP is in nat mode: look up replies from members.
+    pub nat: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        // IPVS's defaults: established TCP 15 min, FIN_WAIT 2 min, UDP 5 min.
+        Config {
+            tcp_idle: std::time::Duration::from_secs(900),
+            tcp_fin: std::time::Duration::from_secs(120),
+            udp_idle: std::time::Duration::from_secs(300),
+            tunnel_source_v4: (std::net::Ipv4Addr::new(172, 16, 0, 0), 16),
+            tunnel_source_v6: (
+                "100::".parse().unwrap_or(std::net::Ipv6Addr::UNSPECIFIED),
+                96,
+            ),
+            nat: false,
+        }
+    }
+}
+
+impl Config {
+    fn to_settings(self) -> Settings {
+        let host4 = u32::MAX
+            .checked_shr(u32::from(self.tunnel_source_v4.1))
+            .unwrap_or(0);
+        let bits6 = 128u32
+            .saturating_sub(u32::from(self.tunnel_source_v6.1))
+            .min(32);
+        let host6 = if bits6 == 0 {
+            0
+        } else {
+            u32::MAX >> (32 - bits6)
+        };
+        let o6 = self.tunnel_source_v6.0.octets();
+        let w = |i: usize| u32::from_ne_bytes([o6[i], o6[i + 1], o6[i + 2], o6[i + 3]]);
+        Settings {
+            tcp_idle_ns: self.tcp_idle.as_nanos() as u64,
+            tcp_fin_ns: self.tcp_fin.as_nanos() as u64,
+            udp_idle_ns: self.udp_idle.as_nanos() as u64,
+            tun_src4: u32::from_ne_bytes(self.tunnel_source_v4.0.octets()),
+            tun_src4_mask: u32::from_ne_bytes(host4.to_be_bytes()),
+            tun_src6: [w(0), w(4), w(8), w(12)],
+            tun_src6_mask: u32::from_ne_bytes(host6.to_be_bytes()),
+            flags: if self.nat { SET_F_NAT } else { 0 },
+        }
+    }
+}
+
+/// Builds a VIP's ring: Maglev over the members' names and weights (fulcrum-balance's table,
+/// the same one `algorithm = "hash"` uses), each slot holding the member's real index.
+pub fn build_ring(names: &[String], weights: &[u32], reals: &[u32]) -> Vec<u32> {
+    let table = MaglevTable::build_with_size(names, weights, RING_SIZE);
+    if table.slots.is_empty() {
+        return vec![NO_REAL; RING_SIZE];
+    }
+    table
+        .slots
+        .iter()
+        .map(|&i| reals.get(i as usize).copied().unwrap_or(NO_REAL))
+        .collect()
+}
+
+/// The kernel stores array elements 8 bytes apart (value size rounded up to 8), in u32 units;
+/// the value is the element's first (little-endian low) word.
+const RING_STRIDE: usize = 2;
+
+/// The `rings` array mapped into this process (the map is BPF_F_MMAPABLE), so a ring is
+/// written with stores rather than one bpf() call per slot.
+struct RingMemory {
+    base: std::ptr::NonNull<std::sync::atomic::AtomicU32>,
+    slots: usize,
+    bytes: usize,
+}
+
+impl RingMemory {
+    fn map(fd: std::os::fd::BorrowedFd<'_>, slots: usize) -> Result<RingMemory, Error> {
+        use std::os::fd::AsRawFd;
+        let page = 4096usize;
+        let bytes = (slots * RING_STRIDE * 4).div_ceil(page) * page;
+        // SAFETY: mapping a BPF array map's fd shared and read-write is how the kernel exposes
+        // BPF_F_MMAPABLE arrays; the length covers the map's value area rounded to pages, the
+        // offset is 0, and the result is checked for MAP_FAILED before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::Mmap(std::io::Error::last_os_error()));
+        }
+        let base = std::ptr::NonNull::new(ptr.cast())
+            .ok_or_else(|| Error::Mmap(std::io::Error::other("mmap returned a null mapping")))?;
+        Ok(RingMemory { base, slots, bytes })
+    }
+
+    fn store(&self, slot: usize, value: u32) {
+        if slot < self.slots {
+            // SAFETY: slot < slots, and the mapping holds `slots` elements of RING_STRIDE u32s
+            // (page-aligned, so each is 8-aligned) for as long as self lives. The XDP program reads the same
+            // words concurrently; going through AtomicU32 makes each store a single aligned
+            // 32-bit write, which is what such a concurrent reader needs.
+            let cell = unsafe { self.base.as_ptr().add(slot * RING_STRIDE).as_ref() };
+            if let Some(cell) = cell {
+                cell.store(value, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for RingMemory {
+    fn drop(&mut self) {
+        // SAFETY: base/bytes are exactly what mmap returned in RingMemory::map, unmapped once.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.bytes);
+        }
+    }
+}
+
+// SAFETY: RingMemory owns its mapping; the stores go through atomics, so moving it to (or
+// sharing it with) another thread is sound.
+unsafe impl Send for RingMemory {}
+// SAFETY: as above.
+unsafe impl Sync for RingMemory {}
+
+/// The loaded program and its maps.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    ring_memory: RingMemory,
+    limits: Limits,
+    /// The ring last written per VIP index, so an update writes only the slots that changed.
+    rings: StdHashMap<u32, Vec<u32>>,
+    attached: Vec<String>,
+}
+
+impl Dataplane {
+    /// Loads the embedded object with `limits` and verifies both programs.
+    pub fn load(limits: Limits) -> Result<Dataplane, Error> {
+        let rings = limits.vips.saturating_mul(RING_SIZE as u32);
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("rings", rings)
+            .map_max_entries("vip_stats", limits.vips)
+            .map_max_entries("conns", limits.conns)
+            .map_max_entries("nat_replies", limits.nat_entries)
+            .load(object())?;
+        for name in [PROGRAM, PASS_PROGRAM] {
+            let prog: &mut Xdp = ebpf
+                .program_mut(name)
+                .ok_or(Error::MissingMap(if name == PROGRAM {
+                    PROGRAM
+                } else {
+                    PASS_PROGRAM
+                }))?
+                .try_into()?;
+            prog.load()?;
+        }
+        let ring_memory = {
+            let m = ebpf.map("rings").ok_or(Error::MissingMap("rings"))?;
+            let data = match m {
+                aya::maps::Map::Array(d) => d,
+                _ => return Err(Error::MissingMap("rings")),
+            };
+            use std::os::fd::AsFd;
+            RingMemory::map(data.fd().as_fd(), rings as usize)?
+        };
+        let mut dp = Dataplane {
+            ebpf,
+            ring_memory,
+            limits,
+            rings: StdHashMap::new(),
+            attached: Vec::new(),
+        };
+        dp.set_config(&Config::default())?;
+        Ok(dp)
+    }
+
+    fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, Error> {
+        self.ebpf.map_mut(name).ok_or(Error::MissingMap(name))
+    }
+
+    fn map(&self, name: &'static str) -> Result<&aya::maps::Map, Error> {
+        self.ebpf.map(name).ok_or(Error::MissingMap(name))
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn set_config(&mut self, config: &Config) -> Result<(), Error> {
+        let mut m: Array<&mut MapData, Settings> =
+            Array::try_from(self.map_mut("settings")?).map_err(map_err("settings"))?;
+        m.set(0, config.to_settings(), 0)
+            .map_err(map_err("settings"))
+    }
+
+    /// Adds or updates a VIP. `index` selects its ring and counters (0..limits.vips).
+    pub fn set_vip(&mut self, key: VipKey, meta: VipMeta) -> Result<(), Error> {
+        if meta.index >= self.limits.vips {
+            return Err(Error::VipIndex(meta.index, self.limits.vips));
+        }
+        {
+            let mut m: HashMap<&mut MapData, VipKey, VipMeta> =
+                HashMap::try_from(self.map_mut("vips")?).map_err(map_err("vips"))?;
+            m.insert(key, meta, 0).map_err(map_err("vips"))?;
+        }
+        // The address's first VIP carries the counters of unclassifiable packets to it.
+        let ak = AddrKey {
+            addr: key.addr,
+            family: u32::from(key.family),
+        };
+        let mut a: HashMap<&mut MapData, AddrKey, u32> =
+            HashMap::try_from(self.map_mut("vip_addrs")?).map_err(map_err("vip_addrs"))?;
+        if a.get(&ak, 0).is_err() {
+            a.insert(ak, meta.index, 0).map_err(map_err("vip_addrs"))?;
+        }
+        Ok(())
+    }
+
+    /// Removes a VIP (its address entry goes when no other VIP uses the address).
+    pub fn remove_vip(&mut self, key: &VipKey) -> Result<(), Error> {
+        let remaining: Vec<VipKey> = {
+            let mut m: HashMap<&mut MapData, VipKey, VipMeta> =
+                HashMap::try_from(self.map_mut("vips")?).map_err(map_err("vips"))?;
+            let _ = m.remove(key);
+            m.keys().filter_map(Result::ok).collect()
+        };
+        if !remaining
+            .iter()
+            .any(|k| k.addr == key.addr && k.family == key.family)
+        {
+            let mut a: HashMap<&mut MapData, AddrKey, u32> =
+                HashMap::try_from(self.map_mut("vip_addrs")?).map_err(map_err("vip_addrs"))?;
+            let _ = a.remove(&AddrKey {
+                addr: key.addr,
+                family: u32::from(key.family),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets real `index` (1..): its address, next-hop MAC, NAT port and egress interface.
+    pub fn set_real(&mut self, index: u32, real: Real) -> Result<(), Error> {
+        let mut m: Array<&mut MapData, Real> =
+            Array::try_from(self.map_mut("reals")?).map_err(map_err("reals"))?;
+        m.set(index, real, 0).map_err(map_err("reals"))
+    }
+
+    /// Writes VIP `index`'s ring (RING_SIZE real indices; missing slots are empty), touching only
+    /// the slots that changed since the last write: a Maglev change moves about 1/N of them.
+    /// Each slot is one aligned 32-bit store, so the data plane sees every slot either old or
+    /// new, never torn; during the write some flows see the old ring and some the new.
+    pub fn set_ring(&mut self, index: u32, ring: &[u32]) -> Result<usize, Error> {
+        if index >= self.limits.vips {
+            return Err(Error::VipIndex(index, self.limits.vips));
+        }
+        let previous = self.rings.remove(&index);
+        let base = index as usize * RING_SIZE;
+        let mut written = 0;
+        for slot in 0..RING_SIZE {
+            let real = ring.get(slot).copied().unwrap_or(NO_REAL);
+            let old = previous.as_ref().and_then(|p| p.get(slot)).copied();
+            if old != Some(real) {
+                self.ring_memory.store(base + slot, real);
+                written += 1;
+            }
+        }
+        self.rings.insert(
+            index,
+            (0..RING_SIZE)
+                .map(|i| ring.get(i).copied().unwrap_or(NO_REAL))
+                .collect(),
+        );
+        Ok(written)
+    }
+
+    /// Drops every connection (and NAT reply entry) that points at real `index`: a disabled or
+    /// dead member's flows are rescheduled on their next packet instead of black-holed.
+    pub fn forget_real(&mut self, index: u32) -> Result<usize, Error> {
+        let mut gone = 0;
+        let doomed: Vec<(FlowKey, Option<FlowKey>)> = {
+            let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
+                PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+            conns
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(_, v)| v.iter().any(|c| c.real == index))
+                .map(|(k, _)| (k, None))
+                .collect()
+        };
+        let real = {
+            let reals: Array<&MapData, Real> =
+                Array::try_from(self.map("reals")?).map_err(map_err("reals"))?;
+            reals.get(&index, 0).ok()
+        };
+        {
+            let mut conns: PerCpuHashMap<&mut MapData, FlowKey, Conn> =
+                PerCpuHashMap::try_from(self.map_mut("conns")?).map_err(map_err("conns"))?;
+            for (k, _) in &doomed {
+                if conns.remove(k).is_ok() {
+                    gone += 1;
+                }
+            }
+        }
+        if let Some(real) = real {
+            let mut nat: HashMap<&mut MapData, FlowKey, NatEntry> =
+                HashMap::try_from(self.map_mut("nat_replies")?).map_err(map_err("nat_replies"))?;
+            let keys: Vec<FlowKey> = nat
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| k.src == real.addr && k.family == real.family)
+                .collect();
+            for k in keys {
+                let _ = nat.remove(&k);
+            }
+        }
+        Ok(gone)
+    }
+
+    /// The connection table entry of a flow (this CPU's or any CPU's), for tests and the API.
+    pub fn conn(&self, key: &FlowKey) -> Result<Option<Conn>, Error> {
+        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
+            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        Ok(conns
+            .get(key, 0)
+            .ok()
+            .and_then(|v| v.iter().find(|c| c.real != NO_REAL).copied()))
+    }
+
+    /// Writes a connection entry on every CPU (tests: pre-age an entry to check expiry).
+    pub fn set_conn(&mut self, key: FlowKey, conn: Conn) -> Result<(), Error> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Attach {
+            interface: String::new(),
+            message: e.to_string(),
+        })?;
+        let values =
+            aya::maps::PerCpuValues::try_from(vec![conn; cpus]).map_err(|e| Error::Map {
+                name: "conns",
+                source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                    call: "nr_cpus",
+                    io_error: e,
+                }),
+            })?;
+        let mut conns: PerCpuHashMap<&mut MapData, FlowKey, Conn> =
+            PerCpuHashMap::try_from(self.map_mut("conns")?).map_err(map_err("conns"))?;
+        conns.insert(key, values, 0).map_err(map_err("conns"))
+    }
+
+    pub fn conn_count(&self) -> Result<usize, Error> {
+        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
+            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        Ok(conns.keys().filter_map(Result::ok).count())
+    }
+
+    pub fn nat_entry(&self, key: &FlowKey) -> Result<Option<NatEntry>, Error> {
+        let nat: HashMap<&MapData, FlowKey, NatEntry> =
+            HashMap::try_from(self.map("nat_replies")?).map_err(map_err("nat_replies"))?;
+        Ok(nat.get(key, 0).ok())
+    }
+
+    pub fn set_nat_entry(&mut self, key: FlowKey, entry: NatEntry) -> Result<(), Error> {
+        let mut nat: HashMap<&mut MapData, FlowKey, NatEntry> =
+            HashMap::try_from(self.map_mut("nat_replies")?).map_err(map_err("nat_replies"))?;
+        nat.insert(key, entry, 0).map_err(map_err("nat_replies"))
+    }
+
+    /// A VIP's counters summed over CPUs.
+    pub fn vip_stats(&self, index: u32) -> Result<VipStats, Error> {
+        let m: PerCpuArray<&MapData, VipStats> =
+            PerCpuArray::try_from(self.map("vip_stats")?).map_err(map_err("vip_stats"))?;
+        let v = m.get(&index, 0).map_err(map_err("vip_stats"))?;
+        let mut sum = VipStats::default();
+        for s in v.iter() {
+            sum.packets += s.packets;
+            sum.bytes += s.bytes;
+            sum.new_flows += s.new_flows;
+            sum.reply_packets += s.reply_packets;
+            sum.reply_bytes += s.reply_bytes;
+            for (a, b) in sum.drops.iter_mut().zip(s.drops) {
+                *a += b;
+            }
+        }
+        Ok(sum)
+    }
+
+    /// A real's counters summed over CPUs.
+    pub fn real_stats(&self, index: u32) -> Result<RealStats, Error> {
+        let m: PerCpuArray<&MapData, RealStats> =
+            PerCpuArray::try_from(self.map("real_stats")?).map_err(map_err("real_stats"))?;
+        let v = m.get(&index, 0).map_err(map_err("real_stats"))?;
+        let mut sum = RealStats::default();
+        for s in v.iter() {
+            sum.packets += s.packets;
+            sum.bytes += s.bytes;
+            sum.new_flows += s.new_flows;
+        }
+        Ok(sum)
+    }
+
+    /// A global counter summed over CPUs.
+    pub fn global(&self, which: Global) -> Result<u64, Error> {
+        let m: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.map("global_stats")?).map_err(map_err("global_stats"))?;
+        let v = m.get(&(which as u32), 0).map_err(map_err("global_stats"))?;
+        Ok(v.iter().sum())
+    }
+
+    fn program(&self, name: &'static str) -> Result<&Xdp, Error> {
+        let p = self.ebpf.program(name).ok_or(Error::MissingMap(name))?;
+        Ok(p.try_into()?)
+    }
+
+    /// Runs a program once on `packet` through BPF_PROG_RUN: (XDP action, output frame).
+    pub fn test_run(&self, packet: &[u8]) -> Result<(u32, Vec<u8>), Error> {
+        let mut out = vec![0u8; packet.len() + 256];
+        let r = self.program(PROGRAM)?.test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            repeat: 1,
+            ..TestRunOptions::default()
+        })?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, out))
+    }
+
+    /// Runs `program` `repeat` times on `packet`; the kernel's mean time per run.
+    pub fn bench(
+        &self,
+        program: &'static str,
+        packet: &[u8],
+        repeat: u32,
+    ) -> Result<(u32, std::time::Duration), Error> {
+        let mut out = vec![0u8; packet.len() + 256];
+        let r = self.program(program)?.test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::default()
+        })?;
+        Ok((r.return_value, r.duration))
+    }
+
+    /// Attaches the forwarder to `interface`. Attachment goes through a bpf_link, which the
+    /// kernel removes when this process exits, however it exits: a crash cannot leave a stale
+    /// program behind. A program left attached the legacy (netlink) way — by an older run that
+    /// fell back to it, or by hand — makes the attach fail with EBUSY; it is removed and the
+    /// attach retried.
+    pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<(), Error> {
+        let err = |message: String| Error::Attach {
+            interface: interface.to_string(),
+            message,
+        };
+        let first = {
+            let prog: &mut Xdp = self
+                .ebpf
+                .program_mut(PROGRAM)
+                .ok_or(Error::MissingMap(PROGRAM))?
+                .try_into()?;
+            prog.attach(interface, mode).map(|_| ())
+        };
+        match first {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!(%interface, error = %e, "XDP attach failed; removing a stale program and retrying");
+                remove_legacy_xdp(interface).map_err(err)?;
+                let prog: &mut Xdp = self
+                    .ebpf
+                    .program_mut(PROGRAM)
+                    .ok_or(Error::MissingMap(PROGRAM))?
+                    .try_into()?;
+                prog.attach(interface, mode)
+                    .map_err(|e| err(format!("{e} (after removing the old program)")))?;
+            }
+        }
+        self.attached.push(interface.to_string());
+        Ok(())
+    }
+
+    pub fn attached(&self) -> &[String] {
+        &self.attached
+    }
+}
+
+/// Removes whatever XDP program is attached to `interface` with netlink (all modes).
+fn remove_legacy_xdp(interface: &str) -> Result<(), String> {
+    for mode in ["xdpgeneric", "xdpdrv"] {
+        let out = std::process::Command::new("ip")
+            .args(["link", "set", "dev", interface, mode, "off"])
+            .output()
+            .map_err(|e| format!("ip link: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+    }
+    Ok(())
+}
+
+/// The flow key of a client's packet, for tests and for predicting where a flow goes.
+pub fn flow(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, proto: u8) -> FlowKey {
+    FlowKey::new(src, sport, dst, dport, proto)
+}

@@ -1,0 +1,292 @@
+//! `#[repr(C)]` mirrors of the structs in bpf/fulcrum_xdp.c. Field order, sizes and padding must
+//! match the C side exactly; `layout_matches_c` in the tests pins the sizes.
+
+use std::net::IpAddr;
+
+/// Ring slots per VIP (prime; Katran's size).
+pub const RING_SIZE: usize = 65537;
+/// Real index 0 means "no member" in a ring slot; reals are numbered from 1.
+pub const NO_REAL: u32 = 0;
+
+pub const MODE_DR: u32 = 1;
+pub const MODE_TUNNEL: u32 = 2;
+pub const MODE_NAT: u32 = 3;
+pub const VIP_F_PERSIST_SRC: u32 = 0x10;
+pub const CONN_F_FIN: u32 = 0x1;
+pub const SET_F_NAT: u32 = 0x1;
+
+/// Why the data plane dropped a packet to a VIP (index into `VipStats::drops`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum DropReason {
+    NoReal = 0,
+    Fragment = 1,
+    Malformed = 2,
+    Ipv6Extension = 3,
+    Family = 4,
+    Adjust = 5,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 6] = [
+        DropReason::NoReal,
+        DropReason::Fragment,
+        DropReason::Malformed,
+        DropReason::Ipv6Extension,
+        DropReason::Family,
+        DropReason::Adjust,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::NoReal => "no_member",
+            DropReason::Fragment => "fragment",
+            DropReason::Malformed => "malformed",
+            DropReason::Ipv6Extension => "ipv6_extension",
+            DropReason::Family => "family_mismatch",
+            DropReason::Adjust => "no_headroom",
+        }
+    }
+}
+
+/// Global counters (index into the `global_stats` array).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Global {
+    PassNonIp = 0,
+    PassNonVip = 1,
+    MalformedL3 = 2,
+    IpOptions = 3,
+    IcmpForwarded = 4,
+    IcmpNatPassed = 5,
+}
+
+impl Global {
+    pub const ALL: [Global; 6] = [
+        Global::PassNonIp,
+        Global::PassNonVip,
+        Global::MalformedL3,
+        Global::IpOptions,
+        Global::IcmpForwarded,
+        Global::IcmpNatPassed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Global::PassNonIp => "passed_non_ip",
+            Global::PassNonVip => "passed_non_vip",
+            Global::MalformedL3 => "passed_malformed_l3",
+            Global::IpOptions => "ip_options_forwarded",
+            Global::IcmpForwarded => "icmp_errors_forwarded",
+            Global::IcmpNatPassed => "icmp_errors_nat_passed",
+        }
+    }
+}
+
+/// An address as the C side stores it: the bytes as on the wire, IPv4 in the first word.
+pub fn addr_words(addr: IpAddr) -> ([u32; 4], u8) {
+    match addr {
+        IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], 4),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], 6)
+        }
+    }
+}
+
+/// A port as the C side stores it (network order in memory).
+pub fn port_raw(port: u16) -> u16 {
+    u16::from_ne_bytes(port.to_be_bytes())
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct VipKey {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+impl VipKey {
+    pub fn new(addr: IpAddr, port: u16, proto: u8) -> VipKey {
+        let (addr, family) = addr_words(addr);
+        VipKey {
+            addr,
+            port: port_raw(port),
+            proto,
+            family,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct VipMeta {
+    pub index: u32,
+    pub flags: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct AddrKey {
+    pub addr: [u32; 4],
+    pub family: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Real {
+    pub addr: [u32; 4],
+    pub mac: [u8; 6],
+    /// nat only: the member's port in network order; 0 = the VIP's port.
+    pub port: u16,
+    /// Egress interface; 0 = the interface the packet came in on (XDP_TX).
+    pub ifindex: u32,
+    pub family: u8,
+    pub flags: u8,
+    pub pad: u16,
+}
+
+impl Real {
+    pub fn new(addr: IpAddr, mac: [u8; 6], port: u16, ifindex: u32) -> Real {
+        let (addr, family) = addr_words(addr);
+        Real {
+            addr,
+            mac,
+            port: port_raw(port),
+            ifindex,
+            family,
+            flags: 0,
+            pad: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct FlowKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub pad: u16,
+}
+
+impl FlowKey {
+    pub fn new(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, proto: u8) -> FlowKey {
+        let (src, family) = addr_words(src);
+        let (dst, _) = addr_words(dst);
+        FlowKey {
+            src,
+            dst,
+            sport: port_raw(sport),
+            dport: port_raw(dport),
+            proto,
+            family,
+            pad: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Conn {
+    pub real: u32,
+    pub flags: u32,
+    pub last_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct NatEntry {
+    pub vip_addr: [u32; 4],
+    pub vip_port: u16,
+    pub client_mac: [u8; 6],
+    pub local_mac: [u8; 6],
+    pub pad: u16,
+    pub ifindex: u32,
+    pub vip_index: u32,
+    pub flags: u32,
+    pub pad2: u32,
+    pub last_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Settings {
+    pub tcp_idle_ns: u64,
+    pub tcp_fin_ns: u64,
+    pub udp_idle_ns: u64,
+    /// Tunnel outer source (network order words); the bits set in the mask come from the flow hash.
+    pub tun_src4: u32,
+    pub tun_src4_mask: u32,
+    pub tun_src6: [u32; 4],
+    pub tun_src6_mask: u32,
+    pub flags: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct VipStats {
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+    pub reply_packets: u64,
+    pub reply_bytes: u64,
+    pub drops: [u64; 8],
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct RealStats {
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+}
+
+// SAFETY: every type here is #[repr(C)], made only of integers and integer arrays, with no
+// implicit padding (the C side's explicit pads are fields here), so any bit pattern is valid and
+// the kernel may copy them byte for byte.
+unsafe impl aya::Pod for VipKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for VipMeta {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AddrKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Real {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Conn {}
+// SAFETY: as above.
+unsafe impl aya::Pod for NatEntry {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Settings {}
+// SAFETY: as above.
+unsafe impl aya::Pod for VipStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for RealStats {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    #[test]
+    fn layout_matches_c() {
+        assert_eq!(size_of::<VipKey>(), 20);
+        assert_eq!(size_of::<VipMeta>(), 8);
+        assert_eq!(size_of::<AddrKey>(), 20);
+        assert_eq!(size_of::<Real>(), 32);
+        assert_eq!(size_of::<FlowKey>(), 40);
+        assert_eq!(size_of::<Conn>(), 16);
+        assert_eq!(size_of::<NatEntry>(), 56);
+        assert_eq!(size_of::<Settings>(), 56);
+        assert_eq!(size_of::<VipStats>(), 104);
+        assert_eq!(size_of::<RealStats>(), 24);
+    }
+}

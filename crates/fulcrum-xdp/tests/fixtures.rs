@@ -1,0 +1,1051 @@
+//! Packet fixtures through BPF_PROG_RUN: an input frame, the expected XDP action, the expected
+//! output frame byte for byte, and the counters. Expected frames are built from scratch by
+//! `fulcrum_xdp::packet` (full RFC 1071 checksums), so a match also verifies the data plane's
+//! incremental checksum updates. Needs root (CI runs as root), like loading any BPF program.
+
+use std::net::IpAddr;
+
+use fulcrum_xdp::hash::flow_hash;
+use fulcrum_xdp::packet::*;
+use fulcrum_xdp::*;
+
+const LB: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
+const MEMBER_PORT: u16 = 8080;
+
+fn rmac(i: u8) -> [u8; 6] {
+    [0x02, 0, 0, 0, 1, i]
+}
+
+fn a(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+fn vip(v6: bool) -> IpAddr {
+    a(if v6 { "2001:db8::10" } else { "198.18.0.10" })
+}
+fn client(v6: bool) -> IpAddr {
+    a(if v6 { "2001:db8:2::2" } else { "198.18.2.2" })
+}
+fn router(v6: bool) -> IpAddr {
+    a(if v6 { "2001:db8:3::1" } else { "198.18.3.1" })
+}
+/// Real `i` (1 or 2) of the family.
+fn real_addr(v6: bool, i: u8) -> IpAddr {
+    if v6 {
+        a(&format!("2001:db8:1::{i}"))
+    } else {
+        a(&format!("198.18.1.{i}"))
+    }
+}
+/// Real indices: v4 reals are 1 and 2, v6 reals 3 and 4.
+fn real_index(v6: bool, i: u8) -> u32 {
+    u32::from(i) + if v6 { 2 } else { 0 }
+}
+/// VIP indices: 0 v4 tcp/80, 1 v4 udp/53, 2 v6 tcp/80, 3 v6 udp/53.
+fn vip_index(v6: bool, proto: u8) -> u32 {
+    (if v6 { 2 } else { 0 }) + u32::from(proto == UDP)
+}
+fn vip_port(proto: u8) -> u16 {
+    if proto == UDP {
+        53
+    } else {
+        80
+    }
+}
+
+struct Fx {
+    dp: Dataplane,
+    mode: u32,
+}
+
+fn setup_with(mode: u32, flags: u32, member_port: u16) -> Fx {
+    let mut dp = Dataplane::load(Limits {
+        vips: 4,
+        conns: 4096,
+        nat_entries: 4096,
+    })
+    .expect("load the XDP object (needs root)");
+    dp.set_config(&Config {
+        nat: mode == MODE_NAT,
+        ..Config::default()
+    })
+    .expect("config");
+    for v6 in [false, true] {
+        for i in 1..=2u8 {
+            dp.set_real(
+                real_index(v6, i),
+                Real::new(real_addr(v6, i), rmac(i), member_port, 0),
+            )
+            .expect("real");
+        }
+        for proto in [TCP, UDP] {
+            let idx = vip_index(v6, proto);
+            dp.set_vip(
+                VipKey::new(vip(v6), vip_port(proto), proto),
+                VipMeta {
+                    index: idx,
+                    flags: mode | flags,
+                },
+            )
+            .expect("vip");
+            dp.set_ring(idx, &vec![real_index(v6, 1); RING_SIZE])
+                .expect("ring");
+        }
+    }
+    Fx { dp, mode }
+}
+
+fn setup(mode: u32) -> Fx {
+    setup_with(mode, 0, if mode == MODE_NAT { MEMBER_PORT } else { 0 })
+}
+
+impl Fx {
+    fn run(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.dp.test_run(frame).expect("BPF_PROG_RUN")
+    }
+    fn vs(&self, v6: bool, proto: u8) -> VipStats {
+        self.dp.vip_stats(vip_index(v6, proto)).expect("stats")
+    }
+    fn g(&self, which: Global) -> u64 {
+        self.dp.global(which).expect("global")
+    }
+}
+
+/// The client's segment (TCP with `flags`, or UDP) to the VIP.
+fn seg(v6: bool, proto: u8, sport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+    if proto == TCP {
+        tcp(client(v6), sport, vip(v6), vip_port(proto), flags, payload)
+    } else {
+        udp(client(v6), sport, vip(v6), vip_port(proto), payload)
+    }
+}
+
+fn client_packet(v6: bool, proto: u8, sport: u16, flags: u8) -> Vec<u8> {
+    ip(
+        client(v6),
+        vip(v6),
+        proto,
+        &seg(v6, proto, sport, flags, b"hello"),
+    )
+}
+
+fn client_frame(v6: bool, proto: u8, sport: u16, flags: u8) -> Vec<u8> {
+    eth(
+        LB,
+        CLIENT_MAC,
+        ethertype(vip(v6)),
+        &client_packet(v6, proto, sport, flags),
+    )
+}
+
+fn key(v6: bool, proto: u8, sport: u16) -> FlowKey {
+    flow(client(v6), sport, vip(v6), vip_port(proto), proto)
+}
+
+fn dr_expected(v6: bool, proto: u8, sport: u16, flags: u8, real: u8) -> Vec<u8> {
+    eth(
+        rmac(real),
+        LB,
+        ethertype(vip(v6)),
+        &client_packet(v6, proto, sport, flags),
+    )
+}
+
+// ---------------------------------------------------------------------------------------- dr
+
+fn dr_first_packet(v6: bool, proto: u8) {
+    let fx = setup(MODE_DR);
+    let flags = if proto == TCP { SYN } else { 0 };
+    let input = client_frame(v6, proto, 40000, flags);
+    let (act, out) = fx.run(&input);
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, dr_expected(v6, proto, 40000, flags, 1));
+    let s = fx.vs(v6, proto);
+    assert_eq!(
+        (s.packets, s.bytes, s.new_flows),
+        (1, input.len() as u64, 1)
+    );
+    let r = fx.dp.real_stats(real_index(v6, 1)).expect("real stats");
+    assert_eq!(
+        (r.packets, r.bytes, r.new_flows),
+        (1, input.len() as u64, 1)
+    );
+    let c = fx
+        .dp
+        .conn(&key(v6, proto, 40000))
+        .expect("conn")
+        .expect("entry");
+    assert_eq!(c.real, real_index(v6, 1));
+}
+
+#[test]
+fn dr_v4_tcp_syn_rewrites_macs() {
+    dr_first_packet(false, TCP);
+}
+#[test]
+fn dr_v4_udp_rewrites_macs() {
+    dr_first_packet(false, UDP);
+}
+#[test]
+fn dr_v6_tcp_syn_rewrites_macs() {
+    dr_first_packet(true, TCP);
+}
+#[test]
+fn dr_v6_udp_rewrites_macs() {
+    dr_first_packet(true, UDP);
+}
+
+/// A ring change does not move an established flow: the second packet hits the LRU entry.
+fn dr_lru_hit(v6: bool, proto: u8) {
+    let mut fx = setup(MODE_DR);
+    let first = if proto == TCP { SYN } else { 0 };
+    assert_eq!(fx.run(&client_frame(v6, proto, 40001, first)).0, XDP_TX);
+    fx.dp
+        .set_ring(vip_index(v6, proto), &vec![real_index(v6, 2); RING_SIZE])
+        .expect("ring");
+    let next = if proto == TCP { ACK | PSH } else { 0 };
+    let (act, out) = fx.run(&client_frame(v6, proto, 40001, next));
+    assert_eq!(act, XDP_TX);
+    assert_eq!(
+        out,
+        dr_expected(v6, proto, 40001, next, 1),
+        "stays on member 1"
+    );
+    assert_eq!(fx.vs(v6, proto).new_flows, 1);
+    assert_eq!(fx.vs(v6, proto).packets, 2);
+    // A new flow follows the new ring.
+    let (_, out) = fx.run(&client_frame(v6, proto, 40002, first));
+    assert_eq!(out, dr_expected(v6, proto, 40002, first, 2));
+    assert_eq!(fx.vs(v6, proto).new_flows, 2);
+}
+
+#[test]
+fn dr_v4_tcp_lru_hit_survives_ring_change() {
+    dr_lru_hit(false, TCP);
+}
+#[test]
+fn dr_v6_tcp_lru_hit_survives_ring_change() {
+    dr_lru_hit(true, TCP);
+}
+#[test]
+fn dr_v4_udp_lru_hit_survives_ring_change() {
+    dr_lru_hit(false, UDP);
+}
+#[test]
+fn dr_v6_udp_lru_hit_survives_ring_change() {
+    dr_lru_hit(true, UDP);
+}
+
+#[test]
+fn dr_non_syn_miss_is_scheduled_by_the_ring() {
+    let fx = setup(MODE_DR);
+    let (act, out) = fx.run(&client_frame(false, TCP, 40003, ACK));
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, dr_expected(false, TCP, 40003, ACK, 1));
+    assert_eq!(fx.vs(false, TCP).new_flows, 1);
+    assert!(fx.dp.conn(&key(false, TCP, 40003)).expect("conn").is_some());
+}
+
+/// The ring built by fulcrum-balance's Maglev and the C hash put flows where the Rust mirror of
+/// the hash says: userspace can predict (and tests can check) every flow's member.
+#[test]
+fn dr_two_members_flows_follow_the_maglev_ring() {
+    let mut fx = setup(MODE_DR);
+    let names = vec!["m1".to_string(), "m2".to_string()];
+    let ring = build_ring(&names, &[1, 1], &[1, 2]);
+    fx.dp.set_ring(0, &ring).expect("ring");
+    let mut seen = [0usize; 3];
+    for sport in 41000..41064u16 {
+        let k = key(false, TCP, sport);
+        let want = ring[flow_hash(&k, false) as usize % RING_SIZE] as u8;
+        let (act, out) = fx.run(&client_frame(false, TCP, sport, SYN));
+        assert_eq!(act, XDP_TX);
+        assert_eq!(
+            out,
+            dr_expected(false, TCP, sport, SYN, want),
+            "port {sport}"
+        );
+        seen[want as usize] += 1;
+    }
+    assert!(seen[1] > 10 && seen[2] > 10, "both members used: {seen:?}");
+    assert_eq!(fx.vs(false, TCP).new_flows, 64);
+}
+
+#[test]
+fn dr_source_ip_persistence_keeps_a_client_on_one_member() {
+    let mut fx = setup_with(MODE_DR, VIP_F_PERSIST_SRC, 0);
+    let ring = build_ring(&["m1".into(), "m2".into()], &[1, 1], &[1, 2]);
+    fx.dp.set_ring(0, &ring).expect("ring");
+    let want = ring[flow_hash(&key(false, TCP, 0), true) as usize % RING_SIZE] as u8;
+    for sport in 42000..42016u16 {
+        let (_, out) = fx.run(&client_frame(false, TCP, sport, SYN));
+        assert_eq!(out, dr_expected(false, TCP, sport, SYN, want));
+    }
+}
+
+#[test]
+fn dr_rst_removes_the_connection() {
+    let fx = setup(MODE_DR);
+    fx.run(&client_frame(false, TCP, 40010, SYN));
+    assert!(fx.dp.conn(&key(false, TCP, 40010)).expect("conn").is_some());
+    let (act, out) = fx.run(&client_frame(false, TCP, 40010, RST));
+    assert_eq!(act, XDP_TX, "the RST itself still reaches the member");
+    assert_eq!(out, dr_expected(false, TCP, 40010, RST, 1));
+    assert!(fx.dp.conn(&key(false, TCP, 40010)).expect("conn").is_none());
+}
+
+#[test]
+fn dr_fin_marks_the_connection_for_short_expiry() {
+    let fx = setup(MODE_DR);
+    fx.run(&client_frame(true, TCP, 40011, SYN));
+    assert_eq!(
+        fx.dp
+            .conn(&key(true, TCP, 40011))
+            .expect("c")
+            .expect("e")
+            .flags,
+        0
+    );
+    fx.run(&client_frame(true, TCP, 40011, FIN | ACK));
+    let c = fx.dp.conn(&key(true, TCP, 40011)).expect("c").expect("e");
+    assert_eq!(c.flags & CONN_F_FIN, CONN_F_FIN);
+}
+
+fn coarse_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    assert_eq!(rc, 0);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[test]
+fn dr_fresh_entry_wins_over_the_ring_and_an_idle_one_expires() {
+    let mut fx = setup(MODE_DR);
+    fx.dp
+        .set_config(&Config {
+            udp_idle: std::time::Duration::from_secs(5),
+            ..Config::default()
+        })
+        .expect("config");
+    let fresh = key(false, UDP, 40020);
+    fx.dp
+        .set_conn(
+            fresh,
+            Conn {
+                real: 2,
+                flags: 0,
+                last_ns: coarse_now_ns(),
+            },
+        )
+        .expect("conn");
+    let (_, out) = fx.run(&client_frame(false, UDP, 40020, 0));
+    assert_eq!(out, dr_expected(false, UDP, 40020, 0, 2), "entry honoured");
+    assert_eq!(fx.vs(false, UDP).new_flows, 0);
+    let idle = key(false, UDP, 40021);
+    let old = coarse_now_ns().saturating_sub(60_000_000_000);
+    fx.dp
+        .set_conn(
+            idle,
+            Conn {
+                real: 2,
+                flags: 0,
+                last_ns: old,
+            },
+        )
+        .expect("conn");
+    let (_, out) = fx.run(&client_frame(false, UDP, 40021, 0));
+    assert_eq!(
+        out,
+        dr_expected(false, UDP, 40021, 0, 1),
+        "expired: the ring decides"
+    );
+    assert_eq!(fx.vs(false, UDP).new_flows, 1);
+}
+
+#[test]
+fn dr_forget_real_reschedules_its_flows() {
+    let mut fx = setup(MODE_DR);
+    fx.run(&client_frame(false, TCP, 40030, SYN));
+    fx.run(&client_frame(false, TCP, 40031, SYN));
+    fx.dp.set_ring(0, &vec![2; RING_SIZE]).expect("ring");
+    assert_eq!(fx.dp.forget_real(1).expect("forget"), 2);
+    let (_, out) = fx.run(&client_frame(false, TCP, 40030, ACK));
+    assert_eq!(out, dr_expected(false, TCP, 40030, ACK, 2));
+}
+
+#[test]
+fn dr_empty_ring_drops_and_counts() {
+    let mut fx = setup(MODE_DR);
+    fx.dp.set_ring(0, &vec![NO_REAL; RING_SIZE]).expect("ring");
+    let (act, _) = fx.run(&client_frame(false, TCP, 40040, SYN));
+    assert_eq!(act, XDP_DROP);
+    let s = fx.vs(false, TCP);
+    assert_eq!(s.drops[DropReason::NoReal as usize], 1);
+    assert_eq!(s.new_flows, 0);
+}
+
+#[test]
+fn dr_member_on_another_interface_is_redirected() {
+    let mut fx = setup(MODE_DR);
+    fx.dp
+        .set_real(1, Real::new(real_addr(false, 1), rmac(1), 0, 999))
+        .expect("real");
+    let (act, out) = fx.run(&client_frame(false, TCP, 40050, SYN));
+    assert_eq!(act, XDP_REDIRECT);
+    assert_eq!(out, dr_expected(false, TCP, 40050, SYN, 1));
+}
+
+#[test]
+fn dr_ipv4_options_are_forwarded_and_counted() {
+    let fx = setup(MODE_DR);
+    let v4 = V4 {
+        options: vec![1, 1, 1, 0], // NOP NOP NOP EOL
+        ..V4::default()
+    };
+    let packet = ipv4(
+        client(false),
+        vip(false),
+        TCP,
+        &seg(false, TCP, 40060, SYN, b""),
+        &v4,
+    );
+    let (act, out) = fx.run(&eth(LB, CLIENT_MAC, ETH_IP, &packet));
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, eth(rmac(1), LB, ETH_IP, &packet));
+    assert_eq!(fx.g(Global::IpOptions), 1);
+}
+
+// ------------------------------------------------------------------------------------ tunnel
+
+fn tunnel_expected(fx: &Fx, v6: bool, proto: u8, sport: u16, flags: u8, real: u8) -> Vec<u8> {
+    let _ = fx;
+    let inner = client_packet(v6, proto, sport, flags);
+    let h = flow_hash(&key(v6, proto, sport), false);
+    if v6 {
+        let src: IpAddr = std::net::Ipv6Addr::from((1u128 << 120) | u128::from(h)).into();
+        let outer = ipv6(src, real_addr(true, real), 41, &inner, 0, h & 0xfffff);
+        eth(rmac(real), LB, ETH_IPV6, &outer)
+    } else {
+        let src: IpAddr = std::net::Ipv4Addr::from(0xac10_0000 | (h & 0xffff)).into();
+        let v4 = V4 {
+            id: 0,
+            frag: 0,
+            ..V4::default()
+        };
+        let outer = ipv4(src, real_addr(false, real), 4, &inner, &v4);
+        eth(rmac(real), LB, ETH_IP, &outer)
+    }
+}
+
+fn tunnel_encap(v6: bool, proto: u8) {
+    let fx = setup(MODE_TUNNEL);
+    let flags = if proto == TCP { SYN } else { 0 };
+    let input = client_frame(v6, proto, 43000, flags);
+    let (act, out) = fx.run(&input);
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, tunnel_expected(&fx, v6, proto, 43000, flags, 1));
+    let s = fx.vs(v6, proto);
+    assert_eq!(
+        (s.packets, s.bytes, s.new_flows),
+        (1, input.len() as u64, 1)
+    );
+}
+
+#[test]
+fn tunnel_v4_tcp_ipip() {
+    tunnel_encap(false, TCP);
+}
+#[test]
+fn tunnel_v4_udp_ipip() {
+    tunnel_encap(false, UDP);
+}
+#[test]
+fn tunnel_v6_tcp_ip6ip6() {
+    tunnel_encap(true, TCP);
+}
+#[test]
+fn tunnel_v6_udp_ip6ip6() {
+    tunnel_encap(true, UDP);
+}
+
+#[test]
+fn tunnel_outer_source_varies_per_flow() {
+    let fx = setup(MODE_TUNNEL);
+    let mut sources = std::collections::HashSet::new();
+    for sport in 43100..43116u16 {
+        let (_, out) = fx.run(&client_frame(false, TCP, sport, SYN));
+        assert_eq!(out, tunnel_expected(&fx, false, TCP, sport, SYN, 1));
+        sources.insert(out[26..30].to_vec());
+    }
+    assert!(
+        sources.len() >= 14,
+        "{} distinct outer sources",
+        sources.len()
+    );
+}
+
+#[test]
+fn tunnel_ethernet_padding_is_not_encapsulated_as_payload_length() {
+    let fx = setup(MODE_TUNNEL);
+    // 14 + 20 + 8 + 1 = 43 bytes: the NIC pads the frame to 60.
+    let packet = ip(
+        client(false),
+        vip(false),
+        UDP,
+        &udp(client(false), 43200, vip(false), 53, b"x"),
+    );
+    let mut frame = eth(LB, CLIENT_MAC, ETH_IP, &packet);
+    frame.resize(60, 0);
+    let (act, out) = fx.run(&frame);
+    assert_eq!(act, XDP_TX);
+    let h = flow_hash(&key(false, UDP, 43200), false);
+    let src: IpAddr = std::net::Ipv4Addr::from(0xac10_0000 | (h & 0xffff)).into();
+    let v4 = V4 {
+        id: 0,
+        frag: 0,
+        ..V4::default()
+    };
+    let mut want = eth(
+        rmac(1),
+        LB,
+        ETH_IP,
+        &ipv4(src, real_addr(false, 1), 4, &packet, &v4),
+    );
+    want.resize(60 + 20, 0); // the padding rides along after the IP packet, outside tot_len
+    assert_eq!(out, want);
+}
+
+#[test]
+fn tunnel_member_of_the_other_family_is_dropped_and_counted() {
+    let mut fx = setup(MODE_TUNNEL);
+    fx.dp
+        .set_ring(0, &vec![real_index(true, 1); RING_SIZE])
+        .expect("ring");
+    let (act, _) = fx.run(&client_frame(false, TCP, 43300, SYN));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.vs(false, TCP).drops[DropReason::Family as usize], 1);
+}
+
+// --------------------------------------------------------------------------------------- nat
+
+fn nat_in_expected(v6: bool, proto: u8, sport: u16, flags: u8, port: u16) -> Vec<u8> {
+    let r = real_addr(v6, 1);
+    let s = if proto == TCP {
+        tcp(client(v6), sport, r, port, flags, b"hello")
+    } else {
+        udp(client(v6), sport, r, port, b"hello")
+    };
+    eth(rmac(1), LB, ethertype(r), &ip(client(v6), r, proto, &s))
+}
+
+fn member_reply(v6: bool, proto: u8, sport: u16, flags: u8, port: u16) -> Vec<u8> {
+    let r = real_addr(v6, 1);
+    let s = if proto == TCP {
+        tcp(r, port, client(v6), sport, flags, b"world")
+    } else {
+        udp(r, port, client(v6), sport, b"world")
+    };
+    eth(LB, rmac(1), ethertype(r), &ip(r, client(v6), proto, &s))
+}
+
+fn reply_expected(v6: bool, proto: u8, sport: u16, flags: u8) -> Vec<u8> {
+    let s = if proto == TCP {
+        tcp(vip(v6), vip_port(proto), client(v6), sport, flags, b"world")
+    } else {
+        udp(vip(v6), vip_port(proto), client(v6), sport, b"world")
+    };
+    eth(
+        CLIENT_MAC,
+        LB,
+        ethertype(vip(v6)),
+        &ip(vip(v6), client(v6), proto, &s),
+    )
+}
+
+fn nat_both_directions(v6: bool, proto: u8) {
+    let fx = setup(MODE_NAT);
+    assert_eq!(fx.mode, MODE_NAT);
+    let first = if proto == TCP { SYN } else { 0 };
+    let (act, out) = fx.run(&client_frame(v6, proto, 44000, first));
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, nat_in_expected(v6, proto, 44000, first, MEMBER_PORT));
+    let back = if proto == TCP { SYN | ACK } else { 0 };
+    let reply = member_reply(v6, proto, 44000, back, MEMBER_PORT);
+    let (act, out) = fx.run(&reply);
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, reply_expected(v6, proto, 44000, back));
+    let s = fx.vs(v6, proto);
+    assert_eq!((s.packets, s.new_flows, s.reply_packets), (1, 1, 1));
+    assert_eq!(s.reply_bytes, reply.len() as u64);
+}
+
+#[test]
+fn nat_v4_tcp_dnat_and_reply_snat() {
+    nat_both_directions(false, TCP);
+}
+#[test]
+fn nat_v4_udp_dnat_and_reply_snat() {
+    nat_both_directions(false, UDP);
+}
+#[test]
+fn nat_v6_tcp_dnat_and_reply_snat() {
+    nat_both_directions(true, TCP);
+}
+#[test]
+fn nat_v6_udp_dnat_and_reply_snat() {
+    nat_both_directions(true, UDP);
+}
+
+#[test]
+fn nat_many_flows_checksums_stay_exact() {
+    // Different ports and payloads walk the incremental update through carries and 0xffff.
+    let fx = setup(MODE_NAT);
+    for sport in (1024..65535u16).step_by(2047) {
+        for flags in [SYN, ACK | PSH] {
+            let (_, out) = fx.run(&client_frame(false, TCP, sport, flags));
+            assert_eq!(
+                out,
+                nat_in_expected(false, TCP, sport, flags, MEMBER_PORT),
+                "{sport}"
+            );
+        }
+        let (_, out) = fx.run(&client_frame(true, UDP, sport, 0));
+        assert_eq!(
+            out,
+            nat_in_expected(true, UDP, sport, 0, MEMBER_PORT),
+            "{sport}"
+        );
+    }
+}
+
+#[test]
+fn nat_member_port_zero_keeps_the_vip_port() {
+    let fx = setup_with(MODE_NAT, 0, 0);
+    let (_, out) = fx.run(&client_frame(false, TCP, 44100, SYN));
+    assert_eq!(out, nat_in_expected(false, TCP, 44100, SYN, 80));
+    let (act, out) = fx.run(&member_reply(false, TCP, 44100, SYN | ACK, 80));
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, reply_expected(false, TCP, 44100, SYN | ACK));
+}
+
+#[test]
+fn nat_v4_udp_without_checksum_stays_without() {
+    let fx = setup(MODE_NAT);
+    let mut s = udp(client(false), 44200, vip(false), 53, b"hello");
+    s[6] = 0;
+    s[7] = 0;
+    let (act, out) = fx.run(&eth(
+        LB,
+        CLIENT_MAC,
+        ETH_IP,
+        &ip(client(false), vip(false), UDP, &s),
+    ));
+    assert_eq!(act, XDP_TX);
+    let r = real_addr(false, 1);
+    let mut w = udp(client(false), 44200, r, MEMBER_PORT, b"hello");
+    w[6] = 0;
+    w[7] = 0;
+    assert_eq!(
+        out,
+        eth(rmac(1), LB, ETH_IP, &ip(client(false), r, UDP, &w))
+    );
+}
+
+#[test]
+fn nat_reply_without_state_passes_untouched() {
+    let fx = setup(MODE_NAT);
+    let reply = member_reply(false, TCP, 44300, ACK, MEMBER_PORT);
+    let (act, out) = fx.run(&reply);
+    assert_eq!(act, XDP_PASS);
+    assert_eq!(out, reply);
+    assert_eq!(fx.g(Global::PassNonVip), 1);
+}
+
+#[test]
+fn nat_client_rst_clears_both_tables() {
+    let fx = setup(MODE_NAT);
+    fx.run(&client_frame(false, TCP, 44400, SYN));
+    let rk = flow(real_addr(false, 1), MEMBER_PORT, client(false), 44400, TCP);
+    assert!(fx.dp.nat_entry(&rk).expect("nat").is_some());
+    let (act, out) = fx.run(&client_frame(false, TCP, 44400, RST));
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, nat_in_expected(false, TCP, 44400, RST, MEMBER_PORT));
+    assert!(fx.dp.nat_entry(&rk).expect("nat").is_none());
+    assert!(fx.dp.conn(&key(false, TCP, 44400)).expect("conn").is_none());
+}
+
+#[test]
+fn nat_member_rst_clears_both_tables() {
+    let fx = setup(MODE_NAT);
+    fx.run(&client_frame(true, TCP, 44500, SYN));
+    let (act, out) = fx.run(&member_reply(true, TCP, 44500, RST, MEMBER_PORT));
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, reply_expected(true, TCP, 44500, RST));
+    let rk = flow(real_addr(true, 1), MEMBER_PORT, client(true), 44500, TCP);
+    assert!(fx.dp.nat_entry(&rk).expect("nat").is_none());
+    assert!(fx.dp.conn(&key(true, TCP, 44500)).expect("conn").is_none());
+}
+
+#[test]
+fn nat_fin_from_member_marks_the_reply_entry() {
+    let fx = setup(MODE_NAT);
+    fx.run(&client_frame(false, TCP, 44550, SYN));
+    fx.run(&member_reply(false, TCP, 44550, FIN | ACK, MEMBER_PORT));
+    let rk = flow(real_addr(false, 1), MEMBER_PORT, client(false), 44550, TCP);
+    let e = fx.dp.nat_entry(&rk).expect("nat").expect("entry");
+    assert_eq!(e.flags & CONN_F_FIN, CONN_F_FIN);
+}
+
+#[test]
+fn nat_idle_reply_entry_expires() {
+    let mut fx = setup(MODE_NAT);
+    fx.dp
+        .set_config(&Config {
+            nat: true,
+            udp_idle: std::time::Duration::from_secs(5),
+            ..Config::default()
+        })
+        .expect("config");
+    fx.run(&client_frame(false, UDP, 44600, 0));
+    let rk = flow(real_addr(false, 1), MEMBER_PORT, client(false), 44600, UDP);
+    let mut e = fx.dp.nat_entry(&rk).expect("nat").expect("entry");
+    e.last_ns = coarse_now_ns().saturating_sub(60_000_000_000);
+    fx.dp.set_nat_entry(rk, e).expect("age it");
+    let reply = member_reply(false, UDP, 44600, 0, MEMBER_PORT);
+    let (act, out) = fx.run(&reply);
+    assert_eq!(act, XDP_PASS);
+    assert_eq!(out, reply);
+    assert!(fx.dp.nat_entry(&rk).expect("nat").is_none());
+}
+
+#[test]
+fn nat_ipv4_options_dnat_keeps_options_and_checksums() {
+    let fx = setup(MODE_NAT);
+    let v4 = V4 {
+        options: vec![0x94, 0x04, 0, 0], // Router Alert
+        ..V4::default()
+    };
+    let input = ipv4(
+        client(false),
+        vip(false),
+        TCP,
+        &seg(false, TCP, 44700, SYN, b"hello"),
+        &v4,
+    );
+    let (act, out) = fx.run(&eth(LB, CLIENT_MAC, ETH_IP, &input));
+    assert_eq!(act, XDP_TX);
+    let r = real_addr(false, 1);
+    let want = ipv4(
+        client(false),
+        r,
+        TCP,
+        &tcp(client(false), 44700, r, MEMBER_PORT, SYN, b"hello"),
+        &v4,
+    );
+    assert_eq!(out, eth(rmac(1), LB, ETH_IP, &want));
+    assert_eq!(fx.g(Global::IpOptions), 1);
+}
+
+// ------------------------------------------------------------------------ passed untouched
+
+fn assert_passed(fx: &Fx, frame: &[u8]) {
+    let (act, out) = fx.run(frame);
+    assert_eq!(act, XDP_PASS);
+    assert_eq!(out, frame, "passed frames are not modified");
+}
+
+#[test]
+fn arp_passes_untouched() {
+    let fx = setup(MODE_DR);
+    let mut arp = vec![0, 1, 8, 0, 6, 4, 0, 1];
+    arp.extend(CLIENT_MAC);
+    arp.extend([198, 18, 2, 2]);
+    arp.extend([0; 6]);
+    arp.extend([198, 18, 0, 10]);
+    assert_passed(&fx, &eth([0xff; 6], CLIENT_MAC, ETH_ARP, &arp));
+    assert_eq!(fx.g(Global::PassNonIp), 1);
+    assert_eq!(fx.vs(false, TCP).packets, 0);
+}
+
+#[test]
+fn unknown_vip_port_passes_untouched() {
+    let fx = setup(MODE_DR);
+    let p = ip(
+        client(false),
+        vip(false),
+        TCP,
+        &tcp(client(false), 45000, vip(false), 443, SYN, b""),
+    );
+    assert_passed(&fx, &eth(LB, CLIENT_MAC, ETH_IP, &p));
+    let p = ip(
+        client(true),
+        a("2001:db8::99"),
+        UDP,
+        &udp(client(true), 45000, a("2001:db8::99"), 53, b"q"),
+    );
+    assert_passed(&fx, &eth(LB, CLIENT_MAC, ETH_IPV6, &p));
+    assert_eq!(fx.g(Global::PassNonVip), 2);
+}
+
+#[test]
+fn ipv6_neighbour_solicitation_for_the_vip_passes() {
+    let fx = setup(MODE_DR);
+    let mut body = vec![0; 0];
+    body.extend(match vip(true) {
+        IpAddr::V6(v) => v.octets(),
+        IpAddr::V4(_) => unreachable!(),
+    });
+    let ns = icmp6(client(true), vip(true), 135, 0, [0; 4], &body);
+    let p = ipv6(client(true), vip(true), ICMPV6, &ns, 0, 0);
+    assert_passed(
+        &fx,
+        &eth([0x33, 0x33, 0xff, 0, 0, 0x10], CLIENT_MAC, ETH_IPV6, &p),
+    );
+}
+
+#[test]
+fn icmp_echo_to_the_vip_passes() {
+    let fx = setup(MODE_DR);
+    let echo = icmp4(8, 0, [0, 1, 0, 1], b"ping");
+    let p = ipv4(client(false), vip(false), ICMP, &echo, &V4::default());
+    assert_passed(&fx, &eth(LB, CLIENT_MAC, ETH_IP, &p));
+}
+
+// ----------------------------------------------------------- fragments, malformed headers
+
+#[test]
+fn ipv4_first_fragment_to_a_vip_is_dropped_and_counted() {
+    let fx = setup(MODE_DR);
+    let v4 = V4 {
+        frag: 0x2000,
+        ..V4::default()
+    }; // MF
+    let p = ipv4(
+        client(false),
+        vip(false),
+        UDP,
+        &udp(client(false), 46000, vip(false), 53, &[7; 64]),
+        &v4,
+    );
+    let (act, _) = fx.run(&eth(LB, CLIENT_MAC, ETH_IP, &p));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(
+        fx.vs(false, TCP).drops[DropReason::Fragment as usize],
+        1,
+        "counted on the address's first VIP"
+    );
+}
+
+#[test]
+fn ipv4_later_fragment_to_a_vip_is_dropped() {
+    let fx = setup(MODE_DR);
+    let v4 = V4 {
+        frag: 185,
+        ..V4::default()
+    }; // offset 1480, last fragment
+    let p = ipv4(client(false), vip(false), UDP, &[7; 40], &v4);
+    let (act, _) = fx.run(&eth(LB, CLIENT_MAC, ETH_IP, &p));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.vs(false, TCP).drops[DropReason::Fragment as usize], 1);
+}
+
+#[test]
+fn ipv4_fragment_to_another_address_passes() {
+    let fx = setup(MODE_DR);
+    let v4 = V4 {
+        frag: 0x2000,
+        ..V4::default()
+    };
+    let p = ipv4(
+        client(false),
+        a("198.18.0.99"),
+        UDP,
+        &udp(client(false), 1, a("198.18.0.99"), 53, &[7; 64]),
+        &v4,
+    );
+    assert_passed(&fx, &eth(LB, CLIENT_MAC, ETH_IP, &p));
+}
+
+#[test]
+fn ipv6_fragment_header_to_a_vip_is_dropped_and_counted() {
+    let fx = setup(MODE_DR);
+    let mut body = vec![TCP, 0, 0, 1, 0, 0, 0, 42]; // next TCP, offset 0, M=1
+    body.extend(tcp(client(true), 46100, vip(true), 80, SYN, b""));
+    let p = ipv6(client(true), vip(true), 44, &body, 0, 0);
+    let (act, _) = fx.run(&eth(LB, CLIENT_MAC, ETH_IPV6, &p));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.vs(true, TCP).drops[DropReason::Fragment as usize], 1);
+}
+
+#[test]
+fn ipv6_hop_by_hop_header_to_a_vip_is_dropped_and_counted() {
+    let fx = setup(MODE_DR);
+    let mut body = vec![TCP, 0, 1, 4, 0, 0, 0, 0]; // Hop-by-Hop, PadN
+    body.extend(tcp(client(true), 46200, vip(true), 80, SYN, b""));
+    let p = ipv6(client(true), vip(true), 0, &body, 0, 0);
+    let (act, _) = fx.run(&eth(LB, CLIENT_MAC, ETH_IPV6, &p));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(
+        fx.vs(true, TCP).drops[DropReason::Ipv6Extension as usize],
+        1
+    );
+}
+
+#[test]
+fn truncated_tcp_header_to_a_vip_is_dropped_and_counted() {
+    let fx = setup(MODE_DR);
+    let t = tcp(client(false), 46300, vip(false), 80, SYN, b"");
+    let p = ipv4(client(false), vip(false), TCP, &t[..12], &V4::default());
+    let (act, _) = fx.run(&eth(LB, CLIENT_MAC, ETH_IP, &p));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.vs(false, TCP).drops[DropReason::Malformed as usize], 1);
+    assert_eq!(fx.vs(false, TCP).packets, 0);
+}
+
+#[test]
+fn tcp_data_offset_below_five_is_dropped() {
+    let fx = setup(MODE_DR);
+    let mut t = tcp(client(true), 46400, vip(true), 80, SYN, b"");
+    t[12] = 0x40;
+    let p = ipv6(client(true), vip(true), TCP, &t, 0, 0);
+    let (act, _) = fx.run(&eth(LB, CLIENT_MAC, ETH_IPV6, &p));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.vs(true, TCP).drops[DropReason::Malformed as usize], 1);
+}
+
+#[test]
+fn truncated_ipv4_header_passes_and_is_counted() {
+    let fx = setup(MODE_DR);
+    let p = client_packet(false, TCP, 46500, SYN);
+    assert_passed(&fx, &eth(LB, CLIENT_MAC, ETH_IP, &p[..12]));
+    assert_eq!(fx.g(Global::MalformedL3), 1);
+}
+
+#[test]
+fn ip_length_beyond_the_frame_passes_and_is_counted() {
+    let fx = setup(MODE_DR);
+    for v6 in [false, true] {
+        let f = client_frame(v6, TCP, 46600, SYN);
+        assert_passed(&fx, &f[..f.len() - 3]);
+    }
+    assert_eq!(fx.g(Global::MalformedL3), 2);
+}
+
+#[test]
+fn ipv4_header_length_below_five_passes() {
+    let fx = setup(MODE_DR);
+    let mut f = client_frame(false, TCP, 46700, SYN);
+    f[14] = 0x44;
+    assert_passed(&fx, &f);
+    assert_eq!(fx.g(Global::MalformedL3), 1);
+}
+
+// --------------------------------------------------------------------- ICMP errors (PMTUD)
+
+/// What a router on the client's path sends when the VIP's reply (member -> client, source VIP)
+/// is too big: ICMP fragmentation-needed / ICMPv6 packet-too-big to the VIP, quoting it.
+fn too_big(v6: bool, sport: u16) -> Vec<u8> {
+    let quoted = ip(
+        vip(v6),
+        client(v6),
+        TCP,
+        &tcp(vip(v6), 80, client(v6), sport, ACK, b""),
+    );
+    if v6 {
+        let m = icmp6(router(v6), vip(v6), 2, 0, 1280u32.to_be_bytes(), &quoted);
+        eth(
+            LB,
+            CLIENT_MAC,
+            ETH_IPV6,
+            &ipv6(router(v6), vip(v6), ICMPV6, &m, 0, 0),
+        )
+    } else {
+        let m = icmp4(3, 4, [0, 0, 0x05, 0x78], &quoted);
+        eth(
+            LB,
+            CLIENT_MAC,
+            ETH_IP,
+            &ipv4(router(v6), vip(v6), ICMP, &m, &V4::default()),
+        )
+    }
+}
+
+#[test]
+fn icmp4_frag_needed_goes_to_the_member_that_owns_the_flow_dr() {
+    let mut fx = setup(MODE_DR);
+    fx.dp
+        .set_conn(
+            key(false, TCP, 47000),
+            Conn {
+                real: 2,
+                flags: 0,
+                last_ns: coarse_now_ns(),
+            },
+        )
+        .expect("conn");
+    let input = too_big(false, 47000);
+    let (act, out) = fx.run(&input);
+    assert_eq!(act, XDP_TX);
+    let mut want = input.clone();
+    want[..6].copy_from_slice(&rmac(2));
+    want[6..12].copy_from_slice(&LB);
+    assert_eq!(out, want, "member 2 owns the flow (the ring says member 1)");
+    assert_eq!(fx.g(Global::IcmpForwarded), 1);
+    assert_eq!(
+        fx.vs(false, TCP).new_flows,
+        0,
+        "an ICMP error creates no flow"
+    );
+}
+
+#[test]
+fn icmp6_packet_too_big_is_tunnelled_like_its_flow() {
+    let fx = setup(MODE_TUNNEL);
+    let input = too_big(true, 47100);
+    let (act, out) = fx.run(&input);
+    assert_eq!(act, XDP_TX);
+    let h = flow_hash(&key(true, TCP, 47100), false);
+    let src: IpAddr = std::net::Ipv6Addr::from((1u128 << 120) | u128::from(h)).into();
+    let outer = ipv6(src, real_addr(true, 1), 41, &input[14..], 0, h & 0xfffff);
+    assert_eq!(out, eth(rmac(1), LB, ETH_IPV6, &outer));
+    assert_eq!(fx.g(Global::IcmpForwarded), 1);
+}
+
+#[test]
+fn icmp_frag_needed_in_nat_mode_is_passed_and_counted() {
+    let fx = setup(MODE_NAT);
+    assert_passed(&fx, &too_big(false, 47200));
+    assert_eq!(fx.g(Global::IcmpNatPassed), 1);
+}
+
+#[test]
+fn icmp_unreachable_for_a_non_vip_flow_passes() {
+    let fx = setup(MODE_DR);
+    let quoted = ip(
+        a("198.18.9.9"),
+        client(false),
+        UDP,
+        &udp(a("198.18.9.9"), 53, client(false), 1234, b""),
+    );
+    let m = icmp4(3, 3, [0; 4], &quoted);
+    let p = ipv4(router(false), a("198.18.9.9"), ICMP, &m, &V4::default());
+    assert_passed(&fx, &eth(LB, CLIENT_MAC, ETH_IP, &p));
+}
+
+#[test]
+fn layout_and_hash_mirror_agree_with_the_kernel_for_v6() {
+    // The v6 ring pick goes through the same mirror; checked over many flows.
+    let mut fx = setup(MODE_DR);
+    let ring = build_ring(&["a".into(), "b".into()], &[1, 3], &[3, 4]);
+    fx.dp.set_ring(3, &ring).expect("ring");
+    for sport in 48000..48032u16 {
+        let want = ring[flow_hash(&key(true, UDP, sport), false) as usize % RING_SIZE];
+        let (_, out) = fx.run(&client_frame(true, UDP, sport, 0));
+        assert_eq!(out, dr_expected(true, UDP, sport, 0, (want - 2) as u8));
+    }
+}

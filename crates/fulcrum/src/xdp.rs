@@ -1,0 +1,539 @@
+//! The in-kernel data plane (forwarding = "nat" | "dr" | "tunnel"): builds fulcrum-xdp's maps
+//! from the same Pool / Member objects as every other plane and keeps them current.
+//!
+//! - VIPs: every `listen` address of an in-kernel tcp/udp service; a service's addresses share
+//!   one VIP index (ring and counters), stable across reloads while the service exists.
+//! - Reals: one per member address, numbered from 1 and never renumbered while the process
+//!   runs, so connection-table entries stay valid across reloads (no flow lost).
+//! - Rings: weighted Maglev over the members that accept new clients, with their effective
+//!   weights (weight × agent % × slow-start ramp); a drained or down member gets no slots.
+//!   Rewritten only when the weights change (a few slots change per step of a ramp).
+//! - A member that goes down or is disabled has its flows dropped from the connection table, so
+//!   its clients are rescheduled on their next packet; a drained member keeps them.
+//! - Next-hop MACs come from the kernel's routing and neighbour tables (`ip -j route get`,
+//!   `ip -j neigh`), re-resolved while unknown; an unresolved member gets no ring slots.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fulcrum_balance::Pool;
+use fulcrum_config::{AdminState, Config, Forwarding, PersistenceKind, Protocol, VirtualService};
+use fulcrum_xdp::{
+    build_ring, Dataplane, DropReason, Global, Limits, Real, VipKey, VipMeta, MODE_DR, MODE_NAT,
+    MODE_TUNNEL, VIP_F_PERSIST_SRC,
+};
+use parking_lot::Mutex;
+
+const REFRESH_EVERY: Duration = Duration::from_millis(200);
+const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+
+struct Service {
+    name: String,
+    index: u32,
+    pool: Arc<Pool>,
+    keys: Vec<VipKey>,
+    /// Ring weights last written, per pool member.
+    weights: Vec<u32>,
+}
+
+struct RealState {
+    index: u32,
+    resolved: bool,
+    /// Flows were dropped from the table since the member last accepted traffic.
+    forgotten: bool,
+    last_try: Option<Instant>,
+    nat_port: u16,
+}
+
+struct State {
+    dp: Dataplane,
+    services: Vec<Service>,
+    reals: HashMap<SocketAddr, RealState>,
+    next_real: u32,
+}
+
+#[derive(Default)]
+pub struct XdpPlane {
+    state: Arc<Mutex<Option<State>>>,
+    running: Arc<AtomicBool>,
+}
+
+fn mode_flags(f: Forwarding) -> u32 {
+    match f {
+        Forwarding::Dr => MODE_DR,
+        Forwarding::Tunnel => MODE_TUNNEL,
+        _ => MODE_NAT,
+    }
+}
+
+fn proto_number(p: Protocol) -> u8 {
+    if p == Protocol::Udp {
+        17
+    } else {
+        6
+    }
+}
+
+impl XdpPlane {
+    /// Takes the in-kernel services out of `config` (the proxy planes never see them) and
+    /// returns them; `restore` puts them back before the snapshot is stored.
+    pub fn split(config: &mut Config) -> Vec<VirtualService> {
+        let (kernel, proxied): (Vec<_>, Vec<_>) = std::mem::take(&mut config.virtual_services)
+            .into_iter()
+            .partition(|v| v.forwarding.forwarding.in_kernel());
+        config.virtual_services = proxied;
+        kernel
+    }
+
+    /// Loads (first time) and updates the maps in place for `services`; attaches to new
+    /// interfaces. With no in-kernel service left, the program is detached and unloaded.
+    pub fn apply(
+        &self,
+        services: &[VirtualService],
+        config: &Config,
+        pools: &[Arc<Pool>],
+    ) -> Result<(), Vec<String>> {
+        let mut guard = self.state.lock();
+        if services.is_empty() {
+            if guard.take().is_some() {
+                tracing::info!("no nat/dr/tunnel service left: XDP program detached");
+            }
+            return Ok(());
+        }
+        if guard.is_none() {
+            let dp = Dataplane::load(Limits::default())
+                .map_err(|e| vec![format!("cannot load the XDP forwarder: {e}")])?;
+            *guard = Some(State {
+                dp,
+                services: Vec::new(),
+                reals: HashMap::new(),
+                next_real: 1,
+            });
+            self.start_refresher();
+        }
+        let Some(st) = guard.as_mut() else {
+            return Ok(());
+        };
+        let err = |e: fulcrum_xdp::Error| vec![format!("XDP: {e}")];
+        let nat = services
+            .iter()
+            .any(|v| v.forwarding.forwarding == Forwarding::Nat);
+        let tcp_idle = services
+            .iter()
+            .filter(|v| v.protocol == Protocol::Tcp)
+            .map(|v| v.idle_timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(900));
+        let udp_idle = services
+            .iter()
+            .filter(|v| v.protocol == Protocol::Udp)
+            .map(|v| v.session_timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(300));
+        st.dp
+            .set_config(&fulcrum_xdp::Config {
+                tcp_idle,
+                udp_idle,
+                nat,
+                ..fulcrum_xdp::Config::default()
+            })
+            .map_err(err)?;
+        let wanted_ifaces: Vec<String> = services
+            .iter()
+            .flat_map(|v| v.forwarding.interfaces.iter().cloned())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        for ifname in &wanted_ifaces {
+            if !st.dp.attached().contains(ifname) {
+                st.dp
+                    .attach(ifname, aya::programs::XdpMode::default())
+                    .map_err(|e| vec![format!("{e}")])?;
+                tracing::info!(interface = %ifname, "XDP forwarder attached");
+            }
+        }
+        // VIP indices: kept by service name, new services take the lowest free index.
+        let limit = st.dp.limits().vips;
+        let mut used: HashSet<u32> = HashSet::new();
+        let mut next = Vec::new();
+        let old: HashMap<String, Service> =
+            st.services.drain(..).map(|s| (s.name.clone(), s)).collect();
+        let mut old = old;
+        for vs in services {
+            let Some(pool) = vs
+                .pool
+                .as_ref()
+                .and_then(|n| pools.iter().find(|p| &*p.name == n))
+                .cloned()
+            else {
+                continue;
+            };
+            let prev = old.remove(&vs.name);
+            let index = match &prev {
+                Some(p) => p.index,
+                None => (0..limit)
+                    .find(|i| {
+                        !used.contains(i)
+                            && !old.values().any(|o| o.index == *i)
+                            && !next.iter().any(|s: &Service| s.index == *i)
+                    })
+                    .ok_or_else(|| vec![format!("more than {limit} nat/dr/tunnel services")])?,
+            };
+            used.insert(index);
+            let persist = vs
+                .persistence
+                .as_ref()
+                .and_then(|n| config.persistence(n))
+                .is_some_and(|p| p.kind == PersistenceKind::SourceIp);
+            let meta = VipMeta {
+                index,
+                flags: mode_flags(vs.forwarding.forwarding)
+                    | if persist { VIP_F_PERSIST_SRC } else { 0 },
+            };
+            let keys: Vec<VipKey> = vs
+                .listen
+                .iter()
+                .map(|a| VipKey::new(a.ip(), a.port(), proto_number(vs.protocol)))
+                .collect();
+            for k in &keys {
+                st.dp.set_vip(*k, meta).map_err(err)?;
+            }
+            if let Some(p) = &prev {
+                for k in p.keys.iter().filter(|k| !keys.contains(k)) {
+                    st.dp.remove_vip(k).map_err(err)?;
+                }
+            }
+            for m in pool.members() {
+                if !st.reals.contains_key(&m.address) {
+                    let index = st.next_real;
+                    st.next_real += 1;
+                    st.reals.insert(
+                        m.address,
+                        RealState {
+                            index,
+                            resolved: false,
+                            forgotten: false,
+                            last_try: None,
+                            nat_port: 0,
+                        },
+                    );
+                }
+                if let Some(r) = st.reals.get_mut(&m.address) {
+                    let port = if vs.forwarding.forwarding == Forwarding::Nat {
+                        m.address.port()
+                    } else {
+                        0
+                    };
+                    if r.nat_port != port {
+                        r.nat_port = port;
+                        r.resolved = false;
+                        r.last_try = None;
+                    }
+                }
+            }
+            next.push(Service {
+                name: vs.name.clone(),
+                index,
+                pool,
+                keys,
+                // Forces the first ring write of a new service; a kept service keeps its ring.
+                weights: prev.map(|p| p.weights).unwrap_or_default(),
+            });
+        }
+        for gone in old.into_values() {
+            for k in &gone.keys {
+                st.dp.remove_vip(k).map_err(err)?;
+            }
+            st.dp.set_ring(gone.index, &[]).map_err(err)?;
+        }
+        st.services = next;
+        refresh(st);
+        Ok(())
+    }
+
+    fn start_refresher(&self) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let state = self.state.clone();
+        let running = self.running.clone();
+        let spawned = std::thread::Builder::new()
+            .name("fulcrum-xdp".into())
+            .spawn(move || {
+                while running.load(Ordering::Acquire) {
+                    std::thread::sleep(REFRESH_EVERY);
+                    if let Some(st) = state.lock().as_mut() {
+                        refresh(st);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the XDP refresh thread");
+        }
+    }
+
+    /// Detaches (SIGTERM): the bpf_links go with the loaded object.
+    pub fn shutdown(&self) {
+        self.running.store(false, Ordering::Release);
+        if self.state.lock().take().is_some() {
+            tracing::info!("XDP forwarder detached");
+        }
+    }
+
+    pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        let guard = self.state.lock();
+        let Some(st) = guard.as_ref() else {
+            return;
+        };
+        let stats: Vec<(&str, fulcrum_xdp::VipStats)> = st
+            .services
+            .iter()
+            .filter_map(|s| Some((s.name.as_str(), st.dp.vip_stats(s.index).ok()?)))
+            .collect();
+        type Field = fn(&fulcrum_xdp::VipStats) -> u64;
+        let families: [(&str, &str, Field); 5] = [
+            (
+                "fulcrum_xdp_vs_packets_total",
+                "Client packets to the service's VIPs.",
+                |s| s.packets,
+            ),
+            (
+                "fulcrum_xdp_vs_bytes_total",
+                "Bytes of client packets to the VIPs.",
+                |s| s.bytes,
+            ),
+            (
+                "fulcrum_xdp_vs_new_flows_total",
+                "Flows scheduled from the ring.",
+                |s| s.new_flows,
+            ),
+            (
+                "fulcrum_xdp_vs_reply_packets_total",
+                "nat: member replies rewritten back.",
+                |s| s.reply_packets,
+            ),
+            (
+                "fulcrum_xdp_vs_reply_bytes_total",
+                "nat: bytes of member replies.",
+                |s| s.reply_bytes,
+            ),
+        ];
+        for (name, help, f) in families {
+            out.family(name, "counter", help);
+            for (svc, s) in &stats {
+                out.sample(name, &[("service", svc)], f(s) as f64);
+            }
+        }
+        out.family(
+            "fulcrum_xdp_vs_drops_total",
+            "counter",
+            "Packets to the VIPs dropped in the kernel, by reason.",
+        );
+        for (svc, s) in &stats {
+            for r in DropReason::ALL {
+                out.sample(
+                    "fulcrum_xdp_vs_drops_total",
+                    &[("service", svc), ("reason", r.name())],
+                    s.drops[r as usize] as f64,
+                );
+            }
+        }
+        out.family(
+            "fulcrum_xdp_member_packets_total",
+            "counter",
+            "Client packets forwarded to the member.",
+        );
+        let mut reals: Vec<(&SocketAddr, &RealState)> = st.reals.iter().collect();
+        reals.sort_by_key(|(_, r)| r.index);
+        let real_stats: Vec<(String, fulcrum_xdp::RealStats)> = reals
+            .iter()
+            .filter_map(|(a, r)| Some((a.to_string(), st.dp.real_stats(r.index).ok()?)))
+            .collect();
+        for (a, s) in &real_stats {
+            out.sample(
+                "fulcrum_xdp_member_packets_total",
+                &[("member", a)],
+                s.packets as f64,
+            );
+        }
+        out.family(
+            "fulcrum_xdp_member_bytes_total",
+            "counter",
+            "Bytes forwarded to the member.",
+        );
+        for (a, s) in &real_stats {
+            out.sample(
+                "fulcrum_xdp_member_bytes_total",
+                &[("member", a)],
+                s.bytes as f64,
+            );
+        }
+        out.family(
+            "fulcrum_xdp_member_new_flows_total",
+            "counter",
+            "Flows scheduled to the member.",
+        );
+        for (a, s) in &real_stats {
+            out.sample(
+                "fulcrum_xdp_member_new_flows_total",
+                &[("member", a)],
+                s.new_flows as f64,
+            );
+        }
+        out.family(
+            "fulcrum_xdp_packets_total",
+            "counter",
+            "Packets the XDP program did not forward, by what it did.",
+        );
+        for g in Global::ALL {
+            if let Ok(v) = st.dp.global(g) {
+                out.sample("fulcrum_xdp_packets_total", &[("kind", g.name())], v as f64);
+            }
+        }
+    }
+}
+
+/// Brings rings, reals and the connection table in line with members' health, state, weights.
+fn refresh(st: &mut State) {
+    let now = fulcrum_balance::clock::now_ms();
+    // Next hops first: a member without a MAC cannot get slots.
+    let mut to_resolve: Vec<SocketAddr> = Vec::new();
+    for (addr, r) in &st.reals {
+        if !r.resolved && r.last_try.is_none_or(|t| t.elapsed() >= RESOLVE_EVERY) {
+            to_resolve.push(*addr);
+        }
+    }
+    for addr in to_resolve {
+        let resolved = resolve(addr.ip());
+        if let Some(r) = st.reals.get_mut(&addr) {
+            r.last_try = Some(Instant::now());
+            if let Some((mac, ifindex)) = resolved {
+                let real = Real::new(addr.ip(), mac, r.nat_port, ifindex);
+                match st.dp.set_real(r.index, real) {
+                    Ok(()) => {
+                        r.resolved = true;
+                        tracing::info!(member = %addr, mac = %fmt_mac(mac), ifindex, "XDP member next hop resolved");
+                    }
+                    Err(e) => {
+                        tracing::warn!(member = %addr, error = %e, "XDP member update failed")
+                    }
+                }
+            }
+        }
+    }
+    for svc in &mut st.services {
+        let members = svc.pool.members();
+        let mut weights = Vec::with_capacity(members.len());
+        let mut ids = Vec::with_capacity(members.len());
+        for m in members {
+            let real = st.reals.get_mut(&m.address);
+            let (id, resolved) = real.as_ref().map_or((0, false), |r| (r.index, r.resolved));
+            ids.push(id);
+            let w = if resolved && m.accepts_new(now) {
+                m.effective_weight().max(1)
+            } else {
+                0
+            };
+            weights.push(w);
+            // Down or disabled: its flows go (clients are rescheduled); drain keeps them.
+            let gone = !m.health.is_up() || m.effective_state() == AdminState::Disabled;
+            if let Some(r) = real {
+                if gone && !r.forgotten {
+                    match st.dp.forget_real(r.index) {
+                        Ok(n) => {
+                            r.forgotten = true;
+                            tracing::info!(member = %m.address, flows = n, "XDP: member out, its flows dropped");
+                        }
+                        Err(e) => {
+                            tracing::warn!(member = %m.address, error = %e, "XDP: dropping flows failed")
+                        }
+                    }
+                } else if !gone {
+                    r.forgotten = false;
+                }
+            }
+        }
+        if weights != svc.weights {
+            let names: Vec<String> = members.iter().map(|m| m.label.to_string()).collect();
+            let ring = build_ring(&names, &weights, &ids);
+            match st.dp.set_ring(svc.index, &ring) {
+                Ok(changed) => {
+                    tracing::debug!(service = %svc.name, changed, "XDP ring updated");
+                    svc.weights = weights;
+                }
+                Err(e) => tracing::warn!(service = %svc.name, error = %e, "XDP ring update failed"),
+            }
+        }
+    }
+}
+
+fn fmt_mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut out {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+fn ip_json(args: &[&str]) -> Option<serde_json::Value> {
+    let out = std::process::Command::new("ip").args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// The next hop's MAC and the egress interface for `addr`, from the kernel's routing and
+/// neighbour tables. iproute2's JSON output is used rather than a netlink library: two
+/// read-only queries, off the packet path, once per member until resolved. When the neighbour
+/// is not known yet, a datagram to the discard port makes the kernel resolve it.
+fn resolve(addr: IpAddr) -> Option<([u8; 6], u32)> {
+    let a = addr.to_string();
+    let route = ip_json(&["-j", "route", "get", &a])?;
+    let r = route.get(0)?;
+    let dev = r.get("dev")?.as_str()?.to_string();
+    let hop = r
+        .get("gateway")
+        .and_then(|g| g.as_str())
+        .unwrap_or(&a)
+        .to_string();
+    let neigh = ip_json(&["-j", "neigh", "show", "to", &hop, "dev", &dev])?;
+    let mac = neigh
+        .as_array()?
+        .iter()
+        .filter(|n| {
+            n.get("state").and_then(|s| s.as_array()).is_none_or(|s| {
+                !s.iter()
+                    .any(|v| v.as_str() == Some("FAILED") || v.as_str() == Some("INCOMPLETE"))
+            })
+        })
+        .find_map(|n| parse_mac(n.get("lladdr")?.as_str()?));
+    let Some(mac) = mac else {
+        if let Ok(hop_ip) = hop.parse::<IpAddr>() {
+            let bind: SocketAddr = if hop_ip.is_ipv4() {
+                "0.0.0.0:0".parse().ok()?
+            } else {
+                "[::]:0".parse().ok()?
+            };
+            if let Ok(s) = std::net::UdpSocket::bind(bind) {
+                let _ = s.send_to(b"", SocketAddr::new(hop_ip, 9));
+            }
+        }
+        return None;
+    };
+    let c = std::ffi::CString::new(dev).ok()?;
+    // SAFETY: if_nametoindex reads the NUL-terminated string `c`, which outlives the call.
+    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (ifindex != 0).then_some((mac, ifindex))
+}
