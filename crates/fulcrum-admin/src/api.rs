@@ -336,6 +336,7 @@ async fn set_state(
         })?;
     m.set_state(state);
     p.refresh();
+    app.control.api_state_changed();
     Ok(Json(member_status(&m)))
 }
 
@@ -356,6 +357,7 @@ async fn set_weight(
         })?;
     m.set_weight(weight as u32);
     p.refresh();
+    app.control.api_state_changed();
     Ok(Json(member_status(&m)))
 }
 

@@ -45,6 +45,9 @@ pub trait Control: Send + Sync + 'static {
     fn gslb_api(&self, _method: &str, _path: &[&str], _body: &[u8]) -> (u16, serde_json::Value) {
         (404, serde_json::json!({ "error": "no such endpoint" }))
     }
+    /// Called after the API changed a member's state or weight, so the binary can keep
+    /// `admin.state_file` current. The default keeps nothing.
+    fn api_state_changed(&self) {}
     /// Serves `/api/v1/cache/{service}`: `GET` (usage and counters) and `DELETE` (purge;
     /// `query` holds the decoded `url`, `host` and `prefix` parameters). The default has no
     /// caches.

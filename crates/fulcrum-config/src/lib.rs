@@ -3,6 +3,7 @@
 
 mod accel;
 mod error;
+mod ha;
 mod http;
 mod message;
 mod reader;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
+pub use ha::{Ha, HaMode, HaSync, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
     StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,
@@ -124,6 +126,9 @@ fn resolve_paths(config: &mut Config, base: &Path) {
                 fix(f);
             }
         }
+    }
+    if let Some(f) = &mut config.admin.state_file {
+        fix(f);
     }
     for t in &mut config.ip_tables {
         if let Some(f) = &mut t.file {

@@ -97,6 +97,8 @@ pub struct App {
     udp: crate::udp::Udp,
     messages: crate::message::Messages,
     http: crate::http::HttpAssembly,
+    /// Serialises writers of `admin.state_file`.
+    state_lock: Mutex<()>,
 }
 
 impl App {
@@ -121,6 +123,14 @@ impl App {
             udp: crate::udp::Udp::default(),
             messages: crate::message::Messages::default(),
             http: crate::http::HttpAssembly::new(),
+            state_lock: Mutex::new(()),
+        }
+    }
+
+    fn save_api_state(&self) {
+        if let Some(path) = self.snapshot.load().config.admin.state_file.clone() {
+            let _one_writer = self.state_lock.lock();
+            crate::state_file::save(self, &path);
         }
     }
 
@@ -288,6 +298,8 @@ impl App {
         }
         let generation = self.apply(config)?;
         tracing::info!(generation, "configuration reloaded");
+        // A reload may have ended overrides (the file's value changed): keep the file in step.
+        self.save_api_state();
         Ok(generation)
     }
 
@@ -350,7 +362,15 @@ impl Control for App {
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
-        self.dns.api(method, path, body)
+        let r = self.dns.api(method, path, body);
+        if method != "GET" && r.0 == 200 {
+            self.save_api_state();
+        }
+        r
+    }
+
+    fn api_state_changed(&self) {
+        self.save_api_state();
     }
 
     fn cache_api(
@@ -403,12 +423,16 @@ where
             }
         };
         let admin_addr = config.admin.listen;
+        let config_state_file = config.admin.state_file.clone();
         let app = Arc::new(App::new(source, workers));
         if let Err(errors) = app.apply(config) {
             for e in errors {
                 eprintln!("{e}");
             }
             return ExitCode::FAILURE;
+        }
+        if let Some(path) = &config_state_file {
+            crate::state_file::load(app.as_ref(), path);
         }
         let admin = match tokio::net::TcpListener::bind(admin_addr).await {
             Ok(l) => l,

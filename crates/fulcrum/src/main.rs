@@ -7,6 +7,7 @@ mod dns;
 mod http;
 mod https;
 mod message;
+mod state_file;
 mod tuning;
 mod udp;
 
