@@ -48,6 +48,14 @@ pub trait Control: Send + Sync + 'static {
     /// Called after the API changed a member's state or weight, so the binary can keep
     /// `admin.state_file` current. The default keeps nothing.
     fn api_state_changed(&self) {}
+    /// Serves `GET /api/v1/ha`: the VRRP node's role, priority, peer, last transition and
+    /// counters. The default has no HA.
+    fn ha_api(&self) -> (u16, serde_json::Value) {
+        (
+            404,
+            serde_json::json!({ "error": "high availability is not configured ([ha])" }),
+        )
+    }
     /// Serves `/api/v1/cache/{service}`: `GET` (usage and counters) and `DELETE` (purge;
     /// `query` holds the decoded `url`, `host` and `prefix` parameters). The default has no
     /// caches.

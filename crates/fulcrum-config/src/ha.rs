@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::reader::{Cx, FromNode, Node};
+use crate::reader::{Cx, FromNode, Node, Shape};
 use crate::string_enum;
 use crate::types::read_table;
 
@@ -23,6 +23,41 @@ string_enum! {
 /// VRRPv3 carries the advertisement interval in centiseconds in 12 bits.
 pub const MIN_ADVERT_INTERVAL: Duration = Duration::from_millis(10);
 pub const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
+
+/// A VIP: an address with the prefix length of its subnet ("10.0.0.100/24"; a bare address
+/// is a /32). Unlike a prefix elsewhere in the file, the host bits are the point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vip(pub IpNet);
+
+impl FromNode for Vip {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        let parsed = match node.shape() {
+            Shape::Str(s) => s
+                .trim()
+                .parse::<IpNet>()
+                .or_else(|_| s.trim().parse::<IpAddr>().map(IpNet::from))
+                .ok(),
+            _ => None,
+        };
+        match parsed {
+            Some(n) if n.addr() == n.network() && n.prefix_len() != n.max_prefix_len() => {
+                cx.error(
+                    node,
+                    format!("{n} is a network address, not a host address for a VIP"),
+                );
+                None
+            }
+            Some(n) => Some(Vip(n)),
+            None => {
+                cx.error(
+                    node,
+                    "expected an address with its prefix length, such as \"10.0.0.100/24\"",
+                );
+                None
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HaSync {
@@ -116,7 +151,10 @@ impl FromNode for Ha {
             let preempt = t.opt(cx, "preempt").unwrap_or(true);
             let preempt_delay = t.opt(cx, "preempt_delay").unwrap_or(Duration::ZERO);
             let peers: Vec<IpAddr> = t.opt(cx, "peers").unwrap_or_default();
-            let vips: Vec<IpNet> = t.opt(cx, "vips").unwrap_or_default();
+            let vips: Vec<IpNet> = t
+                .opt::<Vec<Vip>>(cx, "vips")
+                .map(|v| v.into_iter().map(|v| v.0).collect())
+                .unwrap_or_default();
             if let Some(n) = t.node("vips") {
                 if vips.is_empty() {
                     cx.error(&n, "list at least one address that moves with mastership");
@@ -128,7 +166,7 @@ impl FromNode for Ha {
                     );
                 }
             } else {
-                t.req::<Vec<IpNet>>(cx, "vips");
+                t.req::<Vec<Vip>>(cx, "vips");
             }
             if let Some(n) = t.node("peers") {
                 if peers.iter().any(IpAddr::is_ipv6) {

@@ -56,6 +56,7 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::dns::checks(config);
     errors.extend(crate::https::checks(config));
     errors.extend(crate::tuning::checks(config));
+    errors.extend(crate::ha::checks(config));
     errors
 }
 
@@ -99,6 +100,7 @@ pub struct App {
     http: crate::http::HttpAssembly,
     /// Serialises writers of `admin.state_file`.
     state_lock: Mutex<()>,
+    ha: crate::ha::HaPlane,
 }
 
 impl App {
@@ -124,6 +126,7 @@ impl App {
             messages: crate::message::Messages::default(),
             http: crate::http::HttpAssembly::new(),
             state_lock: Mutex::new(()),
+            ha: crate::ha::HaPlane::default(),
         }
     }
 
@@ -289,6 +292,9 @@ impl App {
         if config.admin.listen != before.config.admin.listen {
             tracing::warn!(from = %before.config.admin.listen, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
         }
+        if config.ha != before.config.ha {
+            tracing::warn!("[ha] changes take effect at the next restart");
+        }
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
                 from = before.config.global.workers,
@@ -312,6 +318,7 @@ impl App {
     /// Stops accepting, then waits for connections to finish, up to the configured deadline.
     async fn shutdown(&self) {
         let deadline = self.snapshot.load().config.global.shutdown_timeout;
+        self.ha.shutdown().await;
         self.assembly.lock().listeners.close_all();
         self.udp.close_all();
         self.dns.shutdown();
@@ -359,6 +366,11 @@ impl Control for App {
         self.dns.metrics(out);
         self.messages.write_metrics(out);
         self.http.metrics(out);
+        self.ha.metrics(out);
+    }
+
+    fn ha_api(&self) -> (u16, serde_json::Value) {
+        self.ha.api()
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
@@ -424,6 +436,7 @@ where
         };
         let admin_addr = config.admin.listen;
         let config_state_file = config.admin.state_file.clone();
+        let ha = config.ha.clone();
         let app = Arc::new(App::new(source, workers));
         if let Err(errors) = app.apply(config) {
             for e in errors {
@@ -434,6 +447,7 @@ where
         if let Some(path) = &config_state_file {
             crate::state_file::load(app.as_ref(), path);
         }
+        app.ha.start(ha.as_ref(), Arc::downgrade(&app));
         let admin = match tokio::net::TcpListener::bind(admin_addr).await {
             Ok(l) => l,
             Err(e) => {

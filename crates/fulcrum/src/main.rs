@@ -4,6 +4,7 @@ mod app;
 mod compression;
 mod demo;
 mod dns;
+mod ha;
 mod http;
 mod https;
 mod message;
