@@ -234,7 +234,7 @@ impl VrrpSocket {
     pub async fn recv(&self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
             let mut guard = self.rx.readable().await?;
-            match guard.try_io(|fd| (&*fd.get_ref()).read(buf)) {
+            match guard.try_io(|fd| fd.get_ref().read(buf)) {
                 Ok(r) => return r,
                 Err(_would_block) => continue,
             }

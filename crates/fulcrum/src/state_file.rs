@@ -240,14 +240,20 @@ weight = 5
     #[test]
     fn only_overrides_are_saved_and_restored() {
         let p = pool(ONE);
-        assert_eq!(snapshot(&[p.clone()], &[])["members"], json!([]));
+        assert_eq!(
+            snapshot(std::slice::from_ref(&p), &[])["members"],
+            json!([])
+        );
         p.members()[0].set_state(AdminState::Drain);
         p.members()[1].set_weight(9);
-        let saved = snapshot(&[p.clone()], &[("east".into(), "disabled".into())]);
+        let saved = snapshot(
+            std::slice::from_ref(&p),
+            &[("east".into(), "disabled".into())],
+        );
         assert_eq!(saved["members"].as_array().map(Vec::len), Some(2));
 
         let fresh = pool(ONE);
-        let (r, sites) = restore(&saved, &[fresh.clone()]);
+        let (r, sites) = restore(&saved, std::slice::from_ref(&fresh));
         assert_eq!(
             r,
             Restored {
@@ -271,7 +277,7 @@ weight = 5
             &ONE.replace("8001\"", "8001\"\nstate = \"disabled\"")
                 .replace("weight = 5", "weight = 7"),
         );
-        let (r, _) = restore(&saved, &[edited.clone()]);
+        let (r, _) = restore(&saved, std::slice::from_ref(&edited));
         assert_eq!(r.applied, 0);
         assert_eq!(r.superseded, 2);
         assert_eq!(edited.members()[0].state(), AdminState::Disabled);
