@@ -234,7 +234,7 @@ async fn index() -> Json<Value> {
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
-                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/metrics"],
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/ha", "/metrics"],
     }))
 }
 
@@ -334,6 +334,7 @@ async fn set_state(
         })?;
     m.set_state(state);
     p.refresh();
+    app.control.api_state_changed();
     Ok(Json(member_status(&m)))
 }
 
@@ -354,6 +355,7 @@ async fn set_weight(
         })?;
     m.set_weight(weight as u32);
     p.refresh();
+    app.control.api_state_changed();
     Ok(Json(member_status(&m)))
 }
 

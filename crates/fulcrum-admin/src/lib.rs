@@ -51,6 +51,9 @@ pub trait Control: Send + Sync + 'static {
     fn admin_token(&self) -> Option<Arc<str>>;
     /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
     fn extra_metrics(&self, _out: &mut MetricsWriter) {}
+    /// Called after the API changed a member's state or weight (or a plane's mutating route
+    /// succeeded), so the binary can keep `admin.state_file` current. The default keeps nothing.
+    fn api_state_changed(&self) {}
     /// Serves the routes the data planes add under `/api/v1/` (`gslb/…`, `cache/{service}`, …):
     /// a status and a JSON body, or `None` when no plane has the route.
     fn plane_api(&self, _request: &ApiRequest) -> Option<(u16, serde_json::Value)> {

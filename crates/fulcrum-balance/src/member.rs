@@ -229,6 +229,16 @@ impl Member {
         self.weight.store(w, Ordering::Relaxed);
     }
 
+    /// The weight the configuration file gives (the API may have set another).
+    pub fn config_weight(&self) -> u32 {
+        self.config_weight.load(Ordering::Relaxed)
+    }
+
+    /// The state the configuration file gives (the API may have set another).
+    pub fn config_state(&self) -> AdminState {
+        state_from_u8(self.config_state.load(Ordering::Relaxed))
+    }
+
     pub fn priority(&self) -> i32 {
         self.priority.load(Ordering::Relaxed)
     }

@@ -4,6 +4,7 @@
 mod accel;
 mod error;
 mod forwarding;
+mod ha;
 mod http;
 mod message;
 mod reader;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, FORWARDING_KEYS};
+pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
     StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,
@@ -126,6 +128,9 @@ fn resolve_paths(config: &mut Config, base: &Path) {
                 fix(f);
             }
         }
+    }
+    if let Some(f) = &mut config.admin.state_file {
+        fix(f);
     }
     for t in &mut config.ip_tables {
         if let Some(f) = &mut t.file {

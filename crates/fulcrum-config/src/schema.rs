@@ -26,6 +26,8 @@ pub struct Config {
     pub dns: Option<Dns>,
     pub ip_tables: Vec<IpTable>,
     pub gslb: Gslb,
+    /// `[ha]`: VRRP active/standby (crate fulcrum-ha).
+    pub ha: Option<crate::ha::Ha>,
     /// Where key paths stand in the file, for errors found after parsing (e.g. at bind time).
     pub locations: Locations,
 }
@@ -63,6 +65,8 @@ impl Default for Global {
 pub struct Admin {
     pub listen: SocketAddr,
     pub token: Option<String>,
+    /// Where member/site states and weights set through the API are kept across restarts.
+    pub state_file: Option<PathBuf>,
 }
 
 impl Default for Admin {
@@ -70,6 +74,7 @@ impl Default for Admin {
         Admin {
             listen: SocketAddr::from(([127, 0, 0, 1], 9900)),
             token: None,
+            state_file: None,
         }
     }
 }
@@ -1196,6 +1201,7 @@ impl FromNode for Admin {
             Some(Admin {
                 listen: t.opt(cx, "listen").unwrap_or(Admin::default().listen),
                 token: t.opt(cx, "token"),
+                state_file: t.opt::<String>(cx, "state_file").map(PathBuf::from),
             })
         })
     }
@@ -1218,6 +1224,7 @@ pub(crate) fn read_config(root: &Node<'_>, cx: &mut Cx<'_>) -> Option<Config> {
             dns: t.opt(cx, "dns"),
             ip_tables: t.opt(cx, "ip_table").unwrap_or_default(),
             gslb: t.opt(cx, "gslb").unwrap_or_default(),
+            ha: t.opt(cx, "ha"),
             locations: Locations::default(),
         })
     })

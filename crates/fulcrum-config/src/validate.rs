@@ -129,6 +129,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             ),
         );
     }
+    if let Some(ha) = &cfg.ha {
+        for (i, name) in ha.track.iter().enumerate() {
+            let pools = cfg.pools.iter().map(|p| p.name.as_str());
+            c.reference(&format!("ha.track[{i}]"), "pool", "pool", name, pools);
+        }
+    }
     if cfg.global.shutdown_timeout.is_zero() && cfg.locations.contains("global.shutdown_timeout") {
         c.err("global.shutdown_timeout", "must be longer than 0s");
     }

@@ -56,6 +56,7 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::dns::checks(config);
     errors.extend(crate::https::checks(config));
     errors.extend(crate::tuning::checks(config));
+    errors.extend(crate::ha::checks(config));
     errors
 }
 
@@ -96,6 +97,11 @@ pub struct App {
     sockets_per_address: usize,
     /// Every data plane, in commit order; each serves the virtual services it claims.
     planes: Vec<Arc<dyn DataPlane>>,
+    /// Serialises writers of `admin.state_file`.
+    state_lock: Mutex<()>,
+    /// VRRP: a control-plane component; it also shows itself to the API and metrics through
+    /// the plane list.
+    ha: Arc<crate::ha::HaPlane>,
 }
 
 impl App {
@@ -104,6 +110,7 @@ impl App {
         let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
         // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
         // than "proxy" before the proxies do.
+        let ha = Arc::new(crate::ha::HaPlane::default());
         let planes: Vec<Arc<dyn DataPlane>> = vec![
             Arc::new(crate::xdp::XdpPlane::default()),
             Arc::new(crate::tcp::TcpPlane),
@@ -111,6 +118,7 @@ impl App {
             Arc::new(crate::message::Messages::default()),
             dns.clone(),
             Arc::new(crate::http::HttpAssembly::new(dns)),
+            ha.clone(),
         ];
         App {
             source,
@@ -129,6 +137,15 @@ impl App {
             health: HealthService::new(),
             sockets_per_address,
             planes,
+            state_lock: Mutex::new(()),
+            ha,
+        }
+    }
+
+    fn save_api_state(&self) {
+        if let Some(path) = self.snapshot.load().config.admin.state_file.clone() {
+            let _one_writer = self.state_lock.lock();
+            crate::state_file::save(self, &path);
         }
     }
 
@@ -245,6 +262,9 @@ impl App {
         if config.admin.listen != before.config.admin.listen {
             tracing::warn!(from = %before.config.admin.listen, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
         }
+        if config.ha != before.config.ha {
+            tracing::warn!("[ha] changes take effect at the next restart");
+        }
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
                 from = before.config.global.workers,
@@ -254,6 +274,8 @@ impl App {
         }
         let generation = self.apply(config)?;
         tracing::info!(generation, "configuration reloaded");
+        // A reload may have ended overrides (the file's value changed): keep the file in step.
+        self.save_api_state();
         Ok(generation)
     }
 
@@ -266,6 +288,7 @@ impl App {
     /// Stops accepting, then waits for connections to finish, up to the configured deadline.
     async fn shutdown(&self) {
         let deadline = self.snapshot.load().config.global.shutdown_timeout;
+        self.ha.shutdown().await;
         self.assembly.lock().listeners.close_all();
         self.health.shutdown();
         for plane in &self.planes {
@@ -315,7 +338,16 @@ impl Control for App {
     }
 
     fn plane_api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
-        self.planes.iter().find_map(|p| p.api(request))
+        let answer = self.planes.iter().find_map(|p| p.api(request));
+        if request.method != "GET" && matches!(answer, Some((200, _))) {
+            // A plane's own admin state (GSLB sites) changed: keep the state file in step.
+            self.save_api_state();
+        }
+        answer
+    }
+
+    fn api_state_changed(&self) {
+        self.save_api_state();
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {
@@ -359,6 +391,8 @@ where
             }
         };
         let admin_addr = config.admin.listen;
+        let config_state_file = config.admin.state_file.clone();
+        let ha = config.ha.clone();
         let app = Arc::new(App::new(source, workers));
         if let Err(errors) = app.apply(config) {
             for e in errors {
@@ -366,6 +400,10 @@ where
             }
             return ExitCode::FAILURE;
         }
+        if let Some(path) = &config_state_file {
+            crate::state_file::load(app.as_ref(), path);
+        }
+        app.ha.start(ha.as_ref(), Arc::downgrade(&app));
         let admin = match tokio::net::TcpListener::bind(admin_addr).await {
             Ok(l) => l,
             Err(e) => {

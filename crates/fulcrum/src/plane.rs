@@ -4,8 +4,8 @@
 //!
 //! A configuration is applied in steps that every plane takes part in, under the reload lock:
 //! `prepare` acquires what can fail (sockets, files, programs) without changing what runs;
-//! `build` compiles each virtual service the plane serves against the new pools; `commit` makes
-//! the result live. If any plane fails before `commit`, every plane is told to `abort`, and the
+//! `build` compiles each virtual service the plane serves against the new pools; `complete`
+//! sees them all at once; `commit` makes the result live. If any plane fails before `commit`, every plane is told to `abort`, and the
 //! running configuration stays untouched.
 
 use std::collections::HashMap;
@@ -41,6 +41,13 @@ pub trait DataPlane: Send + Sync {
         _cx: &mut BuildCx,
     ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
         Ok(None)
+    }
+
+    /// Step 2b, once every service is built and the new stream listeners are bound: the last
+    /// step that may refuse the configuration. A plane that programs the kernel for all its
+    /// services at once (XDP) does it here.
+    fn complete(&self, _cx: &BuildCx) -> Result<(), Vec<String>> {
+        Ok(())
     }
 
     /// Step 3: makes what `prepare` and `build` made live.

@@ -14,7 +14,7 @@ pub struct TcpPlane;
 
 impl DataPlane for TcpPlane {
     fn serves(&self, vs: &VirtualService) -> bool {
-        vs.protocol == Protocol::Tcp
+        vs.protocol == Protocol::Tcp && !vs.forwarding.forwarding.in_kernel()
     }
 
     fn build(

@@ -60,7 +60,7 @@ impl DataPlane for Udp {
         let wanted: Vec<SocketAddr> = config
             .virtual_services
             .iter()
-            .filter(|v| v.protocol == Protocol::Udp)
+            .filter(|v| self.serves(v))
             .flat_map(|v| v.listen.iter().copied())
             .collect();
         let mut state = self.state.lock();
@@ -74,7 +74,7 @@ impl DataPlane for Udp {
     }
 
     fn serves(&self, vs: &VirtualService) -> bool {
-        vs.protocol == Protocol::Udp
+        vs.protocol == Protocol::Udp && !vs.forwarding.forwarding.in_kernel()
     }
 
     /// Compiles one udp service into the pending configuration.

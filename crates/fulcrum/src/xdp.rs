@@ -21,11 +21,14 @@ use std::time::{Duration, Instant};
 
 use fulcrum_balance::Pool;
 use fulcrum_config::{AdminState, Config, Forwarding, PersistenceKind, Protocol, VirtualService};
+use fulcrum_net::StreamHandler;
 use fulcrum_xdp::{
     build_ring, Dataplane, DropReason, Global, Limits, Real, VipKey, VipMeta, MODE_DR, MODE_NAT,
     MODE_TUNNEL, VIP_F_PERSIST_SRC,
 };
 use parking_lot::Mutex;
+
+use crate::plane::{BuildCx, DataPlane};
 
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
 const RESOLVE_EVERY: Duration = Duration::from_secs(1);
@@ -59,6 +62,8 @@ struct State {
 pub struct XdpPlane {
     state: Arc<Mutex<Option<State>>>,
     running: Arc<AtomicBool>,
+    /// The in-kernel services of the configuration being applied, collected by `build`.
+    collected: Mutex<Vec<VirtualService>>,
 }
 
 fn mode_flags(f: Forwarding) -> u32 {
@@ -78,16 +83,6 @@ fn proto_number(p: Protocol) -> u8 {
 }
 
 impl XdpPlane {
-    /// Takes the in-kernel services out of `config` (the proxy planes never see them) and
-    /// returns them; `restore` puts them back before the snapshot is stored.
-    pub fn split(config: &mut Config) -> Vec<VirtualService> {
-        let (kernel, proxied): (Vec<_>, Vec<_>) = std::mem::take(&mut config.virtual_services)
-            .into_iter()
-            .partition(|v| v.forwarding.forwarding.in_kernel());
-        config.virtual_services = proxied;
-        kernel
-    }
-
     /// Loads (first time) and updates the maps in place for `services`; attaches to new
     /// interfaces. With no in-kernel service left, the program is detached and unloaded.
     pub fn apply(
@@ -536,4 +531,45 @@ fn resolve(addr: IpAddr) -> Option<([u8; 6], u32)> {
     // SAFETY: if_nametoindex reads the NUL-terminated string `c`, which outlives the call.
     let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (ifindex != 0).then_some((mac, ifindex))
+}
+
+/// The XDP forwarder in the assembly: it claims the services with in-kernel forwarding, collects
+/// them as they are built, and programs the kernel for all of them at once in `complete`, the
+/// last step that may refuse a configuration (an interface that does not exist, a program the
+/// kernel rejects).
+impl DataPlane for XdpPlane {
+    fn prepare(&self, _config: &Config) -> Result<(), Vec<String>> {
+        self.collected.lock().clear();
+        Ok(())
+    }
+
+    fn serves(&self, vs: &VirtualService) -> bool {
+        vs.forwarding.forwarding.in_kernel()
+    }
+
+    fn build(
+        &self,
+        vs: &VirtualService,
+        _cx: &mut BuildCx,
+    ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
+        self.collected.lock().push(vs.clone());
+        Ok(None)
+    }
+
+    fn complete(&self, cx: &BuildCx) -> Result<(), Vec<String>> {
+        let services = std::mem::take(&mut *self.collected.lock());
+        self.apply(&services, cx.config, cx.pools)
+    }
+
+    fn abort(&self) {
+        self.collected.lock().clear();
+    }
+
+    fn shutdown(&self) {
+        XdpPlane::shutdown(self);
+    }
+
+    fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        XdpPlane::metrics(self, out);
+    }
 }

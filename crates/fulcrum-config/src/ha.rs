@@ -1,0 +1,202 @@
+//! `[ha]`: VRRPv3 active/standby between Fulcrum nodes (or a Fulcrum node and keepalived).
+//!
+//! The keys of DESIGN §4 "Phase 2" plus Fulcrum additions (`track`, `track_weight`,
+//! `garp_repeat`, `garp_interval`), documented in docs/configuration.md "High availability".
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::reader::{Cx, FromNode, Node, Shape};
+use crate::string_enum;
+use crate::types::read_table;
+
+string_enum! {
+    /// `ha.mode`.
+    HaMode {
+        ActiveStandby = "active_standby",
+        ActiveActive = "active_active",
+    }
+}
+
+/// VRRPv3 carries the advertisement interval in centiseconds in 12 bits.
+pub const MIN_ADVERT_INTERVAL: Duration = Duration::from_millis(10);
+pub const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
+
+/// A VIP: an address with the prefix length of its subnet ("10.0.0.100/24"; a bare address
+/// is a /32). Unlike a prefix elsewhere in the file, the host bits are the point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vip(pub IpNet);
+
+impl FromNode for Vip {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        let parsed = match node.shape() {
+            Shape::Str(s) => s
+                .trim()
+                .parse::<IpNet>()
+                .or_else(|_| s.trim().parse::<IpAddr>().map(IpNet::from))
+                .ok(),
+            _ => None,
+        };
+        match parsed {
+            Some(n) if n.addr() == n.network() && n.prefix_len() != n.max_prefix_len() => {
+                cx.error(
+                    node,
+                    format!("{n} is a network address, not a host address for a VIP"),
+                );
+                None
+            }
+            Some(n) => Some(Vip(n)),
+            None => {
+                cx.error(
+                    node,
+                    "expected an address with its prefix length, such as \"10.0.0.100/24\"",
+                );
+                None
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HaSync {
+    pub listen: SocketAddr,
+    pub peers: Vec<SocketAddr>,
+    pub key: String,
+}
+
+impl FromNode for HaSync {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let listen = t.req(cx, "listen");
+            let peers = t.opt(cx, "peers").unwrap_or_default();
+            let key: Option<String> = t.req(cx, "key");
+            if let (Some(k), Some(n)) = (&key, t.node("key")) {
+                if k.len() < 16 {
+                    cx.error(&n, "the sync key must be at least 16 characters");
+                }
+            }
+            Some(HaSync {
+                listen: listen?,
+                peers,
+                key: key?,
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ha {
+    pub mode: HaMode,
+    /// This node's name, shown in the API and logs (default: the host name).
+    pub node: Option<String>,
+    /// Where adverts are sent and received and where the VIPs are added.
+    pub interface: String,
+    /// Virtual router id, 1 to 255; both nodes of a pair use the same one.
+    pub vrid: u8,
+    /// 1 to 254 (255: this node owns the addresses and is master whenever it runs).
+    pub priority: u8,
+    pub advert_interval: Duration,
+    /// A higher-priority node takes mastership back from a lower-priority master.
+    pub preempt: bool,
+    /// How long a higher-priority node waits, as backup, before preempting.
+    pub preempt_delay: Duration,
+    /// Unicast VRRP to these addresses; empty: multicast to 224.0.0.18.
+    pub peers: Vec<IpAddr>,
+    /// Addresses that move with mastership.
+    pub vips: Vec<IpNet>,
+    /// Pools whose health the priority follows; empty: every pool.
+    pub track: Vec<String>,
+    /// When a tracked pool has no available member: lower the priority by this much, or
+    /// (unset) go to the fault state — resign mastership and never take it.
+    pub track_weight: Option<u8>,
+    /// Gratuitous ARPs sent per VIP on becoming master, `garp_interval` apart.
+    pub garp_repeat: u32,
+    pub garp_interval: Duration,
+    pub sync: Option<HaSync>,
+}
+
+impl FromNode for Ha {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let mode = t.opt(cx, "mode").unwrap_or(HaMode::ActiveStandby);
+            let node_name = t.opt(cx, "node");
+            let interface = t.req(cx, "interface");
+            let vrid: Option<u8> = t.req(cx, "vrid");
+            if let (Some(0), Some(n)) = (vrid, t.node("vrid")) {
+                cx.error(&n, "vrid must be from 1 to 255");
+            }
+            let priority: u8 = t.opt(cx, "priority").unwrap_or(100);
+            if let (0, Some(n)) = (priority, t.node("priority")) {
+                cx.error(
+                    &n,
+                    "priority must be from 1 to 255 (0 is reserved for a master resigning)",
+                );
+            }
+            let advert_interval = t
+                .opt(cx, "advert_interval")
+                .unwrap_or(Duration::from_secs(1));
+            if let Some(n) = t.node("advert_interval") {
+                if advert_interval < MIN_ADVERT_INTERVAL
+                    || advert_interval > MAX_ADVERT_INTERVAL
+                    || advert_interval.as_nanos() % 10_000_000 != 0
+                {
+                    cx.error(
+                        &n,
+                        "advert_interval must be a multiple of 10ms from 10ms to 40950ms (VRRPv3 centiseconds)",
+                    );
+                }
+            }
+            let preempt = t.opt(cx, "preempt").unwrap_or(true);
+            let preempt_delay = t.opt(cx, "preempt_delay").unwrap_or(Duration::ZERO);
+            let peers: Vec<IpAddr> = t.opt(cx, "peers").unwrap_or_default();
+            let vips: Vec<IpNet> = t
+                .opt::<Vec<Vip>>(cx, "vips")
+                .map(|v| v.into_iter().map(|v| v.0).collect())
+                .unwrap_or_default();
+            if let Some(n) = t.node("vips") {
+                if vips.is_empty() {
+                    cx.error(&n, "list at least one address that moves with mastership");
+                }
+                if vips.iter().any(|v| v.addr().is_ipv6()) {
+                    cx.error(
+                        &n,
+                        "IPv6 VIPs are not supported yet (VRRPv3 for IPv6 is not implemented); use IPv4 addresses",
+                    );
+                }
+            } else {
+                t.req::<Vec<Vip>>(cx, "vips");
+            }
+            if let Some(n) = t.node("peers") {
+                if peers.iter().any(IpAddr::is_ipv6) {
+                    cx.error(&n, "IPv6 peers are not supported yet; use IPv4 addresses");
+                }
+            }
+            let track = t.opt(cx, "track").unwrap_or_default();
+            let track_weight = t.opt(cx, "track_weight");
+            let garp_repeat = t.opt(cx, "garp_repeat").unwrap_or(3);
+            let garp_interval = t
+                .opt(cx, "garp_interval")
+                .unwrap_or(Duration::from_millis(100));
+            let sync = t.opt(cx, "sync");
+            Some(Ha {
+                mode,
+                node: node_name,
+                interface: interface?,
+                vrid: vrid?,
+                priority,
+                advert_interval,
+                preempt,
+                preempt_delay,
+                peers,
+                vips,
+                track,
+                track_weight,
+                garp_repeat,
+                garp_interval,
+                sync,
+            })
+        })
+    }
+}

@@ -1,0 +1,524 @@
+//! High availability: VRRPv3 (RFC 5798) for IPv4 between Fulcrum nodes, or a Fulcrum node and
+//! keepalived.
+//!
+//! `machine` is the protocol without I/O (tested on a virtual clock), `packet` the wire format,
+//! `net` the sockets and netlink, and `Node` the task that joins them: it advertises, moves the
+//! VIPs with mastership (adding them through rtnetlink and announcing them with gratuitous ARPs),
+//! follows the health view the binary gives it, and resigns on shutdown.
+
+pub mod machine;
+pub mod net;
+pub mod packet;
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ipnet::IpNet;
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::machine::{Action, Machine, Params, State};
+use crate::net::{ArpSocket, Interface, Netlink, VrrpSocket};
+use crate::packet::Advert;
+
+/// VRRPv3's smallest advertisement interval (one centisecond).
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum HaError {
+    #[error("netlink: {0}")]
+    Netlink(String),
+    #[error("{0}: {1}")]
+    Socket(&'static str, std::io::Error),
+}
+
+/// What a node runs with (from `[ha]`).
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub node: String,
+    pub interface: String,
+    pub vrid: u8,
+    pub priority: u8,
+    pub advert_interval: Duration,
+    pub preempt: bool,
+    pub preempt_delay: Duration,
+    pub peers: Vec<Ipv4Addr>,
+    pub vips: Vec<IpNet>,
+    pub track_weight: Option<u8>,
+    pub garp_repeat: u32,
+    pub garp_interval: Duration,
+}
+
+/// Whether this node can serve: the binary's view of its pools.
+pub type HealthView = Arc<dyn Fn() -> bool + Send + Sync>;
+
+#[derive(Debug, Default)]
+struct Counters {
+    adverts_sent: AtomicU64,
+    adverts_received: AtomicU64,
+    priority_zero_sent: AtomicU64,
+    priority_zero_received: AtomicU64,
+    other_vrid: AtomicU64,
+    address_mismatch: AtomicU64,
+    dropped_truncated: AtomicU64,
+    dropped_not_vrrp: AtomicU64,
+    dropped_ttl: AtomicU64,
+    dropped_version: AtomicU64,
+    dropped_checksum: AtomicU64,
+    became_master: AtomicU64,
+    garps_sent: AtomicU64,
+    netlink_errors: AtomicU64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Peer {
+    pub address: Ipv4Addr,
+    pub priority: u8,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TransitionStatus {
+    pub from: State,
+    pub to: State,
+    pub reason: &'static str,
+    /// Unix time in seconds (with milliseconds).
+    pub at: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Adverts {
+    pub sent: u64,
+    pub received: u64,
+    pub priority_zero_sent: u64,
+    pub priority_zero_received: u64,
+    /// Adverts of other virtual routers on the segment (ignored).
+    pub other_vrid: u64,
+    /// Adverts for this VRID whose address list differs from `vips` (a misconfiguration).
+    pub address_mismatch: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Dropped {
+    pub truncated: u64,
+    pub not_vrrp: u64,
+    pub ttl: u64,
+    pub version: u64,
+    pub checksum: u64,
+}
+
+/// `GET /api/v1/ha`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub node: String,
+    pub role: State,
+    pub vrid: u8,
+    pub interface: String,
+    /// The address adverts come from.
+    pub address: Option<Ipv4Addr>,
+    pub priority: u8,
+    pub configured_priority: u8,
+    pub healthy: bool,
+    pub preempt: bool,
+    pub advert_interval_ms: f64,
+    pub master_down_interval_ms: f64,
+    pub vips: Vec<String>,
+    /// `multicast` or the unicast peers.
+    pub peers: Vec<Ipv4Addr>,
+    /// The master this node hears (as backup), if any.
+    pub peer: Option<Peer>,
+    pub last_transition: Option<TransitionStatus>,
+    pub transitions: u64,
+    pub became_master: u64,
+    pub adverts: Adverts,
+    pub dropped: Dropped,
+    pub garps_sent: u64,
+    pub netlink_errors: u64,
+    /// Set when the node could not start (no interface, no raw socket permission).
+    pub error: Option<String>,
+}
+
+struct Shared {
+    cfg: NodeConfig,
+    counters: Counters,
+    view: Mutex<View>,
+}
+
+/// The machine's state as last published by the task.
+struct View {
+    role: State,
+    priority: u8,
+    healthy: bool,
+    master_down: Duration,
+    address: Option<Ipv4Addr>,
+    peer: Option<Peer>,
+    last_transition: Option<TransitionStatus>,
+    transitions: u64,
+    error: Option<String>,
+}
+
+/// A running VRRP node.
+pub struct Node {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| (d.as_millis() as f64) / 1000.0)
+}
+
+impl Node {
+    /// Starts the node's task. Errors of the environment (no such interface, no permission) are
+    /// logged and shown in `status().error`; the node then stays in `init` and holds no VIP.
+    pub fn start(cfg: NodeConfig, health: HealthView) -> Node {
+        let shared = Arc::new(Shared {
+            view: Mutex::new(View {
+                role: State::Init,
+                priority: cfg.priority,
+                healthy: true,
+                master_down: Duration::ZERO,
+                address: None,
+                peer: None,
+                last_transition: None,
+                transitions: 0,
+                error: None,
+            }),
+            cfg,
+            counters: Counters::default(),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let s = shared.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = run(s.clone(), health, stop_rx).await {
+                tracing::error!(error = %e, "HA: cannot run VRRP; this node holds no VIP");
+                s.view.lock().error = Some(e.to_string());
+            }
+        });
+        Node {
+            shared,
+            stop,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    /// Resigns mastership (priority 0 advert) and removes the VIPs, then returns.
+    pub async fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        let task = self.task.lock().take();
+        if let Some(t) = task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let cfg = &self.shared.cfg;
+        let v = self.shared.view.lock();
+        Status {
+            node: cfg.node.clone(),
+            role: v.role,
+            vrid: cfg.vrid,
+            interface: cfg.interface.clone(),
+            address: v.address,
+            priority: v.priority,
+            configured_priority: cfg.priority,
+            healthy: v.healthy,
+            preempt: cfg.preempt,
+            advert_interval_ms: cfg.advert_interval.as_secs_f64() * 1e3,
+            master_down_interval_ms: (v.master_down.as_secs_f64() * 1e6).round() / 1e3,
+            vips: cfg.vips.iter().map(ToString::to_string).collect(),
+            peers: cfg.peers.clone(),
+            peer: v.peer.clone(),
+            last_transition: v.last_transition.clone(),
+            transitions: v.transitions,
+            became_master: g(&c.became_master),
+            adverts: Adverts {
+                sent: g(&c.adverts_sent),
+                received: g(&c.adverts_received),
+                priority_zero_sent: g(&c.priority_zero_sent),
+                priority_zero_received: g(&c.priority_zero_received),
+                other_vrid: g(&c.other_vrid),
+                address_mismatch: g(&c.address_mismatch),
+            },
+            dropped: Dropped {
+                truncated: g(&c.dropped_truncated),
+                not_vrrp: g(&c.dropped_not_vrrp),
+                ttl: g(&c.dropped_ttl),
+                version: g(&c.dropped_version),
+                checksum: g(&c.dropped_checksum),
+            },
+            garps_sent: g(&c.garps_sent),
+            netlink_errors: g(&c.netlink_errors),
+            error: v.error.clone(),
+        }
+    }
+}
+
+/// The I/O around the machine.
+struct Io {
+    shared: Arc<Shared>,
+    netlink: Netlink,
+    iface: Interface,
+    sock: VrrpSocket,
+    arp: Arc<ArpSocket>,
+    /// Bumped on every change of mastership, so a GARP burst of an old term stops.
+    term: Arc<AtomicU64>,
+    /// When the last re-announcement burst went out: during a split brain the other master's
+    /// every advert asks for one, and one burst a second is plenty.
+    last_reannounce: Mutex<Option<Instant>>,
+}
+
+impl Io {
+    fn advert(&self, priority: u8) -> Advert {
+        let cfg = &self.shared.cfg;
+        Advert {
+            vrid: cfg.vrid,
+            priority,
+            interval_cs: (cfg.advert_interval.as_millis() / 10).clamp(1, 0x0fff) as u16,
+            addresses: cfg
+                .vips
+                .iter()
+                .filter_map(|v| match v.addr() {
+                    std::net::IpAddr::V4(a) => Some(a),
+                    std::net::IpAddr::V6(_) => None,
+                })
+                .collect(),
+        }
+    }
+
+    fn garp_burst(&self) {
+        let cfg = &self.shared.cfg;
+        let (arp, term, shared) = (self.arp.clone(), self.term.clone(), self.shared.clone());
+        let my_term = term.load(Ordering::Acquire);
+        let mac = self.iface.mac;
+        let (repeat, gap) = (cfg.garp_repeat.max(1), cfg.garp_interval);
+        let vips: Vec<Ipv4Addr> = self.advert(0).addresses;
+        tokio::spawn(async move {
+            for i in 0..repeat {
+                if term.load(Ordering::Acquire) != my_term {
+                    return;
+                }
+                for ip in &vips {
+                    match arp.send(&net::garp_frame(mac, *ip)) {
+                        Ok(()) => {
+                            shared.counters.garps_sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            tracing::warn!(vip = %ip, error = %e, "HA: gratuitous ARP not sent")
+                        }
+                    }
+                }
+                if i + 1 < repeat {
+                    tokio::time::sleep(gap).await;
+                }
+            }
+        });
+    }
+
+    async fn perform(&self, actions: Vec<Action>) {
+        let c = &self.shared.counters;
+        for a in actions {
+            match a {
+                Action::Send(p) => {
+                    if self.sock.send(&self.advert(p)) > 0 {
+                        c.adverts_sent.fetch_add(1, Ordering::Relaxed);
+                        if p == 0 {
+                            c.priority_zero_sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Action::TakeVips => {
+                    self.term.fetch_add(1, Ordering::AcqRel);
+                    c.became_master.fetch_add(1, Ordering::Relaxed);
+                    for vip in &self.shared.cfg.vips {
+                        if let Err(e) = self.netlink.add(self.iface.index, *vip).await {
+                            c.netlink_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::error!(vip = %vip, error = %e, "HA: cannot add VIP");
+                        }
+                    }
+                    self.garp_burst();
+                }
+                Action::Reannounce => {
+                    let mut last = self.last_reannounce.lock();
+                    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                        *last = Some(Instant::now());
+                        drop(last);
+                        self.garp_burst();
+                    }
+                }
+                Action::ReleaseVips => {
+                    self.term.fetch_add(1, Ordering::AcqRel);
+                    self.release().await;
+                }
+            }
+        }
+    }
+
+    async fn release(&self) {
+        for vip in &self.shared.cfg.vips {
+            if let Err(e) = self.netlink.remove(self.iface.index, *vip).await {
+                self.shared
+                    .counters
+                    .netlink_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(vip = %vip, error = %e, "HA: cannot remove VIP");
+            }
+        }
+    }
+
+    fn received(&self, bytes: &[u8], m: &mut Machine, now: Duration) -> Vec<Action> {
+        let c = &self.shared.counters;
+        let p = match net::parse(self.sock.local(), bytes) {
+            None => return Vec::new(),
+            Some(Ok(p)) => p,
+            Some(Err(d)) => {
+                let counter = match d {
+                    packet::Drop::Truncated => &c.dropped_truncated,
+                    packet::Drop::NotVrrp => &c.dropped_not_vrrp,
+                    packet::Drop::Ttl => &c.dropped_ttl,
+                    packet::Drop::Version => &c.dropped_version,
+                    packet::Drop::Checksum => &c.dropped_checksum,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(reason = d.as_str(), "HA: advert dropped");
+                return Vec::new();
+            }
+        };
+        if p.advert.vrid != self.shared.cfg.vrid {
+            c.other_vrid.fetch_add(1, Ordering::Relaxed);
+            return Vec::new();
+        }
+        c.adverts_received.fetch_add(1, Ordering::Relaxed);
+        if p.advert.priority == 0 {
+            c.priority_zero_received.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut mine = self.advert(0).addresses;
+        let mut theirs = p.advert.addresses.clone();
+        mine.sort_unstable();
+        theirs.sort_unstable();
+        if mine != theirs && c.address_mismatch.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(from = %p.src, theirs = ?theirs, ours = ?mine, "HA: a peer advertises other addresses for this VRID (misconfiguration?)");
+        }
+        m.on_advert(now, p.src, &p.advert)
+    }
+}
+
+fn publish(shared: &Shared, m: &Machine, origin: (Instant, f64)) {
+    let mut v = shared.view.lock();
+    let before = v.role;
+    v.role = m.state();
+    v.priority = m.priority();
+    v.master_down = m.master_down_interval();
+    v.peer = m
+        .master
+        .map(|(address, priority)| Peer { address, priority });
+    v.transitions = m.transitions;
+    v.last_transition = m.last_transition.map(|t| TransitionStatus {
+        from: t.from,
+        to: t.to,
+        reason: t.reason,
+        at: origin.1 + t.at.as_secs_f64(),
+    });
+    if before != v.role {
+        let reason = m.last_transition.map_or("", |t| t.reason);
+        tracing::info!(
+            vrid = shared.cfg.vrid,
+            from = before.as_str(),
+            to = v.role.as_str(),
+            reason,
+            priority = v.priority,
+            "HA: state changed"
+        );
+    }
+}
+
+async fn run(
+    shared: Arc<Shared>,
+    health: HealthView,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), HaError> {
+    let cfg = shared.cfg.clone();
+    let netlink = Netlink::open()?;
+    let iface = netlink.interface(&cfg.interface, &cfg.vips).await?;
+    let sock = VrrpSocket::open(&iface, &cfg.peers)?;
+    let arp = Arc::new(ArpSocket::open(&iface)?);
+    shared.view.lock().address = Some(iface.primary);
+    let io = Io {
+        shared: shared.clone(),
+        netlink,
+        iface,
+        sock,
+        arp,
+        term: Arc::new(AtomicU64::new(0)),
+        last_reannounce: Mutex::new(None),
+    };
+    // A node that died as master (kill -9) left its VIPs behind; until it is master again they
+    // are not its to answer for.
+    io.release().await;
+
+    let mut m = Machine::new(Params {
+        vrid: cfg.vrid,
+        priority: cfg.priority,
+        advert_interval: cfg.advert_interval,
+        preempt: cfg.preempt,
+        preempt_delay: cfg.preempt_delay,
+        local: io.iface.primary,
+        track_weight: cfg.track_weight,
+    });
+    let start = Instant::now();
+    let origin = (start, unix_now());
+    let now = || start.elapsed();
+    let healthy = health();
+    m.set_healthy(now(), healthy);
+    shared.view.lock().healthy = healthy;
+    let acts = m.start(now());
+    io.perform(acts).await;
+    publish(&shared, &m, origin);
+    tracing::info!(vrid = cfg.vrid, interface = %cfg.interface, address = %io.iface.primary, priority = cfg.priority, "HA: VRRP running");
+
+    let mut health_tick = tokio::time::interval(
+        cfg.advert_interval
+            .clamp(Duration::from_millis(20), Duration::from_millis(200)),
+    );
+    health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut buf = vec![0u8; 2048];
+    loop {
+        let deadline = m
+            .deadline()
+            .map(|d| tokio::time::Instant::from_std(start + d));
+        let acts = tokio::select! {
+            biased;
+            _ = stop.changed() => {
+                let acts = m.shutdown(now());
+                io.perform(acts).await;
+                publish(&shared, &m, origin);
+                return Ok(());
+            }
+            _ = async { match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            } } => m.on_timer(now()),
+            r = io.sock.recv(&mut buf) => match r {
+                Ok(n) => io.received(&buf[..n], &mut m, now()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "HA: receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Vec::new()
+                }
+            },
+            _ = health_tick.tick() => {
+                let h = health();
+                shared.view.lock().healthy = h;
+                m.set_healthy(now(), h)
+            }
+        };
+        io.perform(acts).await;
+        publish(&shared, &m, origin);
+    }
+}

@@ -1,0 +1,265 @@
+//! VRRP failover between two Fulcrum nodes on a shared Ethernet segment (a bridge), with a client
+//! on the segment: a master that dies, preemption, a node whose members are all down, a split
+//! brain healing. Everything runs inside namespaces the tests create (198.18.0.0/24).
+
+#[path = "common/lab.rs"]
+mod lab;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fulcrum_testkit::netns::{Lab, Ns};
+use lab::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
+const VIP: &str = "198.18.0.100";
+
+fn vip() -> SocketAddr {
+    SocketAddr::from(([198, 18, 0, 100], 80))
+}
+
+/// A node: an HTTP service on port 80 of every address (so it answers on the VIP once it holds
+/// it) in front of a local backend on 127.0.0.1:8080, checked every 100 ms.
+fn node_config(name: &str, priority: u8, extra: &str) -> String {
+    format!(
+        r#"[admin]
+listen = "127.0.0.1:9900"
+
+[ha]
+node = "{name}"
+interface = "eth0"
+vrid = 51
+priority = {priority}
+advert_interval = "100ms"
+vips = ["{VIP}/24"]
+{extra}
+
+[[virtual_service]]
+name = "web"
+listen = ["0.0.0.0:80"]
+protocol = "http"
+pool = "local"
+
+[[pool]]
+name = "local"
+monitors = ["up"]
+reuse = "never"
+[[pool.member]]
+address = "127.0.0.1:8080"
+
+[[monitor]]
+name = "up"
+type = "tcp"
+port = 8080
+interval = "100ms"
+timeout = "100ms"
+fall = 2
+rise = 2
+"#
+    )
+}
+
+struct Pair {
+    lab: Lab,
+    a: Ns,
+    b: Ns,
+    c: Ns,
+    backend_a: Backend,
+    backend_b: Backend,
+}
+
+fn pair(tag: &str) -> Pair {
+    let mut lab = Lab::new(tag);
+    let a = lab.ns("a").expect("ns a");
+    let b = lab.ns("b").expect("ns b");
+    let c = lab.ns("c").expect("ns c");
+    segment(
+        &mut lab,
+        &[
+            (&a, "198.18.0.1/24"),
+            (&b, "198.18.0.2/24"),
+            (&c, "198.18.0.10/24"),
+        ],
+    );
+    let local = SocketAddr::from(([127, 0, 0, 1], 8080));
+    let backend_a = Backend::start(&a, local, "a");
+    let backend_b = Backend::start(&b, local, "b");
+    Pair {
+        lab,
+        a,
+        b,
+        c,
+        backend_a,
+        backend_b,
+    }
+}
+
+fn expect_role(f: &NsFulcrum, role: &str, within: Duration) {
+    assert!(
+        wait_for(within, || f.role() == role),
+        "{} is {} rather than {role}: {}\n{}",
+        f.ns.name,
+        f.role(),
+        f.ha(),
+        f.logs()
+    );
+}
+
+/// The client in `c` gets an answer from `who` within `within`.
+fn expect_served_by(c: &Ns, who: &str, within: Duration) {
+    let who = who.to_string();
+    let c2 = c.clone();
+    let ok = wait_for(within, move || {
+        let who = who.clone();
+        in_ns(&c2, move || {
+            http_get(vip(), Duration::from_millis(300)).is_ok_and(|b| b == who)
+        })
+    });
+    assert!(ok, "the VIP is not served by the expected node");
+}
+
+#[test]
+fn master_dies_backup_takes_over_and_the_better_node_preempts_when_it_returns() {
+    let mut p = pair("haf");
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &node_config("a", 150, ""));
+    let fb = NsFulcrum::start(&mut p.lab, &p.b, BIN, &node_config("b", 100, ""));
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    assert!(holds(&p.a, VIP) && !holds(&p.b, VIP));
+    expect_served_by(&p.c, "a", Duration::from_secs(5));
+    let hb = fb.ha();
+    assert_eq!(hb["peer"]["address"], "198.18.0.1", "{hb}");
+    assert_eq!(hb["peer"]["priority"], 150);
+    assert!(hb["adverts"]["received"].as_u64().unwrap() > 0);
+    assert_eq!(hb["dropped"]["checksum"], 0);
+    let ha = fa.ha();
+    assert_eq!(ha["last_transition"]["to"], "master", "{ha}");
+    assert!(ha["adverts"]["sent"].as_u64().unwrap() > 0);
+
+    // The master node fails: process killed, and its link gone with it (a machine that dies
+    // takes its VIP with it; a process killed alone leaves the address on a live kernel, see
+    // the next phase).
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = client_loop(&p.c, vip(), Duration::from_millis(10), 3000, stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    p.lab.kill(fa.index);
+    p.a.ip(&["link", "set", "eth0", "down"]).unwrap();
+    expect_role(&fb, "master", Duration::from_secs(5));
+    expect_served_by(&p.c, "b", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let log = client.join().unwrap();
+    let gap = log.gap("a", "b").expect("served by a, then by b");
+    eprintln!(
+        "failover: gap {:?}, {} failed of {} requests",
+        gap,
+        log.failures(),
+        log.results.len()
+    );
+    assert!(holds(&p.b, VIP));
+
+    // Node a comes back (link up, Fulcrum started again on the same files): the address it
+    // left behind when killed is removed at start, it comes up as backup, hears a lower
+    // priority master and preempts it.
+    p.a.ip(&["link", "set", "eth0", "up"]).unwrap();
+    assert!(
+        holds(&p.a, VIP),
+        "the killed process left its address behind"
+    );
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &node_config("a", 150, ""));
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    assert!(!holds(&p.b, VIP), "b released the VIP");
+    expect_served_by(&p.c, "a", Duration::from_secs(5));
+    assert_eq!(
+        fb.ha()["last_transition"]["reason"],
+        "higher priority master"
+    );
+}
+
+#[test]
+fn a_node_whose_members_are_all_down_hands_over() {
+    let mut p = pair("hah");
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &node_config("a", 150, ""));
+    let fb = NsFulcrum::start(&mut p.lab, &p.b, BIN, &node_config("b", 100, ""));
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+
+    // a's only member goes down: a resigns (priority 0) and refuses mastership.
+    p.backend_a.stop();
+    expect_role(&fa, "fault", Duration::from_secs(5));
+    expect_role(&fb, "master", Duration::from_secs(5));
+    expect_served_by(&p.c, "b", Duration::from_secs(5));
+    let ha = fa.ha();
+    assert_eq!(ha["healthy"], false);
+    assert!(
+        ha["adverts"]["priority_zero_sent"].as_u64().unwrap() >= 1,
+        "{ha}"
+    );
+    assert!(!holds(&p.a, VIP));
+
+    // Its member returns: a is backup again, then preempts.
+    p.backend_a = Backend::start(&p.a, SocketAddr::from(([127, 0, 0, 1], 8080)), "a");
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    expect_served_by(&p.c, "a", Duration::from_secs(5));
+    drop(p.backend_b);
+}
+
+#[test]
+fn a_split_brain_heals_to_exactly_one_master() {
+    let mut p = pair("has");
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &node_config("a", 150, ""));
+    let fb = NsFulcrum::start(&mut p.lab, &p.b, BIN, &node_config("b", 100, ""));
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+
+    // b stops hearing adverts (a filter on its input): it becomes master too.
+    p.b.exec("nft", &["add", "table", "inet", "splitbrain"])
+        .unwrap();
+    p.b.exec(
+        "nft",
+        &[
+            "add",
+            "chain",
+            "inet",
+            "splitbrain",
+            "in",
+            "{ type filter hook input priority -300 ; }",
+        ],
+    )
+    .unwrap();
+    p.b.exec(
+        "nft",
+        &[
+            "add",
+            "rule",
+            "inet",
+            "splitbrain",
+            "in",
+            "ip",
+            "protocol",
+            "112",
+            "drop",
+        ],
+    )
+    .unwrap();
+    expect_role(&fb, "master", Duration::from_secs(5));
+    assert_eq!(fa.role(), "master");
+    assert!(holds(&p.a, VIP) && holds(&p.b, VIP));
+
+    // Heal: b hears a again and steps down; a announces itself again; one master remains.
+    p.b.exec("nft", &["delete", "table", "inet", "splitbrain"])
+        .unwrap();
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    assert!(!holds(&p.b, VIP));
+    // Stable: it stays that way for a while (20 advert intervals).
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!((fa.role(), fb.role()), ("master".into(), "backup".into()));
+    }
+    expect_served_by(&p.c, "a", Duration::from_secs(5));
+    drop((p.backend_a, p.backend_b));
+}

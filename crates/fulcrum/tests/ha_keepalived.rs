@@ -1,0 +1,272 @@
+//! VRRP interoperability with Debian's keepalived as the other node, both ways: Fulcrum master
+//! with a keepalived backup, and a keepalived master with a Fulcrum backup. keepalived runs in
+//! its namespace on a config the test writes (VRRPv3, 100 ms adverts, the same VRID and VIP).
+
+#[path = "common/lab.rs"]
+mod lab;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fulcrum_testkit::netns::{Lab, Ns};
+use lab::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
+const VIP: &str = "198.18.0.100";
+
+fn vip() -> SocketAddr {
+    SocketAddr::from(([198, 18, 0, 100], 80))
+}
+
+fn fulcrum_config(priority: u8) -> String {
+    format!(
+        r#"[admin]
+listen = "127.0.0.1:9900"
+
+[ha]
+node = "a"
+interface = "eth0"
+vrid = 51
+priority = {priority}
+advert_interval = "100ms"
+vips = ["{VIP}/24"]
+
+[[virtual_service]]
+name = "web"
+listen = ["0.0.0.0:80"]
+protocol = "http"
+pool = "local"
+
+[[pool]]
+name = "local"
+reuse = "never"
+[[pool.member]]
+address = "127.0.0.1:8080"
+"#
+    )
+}
+
+/// keepalived in `ns`: files in a temporary directory, its log kept for the assertions.
+struct Keepalived {
+    ns: Ns,
+    dir: tempfile::TempDir,
+}
+
+impl Keepalived {
+    fn start(lab: &mut Lab, ns: &Ns, priority: u8) -> Keepalived {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = format!(
+            "global_defs {{\n  router_id kb\n  vrrp_version 3\n}}\n\
+             vrrp_instance VI {{\n  state BACKUP\n  interface eth0\n  virtual_router_id 51\n  \
+             priority {priority}\n  advert_int 0.1\n  virtual_ipaddress {{\n    {VIP}/24\n  }}\n}}\n"
+        );
+        let p = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::write(p("keepalived.conf"), conf).unwrap();
+        let log = std::fs::File::create(p("keepalived.log")).unwrap();
+        let child = ns
+            .command(
+                "keepalived",
+                &[
+                    "-f",
+                    &p("keepalived.conf"),
+                    "--dont-fork",
+                    "-l",
+                    "-D",
+                    "-P",
+                    "-p",
+                    &p("keepalived.pid"),
+                    "-r",
+                    &p("vrrp.pid"),
+                    "-c",
+                    &p("checkers.pid"),
+                ],
+            )
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("keepalived (Debian package keepalived)");
+        lab.adopt(child);
+        Keepalived {
+            ns: ns.clone(),
+            dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("keepalived.log")).unwrap_or_default()
+    }
+
+    /// keepalived's VRRP child is a process of its own: kill -9 every process of the namespace.
+    fn kill(&self) {
+        let out = self.ns.ip(&["netns", "pids", &self.ns.name]);
+        let pids = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        let me = std::process::id();
+        for pid in pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            if pid != me {
+                // SAFETY: kill(2) on a process id read from this test's own namespace; no memory.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+struct Setup {
+    lab: Lab,
+    a: Ns,
+    b: Ns,
+    c: Ns,
+    _backends: Vec<Backend>,
+}
+
+/// a: Fulcrum in front of a local backend "a"; b: keepalived, with a backend "b" on port 80 of
+/// every address (it answers on the VIP while b holds it); c: the client.
+fn setup(tag: &str) -> Setup {
+    let mut lab = Lab::new(tag);
+    let a = lab.ns("a").unwrap();
+    let b = lab.ns("b").unwrap();
+    let c = lab.ns("c").unwrap();
+    segment(
+        &mut lab,
+        &[
+            (&a, "198.18.0.1/24"),
+            (&b, "198.18.0.2/24"),
+            (&c, "198.18.0.10/24"),
+        ],
+    );
+    let backends = vec![
+        Backend::start(&a, SocketAddr::from(([127, 0, 0, 1], 8080)), "a"),
+        Backend::start(&b, SocketAddr::from(([0, 0, 0, 0], 80)), "b"),
+    ];
+    Setup {
+        lab,
+        a,
+        b,
+        c,
+        _backends: backends,
+    }
+}
+
+fn served_by(c: &Ns, who: &str) -> bool {
+    let who = who.to_string();
+    wait_for(Duration::from_secs(5), || {
+        let who = who.clone();
+        in_ns(c, move || {
+            http_get(vip(), Duration::from_millis(300)).is_ok_and(|b| b == who)
+        })
+    })
+}
+
+#[test]
+fn fulcrum_master_with_a_keepalived_backup() {
+    let mut s = setup("hka");
+    let k = Keepalived::start(&mut s.lab, &s.b, 100);
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150));
+    assert!(
+        wait_for(Duration::from_secs(5), || f.role() == "master"),
+        "{}",
+        f.logs()
+    );
+    // keepalived hears Fulcrum's adverts (checksum, TTL, version all accepted) and stays or
+    // goes back to backup.
+    assert!(
+        wait_for(Duration::from_secs(5), || !holds(&s.b, VIP)
+            && k.log().contains("Entering BACKUP STATE")),
+        "{}",
+        k.log()
+    );
+    assert!(holds(&s.a, VIP));
+    assert!(served_by(&s.c, "a"));
+    let stable = f.ha();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(f.role(), "master");
+    assert!(!holds(&s.b, VIP), "keepalived stays backup:\n{}", k.log());
+    assert_eq!(stable["dropped"]["checksum"], 0);
+
+    // Fulcrum stops (SIGTERM): it resigns with priority 0 and keepalived takes over at once.
+    let pid = s.lab.pid(f.index).unwrap();
+    // SAFETY: kill(2) on the pid of the Fulcrum this test started; no memory.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || holds(&s.b, VIP)),
+        "{}",
+        k.log()
+    );
+    assert!(k.log().contains("priority 0"), "{}", k.log());
+    assert!(!holds(&s.a, VIP));
+    assert!(served_by(&s.c, "b"));
+
+    // Fulcrum returns with the higher priority: it preempts keepalived.
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150));
+    assert!(
+        wait_for(Duration::from_secs(5), || f.role() == "master"
+            && !holds(&s.b, VIP)),
+        "{}\n{}",
+        f.logs(),
+        k.log()
+    );
+    assert!(k.log().contains("higher priority 150"), "{}", k.log());
+    assert!(served_by(&s.c, "a"));
+}
+
+#[test]
+fn keepalived_master_with_a_fulcrum_backup() {
+    let mut s = setup("hkb");
+    let k = Keepalived::start(&mut s.lab, &s.b, 150);
+    assert!(
+        wait_for(Duration::from_secs(5), || holds(&s.b, VIP)),
+        "{}",
+        k.log()
+    );
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(100));
+    // Fulcrum hears keepalived's adverts and stays backup, with keepalived as its peer.
+    assert!(wait_for(Duration::from_secs(5), || {
+        let h = f.ha();
+        h["role"] == "backup" && h["peer"]["address"] == "198.18.0.2"
+    }));
+    std::thread::sleep(Duration::from_millis(500));
+    let h = f.ha();
+    assert_eq!(h["role"], "backup", "{h}\n{}", f.logs());
+    assert_eq!(h["peer"]["priority"], 150);
+    assert!(h["adverts"]["received"].as_u64().unwrap() >= 3, "{h}");
+    assert_eq!(h["dropped"]["checksum"], 0, "{h}");
+    assert_eq!(h["adverts"]["address_mismatch"], 0, "{h}");
+    assert!(!holds(&s.a, VIP));
+    assert!(served_by(&s.c, "b"));
+
+    // keepalived's node dies (kill -9, link down): Fulcrum takes the VIP.
+    k.kill();
+    s.b.ip(&["link", "set", "eth0", "down"]).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || f.role() == "master"),
+        "{}",
+        f.logs()
+    );
+    assert!(holds(&s.a, VIP));
+    assert!(served_by(&s.c, "a"));
+
+    // keepalived's node returns (its stale VIP removed by keepalived at start): keepalived
+    // preempts, Fulcrum steps down to backup and releases the VIP.
+    s.b.ip(&["link", "set", "eth0", "up"]).unwrap();
+    let k2 = Keepalived::start(&mut s.lab, &s.b, 150);
+    assert!(
+        wait_for(Duration::from_secs(5), || f.role() == "backup"
+            && !holds(&s.a, VIP)),
+        "{}\n{}",
+        f.logs(),
+        k2.log()
+    );
+    assert_eq!(
+        f.ha()["last_transition"]["reason"],
+        "higher priority master"
+    );
+    assert!(served_by(&s.c, "b"));
+}
