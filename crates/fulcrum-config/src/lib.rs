@@ -2,6 +2,7 @@
 //! error located by file, line, column and key path.
 
 mod accel;
+mod admin;
 mod error;
 mod http;
 mod message;
@@ -17,6 +18,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
+pub use admin::{token_problem, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
@@ -98,6 +100,7 @@ fn resolve_paths(config: &mut Config, base: &Path) {
             *p = base.join(&*p);
         }
     };
+    fix(&mut config.admin.token_file);
     for vs in &mut config.virtual_services {
         if let Some(log) = &mut vs.http.access_log {
             fix(&mut log.path);

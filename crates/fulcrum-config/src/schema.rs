@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::admin::Admin;
 use crate::message::{Framing, MessageOptions, Sequence};
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::string_enum;
@@ -55,21 +56,6 @@ impl Default for Global {
         Global {
             workers: 0,
             shutdown_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Admin {
-    pub listen: SocketAddr,
-    pub token: Option<String>,
-}
-
-impl Default for Admin {
-    fn default() -> Self {
-        Admin {
-            listen: SocketAddr::from(([127, 0, 0, 1], 9900)),
-            token: None,
         }
     }
 }
@@ -1181,17 +1167,6 @@ impl FromNode for Global {
             Some(Global {
                 workers: t.opt(cx, "workers").unwrap_or(d.workers),
                 shutdown_timeout: t.opt(cx, "shutdown_timeout").unwrap_or(d.shutdown_timeout),
-            })
-        })
-    }
-}
-
-impl FromNode for Admin {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            Some(Admin {
-                listen: t.opt(cx, "listen").unwrap_or(Admin::default().listen),
-                token: t.opt(cx, "token"),
             })
         })
     }

@@ -120,11 +120,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         errors: Vec::new(),
         broken,
     };
-    if !cfg.admin.listen.ip().is_loopback() && cfg.admin.token.is_none() {
+    if !cfg.admin.listen.ip().is_loopback() && !cfg.admin.token_configured() {
         c.err(
             "admin.listen",
             format!(
-                "{} is not a loopback address: set admin.token so the API is not open to the network",
+                "{} is not a loopback address: set admin.token (or admin.token_file) so the API is not open to the network",
                 cfg.admin.listen
             ),
         );

@@ -97,11 +97,21 @@ pub struct App {
     udp: crate::udp::Udp,
     messages: crate::message::Messages,
     http: crate::http::HttpAssembly,
+    /// Where the admin API is bound (set at start; `admin.listen` changes need a restart).
+    admin_bound: SocketAddr,
+    admin_access: ArcSwap<fulcrum_admin::Access>,
 }
 
 impl App {
-    fn new(source: Source, workers: usize) -> App {
+    fn new(
+        source: Source,
+        workers: usize,
+        admin_bound: SocketAddr,
+        access: fulcrum_admin::Access,
+    ) -> App {
         App {
+            admin_bound,
+            admin_access: ArcSwap::from_pointee(access),
             source,
             snapshot: ArcSwap::from_pointee(Snapshot {
                 config: Arc::new(Config::default()),
@@ -286,7 +296,9 @@ impl App {
                 "global.workers changes take effect at the next restart"
             );
         }
+        let access = crate::admin::access(&config.admin, self.admin_bound).map_err(|e| vec![e])?;
         let generation = self.apply(config)?;
+        self.admin_access.store(Arc::new(access));
         tracing::info!(generation, "configuration reloaded");
         Ok(generation)
     }
@@ -332,14 +344,8 @@ impl Control for App {
         self.snapshot.load().pools.clone()
     }
 
-    fn admin_token(&self) -> Option<Arc<str>> {
-        self.snapshot
-            .load()
-            .config
-            .admin
-            .token
-            .as_deref()
-            .map(Arc::from)
+    fn admin_access(&self) -> fulcrum_admin::Access {
+        fulcrum_admin::Access::clone(&self.admin_access.load())
     }
 
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
@@ -403,7 +409,14 @@ where
             }
         };
         let admin_addr = config.admin.listen;
-        let app = Arc::new(App::new(source, workers));
+        let access = match crate::admin::access(&config.admin, admin_addr) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let app = Arc::new(App::new(source, workers, admin_addr, access));
         if let Err(errors) = app.apply(config) {
             for e in errors {
                 eprintln!("{e}");

@@ -1,0 +1,148 @@
+//! The admin plane's lock (DESIGN §5): the bearer token, configured or generated at first start
+//! into a root-only file, and the rule that an API bound off loopback needs a configured token.
+//!
+//! The address the API is bound to changes only at restart, so reloads are checked against
+//! the bound address, not the one a new file names.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use fulcrum_admin::Access;
+use fulcrum_config::Admin;
+
+/// The API's access rules for `admin`, with the API bound to `bound`.
+pub fn access(admin: &Admin, bound: SocketAddr) -> Result<Access, String> {
+    if !bound.ip().is_loopback() && !admin.token_configured() {
+        return Err(format!(
+            "admin.listen: the API is bound to {bound}, which is not a loopback address (it changes only at a restart): \
+             set admin.token or admin.token_file so it is not open to the network"
+        ));
+    }
+    let token: Arc<str> = match &admin.token {
+        Some(t) => Arc::from(t.as_str()),
+        None => Arc::from(secret_file(&admin.token_file, "admin.token_file")?),
+    };
+    Ok(Access {
+        token,
+        reads_need_token: admin.token.is_some() || !bound.ip().is_loopback(),
+        metrics_need_token: admin.metrics_auth,
+    })
+}
+
+/// 32 random bytes from the kernel, as 64 hex digits.
+fn random_hex() -> Result<String, String> {
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Reads the secret in `path`, or creates it (64 random hex digits, mode 0600, the directory
+/// 0700 when it is made) when it does not exist. A file that others may read is refused, as
+/// ssh refuses a readable private key.
+pub fn secret_file(path: &Path, key: &str) -> Result<String, String> {
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            if meta.mode() & 0o077 != 0 {
+                return Err(format!(
+                    "{key}: {} can be read by others (mode {:o}); chmod 600 it",
+                    path.display(),
+                    meta.mode() & 0o777
+                ));
+            }
+            read_secret(path, key)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_secret(path, key),
+        Err(e) => Err(format!("{key}: cannot read {}: {e}", path.display())),
+    }
+}
+
+fn read_secret(path: &Path, key: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
+    let token = text.trim();
+    if let Some(problem) = fulcrum_config::token_problem(token) {
+        return Err(format!("{key}: {}: {problem}", path.display()));
+    }
+    Ok(token.to_string())
+}
+
+/// Writes a new secret beside `path` and links it into place, so a concurrent start (or a
+/// reader) never sees a half-written file; if another process won the race, its secret is used.
+fn create_secret(path: &Path, key: &str) -> Result<String, String> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("{key}: cannot create {}: {e}", dir.display()))?;
+    let secret = random_hex()?;
+    let staging = dir.join(format!(
+        ".{}.{}.new",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&staging)
+        .and_then(|mut f| {
+            f.write_all(secret.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&staging);
+        return Err(format!("{key}: cannot write {}: {e}", staging.display()));
+    }
+    let linked = std::fs::hard_link(&staging, path);
+    let _ = std::fs::remove_file(&staging);
+    match linked {
+        Ok(()) => {
+            tracing::info!(file = %path.display(), "generated a new secret ({key})");
+            Ok(secret)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_secret(path, key),
+        Err(e) => Err(format!("{key}: cannot create {}: {e}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_created_private_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/admin.token");
+        let first = secret_file(&path, "k").unwrap();
+        assert_eq!(first.len(), 64);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777,
+            0o700
+        );
+        assert_eq!(secret_file(&path, "k").unwrap(), first);
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        assert!(secret_file(&path, "k").unwrap_err().contains("chmod 600"));
+        let short = dir.path().join("short");
+        std::fs::write(&short, "abc\n").unwrap();
+        std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        assert!(secret_file(&short, "k")
+            .unwrap_err()
+            .contains("at least 16"));
+    }
+}
