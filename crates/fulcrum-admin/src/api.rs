@@ -42,6 +42,8 @@ pub struct ServiceStatus {
     pub no_member: u64,
     pub over_limit: u64,
     pub upstream_failures: u64,
+    /// Connections (udp: datagrams) refused by `allow` / `deny`.
+    pub denied: u64,
 }
 
 #[derive(Serialize)]
@@ -167,6 +169,7 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
         no_member: st.no_member.load(Ordering::Relaxed),
         over_limit: st.over_limit.load(Ordering::Relaxed),
         upstream_failures: st.upstream_failures.load(Ordering::Relaxed),
+        denied: st.denied.load(Ordering::Relaxed),
     }
 }
 

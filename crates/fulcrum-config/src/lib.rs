@@ -2,6 +2,7 @@
 //! error located by file, line, column and key path.
 
 mod accel;
+mod access;
 mod admin;
 mod error;
 mod http;
@@ -18,6 +19,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
+pub use access::AccessList;
 pub use admin::{token_problem, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use http::{

@@ -125,6 +125,8 @@ pub struct VirtualService {
     pub message: MessageOptions,
     /// HTTP timeouts, limits, forwarding headers and access log (Fulcrum additions).
     pub http: crate::http::HttpOptions,
+    /// `allow` / `deny`: source prefixes, checked first (DESIGN §4, Phase 2).
+    pub access: crate::access::AccessList,
 }
 
 impl FromNode for VirtualService {
@@ -156,6 +158,7 @@ impl FromNode for VirtualService {
             let gslb_redirect_threshold = t.opt(cx, "gslb_redirect_threshold");
             let message = MessageOptions::read(t, cx, node, message_mode);
             let http = crate::http::HttpOptions::read(t, cx);
+            let access = crate::access::AccessList::read(t, cx);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -186,6 +189,7 @@ impl FromNode for VirtualService {
                 gslb_redirect_threshold,
                 message,
                 http,
+                access,
             })
         })
     }

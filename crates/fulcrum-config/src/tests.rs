@@ -760,3 +760,21 @@ fn message_sequence_and_delivery_errors() {
         "pool[0].member[0].max_connections: message service \"pos\" uses this pool",
     );
 }
+
+#[test]
+fn access_lists_on_virtual_services() {
+    let c = ok(&TCP.replace(
+        "protocol = \"tcp\"",
+        "protocol = \"tcp\"\nallow = [\"198.51.100.0/24\", \"2001:db8::/32\"]\ndeny = \"198.51.100.7\"",
+    ));
+    let a = &c.virtual_services[0].access;
+    assert_eq!(a.allow.len(), 2);
+    assert!(!a.permits("198.51.100.7".parse().unwrap()));
+    assert!(a.permits("198.51.100.8".parse().unwrap()));
+    assert!(!a.permits("192.0.2.1".parse().unwrap()));
+    let e = errs(&TCP.replace(
+        "protocol = \"tcp\"",
+        "protocol = \"tcp\"\ndeny = [\"198.51.100.0/33\"]",
+    ));
+    has(&e, "virtual_service[0].deny[0]");
+}

@@ -252,6 +252,7 @@ impl App {
                     )])
                 }
             };
+            let handler = crate::access::guard(&vs.access, &st, handler);
             for addr in &vs.listen {
                 handlers.push((*addr, handler.clone()));
             }

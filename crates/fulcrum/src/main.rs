@@ -1,5 +1,6 @@
 //! The `fulcrum` binary: command line, assembly of the data planes, reload, signals, demo mode.
 
+mod access;
 mod admin;
 mod app;
 mod compression;

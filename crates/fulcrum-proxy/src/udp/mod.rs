@@ -118,6 +118,9 @@ pub struct UdpService {
     pub source: Option<SourcePersistence>,
     pub stats: Arc<ServiceStats>,
     pub udp: Arc<UdpStats>,
+    /// `allow` / `deny`, checked on every datagram before its flow is looked up; `None` when
+    /// the service has no lists.
+    pub access: Option<Arc<fulcrum_config::AccessList>>,
 }
 
 impl DatagramService for UdpService {
@@ -279,6 +282,14 @@ fn receive_batch(
             let Some((data, client)) = b.get(i) else {
                 continue;
             };
+            if let Some(access) = &svc.access {
+                // Before the flow lookup, so a reload that adds a `deny` also stops the
+                // flows already open from that source.
+                if !access.permits(client.ip()) {
+                    svc.stats.denied.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             datagrams += 1;
             bytes += data.len() as u64;
             // One hash lookup for a known client; a new one pays for the insert too.
