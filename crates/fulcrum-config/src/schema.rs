@@ -49,6 +49,9 @@ pub struct Global {
     pub workers: usize,
     /// On SIGTERM, how long established connections may run before they are closed.
     pub shutdown_timeout: Duration,
+    /// Client connections of every stream service together; 0 = derived from the descriptor
+    /// limit, keeping a reserve for health checks, the API and DNS (see docs/operations.md).
+    pub max_connections: u64,
 }
 
 impl Default for Global {
@@ -56,6 +59,7 @@ impl Default for Global {
         Global {
             workers: 0,
             shutdown_timeout: Duration::from_secs(30),
+            max_connections: 0,
         }
     }
 }
@@ -1171,6 +1175,7 @@ impl FromNode for Global {
             Some(Global {
                 workers: t.opt(cx, "workers").unwrap_or(d.workers),
                 shutdown_timeout: t.opt(cx, "shutdown_timeout").unwrap_or(d.shutdown_timeout),
+                max_connections: t.opt(cx, "max_connections").unwrap_or(d.max_connections),
             })
         })
     }

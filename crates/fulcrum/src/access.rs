@@ -1,6 +1,7 @@
-//! `allow` / `deny` for the stream protocols (tcp, http, https, message): a handler in front of
-//! the service's own, so the check is the first thing an accepted connection meets — before a
-//! TLS handshake, a request read or a member pick. udp checks in its receive loop.
+//! Admission for the stream protocols (tcp, http, https, message): `allow` / `deny` and the
+//! global connection cap, in a handler in front of the service's own, so they are the first
+//! thing an accepted connection meets — before a TLS handshake, a request read or a member
+//! pick. udp checks its lists in its receive loop.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -10,37 +11,50 @@ use fulcrum_config::AccessList;
 use fulcrum_proxy::{ServiceStats, StreamHandler};
 use tokio::net::TcpStream;
 
+use crate::limits::GlobalCap;
+
 struct Guarded {
-    access: AccessList,
+    /// `None` when the service has no lists.
+    access: Option<AccessList>,
+    cap: Arc<GlobalCap>,
     stats: Arc<ServiceStats>,
     inner: Arc<dyn StreamHandler>,
 }
 
+/// Resets at once, nothing read or sent, and no TIME_WAIT left on this side (a refused source
+/// may be flooding).
+fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
 impl StreamHandler for Guarded {
     fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
-        if !self.access.permits(peer.ip()) {
-            self.stats.denied.fetch_add(1, Ordering::Relaxed);
-            // Reset at once, nothing read or sent, and no TIME_WAIT left on this side (a
-            // refused source may be flooding).
-            let _ = stream.set_zero_linger();
-            drop(stream);
-            return;
+        if let Some(access) = &self.access {
+            if !access.permits(peer.ip()) {
+                self.stats.denied.fetch_add(1, Ordering::Relaxed);
+                return reset(stream);
+            }
+        }
+        if !self.cap.admits() {
+            self.cap.refused.fetch_add(1, Ordering::Relaxed);
+            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+            return reset(stream);
         }
         self.inner.clone().handle(stream, peer);
     }
 }
 
-/// `inner` behind `access`, or `inner` itself when the service has no lists.
+/// `inner` behind the service's lists and the global cap.
 pub fn guard(
     access: &AccessList,
+    cap: &Arc<GlobalCap>,
     stats: &Arc<ServiceStats>,
     inner: Arc<dyn StreamHandler>,
 ) -> Arc<dyn StreamHandler> {
-    if access.is_empty() {
-        return inner;
-    }
     Arc::new(Guarded {
-        access: access.clone(),
+        access: (!access.is_empty()).then(|| access.clone()),
+        cap: cap.clone(),
         stats: stats.clone(),
         inner,
     })

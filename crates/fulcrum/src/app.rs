@@ -100,6 +100,7 @@ pub struct App {
     /// Where the admin API is bound (set at start; `admin.listen` changes need a restart).
     admin_bound: SocketAddr,
     admin_access: ArcSwap<fulcrum_admin::Access>,
+    cap: Arc<crate::limits::GlobalCap>,
 }
 
 impl App {
@@ -109,7 +110,9 @@ impl App {
         admin_bound: SocketAddr,
         access: fulcrum_admin::Access,
     ) -> App {
+        let tracker = Arc::new(Tracker::default());
         App {
+            cap: Arc::new(crate::limits::GlobalCap::new(tracker.clone())),
             admin_bound,
             admin_access: ArcSwap::from_pointee(access),
             source,
@@ -124,7 +127,7 @@ impl App {
                 tables: HashMap::new(),
             }),
             generation: AtomicU64::new(0),
-            tracker: Arc::new(Tracker::default()),
+            tracker,
             health: HealthService::new(),
             dns: Arc::new(crate::dns::Dns::new(default_sockets_per_address(workers))),
             sockets_per_address: default_sockets_per_address(workers),
@@ -252,7 +255,7 @@ impl App {
                     )])
                 }
             };
-            let handler = crate::access::guard(&vs.access, &st, handler);
+            let handler = crate::access::guard(&vs.access, &self.cap, &st, handler);
             for addr in &vs.listen {
                 handlers.push((*addr, handler.clone()));
             }
@@ -264,6 +267,7 @@ impl App {
             });
         }
 
+        self.cap.configure(config.global.max_connections);
         asm.listeners
             .commit(prepared, handlers)
             .map_err(|e| vec![format!("cannot start listening: {e}")])?;
@@ -350,6 +354,7 @@ impl Control for App {
     }
 
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        self.cap.metrics(out);
         self.udp.metrics(out);
         self.dns.metrics(out);
         self.messages.write_metrics(out);
@@ -385,6 +390,13 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<G, String>>,
 {
+    match crate::limits::raise_nofile() {
+        Ok((before, after)) if before != after => {
+            tracing::info!(from = before, to = after, "raised the open-file limit")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let workers = match config.global.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,

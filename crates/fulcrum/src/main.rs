@@ -8,6 +8,7 @@ mod demo;
 mod dns;
 mod http;
 mod https;
+mod limits;
 mod message;
 mod tuning;
 mod udp;
