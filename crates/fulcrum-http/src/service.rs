@@ -102,6 +102,11 @@ pub struct HttpStats {
     pub response_timeouts: AtomicU64,
     /// Requests dropped by a `drop` rule.
     pub dropped: AtomicU64,
+    /// HTTP/2 connections closed for resetting more streams than their budget (rapid reset).
+    pub h2_reset_floods: AtomicU64,
+    /// HTTP/2 connections closed because the preface (TLS with ALPN h2) did not come within
+    /// `header_timeout`, or because a client did not let a GOAWAY drain finish in time.
+    pub h2_stalled: AtomicU64,
     /// Response compression (`compression`).
     pub compression: crate::compress::CompressStats,
 }
@@ -576,7 +581,7 @@ impl StreamHandler for HttpService {
 }
 
 /// The HTTP/2 connection preface a client speaking h2c by prior knowledge starts with.
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Serves one client connection: HTTP/1.1, or HTTP/2 when ALPN chose it or the client opens with
 /// the HTTP/2 preface. Generic over the byte stream so a TLS acceptor can sit in front.
