@@ -349,6 +349,19 @@ async fn handle(
             ));
         }
     };
+    if let (Some(max), Some(n)) = (svc.max_body_size, head.content_length) {
+        if n > max {
+            svc.http_stats
+                .bodies_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            svc.http_stats.count_status(413);
+            return Ok(local_response(
+                &Local::error(413, "request body larger than max_body_size"),
+                None,
+                head.method,
+            ));
+        }
+    }
     if head.method == Method::Connect {
         svc.http_stats.count_status(405);
         return Ok(local_response(

@@ -102,6 +102,10 @@ pub struct HttpStats {
     pub response_timeouts: AtomicU64,
     /// Requests dropped by a `drop` rule.
     pub dropped: AtomicU64,
+    /// Request bodies slower than `min_body_rate` (408, connection closed).
+    pub slow_bodies: AtomicU64,
+    /// Request bodies larger than `max_body_size` (413, connection closed).
+    pub bodies_too_large: AtomicU64,
     /// HTTP/2 connections closed for resetting more streams than their budget (rapid reset).
     pub h2_reset_floods: AtomicU64,
     /// HTTP/2 connections closed because the preface (TLS with ALPN h2) did not come within
@@ -253,6 +257,10 @@ pub struct HttpService {
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
     pub request_timeout: Option<Duration>,
+    /// Largest request body (413 beyond it).
+    pub max_body_size: Option<u64>,
+    /// Slowest request body, bytes per second, after `header_timeout` of grace; 0: none.
+    pub min_body_rate: u64,
     pub forward: ForwardHeaders,
     pub proxy_protocol: Option<ProxyProtocol>,
     pub max_connections: u32,
@@ -370,6 +378,8 @@ impl HttpService {
             header_timeout: vs.http.header_timeout,
             idle_timeout: vs.idle_timeout,
             request_timeout: vs.http.request_timeout,
+            max_body_size: vs.http.max_body_size,
+            min_body_rate: vs.http.min_body_rate,
             forward: vs.http.forward_headers,
             proxy_protocol: vs.proxy_protocol,
             max_connections: vs.max_connections,

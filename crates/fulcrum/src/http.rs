@@ -333,7 +333,7 @@ impl HttpAssembly {
             }
         }
         type Field = fn(&HttpStats) -> u64;
-        let families: [(&str, &str, Field); 7] = [
+        let families: [(&str, &str, Field); 9] = [
             (
                 "fulcrum_http_bad_requests_total",
                 "Requests refused as malformed or ambiguous (400, 414, 431, 505), connection closed.",
@@ -358,6 +358,16 @@ impl HttpAssembly {
                 "fulcrum_http_dropped_total",
                 "Requests closed without an answer by a drop rule.",
                 |s| s.dropped.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_slow_bodies_total",
+                "Request bodies slower than min_body_rate (408, connection closed).",
+                |s| s.slow_bodies.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_bodies_too_large_total",
+                "Request bodies larger than max_body_size (413, connection closed).",
+                |s| s.bodies_too_large.load(Ordering::Relaxed),
             ),
             (
                 "fulcrum_http_h2_reset_floods_total",

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use fulcrum_testkit::h2abuse::{rapid_reset, silent_after_preface};
 use fulcrum_testkit::{HttpBackend, Origin, Reply};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn http_config(vs: std::net::SocketAddr, member: std::net::SocketAddr, extra: &str) -> String {
     format!(
@@ -151,5 +152,131 @@ async fn tls_h2_without_a_preface_is_closed_at_the_header_timeout() {
     assert!(
         exited,
         "the connection without a preface was still open after 10 s"
+    );
+}
+
+/// A member that reads each request's whole body (Content-Length or chunked) before it
+/// answers 200 "ok", counting the requests it answered.
+async fn body_reader() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = s.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let done = match text.lines().find_map(|l| l.strip_prefix("content-length:")) {
+                        Some(n) => buf.len() >= end + 4 + n.trim().parse::<usize>().unwrap_or(0),
+                        None => !text.contains("chunked") || text.ends_with("0\r\n\r\n"),
+                    };
+                    if done {
+                        c.fetch_add(1, Ordering::Relaxed);
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                        buf.clear();
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// Sends `head` then `body` from a raw socket; returns the response text (until close).
+async fn raw_exchange(vs: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(vs).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let _ = s.write_all(body).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_max_body_size_get_413_before_any_member() {
+    let (member, answered) = body_reader().await;
+    let vs = free_addr();
+    let f = start(&http_config(vs, member, "max_body_size = \"1KiB\"")).await;
+    let big = vec![b'x'; 2000];
+    let r = raw_exchange(
+        vs,
+        "POST /up HTTP/1.1\r\nHost: vs\r\nContent-Length: 2000\r\n\r\n",
+        &big,
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    assert_eq!(answered.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // Chunked: counted as it is relayed, refused once past the limit.
+    let mut chunked = Vec::new();
+    for _ in 0..4 {
+        chunked.extend_from_slice(b"1f4\r\n");
+        chunked.extend_from_slice(&[b'y'; 500]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let r = raw_exchange(
+        vs,
+        "POST /up HTTP/1.1\r\nHost: vs\r\nTransfer-Encoding: chunked\r\n\r\n",
+        &chunked,
+    )
+    .await;
+    assert!(r.contains("413"), "{r}");
+    // Within the limit: served.
+    let r = fulcrum_testkit::http_request(vs, "POST", "/up", &[], &[b'z'; 1000])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        metric(&f, "fulcrum_http_bodies_too_large_total{vs=\"web\"}").await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_is_cut_at_min_body_rate() {
+    let (member, _) = body_reader().await;
+    let vs = free_addr();
+    // Default min_body_rate (64 B/s) after header_timeout (1 s) of grace; idle_timeout 60 s.
+    let f = start(&http_config(vs, member, "header_timeout = \"1s\"")).await;
+    let mut s = tokio::net::TcpStream::connect(vs).await.unwrap();
+    s.write_all(b"POST /up HTTP/1.1\r\nHost: vs\r\nContent-Length: 100000\r\n\r\n")
+        .await
+        .unwrap();
+    // One byte every 300 ms (3 B/s): slowloris on the body. Bounded: 30 bytes, 9 s.
+    let started = Instant::now();
+    for _ in 0..30 {
+        if s.write_all(b"x").await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    assert!(started.elapsed() < Duration::from_secs(8));
+    assert_eq!(
+        metric(&f, "fulcrum_http_slow_bodies_total{vs=\"web\"}").await,
+        1.0
     );
 }
