@@ -6,9 +6,12 @@
 //!   client cannot make one for a member it was not given, so it cannot steer itself anywhere.
 //! - `cookie_rewrite`: the member's own session cookie gets the member id and `~` put in front on
 //!   the way out, and taken off on the way in, so the member sees the cookie it set.
-//! - `cookie_passive`: the value of the member's cookie, learnt from its Set-Cookie, maps to the
-//!   member in a table with idle expiry.
+//! - `cookie_passive`: the value of the member's cookie, learnt from its Set-Cookie (only there:
+//!   a value a client made up is never stored), maps to the member in a table with idle expiry.
 //! - `header`: the value of a request header maps to the member (a table).
+//!
+//! Table keys made of client bytes are keyed 128-bit hashes (`PersistTable::key`), so an entry
+//! has a fixed size whatever the client sends.
 //! - `source_ip`: the masked client address maps to the member (a table), as in the TCP proxy.
 //!
 //! The tables are `fulcrum_balance::PersistTable`s; a remembered member that is down, disabled or
@@ -197,12 +200,12 @@ impl Sticky {
             Kind::SourceIp { mask_v4, mask_v6 } => {
                 table_get(PersistKey::source(client, *mask_v4, *mask_v6))
             }
-            Kind::Header(name) => match req.first_value_named(name) {
-                Some(v) if !v.is_empty() => table_get(PersistKey::bytes(v)),
+            Kind::Header(name) => match (req.first_value_named(name), &self.table) {
+                (Some(v), Some(t)) if !v.is_empty() => table_get(t.key(v)),
                 _ => Lookup::default(),
             },
-            Kind::CookiePassive => match req.cookie(&self.cookie) {
-                Some(v) if !v.is_empty() => table_get(PersistKey::bytes(v)),
+            Kind::CookiePassive => match (req.cookie(&self.cookie), &self.table) {
+                (Some(v), Some(t)) if !v.is_empty() => table_get(t.key(v)),
                 _ => Lookup::default(),
             },
             Kind::CookieInsert => {
@@ -230,9 +233,10 @@ impl Sticky {
     }
 
     /// Records the member a request went to, in the table kinds (a fresh choice, or a remembered
-    /// member that was replaced).
+    /// member that was replaced). `cookie_passive` learns only from the member's Set-Cookie
+    /// (`learn`): a cookie value a client made up is never stored.
     pub fn remember(&self, lookup: &mut Lookup, member: SocketAddr) {
-        if lookup.member == Some(member) {
+        if lookup.member == Some(member) || matches!(self.kind, Kind::CookiePassive) {
             return;
         }
         if let (Some(t), Some(k)) = (&self.table, lookup.key.take()) {
@@ -245,7 +249,7 @@ impl Sticky {
         if let (Kind::CookiePassive, Some(t)) = (&self.kind, &self.table) {
             if let Some((name, value)) = crate::cookie::set_cookie_pair(set_cookie) {
                 if name == self.cookie.as_slice() && !value.is_empty() {
-                    t.insert(PersistKey::bytes(value), member);
+                    t.insert(t.key(value), member);
                 }
             }
         }

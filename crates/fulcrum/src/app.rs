@@ -355,6 +355,8 @@ impl Control for App {
 
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
         self.cap.metrics(out);
+        let tables: Vec<_> = self.assembly.lock().tables.clone().into_iter().collect();
+        crate::limits::persistence_metrics(out, &tables);
         self.udp.metrics(out);
         self.dns.metrics(out);
         self.messages.write_metrics(out);

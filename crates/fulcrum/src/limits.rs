@@ -129,6 +129,22 @@ impl GlobalCap {
     }
 }
 
+/// Entries of each service's persistence table (source_ip, header, cookie_passive): bounded by
+/// the profile's `max_entries`, each of a fixed size.
+pub fn persistence_metrics(
+    out: &mut fulcrum_admin::MetricsWriter,
+    tables: &[(String, Arc<fulcrum_balance::PersistTable>)],
+) {
+    out.family(
+        "fulcrum_persistence_entries",
+        "gauge",
+        "Entries in a service's persistence table.",
+    );
+    for (vs, t) in tables {
+        out.sample("fulcrum_persistence_entries", &[("vs", vs)], t.len() as f64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use fulcrum_balance::clock::now_ms;
-use fulcrum_balance::{ConnectionGuard, Member, PersistKey, PersistTable, PickContext, Pool};
+use fulcrum_balance::{ConnectionGuard, Member, PersistTable, PickContext, Pool};
 use fulcrum_config::UdpMode;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
@@ -402,7 +402,7 @@ fn route(svc: &UdpService, flow: &mut Flow, data: &[u8], client: SocketAddr) -> 
     if let Some(r) = &svc.radius {
         match radius::key_of(data, r.attribute) {
             KeyOf::Value(v) => {
-                let key = PersistKey::bytes(v);
+                let key = r.table.key(v);
                 if let Some(member) = r.table.get(&key).and_then(|a| persistent_across(pool, a)) {
                     return Route::To(member);
                 }
