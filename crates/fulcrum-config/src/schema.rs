@@ -828,9 +828,13 @@ pub struct Persistence {
     pub source_mask_v6: u8,
     /// Bound on the entries of a persistence table; the least recently used go first.
     pub max_entries: u64,
-    /// cookie_insert / cookie_rewrite: the key that signs the member id in the cookie. Without it
-    /// a random key is drawn at start, so cookies do not survive a restart.
+    /// cookie_insert / cookie_rewrite: the key that signs the member id in the cookie. Without
+    /// it the process uses the secret file beside `admin.token_file` (generated once, kept
+    /// across restarts).
     pub secret: Option<String>,
+    /// Older keys whose cookies are still accepted (and re-issued with `secret`): the rest of
+    /// `secret` when it is an array, newest first (rotation).
+    pub previous_secrets: Vec<String>,
     /// cookie_insert: the cookie's `SameSite` attribute (none written when unset).
     pub same_site: Option<crate::http::SameSite>,
     /// radius: what happens to a datagram that is not a well-formed RADIUS packet.
@@ -903,6 +907,7 @@ impl FromNode for Persistence {
                     format!("{source_mask_v6} is not an IPv6 prefix length (0 to 128)"),
                 );
             }
+            let secrets: Option<OneOrMany<String>> = t.opt(cx, "secret");
             Some(Persistence {
                 timeout: t.opt(cx, "timeout"),
                 cookie: t.opt(cx, "cookie").unwrap_or_else(|| "FULCRUM".to_string()),
@@ -912,7 +917,10 @@ impl FromNode for Persistence {
                 source_mask_v6,
                 max_entries: t.opt(cx, "max_entries").unwrap_or(1_000_000),
                 malformed: t.opt(cx, "malformed").unwrap_or(Malformed::Schedule),
-                secret: t.opt(cx, "secret"),
+                secret: secrets.as_ref().and_then(|s| s.0.first().cloned()),
+                previous_secrets: secrets
+                    .map(|s| s.0.into_iter().skip(1).collect())
+                    .unwrap_or_default(),
                 same_site: t.opt(cx, "same_site"),
                 name: name?,
                 kind: kind?,

@@ -503,7 +503,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 ),
             );
         }
-        if p.secret.as_ref().is_some_and(|s| s.len() < 16) {
+        if p.secret
+            .iter()
+            .chain(&p.previous_secrets)
+            .any(|s| s.len() < 16)
+        {
             c.err(
                 &format!("{at}.secret"),
                 "too short: use at least 16 characters (e.g. `openssl rand -hex 32`)",

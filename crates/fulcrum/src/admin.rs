@@ -41,10 +41,17 @@ fn random_hex() -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Reads the secret in `path`, or creates it (64 random hex digits, mode 0600, the directory
-/// 0700 when it is made) when it does not exist. A file that others may read is refused, as
-/// ssh refuses a readable private key.
+/// Reads the secret in `path` (its first line), or creates it (64 random hex digits, mode
+/// 0600, the directory 0700 when it is made) when it does not exist. A file that others may
+/// read is refused, as ssh refuses a readable private key.
 pub fn secret_file(path: &Path, key: &str) -> Result<String, String> {
+    let mut lines = secret_lines(path, key)?;
+    Ok(lines.swap_remove(0))
+}
+
+/// As `secret_file`, every line: the newest secret first, then older ones still accepted
+/// (rotation: put a new line on top).
+pub fn secret_lines(path: &Path, key: &str) -> Result<Vec<String>, String> {
     match std::fs::metadata(path) {
         Ok(meta) => {
             if meta.mode() & 0o077 != 0 {
@@ -61,19 +68,29 @@ pub fn secret_file(path: &Path, key: &str) -> Result<String, String> {
     }
 }
 
-fn read_secret(path: &Path, key: &str) -> Result<String, String> {
+fn read_secret(path: &Path, key: &str) -> Result<Vec<String>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
-    let token = text.trim();
-    if let Some(problem) = fulcrum_config::token_problem(token) {
-        return Err(format!("{key}: {}: {problem}", path.display()));
+    let lines: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    if lines.is_empty() {
+        return Err(format!("{key}: {} is empty", path.display()));
     }
-    Ok(token.to_string())
+    for line in &lines {
+        if let Some(problem) = fulcrum_config::token_problem(line) {
+            return Err(format!("{key}: {}: {problem}", path.display()));
+        }
+    }
+    Ok(lines)
 }
 
 /// Writes a new secret beside `path` and links it into place, so a concurrent start (or a
 /// reader) never sees a half-written file; if another process won the race, its secret is used.
-fn create_secret(path: &Path, key: &str) -> Result<String, String> {
+fn create_secret(path: &Path, key: &str) -> Result<Vec<String>, String> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -110,11 +127,42 @@ fn create_secret(path: &Path, key: &str) -> Result<String, String> {
     match linked {
         Ok(()) => {
             tracing::info!(file = %path.display(), "generated a new secret ({key})");
-            Ok(secret)
+            Ok(vec![secret])
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_secret(path, key),
         Err(e) => Err(format!("{key}: cannot create {}: {e}", path.display())),
     }
+}
+
+/// The file beside `admin.token_file` that keeps the cookie secret across restarts.
+pub fn cookie_secret_path(admin: &Admin) -> std::path::PathBuf {
+    admin
+        .token_file
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("cookie.secret")
+}
+
+/// Gives every cookie_insert / cookie_rewrite profile without a `secret` the secrets of
+/// `cookie.secret` beside the token file (created at first need): cookies then survive
+/// restarts, and two instances sharing the file accept each other's cookies. Its first line
+/// signs; the others are still accepted (rotation).
+pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), String> {
+    use fulcrum_config::PersistenceKind::{CookieInsert, CookieRewrite};
+    let needs = |p: &fulcrum_config::Persistence| {
+        matches!(p.kind, CookieInsert | CookieRewrite) && p.secret.is_none()
+    };
+    if !config.persistence.iter().any(needs) {
+        return Ok(());
+    }
+    let path = cookie_secret_path(&config.admin);
+    let mut lines = secret_lines(&path, "persistence secret file")?;
+    let newest = lines.remove(0);
+    for p in config.persistence.iter_mut().filter(|p| needs(p)) {
+        p.secret = Some(newest.clone());
+        p.previous_secrets = lines.clone();
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -144,5 +192,43 @@ mod tests {
         assert!(secret_file(&short, "k")
             .unwrap_err()
             .contains("at least 16"));
+        let rotated = dir.path().join("rotated");
+        std::fs::write(&rotated, "new-0123456789abcdef\n\nold-0123456789abcdef\n").unwrap();
+        std::fs::set_permissions(
+            &rotated,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        assert_eq!(
+            secret_lines(&rotated, "k").unwrap(),
+            ["new-0123456789abcdef", "old-0123456789abcdef"]
+        );
+    }
+
+    #[test]
+    fn cookie_profiles_without_a_secret_get_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[admin]\ntoken_file = \"{}/admin.token\"\n\
+             [[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\npersistence = \"c\"\n\
+             [[pool]]\nname = \"p\"\n\
+             [[persistence]]\nname = \"c\"\ntype = \"cookie_insert\"\n\
+             [[persistence]]\nname = \"s\"\ntype = \"cookie_insert\"\nsecret = \"configured-0123456789\"\n",
+            dir.path().display()
+        );
+        let mut c = fulcrum_config::parse(&text, "t", dir.path()).unwrap();
+        fill_cookie_secrets(&mut c).unwrap();
+        let generated = c.persistence[0].secret.clone().unwrap();
+        assert_eq!(generated.len(), 64);
+        assert_eq!(
+            c.persistence[1].secret.as_deref(),
+            Some("configured-0123456789")
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("cookie.secret"))
+                .unwrap()
+                .trim(),
+            generated
+        );
     }
 }

@@ -140,7 +140,8 @@ impl App {
     /// Applies `config`: binds new addresses first (a failure changes nothing), then builds the
     /// pools (keeping members that stay, with their health and counters) and services, swaps
     /// listeners' handlers and the snapshot, and retargets the health checks.
-    fn apply(&self, config: Config) -> Result<u64, Vec<String>> {
+    fn apply(&self, mut config: Config) -> Result<u64, Vec<String>> {
+        crate::admin::fill_cookie_secrets(&mut config).map_err(|e| vec![e])?;
         let mut asm = self.assembly.lock();
         let wanted: Vec<SocketAddr> = config
             .virtual_services
