@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -18,6 +18,8 @@ use crate::{Control, ServiceInfo};
 #[derive(Clone)]
 struct App {
     control: Arc<dyn Control>,
+    /// The address the API is bound to (it changes only at restart).
+    bound: SocketAddr,
 }
 
 #[derive(Serialize)]
@@ -40,6 +42,8 @@ pub struct ServiceStatus {
     pub no_member: u64,
     pub over_limit: u64,
     pub upstream_failures: u64,
+    /// Connections (udp: datagrams) refused by `allow` / `deny`.
+    pub denied: u64,
 }
 
 #[derive(Serialize)]
@@ -165,6 +169,7 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
         no_member: st.no_member.load(Ordering::Relaxed),
         over_limit: st.over_limit.load(Ordering::Relaxed),
         upstream_failures: st.upstream_failures.load(Ordering::Relaxed),
+        denied: st.denied.load(Ordering::Relaxed),
     }
 }
 
@@ -181,9 +186,11 @@ fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
     ApiError(status, message.into())
 }
 
-/// Builds the API router; `Control::admin_token` protects `/api/v1/*` with a bearer token.
-pub fn router(control: Arc<dyn Control>) -> Router {
-    let app = App { control };
+/// Builds the API router for a listener bound to `bound`. Every request passes `guard`: the
+/// Host check (loopback listeners), the bearer token and, on mutating calls, the JSON
+/// Content-Type (DESIGN §5).
+pub fn router(control: Arc<dyn Control>, bound: SocketAddr) -> Router {
+    let app = App { control, bound };
     let api = Router::new()
         .route("/status", get(status))
         .route("/pools", get(pools))
@@ -193,12 +200,13 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/pools/{pool}/members/{address}/weight", put(set_weight))
         .route("/reload", post(reload))
         .route("/{*path}", axum::routing::any(plane))
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
-        .route_layer(middleware::from_fn_with_state(app.clone(), auth));
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") });
     Router::new()
         .nest("/api/v1", api)
         .route("/metrics", get(metrics))
         .route("/", get(index))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
+        .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
 }
 
@@ -208,21 +216,91 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn auth(State(app): State<App>, req: Request, next: Next) -> Response {
-    if let Some(token) = app.control.admin_token() {
+/// Whether `host` (a Host header or :authority, port optional) may reach a listener bound to
+/// `bound`. Off loopback every name is allowed (the token guards everything there). On
+/// loopback only loopback addresses, `localhost` and the bound address are: a browser page
+/// whose name an attacker re-points at 127.0.0.1 (DNS rebinding) still sends its own name.
+pub fn host_allowed(host: &str, bound: SocketAddr) -> bool {
+    if !bound.ip().is_loopback() {
+        return true;
+    }
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((ip, tail)) if tail.is_empty() || tail.starts_with(':') => ip,
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => host,
+        }
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback() || ip == bound.ip(),
+        Err(_) => name.eq_ignore_ascii_case("localhost"),
+    }
+}
+
+/// `application/json`, with or without parameters (`; charset=utf-8`).
+fn is_json(req: &Request) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("(not text)"))
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if let Some(host) = host {
+        if !host_allowed(host, app.bound) {
+            return error(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "Host {host:?} is not this API's address; use {} or localhost",
+                    app.bound
+                ),
+            )
+            .into_response();
+        }
+    }
+    let access = app.control.admin_access();
+    let read_only = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let needs_token = if !read_only {
+        true
+    } else if req.uri().path() == "/metrics" {
+        access.metrics_need_token
+    } else {
+        access.reads_need_token
+    };
+    if needs_token {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+        if !given.is_some_and(|g| same(g.as_bytes(), access.token.as_bytes())) {
             let mut r =
                 error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token").into_response();
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
         }
+    }
+    // A page on any site can POST a form or text/plain to localhost without a preflight; it
+    // cannot send application/json without the browser asking this API first (CORS).
+    if !read_only && !is_json(&req) {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "mutating calls need Content-Type: application/json",
+        )
+        .into_response();
     }
     next.run(req).await
 }
@@ -300,8 +378,7 @@ async fn member(
     Ok(Json(member_status(&find_member(&app, &pool, &address)?.1)))
 }
 
-/// The JSON body's `field`. The body is parsed whatever its Content-Type, so that
-/// `curl -d '{"state":"drain"}'` (sent as a form) works as typed.
+/// The JSON body's `field` (`guard` has checked the Content-Type).
 fn body_field(body: &[u8], field: &str) -> Result<Value, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         error(
@@ -410,4 +487,43 @@ async fn metrics(State(app): State<App>) -> Response {
         text,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn loopback_listeners_accept_only_local_names() {
+        let bound = "127.0.0.1:9900".parse().unwrap();
+        for ok in [
+            "127.0.0.1:9900",
+            "127.0.0.1",
+            "127.1.2.3:80",
+            "localhost",
+            "LOCALHOST:9900",
+            "localhost.",
+            "[::1]:9900",
+            "[::1]",
+        ] {
+            assert!(host_allowed(ok, bound), "{ok} refused");
+        }
+        for bad in [
+            "evil.example:9900",
+            "evil.example",
+            "localhost.evil.example",
+            "192.0.2.1:9900",
+            "[::1",
+            "[::1]x",
+            "",
+            "(not text)",
+        ] {
+            assert!(!host_allowed(bad, bound), "{bad} allowed");
+        }
+        let v6 = "[::1]:9900".parse().unwrap();
+        assert!(host_allowed("[::1]:9900", v6));
+        assert!(!host_allowed("attacker.example", v6));
+        let any = "0.0.0.0:9900".parse().unwrap();
+        assert!(host_allowed("adc.example.net", any));
+    }
 }

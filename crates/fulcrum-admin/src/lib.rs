@@ -14,9 +14,22 @@ use fulcrum_config::Protocol;
 use fulcrum_net::ServiceStats;
 
 pub use api::{
-    member_status, pool_status, router, MemberStatus, PoolStatus, ServiceStatus, Status,
+    host_allowed, member_status, pool_status, router, MemberStatus, PoolStatus, ServiceStatus,
+    Status,
 };
 pub use metrics::{render as render_metrics, MetricsWriter};
+
+/// How the API is locked (DESIGN §5). Mutating calls always need the bearer token.
+#[derive(Clone)]
+pub struct Access {
+    /// The bearer token: configured, or generated into a root-only file at first start.
+    pub token: Arc<str>,
+    /// Read-only `GET`s of `/api/v1/*` need the token too (`admin.token` is set, or the API
+    /// listens off loopback); otherwise they stay open on the loopback listener.
+    pub reads_need_token: bool,
+    /// `/metrics` needs the token (`admin.metrics_auth`).
+    pub metrics_need_token: bool,
+}
 
 /// A virtual service as the API shows it.
 #[derive(Clone)]
@@ -47,8 +60,8 @@ pub trait Control: Send + Sync + 'static {
     /// Re-reads and applies the configuration file; on failure the running one stays and the
     /// errors are returned.
     fn reload(&self) -> Result<u64, Vec<String>>;
-    /// The bearer token `/api/v1/*` requires, if any; read per request so a reload can change it.
-    fn admin_token(&self) -> Option<Arc<str>>;
+    /// Who may do what; read per request so a reload can change the token.
+    fn admin_access(&self) -> Access;
     /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
     fn extra_metrics(&self, _out: &mut MetricsWriter) {}
     /// Called after the API changed a member's state or weight (or a plane's mutating route
@@ -63,7 +76,14 @@ pub trait Control: Send + Sync + 'static {
 
 /// Serves the API on `listener` until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, control: Arc<dyn Control>) {
-    let app = router(control);
+    let bound = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "admin API: no local address");
+            return;
+        }
+    };
+    let app = router(control, bound);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "admin API stopped");
     }

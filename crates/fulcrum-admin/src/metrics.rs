@@ -73,7 +73,7 @@ pub fn render(control: &dyn Control) -> String {
 
     let services = control.services();
     type ServiceField = fn(&fulcrum_net::ServiceStats) -> u64;
-    let vs_families: [(&str, &str, &str, ServiceField); 8] = [
+    let vs_families: [(&str, &str, &str, ServiceField); 9] = [
         (
             "fulcrum_vs_connections_active",
             "gauge",
@@ -121,6 +121,12 @@ pub fn render(control: &dyn Control) -> String {
             "counter",
             "Clients for whom every member connection attempt failed.",
             |s| s.upstream_failures.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_vs_denied_total",
+            "counter",
+            "Connections (udp: datagrams) refused by the service's allow/deny lists.",
+            |s| s.denied.load(Ordering::Relaxed),
         ),
     ];
     for (name, kind, help, get) in vs_families {

@@ -13,7 +13,10 @@ use moka::sync::Cache;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum PersistKey {
     Ip(u128),
-    Bytes(Box<[u8]>),
+    /// Client-chosen bytes (a header value, a cookie, a RADIUS attribute) as a keyed 128-bit
+    /// hash (`PersistTable::key`): an entry costs the same whatever the client sent (up to
+    /// 32 KiB for a header), and a client cannot aim keys at one hash bucket without the key.
+    Hashed(u128),
 }
 
 impl PersistKey {
@@ -48,9 +51,22 @@ impl PersistKey {
             }
         }
     }
+}
 
-    pub fn bytes(b: &[u8]) -> PersistKey {
-        PersistKey::Bytes(b.into())
+/// The keyed hash of a table's byte keys: two SipHash-1-3 instances with independent random
+/// keys (std's `RandomState`, the HashDoS-resistant PRF of its HashMap), for 128 bits.
+#[derive(Clone, Default)]
+struct KeyHasher {
+    hi: std::collections::hash_map::RandomState,
+    lo: std::collections::hash_map::RandomState,
+}
+
+impl KeyHasher {
+    fn hash(&self, bytes: &[u8]) -> u128 {
+        use std::hash::BuildHasher;
+        let hi = self.hi.hash_one(bytes);
+        let lo = self.lo.hash_one(bytes);
+        (u128::from(hi) << 64) | u128::from(lo)
     }
 }
 
@@ -64,6 +80,7 @@ pub struct TableSpec {
 pub struct PersistTable {
     pub spec: TableSpec,
     entries: Cache<PersistKey, SocketAddr>,
+    hasher: KeyHasher,
 }
 
 impl std::fmt::Debug for PersistTable {
@@ -76,11 +93,24 @@ impl std::fmt::Debug for PersistTable {
 
 impl PersistTable {
     pub fn new(spec: TableSpec) -> PersistTable {
+        Self::with_hasher(spec, KeyHasher::default())
+    }
+
+    fn with_hasher(spec: TableSpec, hasher: KeyHasher) -> PersistTable {
         let entries = Cache::builder()
             .max_capacity(spec.max_entries)
             .time_to_idle(spec.idle_timeout)
             .build();
-        PersistTable { spec, entries }
+        PersistTable {
+            spec,
+            entries,
+            hasher,
+        }
+    }
+
+    /// The key of client-chosen bytes in this table (a keyed 128-bit hash; see `Hashed`).
+    pub fn key(&self, bytes: &[u8]) -> PersistKey {
+        PersistKey::Hashed(self.hasher.hash(bytes))
     }
 
     /// Looks a key up; a hit counts as use and restarts its idle timer.
@@ -111,7 +141,7 @@ impl PersistTable {
         if self.spec == spec {
             return self.clone();
         }
-        let new = PersistTable::new(spec);
+        let new = PersistTable::with_hasher(spec, self.hasher.clone());
         for (k, v) in self.entries.iter() {
             new.entries.insert((*k).clone(), v);
         }
@@ -149,12 +179,80 @@ mod tests {
         });
         let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
         for i in 0..1000u32 {
-            t.insert(PersistKey::bytes(&i.to_be_bytes()), addr);
+            t.insert(t.key(&i.to_be_bytes()), addr);
         }
         assert!(t.len() <= 100, "{}", t.len());
-        t.insert(PersistKey::bytes(b"x"), addr);
-        assert_eq!(t.get(&PersistKey::bytes(b"x")), Some(addr));
+        t.insert(t.key(b"x"), addr);
+        assert_eq!(t.get(&t.key(b"x")), Some(addr));
         std::thread::sleep(Duration::from_millis(120));
-        assert_eq!(t.get(&PersistKey::bytes(b"x")), None);
+        assert_eq!(t.get(&t.key(b"x")), None);
+    }
+
+    #[test]
+    fn byte_keys_are_fixed_size_keyed_hashes() {
+        // No heap part: an entry costs the same for a 32 KiB header value as for one byte.
+        assert_eq!(std::mem::size_of::<PersistKey>(), 32);
+        let spec = TableSpec {
+            idle_timeout: Duration::from_secs(60),
+            max_entries: 100,
+        };
+        let t = std::sync::Arc::new(PersistTable::new(spec.clone()));
+        let big = vec![b'a'; 32 * 1024];
+        assert!(matches!(t.key(&big), PersistKey::Hashed(_)));
+        assert_eq!(t.key(&big), t.key(&big));
+        assert_ne!(t.key(b"a"), t.key(b"b"));
+        // Another table has another key: the same bytes hash differently.
+        let other = PersistTable::new(spec.clone());
+        assert_ne!(t.key(b"session-1"), other.key(b"session-1"));
+        // A table rebuilt by a reload keeps its key, so its entries are still found.
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        t.insert(t.key(b"session-1"), addr);
+        let respecced = t.respec(TableSpec {
+            max_entries: 200,
+            ..spec
+        });
+        assert_eq!(respecced.get(&respecced.key(b"session-1")), Some(addr));
+    }
+}
+
+/// `cargo test -p fulcrum-balance --lib -- --ignored entry_memory --nocapture`: the memory
+/// one table entry costs (for docs/operations.md).
+#[cfg(test)]
+mod measure {
+    use super::*;
+
+    fn rss_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        pages * 4096
+    }
+
+    #[test]
+    #[ignore]
+    fn entry_memory() {
+        let n = 1_000_000u32;
+        let t = PersistTable::new(TableSpec {
+            idle_timeout: Duration::from_secs(600),
+            max_entries: u64::from(n),
+        });
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let before = rss_bytes();
+        let big = vec![b'h'; 32 * 1024];
+        for i in 0..n {
+            let mut v = big.clone();
+            v[..4].copy_from_slice(&i.to_be_bytes());
+            t.insert(t.key(&v), addr);
+        }
+        let entries = t.len();
+        let after = rss_bytes();
+        eprintln!(
+            "{entries} entries of 32 KiB client values: {} MiB, {} bytes per entry",
+            (after - before) >> 20,
+            (after - before) / entries.max(1)
+        );
     }
 }

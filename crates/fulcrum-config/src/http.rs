@@ -25,6 +25,11 @@ pub struct HttpOptions {
     pub max_headers: u32,
     /// Longest request target, in bytes: beyond it, 414.
     pub max_uri_length: u64,
+    /// Largest request body, in bytes: beyond it, 413; `None`: no limit.
+    pub max_body_size: Option<u64>,
+    /// Slowest request body a client may send, in bytes per second, once `header_timeout` has
+    /// passed (slow POST guard, as Apache's mod_reqtimeout `MinRate`); 0: no minimum.
+    pub min_body_rate: u64,
     pub forward_headers: ForwardHeaders,
     pub access_log: Option<AccessLog>,
 }
@@ -37,6 +42,8 @@ impl Default for HttpOptions {
             max_header_size: 32 * 1024,
             max_headers: 100,
             max_uri_length: 8 * 1024,
+            max_body_size: None,
+            min_body_rate: 64,
             forward_headers: ForwardHeaders::default(),
             access_log: None,
         }
@@ -50,6 +57,8 @@ pub const HTTP_SERVICE_KEYS: &[&str] = &[
     "max_header_size",
     "max_headers",
     "max_uri_length",
+    "max_body_size",
+    "min_body_rate",
     "forward_headers",
     "access_log",
 ];
@@ -68,6 +77,10 @@ impl HttpOptions {
             max_uri_length: t
                 .opt::<ByteSize>(cx, "max_uri_length")
                 .map_or(d.max_uri_length, |s| s.0),
+            max_body_size: t.opt::<ByteSize>(cx, "max_body_size").map(|s| s.0),
+            min_body_rate: t
+                .opt::<ByteSize>(cx, "min_body_rate")
+                .map_or(d.min_body_rate, |s| s.0),
             forward_headers: t.opt(cx, "forward_headers").unwrap_or_default(),
             access_log: t.opt(cx, "access_log"),
         }

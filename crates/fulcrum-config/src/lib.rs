@@ -2,6 +2,8 @@
 //! error located by file, line, column and key path.
 
 mod accel;
+mod access;
+mod admin;
 mod error;
 mod forwarding;
 mod ha;
@@ -19,6 +21,8 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
+pub use access::AccessList;
+pub use admin::{token_problem, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, FORWARDING_KEYS};
 pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
@@ -102,6 +106,7 @@ fn resolve_paths(config: &mut Config, base: &Path) {
             *p = base.join(&*p);
         }
     };
+    fix(&mut config.admin.token_file);
     for vs in &mut config.virtual_services {
         if let Some(log) = &mut vs.http.access_log {
             fix(&mut log.path);

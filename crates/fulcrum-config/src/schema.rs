@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::admin::Admin;
 use crate::message::{Framing, MessageOptions, Sequence};
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::string_enum;
@@ -50,6 +51,9 @@ pub struct Global {
     pub workers: usize,
     /// On SIGTERM, how long established connections may run before they are closed.
     pub shutdown_timeout: Duration,
+    /// Client connections of every stream service together; 0 = derived from the descriptor
+    /// limit, keeping a reserve for health checks, the API and DNS (see docs/operations.md).
+    pub max_connections: u64,
 }
 
 impl Default for Global {
@@ -57,24 +61,7 @@ impl Default for Global {
         Global {
             workers: 0,
             shutdown_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Admin {
-    pub listen: SocketAddr,
-    pub token: Option<String>,
-    /// Where member/site states and weights set through the API are kept across restarts.
-    pub state_file: Option<PathBuf>,
-}
-
-impl Default for Admin {
-    fn default() -> Self {
-        Admin {
-            listen: SocketAddr::from(([127, 0, 0, 1], 9900)),
-            token: None,
-            state_file: None,
+            max_connections: 0,
         }
     }
 }
@@ -146,6 +133,8 @@ pub struct VirtualService {
     pub http: crate::http::HttpOptions,
     /// tcp / udp: proxy (default) or in-kernel nat / dr / tunnel, and where XDP attaches.
     pub forwarding: crate::forwarding::ForwardingOptions,
+    /// `allow` / `deny`: source prefixes, checked first (DESIGN §4, Phase 2).
+    pub access: crate::access::AccessList,
 }
 
 impl FromNode for VirtualService {
@@ -178,6 +167,7 @@ impl FromNode for VirtualService {
             let message = MessageOptions::read(t, cx, node, message_mode);
             let http = crate::http::HttpOptions::read(t, cx);
             let forwarding = crate::forwarding::ForwardingOptions::read(t, cx);
+            let access = crate::access::AccessList::read(t, cx);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -209,6 +199,7 @@ impl FromNode for VirtualService {
                 message,
                 http,
                 forwarding,
+                access,
             })
         })
     }
@@ -843,9 +834,13 @@ pub struct Persistence {
     pub source_mask_v6: u8,
     /// Bound on the entries of a persistence table; the least recently used go first.
     pub max_entries: u64,
-    /// cookie_insert / cookie_rewrite: the key that signs the member id in the cookie. Without it
-    /// a random key is drawn at start, so cookies do not survive a restart.
+    /// cookie_insert / cookie_rewrite: the key that signs the member id in the cookie. Without
+    /// it the process uses the secret file beside `admin.token_file` (generated once, kept
+    /// across restarts).
     pub secret: Option<String>,
+    /// Older keys whose cookies are still accepted (and re-issued with `secret`): the rest of
+    /// `secret` when it is an array, newest first (rotation).
+    pub previous_secrets: Vec<String>,
     /// cookie_insert: the cookie's `SameSite` attribute (none written when unset).
     pub same_site: Option<crate::http::SameSite>,
     /// radius: what happens to a datagram that is not a well-formed RADIUS packet.
@@ -918,6 +913,7 @@ impl FromNode for Persistence {
                     format!("{source_mask_v6} is not an IPv6 prefix length (0 to 128)"),
                 );
             }
+            let secrets: Option<OneOrMany<String>> = t.opt(cx, "secret");
             Some(Persistence {
                 timeout: t.opt(cx, "timeout"),
                 cookie: t.opt(cx, "cookie").unwrap_or_else(|| "FULCRUM".to_string()),
@@ -927,7 +923,10 @@ impl FromNode for Persistence {
                 source_mask_v6,
                 max_entries: t.opt(cx, "max_entries").unwrap_or(1_000_000),
                 malformed: t.opt(cx, "malformed").unwrap_or(Malformed::Schedule),
-                secret: t.opt(cx, "secret"),
+                secret: secrets.as_ref().and_then(|s| s.0.first().cloned()),
+                previous_secrets: secrets
+                    .map(|s| s.0.into_iter().skip(1).collect())
+                    .unwrap_or_default(),
                 same_site: t.opt(cx, "same_site"),
                 name: name?,
                 kind: kind?,
@@ -1190,18 +1189,7 @@ impl FromNode for Global {
             Some(Global {
                 workers: t.opt(cx, "workers").unwrap_or(d.workers),
                 shutdown_timeout: t.opt(cx, "shutdown_timeout").unwrap_or(d.shutdown_timeout),
-            })
-        })
-    }
-}
-
-impl FromNode for Admin {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            Some(Admin {
-                listen: t.opt(cx, "listen").unwrap_or(Admin::default().listen),
-                token: t.opt(cx, "token"),
-                state_file: t.opt::<String>(cx, "state_file").map(PathBuf::from),
+                max_connections: t.opt(cx, "max_connections").unwrap_or(d.max_connections),
             })
         })
     }

@@ -225,8 +225,36 @@ fn admin_needs_token_off_loopback() {
     let e = errs(&format!("[admin]\nlisten = \"0.0.0.0:9900\"\n{TCP}"));
     has(&e, "admin.listen: 0.0.0.0:9900 is not a loopback address");
     ok(&format!(
-        "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken = \"x\"\n{TCP}"
+        "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken = \"0123456789abcdef\"\n{TCP}"
     ));
+    ok(&format!(
+        "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken_file = \"/etc/fulcrum/api.token\"\n{TCP}"
+    ));
+}
+
+#[test]
+fn admin_tokens_are_long_enough_and_located() {
+    let e = errs(&format!("[admin]\ntoken = \"s3cret\"\n{TCP}"));
+    has(
+        &e,
+        "t.toml:2:1: admin.token: the token is 6 characters long; use at least 16",
+    );
+    let e = errs(&format!("[admin]\ntoken = \"with a space in it!\"\n{TCP}"));
+    has(&e, "admin.token: the token must be printable ASCII");
+    let e = errs(&format!(
+        "[admin]\ntoken = \"0123456789abcdef\"\ntoken_file = \"x\"\n{TCP}"
+    ));
+    has(&e, "admin.token_file: set either `token` or `token_file`");
+    let e = errs(&format!("[admin]\nmetrics_aut = true\n{TCP}"));
+    has(&e, "did you mean `metrics_auth`");
+    let c = ok(&format!(
+        "[admin]\ntoken_file = \"api.token\"\nmetrics_auth = true\n{TCP}"
+    ));
+    assert_eq!(c.admin.token_file, Path::new("/etc/fulcrum/api.token"));
+    assert!(c.admin.metrics_auth && c.admin.token_configured());
+    let c = ok(TCP);
+    assert_eq!(c.admin.token_file, Path::new(DEFAULT_TOKEN_FILE));
+    assert!(!c.admin.token_configured() && !c.admin.metrics_auth);
 }
 
 #[test]
@@ -731,4 +759,22 @@ fn message_sequence_and_delivery_errors() {
         &e,
         "pool[0].member[0].max_connections: message service \"pos\" uses this pool",
     );
+}
+
+#[test]
+fn access_lists_on_virtual_services() {
+    let c = ok(&TCP.replace(
+        "protocol = \"tcp\"",
+        "protocol = \"tcp\"\nallow = [\"198.51.100.0/24\", \"2001:db8::/32\"]\ndeny = \"198.51.100.7\"",
+    ));
+    let a = &c.virtual_services[0].access;
+    assert_eq!(a.allow.len(), 2);
+    assert!(!a.permits("198.51.100.7".parse().unwrap()));
+    assert!(a.permits("198.51.100.8".parse().unwrap()));
+    assert!(!a.permits("192.0.2.1".parse().unwrap()));
+    let e = errs(&TCP.replace(
+        "protocol = \"tcp\"",
+        "protocol = \"tcp\"\ndeny = [\"198.51.100.0/33\"]",
+    ));
+    has(&e, "virtual_service[0].deny[0]");
 }

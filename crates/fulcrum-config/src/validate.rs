@@ -120,11 +120,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         errors: Vec::new(),
         broken,
     };
-    if !cfg.admin.listen.ip().is_loopback() && cfg.admin.token.is_none() {
+    if !cfg.admin.listen.ip().is_loopback() && !cfg.admin.token_configured() {
         c.err(
             "admin.listen",
             format!(
-                "{} is not a loopback address: set admin.token so the API is not open to the network",
+                "{} is not a loopback address: set admin.token (or admin.token_file) so the API is not open to the network",
                 cfg.admin.listen
             ),
         );
@@ -525,7 +525,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 ),
             );
         }
-        if p.secret.as_ref().is_some_and(|s| s.len() < 16) {
+        if p.secret
+            .iter()
+            .chain(&p.previous_secrets)
+            .any(|s| s.len() < 16)
+        {
             c.err(
                 &format!("{at}.secret"),
                 "too short: use at least 16 characters (e.g. `openssl rand -hex 32`)",

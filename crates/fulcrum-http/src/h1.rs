@@ -340,6 +340,18 @@ where
         }
     }
 
+    /// 413: the body is larger than `max_body_size`; the connection closes (the rest of the
+    /// body is not read).
+    async fn too_large(&mut self, rule: Option<&CompiledRule>) -> Done {
+        self.svc
+            .http_stats
+            .bodies_too_large
+            .fetch_add(1, Ordering::Relaxed);
+        let mut l = Local::error(413, "request body larger than max_body_size");
+        l.close = true;
+        self.fail(l, rule).await
+    }
+
     /// Forwards the request to a member of `t` and its response to the client.
     async fn forward(&mut self, t: &Arc<Target>, ti: usize, rule: Option<&CompiledRule>) -> Done {
         let svc = self.svc.clone();
@@ -359,6 +371,11 @@ where
                 let mut l = Local::error(400, e.0);
                 l.close = true;
                 return self.fail(l, rule).await;
+            }
+        }
+        if let (Some(max), Some(n)) = (svc.max_body_size, self.head.content_length) {
+            if n > max {
+                return self.too_large(rule).await;
             }
         }
         if t.http2 {
@@ -482,6 +499,16 @@ where
                         l.close = true;
                         return self.fail(l, rule).await;
                     }
+                    Err(PumpError::TooSlow) => {
+                        self.svc
+                            .http_stats
+                            .slow_bodies
+                            .fetch_add(1, Ordering::Relaxed);
+                        let mut l = Local::error(408, "request body slower than min_body_rate");
+                        l.close = true;
+                        return self.fail(l, rule).await;
+                    }
+                    Err(PumpError::TooLarge) => return self.too_large(rule).await,
                 }
             }
             let sent_at = Instant::now();
@@ -642,6 +669,12 @@ where
         };
         let mut decoder = self.head.chunked.then(Decoder::default);
         let mut sent = 0u64;
+        // The slow-body guard: time spent waiting for the client, against what its bytes buy
+        // at `min_body_rate` on top of a grace of `header_timeout`.
+        let (mut decoded, mut received, mut waited) = (0u64, 0u64, Duration::ZERO);
+        let max_body = self.svc.max_body_size;
+        let rate = self.svc.min_body_rate;
+        let grace = self.svc.header_timeout;
         let UpstreamConn {
             io: up,
             buf: up_buf,
@@ -671,9 +704,15 @@ where
                 Some(d) => {
                     let out = &mut self.out;
                     let used = d
-                        .feed(avail, |data| chunked::encode_chunk(out, data))
+                        .feed(avail, |data| {
+                            decoded += data.len() as u64;
+                            chunked::encode_chunk(out, data)
+                        })
                         .map_err(PumpError::BadChunk)?;
                     self.pos += used;
+                    if max_body.is_some_and(|max| decoded > max) {
+                        return Err(PumpError::TooLarge);
+                    }
                     if d.is_done() {
                         self.out.extend_from_slice(chunked::END);
                         finished = true;
@@ -715,7 +754,18 @@ where
                 self.pos = self.head.head_len;
             }
             self.head.buf.reserve(BODY_CHUNK);
-            self.timer.set_after(idle);
+            let mut wait = idle;
+            let mut slow = false;
+            if rate > 0 {
+                let earned = grace + Duration::from_secs_f64(received as f64 / rate as f64);
+                let left = earned.saturating_sub(waited);
+                if left < wait {
+                    wait = left;
+                    slow = true;
+                }
+            }
+            self.timer.set_after(wait);
+            let asked = Instant::now();
             tokio::select! {
                 biased;
                 r = readable(up_r.as_ref()) => {
@@ -725,10 +775,13 @@ where
                 }
                 r = self.io.read_buf(&mut self.head.buf) => match r {
                     Ok(0) | Err(_) => return Err(PumpError::Client),
-                    Ok(_) => {}
+                    Ok(n) => received += n as u64,
                 },
-                _ = self.timer.expired() => return Err(PumpError::Timeout),
+                _ = self.timer.expired() => {
+                    return Err(if slow { PumpError::TooSlow } else { PumpError::Timeout })
+                }
             }
+            waited += asked.elapsed();
         }
     }
 
@@ -1065,6 +1118,10 @@ enum PumpError {
     BadChunk(crate::chunked::ChunkError),
     Member(io::Error),
     Timeout,
+    /// The body came slower than `min_body_rate`.
+    TooSlow,
+    /// The (chunked) body grew past `max_body_size`.
+    TooLarge,
 }
 
 /// The member's socket reported readable while the body was being sent: either a spurious

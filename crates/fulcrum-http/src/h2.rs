@@ -34,6 +34,25 @@ use crate::upstream::{self, UpstreamConn};
 /// Streams a client may have open at once.
 const MAX_STREAMS: u32 = 256;
 
+/// Streams a client may cancel (RST_STREAM before the response head) on one connection before
+/// it is closed, while they are also at least half of the streams it opened. A browser cancels
+/// a few when the user navigates away; a rapid-reset attacker (CVE-2023-44487) cancels every
+/// one, each after Fulcrum may already have picked a member for it. nginx and HAProxy close
+/// such connections the same way.
+const RESET_BUDGET: u64 = 100;
+
+/// Streams reset by the client before hyper accepted them (h2's own counter; its default).
+const PENDING_ACCEPT_RESETS: usize = 20;
+
+/// After GOAWAY with no stream left, how long the client has to finish the close (the PING
+/// round trip of a graceful shutdown) before the connection is dropped.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Keep-alive PINGs on a connection with no traffic, and how long an answer may take: a peer
+/// that vanished without a FIN is found within interval + timeout.
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
+
 struct State {
     svc: Arc<HttpService>,
     client: Client,
@@ -41,6 +60,32 @@ struct State {
     active: AtomicUsize,
     /// When the last stream ended (clock::now_ms).
     last: AtomicU64,
+    /// Streams the client opened, and those it reset before their response head.
+    opened: AtomicU64,
+    cancelled: AtomicU64,
+    /// Raised once the client spent its reset budget.
+    flood: tokio::sync::Notify,
+    /// Bytes read from the client (the sniffed preface included).
+    read: Arc<AtomicU64>,
+}
+
+/// Counts a stream whose handler was dropped before it returned: hyper drops it when the
+/// client resets the stream.
+struct Cancellable<'a> {
+    st: &'a State,
+    done: bool,
+}
+
+impl Drop for Cancellable<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let cancelled = self.st.cancelled.fetch_add(1, Ordering::Relaxed) + 1;
+        if cancelled > RESET_BUDGET && cancelled * 2 >= self.st.opened.load(Ordering::Relaxed) {
+            self.st.flood.notify_one();
+        }
+    }
 }
 
 struct Active<'a>(&'a State);
@@ -52,11 +97,13 @@ impl Drop for Active<'_> {
     }
 }
 
-/// Bytes read ahead (the connection preface, when it was sniffed), then the stream.
+/// Bytes read ahead (the connection preface, when it was sniffed), then the stream; counts
+/// what the client sent, for the preface timeout.
 struct Rewind<S> {
     prefix: Vec<u8>,
     pos: usize,
     inner: S,
+    read: Arc<AtomicU64>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
@@ -76,7 +123,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
             }
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        r
     }
 }
 
@@ -112,35 +163,55 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let idle = svc.idle_timeout;
+    let read = Arc::new(AtomicU64::new(prefix.len() as u64));
     let state = Arc::new(State {
         client: Client::new(info),
         private: Arc::new(Mutex::new(Vec::new())),
         active: AtomicUsize::new(0),
         last: AtomicU64::new(clock::now_ms()),
         svc: svc.clone(),
+        opened: AtomicU64::new(0),
+        cancelled: AtomicU64::new(0),
+        flood: tokio::sync::Notify::new(),
+        read: read.clone(),
     });
     let st = state.clone();
     let service = hyper::service::service_fn(move |req| {
         let st = st.clone();
-        async move { handle(st, req).await }
+        async move {
+            st.opened.fetch_add(1, Ordering::Relaxed);
+            let mut guard = Cancellable {
+                st: &st,
+                done: false,
+            };
+            let r = handle(st.clone(), req).await;
+            guard.done = true;
+            r
+        }
     });
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
+        .max_pending_accept_reset_streams(PENDING_ACCEPT_RESETS)
+        .keep_alive_interval(PING_INTERVAL)
+        .keep_alive_timeout(PING_TIMEOUT)
         .max_header_list_size((svc.limits.max_header_size + 4096) as u32);
     let conn = builder.serve_connection(
         TokioIo::new(Rewind {
             prefix,
             pos: 0,
             inner: io,
+            read,
         }),
         service,
     );
     tokio::pin!(conn);
     // Close the connection gracefully once no stream has been open for `idle`.
     let check = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
-    let mut closing = false;
+    // A client that negotiated h2 (ALPN) must send its preface like a request head.
+    let preface_by = Instant::now() + svc.header_timeout;
+    let mut closing: Option<Instant> = None;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
@@ -149,15 +220,41 @@ where
                 }
                 return;
             }
-            _ = svc.retired(), if !closing => {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
+            _ = state.flood.notified() => {
+                svc.http_stats.h2_reset_floods.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(service = %svc.name, client = %info.peer,
+                    opened = state.opened.load(Ordering::Relaxed),
+                    reset = state.cancelled.load(Ordering::Relaxed),
+                    "HTTP/2 client reset more streams than its budget; connection closed");
+                return;
             }
-            _ = tokio::time::sleep(check), if !closing => {
-                let quiet = clock::now_ms().saturating_sub(state.last.load(Ordering::Relaxed));
-                if state.active.load(Ordering::Relaxed) == 0 && quiet >= idle.as_millis() as u64 {
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
+            _ = tokio::time::sleep_until(preface_by), if closing.is_none()
+                && state.read.load(Ordering::Relaxed) < crate::service::PREFACE.len() as u64 => {
+                svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            _ = svc.retired(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now());
+            }
+            _ = tokio::time::sleep(check) => {
+                if state.active.load(Ordering::Relaxed) > 0 {
+                    continue;
+                }
+                match closing {
+                    // GOAWAY sent and no stream left: a client that does not finish the close
+                    // (it never acknowledges the PING) is not waited for.
+                    Some(since) => if since.elapsed() >= DRAIN_GRACE {
+                        svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    },
+                    None => {
+                        let quiet = clock::now_ms().saturating_sub(state.last.load(Ordering::Relaxed));
+                        if quiet >= idle.as_millis() as u64 {
+                            conn.as_mut().graceful_shutdown();
+                            closing = Some(Instant::now());
+                        }
+                    }
                 }
             }
         }
@@ -252,6 +349,19 @@ async fn handle(
             ));
         }
     };
+    if let (Some(max), Some(n)) = (svc.max_body_size, head.content_length) {
+        if n > max {
+            svc.http_stats
+                .bodies_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            svc.http_stats.count_status(413);
+            return Ok(local_response(
+                &Local::error(413, "request body larger than max_body_size"),
+                None,
+                head.method,
+            ));
+        }
+    }
     if head.method == Method::Connect {
         svc.http_stats.count_status(405);
         return Ok(local_response(
@@ -716,6 +826,10 @@ pub(crate) async fn fetch(
         private: PrivateConns::default(),
         active: AtomicUsize::new(0),
         last: AtomicU64::new(0),
+        opened: AtomicU64::new(0),
+        cancelled: AtomicU64::new(0),
+        flood: tokio::sync::Notify::new(),
+        read: Arc::new(AtomicU64::new(0)),
     };
     let fwd = forward(&st, t, ti, rule, head, None);
     match svc.request_timeout {

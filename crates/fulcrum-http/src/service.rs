@@ -102,6 +102,15 @@ pub struct HttpStats {
     pub response_timeouts: AtomicU64,
     /// Requests dropped by a `drop` rule.
     pub dropped: AtomicU64,
+    /// Request bodies slower than `min_body_rate` (408, connection closed).
+    pub slow_bodies: AtomicU64,
+    /// Request bodies larger than `max_body_size` (413, connection closed).
+    pub bodies_too_large: AtomicU64,
+    /// HTTP/2 connections closed for resetting more streams than their budget (rapid reset).
+    pub h2_reset_floods: AtomicU64,
+    /// HTTP/2 connections closed because the preface (TLS with ALPN h2) did not come within
+    /// `header_timeout`, or because a client did not let a GOAWAY drain finish in time.
+    pub h2_stalled: AtomicU64,
     /// Response compression (`compression`).
     pub compression: crate::compress::CompressStats,
 }
@@ -248,6 +257,10 @@ pub struct HttpService {
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
     pub request_timeout: Option<Duration>,
+    /// Largest request body (413 beyond it).
+    pub max_body_size: Option<u64>,
+    /// Slowest request body, bytes per second, after `header_timeout` of grace; 0: none.
+    pub min_body_rate: u64,
     pub forward: ForwardHeaders,
     pub proxy_protocol: Option<ProxyProtocol>,
     pub max_connections: u32,
@@ -365,6 +378,8 @@ impl HttpService {
             header_timeout: vs.http.header_timeout,
             idle_timeout: vs.idle_timeout,
             request_timeout: vs.http.request_timeout,
+            max_body_size: vs.http.max_body_size,
+            min_body_rate: vs.http.min_body_rate,
             forward: vs.http.forward_headers,
             proxy_protocol: vs.proxy_protocol,
             max_connections: vs.max_connections,
@@ -576,7 +591,7 @@ impl StreamHandler for HttpService {
 }
 
 /// The HTTP/2 connection preface a client speaking h2c by prior knowledge starts with.
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Serves one client connection: HTTP/1.1, or HTTP/2 when ALPN chose it or the client opens with
 /// the HTTP/2 preface. Generic over the byte stream so a TLS acceptor can sit in front.

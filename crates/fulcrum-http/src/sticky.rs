@@ -6,9 +6,12 @@
 //!   client cannot make one for a member it was not given, so it cannot steer itself anywhere.
 //! - `cookie_rewrite`: the member's own session cookie gets the member id and `~` put in front on
 //!   the way out, and taken off on the way in, so the member sees the cookie it set.
-//! - `cookie_passive`: the value of the member's cookie, learnt from its Set-Cookie, maps to the
-//!   member in a table with idle expiry.
+//! - `cookie_passive`: the value of the member's cookie, learnt from its Set-Cookie (only there:
+//!   a value a client made up is never stored), maps to the member in a table with idle expiry.
 //! - `header`: the value of a request header maps to the member (a table).
+//!
+//! Table keys made of client bytes are keyed 128-bit hashes (`PersistTable::key`), so an entry
+//! has a fixed size whatever the client sends.
 //! - `source_ip`: the masked client address maps to the member (a table), as in the TCP proxy.
 //!
 //! The tables are `fulcrum_balance::PersistTable`s; a remembered member that is down, disabled or
@@ -33,8 +36,9 @@ pub const REWRITE_SEP: u8 = b'~';
 /// A member id as it appears in cookies.
 pub type MemberId = [u8; ID_LEN];
 
-/// The key used when a profile has no `secret`: drawn once per process, so cookies survive
-/// reloads but not a restart.
+/// The key used when a profile has no `secret` and the binary gave it none (the binary fills
+/// it from a secret file kept across restarts; this is for library users): drawn once per
+/// process, so cookies survive reloads but not a restart.
 fn process_key() -> &'static [u8; 32] {
     static KEY: OnceLock<[u8; 32]> = OnceLock::new();
     KEY.get_or_init(|| {
@@ -72,9 +76,10 @@ pub struct Sticky {
     max_age: Option<Duration>,
     same_site: Option<SameSite>,
     secure: bool,
-    /// Member ids by target index, then member index.
+    /// Member ids by target index, then member index (signed with the newest secret).
     ids: Vec<Vec<MemberId>>,
-    by_id: HashMap<MemberId, (usize, usize)>,
+    /// Every id accepted: (target, member, signed with the newest secret).
+    by_id: HashMap<MemberId, (usize, usize, bool)>,
 }
 
 impl std::fmt::Debug for Sticky {
@@ -138,6 +143,12 @@ impl Sticky {
             None => process_key(),
         };
         let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
+        // Older secrets (rotation): their ids are still honoured, and replaced by new ones.
+        let previous: Vec<hmac::Key> = profile
+            .previous_secrets
+            .iter()
+            .map(|s| hmac::Key::new(hmac::HMAC_SHA256, s.as_bytes()))
+            .collect();
         let mut ids = Vec::with_capacity(pools.len());
         let mut by_id = HashMap::new();
         for (t, pool) in pools.iter().enumerate() {
@@ -147,8 +158,11 @@ impl Sticky {
                 data.extend_from_slice(pool.name.as_bytes());
                 data.push(0);
                 data.extend_from_slice(member.address.to_string().as_bytes());
+                for old in &previous {
+                    by_id.insert(hex_id(hmac::sign(old, &data).as_ref()), (t, m, false));
+                }
                 let id = hex_id(hmac::sign(&key, &data).as_ref());
-                by_id.insert(id, (t, m));
+                by_id.insert(id, (t, m, true));
                 v.push(id);
             }
             ids.push(v);
@@ -175,10 +189,11 @@ impl Sticky {
         self.ids.get(target)?.get(member)
     }
 
-    fn member_of_id(&self, target: usize, id: &[u8]) -> Option<usize> {
+    /// The member an id names on `target`, and whether it was signed with the newest secret.
+    fn member_of_id(&self, target: usize, id: &[u8]) -> Option<(usize, bool)> {
         let id: &MemberId = id.try_into().ok()?;
         match self.by_id.get(id) {
-            Some(&(t, m)) if t == target => Some(m),
+            Some(&(t, m, current)) if t == target => Some((m, current)),
             _ => None,
         }
     }
@@ -197,12 +212,12 @@ impl Sticky {
             Kind::SourceIp { mask_v4, mask_v6 } => {
                 table_get(PersistKey::source(client, *mask_v4, *mask_v6))
             }
-            Kind::Header(name) => match req.first_value_named(name) {
-                Some(v) if !v.is_empty() => table_get(PersistKey::bytes(v)),
+            Kind::Header(name) => match (req.first_value_named(name), &self.table) {
+                (Some(v), Some(t)) if !v.is_empty() => table_get(t.key(v)),
                 _ => Lookup::default(),
             },
-            Kind::CookiePassive => match req.cookie(&self.cookie) {
-                Some(v) if !v.is_empty() => table_get(PersistKey::bytes(v)),
+            Kind::CookiePassive => match (req.cookie(&self.cookie), &self.table) {
+                (Some(v), Some(t)) if !v.is_empty() => table_get(t.key(v)),
                 _ => Lookup::default(),
             },
             Kind::CookieInsert => {
@@ -210,15 +225,18 @@ impl Sticky {
                     .cookie(&self.cookie)
                     .and_then(|v| self.member_of_id(target, v));
                 Lookup {
-                    member: m.and_then(|m| pool.members().get(m)).map(|m| m.address),
+                    member: m
+                        .and_then(|(m, _)| pool.members().get(m))
+                        .map(|m| m.address),
                     key: None,
-                    cookie_member: m,
+                    // An id signed with an older secret is honoured but re-issued.
+                    cookie_member: m.filter(|(_, current)| *current).map(|(m, _)| m),
                 }
             }
             Kind::CookieRewrite => {
                 let m = req.cookie(&self.cookie).and_then(|v| {
                     let sep = memchr::memchr(REWRITE_SEP, v)?;
-                    self.member_of_id(target, &v[..sep])
+                    self.member_of_id(target, &v[..sep]).map(|(m, _)| m)
                 });
                 Lookup {
                     member: m.and_then(|m| pool.members().get(m)).map(|m| m.address),
@@ -230,9 +248,10 @@ impl Sticky {
     }
 
     /// Records the member a request went to, in the table kinds (a fresh choice, or a remembered
-    /// member that was replaced).
+    /// member that was replaced). `cookie_passive` learns only from the member's Set-Cookie
+    /// (`learn`): a cookie value a client made up is never stored.
     pub fn remember(&self, lookup: &mut Lookup, member: SocketAddr) {
-        if lookup.member == Some(member) {
+        if lookup.member == Some(member) || matches!(self.kind, Kind::CookiePassive) {
             return;
         }
         if let (Some(t), Some(k)) = (&self.table, lookup.key.take()) {
@@ -245,7 +264,7 @@ impl Sticky {
         if let (Kind::CookiePassive, Some(t)) = (&self.kind, &self.table) {
             if let Some((name, value)) = crate::cookie::set_cookie_pair(set_cookie) {
                 if name == self.cookie.as_slice() && !value.is_empty() {
-                    t.insert(PersistKey::bytes(value), member);
+                    t.insert(t.key(value), member);
                 }
             }
         }

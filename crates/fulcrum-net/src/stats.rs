@@ -15,6 +15,8 @@ pub struct ServiceStats {
     pub over_limit: AtomicU64,
     /// Clients whose every connection attempt to members failed.
     pub upstream_failures: AtomicU64,
+    /// Connections (udp: datagrams) refused by the service's `allow` / `deny` lists.
+    pub denied: AtomicU64,
 }
 
 impl ServiceStats {

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod dialogue;
+pub mod h2abuse;
 pub mod message;
 pub mod mmdb;
 pub mod netns;

@@ -12,7 +12,11 @@ pub struct Fulcrum {
     pub admin: SocketAddr,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
-    token: Option<String>,
+    /// The bearer token `api` sends: the configured one, or the one Fulcrum generated into
+    /// `token_file()` at start.
+    pub token: Option<String>,
+    /// The lines of the `[admin]` table, written again by `write_config`.
+    admin_table: String,
 }
 
 impl Drop for Fulcrum {
@@ -23,21 +27,41 @@ impl Drop for Fulcrum {
 }
 
 impl Fulcrum {
-    /// Writes `config` (which must not have an `[admin]` table; one is added on `admin`) and
-    /// starts `bin run -c` on it, waiting until the API answers (every listener is bound).
+    /// Writes `config` (which must not have an `[admin]` table; one is added on `admin`, with
+    /// `token_file` in the test's directory, so Fulcrum generates the token there) and starts
+    /// `bin run -c` on it, waiting until the API answers (every listener is bound).
     pub async fn start(bin: &str, admin: SocketAddr, config: &str) -> Result<Fulcrum, String> {
         Self::start_with_token(bin, admin, None, config).await
     }
 
+    /// As `start`, with `token` configured as `admin.token` when given.
     pub async fn start_with_token(
         bin: &str,
         admin: SocketAddr,
         token: Option<&str>,
         config: &str,
     ) -> Result<Fulcrum, String> {
+        let table = match token {
+            Some(t) => format!("listen = \"{admin}\"\ntoken = \"{t}\"\n"),
+            None => format!("listen = \"{admin}\"\ntoken_file = \"admin.token\"\n"),
+        };
+        Self::start_with_admin_table(bin, admin, &table, token, config).await
+    }
+
+    /// Starts with `admin_table` as the lines of `[admin]` (relative paths in it are in the
+    /// test's directory), reaching the API at `connect`, sending `token` (or, when `None`, the
+    /// generated `admin.token` of the test's directory, if there is one).
+    pub async fn start_with_admin_table(
+        bin: &str,
+        connect: SocketAddr,
+        admin_table: &str,
+        token: Option<&str>,
+        config: &str,
+    ) -> Result<Fulcrum, String> {
+        let admin = connect;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let config_path = dir.path().join("fulcrum.toml");
-        let full = Self::with_admin(admin, token, config);
+        let full = Self::with_admin(admin_table, config);
         std::fs::write(&config_path, full).map_err(|e| e.to_string())?;
         let log =
             std::fs::File::create(dir.path().join("fulcrum.log")).map_err(|e| e.to_string())?;
@@ -58,6 +82,7 @@ impl Fulcrum {
             dir,
             config_path,
             token: token.map(String::from),
+            admin_table: admin_table.to_string(),
         };
         let end = Instant::now() + Duration::from_secs(20);
         loop {
@@ -66,6 +91,12 @@ impl Fulcrum {
                     "fulcrum exited with {status} before it was ready:\n{}",
                     f.logs()
                 ));
+            }
+            if f.token.is_none() {
+                f.token = std::fs::read_to_string(f.token_file())
+                    .ok()
+                    .map(|t| t.trim().to_string())
+                    .filter(|t| !t.is_empty());
             }
             if let Ok(r) = f.api("GET", "/api/v1/status", None).await {
                 if r.status == 200 {
@@ -79,17 +110,24 @@ impl Fulcrum {
         }
     }
 
-    fn with_admin(admin: SocketAddr, token: Option<&str>, config: &str) -> String {
-        let token = token
-            .map(|t| format!("token = \"{t}\"\n"))
-            .unwrap_or_default();
-        format!("[admin]\nlisten = \"{admin}\"\n{token}\n{config}")
+    fn with_admin(admin_table: &str, config: &str) -> String {
+        format!("[admin]\n{admin_table}\n{config}")
+    }
+
+    /// Where `start` has Fulcrum generate its token.
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.path().join("admin.token")
     }
 
     /// Replaces the config file (the admin table is added as at start); apply with `reload`.
     pub fn write_config(&self, config: &str) {
-        let full = Self::with_admin(self.admin, self.token.as_deref(), config);
+        let full = Self::with_admin(&self.admin_table, config);
         let _ = std::fs::write(&self.config_path, full);
+    }
+
+    /// Replaces the config file with `text` as it is (an `[admin]` table included).
+    pub fn write_raw_config(&self, text: &str) {
+        let _ = std::fs::write(&self.config_path, text);
     }
 
     pub async fn api(

@@ -102,15 +102,25 @@ pub struct App {
     /// VRRP: a control-plane component; it also shows itself to the API and metrics through
     /// the plane list.
     ha: Arc<crate::ha::HaPlane>,
+    /// Where the admin API is bound (set at start; `admin.listen` changes need a restart).
+    admin_bound: SocketAddr,
+    admin_access: ArcSwap<fulcrum_admin::Access>,
+    cap: Arc<crate::limits::GlobalCap>,
 }
 
 impl App {
-    fn new(source: Source, workers: usize) -> App {
+    fn new(
+        source: Source,
+        workers: usize,
+        admin_bound: SocketAddr,
+        access: fulcrum_admin::Access,
+    ) -> App {
+        let tracker = Arc::new(Tracker::default());
         let sockets_per_address = default_sockets_per_address(workers);
         let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
+        let ha = Arc::new(crate::ha::HaPlane::default());
         // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
         // than "proxy" before the proxies do.
-        let ha = Arc::new(crate::ha::HaPlane::default());
         let planes: Vec<Arc<dyn DataPlane>> = vec![
             Arc::new(crate::xdp::XdpPlane::default()),
             Arc::new(crate::tcp::TcpPlane),
@@ -121,6 +131,9 @@ impl App {
             ha.clone(),
         ];
         App {
+            cap: Arc::new(crate::limits::GlobalCap::new(tracker.clone())),
+            admin_bound,
+            admin_access: ArcSwap::from_pointee(access),
             source,
             snapshot: ArcSwap::from_pointee(Snapshot {
                 config: Arc::new(Config::default()),
@@ -133,7 +146,7 @@ impl App {
                 tables: HashMap::new(),
             }),
             generation: AtomicU64::new(0),
-            tracker: Arc::new(Tracker::default()),
+            tracker,
             health: HealthService::new(),
             sockets_per_address,
             planes,
@@ -154,7 +167,8 @@ impl App {
     /// counters), every virtual service is built by its plane, the stream listeners bind what
     /// is new; then listeners, planes and the snapshot switch over and the health checks are
     /// retargeted.
-    fn apply(&self, config: Config) -> Result<u64, Vec<String>> {
+    fn apply(&self, mut config: Config) -> Result<u64, Vec<String>> {
+        crate::admin::fill_cookie_secrets(&mut config).map_err(|e| vec![e])?;
         let mut asm = self.assembly.lock();
         let built = self.build(&config, &mut asm);
         let (pools, services, handlers, stats, tables, prepared) = match built {
@@ -166,6 +180,7 @@ impl App {
                 return Err(errors);
             }
         };
+        self.cap.configure(config.global.max_connections);
         if let Err(e) = asm.listeners.commit(prepared, handlers) {
             for plane in &self.planes {
                 plane.abort();
@@ -235,6 +250,10 @@ impl App {
                 )]);
             };
             if let Some(handler) = plane.build(vs, &mut cx).map_err(|e| vec![e])? {
+                // Access lists and the global connection cap sit in front of every stream
+                // service, whatever its protocol.
+                let st = cx.stats(vs);
+                let handler = crate::access::guard(&vs.access, &self.cap, &st, handler);
                 handlers.extend(vs.listen.iter().map(|addr| (*addr, handler.clone())));
             }
             services.push(ServiceInfo {
@@ -272,7 +291,9 @@ impl App {
                 "global.workers changes take effect at the next restart"
             );
         }
+        let access = crate::admin::access(&config.admin, self.admin_bound).map_err(|e| vec![e])?;
         let generation = self.apply(config)?;
+        self.admin_access.store(Arc::new(access));
         tracing::info!(generation, "configuration reloaded");
         // A reload may have ended overrides (the file's value changed): keep the file in step.
         self.save_api_state();
@@ -321,17 +342,14 @@ impl Control for App {
         self.snapshot.load().pools.clone()
     }
 
-    fn admin_token(&self) -> Option<Arc<str>> {
-        self.snapshot
-            .load()
-            .config
-            .admin
-            .token
-            .as_deref()
-            .map(Arc::from)
+    fn admin_access(&self) -> fulcrum_admin::Access {
+        fulcrum_admin::Access::clone(&self.admin_access.load())
     }
 
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        self.cap.metrics(out);
+        let tables: Vec<_> = self.assembly.lock().tables.clone().into_iter().collect();
+        crate::limits::persistence_metrics(out, &tables);
         for plane in &self.planes {
             plane.metrics(out);
         }
@@ -366,6 +384,13 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<G, String>>,
 {
+    match crate::limits::raise_nofile() {
+        Ok((before, after)) if before != after => {
+            tracing::info!(from = before, to = after, "raised the open-file limit")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let workers = match config.global.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -393,7 +418,14 @@ where
         let admin_addr = config.admin.listen;
         let config_state_file = config.admin.state_file.clone();
         let ha = config.ha.clone();
-        let app = Arc::new(App::new(source, workers));
+        let access = match crate::admin::access(&config.admin, admin_addr) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let app = Arc::new(App::new(source, workers, admin_addr, access));
         if let Err(errors) = app.apply(config) {
             for e in errors {
                 eprintln!("{e}");

@@ -3,23 +3,32 @@
 //! monitor and slow start — Fulcrum's main job on a built-in config, no file needed.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 
 use fulcrum_testkit::{free_addr, HttpBackend};
 
 use crate::app::{self, Source};
 
-fn config_text(listen: SocketAddr, admin: SocketAddr, backends: &[(SocketAddr, u32)]) -> String {
+fn config_text(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    token_file: &Path,
+    backends: &[(SocketAddr, u32)],
+) -> String {
     let mut members = String::new();
     for (addr, weight) in backends {
         members.push_str(&format!(
             "\n[[pool.member]]\naddress = \"{addr}\"\nweight = {weight}\n"
         ));
     }
+    let token_file = token_file.display();
     format!(
         r#"# The demo configuration (fulcrum demo). Save it to a file to run it with `fulcrum run -c`.
 [admin]
 listen = "{admin}"
+# Mutating calls need this file's bearer token (generated on first use, mode 0600).
+token_file = "{token_file}"
 
 [[virtual_service]]
 name = "demo"
@@ -54,7 +63,19 @@ fall = 2
 
 pub fn run(listen: SocketAddr, admin: SocketAddr) -> ExitCode {
     let backends: Vec<(SocketAddr, u32)> = [3, 2, 1].iter().map(|&w| (free_addr(), w)).collect();
-    let text = config_text(listen, admin, &backends);
+    // The demo's token lives in a per-user temporary directory, not in /var/lib/fulcrum, so the
+    // demo runs without root; it is read here first to show it in the banner.
+    let token_file = std::env::temp_dir()
+        .join(format!("fulcrum-demo-{}", std::process::id()))
+        .join("admin.token");
+    let token = match crate::admin::secret_file(&token_file, "admin.token_file") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = config_text(listen, admin, &token_file, &backends);
     let source = Source::Inline {
         name: "<demo>".into(),
         text: text.clone(),
@@ -78,13 +99,19 @@ pub fn run(listen: SocketAddr, admin: SocketAddr) -> ExitCode {
                 .map_err(|e| format!("cannot start demo backend on {addr}: {e}"))?;
             servers.push(s);
         }
-        println!("{}", banner(listen, admin, first, &text));
+        println!("{}", banner(listen, admin, first, &token, &text));
         Ok(servers)
     };
     app::run_blocking(source, config, setup)
 }
 
-fn banner(listen: SocketAddr, admin: SocketAddr, first: SocketAddr, text: &str) -> String {
+fn banner(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    first: SocketAddr,
+    token: &str,
+    text: &str,
+) -> String {
     format!(
         r#"
 Fulcrum demo: three HTTP backends (weights 3:2:1) behind the HTTP virtual service {listen}.
@@ -95,8 +122,9 @@ Try:
   curl -s http://{admin}/api/v1/pools/demo | grep -o '"connections_total":[0-9]*'   # few member connections: reuse
   curl -s http://{admin}/api/v1/status
   curl -s http://{admin}/api/v1/pools/demo
-  curl -s -X PUT -d '{{"state":"drain"}}' http://{admin}/api/v1/pools/demo/members/{first}/state
-  curl -s -X PUT -d '{{"weight":5}}' http://{admin}/api/v1/pools/demo/members/{first}/weight
+  TOKEN={token}     # mutating calls need it
+  curl -s -X PUT -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' -d '{{"state":"drain"}}' http://{admin}/api/v1/pools/demo/members/{first}/state
+  curl -s -X PUT -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' -d '{{"weight":5}}' http://{admin}/api/v1/pools/demo/members/{first}/weight
   curl -s http://{admin}/metrics | grep fulcrum_member_requests_total
 
 Ctrl-C stops. The configuration in use:

@@ -349,7 +349,7 @@ impl HttpAssembly {
             }
         }
         type Field = fn(&HttpStats) -> u64;
-        let families: [(&str, &str, Field); 5] = [
+        let families: [(&str, &str, Field); 9] = [
             (
                 "fulcrum_http_bad_requests_total",
                 "Requests refused as malformed or ambiguous (400, 414, 431, 505), connection closed.",
@@ -374,6 +374,26 @@ impl HttpAssembly {
                 "fulcrum_http_dropped_total",
                 "Requests closed without an answer by a drop rule.",
                 |s| s.dropped.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_slow_bodies_total",
+                "Request bodies slower than min_body_rate (408, connection closed).",
+                |s| s.slow_bodies.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_bodies_too_large_total",
+                "Request bodies larger than max_body_size (413, connection closed).",
+                |s| s.bodies_too_large.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_h2_reset_floods_total",
+                "HTTP/2 connections closed for resetting more streams than their budget (rapid reset).",
+                |s| s.h2_reset_floods.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_h2_stalled_total",
+                "HTTP/2 connections closed: no preface within header_timeout, or no drain after GOAWAY.",
+                |s| s.h2_stalled.load(Ordering::Relaxed),
             ),
         ];
         for (family, help, get) in families {

@@ -1,5 +1,7 @@
 //! The `fulcrum` binary: command line, assembly of the data planes, reload, signals, demo mode.
 
+mod access;
+mod admin;
 mod app;
 mod compression;
 mod demo;
@@ -7,6 +9,7 @@ mod dns;
 mod ha;
 mod http;
 mod https;
+mod limits;
 mod message;
 mod plane;
 mod state_file;

@@ -134,6 +134,7 @@ impl DataPlane for Udp {
             source,
             stats,
             udp: udp.clone(),
+            access: (!vs.access.is_empty()).then(|| Arc::new(vs.access.clone())),
         });
         for addr in &vs.listen {
             next.handlers.push((*addr, service.clone()));

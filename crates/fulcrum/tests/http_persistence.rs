@@ -102,7 +102,7 @@ async fn cookie_insert_sticks_with_an_opaque_signed_cookie() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cookie_ids_survive_a_restart_only_with_a_secret() {
+async fn cookie_ids_survive_a_restart_and_rotate() {
     let b = backends(3).await;
     let vs = free_addr();
     let with_secret = sticky(
@@ -126,26 +126,52 @@ async fn cookie_ids_survive_a_restart_only_with_a_secret() {
     );
     assert!(cookie_of(&r).is_none());
     drop(_f);
-    // Without a secret each process draws its own key.
+    // Without a secret, the secret file beside the token file signs (issue #11): kept across
+    // restarts, and rotated by putting a new line on top.
+    let shared = tempfile::tempdir().unwrap();
     let without = sticky(vs, &b, "type = \"cookie_insert\"", "");
-    let f = start(&without).await;
-    let mut ids = BTreeSet::new();
-    for _ in 0..3 {
-        ids.insert(cookie_of(&get(vs, "/").await).unwrap());
-    }
+    let start_shared = || async {
+        let admin = free_addr();
+        Fulcrum::start_with_admin_table(
+            BIN,
+            admin,
+            &format!(
+                "listen = \"{admin}\"\ntoken_file = \"{}/admin.token\"\n",
+                shared.path().display()
+            ),
+            None,
+            &without,
+        )
+        .await
+        .unwrap()
+    };
+    let f = start_shared().await;
+    let r = get(vs, "/").await;
+    let (id, owner) = (cookie_of(&r).unwrap(), who(&r));
     drop(f);
-    let _f = start(&without).await;
-    for _ in 0..3 {
-        let id = cookie_of(&get(vs, "/").await).unwrap();
-        assert!(!ids.contains(&id), "a new process issues new ids");
-    }
+    let f = start_shared().await;
+    let r = get_with(vs, "/", &[("Cookie", &format!("FULCRUM={id}"))]).await;
+    assert_eq!(who(&r), owner, "a restart keeps the cookie's meaning");
+    assert!(cookie_of(&r).is_none(), "and does not re-issue it");
+    drop(f);
+    let file = shared.path().join("cookie.secret");
+    let old = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("rotated-0123456789abcdef\n{old}")).unwrap();
+    let _f = start_shared().await;
+    let r = get_with(vs, "/", &[("Cookie", &format!("FULCRUM={id}"))]).await;
+    assert_eq!(who(&r), owner, "the previous secret is still accepted");
+    let renewed = cookie_of(&r).expect("re-issued with the newest secret");
+    assert_ne!(renewed, id);
+    let r = get_with(vs, "/", &[("Cookie", &format!("FULCRUM={renewed}"))]).await;
+    assert_eq!(who(&r), owner);
+    assert!(cookie_of(&r).is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cookie_passive_learns_the_members_cookie() {
     let b = backends(3).await;
     let vs = free_addr();
-    let _f = start(&sticky(
+    let f = start(&sticky(
         vs,
         &b,
         "type = \"cookie_passive\"\ncookie = \"SID\"\ntimeout = \"5m\"",
@@ -164,16 +190,19 @@ async fn cookie_passive_learns_the_members_cookie() {
         let r = get_with(vs, "/", &[("Cookie", "lang=en; SID=session-42")]).await;
         assert_eq!(who(&r), owner);
     }
-    // A value the table does not know (say, learnt before a restart) is scheduled once, then
-    // sticks like a learnt one, so the session is not bounced between members.
+    // Values a client makes up are scheduled, never stored (issue #11): only the member's
+    // Set-Cookie teaches the table, so a client cannot fill it with values of its choosing.
     let mut owners = BTreeSet::new();
-    for i in 0..6 {
-        let cookie = format!("SID=unknown-{i}");
-        let first = who(&get_with(vs, "/", &[("Cookie", &cookie)]).await);
-        assert_eq!(who(&get_with(vs, "/", &[("Cookie", &cookie)]).await), first);
-        owners.insert(first);
+    for i in 0..60 {
+        let cookie = format!("SID=made-up-{i}-{}", "x".repeat(4000));
+        owners.insert(who(&get_with(vs, "/", &[("Cookie", &cookie)]).await));
     }
     assert!(owners.len() > 1, "unknown values are scheduled: {owners:?}");
+    let metrics = f.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(
+        metrics.contains("fulcrum_persistence_entries{vs=\"web\"} 1\n"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -232,7 +232,7 @@ async fn api_token_and_metrics() {
     let f = Fulcrum::start_with_token(
         BIN,
         free_addr(),
-        Some("s3cret"),
+        Some("s3cret-s3cret-s3cret"),
         &config(vs, &servers, &[1], ""),
     )
     .await

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use fulcrum_balance::clock::now_ms;
-use fulcrum_balance::{ConnectionGuard, Member, PersistKey, PersistTable, PickContext, Pool};
+use fulcrum_balance::{ConnectionGuard, Member, PersistTable, PickContext, Pool};
 use fulcrum_config::UdpMode;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
@@ -117,6 +117,9 @@ pub struct UdpService {
     pub source: Option<SourcePersistence>,
     pub stats: Arc<ServiceStats>,
     pub udp: Arc<UdpStats>,
+    /// `allow` / `deny`, checked on every datagram before its flow is looked up; `None` when
+    /// the service has no lists.
+    pub access: Option<Arc<fulcrum_config::AccessList>>,
 }
 
 impl DatagramService for UdpService {
@@ -278,6 +281,14 @@ fn receive_batch(
             let Some((data, client)) = b.get(i) else {
                 continue;
             };
+            if let Some(access) = &svc.access {
+                // Before the flow lookup, so a reload that adds a `deny` also stops the
+                // flows already open from that source.
+                if !access.permits(client.ip()) {
+                    svc.stats.denied.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             datagrams += 1;
             bytes += data.len() as u64;
             // One hash lookup for a known client; a new one pays for the insert too.
@@ -390,7 +401,7 @@ fn route(svc: &UdpService, flow: &mut Flow, data: &[u8], client: SocketAddr) -> 
     if let Some(r) = &svc.radius {
         match radius::key_of(data, r.attribute) {
             KeyOf::Value(v) => {
-                let key = PersistKey::bytes(v);
+                let key = r.table.key(v);
                 if let Some(member) = r.table.get(&key).and_then(|a| persistent_across(pool, a)) {
                     return Route::To(member);
                 }

@@ -1,0 +1,119 @@
+//! The `[admin]` table: where the API listens and how it is locked (DESIGN §5: mutating calls
+//! are refused without authentication even when no token is configured).
+//!
+//! Lives apart from `schema.rs` so the contract's tables stay readable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::reader::{Cx, FromNode, Node, Shape};
+use crate::types::read_table;
+
+/// Where the generated token is kept when neither `token` nor `token_file` is set. Root-only
+/// (the directory is created 0700, the file 0600), so only root — and the local CLI run as
+/// root — can read it.
+pub const DEFAULT_TOKEN_FILE: &str = "/var/lib/fulcrum/admin.token";
+
+/// Shortest bearer token accepted: 16 characters (the generated ones are 43, 256 random bits).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub listen: SocketAddr,
+    /// A bearer token written in the config.
+    pub token: Option<String>,
+    /// A file holding the token; generated (0600) at first start when it does not exist.
+    /// Relative paths are taken from the config file's directory.
+    pub token_file: PathBuf,
+    /// Whether `token_file` was written in the config (not the default).
+    pub token_file_set: bool,
+    /// `/metrics` requires the bearer token too.
+    pub metrics_auth: bool,
+    /// Where member/site states and weights set through the API are kept across restarts.
+    pub state_file: Option<PathBuf>,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9900)),
+            token: None,
+            token_file: PathBuf::from(DEFAULT_TOKEN_FILE),
+            token_file_set: false,
+            metrics_auth: false,
+            state_file: None,
+        }
+    }
+}
+
+impl Admin {
+    /// Whether the operator named the token (in the file or as a file); a generated one at the
+    /// default path does not count, because nobody off this host knows it.
+    pub fn token_configured(&self) -> bool {
+        self.token.is_some() || self.token_file_set
+    }
+}
+
+/// Checks a token's shape: long enough, printable, no spaces (it travels in a header).
+pub fn token_problem(token: &str) -> Option<String> {
+    if token.chars().count() < MIN_TOKEN_LEN {
+        return Some(format!(
+            "the token is {} characters long; use at least {MIN_TOKEN_LEN} (e.g. `openssl rand -hex 16`)",
+            token.chars().count()
+        ));
+    }
+    if !token.chars().all(|c| c.is_ascii_graphic()) {
+        return Some(
+            "the token must be printable ASCII without spaces (it is sent in an HTTP header)"
+                .into(),
+        );
+    }
+    None
+}
+
+/// A bearer token as written in the config, checked by `token_problem`.
+struct Token(String);
+
+impl FromNode for Token {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        match node.shape() {
+            Shape::Str(s) => match token_problem(s) {
+                Some(problem) => {
+                    cx.error(node, problem);
+                    None
+                }
+                None => Some(Token(s.to_string())),
+            },
+            _ => {
+                cx.error(
+                    node,
+                    format!("expected a string, found {}", node.type_name()),
+                );
+                None
+            }
+        }
+    }
+}
+
+impl FromNode for Admin {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let d = Admin::default();
+            let token = t.opt::<Token>(cx, "token").map(|t| t.0);
+            let token_file: Option<String> = t.opt(cx, "token_file");
+            if t.has("token") && token_file.is_some() {
+                if let Some(n) = t.node("token_file") {
+                    cx.error(&n, "set either `token` or `token_file`, not both");
+                }
+            }
+            Some(Admin {
+                listen: t.opt(cx, "listen").unwrap_or(d.listen),
+                token,
+                token_file_set: token_file.is_some(),
+                token_file: token_file.map_or(d.token_file, PathBuf::from),
+                metrics_auth: t.opt(cx, "metrics_auth").unwrap_or(false),
+                state_file: t.opt::<String>(cx, "state_file").map(PathBuf::from),
+            })
+        })
+    }
+}

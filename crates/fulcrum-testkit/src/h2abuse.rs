@@ -1,0 +1,104 @@
+//! Abusive HTTP/2 clients for the hardening tests (issue #11): rapid reset (CVE-2023-44487)
+//! and a client that opens a connection and then never answers (no PING ack, no reads).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// What a rapid-reset run did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RapidReset {
+    /// Streams opened (HEADERS sent) and reset at once (RST_STREAM CANCEL).
+    pub streams: usize,
+    /// Whether the server closed the connection before the client was done.
+    pub closed_by_server: bool,
+}
+
+/// Opens up to `streams` streams on one h2c (prior knowledge) connection to `addr`, resetting
+/// each right after its HEADERS (after `pause`, when given, so that the server has taken the
+/// stream and started on it first); stops early when the server closes the connection.
+/// Bounded by `streams` and by 20 seconds.
+pub async fn rapid_reset(
+    addr: SocketAddr,
+    streams: usize,
+    pause: Option<Duration>,
+) -> Result<RapidReset, String> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let (client, conn) = h2::client::handshake(tcp)
+        .await
+        .map_err(|e| format!("h2 handshake: {e}"))?;
+    let mut conn = tokio::spawn(conn);
+    let mut out = RapidReset::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut client = client;
+    for i in 0..streams {
+        if tokio::time::Instant::now() > deadline {
+            break;
+        }
+        client = match client.ready().await {
+            Ok(c) => c,
+            Err(_) => {
+                out.closed_by_server = true;
+                return Ok(out);
+            }
+        };
+        let req = http::Request::builder()
+            .method("GET")
+            .uri(format!("http://{addr}/rapid/{i}"))
+            .body(())
+            .expect("a valid request");
+        match client.send_request(req, true) {
+            Ok((_resp, mut stream)) => {
+                if let Some(p) = pause {
+                    tokio::time::sleep(p).await;
+                }
+                stream.send_reset(h2::Reason::CANCEL);
+                out.streams += 1;
+            }
+            Err(_) => {
+                out.closed_by_server = true;
+                return Ok(out);
+            }
+        }
+        if conn.is_finished() {
+            out.closed_by_server = true;
+            return Ok(out);
+        }
+    }
+    // Whether the server ends the connection shortly after the last stream (the client, still
+    // held here, would keep it open).
+    out.closed_by_server = tokio::time::timeout(Duration::from_secs(2), &mut conn)
+        .await
+        .is_ok();
+    drop(client);
+    Ok(out)
+}
+
+/// An HTTP/2 (h2c) client that sends the preface and an empty SETTINGS frame, then never
+/// writes again (no SETTINGS ack, no PING ack). Returns how long until the server closed the
+/// connection, or `None` if it was still open after `wait`. It reads (and discards) what the
+/// server sends, so only a close ends it.
+pub async fn silent_after_preface(addr: SocketAddr, wait: Duration) -> Option<Duration> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .ok()?;
+    // SETTINGS: length 0, type 4, flags 0, stream 0.
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.ok()?;
+    let started = tokio::time::Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let read_all = async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(wait, read_all).await.ok()?;
+    Some(started.elapsed())
+}

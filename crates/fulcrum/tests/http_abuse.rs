@@ -1,0 +1,282 @@
+//! HTTP/2 under abuse through the real binary (issue #11): rapid reset (CVE-2023-44487), a
+//! client that never answers after GOAWAY, and a TLS client that negotiates h2 and never sends
+//! the preface. Each connection must end within a bound while other clients are served.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use fulcrum_testkit::h2abuse::{rapid_reset, silent_after_preface};
+use fulcrum_testkit::{HttpBackend, Origin, Reply};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn http_config(vs: std::net::SocketAddr, member: std::net::SocketAddr, extra: &str) -> String {
+    format!(
+        "[[virtual_service]]\nname = \"web\"\nlisten = \"{vs}\"\nprotocol = \"http\"\npool = \"p\"\n{extra}\n\n\
+         [[pool]]\nname = \"p\"\n[[pool.member]]\naddress = \"{member}\"\n"
+    )
+}
+
+async fn metric(f: &Fulcrum, sample: &str) -> f64 {
+    let text = f.api("GET", "/metrics", None).await.unwrap().text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_closes_the_connection_within_its_budget() {
+    // A member that takes its time: a reset stream's request is still in flight there.
+    let member = Origin::start(free_addr(), |_, _| {
+        let mut r = Reply::ok("slow", &[]);
+        r.delay = Duration::from_millis(300);
+        r
+    })
+    .await
+    .unwrap();
+    let vs = free_addr();
+    let f = start(&http_config(vs, member.addr, "")).await;
+    // Each stream is reset a moment after its HEADERS, once Fulcrum has taken it and started
+    // on it (picked a member, maybe connected): h2's own counter of streams reset before they
+    // were accepted never sees these.
+    let run = rapid_reset(vs, 1000, Some(Duration::from_millis(2)))
+        .await
+        .unwrap();
+    eprintln!(
+        "rapid reset: {run:?}; requests that reached the member: {}",
+        member.count()
+    );
+    assert!(
+        run.closed_by_server && run.streams < 1000,
+        "the server took {run:?}"
+    );
+    assert!(
+        member.count() <= 300,
+        "{} requests reached the member",
+        member.count()
+    );
+    assert_eq!(
+        metric(&f, "fulcrum_http_h2_reset_floods_total{vs=\"web\"}").await,
+        1.0
+    );
+    // Resets in one burst, before the server took the streams: h2 closes the connection.
+    let burst = rapid_reset(vs, 5000, None).await.unwrap();
+    assert!(burst.closed_by_server, "{burst:?}");
+    // Others are served.
+    let r = fulcrum_testkit::http_get(vs, "/").await.unwrap();
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_answers_is_closed_after_goaway() {
+    let member = HttpBackend::start(free_addr(), "m0").await.unwrap();
+    let vs = free_addr();
+    let _f = start(&http_config(vs, member.addr, "idle_timeout = \"1s\"")).await;
+    // Idle after 1 s: GOAWAY and a PING it never acknowledges; then the drain deadline.
+    let closed = silent_after_preface(vs, Duration::from_secs(15)).await;
+    assert!(
+        closed.is_some_and(|d| d < Duration::from_secs(10)),
+        "still open: {closed:?}"
+    );
+}
+
+fn self_signed(dir: &Path) {
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "vs.key",
+            "-out",
+            "vs.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=vs.test",
+        ])
+        .current_dir(dir)
+        .output()
+        .expect("openssl is installed by scripts/test.sh");
+    assert!(out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_h2_without_a_preface_is_closed_at_the_header_timeout() {
+    let pki = tempfile::tempdir().unwrap();
+    self_signed(pki.path());
+    let member = HttpBackend::start(free_addr(), "m0").await.unwrap();
+    let vs = free_addr();
+    let _f = start(&format!(
+        "[[virtual_service]]\nname = \"web\"\nlisten = \"{vs}\"\nprotocol = \"https\"\npool = \"p\"\n\
+         header_timeout = \"1s\"\ntls = [{{ cert = \"{}\", key = \"{}\" }}]\n\n\
+         [[pool]]\nname = \"p\"\n[[pool.member]]\naddress = \"{}\"\n",
+        pki.path().join("vs.crt").display(),
+        pki.path().join("vs.key").display(),
+        member.addr
+    ))
+    .await;
+    // s_client negotiates h2 by ALPN, then sends nothing (its stdin stays open).
+    let mut child = Command::new("openssl")
+        .args([
+            "s_client",
+            "-quiet",
+            "-alpn",
+            "h2",
+            "-connect",
+            &vs.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut exited = false;
+    while started.elapsed() < Duration::from_secs(10) {
+        if child.try_wait().unwrap().is_some() {
+            exited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        exited,
+        "the connection without a preface was still open after 10 s"
+    );
+}
+
+/// A member that reads each request's whole body (Content-Length or chunked) before it
+/// answers 200 "ok", counting the requests it answered.
+async fn body_reader() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = s.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let done = match text.lines().find_map(|l| l.strip_prefix("content-length:")) {
+                        Some(n) => buf.len() >= end + 4 + n.trim().parse::<usize>().unwrap_or(0),
+                        None => !text.contains("chunked") || text.ends_with("0\r\n\r\n"),
+                    };
+                    if done {
+                        c.fetch_add(1, Ordering::Relaxed);
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                        buf.clear();
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// Sends `head` then `body` from a raw socket; returns the response text (until close).
+async fn raw_exchange(vs: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(vs).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let _ = s.write_all(body).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_max_body_size_get_413_before_any_member() {
+    let (member, answered) = body_reader().await;
+    let vs = free_addr();
+    let f = start(&http_config(vs, member, "max_body_size = \"1KiB\"")).await;
+    let big = vec![b'x'; 2000];
+    let r = raw_exchange(
+        vs,
+        "POST /up HTTP/1.1\r\nHost: vs\r\nContent-Length: 2000\r\n\r\n",
+        &big,
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    assert_eq!(answered.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // Chunked: counted as it is relayed, refused once past the limit.
+    let mut chunked = Vec::new();
+    for _ in 0..4 {
+        chunked.extend_from_slice(b"1f4\r\n");
+        chunked.extend_from_slice(&[b'y'; 500]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let r = raw_exchange(
+        vs,
+        "POST /up HTTP/1.1\r\nHost: vs\r\nTransfer-Encoding: chunked\r\n\r\n",
+        &chunked,
+    )
+    .await;
+    assert!(r.contains("413"), "{r}");
+    // Within the limit: served.
+    let r = fulcrum_testkit::http_request(vs, "POST", "/up", &[], &[b'z'; 1000])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        metric(&f, "fulcrum_http_bodies_too_large_total{vs=\"web\"}").await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_is_cut_at_min_body_rate() {
+    let (member, _) = body_reader().await;
+    let vs = free_addr();
+    // Default min_body_rate (64 B/s) after header_timeout (1 s) of grace; idle_timeout 60 s.
+    let f = start(&http_config(vs, member, "header_timeout = \"1s\"")).await;
+    let mut s = tokio::net::TcpStream::connect(vs).await.unwrap();
+    s.write_all(b"POST /up HTTP/1.1\r\nHost: vs\r\nContent-Length: 100000\r\n\r\n")
+        .await
+        .unwrap();
+    // One byte every 300 ms (3 B/s): slowloris on the body. Bounded: 30 bytes, 9 s.
+    let started = Instant::now();
+    for _ in 0..30 {
+        if s.write_all(b"x").await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    assert!(started.elapsed() < Duration::from_secs(8));
+    assert_eq!(
+        metric(&f, "fulcrum_http_slow_bodies_total{vs=\"web\"}").await,
+        1.0
+    );
+}
