@@ -26,6 +26,7 @@ fn node_config(name: &str, priority: u8, extra: &str) -> String {
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
+token_file = "admin.token"
 
 [ha]
 node = "{name}"

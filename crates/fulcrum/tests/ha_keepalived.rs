@@ -22,6 +22,7 @@ fn fulcrum_config(priority: u8) -> String {
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
+token_file = "admin.token"
 
 [ha]
 node = "a"

@@ -155,7 +155,7 @@ pub fn api(ns: &Ns, method: &str, path: &str) -> (u16, serde_json::Value) {
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let _ = write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:9900\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
         );
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
