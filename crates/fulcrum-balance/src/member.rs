@@ -334,9 +334,12 @@ impl Member {
             && (now_ms == 0 || !self.recovering(now_ms))
     }
 
-    /// Starts a slow start now, if the pool has one.
-    fn begin_slow_start(&self) {
-        if self.recovery_ms.load(Ordering::Relaxed) + self.warm_ms.load(Ordering::Relaxed) > 0 {
+    /// Starts a slow start now, if the pool has one and the member is up (a member that is
+    /// down starts one when it comes up).
+    pub fn begin_slow_start(&self) {
+        if self.health.is_up()
+            && self.recovery_ms.load(Ordering::Relaxed) + self.warm_ms.load(Ordering::Relaxed) > 0
+        {
             self.ramp_start_ms
                 .store(crate::clock::now_ms(), Ordering::Relaxed);
         }
