@@ -1118,6 +1118,9 @@ pub struct Site {
     pub monitor: Option<String>,
     pub weight: u32,
     pub peer: Option<SocketAddr>,
+    /// `host[:port]` the HTTP redirect fallback (`gslb_redirect`) sends clients to for this
+    /// site, instead of one of its addresses.
+    pub redirect_host: Option<String>,
 }
 
 impl FromNode for Site {
@@ -1130,6 +1133,7 @@ impl FromNode for Site {
                 monitor: t.opt(cx, "monitor"),
                 weight: t.opt(cx, "weight").unwrap_or(1),
                 peer: t.opt(cx, "peer"),
+                redirect_host: t.opt(cx, "redirect_host"),
                 name: name?,
                 addresses: addresses?,
             })

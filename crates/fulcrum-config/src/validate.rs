@@ -97,6 +97,34 @@ fn regex_ok(c: &mut Checker<'_>, path: &str, pattern: &str) {
 /// Continent codes of the MaxMind databases.
 pub const CONTINENTS: [&str; 7] = ["AF", "AN", "AS", "EU", "NA", "OC", "SA"];
 
+/// Checks a `redirect_host`: a DNS host name (letters, digits, `-`, dots; labels of 1–63
+/// characters) optionally followed by `:port`. It becomes the authority of a `Location` header,
+/// so nothing else may pass.
+fn check_redirect_host(h: &str) -> Result<(), String> {
+    let expected = "expected a host name with an optional port, like \"eu.app.example.com\" or \"eu.app.example.com:8443\"";
+    let (host, port) = match h.rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (h, None),
+    };
+    if let Some(p) = port {
+        if p.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("{h:?}: bad port {p:?}; {expected}"));
+        }
+    }
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if host.is_empty() || host.len() > 253 || !host.split('.').all(label_ok) {
+        return Err(format!("{h:?} is not a host name; {expected}"));
+    }
+    Ok(())
+}
+
 /// The port a site monitor probes when it names none: the well-known port of its kind, if it
 /// has one (a site's addresses carry no port).
 pub fn site_monitor_port(kind: MonitorKind) -> Option<u16> {
@@ -623,6 +651,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                         m.name, m.kind
                     ),
                 );
+            }
+        }
+        if let Some(h) = &s.redirect_host {
+            if let Err(why) = check_redirect_host(h) {
+                c.err(&format!("gslb.site[{i}].redirect_host"), why);
             }
         }
         if s.weight > crate::MAX_WEIGHT {
