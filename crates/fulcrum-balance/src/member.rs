@@ -27,6 +27,10 @@ pub enum AgentState {
     Maint,
 }
 
+/// Bytes a data plane counts before it adds them to a member's counters while a transfer is
+/// under way (see `MemberStats::add_live`); the tcp data plane reports at the same size.
+pub const LIVE_BATCH: u64 = 256 * 1024;
+
 #[derive(Debug, Default)]
 pub struct MemberStats {
     pub active_connections: AtomicU64,
@@ -97,6 +101,19 @@ impl MemberStats {
         }
         if received != 0 {
             self.bytes_received.fetch_add(received, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands the bytes of a transfer still under way to the counters once they make a batch of
+    /// `LIVE_BATCH`, and zeroes them: `sent` / `received` are the bytes the caller has counted
+    /// and not yet added, and it adds what is left when the transfer ends. So
+    /// `weighted_least_traffic` and the traffic figures see a long download or a tunnel while it
+    /// lasts, not when it closes, at the cost of one shared atomic add per batch rather than one
+    /// per read.
+    #[inline]
+    pub fn add_live(&self, sent: &mut u64, received: &mut u64) {
+        if *sent + *received >= LIVE_BATCH {
+            self.add_bytes(std::mem::take(sent), std::mem::take(received));
         }
     }
 

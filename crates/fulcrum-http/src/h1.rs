@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fulcrum_balance::{clock, Member, PickContext, Picked};
+use fulcrum_balance::{clock, Member, MemberStats, PickContext, Picked};
 use fulcrum_config::Reuse;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
@@ -826,9 +826,10 @@ where
                 &mut conn.io,
                 &conn.buf,
                 svc.idle_timeout,
+                &member.stats,
             )
             .await;
-            member.stats.add_bytes(sent + up, down);
+            member.stats.add_bytes(sent, 0);
             svc.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
             svc.stats
                 .bytes_out
@@ -853,6 +854,7 @@ where
                 out_framing == RespFraming::Chunked,
                 svc.idle_timeout,
                 s,
+                &member.stats,
             ))
             .await
             .map_err(|(sent, received, member_fault)| Cut {
@@ -861,8 +863,14 @@ where
                 member_fault,
             }),
             None => {
-                self.relay_body(&mut conn, in_framing, out_framing, svc.idle_timeout)
-                    .await
+                self.relay_body(
+                    &mut conn,
+                    in_framing,
+                    out_framing,
+                    svc.idle_timeout,
+                    &member.stats,
+                )
+                .await
             }
         };
         let (body_bytes, received, reusable) = match relayed {
@@ -914,14 +922,17 @@ where
     }
 
     /// Moves the response body from the member to the client. `self.out` holds the response
-    /// head, which goes out with the first body bytes. Returns (body bytes to the client, bytes
-    /// from the member, whether the member connection ended cleanly and may be reused).
+    /// head, which goes out with the first body bytes. Bytes from the member reach `member`'s
+    /// counters in batches while they flow (a long download counts for weighted least traffic
+    /// while it lasts). Returns (body bytes to the client, bytes from the member not yet added to
+    /// `member`, whether the member connection ended cleanly and may be reused).
     async fn relay_body(
         &mut self,
         conn: &mut UpstreamConn,
         mut framing: InFraming,
         out_framing: RespFraming,
         idle: Duration,
+        member: &MemberStats,
     ) -> Result<(u64, u64, bool), Cut> {
         let mut to_client = 0u64;
         let mut received = conn.buf.len() as u64;
@@ -1014,7 +1025,10 @@ where
                     }
                     return Err(Cut::member(to_client, received));
                 }
-                Some(Ok(n)) => received += n as u64,
+                Some(Ok(n)) => {
+                    received += n as u64;
+                    member.add_live(&mut 0, &mut received);
+                }
                 Some(Err(_)) | None => return Err(Cut::member(to_client, received)),
             }
         }
@@ -1378,6 +1392,8 @@ where
         let head_bytes = self.out.len() as u64;
         let idle = svc.idle_timeout;
         let mut delivered = 0u64;
+        // Of `delivered`, the bytes not yet added to the member's counters.
+        let mut unreported = 0u64;
         let mut ok = true;
         if out_framing != RespFraming::None {
             use http_body_util::BodyExt;
@@ -1392,6 +1408,8 @@ where
                 };
                 if let Ok(data) = frame.into_data() {
                     delivered += data.len() as u64;
+                    unreported += data.len() as u64;
+                    member.stats.add_live(&mut 0, &mut unreported);
                     if let Some(s) = &mut encoder {
                         // Frame by frame: each one is flushed, the member's pace is kept.
                         if s.write(&data).and_then(|()| s.flush()).is_err() {
@@ -1435,7 +1453,7 @@ where
         }
         drop(request_guard);
         drop(connection_guard);
-        member.stats.add_bytes(sent, delivered);
+        member.stats.add_bytes(sent, unreported);
         svc.stats.bytes_in.fetch_add(sent, Ordering::Relaxed);
         svc.stats
             .bytes_out

@@ -444,6 +444,7 @@ async fn forward(
             svc: svc.clone(),
             sent: r.sent,
             received: 0,
+            reported: 0,
             finished: false,
             _request: r.request_guard,
             _connection: r.connection_guard,

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use fulcrum_balance::MemberStats;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
@@ -92,13 +93,16 @@ impl Half {
 }
 
 /// Tunnels `client` ↔ `member`; `to_member` and `to_client` are bytes already read from the other
-/// side. Returns the bytes moved (client → member, member → client).
+/// side. The bytes moved reach `stats` (the member's counters) in batches while the tunnel
+/// lasts, so a WebSocket counts for weighted least traffic before it closes. Returns the bytes
+/// moved (client → member, member → client).
 pub async fn run<C, M>(
     client: &mut C,
     to_member: &[u8],
     member: &mut M,
     to_client: &[u8],
     idle: Duration,
+    stats: &MemberStats,
 ) -> (u64, u64)
 where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -109,6 +113,8 @@ where
     let mut up_done = false;
     let mut down_done = false;
     let mut last = Instant::now();
+    // Bytes already added to `stats`, each way.
+    let mut reported = (0u64, 0u64);
     let mut timer = Box::pin(tokio::time::sleep(idle));
     let _ = poll_fn(|cx| {
         let mut moved = false;
@@ -131,6 +137,9 @@ where
         }
         if moved {
             last = Instant::now();
+            let (mut u, mut d) = (up.total - reported.0, down.total - reported.1);
+            stats.add_live(&mut u, &mut d);
+            reported = (up.total - u, down.total - d);
         }
         // The idle timer is re-armed only when it fires, to the last activity + idle.
         while timer.as_mut().poll(cx).is_ready() {
@@ -143,5 +152,6 @@ where
         Poll::Pending
     })
     .await;
+    stats.add_bytes(up.total - reported.0, down.total - reported.1);
     (up.total, down.total)
 }

@@ -1142,3 +1142,104 @@ async fn reload_and_shutdown_close_idle_keep_alive_connections() {
     let (_, closed) = read_until_close(&mut s, Duration::from_secs(3)).await;
     assert!(closed);
 }
+
+/// Sets a member's operator state through the API.
+async fn set_member_state(f: &Fulcrum, addr: SocketAddr, state: &str) {
+    let r = f
+        .api(
+            "PUT",
+            &format!("/api/v1/pools/p/members/{addr}/state"),
+            Some(json!({ "state": state })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Weighted least traffic counts an HTTP download while it flows, not when it ends: with a long
+/// download on m0 and two idle requests held on m1, new clients go to m1. (Counting at the end
+/// only, m0 looks idle with one connection against m1's two and takes them all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_least_traffic_sees_a_long_download_while_it_flows() {
+    use tokio::io::AsyncReadExt;
+    let (b, vs) = two().await;
+    let f = start(&format!(
+        "{}{}",
+        service(vs, ""),
+        pool(
+            "p",
+            &addrs(&b),
+            "algorithm = \"weighted_least_traffic\"\nmonitors = []"
+        )
+    ))
+    .await;
+    // The download goes to m0: m1 is disabled while it starts.
+    set_member_state(&f, b[1].addr, "disabled").await;
+    let mut download = TcpStream::connect(vs).await.unwrap();
+    download
+        .write_all(b"GET /bytes/48000000 HTTP/1.1\r\nHost: dl\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = download.read(&mut buf).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n])
+            .to_ascii_lowercase()
+            .contains("x-server: m0"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n.min(300)])
+    );
+    // The client reads at about 8 MB/s, for at most 6 s, in the background.
+    let reader = tokio::spawn(async move {
+        let until = Instant::now() + Duration::from_secs(6);
+        while Instant::now() < until {
+            match download.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(8)).await,
+            }
+        }
+    });
+    // Two requests that hold m1 without moving bytes: m0 is drained while they start.
+    set_member_state(&f, b[1].addr, "enabled").await;
+    set_member_state(&f, b[0].addr, "drain").await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(vs).await.unwrap();
+        s.write_all(b"GET /delay/15000 HTTP/1.1\r\nHost: h\r\n\r\n")
+            .await
+            .unwrap();
+        held.push(s);
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            member(&f, "p", b[1].addr).await["active_connections"] == 2
+        })
+        .await
+    );
+    set_member_state(&f, b[0].addr, "enabled").await;
+
+    // The download's bytes reach m0's counters while it runs.
+    assert!(
+        wait_until(Duration::from_secs(3), || async {
+            member(&f, "p", b[0].addr).await["bytes_received"]
+                .as_u64()
+                .unwrap_or(0)
+                > 2_000_000
+        })
+        .await,
+        "m0's counters did not move during the download: {}",
+        member(&f, "p", b[0].addr).await
+    );
+    // One traffic sample period and more for the average to take it in.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut names = BTreeMap::new();
+    for _ in 0..6 {
+        *names.entry(who(&get(vs, "/").await)).or_insert(0) += 1;
+    }
+    assert_eq!(names.get("m1"), Some(&6), "{names:?}");
+    assert!(
+        !reader.is_finished(),
+        "the download ended too early to tell"
+    );
+    reader.abort();
+}
