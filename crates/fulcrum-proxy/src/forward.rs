@@ -269,7 +269,22 @@ pub async fn forward(
     client: &mut TcpStream,
     member: &mut TcpStream,
     opts: ForwardOptions,
+    report: impl FnMut(u64, u64),
+) -> Outcome {
+    forward_timed(client, member, opts, report, |_| {}).await
+}
+
+/// As `forward`, also timing the member's first reply for `fastest_response`: `first_reply`
+/// gets how long the member took to send its first byte, counted from the first client byte
+/// it was given (a request's round trip) or, when the member speaks first (a banner), from the
+/// start. A member that was given bytes and never answered gets, at the end, the time it was
+/// waited for. Called at most once; not at all when neither side sent anything.
+pub async fn forward_timed(
+    client: &mut TcpStream,
+    member: &mut TcpStream,
+    opts: ForwardOptions,
     mut report: impl FnMut(u64, u64),
+    mut first_reply: impl FnMut(Duration),
 ) -> Outcome {
     let (mut client_rd, mut client_wr) = client.split();
     let (mut member_rd, mut member_wr) = member.split();
@@ -278,6 +293,10 @@ pub async fn forward(
     let mut idle: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(opts.idle_timeout));
     let mut last_total = 0u64;
     let mut last_activity = Instant::now();
+    // Since when the member owes a reply: the start (it may speak first), then the first client
+    // byte it was given. None once it replied.
+    let mut waiting_since = Some(last_activity);
+    let mut asked = false;
 
     let end = poll_fn(|cx| {
         let r_up = up.poll(cx, &mut client_rd, &mut member_wr, opts.splice, down.done);
@@ -287,6 +306,16 @@ pub async fn forward(
         if total != last_total {
             last_total = total;
             last_activity = Instant::now();
+            // Two branches per change of the byte count, only until the first reply.
+            if let Some(since) = waiting_since {
+                if down.taken > 0 {
+                    first_reply(last_activity.saturating_duration_since(since));
+                    waiting_since = None;
+                } else if !asked && up.total > 0 {
+                    asked = true;
+                    waiting_since = Some(last_activity);
+                }
+            }
         }
         if up.unreported + down.unreported >= REPORT_EVERY {
             report(up.unreported, down.unreported);
@@ -320,6 +349,9 @@ pub async fn forward(
     })
     .await;
 
+    if let (Some(since), true) = (waiting_since, asked) {
+        first_reply(since.elapsed());
+    }
     report(up.unreported, down.unreported);
     Outcome {
         upstream: up.total,

@@ -12,7 +12,7 @@ use fulcrum_config::{HashKey, ProxyProtocol};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::forward::{forward, write_all, End, ForwardOptions};
+use crate::forward::{forward_timed, write_all, End, ForwardOptions};
 use crate::listener::StreamHandler;
 use crate::stats::ServiceStats;
 use crate::tracker::Tracker;
@@ -84,7 +84,8 @@ impl TcpService {
         };
         let mut tried: Vec<usize> = Vec::new();
         loop {
-            let Some((picked, mut member_stream)) = self.connect_member(peer, &mut tried).await
+            let Some((picked, mut member_stream, connect_time)) =
+                self.connect_member(peer, &mut tried).await
             else {
                 return;
             };
@@ -105,12 +106,28 @@ impl TcpService {
                 }
             }
 
-            let outcome = forward(&mut client, &mut member_stream, opts, |up, down| {
-                member.stats.add_bytes(up, down);
-                self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
-                self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
-            })
+            // fastest_response: one sample per connection, the connect time plus the member's
+            // time to its first byte (see `forward_timed`); the connect time alone when nobody
+            // said anything.
+            let mut timed = false;
+            let outcome = forward_timed(
+                &mut client,
+                &mut member_stream,
+                opts,
+                |up, down| {
+                    member.stats.add_bytes(up, down);
+                    self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+                    self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
+                },
+                |wait| {
+                    timed = true;
+                    member.stats.observe_response_time(connect_time + wait);
+                },
+            )
             .await;
+            if !timed {
+                member.stats.observe_response_time(connect_time);
+            }
             match outcome.end {
                 End::Member(e) if outcome.downstream == 0 => {
                     // Reset before a single byte of reply: the member failed this client.
@@ -143,7 +160,7 @@ impl TcpService {
         &self,
         peer: SocketAddr,
         tried: &mut Vec<usize>,
-    ) -> Option<(Picked, TcpStream)> {
+    ) -> Option<(Picked, TcpStream, Duration)> {
         let pool = &self.pool;
         let ctx = PickContext {
             hash: l4_hash(&pool.hash_key, peer),
@@ -175,12 +192,13 @@ impl TcpService {
             .await
             {
                 Ok(Ok(stream)) => {
-                    picked.member.record_connect_success(started.elapsed());
+                    // The connect time is folded into the first-byte sample by the caller.
+                    let connect_time = started.elapsed();
                     let _ = stream.set_nodelay(true);
                     if let (Some(p), Some(k), false) = (&self.persistence, &key, from_table) {
                         p.table.insert(k.clone(), picked.member.address);
                     }
-                    return Some((picked, stream));
+                    return Some((picked, stream, connect_time));
                 }
                 Ok(Err(e)) => {
                     picked
