@@ -139,6 +139,9 @@ pub struct VirtualService {
     pub message: MessageOptions,
     /// HTTP timeouts, limits, forwarding headers and access log (Fulcrum additions).
     pub http: crate::http::HttpOptions,
+    /// Source addresses of member connections (tcp, http, https, message), one per connection
+    /// in turn; empty = the host's choice.
+    pub snat: Vec<IpAddr>,
 }
 
 impl FromNode for VirtualService {
@@ -170,6 +173,7 @@ impl FromNode for VirtualService {
             let gslb_redirect_threshold = t.opt(cx, "gslb_redirect_threshold");
             let message = MessageOptions::read(t, cx, node, message_mode);
             let http = crate::http::HttpOptions::read(t, cx);
+            let snat = t.opt::<OneOrMany<IpAddr>>(cx, "snat").map(|s| s.0);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -200,6 +204,7 @@ impl FromNode for VirtualService {
                 gslb_redirect_threshold,
                 message,
                 http,
+                snat: snat.unwrap_or_default(),
             })
         })
     }

@@ -783,6 +783,32 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
     }
 
+    for (i, vs) in cfg.virtual_services.iter().enumerate() {
+        let at = format!("virtual_service[{i}].snat");
+        if vs.snat.is_empty() {
+            continue;
+        }
+        if vs.protocol.is_datagram() {
+            c.err(
+                &at,
+                format!(
+                    "`snat` applies to protocol tcp, http, https and message; this service is {}",
+                    vs.protocol
+                ),
+            );
+        }
+        for (j, ip) in vs.snat.iter().enumerate() {
+            if ip.is_unspecified() || ip.is_multicast() {
+                c.err(
+                    &format!("{at}[{j}]"),
+                    format!("{ip} cannot be a source address; expected an address of this host"),
+                );
+            } else if vs.snat[..j].contains(ip) {
+                c.err(&format!("{at}[{j}]"), format!("{ip} is listed twice"));
+            }
+        }
+    }
+
     c.errors.extend(crate::message::validate(cfg));
     c.errors
 }

@@ -387,6 +387,11 @@ where
             let member = picked.member.clone();
             let (mut conn, fresh) = match self.acquire(t, &picked, retryable, force_fresh).await {
                 Ok(c) => c,
+                Err(e) if fulcrum_proxy::snat::is_snat_exhaustion(&e) => {
+                    // No source port left (`snat`): not the member's fault.
+                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                    return self.fail(snat_exhausted(), rule).await;
+                }
                 Err(e) => {
                     member.record_connect_failure(&format!("connect: {e}"));
                     tried.push(picked.index);
@@ -616,7 +621,12 @@ where
         }
         let member = &picked.member;
         let started = Instant::now();
-        let mut io = upstream::connect(member.address, t.pool.connect_timeout).await?;
+        let mut io = upstream::connect(
+            self.svc.snat.as_deref(),
+            member.address,
+            t.pool.connect_timeout,
+        )
+        .await?;
         member.record_connect_success(started.elapsed());
         if let Some(v) = self.svc.proxy_protocol {
             let header = fulcrum_proxy::proxy_protocol::header(
@@ -1518,4 +1528,11 @@ async fn pump_to_channel<R: AsyncRead + Unpin>(
             }
         }
     }
+}
+
+/// The answer when the service's `snat` pool has no source port left towards the member.
+pub(crate) fn snat_exhausted() -> Local {
+    let mut l = Local::error(503, "no source address left for a member connection");
+    l.retry_after = true;
+    l
 }

@@ -267,6 +267,9 @@ pub struct HttpService {
     pub cache: Option<Arc<crate::cache::HttpCache>>,
     /// Response compression (`compression`); `None`: responses pass untouched.
     pub compress: Option<crate::compress::Compressor>,
+    /// Source addresses for member connections (`snat`). HTTP/2 member connections are shared
+    /// by the services of a pool: they come from the pool of the service that opened them.
+    pub snat: Option<Arc<fulcrum_proxy::Snat>>,
     /// Set when a reload replaced this service, or at shutdown: connections finish the request
     /// in progress and close, so keep-alive clients reconnect to the configuration in force.
     retired: std::sync::atomic::AtomicBool,
@@ -296,6 +299,8 @@ pub struct Parts<'a> {
     pub no_member_hook: Option<Arc<dyn NoMemberHook>>,
     /// The service's cache when it has a `cache` table.
     pub cache: Option<Arc<crate::cache::HttpCache>>,
+    /// Source addresses for member connections (`snat`).
+    pub snat: Option<Arc<fulcrum_proxy::Snat>>,
 }
 
 impl HttpService {
@@ -380,6 +385,7 @@ impl HttpService {
                 .and(vs.gslb_redirect_threshold),
             no_member_hook: parts.no_member_hook,
             cache: parts.cache,
+            snat: parts.snat,
             compress: vs
                 .compression
                 .as_ref()
@@ -680,6 +686,7 @@ mod size_tests {
                     tracker: Default::default(),
                     no_member_hook: None,
                     cache: None,
+                    snat: None,
                 },
             )
             .unwrap(),

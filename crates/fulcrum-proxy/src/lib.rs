@@ -7,6 +7,7 @@ pub mod listener;
 pub mod message;
 pub mod proxy_protocol;
 pub mod radius;
+pub mod snat;
 mod splice;
 pub mod stats;
 pub mod tcp;
@@ -19,6 +20,7 @@ pub use listener::{
     StreamHandler,
 };
 pub use message::MessageService;
+pub use snat::Snat;
 pub use stats::{ServiceConnection, ServiceStats};
 pub use tcp::{SourcePersistence, TcpService};
 pub use tracker::Tracker;

@@ -43,6 +43,8 @@ pub struct TcpService {
     pub splice: bool,
     pub stats: Arc<ServiceStats>,
     pub tracker: Arc<Tracker>,
+    /// Source addresses for member connections (`snat`); None connects from the default.
+    pub snat: Option<Arc<crate::snat::Snat>>,
 }
 
 impl StreamHandler for TcpService {
@@ -185,31 +187,32 @@ impl TcpService {
                 return None;
             };
             let started = Instant::now();
-            match tokio::time::timeout(
+            match crate::snat::connect(
+                self.snat.as_deref(),
+                picked.member.address,
                 pool.connect_timeout,
-                TcpStream::connect(picked.member.address),
             )
             .await
             {
-                Ok(Ok(stream)) => {
+                Ok(stream) => {
                     // The connect time is folded into the first-byte sample by the caller.
                     let connect_time = started.elapsed();
-                    let _ = stream.set_nodelay(true);
                     if let (Some(p), Some(k), false) = (&self.persistence, &key, from_table) {
                         p.table.insert(k.clone(), picked.member.address);
                     }
                     return Some((picked, stream, connect_time));
                 }
-                Ok(Err(e)) => {
+                Err(e) if crate::snat::is_snat_exhaustion(&e) => {
+                    // No source port left: not the member's fault, and no other member would
+                    // fare better from the same addresses. Refuse the client at once.
+                    self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(service = %self.name, client = %peer, error = %e, "no source address left");
+                    return None;
+                }
+                Err(e) => {
                     picked
                         .member
                         .record_connect_failure(&format!("connect: {e}"));
-                }
-                Err(_) => {
-                    picked.member.record_connect_failure(&format!(
-                        "connect: no answer within {:?}",
-                        pool.connect_timeout
-                    ));
                 }
             }
             tried.push(picked.index);

@@ -204,6 +204,8 @@ impl App {
                 });
                 continue;
             }
+            let snat = fulcrum_proxy::Snat::for_service(&vs.name, &vs.snat)
+                .map_err(|e| vec![format!("virtual service {:?}: {e}", vs.name)])?;
             let handler: Arc<dyn StreamHandler> = match (vs.protocol, pool) {
                 (Protocol::Tcp, Some(pool)) => Arc::new(TcpService {
                     name: Arc::from(vs.name.as_str()),
@@ -215,11 +217,16 @@ impl App {
                     splice: true,
                     stats: st.clone(),
                     tracker: self.tracker.clone(),
+                    snat,
                 }),
-                (Protocol::Message, Some(pool)) => {
-                    self.messages
-                        .handler(vs, pool, st.clone(), source_persistence, &self.tracker)
-                }
+                (Protocol::Message, Some(pool)) => self.messages.handler(
+                    vs,
+                    pool,
+                    st.clone(),
+                    source_persistence,
+                    &self.tracker,
+                    snat,
+                ),
                 (Protocol::Http | Protocol::Https, _) => self
                     .http
                     .service(
@@ -347,6 +354,7 @@ impl Control for App {
         self.dns.metrics(out);
         self.messages.write_metrics(out);
         self.http.metrics(out);
+        crate::snat::metrics(out);
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {

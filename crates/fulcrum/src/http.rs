@@ -110,6 +110,8 @@ impl HttpAssembly {
                     }) as Arc<dyn NoMemberHook>
                 }),
                 cache,
+                snat: fulcrum_proxy::Snat::for_service(&vs.name, &vs.snat)
+                    .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?,
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;

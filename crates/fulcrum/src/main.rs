@@ -7,6 +7,7 @@ mod dns;
 mod http;
 mod https;
 mod message;
+mod snat;
 mod tuning;
 mod udp;
 

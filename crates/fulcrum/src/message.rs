@@ -50,8 +50,10 @@ impl Messages {
         stats: Arc<ServiceStats>,
         persistence: Option<SourcePersistence>,
         tracker: &Arc<Tracker>,
+        snat: Option<Arc<fulcrum_proxy::Snat>>,
     ) -> Arc<dyn StreamHandler> {
         let settings = Settings {
+            snat,
             framing: vs.framing.clone().unwrap_or_default(),
             mode: vs.message_mode,
             sequence: vs.sequence.clone(),

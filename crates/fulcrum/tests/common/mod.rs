@@ -1,6 +1,6 @@
 //! Shared helpers for the black-box tests: they drive Fulcrum only through the contract
 //! (config file, CLI, admin API) and real sockets on 127.0.0.0/8.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
