@@ -73,6 +73,7 @@ fn config(algorithm: Algorithm, weights: &[u32]) -> fulcrum_config::Pool {
         min_active: 1,
         retries: 2,
         connect_timeout: Duration::from_secs(3),
+        zero_window_timeout: None,
         members: weights
             .iter()
             .enumerate()

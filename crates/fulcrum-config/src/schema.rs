@@ -585,6 +585,9 @@ pub struct Pool {
     pub min_active: u32,
     pub retries: u32,
     pub connect_timeout: Duration,
+    /// A member connection whose receive window stays at zero this long, while Fulcrum has
+    /// bytes for it, counts as a passive failure (Fulcrum addition; None = not watched).
+    pub zero_window_timeout: Option<Duration>,
     pub members: Vec<Member>,
     pub reuse: Reuse,
     pub tls: Option<UpstreamTls>,
@@ -606,6 +609,7 @@ impl FromNode for Pool {
                 connect_timeout: t
                     .opt(cx, "connect_timeout")
                     .unwrap_or(Duration::from_secs(3)),
+                zero_window_timeout: t.opt(cx, "zero_window_timeout"),
                 members: t.opt(cx, "member").unwrap_or_default(),
                 reuse: t.opt(cx, "reuse").unwrap_or(Reuse::Safe),
                 tls: t.opt(cx, "tls"),

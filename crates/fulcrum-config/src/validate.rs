@@ -432,6 +432,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         if pool.connect_timeout.is_zero() {
             c.err(&at("connect_timeout"), "must be longer than 0s");
         }
+        if pool.zero_window_timeout.is_some_and(|d| d.is_zero()) {
+            c.err(
+                &at("zero_window_timeout"),
+                "must be longer than 0s (leave it out to not watch zero windows)",
+            );
+        }
     }
 
     for (i, m) in cfg.monitors.iter().enumerate() {

@@ -265,6 +265,7 @@ impl GslbState {
                         min_active: 1,
                         retries: 0,
                         connect_timeout: m.timeout,
+                        zero_window_timeout: None,
                         members: sc
                             .addresses
                             .iter()
@@ -333,6 +334,7 @@ impl GslbState {
                         min_active: 1,
                         retries: 0,
                         connect_timeout: std::time::Duration::from_secs(1),
+                        zero_window_timeout: None,
                         members: idx
                             .iter()
                             .enumerate()

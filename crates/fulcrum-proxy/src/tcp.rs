@@ -12,7 +12,7 @@ use fulcrum_config::{HashKey, ProxyProtocol};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::forward::{forward_timed, write_all, End, ForwardOptions};
+use crate::forward::{forward_watched, write_all, End, ForwardOptions, ZeroWindowWatch};
 use crate::listener::StreamHandler;
 use crate::stats::ServiceStats;
 use crate::tracker::Tracker;
@@ -109,10 +109,26 @@ impl TcpService {
             }
 
             // fastest_response: one sample per connection, the connect time plus the member's
-            // time to its first byte (see `forward_timed`); the connect time alone when nobody
+            // time to its first byte (see `forward_watched`); the connect time alone when nobody
             // said anything.
             let mut timed = false;
-            let outcome = forward_timed(
+            // `zero_window_timeout`: a member that stops reading is a passive failure.
+            let mut zero_window = |stalled: Duration| {
+                tracing::info!(service = %self.name, client = %peer, member = %member.label, ?stalled, "member keeps a zero receive window");
+                member.record_passive_failure(&format!(
+                    "zero receive window for {:.1}s with data to send",
+                    stalled.as_secs_f64()
+                ));
+            };
+            let watch = self
+                .pool
+                .config
+                .zero_window_timeout
+                .map(|after| ZeroWindowWatch {
+                    after,
+                    report: &mut zero_window,
+                });
+            let outcome = forward_watched(
                 &mut client,
                 &mut member_stream,
                 opts,
@@ -125,6 +141,7 @@ impl TcpService {
                     timed = true;
                     member.stats.observe_response_time(connect_time + wait);
                 },
+                watch,
             )
             .await;
             if !timed {

@@ -681,3 +681,76 @@ async fn fastest_response_measures_the_time_to_the_members_first_byte() {
         .unwrap();
     assert!(late_ms >= 130.0, "banner member measured at {late_ms} ms");
 }
+
+/// A member that accepts and then never reads: its receive window closes while the client keeps
+/// sending. With `zero_window_timeout`, each such connection is a passive failure, and after
+/// `fall` (3) of them the member is down, with the reason in its transitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_reading_fails_passively_after_zero_window_timeout() {
+    let listener = {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // A small receive buffer (inherited by accepted sockets) closes the window sooner.
+        s.set_recv_buffer_size(4096).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s.bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+        s.listen(16).unwrap();
+        tokio::net::TcpListener::from_std(s.into()).unwrap()
+    };
+    let member = listener.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nmonitors = []\nzero_window_timeout = \"1s\"\n\
+         [[pool.member]]\naddress = \"{member}\"\n",
+        tcp_service(vs, ""),
+    ))
+    .await;
+    let mut pushers = Vec::new();
+    for _ in 0..3 {
+        let mut s = connect_from(vs, None).await.unwrap();
+        pushers.push(tokio::spawn(async move {
+            let chunk = vec![b'z'; 64 * 1024];
+            // Bounded: 64 MiB or 20 s, whichever first; the writes block once buffers are full.
+            let until = tokio::time::Instant::now() + Duration::from_secs(20);
+            for _ in 0..1024 {
+                match tokio::time::timeout_at(until, s.write_all(&chunk)).await {
+                    Ok(Ok(())) => {}
+                    _ => break,
+                }
+            }
+        }));
+    }
+    let m = member.to_string();
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            f.member("p", &m).await["health"] == "down"
+        })
+        .await,
+        "{}",
+        f.member("p", &m).await
+    );
+    let transitions = f.member("p", &m).await["transitions"].to_string();
+    assert!(transitions.contains("zero receive window"), "{transitions}");
+    for p in pushers {
+        p.abort();
+    }
+    holder.abort();
+
+    let (ok, out) = check(&format!(
+        "{}[[pool]]\nname = \"p\"\nzero_window_timeout = \"0s\"\n[[pool.member]]\naddress = \"{member}\"\n",
+        tcp_service(vs, ""),
+    ));
+    assert!(!ok, "{out}");
+    assert!(out.contains("pool[0].zero_window_timeout"), "{out}");
+}
