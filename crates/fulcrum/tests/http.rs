@@ -1243,3 +1243,88 @@ async fn weighted_least_traffic_sees_a_long_download_while_it_flows() {
     );
     reader.abort();
 }
+
+/// A free port on ::1.
+fn free_v6() -> SocketAddr {
+    let l = std::net::TcpListener::bind("[::1]:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// HTTP over IPv6 end to end: a listener and members on ::1, X-Forwarded-For with the v6
+/// client address, persistence by source address, and a PROXY v2 header with TCP6 addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listeners_and_members_end_to_end() {
+    let mut b = Vec::new();
+    for i in 0..2 {
+        b.push(
+            HttpBackend::start("[::1]:0".parse().unwrap(), &format!("m{i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let raw = RawBackend::start(
+        "[::1]:0".parse().unwrap(),
+        RawBehaviour::Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nraw".to_vec()),
+    )
+    .await
+    .unwrap();
+    let (vs, sticky, pp) = (free_v6(), free_v6(), free_v6());
+    let f = start(&format!(
+        "{}\
+         [[virtual_service]]\nname = \"sticky\"\nlisten = \"{sticky}\"\nprotocol = \"http\"\npool = \"p\"\npersistence = \"src\"\n\
+         [[virtual_service]]\nname = \"pp\"\nlisten = \"{pp}\"\nprotocol = \"http\"\npool = \"raw\"\nproxy_protocol = \"v2\"\n\
+         [[persistence]]\nname = \"src\"\ntype = \"source_ip\"\n\
+         {}{}",
+        service(vs, ""),
+        pool("p", &addrs(&b), "algorithm = \"round_robin\""),
+        pool("raw", &[raw.addr], ""),
+    ))
+    .await;
+
+    // Round robin over the v6 members, each seeing the v6 client in X-Forwarded-For.
+    let mut names = BTreeMap::new();
+    for _ in 0..4 {
+        let r = get(vs, "/echo").await;
+        assert_eq!(r.status, 200);
+        assert!(r.text().contains("x-forwarded-for: ::1\n"), "{}", r.text());
+        let server = r
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("x-server"))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        *names.entry(server).or_insert(0) += 1;
+    }
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    // Persistence by source: every new connection from ::1 goes to the same member.
+    let first = who(&get(sticky, "/").await);
+    for _ in 0..5 {
+        assert_eq!(who(&get(sticky, "/").await), first);
+    }
+    let table = f.get_json("/api/v1/status").await.to_string();
+    assert!(table.contains("sticky"), "{table}");
+
+    // PROXY v2 to the member: TCP over IPv6 (0x21), 36 bytes of addresses, ::1 both ways,
+    // the client's port and the service's.
+    let mut client = TcpStream::connect(pp).await.unwrap();
+    let client_port = client.local_addr().unwrap().port();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut client).await.unwrap();
+    assert_eq!((status, body.as_slice()), (200, &b"raw"[..]));
+    let got = raw.received();
+    let h = &got[0];
+    assert_eq!(&h[..12], b"\r\n\r\n\0\r\nQUIT\n");
+    assert_eq!(h[12], 0x21, "version 2, PROXY command");
+    assert_eq!(h[13], 0x21, "TCP over IPv6");
+    assert_eq!(u16::from_be_bytes([h[14], h[15]]), 36);
+    let loopback = std::net::Ipv6Addr::LOCALHOST.octets();
+    assert_eq!(&h[16..32], &loopback, "source address");
+    assert_eq!(&h[32..48], &loopback, "destination address");
+    assert_eq!(u16::from_be_bytes([h[48], h[49]]), client_port);
+    assert_eq!(u16::from_be_bytes([h[50], h[51]]), pp.port());
+    assert!(h[52..].starts_with(b"GET / HTTP/1.1\r\n"));
+}

@@ -930,3 +930,46 @@ fn check(config: &str) -> (bool, String) {
         ),
     )
 }
+
+/// HTTPS over IPv6 end to end: a listener on ::1 and members on ::1, HTTP/1.1 and HTTP/2 (ALPN)
+/// clients, the v6 client address in X-Forwarded-For, persistence by source address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listener_and_members_over_tls() {
+    let pki = Pki::new();
+    pki.leaf("a", "a.test", &["DNS:a.test"]);
+    let mut b = Vec::new();
+    for i in 0..2 {
+        b.push(
+            HttpBackend::start("[::1]:0".parse().unwrap(), &format!("m{i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let vs: SocketAddr = {
+        let l = std::net::TcpListener::bind("[::1]:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let _f = start(&format!(
+        "{}[[persistence]]\nname = \"src\"\ntype = \"source_ip\"\n{}",
+        https_service(vs, &format!("{}persistence = \"src\"", pki.tls(&["a"]))),
+        pool("p", &addrs(&b), "algorithm = \"round_robin\""),
+    ))
+    .await;
+    let ca = pki.p("ca.crt");
+    let url = format!("https://a.test:{}/echo", vs.port());
+    let resolve = format!("a.test:{}:[::1]", vs.port());
+    let mut servers = std::collections::BTreeSet::new();
+    for http2 in [false, true, false, true] {
+        let version = if http2 { "--http2" } else { "--http1.1" };
+        let (ok, out, err) =
+            curl(&["-i", version, "--cacert", &ca, "--resolve", &resolve, &url]).await;
+        assert!(ok, "{err}");
+        let expected = if http2 { "HTTP/2 200" } else { "HTTP/1.1 200" };
+        assert!(out.starts_with(expected), "{out}");
+        assert!(out.contains("x-forwarded-for: ::1\n"), "{out}");
+        assert!(out.contains("x-forwarded-proto: https\n"), "{out}");
+        servers.insert(header(&out, "x-server").unwrap_or_default().to_string());
+    }
+    // Persistence by the v6 source: one member for every connection.
+    assert_eq!(servers.len(), 1, "{servers:?}");
+}
