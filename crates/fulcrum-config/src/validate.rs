@@ -265,8 +265,24 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         c.only_for(i, "compression", vs.protocol, &[Http, Https]);
         c.only_for(i, "cache", vs.protocol, &[Http, Https]);
         c.only_for(i, "tcp", vs.protocol, &[Tcp, Http, Https, Message]);
-        c.only_for(i, "tls", vs.protocol, &[Https]);
-        c.only_for(i, "tls_options", vs.protocol, &[Https]);
+        c.only_for(i, "tls", vs.protocol, &[Https, Tcp]);
+        c.only_for(i, "tls_options", vs.protocol, &[Https, Tcp]);
+        if vs.protocol.is_http() {
+            for (j, p) in vs.tls_options.alpn.iter().enumerate() {
+                if !crate::tls::ALPN_PROTOCOLS.contains(&p.as_str()) {
+                    c.err(
+                        &at(&format!("tls_options.alpn[{j}]")),
+                        format!("unknown ALPN protocol {p:?}; expected h2 or http/1.1"),
+                    );
+                }
+            }
+        }
+        if vs.protocol == Tcp && vs.tls.is_empty() && cfg.locations.contains(&at("tls_options")) {
+            c.err(
+                &at("tls_options"),
+                "`tls_options` needs `tls` (the certificates) on a tcp service",
+            );
+        }
         c.only_for(
             i,
             "proxy_protocol",
@@ -408,7 +424,13 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 .find(|p| !p.is_http())
                 .filter(|_| protos.iter().all(|p| !p.is_http()))
             {
-                for key in ["reuse", "tls"].iter().chain(crate::http::HTTP_POOL_KEYS) {
+                // `tls` also re-encrypts for tcp services.
+                let tls_ok = protos.iter().all(|p| *p == Protocol::Tcp);
+                for key in ["reuse", "tls"]
+                    .iter()
+                    .chain(crate::http::HTTP_POOL_KEYS)
+                    .filter(|k| !(tls_ok && **k == "tls"))
+                {
                     if cfg.locations.contains(&at(key)) {
                         c.err(&at(key), format!("`{key}` applies to pools of http/https services; this pool serves {p}"));
                     }

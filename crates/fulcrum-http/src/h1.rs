@@ -830,7 +830,7 @@ where
                 return Done::default();
             }
             let leftover_client = self.head.buf.split_off(self.pos.min(self.head.buf.len()));
-            let (up, down) = crate::tunnel::run(
+            let (up, down) = fulcrum_proxy::relay::run(
                 &mut self.io,
                 &leftover_client,
                 &mut conn.io,

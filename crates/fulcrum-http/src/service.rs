@@ -568,7 +568,10 @@ impl StreamHandler for HttpService {
                 Some(tls) => {
                     Box::pin(async move {
                         if let Some((stream, alpn)) = tls.accept(stream, &self.name, peer).await {
-                            info.alpn = alpn;
+                            info.alpn = match alpn.as_deref() {
+                                Some(b"h2") => Alpn::H2,
+                                _ => Alpn::Http1,
+                            };
                             serve_connection(self, stream, info).await;
                         }
                     })

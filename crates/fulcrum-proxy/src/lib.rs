@@ -7,6 +7,7 @@ pub mod listener;
 pub mod message;
 pub mod proxy_protocol;
 pub mod radius;
+pub mod relay;
 pub mod snat;
 mod splice;
 pub mod stats;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use fulcrum_balance::hash::{hash_ip, hash_socket_addr};
 use fulcrum_balance::{PersistKey, PersistTable, PickContext, Picked, Pool};
 use fulcrum_config::{HashKey, ProxyProtocol};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -45,7 +46,15 @@ pub struct TcpService {
     pub tracker: Arc<Tracker>,
     /// Source addresses for member connections (`snat`); None connects from the default.
     pub snat: Option<Arc<crate::snat::Snat>>,
+    /// TLS termination (`tls` on the service): clients speak TLS, members get the plain bytes.
+    pub tls: Option<Arc<fulcrum_tls::ServerTls>>,
+    /// TLS to the members (the pool's `tls`): re-encryption.
+    pub member_tls: Option<Arc<fulcrum_tls::client::MemberTls>>,
 }
+
+/// Either side of a connection with TLS on one end: a TLS stream or a plain socket.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 impl StreamHandler for TcpService {
     fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
@@ -79,6 +88,10 @@ impl TcpService {
         let _conn = self.stats.open();
         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
         // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
+        if self.tls.is_some() || self.member_tls.is_some() {
+            // Boxed: the handshake state would otherwise enlarge every plain connection's task.
+            return Box::pin(self.serve_tls(client, peer)).await;
+        }
 
         let opts = ForwardOptions {
             idle_timeout: self.idle_timeout,
@@ -167,6 +180,87 @@ impl TcpService {
                         member.record_exchange_success();
                     }
                 }
+            }
+            return;
+        }
+    }
+
+    /// A connection with TLS on the client side (termination), the member side
+    /// (re-encryption) or both: the bytes are relayed through user space (no splice), and the
+    /// `fastest_response` sample is the connect time (the first byte is not timed here).
+    async fn serve_tls(&self, client: TcpStream, peer: SocketAddr) {
+        let local = client.local_addr().unwrap_or(peer);
+        let mut client: Box<dyn Stream> = match &self.tls {
+            Some(tls) => match tls.accept(client, &self.name, peer).await {
+                Some((s, _)) => Box::new(s),
+                // Counted and logged by `accept`.
+                None => return,
+            },
+            None => Box::new(client),
+        };
+        let mut tried: Vec<usize> = Vec::new();
+        loop {
+            let Some((picked, member_stream, connect_time)) =
+                self.connect_member(peer, &mut tried).await
+            else {
+                return;
+            };
+            let member = &picked.member;
+            let _connection = member.open_connection();
+            let _request = member.open_request();
+            member.stats.observe_response_time(connect_time);
+            let retry = |tried: &mut Vec<usize>, why: String| {
+                member.record_passive_failure(&why);
+                tried.push(picked.index);
+                tried.len() <= self.pool.retries as usize
+            };
+            if let Some(version) = self.proxy_protocol {
+                let header = crate::proxy_protocol::header(version, peer, local);
+                if let Err(e) = write_all(&member_stream, &header).await {
+                    if retry(&mut tried, format!("writing PROXY header: {e}")) {
+                        continue;
+                    }
+                    return;
+                }
+            }
+            let mut member_io: Box<dyn Stream> = match &self.member_tls {
+                Some(mt) => {
+                    let handshake = mt.connect(member_stream, member.address);
+                    match tokio::time::timeout(self.pool.connect_timeout, handshake).await {
+                        Ok(Ok(s)) => Box::new(s),
+                        Ok(Err(e)) => {
+                            if retry(&mut tried, format!("TLS handshake: {e}")) {
+                                continue;
+                            }
+                            return;
+                        }
+                        Err(_) => {
+                            let why = format!(
+                                "TLS handshake not finished within {:?}",
+                                self.pool.connect_timeout
+                            );
+                            if retry(&mut tried, why) {
+                                continue;
+                            }
+                            return;
+                        }
+                    }
+                }
+                None => Box::new(member_stream),
+            };
+            let (up, down) = crate::relay::run(
+                &mut *client,
+                &[],
+                &mut *member_io,
+                &[],
+                self.idle_timeout,
+                &member.stats,
+            )
+            .await;
+            self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+            self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
+            if down > 0 {
+                member.record_exchange_success();
             }
             return;
         }

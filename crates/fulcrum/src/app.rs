@@ -208,6 +208,16 @@ impl App {
                 .map_err(|e| vec![format!("virtual service {:?}: {e}", vs.name)])?;
             let handler: Arc<dyn StreamHandler> = match (vs.protocol, pool) {
                 (Protocol::Tcp, Some(pool)) => Arc::new(TcpService {
+                    tls: match vs.tls.is_empty() {
+                        true => None,
+                        false => Some(
+                            self.http
+                                .stream_tls(vs, &config, &mut http_build)
+                                .map_err(|e| vec![e])?,
+                        ),
+                    },
+                    member_tls: crate::https::stream_member_tls(&pool)
+                        .map_err(|e| vec![format!("virtual service {:?}: {e}", vs.name)])?,
                     name: Arc::from(vs.name.as_str()),
                     pool,
                     persistence: source_persistence,

@@ -30,6 +30,8 @@ pub struct HttpAssembly {
 #[derive(Default)]
 pub struct HttpBuild {
     stats: HashMap<String, Arc<HttpStats>>,
+    /// tcp services with TLS: their ticket keys, session cache and counters are kept too.
+    stream_tls: Vec<String>,
     services: Vec<Arc<HttpService>>,
     caches: HashMap<String, Arc<HttpCache>>,
 }
@@ -128,12 +130,29 @@ impl HttpAssembly {
         Ok(svc)
     }
 
+    /// TLS termination for a tcp service with `tls`: the same certificates by SNI, ALPN,
+    /// client certificates, resumption and counters as an https service, kept across reloads
+    /// under the service's name.
+    pub fn stream_tls(
+        &self,
+        vs: &VirtualService,
+        config: &Config,
+        build: &mut HttpBuild,
+    ) -> Result<Arc<fulcrum_http::tls::ServerTls>, String> {
+        build.stream_tls.push(vs.name.clone());
+        self.tls
+            .server(vs, config)
+            .map_err(|e| format!("virtual service {:?}: {e}", vs.name))
+    }
+
     /// After a successful apply: keeps the counters of the services that run now, drops the
     /// idle connections of members that left, and retires the services of the previous
     /// configuration (their keep-alive connections close after the request in progress, so
     /// clients reconnect to the new one).
     pub fn commit(&self, pools: &[Arc<Pool>], build: HttpBuild) {
-        self.tls.retain(&|name| build.stats.contains_key(name));
+        self.tls.retain(&|name| {
+            build.stats.contains_key(name) || build.stream_tls.iter().any(|n| n == name)
+        });
         *self.stats.lock() = build.stats;
         *self.caches.lock() = build.caches;
         self.upstreams.retain(pools);

@@ -973,3 +973,133 @@ async fn ipv6_listener_and_members_over_tls() {
     // Persistence by the v6 source: one member for every connection.
     assert_eq!(servers.len(), 1, "{servers:?}");
 }
+
+/// A tcp virtual service `name` on `vs` with pool `pool` and extra keys.
+fn tcp_service(name: &str, vs: SocketAddr, pool: &str, extra: &str) -> String {
+    format!(
+        "[[virtual_service]]\nname = \"{name}\"\nlisten = [\"{vs}\"]\nprotocol = \"tcp\"\npool = \"{pool}\"\n{extra}\n"
+    )
+}
+
+/// TLS on a tcp service with the https options: certificates by SNI, no ALPN unless set,
+/// client certificates; and re-encryption to TLS members (the pool's `tls`), verified.
+/// The member behind the plain services speaks HTTP only so that curl can be the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_tcp_services_terminates_and_reencrypts() {
+    let pki = Pki::new();
+    pki.leaf("a", "a.test", &["DNS:a.test"]);
+    pki.leaf("b", "b.test", &["DNS:b.test"]);
+    pki.leaf("front", "front.test", &["DNS:front.test"]);
+    pki.leaf(
+        "backend",
+        "backend",
+        &["DNS:backend.internal", "IP:127.0.0.1"],
+    );
+    pki.leaf("client", "client one", &[]);
+    let nginx = nginx_tls(&pki, "backend").await;
+    let b = backends(1).await;
+    let (plain, alpn, re, mtls) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let ca = pki.p("ca.crt");
+    let f = start(&format!(
+        "{}{}{}{}{}{}",
+        tcp_service("plain", plain, "p", &pki.tls(&["a", "b"])),
+        tcp_service(
+            "alpn",
+            alpn,
+            "p",
+            &format!(
+                "{}tls_options = {{ alpn = [\"http/1.1\"] }}\n",
+                pki.tls(&["a"])
+            )
+        ),
+        tcp_service("re", re, "tlsp", &pki.tls(&["front"])),
+        tcp_service(
+            "mtls",
+            mtls,
+            "p",
+            &format!(
+                "{}tls_options = {{ client_auth = \"required\", client_ca = \"{ca}\" }}\n",
+                pki.tls(&["a"])
+            )
+        ),
+        pool("p", &addrs(&b), ""),
+        pool(
+            "tlsp",
+            &[nginx.addr],
+            &format!("tls = {{ ca = \"{ca}\", sni = \"backend.internal\" }}")
+        ),
+    ))
+    .await;
+
+    // Termination, the certificate chosen by SNI; no ALPN offered by default (the bytes are
+    // the member's business), so curl speaks HTTP/1.1.
+    for (name, cn) in [("a.test", "CN=a.test"), ("b.test", "CN=b.test")] {
+        let url = format!("https://{name}:{}/", plain.port());
+        let (ok, out, err) = curl(&[
+            "-v",
+            "--cacert",
+            &ca,
+            "--resolve",
+            &resolve(name, plain),
+            &url,
+        ])
+        .await;
+        assert!(ok, "{err}");
+        assert_eq!(out.trim(), "m0");
+        assert!(err.contains(&format!("subject: {cn}")), "{err}");
+        assert!(!err.contains("ALPN: server accepted"), "{err}");
+    }
+    // ALPN when the service says what its members speak.
+    let url = format!("https://a.test:{}/", alpn.port());
+    let (ok, out, err) = curl(&[
+        "-v",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve("a.test", alpn),
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "m0");
+    assert!(err.contains("ALPN: server accepted http/1.1"), "{err}");
+
+    // Re-encryption: the member (nginx) sees TLS with the pool's SNI, verified against the CA.
+    let url = format!("https://front.test:{}/", re.port());
+    let (ok, out, err) = curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve("front.test", re),
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("tls TLSv1.3 sni=backend.internal HTTP/1.1"),
+        "{out}"
+    );
+
+    // Client certificates: required here.
+    let url = format!("https://a.test:{}/", mtls.port());
+    let r = resolve("a.test", mtls);
+    let (ok, out, _) = curl(&["--cacert", &ca, "--resolve", &r, &url]).await;
+    assert!(!ok, "served without a client certificate: {out}");
+    let (ok, out, err) = curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &r,
+        "--cert",
+        &pki.p("client.crt"),
+        "--key",
+        &pki.p("client.key"),
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "m0");
+    // The handshakes are counted like https ones.
+    let sample = "fulcrum_tls_handshakes_total{vs=\"plain\",version=\"1.3\",resumed=\"false\"}";
+    assert!(wait_metric(&f, sample, 2.0).await >= 2.0);
+}

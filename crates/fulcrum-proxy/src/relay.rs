@@ -1,5 +1,7 @@
-//! The byte tunnel after a `101 Switching Protocols` (WebSocket and other upgrades): both
-//! directions copied until both ends are done, or nothing moved for `idle`.
+//! A byte relay between any two streams (TLS or not): both directions copied until both ends
+//! are done, or nothing moved for `idle`. The tunnel after an HTTP `101 Switching Protocols`
+//! (WebSocket and other upgrades), and tcp services with TLS on either side (`forward` is the
+//! plain-socket path, with splice).
 
 use std::future::poll_fn;
 use std::future::Future;
