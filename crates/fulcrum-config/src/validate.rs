@@ -265,8 +265,8 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         c.only_for(i, "compression", vs.protocol, &[Http, Https]);
         c.only_for(i, "cache", vs.protocol, &[Http, Https]);
         c.only_for(i, "tcp", vs.protocol, &[Tcp, Http, Https, Message]);
-        c.only_for(i, "tls", vs.protocol, &[Https, Tcp]);
-        c.only_for(i, "tls_options", vs.protocol, &[Https, Tcp]);
+        c.only_for(i, "tls", vs.protocol, &[Https, Tcp, Message]);
+        c.only_for(i, "tls_options", vs.protocol, &[Https, Tcp, Message]);
         if vs.protocol.is_http() {
             for (j, p) in vs.tls_options.alpn.iter().enumerate() {
                 if !crate::tls::ALPN_PROTOCOLS.contains(&p.as_str()) {
@@ -277,10 +277,16 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 }
             }
         }
-        if vs.protocol == Tcp && vs.tls.is_empty() && cfg.locations.contains(&at("tls_options")) {
+        if matches!(vs.protocol, Tcp | Message)
+            && vs.tls.is_empty()
+            && cfg.locations.contains(&at("tls_options"))
+        {
             c.err(
                 &at("tls_options"),
-                "`tls_options` needs `tls` (the certificates) on a tcp service",
+                format!(
+                    "`tls_options` needs `tls` (the certificates) on a {} service",
+                    vs.protocol
+                ),
             );
         }
         c.only_for(

@@ -206,16 +206,18 @@ impl App {
             }
             let snat = fulcrum_proxy::Snat::for_service(&vs.name, &vs.snat)
                 .map_err(|e| vec![format!("virtual service {:?}: {e}", vs.name)])?;
+            // TLS offload of a tcp or message service (`tls` on it).
+            let stream_tls = match vs.protocol {
+                Protocol::Tcp | Protocol::Message if !vs.tls.is_empty() => Some(
+                    self.http
+                        .stream_tls(vs, &config, &mut http_build)
+                        .map_err(|e| vec![e])?,
+                ),
+                _ => None,
+            };
             let handler: Arc<dyn StreamHandler> = match (vs.protocol, pool) {
                 (Protocol::Tcp, Some(pool)) => Arc::new(TcpService {
-                    tls: match vs.tls.is_empty() {
-                        true => None,
-                        false => Some(
-                            self.http
-                                .stream_tls(vs, &config, &mut http_build)
-                                .map_err(|e| vec![e])?,
-                        ),
-                    },
+                    tls: stream_tls,
                     member_tls: crate::https::stream_member_tls(&pool)
                         .map_err(|e| vec![format!("virtual service {:?}: {e}", vs.name)])?,
                     name: Arc::from(vs.name.as_str()),
@@ -235,7 +237,10 @@ impl App {
                     st.clone(),
                     source_persistence,
                     &self.tracker,
-                    snat,
+                    crate::message::Ends {
+                        snat,
+                        tls: stream_tls,
+                    },
                 ),
                 (Protocol::Http | Protocol::Https, _) => self
                     .http

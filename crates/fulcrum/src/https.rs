@@ -16,7 +16,11 @@ use parking_lot::Mutex;
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        if !matches!(vs.protocol, Protocol::Https | Protocol::Tcp) || vs.tls.is_empty() {
+        if !matches!(
+            vs.protocol,
+            Protocol::Https | Protocol::Tcp | Protocol::Message
+        ) || vs.tls.is_empty()
+        {
             continue;
         }
         let mut shared = match TlsShared::new() {

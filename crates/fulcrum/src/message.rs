@@ -35,6 +35,13 @@ pub struct Messages {
     inner: Mutex<Inner>,
 }
 
+/// What a message service adds at either end: TLS towards its clients (`tls`), source
+/// addresses towards its members (`snat`).
+pub struct Ends {
+    pub snat: Option<Arc<fulcrum_proxy::Snat>>,
+    pub tls: Option<Arc<fulcrum_http::tls::ServerTls>>,
+}
+
 impl Messages {
     /// Starts preparing a new configuration (forgets a preparation that was not committed).
     pub fn begin(&self) {
@@ -50,8 +57,9 @@ impl Messages {
         stats: Arc<ServiceStats>,
         persistence: Option<SourcePersistence>,
         tracker: &Arc<Tracker>,
-        snat: Option<Arc<fulcrum_proxy::Snat>>,
+        ends: Ends,
     ) -> Arc<dyn StreamHandler> {
+        let Ends { snat, tls } = ends;
         let settings = Settings {
             snat,
             framing: vs.framing.clone().unwrap_or_default(),
@@ -84,6 +92,7 @@ impl Messages {
             idle_timeout: vs.idle_timeout,
             max_connections: vs.max_connections,
             tracker: tracker.clone(),
+            tls,
         })
     }
 

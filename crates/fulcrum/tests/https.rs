@@ -9,6 +9,7 @@ mod http_common;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_common::*;
@@ -1102,4 +1103,100 @@ async fn tls_on_tcp_services_terminates_and_reencrypts() {
     // The handshakes are counted like https ones.
     let sample = "fulcrum_tls_handshakes_total{vs=\"plain\",version=\"1.3\",resumed=\"false\"}";
     assert!(wait_metric(&f, sample, 2.0).await >= 2.0);
+}
+
+/// A TLS client (rustls) trusting `ca` (PEM), sending SNI `name`.
+async fn tls_client(
+    addr: SocketAddr,
+    ca: &str,
+    name: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
+    connector.connect(name, tcp).await
+}
+
+/// TLS on a message service: clients speak TLS, messages are cut from the decrypted stream and
+/// balanced as usual; a client that does not trust the certificate gets no service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_message_services() {
+    use fulcrum_testkit::message::{id, Answer, MessageSwitch, SwitchOptions, WireFraming};
+    let pki = Pki::new();
+    pki.leaf("bank", "bank.test", &["DNS:bank.test"]);
+    pki.ca("other", "Other CA");
+    let framing = WireFraming::two_byte();
+    let mut switches = Vec::new();
+    for i in 0..2 {
+        switches.push(
+            MessageSwitch::start(
+                free_addr(),
+                &format!("s{i}"),
+                framing.clone(),
+                SwitchOptions::default(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let vs = free_addr();
+    let f = start(&format!(
+        "[[virtual_service]]\nname = \"bank\"\nlisten = \"{vs}\"\nprotocol = \"message\"\npool = \"p\"\n\
+         message_mode = \"async\"\nsequence = {{ offset = 0, length = 12 }}\n{}\
+         [[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\nmonitors = []\n\
+         [[pool.member]]\naddress = \"{}\"\n[[pool.member]]\naddress = \"{}\"\n",
+        pki.tls(&["bank"]),
+        switches[0].addr,
+        switches[1].addr,
+    ))
+    .await;
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            switches.iter().all(|s| s.active() >= 2)
+        })
+        .await
+    );
+    let mut s = tls_client(vs, &pki.p("ca.crt"), "bank.test").await.unwrap();
+    for n in 0..6u64 {
+        let mut body = id(n).to_vec();
+        body.extend_from_slice(b"pay");
+        s.write_all(&framing.encode(&body)).await.unwrap();
+    }
+    let mut buf = Vec::new();
+    let mut answers = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while answers.len() < 6 {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
+            .await
+            .expect("answers within 5 s")
+            .unwrap();
+        assert!(n > 0, "closed after {} answers", answers.len());
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(body) = framing.decode(&mut buf).unwrap() {
+            answers.push(Answer::parse(&body).unwrap());
+        }
+    }
+    let servers: std::collections::BTreeSet<String> =
+        answers.iter().map(|a| a.server.clone()).collect();
+    assert_eq!(servers.len(), 2, "{answers:?}");
+    assert!(answers.iter().all(|a| a.payload == b"pay"));
+    assert_eq!(switches[0].messages() + switches[1].messages(), 6);
+    // A client that does not trust the certificate fails the handshake; no message goes out.
+    assert!(tls_client(vs, &pki.p("other.crt"), "bank.test")
+        .await
+        .is_err());
+    let sample = "fulcrum_tls_handshakes_total{vs=\"bank\",version=\"1.3\",resumed=\"false\"}";
+    assert!(wait_metric(&f, sample, 1.0).await >= 1.0);
 }
