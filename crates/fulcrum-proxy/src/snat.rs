@@ -104,6 +104,13 @@ impl Snat {
         Ok(Some(s))
     }
 
+    /// Forgets the pools of services that no longer have one (after a reload), so their
+    /// counters leave the metrics.
+    pub fn retain(keep: &dyn Fn(&str) -> bool) {
+        let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+        reg.retain(|name, _| keep(name));
+    }
+
     /// Every pool in use, for metrics.
     pub fn all() -> Vec<Arc<Snat>> {
         let reg = registry().lock().unwrap_or_else(|e| e.into_inner());

@@ -285,6 +285,9 @@ impl App {
         asm.tables = tables;
         let site_pools = self.dns.commit(dns, &config, &pools);
         self.http.commit(&pools, http_build);
+        fulcrum_proxy::Snat::retain(&|name| {
+            (config.virtual_services.iter()).any(|v| v.name == name && !v.snat.is_empty())
+        });
         self.health
             .apply(&[pools.as_slice(), &site_pools].concat(), &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
