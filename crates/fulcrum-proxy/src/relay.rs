@@ -110,6 +110,29 @@ where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
     M: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
+    run_timed(client, to_member, member, to_client, idle, stats, None).await
+}
+
+/// As `run`, timing the member's first reply for `fastest_response` as the tcp plane's
+/// `forward_watched` does: `first_reply` gets the time from the first client byte given to the
+/// member (or from the start, when the member speaks first) to its first byte; a member given
+/// bytes that never answered gets, at the end, the time it was waited for. At most once.
+pub async fn run_timed<C, M>(
+    client: &mut C,
+    to_member: &[u8],
+    member: &mut M,
+    to_client: &[u8],
+    idle: Duration,
+    stats: &MemberStats,
+    mut first_reply: Option<&mut (dyn FnMut(Duration) + Send)>,
+) -> (u64, u64)
+where
+    C: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    M: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    // Since when the member owes a reply; None once it replied (or when not timing).
+    let mut waiting_since = first_reply.as_ref().map(|_| Instant::now());
+    let mut asked = false;
     let mut up = Half::new(to_member);
     let mut down = Half::new(to_client);
     let mut up_done = false;
@@ -139,6 +162,18 @@ where
         }
         if moved {
             last = Instant::now();
+            if let Some(since) = waiting_since {
+                // `down.len`: bytes read from the member, whether or not written on yet.
+                if down.total > 0 || down.len > 0 {
+                    if let Some(f) = first_reply.as_mut() {
+                        f(last.saturating_duration_since(since));
+                    }
+                    waiting_since = None;
+                } else if !asked && up.total > 0 {
+                    asked = true;
+                    waiting_since = Some(last);
+                }
+            }
             let (mut u, mut d) = (up.total - reported.0, down.total - reported.1);
             stats.add_live(&mut u, &mut d);
             reported = (up.total - u, down.total - d);
@@ -154,6 +189,9 @@ where
         Poll::Pending
     })
     .await;
+    if let (Some(since), true, Some(f)) = (waiting_since, asked, first_reply.as_mut()) {
+        f(since.elapsed());
+    }
     stats.add_bytes(up.total - reported.0, down.total - reported.1);
     (up.total, down.total)
 }

@@ -186,8 +186,8 @@ impl TcpService {
     }
 
     /// A connection with TLS on the client side (termination), the member side
-    /// (re-encryption) or both: the bytes are relayed through user space (no splice), and the
-    /// `fastest_response` sample is the connect time (the first byte is not timed here).
+    /// (re-encryption) or both: the bytes are relayed through user space (no splice); the
+    /// `fastest_response` sample is taken as on the plain path.
     async fn serve_tls(&self, client: TcpStream, peer: SocketAddr) {
         let local = client.local_addr().unwrap_or(peer);
         let mut client: Box<dyn Stream> = match &self.tls {
@@ -208,7 +208,6 @@ impl TcpService {
             let member = &picked.member;
             let _connection = member.open_connection();
             let _request = member.open_request();
-            member.stats.observe_response_time(connect_time);
             let retry = |tried: &mut Vec<usize>, why: String| {
                 member.record_passive_failure(&why);
                 tried.push(picked.index);
@@ -248,15 +247,25 @@ impl TcpService {
                 }
                 None => Box::new(member_stream),
             };
-            let (up, down) = crate::relay::run(
+            // fastest_response: connect time + time to the member's first byte, as without TLS.
+            let mut timed = false;
+            let mut first_reply = |wait: Duration| {
+                timed = true;
+                member.stats.observe_response_time(connect_time + wait);
+            };
+            let (up, down) = crate::relay::run_timed(
                 &mut *client,
                 &[],
                 &mut *member_io,
                 &[],
                 self.idle_timeout,
                 &member.stats,
+                Some(&mut first_reply),
             )
             .await;
+            if !timed {
+                member.stats.observe_response_time(connect_time);
+            }
             self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
             self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
             if down > 0 {

@@ -1326,5 +1326,9 @@ async fn ipv6_listeners_and_members_end_to_end() {
     assert_eq!(&h[32..48], &loopback, "destination address");
     assert_eq!(u16::from_be_bytes([h[48], h[49]]), client_port);
     assert_eq!(u16::from_be_bytes([h[50], h[51]]), pp.port());
-    assert!(h[52..].starts_with(b"GET / HTTP/1.1\r\n"));
+    assert!(
+        h[52..].starts_with(b"GET / HTTP/1.1\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&h[52..])
+    );
 }

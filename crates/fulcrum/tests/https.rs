@@ -1100,6 +1100,28 @@ async fn tls_on_tcp_services_terminates_and_reencrypts() {
     .await;
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "m0");
+    // fastest_response samples through TLS are the time to the member's first byte too: a
+    // member that answers after 150 ms is measured at about that, not at its connect time.
+    let q = backends(1).await;
+    let slow = free_addr();
+    f.write_config(&format!(
+        "{}{}{}",
+        tcp_service("plain", plain, "p", &pki.tls(&["a", "b"])),
+        tcp_service("slow", slow, "q", &pki.tls(&["a"])),
+        pool("p", &addrs(&b), "") + &pool("q", &addrs(&q), "")
+    ));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let url = format!("https://a.test:{}/delay/150", slow.port());
+    let (ok, out, err) =
+        curl(&["--cacert", &ca, "--resolve", &resolve("a.test", slow), &url]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "m0");
+    let ms = member(&f, "q", q[0].addr).await["response_time_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(ms >= 100.0, "measured {ms} ms");
+
     // The handshakes are counted like https ones.
     let sample = "fulcrum_tls_handshakes_total{vs=\"plain\",version=\"1.3\",resumed=\"false\"}";
     assert!(wait_metric(&f, sample, 2.0).await >= 2.0);
