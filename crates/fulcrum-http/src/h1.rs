@@ -457,7 +457,10 @@ where
                         return Done::default();
                     }
                 }
-                match self.pump_body(&mut conn).await {
+                match self
+                    .pump_body(&mut conn, t.pool.config.zero_window_timeout)
+                    .await
+                {
                     Ok((n, e)) => {
                         sent += n;
                         early = e;
@@ -642,8 +645,15 @@ where
     }
 
     /// Moves the request body from the client to the member, re-framed. Returns the bytes sent
-    /// and whether the member began to answer before the body was complete.
-    async fn pump_body(&mut self, conn: &mut UpstreamConn) -> Result<(u64, bool), PumpError> {
+    /// and whether the member began to answer before the body was complete. With
+    /// `zero_window` (the pool's `zero_window_timeout`), a plain-TCP member that takes none of
+    /// the body for that long while its receive window is 0 fails the request (a passive
+    /// failure, 502) instead of the client getting a 408 at the idle timeout.
+    async fn pump_body(
+        &mut self,
+        conn: &mut UpstreamConn,
+        zero_window: Option<Duration>,
+    ) -> Result<(u64, bool), PumpError> {
         let idle = self.svc.idle_timeout;
         let mut remaining = if self.head.chunked {
             u64::MAX
@@ -713,6 +723,14 @@ where
                         Ok(n) => { w += n; sent += n as u64; }
                         Err(e) => return Err(PumpError::Member(e)),
                     },
+                    // A timer per blocked write, only with `zero_window_timeout` set.
+                    _ = stalled_for(zero_window, up_r.as_ref()) => {
+                        let d = zero_window.unwrap_or_default();
+                        return Err(PumpError::Member(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("zero receive window for {:.1}s with data to send", d.as_secs_f64()),
+                        )));
+                    }
                     _ = self.timer.expired() => return Err(PumpError::Timeout),
                 }
             }
@@ -1109,6 +1127,18 @@ fn early_answer(
 }
 
 /// Readiness of a plain member socket; never, for TLS (see `pump_body`).
+/// Resolves once `after` has passed and the member's advertised receive window is 0 (checked
+/// again every quarter period while it is not); never without `after` or a plain socket.
+async fn stalled_for(after: Option<Duration>, io: Option<&tokio::net::tcp::ReadHalf<'_>>) {
+    let (Some(after), Some(io)) = (after, io) else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep(after).await;
+    while fulcrum_proxy::forward::receive_window(io.as_ref()) != Some(0) {
+        tokio::time::sleep(after / 4).await;
+    }
+}
+
 async fn readable(io: Option<&tokio::net::tcp::ReadHalf<'_>>) -> io::Result<()> {
     match io {
         Some(r) => r.as_ref().readable().await,

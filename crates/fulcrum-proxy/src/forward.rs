@@ -412,8 +412,8 @@ pub async fn forward_watched(
 }
 
 /// The receive window the peer of `stream` last advertised (`tcpi_snd_wnd`), None when the
-/// kernel does not say.
-fn receive_window(stream: &TcpStream) -> Option<u32> {
+/// kernel does not say. The zero-window watches of the tcp and http planes read it.
+pub fn receive_window(stream: &TcpStream) -> Option<u32> {
     let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: the descriptor is a live socket borrowed for the call; `info` is a zeroed

@@ -1332,3 +1332,78 @@ async fn ipv6_listeners_and_members_end_to_end() {
         String::from_utf8_lossy(&h[52..])
     );
 }
+
+/// A member that reads the request head and then stops reading: with the pool's
+/// `zero_window_timeout`, an upload stuck on its zero receive window fails the request as a
+/// passive failure of the member (502, not a 408 blamed on the client at the idle timeout), and
+/// `fall` (3) of them take the member down with the reason shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_to_a_member_that_stops_reading_is_a_passive_failure() {
+    use tokio::io::AsyncReadExt;
+    let listener = {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_recv_buffer_size(4096).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        s.listen(16).unwrap();
+        tokio::net::TcpListener::from_std(s.into()).unwrap()
+    };
+    let member_addr = listener.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}{}",
+        service(vs, ""),
+        pool(
+            "p",
+            &[member_addr],
+            "monitors = []\nzero_window_timeout = \"1s\"\nretries = 0"
+        )
+    ))
+    .await;
+    for _ in 0..3 {
+        let s = TcpStream::connect(vs).await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        let len = 16 * 1024 * 1024;
+        let pusher = tokio::spawn(async move {
+            let head = format!("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n");
+            if wr.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk = vec![b'u'; 64 * 1024];
+            for _ in 0..len / chunk.len() {
+                if wr.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        // The answer may be lost to the reset of a connection closed with body bytes unread;
+        // when it arrives it is the member's fault, not a client timeout.
+        assert!(
+            text.is_empty() || text.starts_with("HTTP/1.1 502"),
+            "{text}"
+        );
+        pusher.abort();
+    }
+    let m = member_addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("p", &m).await["health"] == "down"
+        })
+        .await,
+        "{}",
+        f.member("p", &m).await
+    );
+    let transitions = f.member("p", &m).await["transitions"].to_string();
+    assert!(transitions.contains("zero receive window"), "{transitions}");
+    holder.abort();
+}
