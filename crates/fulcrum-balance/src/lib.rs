@@ -12,7 +12,10 @@ pub mod pool;
 pub mod sched;
 
 pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
-pub use member::{AgentState, ConnectionGuard, Member, MemberStats, RequestGuard, WEIGHT_SCALE};
+pub use member::{
+    AgentState, ConnectionGuard, LiveBytes, Member, MemberStats, RequestGuard, LIVE_BATCH,
+    WEIGHT_SCALE,
+};
 pub use persist::{PersistKey, PersistTable, TableSpec};
 pub use pool::{Picked, Pool};
 pub use sched::{PickContext, Scheduler};

@@ -27,6 +27,10 @@ pub enum AgentState {
     Maint,
 }
 
+/// Bytes a data plane counts before it adds them to a member's counters while a transfer is
+/// under way (see `MemberStats::add_live`); the tcp data plane reports at the same size.
+pub const LIVE_BATCH: u64 = 256 * 1024;
+
 #[derive(Debug, Default)]
 pub struct MemberStats {
     pub active_connections: AtomicU64,
@@ -97,6 +101,29 @@ impl MemberStats {
         }
         if received != 0 {
             self.bytes_received.fetch_add(received, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands the bytes of a transfer still under way to the counters once they make a batch of
+    /// `LIVE_BATCH`, and zeroes them: `sent` / `received` are the bytes the caller has counted
+    /// and not yet added, and it adds what is left when the transfer ends. So
+    /// `weighted_least_traffic` and the traffic figures see a long download or a tunnel while it
+    /// lasts, not when it closes, at the cost of one shared atomic add per batch rather than one
+    /// per read.
+    #[inline]
+    pub fn add_live(&self, sent: &mut u64, received: &mut u64) {
+        if *sent + *received >= LIVE_BATCH {
+            self.add_bytes(std::mem::take(sent), std::mem::take(received));
+        }
+    }
+
+    /// An accumulator for a transfer under way (a tunnel, a relayed stream): its bytes reach
+    /// these counters in `LIVE_BATCH`es while it runs and the rest when it is dropped.
+    pub fn live(&self) -> LiveBytes<'_> {
+        LiveBytes {
+            stats: self,
+            sent: 0,
+            received: 0,
         }
     }
 
@@ -344,9 +371,12 @@ impl Member {
             && (now_ms == 0 || !self.recovering(now_ms))
     }
 
-    /// Starts a slow start now, if the pool has one.
-    fn begin_slow_start(&self) {
-        if self.recovery_ms.load(Ordering::Relaxed) + self.warm_ms.load(Ordering::Relaxed) > 0 {
+    /// Starts a slow start now, if the pool has one and the member is up (a member that is
+    /// down starts one when it comes up).
+    pub fn begin_slow_start(&self) {
+        if self.health.is_up()
+            && self.recovery_ms.load(Ordering::Relaxed) + self.warm_ms.load(Ordering::Relaxed) > 0
+        {
             self.ramp_start_ms
                 .store(crate::clock::now_ms(), Ordering::Relaxed);
         }
@@ -519,5 +549,30 @@ impl RequestGuard {
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.0.stats.active_requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Bytes of one transfer not yet added to a member's counters (see `MemberStats::live`).
+pub struct LiveBytes<'a> {
+    stats: &'a MemberStats,
+    sent: u64,
+    received: u64,
+}
+
+impl LiveBytes<'_> {
+    /// `sent` bytes to the member and `received` from it since the last call.
+    #[inline]
+    pub fn add(&mut self, sent: u64, received: u64) {
+        self.sent += sent;
+        self.received += received;
+        self.stats.add_live(&mut self.sent, &mut self.received);
+    }
+}
+
+impl Drop for LiveBytes<'_> {
+    fn drop(&mut self) {
+        if self.sent + self.received > 0 {
+            self.stats.add_bytes(self.sent, self.received);
+        }
     }
 }

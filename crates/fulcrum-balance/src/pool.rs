@@ -57,7 +57,9 @@ pub struct Picked {
 
 impl Pool {
     /// Builds a pool from its config. Members of `previous` (the same pool before a reload) with
-    /// the same address are kept, with their health, counters and slow-start phase.
+    /// the same address are kept, with their health, counters and slow-start phase; members new
+    /// to a pool that had a `previous` start a slow start (if the pool has one), so a server
+    /// added by a reload warms up.
     pub fn new(cfg: &fulcrum_config::Pool, checks: &[CheckSpec], previous: Option<&Pool>) -> Pool {
         Self::new_labeled(cfg, checks, previous, &[])
     }
@@ -77,20 +79,29 @@ impl Pool {
             .iter()
             .enumerate()
             .map(|(i, mc)| {
-                let member = match previous.and_then(|p| p.member_by_addr(mc.address)) {
+                let (member, added) = match previous.and_then(|p| p.member_by_addr(mc.address)) {
                     Some((_, old)) if labels.get(i).is_none_or(|l| *l == old.label) => {
                         old.reconfigure(mc);
-                        old.clone()
+                        (old.clone(), false)
                     }
-                    _ => match labels.get(i) {
-                        Some(label) => {
-                            Arc::new(Member::new_labeled(name.clone(), mc, label.clone()))
-                        }
-                        None => Arc::new(Member::new(name.clone(), mc)),
-                    },
+                    _ => {
+                        let m = match labels.get(i) {
+                            Some(label) => Member::new_labeled(name.clone(), mc, label.clone()),
+                            None => Member::new(name.clone(), mc),
+                        };
+                        (Arc::new(m), true)
+                    }
                 };
                 member.set_slow_start(slow.recovery, slow.warm);
                 member.configure_checks(checks);
+                // A server added to a running pool warms up like one that comes back (the
+                // case Sangfor's warm-up and HAProxy's slowstart exist for). Members of the
+                // first config and of a pool that is new as a whole start at full weight, as
+                // HAProxy's do at start: holding every member of a pool in recovery would
+                // black-hole it, and throttling all of them after a restart helps nobody.
+                if added && previous.is_some() {
+                    member.begin_slow_start();
+                }
                 member
             })
             .collect();

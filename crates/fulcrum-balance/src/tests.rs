@@ -73,6 +73,7 @@ fn config(algorithm: Algorithm, weights: &[u32]) -> fulcrum_config::Pool {
         min_active: 1,
         retries: 2,
         connect_timeout: Duration::from_secs(3),
+        zero_window_timeout: None,
         members: weights
             .iter()
             .enumerate()
@@ -1150,6 +1151,39 @@ fn reload_keeps_a_slow_start_under_way() {
     let new = Pool::new(&cfg, &[], Some(&old));
     assert!(new.members()[0].in_slow_start());
     assert_eq!(new.members()[0].ramp(T0 + WARM_MS / 2), 128);
+}
+
+#[test]
+fn a_member_added_by_reload_starts_a_slow_start_but_first_members_and_new_pools_do_not() {
+    let slow = SlowStart {
+        recovery: Duration::from_secs(5),
+        warm: Duration::from_secs(5),
+    };
+    let mut one = config(Algorithm::WeightedRoundRobin, &[1]);
+    one.slow_start = Some(slow);
+    let mut two = config(Algorithm::WeightedRoundRobin, &[1, 1]);
+    two.slow_start = Some(slow);
+    // The first configuration (no previous pool): everyone at full weight.
+    let first = Pool::new(&two, &[], None);
+    assert!(first.members().iter().all(|m| !m.in_slow_start()));
+    // A reload that adds a member: the new one warms up, the one that stayed does not.
+    let old = Pool::new(&one, &[], None);
+    let new = Pool::new(&two, &[], Some(&old));
+    assert!(!new.members()[0].in_slow_start());
+    assert!(new.members()[1].in_slow_start());
+    assert_eq!(
+        new.members()[1].slow_start_phase(crate::clock::now_ms()),
+        "recovery"
+    );
+    assert_eq!(new.pick(&PickContext::default(), &[]).unwrap().index, 0);
+    // Without slow_start on the pool, an added member is at full weight at once.
+    let plain_old = Pool::new(&config(Algorithm::WeightedRoundRobin, &[1]), &[], None);
+    let plain = Pool::new(
+        &config(Algorithm::WeightedRoundRobin, &[1, 1]),
+        &[],
+        Some(&plain_old),
+    );
+    assert!(!plain.members()[1].in_slow_start());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -135,6 +135,9 @@ pub struct VirtualService {
     pub forwarding: crate::forwarding::ForwardingOptions,
     /// `allow` / `deny`: source prefixes, checked first (DESIGN §4, Phase 2).
     pub access: crate::access::AccessList,
+    /// Source addresses of member connections (tcp, http, https, message), one per connection
+    /// in turn; empty = the host's choice.
+    pub snat: Vec<IpAddr>,
 }
 
 impl FromNode for VirtualService {
@@ -168,6 +171,7 @@ impl FromNode for VirtualService {
             let http = crate::http::HttpOptions::read(t, cx);
             let forwarding = crate::forwarding::ForwardingOptions::read(t, cx);
             let access = crate::access::AccessList::read(t, cx);
+            let snat = t.opt::<OneOrMany<IpAddr>>(cx, "snat").map(|s| s.0);
             let protocol: Protocol = protocol?;
             let default_idle = match protocol {
                 Protocol::Http | Protocol::Https => Duration::from_secs(60),
@@ -200,6 +204,7 @@ impl FromNode for VirtualService {
                 http,
                 forwarding,
                 access,
+                snat: snat.unwrap_or_default(),
             })
         })
     }
@@ -580,6 +585,9 @@ pub struct Pool {
     pub min_active: u32,
     pub retries: u32,
     pub connect_timeout: Duration,
+    /// A member connection whose receive window stays at zero this long, while Fulcrum has
+    /// bytes for it, counts as a passive failure (Fulcrum addition; None = not watched).
+    pub zero_window_timeout: Option<Duration>,
     pub members: Vec<Member>,
     pub reuse: Reuse,
     pub tls: Option<UpstreamTls>,
@@ -601,6 +609,7 @@ impl FromNode for Pool {
                 connect_timeout: t
                     .opt(cx, "connect_timeout")
                     .unwrap_or(Duration::from_secs(3)),
+                zero_window_timeout: t.opt(cx, "zero_window_timeout"),
                 members: t.opt(cx, "member").unwrap_or_default(),
                 reuse: t.opt(cx, "reuse").unwrap_or(Reuse::Safe),
                 tls: t.opt(cx, "tls"),
@@ -1126,6 +1135,9 @@ pub struct Site {
     pub monitor: Option<String>,
     pub weight: u32,
     pub peer: Option<SocketAddr>,
+    /// `host[:port]` the HTTP redirect fallback (`gslb_redirect`) sends clients to for this
+    /// site, instead of one of its addresses.
+    pub redirect_host: Option<String>,
 }
 
 impl FromNode for Site {
@@ -1138,6 +1150,7 @@ impl FromNode for Site {
                 monitor: t.opt(cx, "monitor"),
                 weight: t.opt(cx, "weight").unwrap_or(1),
                 peer: t.opt(cx, "peer"),
+                redirect_host: t.opt(cx, "redirect_host"),
                 name: name?,
                 addresses: addresses?,
             })

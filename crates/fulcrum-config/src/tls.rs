@@ -45,6 +45,8 @@ pub struct TlsOptions {
     pub handshake_timeout: Option<Duration>,
     /// ALPN protocols offered, in order of preference (`h2`, `http/1.1`).
     pub alpn: Vec<String>,
+    /// Whether `alpn` was written in the file: tcp and message services offer ALPN only then.
+    pub alpn_set: bool,
 }
 
 /// ALPN protocol names the HTTP data plane serves.
@@ -61,6 +63,7 @@ impl Default for TlsOptions {
             client_ca: None,
             handshake_timeout: None,
             alpn: ALPN_PROTOCOLS.iter().map(|s| s.to_string()).collect(),
+            alpn_set: false,
         }
     }
 }
@@ -69,7 +72,9 @@ impl FromNode for TlsOptions {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let d = TlsOptions::default();
-            let alpn: Vec<String> = t.opt(cx, "alpn").unwrap_or(d.alpn);
+            let alpn_given: Option<Vec<String>> = t.opt(cx, "alpn");
+            let alpn_set = alpn_given.is_some();
+            let alpn = alpn_given.unwrap_or(d.alpn);
             let client_auth = t.opt(cx, "client_auth").unwrap_or(d.client_auth);
             let client_ca = t.opt::<String>(cx, "client_ca").map(PathBuf::from);
             let opts = TlsOptions {
@@ -81,13 +86,16 @@ impl FromNode for TlsOptions {
                 client_ca,
                 handshake_timeout: t.opt(cx, "handshake_timeout"),
                 alpn,
+                alpn_set,
             };
+            // Any protocol id for tcp and message services (RFC 7301: 1 to 255 bytes); the
+            // http data plane's own names are checked where the protocol is known.
             for (i, p) in opts.alpn.iter().enumerate() {
-                if !ALPN_PROTOCOLS.contains(&p.as_str()) {
+                if p.is_empty() || p.len() > 255 {
                     cx.error_at(
                         node.span.clone(),
                         &format!("{}.alpn[{i}]", node.path),
-                        format!("unknown ALPN protocol {p:?}; expected h2 or http/1.1"),
+                        format!("{p:?}: an ALPN protocol id is 1 to 255 bytes"),
                     );
                 }
             }

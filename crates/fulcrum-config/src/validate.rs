@@ -97,6 +97,34 @@ fn regex_ok(c: &mut Checker<'_>, path: &str, pattern: &str) {
 /// Continent codes of the MaxMind databases.
 pub const CONTINENTS: [&str; 7] = ["AF", "AN", "AS", "EU", "NA", "OC", "SA"];
 
+/// Checks a `redirect_host`: a DNS host name (letters, digits, `-`, dots; labels of 1–63
+/// characters) optionally followed by `:port`. It becomes the authority of a `Location` header,
+/// so nothing else may pass.
+fn check_redirect_host(h: &str) -> Result<(), String> {
+    let expected = "expected a host name with an optional port, like \"eu.app.example.com\" or \"eu.app.example.com:8443\"";
+    let (host, port) = match h.rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (h, None),
+    };
+    if let Some(p) = port {
+        if p.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("{h:?}: bad port {p:?}; {expected}"));
+        }
+    }
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if host.is_empty() || host.len() > 253 || !host.split('.').all(label_ok) {
+        return Err(format!("{h:?} is not a host name; {expected}"));
+    }
+    Ok(())
+}
+
 /// The port a site monitor probes when it names none: the well-known port of its kind, if it
 /// has one (a site's addresses carry no port).
 pub fn site_monitor_port(kind: MonitorKind) -> Option<u16> {
@@ -243,8 +271,30 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         c.only_for(i, "compression", vs.protocol, &[Http, Https]);
         c.only_for(i, "cache", vs.protocol, &[Http, Https]);
         c.only_for(i, "tcp", vs.protocol, &[Tcp, Http, Https, Message]);
-        c.only_for(i, "tls", vs.protocol, &[Https]);
-        c.only_for(i, "tls_options", vs.protocol, &[Https]);
+        c.only_for(i, "tls", vs.protocol, &[Https, Tcp, Message]);
+        c.only_for(i, "tls_options", vs.protocol, &[Https, Tcp, Message]);
+        if vs.protocol.is_http() {
+            for (j, p) in vs.tls_options.alpn.iter().enumerate() {
+                if !crate::tls::ALPN_PROTOCOLS.contains(&p.as_str()) {
+                    c.err(
+                        &at(&format!("tls_options.alpn[{j}]")),
+                        format!("unknown ALPN protocol {p:?}; expected h2 or http/1.1"),
+                    );
+                }
+            }
+        }
+        if matches!(vs.protocol, Tcp | Message)
+            && vs.tls.is_empty()
+            && cfg.locations.contains(&at("tls_options"))
+        {
+            c.err(
+                &at("tls_options"),
+                format!(
+                    "`tls_options` needs `tls` (the certificates) on a {} service",
+                    vs.protocol
+                ),
+            );
+        }
         c.only_for(
             i,
             "proxy_protocol",
@@ -402,7 +452,13 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 .find(|p| !p.is_http())
                 .filter(|_| protos.iter().all(|p| !p.is_http()))
             {
-                for key in ["reuse", "tls"].iter().chain(crate::http::HTTP_POOL_KEYS) {
+                // `tls` also re-encrypts for tcp services.
+                let tls_ok = protos.iter().all(|p| *p == Protocol::Tcp);
+                for key in ["reuse", "tls"]
+                    .iter()
+                    .chain(crate::http::HTTP_POOL_KEYS)
+                    .filter(|k| !(tls_ok && **k == "tls"))
+                {
                     if cfg.locations.contains(&at(key)) {
                         c.err(&at(key), format!("`{key}` applies to pools of http/https services; this pool serves {p}"));
                     }
@@ -425,6 +481,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
         if pool.connect_timeout.is_zero() {
             c.err(&at("connect_timeout"), "must be longer than 0s");
+        }
+        if pool.zero_window_timeout.is_some_and(|d| d.is_zero()) {
+            c.err(
+                &at("zero_window_timeout"),
+                "must be longer than 0s (leave it out to not watch zero windows)",
+            );
         }
     }
 
@@ -651,6 +713,11 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 );
             }
         }
+        if let Some(h) = &s.redirect_host {
+            if let Err(why) = check_redirect_host(h) {
+                c.err(&format!("gslb.site[{i}].redirect_host"), why);
+            }
+        }
         if s.weight > crate::MAX_WEIGHT {
             c.err(
                 &format!("gslb.site[{i}].weight"),
@@ -773,6 +840,32 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 &format!("virtual_service[{i}].gslb_redirect_threshold"),
                 "`gslb_redirect_threshold` needs `gslb_redirect`",
             );
+        }
+    }
+
+    for (i, vs) in cfg.virtual_services.iter().enumerate() {
+        let at = format!("virtual_service[{i}].snat");
+        if vs.snat.is_empty() {
+            continue;
+        }
+        if vs.protocol.is_datagram() {
+            c.err(
+                &at,
+                format!(
+                    "`snat` applies to protocol tcp, http, https and message; this service is {}",
+                    vs.protocol
+                ),
+            );
+        }
+        for (j, ip) in vs.snat.iter().enumerate() {
+            if ip.is_unspecified() || ip.is_multicast() {
+                c.err(
+                    &format!("{at}[{j}]"),
+                    format!("{ip} cannot be a source address; expected an address of this host"),
+                );
+            } else if vs.snat[..j].contains(ip) {
+                c.err(&format!("{at}[{j}]"), format!("{ip} is listed twice"));
+            }
         }
     }
 

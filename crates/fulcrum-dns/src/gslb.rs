@@ -37,6 +37,8 @@ pub struct Site {
     /// ip_table indices of the clients that prefer this site.
     pub regions: Vec<u16>,
     pub weight: u32,
+    /// `host[:port]` the HTTP redirect fallback sends clients to, instead of an address.
+    pub redirect_host: Option<Arc<str>>,
     /// The site's addresses as members, checked by its monitor; None without a monitor.
     pub pool: Option<Arc<Pool>>,
     cursor: AtomicUsize,
@@ -263,6 +265,7 @@ impl GslbState {
                         min_active: 1,
                         retries: 0,
                         connect_timeout: m.timeout,
+                        zero_window_timeout: None,
                         members: sc
                             .addresses
                             .iter()
@@ -298,6 +301,7 @@ impl GslbState {
                         .map(|i| i as u16)
                         .collect(),
                     weight: sc.weight,
+                    redirect_host: sc.redirect_host.as_deref().map(Arc::from),
                     pool,
                     cursor: AtomicUsize::new(0),
                     admin: AtomicU8::new(
@@ -330,6 +334,7 @@ impl GslbState {
                         min_active: 1,
                         retries: 0,
                         connect_timeout: std::time::Duration::from_secs(1),
+                        zero_window_timeout: None,
                         members: idx
                             .iter()
                             .enumerate()

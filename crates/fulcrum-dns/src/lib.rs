@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 pub use engine::{Action, Counters, Engine, Transport};
 pub use gslb::{Client, GslbState};
 pub use server::{DnsServer, Registry};
-pub use service::{GslbService, PeerStatus};
+pub use service::{GslbService, PeerStatus, RedirectTarget};
 
 use catalog::Catalog;
 use iptable::{GeoCache, Locator};

@@ -101,6 +101,16 @@ struct Shared {
     reports_received: AtomicU64,
 }
 
+/// Where the HTTP redirect fallback sends a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedirectTarget {
+    /// The site's `redirect_host` (`host[:port]`): the client keeps a name its certificate and
+    /// virtual hosts match.
+    Host(Arc<str>),
+    /// One of the site's addresses (a site without `redirect_host`).
+    Address(IpAddr),
+}
+
 /// GSLB's running side, kept across reloads.
 pub struct GslbService {
     shared: Arc<Shared>,
@@ -242,10 +252,10 @@ impl GslbService {
         *t = Tasks::default();
     }
 
-    /// The address of the best site of `fqdn` for `client` other than this instance's own site:
-    /// where an HTTP service sends a client (302) that it cannot serve itself. An address of the
-    /// client's family is preferred.
-    pub fn best_other_site(&self, fqdn: &str, client: IpAddr) -> Option<IpAddr> {
+    /// The best site of `fqdn` for `client` other than this instance's own site: where an HTTP
+    /// service sends a client (302) that it cannot serve itself — the site's `redirect_host` if
+    /// it has one, else an address of it (of the client's family preferably).
+    pub fn best_other_site(&self, fqdn: &str, client: IpAddr) -> Option<RedirectTarget> {
         let st = self.state();
         let wire = crate::zone::parse_name(fqdn).ok()?;
         let ni = st.name_index(&wire)?;
@@ -261,7 +271,17 @@ impl GslbService {
                 break;
             }
         }
-        found
+        let ip = found?;
+        // The site that owns the chosen address names the host to keep the client's name on.
+        let host = st
+            .sites
+            .iter()
+            .find(|s| s.addresses.contains(&ip))
+            .and_then(|s| s.redirect_host.clone());
+        Some(match host {
+            Some(h) => RedirectTarget::Host(h),
+            None => RedirectTarget::Address(ip),
+        })
     }
 
     /// Peers as the API shows them.

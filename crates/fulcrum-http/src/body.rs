@@ -105,6 +105,8 @@ pub struct MemberBody {
     release: Release,
     idle: Duration,
     timer: Option<Pin<Box<Sleep>>>,
+    /// Bytes from the member not yet added to its counters (they are added in batches while
+    /// the body flows, and the rest at the end).
     received: u64,
     delivered: u64,
     _request: RequestGuard,
@@ -265,6 +267,10 @@ impl Body for MemberBody {
                 }
                 Poll::Ready(Ok(n)) => {
                     this.received += n as u64;
+                    this.release
+                        .member
+                        .stats
+                        .add_live(&mut 0, &mut this.received);
                     if let Some(t) = this.timer.as_mut() {
                         t.as_mut().reset(tokio::time::Instant::now() + this.idle);
                     }
@@ -297,6 +303,8 @@ pub struct Relay {
     pub svc: Arc<HttpService>,
     pub sent: u64,
     pub received: u64,
+    /// Of `received`, the bytes already added to the member's counters while the body flowed.
+    pub reported: u64,
     pub finished: bool,
     pub _request: RequestGuard,
     pub _connection: fulcrum_balance::ConnectionGuard,
@@ -306,7 +314,9 @@ impl Relay {
     fn account(&mut self) {
         if !self.finished {
             self.finished = true;
-            self.member.stats.add_bytes(self.sent, self.received);
+            self.member
+                .stats
+                .add_bytes(self.sent, self.received - self.reported);
             self.svc
                 .stats
                 .bytes_out
@@ -334,6 +344,9 @@ impl Body for Relay {
             Some(Ok(f)) => {
                 if let Some(d) = f.data_ref() {
                     this.received += d.len() as u64;
+                    let mut pending = this.received - this.reported;
+                    this.member.stats.add_live(&mut 0, &mut pending);
+                    this.reported = this.received - pending;
                 }
                 Poll::Ready(Some(Ok(f)))
             }

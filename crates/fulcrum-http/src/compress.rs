@@ -594,9 +594,10 @@ async fn write_out<W: AsyncWrite + Unpin>(
 
 /// The HTTP/1 client path's body relay for a compressed response: reads the member's body
 /// (framed by `framing`), encodes it, and writes it to the client chunked (or, for HTTP/1.0
-/// clients, until the connection closes). `out` holds the response head on entry. Returns
-/// (body bytes to the client, bytes from the member, whether the member connection ended
-/// cleanly and may be reused).
+/// clients, until the connection closes). `out` holds the response head on entry. Bytes from
+/// the member reach `member`'s counters in batches while they flow. Returns (body bytes to the
+/// client, bytes from the member not yet added to `member`, whether the member connection
+/// ended cleanly and may be reused).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
     io: &mut W,
@@ -607,6 +608,7 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
     chunked_out: bool,
     idle: Duration,
     s: &mut Stream,
+    member: &fulcrum_balance::MemberStats,
 ) -> Result<(u64, u64, bool), Cut> {
     let mut to_client = 0u64;
     let mut received = conn.buf.len() as u64;
@@ -685,7 +687,10 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
                 }
                 return Err((to_client, received, true));
             }
-            Some(Ok(n)) => received += n as u64,
+            Some(Ok(n)) => {
+                received += n as u64;
+                member.add_live(&mut 0, &mut received);
+            }
             Some(Err(_)) | None => return Err((to_client, received, true)),
         }
     }

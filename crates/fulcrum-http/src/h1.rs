@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fulcrum_balance::{clock, Member, PickContext, Picked};
+use fulcrum_balance::{clock, Member, MemberStats, PickContext, Picked};
 use fulcrum_config::Reuse;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
@@ -404,6 +404,11 @@ where
             let member = picked.member.clone();
             let (mut conn, fresh) = match self.acquire(t, &picked, retryable, force_fresh).await {
                 Ok(c) => c,
+                Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
+                    // No source port left (`snat`): not the member's fault.
+                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                    return self.fail(snat_exhausted(), rule).await;
+                }
                 Err(e) => {
                     member.record_connect_failure(&format!("connect: {e}"));
                     tried.push(picked.index);
@@ -469,7 +474,10 @@ where
                         return Done::default();
                     }
                 }
-                match self.pump_body(&mut conn).await {
+                match self
+                    .pump_body(&mut conn, t.pool.config.zero_window_timeout)
+                    .await
+                {
                     Ok((n, e)) => {
                         sent += n;
                         early = e;
@@ -643,7 +651,12 @@ where
         }
         let member = &picked.member;
         let started = Instant::now();
-        let mut io = upstream::connect(member.address, t.pool.connect_timeout).await?;
+        let mut io = upstream::connect(
+            self.svc.snat.as_deref(),
+            member.address,
+            t.pool.connect_timeout,
+        )
+        .await?;
         member.record_connect_success(started.elapsed());
         if let Some(v) = self.svc.proxy_protocol {
             let header = fulcrum_net::proxy_protocol::header(
@@ -659,8 +672,15 @@ where
     }
 
     /// Moves the request body from the client to the member, re-framed. Returns the bytes sent
-    /// and whether the member began to answer before the body was complete.
-    async fn pump_body(&mut self, conn: &mut UpstreamConn) -> Result<(u64, bool), PumpError> {
+    /// and whether the member began to answer before the body was complete. With
+    /// `zero_window` (the pool's `zero_window_timeout`), a plain-TCP member that takes none of
+    /// the body for that long while its receive window is 0 fails the request (a passive
+    /// failure, 502) instead of the client getting a 408 at the idle timeout.
+    async fn pump_body(
+        &mut self,
+        conn: &mut UpstreamConn,
+        zero_window: Option<Duration>,
+    ) -> Result<(u64, bool), PumpError> {
         let idle = self.svc.idle_timeout;
         let mut remaining = if self.head.chunked {
             u64::MAX
@@ -742,6 +762,14 @@ where
                         Ok(n) => { w += n; sent += n as u64; }
                         Err(e) => return Err(PumpError::Member(e)),
                     },
+                    // A timer per blocked write, only with `zero_window_timeout` set.
+                    _ = stalled_for(zero_window, up_r.as_ref()) => {
+                        let d = zero_window.unwrap_or_default();
+                        return Err(PumpError::Member(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("zero receive window for {:.1}s with data to send", d.as_secs_f64()),
+                        )));
+                    }
                     _ = self.timer.expired() => return Err(PumpError::Timeout),
                 }
             }
@@ -873,15 +901,18 @@ where
                 return Done::default();
             }
             let leftover_client = self.head.buf.split_off(self.pos.min(self.head.buf.len()));
-            let (up, down) = crate::tunnel::run(
+            let mut live = member.stats.live();
+            let (up, down) = fulcrum_net::relay::run(
                 &mut self.io,
                 &leftover_client,
                 &mut conn.io,
                 &conn.buf,
                 svc.idle_timeout,
+                &mut |sent, received| live.add(sent, received),
             )
             .await;
-            member.stats.add_bytes(sent + up, down);
+            drop(live);
+            member.stats.add_bytes(sent, 0);
             svc.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
             svc.stats
                 .bytes_out
@@ -906,6 +937,7 @@ where
                 out_framing == RespFraming::Chunked,
                 svc.idle_timeout,
                 s,
+                &member.stats,
             ))
             .await
             .map_err(|(sent, received, member_fault)| Cut {
@@ -914,8 +946,14 @@ where
                 member_fault,
             }),
             None => {
-                self.relay_body(&mut conn, in_framing, out_framing, svc.idle_timeout)
-                    .await
+                self.relay_body(
+                    &mut conn,
+                    in_framing,
+                    out_framing,
+                    svc.idle_timeout,
+                    &member.stats,
+                )
+                .await
             }
         };
         let (body_bytes, received, reusable) = match relayed {
@@ -967,14 +1005,17 @@ where
     }
 
     /// Moves the response body from the member to the client. `self.out` holds the response
-    /// head, which goes out with the first body bytes. Returns (body bytes to the client, bytes
-    /// from the member, whether the member connection ended cleanly and may be reused).
+    /// head, which goes out with the first body bytes. Bytes from the member reach `member`'s
+    /// counters in batches while they flow (a long download counts for weighted least traffic
+    /// while it lasts). Returns (body bytes to the client, bytes from the member not yet added to
+    /// `member`, whether the member connection ended cleanly and may be reused).
     async fn relay_body(
         &mut self,
         conn: &mut UpstreamConn,
         mut framing: InFraming,
         out_framing: RespFraming,
         idle: Duration,
+        member: &MemberStats,
     ) -> Result<(u64, u64, bool), Cut> {
         let mut to_client = 0u64;
         let mut received = conn.buf.len() as u64;
@@ -1067,7 +1108,10 @@ where
                     }
                     return Err(Cut::member(to_client, received));
                 }
-                Some(Ok(n)) => received += n as u64,
+                Some(Ok(n)) => {
+                    received += n as u64;
+                    member.add_live(&mut 0, &mut received);
+                }
                 Some(Err(_)) | None => return Err(Cut::member(to_client, received)),
             }
         }
@@ -1142,6 +1186,18 @@ fn early_answer(
 }
 
 /// Readiness of a plain member socket; never, for TLS (see `pump_body`).
+/// Resolves once `after` has passed and the member's advertised receive window is 0 (checked
+/// again every quarter period while it is not); never without `after` or a plain socket.
+async fn stalled_for(after: Option<Duration>, io: Option<&tokio::net::tcp::ReadHalf<'_>>) {
+    let (Some(after), Some(io)) = (after, io) else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep(after).await;
+    while fulcrum_net::forward::receive_window(io.as_ref()) != Some(0) {
+        tokio::time::sleep(after / 4).await;
+    }
+}
+
 async fn readable(io: Option<&tokio::net::tcp::ReadHalf<'_>>) -> io::Result<()> {
     match io {
         Some(r) => r.as_ref().readable().await,
@@ -1435,6 +1491,8 @@ where
         let head_bytes = self.out.len() as u64;
         let idle = svc.idle_timeout;
         let mut delivered = 0u64;
+        // Of `delivered`, the bytes not yet added to the member's counters.
+        let mut unreported = 0u64;
         let mut ok = true;
         if out_framing != RespFraming::None {
             use http_body_util::BodyExt;
@@ -1449,6 +1507,8 @@ where
                 };
                 if let Ok(data) = frame.into_data() {
                     delivered += data.len() as u64;
+                    unreported += data.len() as u64;
+                    member.stats.add_live(&mut 0, &mut unreported);
                     if let Some(s) = &mut encoder {
                         // Frame by frame: each one is flushed, the member's pace is kept.
                         if s.write(&data).and_then(|()| s.flush()).is_err() {
@@ -1492,7 +1552,7 @@ where
         }
         drop(request_guard);
         drop(connection_guard);
-        member.stats.add_bytes(sent, delivered);
+        member.stats.add_bytes(sent, unreported);
         svc.stats.bytes_in.fetch_add(sent, Ordering::Relaxed);
         svc.stats
             .bytes_out
@@ -1557,4 +1617,11 @@ async fn pump_to_channel<R: AsyncRead + Unpin>(
             }
         }
     }
+}
+
+/// The answer when the service's `snat` pool has no source port left towards the member.
+pub(crate) fn snat_exhausted() -> Local {
+    let mut l = Local::error(503, "no source address left for a member connection");
+    l.retry_after = true;
+    l
 }

@@ -554,6 +554,7 @@ async fn forward(
             svc: svc.clone(),
             sent: r.sent,
             received: 0,
+            reported: 0,
             finished: false,
             _request: r.request_guard,
             _connection: r.connection_guard,
@@ -604,7 +605,9 @@ async fn forward(
             Some(c) => c,
             None => {
                 let started = Instant::now();
-                match upstream::connect(member.address, t.pool.connect_timeout).await {
+                match upstream::connect(svc.snat.as_deref(), member.address, t.pool.connect_timeout)
+                    .await
+                {
                     Ok(mut io) => {
                         member.record_connect_success(started.elapsed());
                         if let Some(v) = svc.proxy_protocol {
@@ -634,6 +637,10 @@ async fn forward(
                                 return Err(Local::error(502, "no member could be reached"));
                             }
                         }
+                    }
+                    Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
+                        svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                        return Err(crate::h1::snat_exhausted());
                     }
                     Err(e) => {
                         member.record_connect_failure(&format!("connect: {e}"));

@@ -60,6 +60,7 @@ impl H2Member {
         &self,
         connect_timeout: Duration,
         tls: Option<&crate::tls::client::MemberTls>,
+        snat: Option<&fulcrum_net::Snat>,
     ) -> io::Result<(SendRequest<UpBody>, bool)> {
         if let Some(s) = self.current() {
             return Ok((s, false));
@@ -69,7 +70,7 @@ impl H2Member {
             return Ok((s, false));
         }
         let started = Instant::now();
-        let io = upstream::connect(self.member.address, connect_timeout).await?;
+        let io = upstream::connect(snat, self.member.address, connect_timeout).await?;
         let io = upstream::secure(io, tls, self.member.address, connect_timeout).await?;
         let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -134,8 +135,19 @@ pub async fn exchange(
         let Some(h2) = t.h2.get(picked.index) else {
             return Err(Local::error(502, "no HTTP/2 connection for the member"));
         };
-        let (mut sender, fresh) = match h2.sender(t.pool.connect_timeout, t.tls.as_deref()).await {
+        let (mut sender, fresh) = match h2
+            .sender(
+                t.pool.connect_timeout,
+                t.tls.as_deref(),
+                svc.snat.as_deref(),
+            )
+            .await
+        {
             Ok(s) => s,
+            Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
+                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(crate::h1::snat_exhausted());
+            }
             Err(e) => {
                 member.record_connect_failure(&format!("connect: {e}"));
                 tried.push(picked.index);

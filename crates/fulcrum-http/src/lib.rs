@@ -2,7 +2,7 @@
 //!
 //! An HTTP/1.1 and HTTP/2 reverse proxy and load balancer built on the shared libraries: members,
 //! pools, schedulers, persistence tables and the one health state machine come from
-//! `fulcrum-balance`, listeners and counters from `fulcrum-proxy`, passive status observation
+//! `fulcrum-balance`, listeners and counters from `fulcrum-net`, passive status observation
 //! from `fulcrum-health`. What lives here is the HTTP part:
 //!
 //! - `head`: request/response heads parsed in place (`httparse`) and checked against RFC 9112's
@@ -14,10 +14,10 @@
 //! - `h1` / `h2`: client connections (HTTP/1.x with keep-alive and pipelining; HTTP/2 via hyper),
 //!   `h2_upstream` for pools that speak HTTP/2 to their members;
 //! - `fields`: the forwarded heads (hop-by-hop fields, forwarding headers, rule edits);
-//! - `tls`: TLS termination for https (certificates by SNI, resumption, client certificates)
-//!   and TLS to members (`tls::client`);
+//! - `tls`: the `fulcrum-tls` crate (shared with tcp services): TLS termination (certificates
+//!   by SNI, resumption, client certificates) and TLS to members (`tls::client`);
 //! - `cache`: the shared HTTP cache (RFC 9111) of `virtual_service.cache`;
-//! - `access_log`, `tunnel` (Upgrade/WebSocket), `date`.
+//! - `access_log`, `date`; the Upgrade/WebSocket tunnel is `fulcrum_net::relay`.
 //!
 //! Connections are served by [`serve_connection`], generic over the byte stream: a TLS acceptor
 //! (https) wraps the socket and passes the negotiated ALPN in [`ConnInfo`].
@@ -38,8 +38,8 @@ pub mod rules;
 pub mod service;
 pub mod sticky;
 mod timer;
-pub mod tls;
-mod tunnel;
+/// TLS lives in its own crate, shared with the tcp and message services.
+pub use fulcrum_tls as tls;
 pub mod upstream;
 
 pub use cache::HttpCache;

@@ -280,6 +280,9 @@ pub struct HttpService {
     pub cache: Option<Arc<crate::cache::HttpCache>>,
     /// Response compression (`compression`); `None`: responses pass untouched.
     pub compress: Option<crate::compress::Compressor>,
+    /// Source addresses for member connections (`snat`). HTTP/2 member connections are shared
+    /// by the services of a pool: they come from the pool of the service that opened them.
+    pub snat: Option<Arc<fulcrum_net::Snat>>,
     /// Set when a reload replaced this service, or at shutdown: connections finish the request
     /// in progress and close, so keep-alive clients reconnect to the configuration in force.
     retired: std::sync::atomic::AtomicBool,
@@ -309,6 +312,8 @@ pub struct Parts<'a> {
     pub no_member_hook: Option<Arc<dyn NoMemberHook>>,
     /// The service's cache when it has a `cache` table.
     pub cache: Option<Arc<crate::cache::HttpCache>>,
+    /// Source addresses for member connections (`snat`).
+    pub snat: Option<Arc<fulcrum_net::Snat>>,
 }
 
 impl HttpService {
@@ -395,6 +400,7 @@ impl HttpService {
                 .and(vs.gslb_redirect_threshold),
             no_member_hook: parts.no_member_hook,
             cache: parts.cache,
+            snat: parts.snat,
             compress: vs
                 .compression
                 .as_ref()
@@ -577,7 +583,10 @@ impl StreamHandler for HttpService {
                 Some(tls) => {
                     Box::pin(async move {
                         if let Some((stream, alpn)) = tls.accept(stream, &self.name, peer).await {
-                            info.alpn = alpn;
+                            info.alpn = match alpn.as_deref() {
+                                Some(b"h2") => Alpn::H2,
+                                _ => Alpn::Http1,
+                            };
                             serve_connection(self, stream, info).await;
                         }
                     })
@@ -695,6 +704,7 @@ mod size_tests {
                     tracker: Default::default(),
                     no_member_hook: None,
                     cache: None,
+                    snat: None,
                 },
             )
             .unwrap(),

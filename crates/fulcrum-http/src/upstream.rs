@@ -413,19 +413,15 @@ impl Upstreams {
     }
 }
 
-/// Connects to a member within `timeout`, with TCP_NODELAY.
-pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("no answer within {timeout:?}"),
-        )),
-    }
+/// Connects to a member within `timeout`, with TCP_NODELAY, from the service's source address
+/// pool (`snat`) when it has one. An exhausted pool is `AddrNotAvailable`
+/// (`fulcrum_net::snat::is_snat_exhaustion`), not the member's fault.
+pub async fn connect(
+    snat: Option<&fulcrum_net::Snat>,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    fulcrum_net::snat::connect(snat, addr, timeout).await
 }
 
 /// A connected member socket as the pool speaks to it: as is, or after a TLS handshake (pool

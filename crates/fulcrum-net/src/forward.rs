@@ -269,7 +269,34 @@ pub async fn forward(
     client: &mut TcpStream,
     member: &mut TcpStream,
     opts: ForwardOptions,
+    report: impl FnMut(u64, u64),
+) -> Outcome {
+    forward_watched(client, member, opts, report, |_| {}, None).await
+}
+
+/// Zero-window watch of a member connection: after `after` with bytes for the member that it
+/// does not take while its receive window is 0, `report` gets how long it has been so.
+pub struct ZeroWindowWatch<'a> {
+    pub after: Duration,
+    pub report: &'a mut (dyn FnMut(Duration) + Send),
+}
+
+/// As `forward`, also timing the member's first reply for `fastest_response`: `first_reply`
+/// gets how long the member took to send its first byte, counted from the first client byte
+/// it was given (a request's round trip) or, when the member speaks first (a banner), from the
+/// start. A member that was given bytes and never answered gets, at the end, the time it was
+/// waited for. Called at most once; not at all when neither side sent anything.
+///
+/// With `zero_window`, a member that keeps its receive window at zero while bytes for it wait
+/// (Fulcrum's writes to it are blocked and nothing it was sent is taken) is reported once per
+/// connection: the first sign of a server that stopped reading, long before an idle timeout.
+pub async fn forward_watched(
+    client: &mut TcpStream,
+    member: &mut TcpStream,
+    opts: ForwardOptions,
     mut report: impl FnMut(u64, u64),
+    mut first_reply: impl FnMut(Duration),
+    mut zero_window: Option<ZeroWindowWatch<'_>>,
 ) -> Outcome {
     let (mut client_rd, mut client_wr) = client.split();
     let (mut member_rd, mut member_wr) = member.split();
@@ -278,6 +305,14 @@ pub async fn forward(
     let mut idle: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(opts.idle_timeout));
     let mut last_total = 0u64;
     let mut last_activity = Instant::now();
+    // Since when the member owes a reply: the start (it may speak first), then the first client
+    // byte it was given. None once it replied.
+    let mut waiting_since = Some(last_activity);
+    let mut asked = false;
+    // Zero-window watch: since when bytes for the member wait with no progress, and the
+    // upstream total then; the timer that looks again.
+    let mut stalled: Option<(Instant, u64)> = None;
+    let mut stall_timer: Option<Pin<Box<Sleep>>> = None;
 
     let end = poll_fn(|cx| {
         let r_up = up.poll(cx, &mut client_rd, &mut member_wr, opts.splice, down.done);
@@ -287,6 +322,16 @@ pub async fn forward(
         if total != last_total {
             last_total = total;
             last_activity = Instant::now();
+            // Two branches per change of the byte count, only until the first reply.
+            if let Some(since) = waiting_since {
+                if down.taken > 0 {
+                    first_reply(last_activity.saturating_duration_since(since));
+                    waiting_since = None;
+                } else if !asked && up.total > 0 {
+                    asked = true;
+                    waiting_since = Some(last_activity);
+                }
+            }
         }
         if up.unreported + down.unreported >= REPORT_EVERY {
             report(up.unreported, down.unreported);
@@ -307,6 +352,39 @@ pub async fn forward(
         if up.done && down.done {
             return Poll::Ready(End::Closed);
         }
+        let mut zero_window_seen = false;
+        if let Some(watch) = zero_window.as_ref() {
+            // Only while writes to the member are blocked: one branch per wake-up otherwise. The
+            // timer is re-armed when it fires, not on every bit of progress.
+            if up.pos < up.cap || up.in_pipe > 0 {
+                let now = Instant::now();
+                match stalled {
+                    Some((_, mark)) if mark == up.total => {}
+                    _ => stalled = Some((now, up.total)),
+                }
+                let since = stalled.map_or(now, |(since, _)| since);
+                let timer = stall_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(since + watch.after)));
+                while timer.as_mut().poll(cx).is_ready() {
+                    let waited = Instant::now().saturating_duration_since(since);
+                    if waited >= watch.after && receive_window(member_wr.as_ref()) == Some(0) {
+                        zero_window_seen = true;
+                        break;
+                    }
+                    // Progress since, or a slow but open window: look again later.
+                    let next = (since + watch.after).max(Instant::now() + watch.after / 4);
+                    timer.as_mut().reset(next);
+                }
+            } else {
+                stalled = None;
+            }
+        }
+        if zero_window_seen {
+            if let (Some(watch), Some((since, _))) = (zero_window.take(), stalled) {
+                (watch.report)(since.elapsed());
+            }
+            stall_timer = None;
+        }
         // Re-arm the idle timer only when it fires: resetting it on every chunk would cost a
         // timer-wheel update per read.
         while idle.as_mut().poll(cx).is_ready() {
@@ -320,6 +398,9 @@ pub async fn forward(
     })
     .await;
 
+    if let (Some(since), true) = (waiting_since, asked) {
+        first_reply(since.elapsed());
+    }
     report(up.unreported, down.unreported);
     Outcome {
         upstream: up.total,
@@ -328,6 +409,32 @@ pub async fn forward(
         spliced: up.spliced + down.spliced,
         end,
     }
+}
+
+/// The receive window the peer of `stream` last advertised (`tcpi_snd_wnd`), None when the
+/// kernel does not say. The zero-window watches of the tcp and http planes read it.
+pub fn receive_window(stream: &TcpStream) -> Option<u32> {
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the descriptor is a live socket borrowed for the call; `info` is a zeroed
+    // tcp_info of `len` bytes the kernel writes at most `len` bytes into, and `len` is updated
+    // with what it wrote.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    // tcpi_snd_wnd came with Linux 5.4; an older kernel returns a shorter struct.
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_snd_wnd) + 4;
+    if rc != 0 || (len as usize) < needed {
+        return None;
+    }
+    // SAFETY: the struct was zeroed and the kernel filled at least up to tcpi_snd_wnd.
+    Some(unsafe { info.assume_init() }.tcpi_snd_wnd)
 }
 
 /// Writes all of `buf` to a stream shared by reference (as `forward` holds them).

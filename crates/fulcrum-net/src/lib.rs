@@ -1,12 +1,16 @@
 //! Sockets shared by every data plane: listening sockets that outlive reloads, batched datagram
 //! I/O (`recvmmsg`/`sendmmsg`, ICMP error queues), PROXY protocol headers, the forwarding engine
-//! (buffer copy and `splice(2)`), client-side TCP tuning, the connection tracker used at shutdown,
-//! and per-service counters. Nothing here knows a protocol above the transport or a pool.
+//! (buffer copy and `splice(2)`) and the byte relay for TLS streams and upgraded HTTP tunnels,
+//! source-address (SNAT) pools for member connections, client-side TCP tuning, the connection
+//! tracker used at shutdown, and per-service counters. Nothing here knows a protocol above the
+//! transport or a pool.
 
 pub mod datagram;
 pub mod forward;
 pub mod listener;
 pub mod proxy_protocol;
+pub mod relay;
+pub mod snat;
 mod splice;
 pub mod stats;
 pub mod tracker;
@@ -16,5 +20,6 @@ pub use listener::{
     BindError, DatagramListeners, DatagramService, Listener, Listeners, Prepared, PreparedDatagram,
     StreamHandler,
 };
+pub use snat::Snat;
 pub use stats::{ServiceConnection, ServiceStats};
 pub use tracker::Tracker;

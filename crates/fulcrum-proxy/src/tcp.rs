@@ -9,10 +9,11 @@ use std::time::Duration;
 use fulcrum_balance::hash::{hash_ip, hash_socket_addr};
 use fulcrum_balance::{PersistKey, PersistTable, PickContext, Picked, Pool};
 use fulcrum_config::{HashKey, ProxyProtocol};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use fulcrum_net::forward::{forward, write_all, End, ForwardOptions};
+use fulcrum_net::forward::{forward_watched, write_all, End, ForwardOptions, ZeroWindowWatch};
 use fulcrum_net::listener::StreamHandler;
 use fulcrum_net::stats::ServiceStats;
 use fulcrum_net::tracker::Tracker;
@@ -43,7 +44,17 @@ pub struct TcpService {
     pub splice: bool,
     pub stats: Arc<ServiceStats>,
     pub tracker: Arc<Tracker>,
+    /// Source addresses for member connections (`snat`); None connects from the default.
+    pub snat: Option<Arc<fulcrum_net::snat::Snat>>,
+    /// TLS termination (`tls` on the service): clients speak TLS, members get the plain bytes.
+    pub tls: Option<Arc<fulcrum_tls::ServerTls>>,
+    /// TLS to the members (the pool's `tls`): re-encryption.
+    pub member_tls: Option<Arc<fulcrum_tls::client::MemberTls>>,
 }
+
+/// Either side of a connection with TLS on one end: a TLS stream or a plain socket.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 impl StreamHandler for TcpService {
     fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
@@ -77,6 +88,10 @@ impl TcpService {
         let _conn = self.stats.open();
         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
         // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
+        if self.tls.is_some() || self.member_tls.is_some() {
+            // Boxed: the handshake state would otherwise enlarge every plain connection's task.
+            return Box::pin(self.serve_tls(client, peer)).await;
+        }
 
         let opts = ForwardOptions {
             idle_timeout: self.idle_timeout,
@@ -84,7 +99,8 @@ impl TcpService {
         };
         let mut tried: Vec<usize> = Vec::new();
         loop {
-            let Some((picked, mut member_stream)) = self.connect_member(peer, &mut tried).await
+            let Some((picked, mut member_stream, connect_time)) =
+                self.connect_member(peer, &mut tried).await
             else {
                 return;
             };
@@ -105,12 +121,45 @@ impl TcpService {
                 }
             }
 
-            let outcome = forward(&mut client, &mut member_stream, opts, |up, down| {
-                member.stats.add_bytes(up, down);
-                self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
-                self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
-            })
+            // fastest_response: one sample per connection, the connect time plus the member's
+            // time to its first byte (see `forward_watched`); the connect time alone when nobody
+            // said anything.
+            let mut timed = false;
+            // `zero_window_timeout`: a member that stops reading is a passive failure.
+            let mut zero_window = |stalled: Duration| {
+                tracing::info!(service = %self.name, client = %peer, member = %member.label, ?stalled, "member keeps a zero receive window");
+                member.record_passive_failure(&format!(
+                    "zero receive window for {:.1}s with data to send",
+                    stalled.as_secs_f64()
+                ));
+            };
+            let watch = self
+                .pool
+                .config
+                .zero_window_timeout
+                .map(|after| ZeroWindowWatch {
+                    after,
+                    report: &mut zero_window,
+                });
+            let outcome = forward_watched(
+                &mut client,
+                &mut member_stream,
+                opts,
+                |up, down| {
+                    member.stats.add_bytes(up, down);
+                    self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+                    self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
+                },
+                |wait| {
+                    timed = true;
+                    member.stats.observe_response_time(connect_time + wait);
+                },
+                watch,
+            )
             .await;
+            if !timed {
+                member.stats.observe_response_time(connect_time);
+            }
             match outcome.end {
                 End::Member(e) if outcome.downstream == 0 => {
                     // Reset before a single byte of reply: the member failed this client.
@@ -136,6 +185,98 @@ impl TcpService {
         }
     }
 
+    /// A connection with TLS on the client side (termination), the member side
+    /// (re-encryption) or both: the bytes are relayed through user space (no splice); the
+    /// `fastest_response` sample is taken as on the plain path.
+    async fn serve_tls(&self, client: TcpStream, peer: SocketAddr) {
+        let local = client.local_addr().unwrap_or(peer);
+        let mut client: Box<dyn Stream> = match &self.tls {
+            Some(tls) => match tls.accept(client, &self.name, peer).await {
+                Some((s, _)) => Box::new(s),
+                // Counted and logged by `accept`.
+                None => return,
+            },
+            None => Box::new(client),
+        };
+        let mut tried: Vec<usize> = Vec::new();
+        loop {
+            let Some((picked, member_stream, connect_time)) =
+                self.connect_member(peer, &mut tried).await
+            else {
+                return;
+            };
+            let member = &picked.member;
+            let _connection = member.open_connection();
+            let _request = member.open_request();
+            let retry = |tried: &mut Vec<usize>, why: String| {
+                member.record_passive_failure(&why);
+                tried.push(picked.index);
+                tried.len() <= self.pool.retries as usize
+            };
+            if let Some(version) = self.proxy_protocol {
+                let header = fulcrum_net::proxy_protocol::header(version, peer, local);
+                if let Err(e) = write_all(&member_stream, &header).await {
+                    if retry(&mut tried, format!("writing PROXY header: {e}")) {
+                        continue;
+                    }
+                    return;
+                }
+            }
+            let mut member_io: Box<dyn Stream> = match &self.member_tls {
+                Some(mt) => {
+                    let handshake = mt.connect(member_stream, member.address);
+                    match tokio::time::timeout(self.pool.connect_timeout, handshake).await {
+                        Ok(Ok(s)) => Box::new(s),
+                        Ok(Err(e)) => {
+                            if retry(&mut tried, format!("TLS handshake: {e}")) {
+                                continue;
+                            }
+                            return;
+                        }
+                        Err(_) => {
+                            let why = format!(
+                                "TLS handshake not finished within {:?}",
+                                self.pool.connect_timeout
+                            );
+                            if retry(&mut tried, why) {
+                                continue;
+                            }
+                            return;
+                        }
+                    }
+                }
+                None => Box::new(member_stream),
+            };
+            // fastest_response: connect time + time to the member's first byte, as without TLS.
+            let mut timed = false;
+            let mut first_reply = |wait: Duration| {
+                timed = true;
+                member.stats.observe_response_time(connect_time + wait);
+            };
+            let mut live = member.stats.live();
+            let (up, down) = fulcrum_net::relay::run_timed(
+                &mut *client,
+                &[],
+                &mut *member_io,
+                &[],
+                self.idle_timeout,
+                &mut |sent, received| live.add(sent, received),
+                Some(&mut first_reply),
+            )
+            .await;
+            drop(live);
+            if !timed {
+                member.stats.observe_response_time(connect_time);
+            }
+            self.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+            self.stats.bytes_out.fetch_add(down, Ordering::Relaxed);
+            if down > 0 {
+                member.record_exchange_success();
+            }
+            return;
+        }
+    }
+
     /// Persistence first, then the scheduler; a failed connect is reported to the member and the
     /// next member tried. `tried` holds the members this client already failed on; attempts stop
     /// when it exceeds `retries`.
@@ -143,7 +284,7 @@ impl TcpService {
         &self,
         peer: SocketAddr,
         tried: &mut Vec<usize>,
-    ) -> Option<(Picked, TcpStream)> {
+    ) -> Option<(Picked, TcpStream, Duration)> {
         let pool = &self.pool;
         let ctx = PickContext {
             hash: l4_hash(&pool.hash_key, peer),
@@ -168,30 +309,32 @@ impl TcpService {
                 return None;
             };
             let started = Instant::now();
-            match tokio::time::timeout(
+            match fulcrum_net::snat::connect(
+                self.snat.as_deref(),
+                picked.member.address,
                 pool.connect_timeout,
-                TcpStream::connect(picked.member.address),
             )
             .await
             {
-                Ok(Ok(stream)) => {
-                    picked.member.record_connect_success(started.elapsed());
-                    let _ = stream.set_nodelay(true);
+                Ok(stream) => {
+                    // The connect time is folded into the first-byte sample by the caller.
+                    let connect_time = started.elapsed();
                     if let (Some(p), Some(k), false) = (&self.persistence, &key, from_table) {
                         p.table.insert(k.clone(), picked.member.address);
                     }
-                    return Some((picked, stream));
+                    return Some((picked, stream, connect_time));
                 }
-                Ok(Err(e)) => {
+                Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
+                    // No source port left: not the member's fault, and no other member would
+                    // fare better from the same addresses. Refuse the client at once.
+                    self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(service = %self.name, client = %peer, error = %e, "no source address left");
+                    return None;
+                }
+                Err(e) => {
                     picked
                         .member
                         .record_connect_failure(&format!("connect: {e}"));
-                }
-                Err(_) => {
-                    picked.member.record_connect_failure(&format!(
-                        "connect: no answer within {:?}",
-                        pool.connect_timeout
-                    ));
                 }
             }
             tried.push(picked.index);

@@ -158,6 +158,24 @@ impl Ns {
         cmd
     }
 
+    /// Moves the calling thread into the namespace (`setns`): sockets it opens and processes it
+    /// starts from then on live there (a test gives this its own thread and runtime, so it can
+    /// run the binary, members and clients inside and still talk to them). The thread stays in
+    /// the namespace until it ends.
+    pub fn enter_current_thread(&self) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/var/run/netns/{}", self.name);
+        let f = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+        // SAFETY: `f` is an open namespace file for the duration of the call; setns only changes
+        // the calling thread's network namespace.
+        let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(format!("setns {path}: {}", std::io::Error::last_os_error()))
+        }
+    }
+
     /// Runs a command inside the namespace to completion; an error carries its stderr.
     pub fn exec(&self, program: &str, args: &[&str]) -> Result<Output, String> {
         let mut full = vec!["netns", "exec", self.name.as_str(), program];

@@ -106,6 +106,8 @@ pub struct App {
     admin_bound: SocketAddr,
     admin_access: ArcSwap<fulcrum_admin::Access>,
     cap: Arc<crate::limits::GlobalCap>,
+    /// TLS termination state of every service with `tls`, by name (shared by the planes).
+    tls: Arc<crate::https::TlsAssembly>,
 }
 
 impl App {
@@ -119,6 +121,7 @@ impl App {
         let sockets_per_address = default_sockets_per_address(workers);
         let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
         let ha = Arc::new(crate::ha::HaPlane::default());
+        let tls = Arc::new(crate::https::TlsAssembly::default());
         // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
         // than "proxy" before the proxies do.
         let planes: Vec<Arc<dyn DataPlane>> = vec![
@@ -127,7 +130,7 @@ impl App {
             Arc::new(crate::udp::Udp::new(sockets_per_address)),
             Arc::new(crate::message::Messages::default()),
             dns.clone(),
-            Arc::new(crate::http::HttpAssembly::new(dns)),
+            Arc::new(crate::http::HttpAssembly::new(dns, tls.clone())),
             ha.clone(),
         ];
         App {
@@ -152,6 +155,7 @@ impl App {
             planes,
             state_lock: Mutex::new(()),
             ha,
+            tls,
         }
     }
 
@@ -198,6 +202,16 @@ impl App {
         for plane in &self.planes {
             plane.commit(&mut cx);
         }
+        // State kept by service name for whichever plane runs the service: TLS sessions and
+        // counters, SNAT pools. Services that left drop theirs.
+        let runs = |name: &str, uses: &dyn Fn(&fulcrum_config::VirtualService) -> bool| {
+            config
+                .virtual_services
+                .iter()
+                .any(|v| v.name == name && uses(v))
+        };
+        self.tls.retain(&|name| runs(name, &|v| !v.tls.is_empty()));
+        fulcrum_net::Snat::retain(&|name| runs(name, &|v| !v.snat.is_empty()));
         let checked = cx.checked_pools;
         self.health.apply(&checked, &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
@@ -239,7 +253,14 @@ impl App {
                 Arc::new(Pool::new(pc, &checks, previous.map(|p| p.as_ref())))
             })
             .collect();
-        let mut cx = BuildCx::new(config, &pools, &self.tracker, &asm.stats, &asm.tables);
+        let mut cx = BuildCx::new(
+            config,
+            &pools,
+            &self.tracker,
+            &self.tls,
+            &asm.stats,
+            &asm.tables,
+        );
         let mut handlers = Vec::new();
         let mut services = Vec::new();
         for vs in &config.virtual_services {
@@ -353,6 +374,7 @@ impl Control for App {
         for plane in &self.planes {
             plane.metrics(out);
         }
+        crate::snat::metrics(out);
     }
 
     fn plane_api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {

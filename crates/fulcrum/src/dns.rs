@@ -96,7 +96,7 @@ impl Dns {
         &self,
         fqdn: &str,
         client: std::net::IpAddr,
-    ) -> Option<std::net::IpAddr> {
+    ) -> Option<fulcrum_dns::RedirectTarget> {
         self.runtime.gslb().best_other_site(fqdn, client)
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use fulcrum_admin::{ApiRequest, MetricsWriter};
 use fulcrum_config::{Config, PersistenceKind, Protocol, VirtualService};
+use fulcrum_dns::RedirectTarget;
 use fulcrum_http::{
     HttpCache, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo, Upstreams,
 };
@@ -21,7 +22,8 @@ pub struct HttpAssembly {
     upstreams: Arc<Upstreams>,
     stats: Mutex<HashMap<String, Arc<HttpStats>>>,
     services: Mutex<Vec<Arc<HttpService>>>,
-    tls: crate::https::TlsAssembly,
+    /// TLS state of every service with TLS, shared with the tcp and message planes.
+    tls: Arc<crate::https::TlsAssembly>,
     /// Caches of the services with a `cache` table, by service name.
     caches: Mutex<HashMap<String, Arc<HttpCache>>>,
     /// The services of the configuration being applied.
@@ -40,12 +42,12 @@ struct HttpBuild {
 
 impl HttpAssembly {
     /// Needs a tokio runtime (the idle-connection sweeper starts here).
-    pub fn new(dns: Arc<crate::dns::Dns>) -> HttpAssembly {
+    pub fn new(dns: Arc<crate::dns::Dns>, tls: Arc<crate::https::TlsAssembly>) -> HttpAssembly {
         HttpAssembly {
             upstreams: Upstreams::new(),
             stats: Mutex::new(HashMap::new()),
             services: Mutex::new(Vec::new()),
-            tls: crate::https::TlsAssembly::default(),
+            tls,
             caches: Mutex::new(HashMap::new()),
             pending: Mutex::default(),
             dns,
@@ -109,15 +111,12 @@ impl DataPlane for HttpAssembly {
                     }) as Arc<dyn NoMemberHook>
                 }),
                 cache,
+                snat: cx.snat(vs)?,
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
         if vs.protocol == Protocol::Https {
-            svc.tls = Some(
-                self.tls
-                    .server(vs, config)
-                    .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?,
-            );
+            svc.tls = cx.stream_tls(vs)?;
         }
         let svc = Arc::new(svc);
         build.services.push(svc.clone());
@@ -127,9 +126,9 @@ impl DataPlane for HttpAssembly {
     /// Keeps the counters of the services that run now, drops the idle connections of members
     /// that left, and retires the services of the previous configuration (their keep-alive
     /// connections close after the request in progress, so clients reconnect to the new one).
+    /// (The TLS state of services that left is dropped by `App` for every plane.)
     fn commit(&self, cx: &mut CommitCx) {
         let build = std::mem::take(&mut *self.pending.lock());
-        self.tls.retain(&|name| build.stats.contains_key(name));
         *self.stats.lock() = build.stats;
         *self.caches.lock() = build.caches;
         self.upstreams.retain(cx.pools);
@@ -417,28 +416,36 @@ struct GslbRedirect {
 impl NoMemberHook for GslbRedirect {
     fn redirect(&self, service: &str, _pool: &str, req: &RequestInfo<'_>) -> Option<String> {
         let site = self.dns.best_other_site(&self.fqdn, req.client)?;
-        tracing::debug!(service, client = %req.client, %site, "redirected to another GSLB site");
-        Some(redirect_location(req, site))
+        tracing::debug!(service, client = %req.client, ?site, "redirected to another GSLB site");
+        Some(redirect_location(req, &site))
     }
 }
 
-/// `scheme://address[:port]/path?query`: the same request at another site's address. The port
-/// the client connected to is kept (left out when it is the scheme's default). The path and
-/// query were checked by the request parser; bytes outside visible ASCII are percent-encoded
-/// anyway, because this text becomes a header value.
-fn redirect_location(req: &RequestInfo<'_>, site: std::net::IpAddr) -> String {
+/// `scheme://authority/path?query`: the same request at another site. The authority is the
+/// site's `redirect_host` (so the name the client's certificate check and the site's virtual
+/// hosts need is kept), else its address. Without a port in `redirect_host`, the port the client
+/// connected to is kept (left out when it is the scheme's default). The path and query were
+/// checked by the request parser; bytes outside visible ASCII are percent-encoded anyway,
+/// because this text becomes a header value.
+fn redirect_location(req: &RequestInfo<'_>, site: &RedirectTarget) -> String {
     use std::fmt::Write;
     let mut out = format!("{}://", req.scheme);
+    let mut explicit_port = false;
     match site {
-        std::net::IpAddr::V4(a) => {
+        RedirectTarget::Host(h) => {
+            // Checked by the config reader: a host name, optionally `:port`.
+            explicit_port = h.contains(':');
+            out.push_str(h);
+        }
+        RedirectTarget::Address(std::net::IpAddr::V4(a)) => {
             let _ = write!(out, "{a}");
         }
-        std::net::IpAddr::V6(a) => {
+        RedirectTarget::Address(std::net::IpAddr::V6(a)) => {
             let _ = write!(out, "[{a}]");
         }
     }
     let default_port = if req.scheme == "https" { 443 } else { 80 };
-    if req.local_port != default_port {
+    if !explicit_port && req.local_port != default_port {
         let _ = write!(out, ":{}", req.local_port);
     }
     let push = |out: &mut String, bytes: &[u8]| {
@@ -483,8 +490,24 @@ mod tests {
 
     #[test]
     fn redirect_keeps_path_query_and_a_non_default_port() {
-        let v4 = "198.51.100.7".parse().unwrap();
-        let v6 = "2001:db8::7".parse().unwrap();
+        let v4 = RedirectTarget::Address("198.51.100.7".parse().unwrap());
+        let v6 = RedirectTarget::Address("2001:db8::7".parse().unwrap());
+        let v4 = &v4;
+        let v6 = &v6;
+        let host = &RedirectTarget::Host("eu.app.example.com".into());
+        let host_port = &RedirectTarget::Host("eu.app.example.com:8443".into());
+        assert_eq!(
+            redirect_location(&info("https", b"/a", Some(b"q=2"), 443), host),
+            "https://eu.app.example.com/a?q=2"
+        );
+        assert_eq!(
+            redirect_location(&info("http", b"/a", None, 8080), host),
+            "http://eu.app.example.com:8080/a"
+        );
+        assert_eq!(
+            redirect_location(&info("https", b"/a", None, 9443), host_port),
+            "https://eu.app.example.com:8443/a"
+        );
         assert_eq!(
             redirect_location(&info("http", b"/a/b", Some(b"x=1"), 80), v4),
             "http://198.51.100.7/a/b?x=1"

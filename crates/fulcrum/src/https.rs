@@ -16,7 +16,11 @@ use parking_lot::Mutex;
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        if vs.protocol != Protocol::Https || vs.tls.is_empty() {
+        if !matches!(
+            vs.protocol,
+            Protocol::Https | Protocol::Tcp | Protocol::Message
+        ) || vs.tls.is_empty()
+        {
             continue;
         }
         let mut shared = match TlsShared::new() {
@@ -118,5 +122,16 @@ impl TlsAssembly {
                 );
             }
         }
+    }
+}
+
+/// TLS to the members of a tcp service's pool (its `tls` table), offering no ALPN: a tcp
+/// service does not know what its bytes are.
+pub fn stream_member_tls(pool: &fulcrum_balance::Pool) -> Result<Option<Arc<MemberTls>>, String> {
+    match &pool.config.tls {
+        None => Ok(None),
+        Some(tls) => MemberTls::load_with_alpn(tls, Vec::new(), &format!("pool {:?}", pool.name))
+            .map(|m| Some(Arc::new(m)))
+            .map_err(|(k, m)| format!("{k}: {m}")),
     }
 }

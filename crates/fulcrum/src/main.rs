@@ -12,6 +12,7 @@ mod https;
 mod limits;
 mod message;
 mod plane;
+mod snat;
 mod state_file;
 mod tcp;
 mod tuning;

@@ -61,7 +61,11 @@ impl DataPlane for Messages {
             .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
         let persistence = cx.source_persistence(vs);
         let stats = cx.stats(vs);
+        // TLS towards the clients (`tls`), source addresses towards the members (`snat`).
+        let tls = cx.stream_tls(vs)?;
+        let snat = cx.snat(vs)?;
         let settings = Settings {
+            snat,
             framing: vs.framing.clone().unwrap_or_default(),
             mode: vs.message_mode,
             sequence: vs.sequence.clone(),
@@ -92,6 +96,7 @@ impl DataPlane for Messages {
             idle_timeout: vs.idle_timeout,
             max_connections: vs.max_connections,
             tracker: cx.tracker.clone(),
+            tls,
         })))
     }
 

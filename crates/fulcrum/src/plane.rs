@@ -14,9 +14,12 @@ use std::sync::Arc;
 use fulcrum_admin::{ApiRequest, MetricsWriter};
 use fulcrum_balance::{PersistTable, Pool, TableSpec};
 use fulcrum_config::{Config, Persistence, PersistenceKind, VirtualService};
-use fulcrum_net::{ServiceStats, StreamHandler, Tracker};
+use fulcrum_http::tls::ServerTls;
+use fulcrum_net::{ServiceStats, Snat, StreamHandler, Tracker};
 use fulcrum_proxy::SourcePersistence;
 use serde_json::Value;
+
+use crate::https::TlsAssembly;
 
 /// One data plane of the process.
 pub trait DataPlane: Send + Sync {
@@ -74,6 +77,9 @@ pub struct BuildCx<'a> {
     pub config: &'a Config,
     pub pools: &'a [Arc<Pool>],
     pub tracker: &'a Arc<Tracker>,
+    /// TLS termination state by service name (ticket keys, session caches, counters), for
+    /// every service with `tls` whatever its plane.
+    tls: &'a TlsAssembly,
     old_stats: &'a HashMap<String, Arc<ServiceStats>>,
     old_tables: &'a HashMap<String, Arc<PersistTable>>,
     pub(crate) stats: HashMap<String, Arc<ServiceStats>>,
@@ -85,6 +91,7 @@ impl<'a> BuildCx<'a> {
         config: &'a Config,
         pools: &'a [Arc<Pool>],
         tracker: &'a Arc<Tracker>,
+        tls: &'a TlsAssembly,
         old_stats: &'a HashMap<String, Arc<ServiceStats>>,
         old_tables: &'a HashMap<String, Arc<PersistTable>>,
     ) -> BuildCx<'a> {
@@ -92,6 +99,7 @@ impl<'a> BuildCx<'a> {
             config,
             pools,
             tracker,
+            tls,
             old_stats,
             old_tables,
             stats: HashMap::new(),
@@ -146,6 +154,24 @@ impl<'a> BuildCx<'a> {
         };
         self.tables.insert(vs.name.clone(), table.clone());
         Some((table, profile))
+    }
+
+    /// TLS termination of a service with `tls` (https, and tcp or message with TLS offload),
+    /// keeping its ticket keys, session cache and counters across reloads.
+    pub fn stream_tls(&self, vs: &VirtualService) -> Result<Option<Arc<ServerTls>>, String> {
+        if vs.tls.is_empty() {
+            return Ok(None);
+        }
+        self.tls
+            .server(vs, self.config)
+            .map(Some)
+            .map_err(|e| format!("virtual service {:?}: {e}", vs.name))
+    }
+
+    /// The service's pool of source addresses for member connections (`snat`), if any.
+    pub fn snat(&self, vs: &VirtualService) -> Result<Option<Arc<Snat>>, String> {
+        Snat::for_service(&vs.name, &vs.snat)
+            .map_err(|e| format!("virtual service {:?}: {e}", vs.name))
     }
 
     /// `source_ip` persistence of an L4 service (tcp, udp, message).

@@ -26,6 +26,11 @@ impl DataPlane for TcpPlane {
             .pool(vs)
             .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
         Ok(Some(Arc::new(TcpService {
+            // TLS offload towards the clients, and re-encryption to members with a pool `tls`.
+            tls: cx.stream_tls(vs)?,
+            member_tls: crate::https::stream_member_tls(&pool)
+                .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?,
+            snat: cx.snat(vs)?,
             name: Arc::from(vs.name.as_str()),
             pool,
             persistence: cx.source_persistence(vs),

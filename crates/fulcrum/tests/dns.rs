@@ -1057,3 +1057,64 @@ async fn http_services_redirect_to_the_best_other_site_when_they_cannot_serve() 
     let head = http_head(empty, "/").await;
     assert!(head.starts_with("HTTP/1.1 503"), "{head}");
 }
+
+/// With `redirect_host` on the other site, the redirect keeps a name (so the certificate and the
+/// virtual host still match there), with the path, the query and the client's port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_redirect_to_another_site_uses_its_redirect_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let dns = free_addr();
+    let backend = fulcrum_testkit::HttpBackend::start("127.0.0.1:0".parse().unwrap(), "m1")
+        .await
+        .unwrap();
+    let named = free_addr();
+    let f = start(&format!(
+        "{}{}{}[gslb]\nlocal_site = \"east\"\n\n\
+         [[virtual_service]]\nname = \"named\"\nlisten = \"{named}\"\nprotocol = \"http\"\npool = \"down\"\ngslb_redirect = \"app.example.com.\"\n\
+         [[pool]]\nname = \"down\"\n[[pool.member]]\naddress = \"{}\"\nstate = \"disabled\"\n",
+        dns_section(dir.path(), &[dns], ""),
+        two_sites("", "redirect_host = \"west.app.example.com\""),
+        gslb_name("app.example.com.", "first_available", ""),
+        backend.addr,
+    ))
+    .await;
+    let head = http_head(named, "/cart/view?item=7&x=%2F")
+        .await
+        .to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 302"), "{head}");
+    assert!(
+        head.contains(&format!(
+            "\r\nlocation: http://west.app.example.com:{}/cart/view?item=7&x=%2f",
+            named.port()
+        )),
+        "{head}"
+    );
+    assert!(!head.contains("192.0.2.20"), "{head}");
+
+    // A port in `redirect_host` replaces the client's; a reload applies the key.
+    f.write_config(&format!(
+        "{}{}{}[gslb]\nlocal_site = \"east\"\n\n\
+         [[virtual_service]]\nname = \"named\"\nlisten = \"{named}\"\nprotocol = \"http\"\npool = \"down\"\ngslb_redirect = \"app.example.com.\"\n\
+         [[pool]]\nname = \"down\"\n[[pool.member]]\naddress = \"{}\"\nstate = \"disabled\"\n",
+        dns_section(dir.path(), &[dns], ""),
+        two_sites("", "redirect_host = \"west.app.example.com:8443\""),
+        gslb_name("app.example.com.", "first_available", ""),
+        backend.addr,
+    ));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = http_head(named, "/a").await.to_ascii_lowercase();
+    assert!(
+        head.contains("\r\nlocation: http://west.app.example.com:8443/a"),
+        "{head}"
+    );
+
+    // Anything but a host name (and port) is refused with the key's place.
+    let (ok, out) = check(&format!(
+        "{}{}",
+        two_sites("", "redirect_host = \"http://west/x\""),
+        gslb_name("app.example.com.", "first_available", ""),
+    ));
+    assert!(!ok, "{out}");
+    assert!(out.contains("gslb.site[1].redirect_host"), "{out}");
+}

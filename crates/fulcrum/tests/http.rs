@@ -1142,3 +1142,268 @@ async fn reload_and_shutdown_close_idle_keep_alive_connections() {
     let (_, closed) = read_until_close(&mut s, Duration::from_secs(3)).await;
     assert!(closed);
 }
+
+/// Sets a member's operator state through the API.
+async fn set_member_state(f: &Fulcrum, addr: SocketAddr, state: &str) {
+    let r = f
+        .api(
+            "PUT",
+            &format!("/api/v1/pools/p/members/{addr}/state"),
+            Some(json!({ "state": state })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Weighted least traffic counts an HTTP download while it flows, not when it ends: with a long
+/// download on m0 and two idle requests held on m1, new clients go to m1. (Counting at the end
+/// only, m0 looks idle with one connection against m1's two and takes them all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_least_traffic_sees_a_long_download_while_it_flows() {
+    use tokio::io::AsyncReadExt;
+    let (b, vs) = two().await;
+    let f = start(&format!(
+        "{}{}",
+        service(vs, ""),
+        pool(
+            "p",
+            &addrs(&b),
+            "algorithm = \"weighted_least_traffic\"\nmonitors = []"
+        )
+    ))
+    .await;
+    // The download goes to m0: m1 is disabled while it starts.
+    set_member_state(&f, b[1].addr, "disabled").await;
+    let mut download = TcpStream::connect(vs).await.unwrap();
+    download
+        .write_all(b"GET /bytes/48000000 HTTP/1.1\r\nHost: dl\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = download.read(&mut buf).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n])
+            .to_ascii_lowercase()
+            .contains("x-server: m0"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n.min(300)])
+    );
+    // The client reads at about 8 MB/s, for at most 6 s, in the background.
+    let reader = tokio::spawn(async move {
+        let until = Instant::now() + Duration::from_secs(6);
+        while Instant::now() < until {
+            match download.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(8)).await,
+            }
+        }
+    });
+    // Two requests that hold m1 without moving bytes: m0 is drained while they start.
+    set_member_state(&f, b[1].addr, "enabled").await;
+    set_member_state(&f, b[0].addr, "drain").await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(vs).await.unwrap();
+        s.write_all(b"GET /delay/15000 HTTP/1.1\r\nHost: h\r\n\r\n")
+            .await
+            .unwrap();
+        held.push(s);
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            member(&f, "p", b[1].addr).await["active_connections"] == 2
+        })
+        .await
+    );
+    set_member_state(&f, b[0].addr, "enabled").await;
+
+    // The download's bytes reach m0's counters while it runs.
+    assert!(
+        wait_until(Duration::from_secs(3), || async {
+            member(&f, "p", b[0].addr).await["bytes_received"]
+                .as_u64()
+                .unwrap_or(0)
+                > 2_000_000
+        })
+        .await,
+        "m0's counters did not move during the download: {}",
+        member(&f, "p", b[0].addr).await
+    );
+    // One traffic sample period and more for the average to take it in.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut names = BTreeMap::new();
+    for _ in 0..6 {
+        *names.entry(who(&get(vs, "/").await)).or_insert(0) += 1;
+    }
+    assert_eq!(names.get("m1"), Some(&6), "{names:?}");
+    assert!(
+        !reader.is_finished(),
+        "the download ended too early to tell"
+    );
+    reader.abort();
+}
+
+/// A free port on ::1.
+fn free_v6() -> SocketAddr {
+    let l = std::net::TcpListener::bind("[::1]:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// HTTP over IPv6 end to end: a listener and members on ::1, X-Forwarded-For with the v6
+/// client address, persistence by source address, and a PROXY v2 header with TCP6 addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listeners_and_members_end_to_end() {
+    let mut b = Vec::new();
+    for i in 0..2 {
+        b.push(
+            HttpBackend::start("[::1]:0".parse().unwrap(), &format!("m{i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let raw = RawBackend::start(
+        "[::1]:0".parse().unwrap(),
+        RawBehaviour::Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nraw".to_vec()),
+    )
+    .await
+    .unwrap();
+    let (vs, sticky, pp) = (free_v6(), free_v6(), free_v6());
+    let f = start(&format!(
+        "{}\
+         [[virtual_service]]\nname = \"sticky\"\nlisten = \"{sticky}\"\nprotocol = \"http\"\npool = \"p\"\npersistence = \"src\"\n\
+         [[virtual_service]]\nname = \"pp\"\nlisten = \"{pp}\"\nprotocol = \"http\"\npool = \"raw\"\nproxy_protocol = \"v2\"\n\
+         [[persistence]]\nname = \"src\"\ntype = \"source_ip\"\n\
+         {}{}",
+        service(vs, ""),
+        pool("p", &addrs(&b), "algorithm = \"round_robin\""),
+        pool("raw", &[raw.addr], ""),
+    ))
+    .await;
+
+    // Round robin over the v6 members, each seeing the v6 client in X-Forwarded-For.
+    let mut names = BTreeMap::new();
+    for _ in 0..4 {
+        let r = get(vs, "/echo").await;
+        assert_eq!(r.status, 200);
+        assert!(r.text().contains("x-forwarded-for: ::1\n"), "{}", r.text());
+        let server = r
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("x-server"))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        *names.entry(server).or_insert(0) += 1;
+    }
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    // Persistence by source: every new connection from ::1 goes to the same member.
+    let first = who(&get(sticky, "/").await);
+    for _ in 0..5 {
+        assert_eq!(who(&get(sticky, "/").await), first);
+    }
+    let table = f.get_json("/api/v1/status").await.to_string();
+    assert!(table.contains("sticky"), "{table}");
+
+    // PROXY v2 to the member: TCP over IPv6 (0x21), 36 bytes of addresses, ::1 both ways,
+    // the client's port and the service's.
+    let mut client = TcpStream::connect(pp).await.unwrap();
+    let client_port = client.local_addr().unwrap().port();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut client).await.unwrap();
+    assert_eq!((status, body.as_slice()), (200, &b"raw"[..]));
+    let got = raw.received();
+    let h = &got[0];
+    assert_eq!(&h[..12], b"\r\n\r\n\0\r\nQUIT\n");
+    assert_eq!(h[12], 0x21, "version 2, PROXY command");
+    assert_eq!(h[13], 0x21, "TCP over IPv6");
+    assert_eq!(u16::from_be_bytes([h[14], h[15]]), 36);
+    let loopback = std::net::Ipv6Addr::LOCALHOST.octets();
+    assert_eq!(&h[16..32], &loopback, "source address");
+    assert_eq!(&h[32..48], &loopback, "destination address");
+    assert_eq!(u16::from_be_bytes([h[48], h[49]]), client_port);
+    assert_eq!(u16::from_be_bytes([h[50], h[51]]), pp.port());
+    assert!(
+        h[52..].starts_with(b"GET / HTTP/1.1\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&h[52..])
+    );
+}
+
+/// A member that reads the request head and then stops reading: with the pool's
+/// `zero_window_timeout`, an upload stuck on its zero receive window fails the request as a
+/// passive failure of the member (502, not a 408 blamed on the client at the idle timeout), and
+/// `fall` (3) of them take the member down with the reason shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_to_a_member_that_stops_reading_is_a_passive_failure() {
+    use tokio::io::AsyncReadExt;
+    let listener = {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_recv_buffer_size(4096).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        s.listen(16).unwrap();
+        tokio::net::TcpListener::from_std(s.into()).unwrap()
+    };
+    let member_addr = listener.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}{}",
+        service(vs, ""),
+        pool(
+            "p",
+            &[member_addr],
+            "monitors = []\nzero_window_timeout = \"1s\"\nretries = 0"
+        )
+    ))
+    .await;
+    for _ in 0..3 {
+        let s = TcpStream::connect(vs).await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        let len = 16 * 1024 * 1024;
+        let pusher = tokio::spawn(async move {
+            let head = format!("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n");
+            if wr.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk = vec![b'u'; 64 * 1024];
+            for _ in 0..len / chunk.len() {
+                if wr.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        // The answer may be lost to the reset of a connection closed with body bytes unread;
+        // when it arrives it is the member's fault, not a client timeout.
+        assert!(
+            text.is_empty() || text.starts_with("HTTP/1.1 502"),
+            "{text}"
+        );
+        pusher.abort();
+    }
+    let m = member_addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("p", &m).await["health"] == "down"
+        })
+        .await,
+        "{}",
+        f.member("p", &m).await
+    );
+    let transitions = f.member("p", &m).await["transitions"].to_string();
+    assert!(transitions.contains("zero receive window"), "{transitions}");
+    holder.abort();
+}

@@ -9,6 +9,7 @@ mod http_common;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_common::*;
@@ -929,4 +930,295 @@ fn check(config: &str) -> (bool, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
+}
+
+/// HTTPS over IPv6 end to end: a listener on ::1 and members on ::1, HTTP/1.1 and HTTP/2 (ALPN)
+/// clients, the v6 client address in X-Forwarded-For, persistence by source address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listener_and_members_over_tls() {
+    let pki = Pki::new();
+    pki.leaf("a", "a.test", &["DNS:a.test"]);
+    let mut b = Vec::new();
+    for i in 0..2 {
+        b.push(
+            HttpBackend::start("[::1]:0".parse().unwrap(), &format!("m{i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let vs: SocketAddr = {
+        let l = std::net::TcpListener::bind("[::1]:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let _f = start(&format!(
+        "{}[[persistence]]\nname = \"src\"\ntype = \"source_ip\"\n{}",
+        https_service(vs, &format!("{}persistence = \"src\"", pki.tls(&["a"]))),
+        pool("p", &addrs(&b), "algorithm = \"round_robin\""),
+    ))
+    .await;
+    let ca = pki.p("ca.crt");
+    let url = format!("https://a.test:{}/echo", vs.port());
+    let resolve = format!("a.test:{}:[::1]", vs.port());
+    let mut servers = std::collections::BTreeSet::new();
+    for http2 in [false, true, false, true] {
+        let version = if http2 { "--http2" } else { "--http1.1" };
+        let (ok, out, err) =
+            curl(&["-i", version, "--cacert", &ca, "--resolve", &resolve, &url]).await;
+        assert!(ok, "{err}");
+        let expected = if http2 { "HTTP/2 200" } else { "HTTP/1.1 200" };
+        assert!(out.starts_with(expected), "{out}");
+        assert!(out.contains("x-forwarded-for: ::1\n"), "{out}");
+        assert!(out.contains("x-forwarded-proto: https\n"), "{out}");
+        servers.insert(header(&out, "x-server").unwrap_or_default().to_string());
+    }
+    // Persistence by the v6 source: one member for every connection.
+    assert_eq!(servers.len(), 1, "{servers:?}");
+}
+
+/// A tcp virtual service `name` on `vs` with pool `pool` and extra keys.
+fn tcp_service(name: &str, vs: SocketAddr, pool: &str, extra: &str) -> String {
+    format!(
+        "[[virtual_service]]\nname = \"{name}\"\nlisten = [\"{vs}\"]\nprotocol = \"tcp\"\npool = \"{pool}\"\n{extra}\n"
+    )
+}
+
+/// TLS on a tcp service with the https options: certificates by SNI, no ALPN unless set,
+/// client certificates; and re-encryption to TLS members (the pool's `tls`), verified.
+/// The member behind the plain services speaks HTTP only so that curl can be the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_tcp_services_terminates_and_reencrypts() {
+    let pki = Pki::new();
+    pki.leaf("a", "a.test", &["DNS:a.test"]);
+    pki.leaf("b", "b.test", &["DNS:b.test"]);
+    pki.leaf("front", "front.test", &["DNS:front.test"]);
+    pki.leaf(
+        "backend",
+        "backend",
+        &["DNS:backend.internal", "IP:127.0.0.1"],
+    );
+    pki.leaf("client", "client one", &[]);
+    let nginx = nginx_tls(&pki, "backend").await;
+    let b = backends(1).await;
+    let (plain, alpn, re, mtls) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let ca = pki.p("ca.crt");
+    let f = start(&format!(
+        "{}{}{}{}{}{}",
+        tcp_service("plain", plain, "p", &pki.tls(&["a", "b"])),
+        tcp_service(
+            "alpn",
+            alpn,
+            "p",
+            &format!(
+                "{}tls_options = {{ alpn = [\"http/1.1\"] }}\n",
+                pki.tls(&["a"])
+            )
+        ),
+        tcp_service("re", re, "tlsp", &pki.tls(&["front"])),
+        tcp_service(
+            "mtls",
+            mtls,
+            "p",
+            &format!(
+                "{}tls_options = {{ client_auth = \"required\", client_ca = \"{ca}\" }}\n",
+                pki.tls(&["a"])
+            )
+        ),
+        pool("p", &addrs(&b), ""),
+        pool(
+            "tlsp",
+            &[nginx.addr],
+            &format!("tls = {{ ca = \"{ca}\", sni = \"backend.internal\" }}")
+        ),
+    ))
+    .await;
+
+    // Termination, the certificate chosen by SNI; no ALPN offered by default (the bytes are
+    // the member's business), so curl speaks HTTP/1.1.
+    for (name, cn) in [("a.test", "CN=a.test"), ("b.test", "CN=b.test")] {
+        let url = format!("https://{name}:{}/", plain.port());
+        let (ok, out, err) = curl(&[
+            "-v",
+            "--cacert",
+            &ca,
+            "--resolve",
+            &resolve(name, plain),
+            &url,
+        ])
+        .await;
+        assert!(ok, "{err}");
+        assert_eq!(out.trim(), "m0");
+        assert!(err.contains(&format!("subject: {cn}")), "{err}");
+        assert!(!err.contains("ALPN: server accepted"), "{err}");
+    }
+    // ALPN when the service says what its members speak.
+    let url = format!("https://a.test:{}/", alpn.port());
+    let (ok, out, err) = curl(&[
+        "-v",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve("a.test", alpn),
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "m0");
+    assert!(err.contains("ALPN: server accepted http/1.1"), "{err}");
+
+    // Re-encryption: the member (nginx) sees TLS with the pool's SNI, verified against the CA.
+    let url = format!("https://front.test:{}/", re.port());
+    let (ok, out, err) = curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve("front.test", re),
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("tls TLSv1.3 sni=backend.internal HTTP/1.1"),
+        "{out}"
+    );
+
+    // Client certificates: required here.
+    let url = format!("https://a.test:{}/", mtls.port());
+    let r = resolve("a.test", mtls);
+    let (ok, out, _) = curl(&["--cacert", &ca, "--resolve", &r, &url]).await;
+    assert!(!ok, "served without a client certificate: {out}");
+    let (ok, out, err) = curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &r,
+        "--cert",
+        &pki.p("client.crt"),
+        "--key",
+        &pki.p("client.key"),
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "m0");
+    // fastest_response samples through TLS are the time to the member's first byte too: a
+    // member that answers after 150 ms is measured at about that, not at its connect time.
+    let q = backends(1).await;
+    let slow = free_addr();
+    f.write_config(&format!(
+        "{}{}{}",
+        tcp_service("plain", plain, "p", &pki.tls(&["a", "b"])),
+        tcp_service("slow", slow, "q", &pki.tls(&["a"])),
+        pool("p", &addrs(&b), "") + &pool("q", &addrs(&q), "")
+    ));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let url = format!("https://a.test:{}/delay/150", slow.port());
+    let (ok, out, err) =
+        curl(&["--cacert", &ca, "--resolve", &resolve("a.test", slow), &url]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "m0");
+    let ms = member(&f, "q", q[0].addr).await["response_time_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(ms >= 100.0, "measured {ms} ms");
+
+    // The handshakes are counted like https ones.
+    let sample = "fulcrum_tls_handshakes_total{vs=\"plain\",version=\"1.3\",resumed=\"false\"}";
+    assert!(wait_metric(&f, sample, 2.0).await >= 2.0);
+}
+
+/// A TLS client (rustls) trusting `ca` (PEM), sending SNI `name`.
+async fn tls_client(
+    addr: SocketAddr,
+    ca: &str,
+    name: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
+    connector.connect(name, tcp).await
+}
+
+/// TLS on a message service: clients speak TLS, messages are cut from the decrypted stream and
+/// balanced as usual; a client that does not trust the certificate gets no service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_message_services() {
+    use fulcrum_testkit::message::{id, Answer, MessageSwitch, SwitchOptions, WireFraming};
+    let pki = Pki::new();
+    pki.leaf("bank", "bank.test", &["DNS:bank.test"]);
+    pki.ca("other", "Other CA");
+    let framing = WireFraming::two_byte();
+    let mut switches = Vec::new();
+    for i in 0..2 {
+        switches.push(
+            MessageSwitch::start(
+                free_addr(),
+                &format!("s{i}"),
+                framing.clone(),
+                SwitchOptions::default(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let vs = free_addr();
+    let f = start(&format!(
+        "[[virtual_service]]\nname = \"bank\"\nlisten = \"{vs}\"\nprotocol = \"message\"\npool = \"p\"\n\
+         message_mode = \"async\"\nsequence = {{ offset = 0, length = 12 }}\n{}\
+         [[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\nmonitors = []\n\
+         [[pool.member]]\naddress = \"{}\"\n[[pool.member]]\naddress = \"{}\"\n",
+        pki.tls(&["bank"]),
+        switches[0].addr,
+        switches[1].addr,
+    ))
+    .await;
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            switches.iter().all(|s| s.active() >= 2)
+        })
+        .await
+    );
+    let mut s = tls_client(vs, &pki.p("ca.crt"), "bank.test").await.unwrap();
+    for n in 0..6u64 {
+        let mut body = id(n).to_vec();
+        body.extend_from_slice(b"pay");
+        s.write_all(&framing.encode(&body)).await.unwrap();
+    }
+    let mut buf = Vec::new();
+    let mut answers = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while answers.len() < 6 {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
+            .await
+            .expect("answers within 5 s")
+            .unwrap();
+        assert!(n > 0, "closed after {} answers", answers.len());
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(body) = framing.decode(&mut buf).unwrap() {
+            answers.push(Answer::parse(&body).unwrap());
+        }
+    }
+    let servers: std::collections::BTreeSet<String> =
+        answers.iter().map(|a| a.server.clone()).collect();
+    assert_eq!(servers.len(), 2, "{answers:?}");
+    assert!(answers.iter().all(|a| a.payload == b"pay"));
+    assert_eq!(switches[0].messages() + switches[1].messages(), 6);
+    // A client that does not trust the certificate fails the handshake; no message goes out.
+    assert!(tls_client(vs, &pki.p("other.crt"), "bank.test")
+        .await
+        .is_err());
+    let sample = "fulcrum_tls_handshakes_total{vs=\"bank\",version=\"1.3\",resumed=\"false\"}";
+    assert!(wait_metric(&f, sample, 1.0).await >= 1.0);
 }

@@ -163,6 +163,57 @@ async fn sighup_reloads_and_keeps_health_and_api_state() {
     );
 }
 
+/// A server added to a running pool by a reload goes through the pool's slow start; the members
+/// of the first config do not (a start or restart must not throttle or black-hole a pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_added_by_reload_warms_up_but_members_at_start_do_not() {
+    let servers = id_servers(3).await;
+    let vs = free_addr();
+    let slow = "slow_start = { recovery = \"3s\", warm = \"1s\" }\nmonitors = []";
+    let f = start(&config(vs, &servers[..2], &[1, 1], slow)).await;
+    // At start both members take clients at once, in turn.
+    let first = shares(vs, 4).await;
+    assert_eq!(first.get("m0"), Some(&2), "{first:?}");
+    assert_eq!(first.get("m1"), Some(&2), "{first:?}");
+    for s in &servers[..2] {
+        assert_eq!(
+            f.member("p", &s.addr.to_string()).await["slow_start"],
+            "none"
+        );
+    }
+
+    f.write_config(&config(vs, &servers, &[1, 1, 1], slow));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let added = servers[2].addr.to_string();
+    assert_eq!(f.member("p", &added).await["slow_start"], "recovery");
+    // In recovery the new member gets no client; the members that stayed are not reset.
+    let during = shares(vs, 6).await;
+    assert_eq!(during.get("m2"), None, "{during:?}");
+    assert_eq!(servers[2].connections(), 0);
+    for s in &servers[..2] {
+        assert_eq!(
+            f.member("p", &s.addr.to_string()).await["slow_start"],
+            "none"
+        );
+    }
+    // Then it warms up and takes its share.
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            let _ = exchange(vs).await;
+            servers[2].connections() > 0
+        })
+        .await,
+        "the added member never got traffic"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            f.member("p", &added).await["slow_start"] == "none"
+        })
+        .await
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_listener_stops_accepting_but_its_connections_finish() {
     let servers = id_servers(1).await;

@@ -559,3 +559,198 @@ async fn a_member_that_accepts_and_resets_is_taken_down_and_its_clients_served_e
     }
     task.abort();
 }
+
+/// A member for fastest_response: with `banner`, it sends "NAME\n" `delay` after accepting;
+/// otherwise it answers each line it reads with "NAME\n" after `delay`.
+async fn delayed_member(
+    name: &'static str,
+    delay: Duration,
+    banner: bool,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (rd, mut wr) = s.into_split();
+                let mut lines = tokio::io::BufReader::new(rd);
+                if banner {
+                    tokio::time::sleep(delay).await;
+                    let _ = wr.write_all(format!("{name}\n").as_bytes()).await;
+                }
+                let mut line = String::new();
+                while matches!(
+                    tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut line).await,
+                    Ok(n) if n > 0
+                ) {
+                    line.clear();
+                    if !banner {
+                        tokio::time::sleep(delay).await;
+                    }
+                    if wr.write_all(format!("{name}\n").as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// One request line through the service; the name of the member that answered.
+async fn ask(vs: std::net::SocketAddr) -> String {
+    let s = connect_from(vs, None).await.unwrap();
+    let mut r = tokio::io::BufReader::new(s);
+    r.get_mut().write_all(b"hello\n").await.unwrap();
+    let mut name = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncBufReadExt::read_line(&mut r, &mut name),
+    )
+    .await
+    .expect("an answer within 5 s")
+    .unwrap();
+    name.trim().to_string()
+}
+
+/// fastest_response on tcp measures the member's time to its first byte (after the client's
+/// request, or of its banner), not only the connect time, which is the same for every member
+/// on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fastest_response_measures_the_time_to_the_members_first_byte() {
+    let (fast, _f) = delayed_member("fast", Duration::ZERO, false).await;
+    let (slow, _s) = delayed_member("slow", Duration::from_millis(120), false).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"fastest_response\"\nmonitors = []\n\
+         [[pool.member]]\naddress = \"{fast}\"\n[[pool.member]]\naddress = \"{slow}\"\n",
+        tcp_service(vs, ""),
+    ))
+    .await;
+    // Both get measured (an unmeasured member counts as the mean).
+    let mut seen = BTreeMap::new();
+    for _ in 0..20 {
+        *seen.entry(ask(vs).await).or_insert(0) += 1;
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let slow_ms = f.member("p", &slow.to_string()).await["response_time_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(slow_ms >= 100.0, "slow member measured at {slow_ms} ms");
+    let fast_ms = f.member("p", &fast.to_string()).await["response_time_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(fast_ms < 60.0, "fast member measured at {fast_ms} ms");
+    // The weights follow (recomputed every 200 ms): the slow member keeps a trickle.
+    assert!(
+        wait_until(Duration::from_secs(3), || async {
+            f.member("p", &slow.to_string()).await["effective_weight"]
+                .as_f64()
+                .unwrap_or(1.0)
+                < 0.5
+        })
+        .await
+    );
+    let mut shares = BTreeMap::new();
+    for _ in 0..30 {
+        *shares.entry(ask(vs).await).or_insert(0) += 1;
+    }
+    assert!(shares.get("slow").copied().unwrap_or(0) <= 8, "{shares:?}");
+
+    // A member that speaks first is measured to its banner.
+    let (late, _l) = delayed_member("late", Duration::from_millis(150), true).await;
+    f.write_config(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"fastest_response\"\nmonitors = []\n\
+         [[pool.member]]\naddress = \"{late}\"\n",
+        tcp_service(vs, ""),
+    ));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let s = connect_from(vs, None).await.unwrap();
+    let mut r = tokio::io::BufReader::new(s);
+    let mut banner = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut r, &mut banner)
+        .await
+        .unwrap();
+    assert_eq!(banner, "late\n");
+    let late_ms = f.member("p", &late.to_string()).await["response_time_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(late_ms >= 130.0, "banner member measured at {late_ms} ms");
+}
+
+/// A member that accepts and then never reads: its receive window closes while the client keeps
+/// sending. With `zero_window_timeout`, each such connection is a passive failure, and after
+/// `fall` (3) of them the member is down, with the reason in its transitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_reading_fails_passively_after_zero_window_timeout() {
+    let listener = {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // A small receive buffer (inherited by accepted sockets) closes the window sooner.
+        s.set_recv_buffer_size(4096).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s.bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+        s.listen(16).unwrap();
+        tokio::net::TcpListener::from_std(s.into()).unwrap()
+    };
+    let member = listener.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nmonitors = []\nzero_window_timeout = \"1s\"\n\
+         [[pool.member]]\naddress = \"{member}\"\n",
+        tcp_service(vs, ""),
+    ))
+    .await;
+    let mut pushers = Vec::new();
+    for _ in 0..3 {
+        let mut s = connect_from(vs, None).await.unwrap();
+        pushers.push(tokio::spawn(async move {
+            let chunk = vec![b'z'; 64 * 1024];
+            // Bounded: 64 MiB or 20 s, whichever first; the writes block once buffers are full.
+            let until = tokio::time::Instant::now() + Duration::from_secs(20);
+            for _ in 0..1024 {
+                match tokio::time::timeout_at(until, s.write_all(&chunk)).await {
+                    Ok(Ok(())) => {}
+                    _ => break,
+                }
+            }
+        }));
+    }
+    let m = member.to_string();
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            f.member("p", &m).await["health"] == "down"
+        })
+        .await,
+        "{}",
+        f.member("p", &m).await
+    );
+    let transitions = f.member("p", &m).await["transitions"].to_string();
+    assert!(transitions.contains("zero receive window"), "{transitions}");
+    for p in pushers {
+        p.abort();
+    }
+    holder.abort();
+
+    let (ok, out) = check(&format!(
+        "{}[[pool]]\nname = \"p\"\nzero_window_timeout = \"0s\"\n[[pool.member]]\naddress = \"{member}\"\n",
+        tcp_service(vs, ""),
+    ));
+    assert!(!ok, "{out}");
+    assert!(out.contains("pool[0].zero_window_timeout"), "{out}");
+}

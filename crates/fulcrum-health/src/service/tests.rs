@@ -26,6 +26,7 @@ fn pool_config(name: &str, members: &[SocketAddr], monitors: &[&str]) -> fulcrum
         min_active: 1,
         retries: 2,
         connect_timeout: Duration::from_millis(200),
+        zero_window_timeout: None,
         members: members
             .iter()
             .map(|&address| fulcrum_config::Member {

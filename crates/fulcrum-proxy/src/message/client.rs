@@ -12,13 +12,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::message::hub::{Client, Hub, Message, Reply};
 use crate::message::MessageService;
-use fulcrum_net::forward::write_all;
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 16 * 1024;
@@ -41,6 +41,26 @@ struct InOrder {
 }
 
 pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer: SocketAddr) {
+    match service.tls.clone() {
+        None => serve_io(&service, stream, peer).await,
+        // Boxed: the handshake state would otherwise enlarge every plain connection's task.
+        Some(tls) => {
+            Box::pin(async {
+                if let Some((s, _)) = tls.accept(stream, &service.hub.name, peer).await {
+                    serve_io(&service, s, peer).await;
+                }
+            })
+            .await
+        }
+    }
+}
+
+/// One client connection over a plain socket or a TLS stream (`tls` on the service).
+async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
+    service: &MessageService,
+    mut stream: S,
+    peer: SocketAddr,
+) {
     let hub = &service.hub;
     if service.max_connections > 0
         && hub.stats.connections_active.load(Ordering::Relaxed)
@@ -83,6 +103,9 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
         if eof && in_flight == 0 {
             break;
         }
+        if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
+            rbuf.reserve(READ_CHUNK);
+        }
         tokio::select! {
             biased;
             reply = rx.recv() => {
@@ -105,7 +128,7 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
                 if !wbuf.is_empty() {
                     // A client that stops reading its answers is closed after idle_timeout, as
                     // HAProxy's `timeout client` would: it must not hold its answers for ever.
-                    match tokio::time::timeout(idle_timeout, write_all(&stream, &wbuf)).await {
+                    match tokio::time::timeout(idle_timeout, stream.write_all(&wbuf)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
                             tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");
@@ -124,17 +147,9 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
                 }
                 last_activity = Instant::now();
             }
-            r = stream.readable(), if !eof && in_flight < limit => {
-                if let Err(e) = r {
-                    tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed");
-                    return;
-                }
-                if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
-                    rbuf.reserve(READ_CHUNK);
-                }
-                let n = match stream.try_read_buf(&mut rbuf) {
+            r = stream.read_buf(&mut rbuf), if !eof && in_flight < limit => {
+                let n = match r {
                     Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                     Err(e) => {
                         tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed");
                         return;
@@ -194,8 +209,8 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
             }
         }
     }
-    // Every answer is written: end the connection cleanly.
-    let _ = socket2::SockRef::from(&stream).shutdown(std::net::Shutdown::Write);
+    // Every answer is written: end the connection cleanly (FIN; close_notify first over TLS).
+    let _ = stream.shutdown().await;
 }
 
 fn bad_frame(hub: &Hub, peer: SocketAddr, kind: &str, detail: &str) {

@@ -45,6 +45,8 @@ pub struct Settings {
     pub sequence: Option<Sequence>,
     pub options: MessageOptions,
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// Source addresses for member connections (`snat`).
+    pub snat: Option<Arc<fulcrum_net::snat::Snat>>,
 }
 
 impl Settings {

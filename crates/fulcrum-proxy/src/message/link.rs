@@ -47,11 +47,15 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
         }
         let started = Instant::now();
         let timeout = hub.connect_timeout();
-        let failure = match tokio::time::timeout(timeout, TcpStream::connect(member.address)).await
+        let failure = match fulcrum_net::snat::connect(
+            hub.settings.snat.as_deref(),
+            member.address,
+            timeout,
+        )
+        .await
         {
-            Ok(Ok(stream)) => {
+            Ok(stream) => {
                 member.record_connect_success(started.elapsed());
-                let _ = stream.set_nodelay(true);
                 let guard = member.open_connection();
                 links.stats.connections.fetch_add(1, Ordering::Relaxed);
                 let mut session = Session::new(&links, &hub);
@@ -79,13 +83,10 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
                     }
                 }
             }
-            Ok(Err(e)) => {
+            // No source port left (`snat`): counted by the pool, not the member's fault.
+            Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => format!("connect: {e}"),
+            Err(e) => {
                 let reason = format!("connect: {e}");
-                member.record_connect_failure(&reason);
-                reason
-            }
-            Err(_) => {
-                let reason = format!("connect: no answer within {timeout:?}");
                 member.record_connect_failure(&reason);
                 reason
             }

@@ -39,6 +39,8 @@ pub struct MessageService {
     /// Concurrent client connections; 0 = unlimited.
     pub max_connections: u32,
     pub tracker: Arc<Tracker>,
+    /// TLS termination for the clients (`tls` on the service).
+    pub tls: Option<Arc<fulcrum_tls::ServerTls>>,
 }
 
 impl StreamHandler for MessageService {

@@ -1,5 +1,7 @@
-//! The byte tunnel after a `101 Switching Protocols` (WebSocket and other upgrades): both
-//! directions copied until both ends are done, or nothing moved for `idle`.
+//! A byte relay between any two streams (TLS or not): both directions copied until both ends
+//! are done, or nothing moved for `idle`. The tunnel after an HTTP `101 Switching Protocols`
+//! (WebSocket and other upgrades), and tcp services with TLS on either side (`forward` is the
+//! plain-socket path, with splice).
 
 use std::future::poll_fn;
 use std::future::Future;
@@ -92,23 +94,51 @@ impl Half {
 }
 
 /// Tunnels `client` ↔ `member`; `to_member` and `to_client` are bytes already read from the other
-/// side. Returns the bytes moved (client → member, member → client).
+/// side. `report` gets the bytes moved (client → member, member → client) since its last call
+/// while the tunnel lasts, and the rest at the end, so a WebSocket counts for weighted least
+/// traffic before it closes. Returns the bytes moved each way.
 pub async fn run<C, M>(
     client: &mut C,
     to_member: &[u8],
     member: &mut M,
     to_client: &[u8],
     idle: Duration,
+    report: &mut (dyn FnMut(u64, u64) + Send),
 ) -> (u64, u64)
 where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
     M: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
+    run_timed(client, to_member, member, to_client, idle, report, None).await
+}
+
+/// As `run`, timing the member's first reply for `fastest_response` as the tcp plane's
+/// `forward_watched` does: `first_reply` gets the time from the first client byte given to the
+/// member (or from the start, when the member speaks first) to its first byte; a member given
+/// bytes that never answered gets, at the end, the time it was waited for. At most once.
+pub async fn run_timed<C, M>(
+    client: &mut C,
+    to_member: &[u8],
+    member: &mut M,
+    to_client: &[u8],
+    idle: Duration,
+    report: &mut (dyn FnMut(u64, u64) + Send),
+    mut first_reply: Option<&mut (dyn FnMut(Duration) + Send)>,
+) -> (u64, u64)
+where
+    C: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    M: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    // Since when the member owes a reply; None once it replied (or when not timing).
+    let mut waiting_since = first_reply.as_ref().map(|_| Instant::now());
+    let mut asked = false;
     let mut up = Half::new(to_member);
     let mut down = Half::new(to_client);
     let mut up_done = false;
     let mut down_done = false;
     let mut last = Instant::now();
+    // Bytes already given to `report`, each way.
+    let mut reported = (0u64, 0u64);
     let mut timer = Box::pin(tokio::time::sleep(idle));
     let _ = poll_fn(|cx| {
         let mut moved = false;
@@ -131,6 +161,20 @@ where
         }
         if moved {
             last = Instant::now();
+            if let Some(since) = waiting_since {
+                // `down.len`: bytes read from the member, whether or not written on yet.
+                if down.total > 0 || down.len > 0 {
+                    if let Some(f) = first_reply.as_mut() {
+                        f(last.saturating_duration_since(since));
+                    }
+                    waiting_since = None;
+                } else if !asked && up.total > 0 {
+                    asked = true;
+                    waiting_since = Some(last);
+                }
+            }
+            report(up.total - reported.0, down.total - reported.1);
+            reported = (up.total, down.total);
         }
         // The idle timer is re-armed only when it fires, to the last activity + idle.
         while timer.as_mut().poll(cx).is_ready() {
@@ -143,5 +187,11 @@ where
         Poll::Pending
     })
     .await;
+    if let (Some(since), true, Some(f)) = (waiting_since, asked, first_reply.as_mut()) {
+        f(since.elapsed());
+    }
+    if (up.total, down.total) != reported {
+        report(up.total - reported.0, down.total - reported.1);
+    }
     (up.total, down.total)
 }

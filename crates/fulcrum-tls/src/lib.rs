@@ -1,5 +1,5 @@
-//! TLS termination for `protocol = "https"` (rustls): certificates chosen by SNI, ALPN h2 /
-//! http/1.1, TLS 1.2 and 1.3, session resumption by rotated-key tickets and a server-side
+//! TLS termination for `https`, `tcp` and `message` services (rustls): certificates chosen by
+//! SNI, ALPN, TLS 1.2 and 1.3, session resumption by rotated-key tickets and a server-side
 //! cache, OCSP stapling, optional client certificates, and per-service handshake counters.
 //!
 //! Everything that reads files happens in [`ServerTls::load`], when the configuration loads:
@@ -29,7 +29,6 @@ use rustls::{HandshakeKind, ProtocolVersion, RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::service::Alpn;
 use names::NameIndex;
 
 /// The cryptography every TLS connection of Fulcrum uses (server and member side). Chosen by
@@ -197,13 +196,16 @@ impl TlsShared {
     }
 }
 
+/// Handshake limit of a tcp or message service without `tls_options.handshake_timeout`.
+pub const DEFAULT_STREAM_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A configuration error: key path (`virtual_service[0].tls[1].key`) and message.
 pub type KeyError = (String, String);
 
 /// The TLS side of an https service.
 pub struct ServerTls {
     acceptor: tokio_rustls::TlsAcceptor,
-    /// `tls_options.handshake_timeout`, else the service's `header_timeout`.
+    /// `tls_options.handshake_timeout`, else the service's `header_timeout` (http) or 10 s.
     pub handshake_timeout: Duration,
     pub stats: Arc<TlsStats>,
 }
@@ -281,7 +283,11 @@ impl ServerTls {
             None => builder.with_no_client_auth(),
         };
         let mut config = builder.with_cert_resolver(Arc::new(resolver));
-        config.alpn_protocols = opts.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        // https offers its protocols by default; a tcp or message service carries bytes it does
+        // not read, so it offers ALPN only when told which protocols its members speak.
+        if vs.protocol.is_http() || opts.alpn_set {
+            config.alpn_protocols = opts.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        }
         config.ignore_client_order = !opts.cipher_suites.is_empty();
         config.session_storage = match opts.session_cache {
             0 => Arc::new(NoServerSessionStorage {}) as Arc<dyn StoresServerSessions>,
@@ -295,19 +301,24 @@ impl ServerTls {
         }
         Ok(ServerTls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-            handshake_timeout: opts.handshake_timeout.unwrap_or(vs.http.header_timeout),
+            handshake_timeout: opts.handshake_timeout.unwrap_or(if vs.protocol.is_http() {
+                vs.http.header_timeout
+            } else {
+                DEFAULT_STREAM_HANDSHAKE_TIMEOUT
+            }),
             stats: shared.stats.clone(),
         })
     }
 
     /// Runs the server handshake within the handshake timeout. A failure is counted, logged at
     /// debug and ends the connection; it is never an error of the service.
+    /// Returns the stream and the protocol ALPN settled on, if any.
     pub async fn accept(
         &self,
         tcp: TcpStream,
         service: &str,
         peer: SocketAddr,
-    ) -> Option<(TlsStream<TcpStream>, Alpn)> {
+    ) -> Option<(TlsStream<TcpStream>, Option<Vec<u8>>)> {
         let result = tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp)).await;
         let stream = match result {
             Ok(Ok(s)) => s,
@@ -327,10 +338,7 @@ impl ServerTls {
         let version = usize::from(conn.protocol_version() == Some(ProtocolVersion::TLSv1_3));
         let resumed = usize::from(conn.handshake_kind() == Some(HandshakeKind::Resumed));
         self.stats.handshakes[version][resumed].fetch_add(1, Ordering::Relaxed);
-        let alpn = match conn.alpn_protocol() {
-            Some(b"h2") => Alpn::H2,
-            _ => Alpn::Http1,
-        };
+        let alpn = conn.alpn_protocol().map(<[u8]>::to_vec);
         Some((stream, alpn))
     }
 }

@@ -35,6 +35,21 @@ impl MemberTls {
     /// The TLS client of a pool (at `path`, such as `pool[1]`), offering ALPN `h2` when the pool
     /// speaks HTTP/2 to its members, else `http/1.1`.
     pub fn load(tls: &UpstreamTls, http2: bool, path: &str) -> Result<MemberTls, KeyError> {
+        let alpn = if http2 {
+            b"h2".to_vec()
+        } else {
+            b"http/1.1".to_vec()
+        };
+        Self::load_with_alpn(tls, vec![alpn], path)
+    }
+
+    /// The TLS client of a pool offering the ALPN protocols `alpn` (none for a tcp service,
+    /// which does not know what its bytes are).
+    pub fn load_with_alpn(
+        tls: &UpstreamTls,
+        alpn: Vec<Vec<u8>>,
+        path: &str,
+    ) -> Result<MemberTls, KeyError> {
         let provider = Arc::new(super::provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -53,11 +68,7 @@ impl MemberTls {
                 .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
                 .with_no_client_auth()
         };
-        config.alpn_protocols = vec![if http2 {
-            b"h2".to_vec()
-        } else {
-            b"http/1.1".to_vec()
-        }];
+        config.alpn_protocols = alpn;
         let sni = match &tls.sni {
             Some(name) => Some(ServerName::try_from(name.clone()).map_err(|e| {
                 (

@@ -1,0 +1,55 @@
+//! Metrics of the services' source address pools (`snat`).
+
+use std::sync::atomic::Ordering;
+
+use fulcrum_admin::MetricsWriter;
+use fulcrum_net::snat::SnatAddress;
+use fulcrum_net::Snat;
+
+/// A per-address counter: its family, help text and reader.
+type PerAddress = (&'static str, &'static str, fn(&SnatAddress) -> u64);
+
+pub fn metrics(w: &mut MetricsWriter) {
+    let pools = Snat::all();
+    if pools.is_empty() {
+        return;
+    }
+    let per_address: [PerAddress; 2] = [
+        (
+            "fulcrum_snat_connections_total",
+            "Member connections established from a source address of a service's snat pool.",
+            |a| a.connections.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_snat_exhausted_total",
+            "Connection attempts that found no free port on a snat address towards the member (EADDRNOTAVAIL); the next address was tried.",
+            |a| a.exhausted.load(Ordering::Relaxed),
+        ),
+    ];
+    for (family, help, get) in per_address {
+        w.family(family, "counter", help);
+        for p in &pools {
+            for a in &p.addresses {
+                let ip = a.ip.to_string();
+                w.sample(
+                    family,
+                    &[("vs", &p.service), ("address", &ip)],
+                    get(a) as f64,
+                );
+            }
+        }
+    }
+    let family = "fulcrum_snat_failures_total";
+    w.family(
+        family,
+        "counter",
+        "Member connections refused because every snat address of the service was exhausted.",
+    );
+    for p in &pools {
+        w.sample(
+            family,
+            &[("vs", &p.service)],
+            p.failures.load(Ordering::Relaxed) as f64,
+        );
+    }
+}
