@@ -429,6 +429,9 @@ pub struct RawBackend {
 pub enum RawBehaviour {
     /// Writes these bytes after each request head, keeping the connection.
     Reply(Vec<u8>),
+    /// Writes `reply` each time `marker` has arrived (e.g. the last chunk of a chunked body),
+    /// instead of after each head: a member that answers only once it has the whole body.
+    ReplyOn { marker: Vec<u8>, reply: Vec<u8> },
     /// Resets the connection (RST) without a byte.
     Reset,
     /// Never answers.
@@ -471,10 +474,17 @@ impl RawBackend {
                             }
                         }
                         pending.extend_from_slice(&buf[..n]);
-                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
-                            pending.drain(..end + 4);
+                        let marker: &[u8] = match &b {
+                            RawBehaviour::ReplyOn { marker, .. } => marker,
+                            _ => b"\r\n\r\n",
+                        };
+                        while let Some(end) =
+                            pending.windows(marker.len()).position(|w| w == marker)
+                        {
+                            pending.drain(..end + marker.len());
                             match &b {
-                                RawBehaviour::Reply(bytes) => {
+                                RawBehaviour::Reply(bytes)
+                                | RawBehaviour::ReplyOn { reply: bytes, .. } => {
                                     if s.write_all(bytes).await.is_err() {
                                         return;
                                     }

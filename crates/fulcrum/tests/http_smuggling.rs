@@ -120,7 +120,24 @@ async fn ambiguous_framing_is_refused_and_never_forwarded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_smuggled_request_never_reaches_the_member() {
-    let (member, vs, _f) = setup().await;
+    // This member answers only once the whole chunked body has arrived: Fulcrum stops sending
+    // a body when the member answers early, and this test is about how the body is reframed.
+    let member = RawBackend::start(
+        free_addr(),
+        RawBehaviour::ReplyOn {
+            marker: b"0\r\n\r\n".to_vec(),
+            reply: b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n".to_vec(),
+        },
+    )
+    .await
+    .unwrap();
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}{}",
+        service(vs, ""),
+        pool("p", &[member.addr], "")
+    ))
+    .await;
     // The classic CL.TE probe: a front end using Content-Length would forward "0\r\n\r\nGET
     // /admin..." as the body; one using Transfer-Encoding would see a second request.
     let probe =
@@ -135,21 +152,12 @@ async fn a_smuggled_request_never_reaches_the_member() {
     )
     .await;
     assert_eq!(status_of(&bytes), 200);
-    // The member answers as soon as it reads the head, so the client can have its 200 before
-    // the relayed body has reached the member: wait for the body, with a deadline.
-    let everything = || {
-        member
-            .received()
-            .iter()
-            .map(|c| String::from_utf8_lossy(c).to_string())
-            .collect::<Vec<_>>()
-            .join("")
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !everything().ends_with("0\r\n\r\n") && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let all = everything();
+    let all = member
+        .received()
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).to_string())
+        .collect::<Vec<_>>()
+        .join("");
     assert!(!all.contains("/admin"), "{all}");
     assert!(all.contains("POST /ok HTTP/1.1\r\n"), "{all}");
     assert!(
