@@ -141,18 +141,19 @@ impl XdpPlane {
                 ..fulcrum_xdp::Config::default()
             })
             .map_err(err)?;
-        let wanted_ifaces: Vec<String> = services
-            .iter()
-            .flat_map(|v| v.forwarding.interfaces.iter().cloned())
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        for ifname in &wanted_ifaces {
-            if !st.dp.attached().contains(ifname) {
-                st.dp
-                    .attach(ifname, aya::programs::XdpMode::default())
-                    .map_err(|e| vec![format!("{e}")])?;
-                tracing::info!(interface = %ifname, "XDP forwarder attached");
+        for vs in services {
+            let mode = match vs.forwarding.xdp_mode {
+                fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
+                fulcrum_config::XdpMode::Native => aya::programs::XdpMode::Driver,
+                fulcrum_config::XdpMode::Generic => aya::programs::XdpMode::Skb,
+            };
+            for ifname in &vs.forwarding.interfaces {
+                if !st.dp.attached().contains(ifname) {
+                    st.dp
+                        .attach(ifname, mode)
+                        .map_err(|e| vec![format!("{e}")])?;
+                    tracing::info!(interface = %ifname, mode = %vs.forwarding.xdp_mode, "XDP forwarder attached");
+                }
             }
         }
         // VIP indices: kept by service name, new services take the lowest free index.
