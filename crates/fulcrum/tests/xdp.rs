@@ -116,11 +116,23 @@ impl Setup {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until Fulcrum knows the next hop of `n` members (until then they get no slots).
+    fn wait_resolved(&self, n: usize) {
+        wait_for("member next hops", Duration::from_secs(20), || {
+            (self.log().matches("next hop resolved").count() >= n).then_some(())
+        });
+    }
 }
 
 /// One L2 segment (a bridge) holding the client, Fulcrum and the members: the DR topology.
 /// The VIP is routed to Fulcrum by the client; members hold it on lo and answer directly.
+/// `tunnel`: members also decapsulate IPIP (tunl0) and accept what comes out of it.
 fn dr_lab(tag: &str, config_tail: &str) -> Setup {
+    segment_lab(tag, config_tail, false)
+}
+
+fn segment_lab(tag: &str, config_tail: &str, tunnel: bool) -> Setup {
     let mut lab = Lab::new(tag);
     let sw = lab.ns("sw").expect("ns");
     sw.ip(&["link", "add", "br0", "type", "bridge"])
@@ -164,6 +176,14 @@ fn dr_lab(tag: &str, config_tail: &str) -> Setup {
             .expect("sysctl");
         m.sysctl("net.ipv4.conf.all.arp_announce", "2")
             .expect("sysctl");
+        if tunnel {
+            // The fallback IPIP device takes every IPIP packet; the inner source (the client)
+            // is routed out of eth0, so reverse-path filtering must not apply to tunl0.
+            m.ip(&["link", "add", "tunl0", "type", "ipip"]).ok();
+            m.ip(&["link", "set", "tunl0", "up"]).expect("tunl0 up");
+            m.sysctl("net.ipv4.conf.all.rp_filter", "0").expect("sysctl");
+            m.sysctl("net.ipv4.conf.tunl0.rp_filter", "0").expect("sysctl");
+        }
     }
     for (i, m) in members.iter().enumerate() {
         let name = format!("m{}", i + 1);
@@ -226,10 +246,18 @@ fn start_fulcrum(mut lab: Lab, client: Ns, lb: Ns, members: Vec<Ns>, body: &str)
 }
 
 fn dr_config(algorithm_extra: &str) -> String {
-    let members: String = (1..=3)
+    service_config("dr", &[1, 2, 3], algorithm_extra)
+}
+
+/// tcp/80 "web", udp/53 "dns" (session timeout 2s) on 198.18.10.1 and tcp/80 "web6" on
+/// 2001:db8:10::1, forwarded with `mode` to members 198.18.0.1N for N in `members`.
+fn service_config(mode: &str, members: &[u32], pool_extra: &str) -> String {
+    let m4: String = members
+        .iter()
         .map(|i| format!("[[pool.member]]\naddress = \"198.18.0.1{i}:80\"\n"))
         .collect();
-    let members6: String = (1..=3)
+    let m6: String = members
+        .iter()
         .map(|i| format!("[[pool.member]]\naddress = \"[2001:db8::1{i}]:80\"\n"))
         .collect();
     format!(
@@ -239,7 +267,7 @@ name = "web"
 listen = "198.18.10.1:80"
 protocol = "tcp"
 pool = "web"
-forwarding = "dr"
+forwarding = "{mode}"
 interfaces = ["eth0"]
 xdp_mode = "generic"
 
@@ -248,7 +276,8 @@ name = "dns"
 listen = "198.18.10.1:53"
 protocol = "udp"
 pool = "web"
-forwarding = "dr"
+session_timeout = "2s"
+forwarding = "{mode}"
 interfaces = ["eth0"]
 xdp_mode = "generic"
 
@@ -257,43 +286,68 @@ name = "web6"
 listen = "[2001:db8:10::1]:80"
 protocol = "tcp"
 pool = "web6"
-forwarding = "dr"
+forwarding = "{mode}"
 interfaces = ["eth0"]
 xdp_mode = "generic"
 
 [[pool]]
 name = "web"
 algorithm = "hash"
-{algorithm_extra}
-{members}
+{pool_extra}
+{m4}
 [[pool]]
 name = "web6"
 algorithm = "hash"
-{members6}"#
+{m6}"#
     )
 }
 
-#[test]
-fn dr_mode_end_to_end() {
-    let s = dr_lab("xdpdr", &dr_config(""));
-    // TCP through the VIP: the member sees the client's own address.
-    let first = wait_for(
-        "a response through the VIP",
-        Duration::from_secs(20),
-        || curl(&s.client, "http://198.18.10.1/").filter(|b| !b.is_empty()),
-    );
-    assert!(
-        first.ends_with(" 198.18.0.2"),
-        "member sees the client: {first:?}\n{}",
-        s.log()
-    );
+/// UDP queries from fixed source ports: "port member" for each.
+const UDP_PORTS_PY: &str = r#"
+import socket, sys
+vip, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for p in range(first, first + n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", p))
+    s.settimeout(2)
+    s.sendto(b"q", (vip, 53))
+    try:
+        print(p, s.recvfrom(2048)[0].decode().split(" ")[0])
+    except socket.timeout:
+        print(p, "timeout")
+    s.close()
+"#;
 
-    // Flows spread over the three members; replies do not cross Fulcrum.
+fn udp_ports(ns: &Ns, first: u16, n: u16) -> std::collections::BTreeMap<u16, String> {
+    let out = ns
+        .exec(
+            "python3",
+            &["-c", UDP_PORTS_PY, "198.18.10.1", &first.to_string(), &n.to_string()],
+        )
+        .expect("udp client");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (p, m) = l.split_once(' ')?;
+            Some((p.parse().ok()?, m.to_string()))
+        })
+        .collect()
+}
+
+/// Shared checks of a DSR mode (dr, tunnel): the member sees the client, flows spread, and
+/// the replies never cross Fulcrum.
+fn dsr_traffic(s: &Setup) {
+    s.wait_resolved(6);
+    let first = wait_for("a response through the VIP", Duration::from_secs(20), || {
+        curl(&s.client, "http://198.18.10.1/").filter(|b| !b.is_empty())
+    });
+    assert!(first.ends_with(" 198.18.0.2"), "member sees the client: {first:?}\n{}", s.log());
     let (lb_rx0, lb_tx0) = s.lb.link_packets("eth0").expect("counters");
     let (cl_rx0, cl_tx0) = s.client.link_packets("eth0").expect("counters");
     let mut seen = std::collections::HashMap::new();
     for _ in 0..30 {
         let body = curl(&s.client, "http://198.18.10.1/").expect("curl");
+        assert!(body.ends_with(" 198.18.0.2"), "{body:?}");
         let name = body.split(' ').next().unwrap_or("").to_string();
         *seen.entry(name).or_insert(0) += 1;
     }
@@ -303,25 +357,75 @@ fn dr_mode_end_to_end() {
     let client_sent = cl_tx1 - cl_tx0;
     let client_got = cl_rx1 - cl_rx0;
     let lb_got = lb_rx1 - lb_rx0;
-    assert!(
-        client_got >= 30 * 3,
-        "client received the replies ({client_got})"
-    );
+    assert!(client_got >= 30 * 3, "client received the replies ({client_got})");
     assert!(
         lb_got <= client_sent + 10,
-        "Fulcrum received {lb_got} packets for {client_sent} client packets and {client_got} replies: \
-         replies must go member -> client directly"
+        "Fulcrum received {lb_got} packets for {client_sent} client packets and {client_got} \
+         replies: replies must go member -> client directly"
     );
-    assert!(
-        lb_tx1 - lb_tx0 >= client_sent - 10,
-        "XDP_TX forwarded the client's packets"
-    );
-
-    // UDP through the VIP.
+    assert!(lb_tx1 - lb_tx0 + 10 >= client_sent, "XDP_TX forwarded the client's packets");
     let answer = wait_for("a UDP answer", Duration::from_secs(10), || {
         udp_query(&s.client, "198.18.10.1").filter(|a| !a.is_empty())
     });
     assert!(answer.ends_with(" 198.18.0.2"), "{answer:?}");
+}
+
+#[test]
+fn tunnel_mode_end_to_end() {
+    let s = segment_lab("xdptun", &service_config("tunnel", &[1, 2, 3], ""), true);
+    dsr_traffic(&s);
+    let m = admin(&s.lb, "GET", "/metrics", None);
+    assert!(metric(&m, "fulcrum_xdp_vs_new_flows_total", "service=\"web\"") >= 31.0, "{m}");
+}
+
+/// Removing one of three members (reload): established flows stay where they are (the
+/// connection table), and once they expire about 1/3 of the choices move — the removed
+/// member's — while the other members keep theirs (Maglev).
+#[test]
+fn removing_a_member_moves_only_its_share() {
+    let mut s = dr_lab("xdprm", &service_config("dr", &[1, 2, 3], ""));
+    s.wait_resolved(6);
+    wait_for("a UDP answer", Duration::from_secs(20), || {
+        udp_query(&s.client, "198.18.10.1").filter(|a| !a.is_empty())
+    });
+    let before = udp_ports(&s.client, 20000, 90);
+    assert!(before.values().all(|m| m.starts_with('m')), "{before:?}");
+    let on_m3 = before.values().filter(|m| *m == "m3").count();
+    assert!((15..=45).contains(&on_m3), "m3 has about a third: {on_m3}");
+    std::fs::write(
+        s._dir.path().join("fulcrum.toml"),
+        format!(
+            "[admin]\nlisten = \"127.0.0.1:9900\"\ntoken = \"{TOKEN}\"\n\n{}",
+            service_config("dr", &[1, 2], "")
+        ),
+    )
+    .expect("config");
+    let r = admin(&s.lb, "POST", "/api/v1/reload", Some("{}"));
+    assert!(r.contains("generation"), "reload: {r}");
+    std::thread::sleep(Duration::from_millis(500));
+    // Within the session timeout every flow stays where it was, m3's included.
+    let kept = udp_ports(&s.client, 20000, 90);
+    assert_eq!(kept, before, "established flows kept across the reload");
+    // After it, the flows are new: only m3's move.
+    std::thread::sleep(Duration::from_millis(2600));
+    let after = udp_ports(&s.client, 20000, 90);
+    let mut moved_others = 0;
+    for (p, m) in &before {
+        let now = &after[p];
+        assert_ne!(now, "m3", "removed member still chosen for {p}");
+        assert_ne!(now, "timeout");
+        if m != "m3" && now != m {
+            moved_others += 1;
+        }
+    }
+    assert!(moved_others <= 5, "{moved_others} flows of the remaining members moved");
+    s.lab.kill(s.fulcrum);
+}
+
+#[test]
+fn dr_mode_end_to_end() {
+    let s = dr_lab("xdpdr", &dr_config(""));
+    dsr_traffic(&s);
 
     // IPv6 VIP.
     let six = wait_for(
@@ -391,4 +495,124 @@ fn dr_mode_end_to_end() {
     let _ = &s.members;
     let _ = s.fulcrum;
     drop(s.lab);
+}
+
+/// Routed NAT: client — Fulcrum (eth0 | eth1) — members on their own segment, whose default
+/// route is Fulcrum. Checksum offload is off on the hosts, so every checksum the receivers
+/// verify is one the data plane wrote.
+fn nat_lab(tag: &str) -> Setup {
+    let mut lab = Lab::new(tag);
+    let sw = lab.ns("sw").expect("ns");
+    sw.ip(&["link", "add", "br0", "type", "bridge"]).expect("bridge");
+    sw.ip(&["link", "set", "br0", "up"]).expect("bridge up");
+    let client = lab.ns("cl").expect("ns");
+    let lb = lab.ns("lb").expect("ns");
+    let members: Vec<Ns> = (1..=3)
+        .map(|i| lab.ns(&format!("m{i}")).expect("ns"))
+        .collect();
+    lab.veth(&client, "eth0", &lb, "eth0").expect("veth");
+    lab.veth(&lb, "eth1", &sw, "p-lb").expect("veth");
+    sw.ip(&["link", "set", "p-lb", "master", "br0"]).expect("enslave");
+    client.addr("eth0", "198.18.0.2/24").expect("addr");
+    lb.addr("eth0", "198.18.0.1/24").expect("addr");
+    lb.addr("eth1", "198.18.1.1/24").expect("addr");
+    lb.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
+    client
+        .route(&["198.18.10.1/32", "via", "198.18.0.1"])
+        .expect("route");
+    client.exec("ethtool", &["-K", "eth0", "tx", "off"]).expect("ethtool");
+    for (i, m) in members.iter().enumerate() {
+        let i = i + 1;
+        lab.veth(m, "eth0", &sw, &format!("p-m{i}")).expect("veth");
+        sw.ip(&["link", "set", &format!("p-m{i}"), "master", "br0"])
+            .expect("enslave");
+        m.addr("eth0", &format!("198.18.1.1{i}/24")).expect("addr");
+        m.route(&["default", "via", "198.18.1.1"]).expect("default route");
+        m.exec("ethtool", &["-K", "eth0", "tx", "off"]).expect("ethtool");
+        let name = format!("m{i}");
+        let own = format!("198.18.1.1{i}");
+        lab.spawn(m, "python3", &["-c", MEMBER_PY, &name, &own])
+            .expect("member");
+    }
+    let members_toml: String = (1..=3)
+        .map(|i| format!("[[pool.member]]\naddress = \"198.18.1.1{i}:80\"\n"))
+        .collect();
+    let members53: String = (1..=3)
+        .map(|i| format!("[[pool.member]]\naddress = \"198.18.1.1{i}:53\"\n"))
+        .collect();
+    let config = format!(
+        r#"
+[[virtual_service]]
+name = "web"
+listen = "198.18.10.1:80"
+protocol = "tcp"
+pool = "web"
+forwarding = "nat"
+interfaces = ["eth0", "eth1"]
+xdp_mode = "generic"
+
+[[virtual_service]]
+name = "dns"
+listen = "198.18.10.1:53"
+protocol = "udp"
+pool = "dns"
+forwarding = "nat"
+interfaces = ["eth0", "eth1"]
+xdp_mode = "generic"
+
+[[pool]]
+name = "web"
+algorithm = "hash"
+{members_toml}
+[[pool]]
+name = "dns"
+algorithm = "hash"
+{members53}"#
+    );
+    start_fulcrum(lab, client, lb, members, &config)
+}
+
+#[test]
+fn nat_mode_end_to_end() {
+    let s = nat_lab("xdpnat");
+    s.wait_resolved(6);
+    let first = wait_for("a response through the VIP", Duration::from_secs(20), || {
+        curl(&s.client, "http://198.18.10.1/").filter(|b| !b.is_empty())
+    });
+    assert!(first.ends_with(" 198.18.0.2"), "member sees the client: {first:?}\n{}", s.log());
+    let mut seen = std::collections::HashMap::new();
+    for _ in 0..30 {
+        let body = curl(&s.client, "http://198.18.10.1/").expect("curl");
+        assert!(body.ends_with(" 198.18.0.2"), "{body:?}");
+        *seen.entry(body.split(' ').next().unwrap_or("").to_string()).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), 3, "all members used: {seen:?}");
+    let answer = wait_for("a UDP answer", Duration::from_secs(10), || {
+        udp_query(&s.client, "198.18.10.1").filter(|a| !a.is_empty())
+    });
+    assert!(answer.ends_with(" 198.18.0.2"), "{answer:?}");
+
+    // Reload: the maps are updated in place; a held connection goes on on the same member.
+    let mut hold = s
+        .client
+        .command("python3", &["-c", HOLD_PY, "198.18.10.1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("client");
+    let mut out = BufReader::new(hold.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("first response");
+    let held = line.split(' ').next().unwrap_or("").to_string();
+    let r = admin(&s.lb, "POST", "/api/v1/reload", Some("{}"));
+    assert!(r.contains("generation"), "reload: {r}");
+    hold.stdin.as_mut().expect("stdin").write_all(b"\n").expect("go on");
+    line.clear();
+    out.read_line(&mut line).expect("second response after the reload");
+    assert!(line.starts_with(&format!("{held} ")), "held connection moved: {line:?}");
+    let _ = hold.wait();
+
+    let m = admin(&s.lb, "GET", "/metrics", None);
+    assert!(metric(&m, "fulcrum_xdp_vs_reply_packets_total", "service=\"web\"") >= 60.0, "{m}");
+    assert!(metric(&m, "fulcrum_xdp_vs_reply_packets_total", "service=\"dns\"") >= 1.0, "{m}");
 }
