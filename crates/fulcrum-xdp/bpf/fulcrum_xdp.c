@@ -80,7 +80,7 @@ enum global_counter {
 	G_IP_OPTIONS = 3,    // IPv4 packets with options forwarded
 	G_ICMP_FORWARDED = 4,
 	G_ICMP_NAT_PASSED = 5,
-	G_NAT_REPLY_MISS = 6, // unused slot kept for layout stability
+	G_DECAPSULATED = 6,   // fulcrum_decap: tunnel packets stripped on a member
 	G_COUNTERS = 8,
 };
 
@@ -963,6 +963,57 @@ int fulcrum_xdp(struct xdp_md *ctx)
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
 		return process_v6(ctx);
 	count_global(G_PASS_NON_IP);
+	return XDP_PASS;
+}
+
+// Member side of tunnel mode, for hosts without IPIP / IP6IP6 decapsulation in their kernel
+// (CONFIG_NET_IPIP / CONFIG_IPV6_TUNNEL unset): strips the outer IPv4 (protocol 4) or IPv6
+// (next header 41 or 4) header and passes the inner packet to the stack, which delivers it to
+// the VIP held on lo. Packets with IPv4 options or IPv6 extension headers in the outer header
+// are not tunnel traffic Fulcrum sends; they pass untouched.
+SEC("xdp")
+int fulcrum_decap(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ethhdr copy;
+	int strip;
+	__u16 inner_proto;
+
+	if ((void *)(eth + 1) > end)
+		return XDP_PASS;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_IPIP)
+			return XDP_PASS;
+		strip = sizeof(struct iphdr);
+		inner_proto = bpf_htons(ETH_P_IP);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return XDP_PASS;
+		if (ip6->nexthdr == IPPROTO_IPV6)
+			inner_proto = bpf_htons(ETH_P_IPV6);
+		else if (ip6->nexthdr == IPPROTO_IPIP)
+			inner_proto = bpf_htons(ETH_P_IP);
+		else
+			return XDP_PASS;
+		strip = sizeof(struct ipv6hdr);
+	} else {
+		return XDP_PASS;
+	}
+	__builtin_memcpy(&copy, eth, sizeof(copy));
+	if (bpf_xdp_adjust_head(ctx, strip))
+		return XDP_PASS;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		return XDP_DROP;
+	__builtin_memcpy(eth, &copy, sizeof(copy));
+	eth->h_proto = inner_proto;
+	count_global(G_DECAPSULATED);
 	return XDP_PASS;
 }
 

@@ -39,7 +39,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let names: Vec<String> = (1..=3).map(|i| format!("m{i}")).collect();
     dp.set_ring(0, &build_ring(&names, &[1, 1, 1], &[1, 2, 3]))?;
-    let packet = ip(client, vip, TCP, &tcp(client, 40000, vip, 80, ACK, &[0u8; 18]));
+    let packet = ip(
+        client,
+        vip,
+        TCP,
+        &tcp(client, 40000, vip, 80, ACK, &[0u8; 18]),
+    );
     let frame = eth([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 0xaa], ETH_IP, &packet);
 
     let median = |f: &mut dyn FnMut() -> Result<Duration, Error>| -> Result<f64, Error> {
@@ -77,7 +82,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|");
     println!("| XDP_PASS (baseline) | {pass:.1} | 1.00 |");
     println!("| dr, LRU hit | {hit:.1} | {:.2} |", hit / pass);
-    println!("| dr, new flow (ring pick + LRU write) | {new:.1} | {:.2} |", new / pass);
+    println!(
+        "| dr, new flow (ring pick + LRU write) | {new:.1} | {:.2} |",
+        new / pass
+    );
     println!(
         "\n{rounds} rounds of {repeat} runs each, median; 64-byte TCP frame; kernel {}",
         std::fs::read_to_string("/proc/sys/kernel/osrelease")

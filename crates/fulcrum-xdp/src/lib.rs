@@ -34,6 +34,8 @@ pub fn object() -> &'static [u8] {
 /// The program that forwards; `xdp_pass` in the same object is the benchmark's baseline.
 pub const PROGRAM: &str = "fulcrum_xdp";
 pub const PASS_PROGRAM: &str = "xdp_pass";
+/// Member side of tunnel mode: strips IPIP / IP6IP6 where the kernel cannot.
+pub const DECAP_PROGRAM: &str = "fulcrum_decap";
 
 /// XDP return codes.
 pub const XDP_ABORTED: u32 = 0;
@@ -246,14 +248,10 @@ impl Dataplane {
             .map_max_entries("conns", limits.conns)
             .map_max_entries("nat_replies", limits.nat_entries)
             .load(object())?;
-        for name in [PROGRAM, PASS_PROGRAM] {
+        for name in [PROGRAM, PASS_PROGRAM, DECAP_PROGRAM] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
-                .ok_or(Error::MissingMap(if name == PROGRAM {
-                    PROGRAM
-                } else {
-                    PASS_PROGRAM
-                }))?
+                .ok_or(Error::MissingMap(name))?
                 .try_into()?;
             prog.load()?;
         }
@@ -512,10 +510,19 @@ impl Dataplane {
         Ok(p.try_into()?)
     }
 
-    /// Runs a program once on `packet` through BPF_PROG_RUN: (XDP action, output frame).
+    /// Runs the forwarder once on `packet` through BPF_PROG_RUN: (XDP action, output frame).
     pub fn test_run(&self, packet: &[u8]) -> Result<(u32, Vec<u8>), Error> {
+        self.test_run_program(PROGRAM, packet)
+    }
+
+    /// Runs `program` once on `packet` through BPF_PROG_RUN.
+    pub fn test_run_program(
+        &self,
+        program: &'static str,
+        packet: &[u8],
+    ) -> Result<(u32, Vec<u8>), Error> {
         let mut out = vec![0u8; packet.len() + 256];
-        let r = self.program(PROGRAM)?.test_run(TestRunOptions {
+        let r = self.program(program)?.test_run(TestRunOptions {
             data_in: Some(packet),
             data_out: Some(&mut out),
             repeat: 1,
@@ -548,6 +555,20 @@ impl Dataplane {
     /// fell back to it, or by hand — makes the attach fail with EBUSY; it is removed and the
     /// attach retried.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<(), Error> {
+        self.attach_program(PROGRAM, interface, mode)
+    }
+
+    /// Attaches the member-side decapsulator (`DECAP_PROGRAM`) instead of the forwarder.
+    pub fn attach_decap(&mut self, interface: &str, mode: XdpMode) -> Result<(), Error> {
+        self.attach_program(DECAP_PROGRAM, interface, mode)
+    }
+
+    fn attach_program(
+        &mut self,
+        program: &'static str,
+        interface: &str,
+        mode: XdpMode,
+    ) -> Result<(), Error> {
         let err = |message: String| Error::Attach {
             interface: interface.to_string(),
             message,
@@ -555,8 +576,8 @@ impl Dataplane {
         let first = {
             let prog: &mut Xdp = self
                 .ebpf
-                .program_mut(PROGRAM)
-                .ok_or(Error::MissingMap(PROGRAM))?
+                .program_mut(program)
+                .ok_or(Error::MissingMap(program))?
                 .try_into()?;
             prog.attach(interface, mode).map(|_| ())
         };
@@ -567,8 +588,8 @@ impl Dataplane {
                 remove_legacy_xdp(interface).map_err(err)?;
                 let prog: &mut Xdp = self
                     .ebpf
-                    .program_mut(PROGRAM)
-                    .ok_or(Error::MissingMap(PROGRAM))?
+                    .program_mut(program)
+                    .ok_or(Error::MissingMap(program))?
                     .try_into()?;
                 prog.attach(interface, mode)
                     .map_err(|e| err(format!("{e} (after removing the old program)")))?;

@@ -59,16 +59,18 @@ pub enum Global {
     IpOptions = 3,
     IcmpForwarded = 4,
     IcmpNatPassed = 5,
+    Decapsulated = 6,
 }
 
 impl Global {
-    pub const ALL: [Global; 6] = [
+    pub const ALL: [Global; 7] = [
         Global::PassNonIp,
         Global::PassNonVip,
         Global::MalformedL3,
         Global::IpOptions,
         Global::IcmpForwarded,
         Global::IcmpNatPassed,
+        Global::Decapsulated,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +81,7 @@ impl Global {
             Global::IpOptions => "ip_options_forwarded",
             Global::IcmpForwarded => "icmp_errors_forwarded",
             Global::IcmpNatPassed => "icmp_errors_nat_passed",
+            Global::Decapsulated => "decapsulated",
         }
     }
 }

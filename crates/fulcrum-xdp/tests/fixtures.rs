@@ -1049,3 +1049,40 @@ fn layout_and_hash_mirror_agree_with_the_kernel_for_v6() {
         assert_eq!(out, dr_expected(true, UDP, sport, 0, (want - 2) as u8));
     }
 }
+
+// --------------------------------------------------------------- member-side decapsulation
+
+#[test]
+fn decap_strips_what_tunnel_mode_adds_v4_and_v6() {
+    let fx = setup(MODE_TUNNEL);
+    for v6 in [false, true] {
+        let (_, encapsulated) = fx.run(&client_frame(v6, TCP, 49000, SYN));
+        let (act, out) = fx
+            .dp
+            .test_run_program(DECAP_PROGRAM, &encapsulated)
+            .expect("decap");
+        assert_eq!(act, XDP_PASS);
+        assert_eq!(
+            out,
+            dr_expected(v6, TCP, 49000, SYN, 1),
+            "inner packet, outer MACs"
+        );
+    }
+    assert_eq!(fx.g(Global::Decapsulated), 2);
+}
+
+#[test]
+fn decap_passes_other_traffic_untouched() {
+    let fx = setup(MODE_TUNNEL);
+    for frame in [
+        client_frame(false, UDP, 49100, 0),
+        client_frame(true, TCP, 49100, ACK),
+    ] {
+        let (act, out) = fx
+            .dp
+            .test_run_program(DECAP_PROGRAM, &frame)
+            .expect("decap");
+        assert_eq!((act, out), (XDP_PASS, frame));
+    }
+    assert_eq!(fx.g(Global::Decapsulated), 0);
+}

@@ -538,3 +538,64 @@ fn resolve(addr: IpAddr) -> Option<([u8; 6], u32)> {
     let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (ifindex != 0).then_some((mac, ifindex))
 }
+
+/// `fulcrum decap`: attaches the member-side decapsulator and waits for SIGTERM / SIGINT;
+/// the bpf_links (and with them the program) go when the process exits.
+pub fn run_decap(interfaces: &[String], mode: &str) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let mode = match mode {
+        "auto" => aya::programs::XdpMode::Default,
+        "native" => aya::programs::XdpMode::Driver,
+        "generic" => aya::programs::XdpMode::Skb,
+        other => {
+            eprintln!("--mode {other:?}: expected auto, native or generic");
+            return ExitCode::FAILURE;
+        }
+    };
+    let limits = Limits {
+        vips: 1,
+        conns: 1,
+        nat_entries: 1,
+    };
+    let mut dp = match Dataplane::load(limits) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("cannot load the XDP decapsulator: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for i in interfaces {
+        if let Err(e) = dp.attach_decap(i, mode) {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+        tracing::info!(interface = %i, "tunnel decapsulation attached");
+    }
+    let mut signals = [libc::SIGTERM, libc::SIGINT].map(|s| {
+        // SAFETY: blocking the two signals for this (single) thread only changes how they
+        // are delivered: sigwait below receives them instead of the default handler.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, s);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        s
+    });
+    signals.sort_unstable();
+    // SAFETY: `set` is initialised by sigemptyset/sigaddset before sigwait reads it, and `sig`
+    // is a valid place for sigwait to store the signal number.
+    let sig = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        let mut sig = 0;
+        libc::sigwait(&set, &mut sig);
+        sig
+    };
+    tracing::info!(signal = sig, "decapsulation detached");
+    drop(dp);
+    ExitCode::SUCCESS
+}
