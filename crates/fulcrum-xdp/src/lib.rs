@@ -36,6 +36,8 @@ pub const PROGRAM: &str = "fulcrum_xdp";
 pub const PASS_PROGRAM: &str = "xdp_pass";
 /// Member side of tunnel mode: strips IPIP / IP6IP6 where the kernel cannot.
 pub const DECAP_PROGRAM: &str = "fulcrum_decap";
+/// Reads jiffies and the monotonic clock (run through BPF_PROG_RUN, never attached).
+pub const CLOCK_PROGRAM: &str = "fulcrum_clock";
 
 /// XDP return codes.
 pub const XDP_ABORTED: u32 = 0;
@@ -120,7 +122,14 @@ impl Default for Config {
 }
 
 impl Config {
-    fn to_settings(self) -> Settings {
+    fn to_settings(self, hz: u64) -> Settings {
+        let ticks = |d: std::time::Duration| {
+            let t = d
+                .as_nanos()
+                .saturating_mul(u128::from(hz))
+                .div_ceil(1_000_000_000);
+            u64::try_from(t).unwrap_or(u64::MAX)
+        };
         let host4 = u32::MAX
             .checked_shr(u32::from(self.tunnel_source_v4.1))
             .unwrap_or(0);
@@ -135,9 +144,9 @@ impl Config {
         let o6 = self.tunnel_source_v6.0.octets();
         let w = |i: usize| u32::from_ne_bytes([o6[i], o6[i + 1], o6[i + 2], o6[i + 3]]);
         Settings {
-            tcp_idle_ns: self.tcp_idle.as_nanos() as u64,
-            tcp_fin_ns: self.tcp_fin.as_nanos() as u64,
-            udp_idle_ns: self.udp_idle.as_nanos() as u64,
+            tcp_idle: ticks(self.tcp_idle),
+            tcp_fin: ticks(self.tcp_fin),
+            udp_idle: ticks(self.udp_idle),
             tun_src4: u32::from_ne_bytes(self.tunnel_source_v4.0.octets()),
             tun_src4_mask: u32::from_ne_bytes(host4.to_be_bytes()),
             tun_src6: [w(0), w(4), w(8), w(12)],
@@ -236,19 +245,27 @@ pub struct Dataplane {
     /// The ring last written per VIP index, so an update writes only the slots that changed.
     rings: StdHashMap<u32, Vec<u32>>,
     attached: Vec<String>,
+    /// The kernel's timer frequency, measured at load.
+    hz: u64,
 }
 
 impl Dataplane {
     /// Loads the embedded object with `limits` and verifies both programs.
     pub fn load(limits: Limits) -> Result<Dataplane, Error> {
+        Dataplane::load_object(object(), limits)
+    }
+
+    /// Loads another build of the object (experiments: bench/xdp.sh takes one in
+    /// FULCRUM_XDP_OBJECT to compare a change against the embedded one in the same run).
+    pub fn load_object(elf: &[u8], limits: Limits) -> Result<Dataplane, Error> {
         let rings = limits.vips.saturating_mul(RING_SIZE as u32);
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("rings", rings)
             .map_max_entries("vip_stats", limits.vips)
             .map_max_entries("conns", limits.conns)
             .map_max_entries("nat_replies", limits.nat_entries)
-            .load(object())?;
-        for name in [PROGRAM, PASS_PROGRAM, DECAP_PROGRAM] {
+            .load(elf)?;
+        for name in [PROGRAM, PASS_PROGRAM, DECAP_PROGRAM, CLOCK_PROGRAM] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
                 .ok_or(Error::MissingMap(name))?
@@ -270,7 +287,9 @@ impl Dataplane {
             limits,
             rings: StdHashMap::new(),
             attached: Vec::new(),
+            hz: 0,
         };
+        dp.hz = dp.measure_hz()?;
         dp.set_config(&Config::default())?;
         Ok(dp)
     }
@@ -288,10 +307,51 @@ impl Dataplane {
     }
 
     pub fn set_config(&mut self, config: &Config) -> Result<(), Error> {
+        let hz = self.hz;
         let mut m: Array<&mut MapData, Settings> =
             Array::try_from(self.map_mut("settings")?).map_err(map_err("settings"))?;
-        m.set(0, config.to_settings(), 0)
+        m.set(0, config.to_settings(hz), 0)
             .map_err(map_err("settings"))
+    }
+
+    /// The kernel's clocks now, read by the clock program.
+    pub fn clock(&self) -> Result<ClockSample, Error> {
+        // BPF_PROG_RUN wants at least an Ethernet header's worth of packet.
+        self.test_run_program(CLOCK_PROGRAM, &[0u8; 14])?;
+        let m: Array<&MapData, ClockSample> =
+            Array::try_from(self.map("clock")?).map_err(map_err("clock"))?;
+        m.get(&0, 0).map_err(map_err("clock"))
+    }
+
+    /// Jiffies now: the unit of `Conn::last` and `NatEntry::last`.
+    pub fn now(&self) -> Result<u64, Error> {
+        Ok(self.clock()?.jiffies)
+    }
+
+    /// The kernel's HZ (ticks per second), measured at load.
+    pub fn hz(&self) -> u64 {
+        self.hz
+    }
+
+    /// HZ is a build option of the kernel (100, 250, 300 or 1000) that userspace cannot read
+    /// reliably (/proc/config.gz is optional), so it is measured: jiffies against the
+    /// monotonic clock over ~60 ms, snapped to the nearest of the values Linux allows.
+    fn measure_hz(&self) -> Result<u64, Error> {
+        let a = self.clock()?;
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        let b = self.clock()?;
+        let dt = b.ns.saturating_sub(a.ns).max(1) as f64 / 1e9;
+        let rate = b.jiffies.saturating_sub(a.jiffies) as f64 / dt;
+        let hz = [100u64, 250, 300, 1000]
+            .into_iter()
+            .min_by(|x, y| {
+                (*x as f64 - rate)
+                    .abs()
+                    .total_cmp(&(*y as f64 - rate).abs())
+            })
+            .unwrap_or(250);
+        tracing::debug!(rate, hz, "kernel HZ measured");
+        Ok(hz)
     }
 
     /// Adds or updates a VIP. `index` selects its ring and counters (0..limits.vips).

@@ -200,7 +200,8 @@ impl FlowKey {
 pub struct Conn {
     pub real: u32,
     pub flags: u32,
-    pub last_ns: u64,
+    /// Last packet, in jiffies.
+    pub last: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -215,15 +216,17 @@ pub struct NatEntry {
     pub vip_index: u32,
     pub flags: u32,
     pub pad2: u32,
-    pub last_ns: u64,
+    /// Last packet, in jiffies.
+    pub last: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct Settings {
-    pub tcp_idle_ns: u64,
-    pub tcp_fin_ns: u64,
-    pub udp_idle_ns: u64,
+    /// Timeouts in jiffies.
+    pub tcp_idle: u64,
+    pub tcp_fin: u64,
+    pub udp_idle: u64,
     /// Tunnel outer source (network order words); the bits set in the mask come from the flow hash.
     pub tun_src4: u32,
     pub tun_src4_mask: u32,
@@ -273,6 +276,17 @@ unsafe impl aya::Pod for Settings {}
 unsafe impl aya::Pod for VipStats {}
 // SAFETY: as above.
 unsafe impl aya::Pod for RealStats {}
+
+/// A reading of the kernel's clocks by `fulcrum_clock`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct ClockSample {
+    pub jiffies: u64,
+    pub ns: u64,
+}
+
+// SAFETY: as above.
+unsafe impl aya::Pod for ClockSample {}
 
 #[cfg(test)]
 mod tests {

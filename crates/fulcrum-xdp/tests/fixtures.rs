@@ -312,17 +312,6 @@ fn dr_fin_marks_the_connection_for_short_expiry() {
     assert_eq!(c.flags & CONN_F_FIN, CONN_F_FIN);
 }
 
-fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    assert_eq!(rc, 0);
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 #[test]
 fn dr_fresh_entry_wins_over_the_ring_and_an_idle_one_expires() {
     let mut fx = setup(MODE_DR);
@@ -339,7 +328,7 @@ fn dr_fresh_entry_wins_over_the_ring_and_an_idle_one_expires() {
             Conn {
                 real: 2,
                 flags: 0,
-                last_ns: coarse_now_ns(),
+                last: fx.dp.now().expect("clock"),
             },
         )
         .expect("conn");
@@ -347,14 +336,14 @@ fn dr_fresh_entry_wins_over_the_ring_and_an_idle_one_expires() {
     assert_eq!(out, dr_expected(false, UDP, 40020, 0, 2), "entry honoured");
     assert_eq!(fx.vs(false, UDP).new_flows, 0);
     let idle = key(false, UDP, 40021);
-    let old = coarse_now_ns().saturating_sub(60_000_000_000);
+    let old = fx.dp.now().expect("clock").saturating_sub(60 * fx.dp.hz());
     fx.dp
         .set_conn(
             idle,
             Conn {
                 real: 2,
                 flags: 0,
-                last_ns: old,
+                last: old,
             },
         )
         .expect("conn");
@@ -714,7 +703,7 @@ fn nat_idle_reply_entry_expires() {
     fx.run(&client_frame(false, UDP, 44600, 0));
     let rk = flow(real_addr(false, 1), MEMBER_PORT, client(false), 44600, UDP);
     let mut e = fx.dp.nat_entry(&rk).expect("nat").expect("entry");
-    e.last_ns = coarse_now_ns().saturating_sub(60_000_000_000);
+    e.last = fx.dp.now().expect("clock").saturating_sub(60 * fx.dp.hz());
     fx.dp.set_nat_entry(rk, e).expect("age it");
     let reply = member_reply(false, UDP, 44600, 0, MEMBER_PORT);
     let (act, out) = fx.run(&reply);
@@ -984,7 +973,7 @@ fn icmp4_frag_needed_goes_to_the_member_that_owns_the_flow_dr() {
             Conn {
                 real: 2,
                 flags: 0,
-                last_ns: coarse_now_ns(),
+                last: fx.dp.now().expect("clock"),
             },
         )
         .expect("conn");
@@ -1085,4 +1074,24 @@ fn decap_passes_other_traffic_untouched() {
         assert_eq!((act, out), (XDP_PASS, frame));
     }
     assert_eq!(fx.g(Global::Decapsulated), 0);
+}
+
+#[test]
+fn measured_hz_is_the_kernels() {
+    let fx = setup(MODE_DR);
+    let hz = fx.dp.hz();
+    assert!([100, 250, 300, 1000].contains(&hz), "{hz}");
+    // Where the kernel publishes its configuration, the measurement must agree with it.
+    if let Ok(out) = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "zcat /proc/config.gz 2>/dev/null | grep '^CONFIG_HZ='",
+        ])
+        .output()
+    {
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(v) = text.trim().strip_prefix("CONFIG_HZ=") {
+            assert_eq!(v.parse::<u64>().expect("CONFIG_HZ"), hz);
+        }
+    }
 }
