@@ -107,6 +107,8 @@ struct Setup {
     client: Ns,
     lb: Ns,
     members: Vec<Ns>,
+    /// Lab process indices of the members' servers (segment labs).
+    servers: Vec<usize>,
     fulcrum: usize,
     log: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -188,23 +190,33 @@ fn segment_lab(tag: &str, config_tail: &str, tunnel: bool) -> Setup {
                 .expect("ethtool");
         }
     }
+    let mut servers = Vec::new();
     for (i, m) in members.iter().enumerate() {
         let name = format!("m{}", i + 1);
-        lab.spawn(
-            m,
-            "python3",
-            &["-c", MEMBER_PY, &name, "198.18.10.1", "2001:db8:10::1"],
-        )
-        .expect("member");
+        let server = lab
+            .spawn(
+                m,
+                "python3",
+                &["-c", MEMBER_PY, &name, "198.18.10.1", "2001:db8:10::1"],
+            )
+            .expect("member");
+        servers.push(server);
         if tunnel {
             lab.spawn(m, BIN, &["decap", "-i", "eth0", "--mode", "generic"])
                 .expect("decap");
         }
     }
-    start_fulcrum(lab, client, lb, members, config_tail)
+    start_fulcrum(lab, client, lb, members, servers, config_tail)
 }
 
-fn start_fulcrum(mut lab: Lab, client: Ns, lb: Ns, members: Vec<Ns>, body: &str) -> Setup {
+fn start_fulcrum(
+    mut lab: Lab,
+    client: Ns,
+    lb: Ns,
+    members: Vec<Ns>,
+    servers: Vec<usize>,
+    body: &str,
+) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("fulcrum.toml");
     let text = format!("[admin]\nlisten = \"127.0.0.1:9900\"\ntoken = \"{TOKEN}\"\n\n{body}");
@@ -223,6 +235,7 @@ fn start_fulcrum(mut lab: Lab, client: Ns, lb: Ns, members: Vec<Ns>, body: &str)
         client,
         lb,
         members,
+        servers,
         fulcrum,
         log,
         _dir: dir,
@@ -606,7 +619,7 @@ name = "dns"
 algorithm = "hash"
 {members53}"#
     );
-    start_fulcrum(lab, client, lb, members, &config)
+    start_fulcrum(lab, client, lb, members, Vec::new(), &config)
 }
 
 #[test]
@@ -673,5 +686,50 @@ fn nat_mode_end_to_end() {
     assert!(
         metric(&m, "fulcrum_xdp_vs_reply_packets_total", "service=\"dns\"") >= 1.0,
         "{m}"
+    );
+}
+
+/// A member that dies (its monitor goes down) loses its flows to the others; every other flow
+/// stays on its member.
+#[test]
+fn a_dead_members_flows_move_and_no_other() {
+    let config = format!(
+        "{}\n[[monitor]]\nname = \"tcp80\"\ntype = \"tcp\"\ninterval = \"300ms\"\ntimeout = \"200ms\"\nfall = 2\n",
+        service_config("dr", &[1, 2, 3], "monitors = [\"tcp80\"]")
+    );
+    let mut s = dr_lab("xdphc", &config);
+    s.wait_resolved(6);
+    wait_for("a UDP answer", Duration::from_secs(20), || {
+        udp_query(&s.client, "198.18.10.1").filter(|a| !a.is_empty())
+    });
+    let before = udp_ports(&s.client, 21000, 60);
+    let probe = *before
+        .iter()
+        .find(|(_, m)| *m == "m3")
+        .expect("a flow on m3")
+        .0;
+    s.lab.kill(s.servers[2]);
+    wait_for(
+        "m3's flow answered by another member",
+        Duration::from_secs(5),
+        || {
+            let r = udp_ports(&s.client, probe, 1);
+            r.get(&probe)
+                .filter(|m| m.starts_with('m') && *m != "m3")
+                .map(drop)
+        },
+    );
+    let after = udp_ports(&s.client, 21000, 60);
+    for (p, m) in &before {
+        if m == "m3" {
+            assert!(after[p] == "m1" || after[p] == "m2", "{p}: {}", after[p]);
+        } else {
+            assert_eq!(&after[p], m, "flow {p} of a live member moved");
+        }
+    }
+    assert!(
+        s.log().contains("member out, its flows dropped"),
+        "{}",
+        s.log()
     );
 }
