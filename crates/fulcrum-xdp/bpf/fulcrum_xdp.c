@@ -19,8 +19,8 @@
 //   - IPv6 packets with other extension headers to a VIP address: XDP_DROP, counted.
 //   - IPv4 options: forwarded like any other packet (the L4 header is found through IHL); counted.
 //   - ICMP / ICMPv6 destination-unreachable (incl. fragmentation-needed / packet-too-big) whose
-//     quoted packet belongs to a VIP flow: sent to the member that owns the flow (dr, tunnel) so
-//     path MTU discovery works. In nat mode the error is passed to the kernel (counted).
+//     quoted packet belongs to a VIP flow: sent to the member that owns the flow so path MTU
+//     discovery works; in nat mode with the quote rewritten to the member's own packet.
 //   - Truncated/malformed L4 headers to a VIP address: XDP_DROP, counted. Truncated L2/L3 headers:
 //     XDP_PASS (the kernel drops them and counts them in its own statistics), counted here too.
 //
@@ -524,6 +524,105 @@ static __always_inline int nat_in(struct xdp_md *ctx, struct pkt *p, const struc
 	return out(ctx, r->ifindex);
 }
 
+// nat mode, an ICMP error about a VIP flow (e.g. fragmentation needed for a reply the member
+// sent): the member must find its own packet in the quote, so the outer destination, the quoted
+// source address and port, and every checksum that covers them are rewritten (outer IPv4
+// header, ICMP / ICMPv6 with its pseudo-header, quoted IPv4 header, quoted TCP/UDP checksum when
+// the quote reaches it). Quotes too short to rewrite are passed to the kernel and counted.
+static __always_inline int nat_icmp(struct xdp_md *ctx, struct pkt *p, const struct real *r)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u32 off = p->l4_off;
+	if (off > 14 + 60)
+		goto pass;
+	if (p->k.family == 4) {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > end)
+			goto pass;
+		struct icmphdr *ic = data + off;
+		if ((void *)(ic + 1) > end)
+			goto pass;
+		struct iphdr *in = (void *)(ic + 1);
+		if ((void *)(in + 1) > end)
+			goto pass;
+		__u16 *ports = (void *)(in + 1);
+		if ((void *)(ports + 2) > end)
+			goto pass;
+		__u32 va = in->saddr, ra = r->addr[0];
+		__u16 vport = ports[0];
+		__u16 rport = r->port ? r->port : vport;
+		__u16 icsum = ic->checksum;
+		__u16 *l4sum = (void *)ports + (in->protocol == IPPROTO_TCP ? 16 : 6);
+		if ((void *)(l4sum + 1) <= end && !(in->protocol == IPPROTO_UDP && *l4sum == 0)) {
+			__u16 old = *l4sum;
+			__u16 n = csum_replace4(old, va, ra);
+			n = csum_replace2(n, vport, rport);
+			if (in->protocol == IPPROTO_UDP && n == 0)
+				n = 0xffff;
+			*l4sum = n;
+			icsum = csum_replace2(icsum, old, n);
+		}
+		__u16 old_check = in->check;
+		in->check = csum_replace4(in->check, va, ra);
+		icsum = csum_replace2(icsum, old_check, in->check);
+		icsum = csum_replace4(icsum, va, ra);
+		in->saddr = ra;
+		icsum = csum_replace2(icsum, vport, rport);
+		ports[0] = rport;
+		ic->checksum = icsum;
+		ip->check = csum_replace4(ip->check, ip->daddr, ra);
+		ip->daddr = ra;
+	} else {
+		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+		if ((void *)(ip6 + 1) > end)
+			goto pass;
+		struct icmp6hdr *ic = data + off;
+		if ((void *)(ic + 1) > end)
+			goto pass;
+		struct ipv6hdr *in = (void *)(ic + 1);
+		if ((void *)(in + 1) > end)
+			goto pass;
+		__u16 *ports = (void *)(in + 1);
+		if ((void *)(ports + 2) > end)
+			goto pass;
+		__u16 vport = ports[0];
+		__u16 rport = r->port ? r->port : vport;
+		__u16 icsum = ic->icmp6_cksum;
+		__u16 *l4sum = (void *)ports + (in->nexthdr == IPPROTO_TCP ? 16 : 6);
+		int has_l4sum = (void *)(l4sum + 1) <= end;
+		__u16 l4 = has_l4sum ? *l4sum : 0;
+		__u16 l4_old = l4;
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			__u32 va = in->saddr.in6_u.u6_addr32[i], ra = r->addr[i];
+			// The quoted source and the outer destination (in the pseudo-header) both change.
+			icsum = csum_replace4(icsum, va, ra);
+			icsum = csum_replace4(icsum, ip6->daddr.in6_u.u6_addr32[i], ra);
+			l4 = csum_replace4(l4, va, ra);
+			in->saddr.in6_u.u6_addr32[i] = ra;
+			ip6->daddr.in6_u.u6_addr32[i] = ra;
+		}
+		if (has_l4sum && (void *)(l4sum + 1) <= end) {
+			l4 = csum_replace2(l4, vport, rport);
+			if (in->nexthdr == IPPROTO_UDP && l4 == 0)
+				l4 = 0xffff;
+			*l4sum = l4;
+			icsum = csum_replace2(icsum, l4_old, l4);
+		}
+		icsum = csum_replace2(icsum, vport, rport);
+		ports[0] = rport;
+		ic->icmp6_cksum = icsum;
+	}
+	count_global(G_ICMP_FORWARDED);
+	if (set_macs(ctx, r->mac))
+		return XDP_ABORTED;
+	return out(ctx, r->ifindex);
+pass:
+	count_global(G_ICMP_NAT_PASSED);
+	return XDP_PASS;
+}
+
 static __always_inline __u64 idle_limit(const struct settings *cfg, __u8 proto, __u32 flags)
 {
 	if (proto == IPPROTO_UDP)
@@ -601,10 +700,8 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			return encap_v4(ctx, p, r, hash, vi);
 		return encap_v6(ctx, p, r, hash, vi);
 	case MODE_NAT: {
-		if (p->icmp) {
-			count_global(G_ICMP_NAT_PASSED);
-			return XDP_PASS;
-		}
+		if (p->icmp)
+			return nat_icmp(ctx, p, r);
 		struct flow_key rk = {};
 		void *data = (void *)(long)ctx->data;
 		void *end = (void *)(long)ctx->data_end;
@@ -817,6 +914,7 @@ static __always_inline int icmp4_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	p->k.sport = ports[1];
 	p->k.dport = ports[0];
 	p->k.proto = in->protocol;
+	p->l4_off = off;
 	p->icmp = 1;
 	p->tcp_flags = 0;
 	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 4 };
@@ -855,6 +953,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	p->k.sport = ports[1];
 	p->k.dport = ports[0];
 	p->k.proto = in->nexthdr;
+	p->l4_off = off;
 	p->icmp = 1;
 	p->tcp_flags = 0;
 	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 6 };

@@ -1005,11 +1005,82 @@ fn icmp6_packet_too_big_is_tunnelled_like_its_flow() {
     assert_eq!(fx.g(Global::IcmpForwarded), 1);
 }
 
-#[test]
-fn icmp_frag_needed_in_nat_mode_is_passed_and_counted() {
+/// nat: the member gets the error about its own packet (real address and port in the quote).
+fn nat_too_big(v6: bool, quote_len: Option<usize>) {
     let fx = setup(MODE_NAT);
-    assert_passed(&fx, &too_big(false, 47200));
-    assert_eq!(fx.g(Global::IcmpNatPassed), 1);
+    fx.run(&client_frame(v6, TCP, 47200, SYN));
+    let r = real_addr(v6, 1);
+    let cut = |p: Vec<u8>| match quote_len {
+        Some(n) => p[..n].to_vec(),
+        None => p,
+    };
+    let quoted = cut(ip(
+        vip(v6),
+        client(v6),
+        TCP,
+        &tcp(vip(v6), 80, client(v6), 47200, ACK, b""),
+    ));
+    let want_quoted = cut(ip(
+        r,
+        client(v6),
+        TCP,
+        &tcp(r, MEMBER_PORT, client(v6), 47200, ACK, b""),
+    ));
+    let (input, want) = if v6 {
+        let m = icmp6(router(v6), vip(v6), 2, 0, 1280u32.to_be_bytes(), &quoted);
+        let w = icmp6(router(v6), r, 2, 0, 1280u32.to_be_bytes(), &want_quoted);
+        (
+            eth(
+                LB,
+                CLIENT_MAC,
+                ETH_IPV6,
+                &ipv6(router(v6), vip(v6), ICMPV6, &m, 0, 0),
+            ),
+            eth(
+                rmac(1),
+                LB,
+                ETH_IPV6,
+                &ipv6(router(v6), r, ICMPV6, &w, 0, 0),
+            ),
+        )
+    } else {
+        let m = icmp4(3, 4, [0, 0, 0x05, 0x78], &quoted);
+        let w = icmp4(3, 4, [0, 0, 0x05, 0x78], &want_quoted);
+        (
+            eth(
+                LB,
+                CLIENT_MAC,
+                ETH_IP,
+                &ipv4(router(v6), vip(v6), ICMP, &m, &V4::default()),
+            ),
+            eth(
+                rmac(1),
+                LB,
+                ETH_IP,
+                &ipv4(router(v6), r, ICMP, &w, &V4::default()),
+            ),
+        )
+    };
+    let (act, out) = fx.run(&input);
+    assert_eq!(act, XDP_TX);
+    assert_eq!(out, want);
+    assert_eq!(fx.g(Global::IcmpForwarded), 1);
+}
+
+#[test]
+fn nat_icmp4_frag_needed_is_rewritten_for_the_member() {
+    nat_too_big(false, None);
+}
+
+#[test]
+fn nat_icmpv6_packet_too_big_is_rewritten_for_the_member() {
+    nat_too_big(true, None);
+}
+
+#[test]
+fn nat_icmp4_with_an_eight_byte_quote_is_rewritten_too() {
+    // RFC 792 routers quote the IP header and 8 bytes: the quoted TCP checksum is not there.
+    nat_too_big(false, Some(28));
 }
 
 #[test]
@@ -1148,15 +1219,15 @@ fn mutated_frames_never_abort() {
                 }
             }
             for program in [PROGRAM, DECAP_PROGRAM] {
-                let (act, out) = fx
-                    .dp
-                    .test_run_program(program, &f)
-                    .expect("BPF_PROG_RUN");
+                let (act, out) = fx.dp.test_run_program(program, &f).expect("BPF_PROG_RUN");
                 assert!(
                     matches!(act, XDP_PASS | XDP_DROP | XDP_TX | XDP_REDIRECT),
                     "mode {mode} {program}: action {act} for {f:02x?}"
                 );
-                assert!(out.len() <= f.len() + 40, "frame grew by more than a header");
+                assert!(
+                    out.len() <= f.len() + 40,
+                    "frame grew by more than a header"
+                );
             }
         }
     }
