@@ -91,7 +91,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         new / pass
     );
     println!(
-        "\n{rounds} rounds of {repeat} runs each, median; 64-byte TCP frame; kernel {}",
+        "\n{rounds} rounds of {repeat} runs each, median; {}-byte TCP frame (IPv4, ACK); kernel {}",
+        frame.len(),
         std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
             .trim()
