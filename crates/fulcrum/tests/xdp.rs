@@ -412,6 +412,13 @@ fn dsr_traffic(s: &Setup) {
 fn tunnel_mode_end_to_end() {
     let s = segment_lab("xdptun", &service_config("tunnel", &[1, 2, 3], ""), true);
     dsr_traffic(&s);
+    // IP6IP6 to the IPv6 members.
+    let six = wait_for(
+        "a response through the IPv6 VIP",
+        Duration::from_secs(20),
+        || curl(&s.client, "http://[2001:db8:10::1]/").filter(|b| !b.is_empty()),
+    );
+    assert!(six.ends_with(" 2001:db8::2"), "{six:?}\n{}", s.log());
     let m = admin(&s.lb, "GET", "/metrics", None);
     assert!(
         metric(&m, "fulcrum_xdp_vs_new_flows_total", "service=\"web\"") >= 31.0,
@@ -560,11 +567,19 @@ fn nat_lab(tag: &str) -> Setup {
     sw.ip(&["link", "set", "p-lb", "master", "br0"])
         .expect("enslave");
     client.addr("eth0", "198.18.0.2/24").expect("addr");
+    client.addr("eth0", "2001:db8::2/64").expect("addr");
     lb.addr("eth0", "198.18.0.1/24").expect("addr");
+    lb.addr("eth0", "2001:db8::1/64").expect("addr");
     lb.addr("eth1", "198.18.1.1/24").expect("addr");
+    lb.addr("eth1", "2001:db8:1::1/64").expect("addr");
     lb.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
+    lb.sysctl("net.ipv6.conf.all.forwarding", "1")
+        .expect("sysctl");
     client
         .route(&["198.18.10.1/32", "via", "198.18.0.1"])
+        .expect("route");
+    client
+        .route(&["2001:db8:10::1/128", "via", "2001:db8::1"])
         .expect("route");
     client
         .exec("ethtool", &["-K", "eth0", "tx", "off"])
@@ -575,7 +590,11 @@ fn nat_lab(tag: &str) -> Setup {
         sw.ip(&["link", "set", &format!("p-m{i}"), "master", "br0"])
             .expect("enslave");
         m.addr("eth0", &format!("198.18.1.1{i}/24")).expect("addr");
+        m.addr("eth0", &format!("2001:db8:1::1{i}/64"))
+            .expect("addr");
         m.route(&["default", "via", "198.18.1.1"])
+            .expect("default route");
+        m.ip(&["-6", "route", "add", "default", "via", "2001:db8:1::1"])
             .expect("default route");
         m.exec("ethtool", &["-K", "eth0", "tx", "off"])
             .expect("ethtool");
@@ -586,6 +605,9 @@ fn nat_lab(tag: &str) -> Setup {
     }
     let members_toml: String = (1..=3)
         .map(|i| format!("[[pool.member]]\naddress = \"198.18.1.1{i}:80\"\n"))
+        .collect();
+    let members6: String = (1..=3)
+        .map(|i| format!("[[pool.member]]\naddress = \"[2001:db8:1::1{i}]:80\"\n"))
         .collect();
     let members53: String = (1..=3)
         .map(|i| format!("[[pool.member]]\naddress = \"198.18.1.1{i}:53\"\n"))
@@ -614,6 +636,19 @@ xdp_mode = "generic"
 name = "web"
 algorithm = "hash"
 {members_toml}
+[[virtual_service]]
+name = "web6"
+listen = "[2001:db8:10::1]:80"
+protocol = "tcp"
+pool = "web6"
+forwarding = "nat"
+interfaces = ["eth0", "eth1"]
+xdp_mode = "generic"
+
+[[pool]]
+name = "web6"
+algorithm = "hash"
+{members6}
 [[pool]]
 name = "dns"
 algorithm = "hash"
@@ -625,7 +660,7 @@ algorithm = "hash"
 #[test]
 fn nat_mode_end_to_end() {
     let s = nat_lab("xdpnat");
-    s.wait_resolved(6);
+    s.wait_resolved(9);
     let first = wait_for(
         "a response through the VIP",
         Duration::from_secs(20),
@@ -649,6 +684,17 @@ fn nat_mode_end_to_end() {
         udp_query(&s.client, "198.18.10.1").filter(|a| !a.is_empty())
     });
     assert!(answer.ends_with(" 198.18.0.2"), "{answer:?}");
+    let mut seen6 = std::collections::HashSet::new();
+    for _ in 0..15 {
+        let body = curl(&s.client, "http://[2001:db8:10::1]/").expect("curl");
+        assert!(
+            body.ends_with(" 2001:db8::2"),
+            "IPv6 through nat: {body:?}\n{}",
+            s.log()
+        );
+        seen6.insert(body.split(' ').next().unwrap_or("").to_string());
+    }
+    assert!(seen6.len() >= 2, "IPv6 flows spread: {seen6:?}");
 
     // Reload: the maps are updated in place; a held connection goes on on the same member.
     let mut hold = s
