@@ -779,3 +779,71 @@ fn a_dead_members_flows_move_and_no_other() {
         s.log()
     );
 }
+
+fn xdp_on(ns: &Ns, ifname: &str) -> bool {
+    ns.ip(&["link", "show", ifname])
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("prog/xdp"))
+        .unwrap_or(false)
+}
+
+/// Attached on start; a crash (SIGKILL) leaves nothing attached (bpf_link); a program left by
+/// another loader the legacy way is replaced on start; SIGTERM detaches.
+#[test]
+fn attach_replace_and_detach() {
+    let mut s = dr_lab("xdplc", &service_config("dr", &[1, 2, 3], ""));
+    assert!(xdp_on(&s.lb, "eth0"), "attached on start");
+    s.lab.kill(s.fulcrum);
+    // The kernel releases the link with the last reference to it, right after the exit.
+    wait_for(
+        "a killed Fulcrum's program to go",
+        Duration::from_secs(5),
+        || (!xdp_on(&s.lb, "eth0")).then_some(()),
+    );
+
+    // A stale program attached the legacy (netlink) way, as an older tool would leave it.
+    let object = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fulcrum-xdp/bpf/fulcrum_xdp.o"
+    );
+    s.lb.ip(&[
+        "link",
+        "set",
+        "dev",
+        "eth0",
+        "xdpgeneric",
+        "obj",
+        object,
+        "sec",
+        "xdp",
+    ])
+    .expect("legacy attach");
+    assert!(xdp_on(&s.lb, "eth0"));
+    let config = s._dir.path().join("fulcrum.toml");
+    let child =
+        s.lb.command(BIN, &["run", "-c", config.to_str().expect("path")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&s.log).expect("log"))
+            .spawn()
+            .expect("restart");
+    let pid = child.id();
+    let index = s.lab.adopt(child);
+    let answer = wait_for("traffic after the restart", Duration::from_secs(20), || {
+        curl(&s.client, "http://198.18.10.1/").filter(|b| !b.is_empty())
+    });
+    assert!(answer.ends_with(" 198.18.0.2"), "{answer:?}\n{}", s.log());
+    assert!(
+        s.log().contains("removing a stale program"),
+        "the legacy program was replaced:\n{}",
+        s.log()
+    );
+    // SIGTERM: detached when the process exits.
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    wait_for("detach after SIGTERM", Duration::from_secs(10), || {
+        (!xdp_on(&s.lb, "eth0")).then_some(())
+    });
+    s.lab.kill(index);
+}
