@@ -50,8 +50,9 @@ struct icmphdr {
 #define MAX_VIPS 64
 #define MAX_REALS 4096
 #define RING_SIZE 65537
-#define MAX_CONNS 1000000
-#define MAX_NAT 1000000
+// Sizes of the tables as compiled; the loader sets them (fulcrum_xdp::Limits).
+#define MAX_CONNS 262144
+#define MAX_NAT 262144
 
 #define MODE_MASK 0x3
 #define MODE_DR 1

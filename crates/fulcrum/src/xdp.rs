@@ -599,3 +599,52 @@ pub fn run_decap(interfaces: &[String], mode: &str) -> std::process::ExitCode {
     drop(dp);
     ExitCode::SUCCESS
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_parse_strictly() {
+        assert_eq!(
+            parse_mac("02:00:5e:10:00:ff"),
+            Some([2, 0, 0x5e, 0x10, 0, 0xff])
+        );
+        assert_eq!(parse_mac("02:00:5e:10:00"), None);
+        assert_eq!(parse_mac("02:00:5e:10:00:ff:01"), None);
+        assert_eq!(parse_mac("zz:00:5e:10:00:ff"), None);
+        assert_eq!(fmt_mac([2, 0, 0x5e, 0x10, 0, 0xff]), "02:00:5e:10:00:ff");
+    }
+
+    #[test]
+    fn in_kernel_services_are_split_from_the_proxied_ones() {
+        let text = r#"
+[[virtual_service]]
+name = "a"
+listen = "198.18.10.1:80"
+protocol = "tcp"
+pool = "p"
+forwarding = "dr"
+interfaces = ["eth0"]
+
+[[virtual_service]]
+name = "b"
+listen = "127.0.0.1:8080"
+protocol = "tcp"
+pool = "p"
+
+[[pool]]
+name = "p"
+
+[[pool.member]]
+address = "198.18.0.11:80"
+"#;
+        let mut config =
+            fulcrum_config::parse(text, "t.toml", std::path::Path::new("/")).expect("valid");
+        let kernel = XdpPlane::split(&mut config);
+        assert_eq!(kernel.len(), 1);
+        assert_eq!(kernel[0].name, "a");
+        assert_eq!(config.virtual_services.len(), 1);
+        assert_eq!(config.virtual_services[0].name, "b");
+    }
+}

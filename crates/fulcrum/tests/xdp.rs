@@ -543,6 +543,36 @@ fn dr_mode_end_to_end() {
         "held connection moved: {line:?}"
     );
     let _ = hold.wait();
+
+    // Weights reach the ring: the drained member back, another one at weight 0.
+    admin(
+        &s.lb,
+        "PUT",
+        &format!("/api/v1/pools/web/members/{addr}/state"),
+        Some(r#"{"state":"enabled"}"#),
+    );
+    let other = if idx == 1 { 2 } else { 1 };
+    let r = admin(
+        &s.lb,
+        "PUT",
+        &format!("/api/v1/pools/web/members/198.18.0.1{other}:80/weight"),
+        Some(r#"{"weight":0}"#),
+    );
+    assert!(r.contains("weight"), "weight answered {r}");
+    std::thread::sleep(Duration::from_millis(600));
+    let mut names = std::collections::HashSet::new();
+    for _ in 0..24 {
+        let body = curl(&s.client, "http://198.18.10.1/").expect("curl");
+        names.insert(body.split(' ').next().unwrap_or("").to_string());
+    }
+    assert!(
+        !names.contains(&format!("m{other}")),
+        "weight 0 member got new flows: {names:?}"
+    );
+    assert!(
+        names.contains(&held),
+        "the drained member is back: {names:?}"
+    );
     let _ = &s.members;
     let _ = s.fulcrum;
     drop(s.lab);
