@@ -195,6 +195,7 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/gslb", axum::routing::any(gslb))
         .route("/gslb/{*path}", axum::routing::any(gslb))
         .route("/cache/{service}", get(cache).delete(cache))
+        .route("/xdp", get(xdp))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth));
     Router::new()
@@ -379,6 +380,12 @@ async fn cache(
     axum::extract::Query(query): axum::extract::Query<Vec<(String, String)>>,
 ) -> Response {
     let (status, value) = app.control.cache_api(method.as_str(), &service, &query);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(value)).into_response()
+}
+
+async fn xdp(State(app): State<App>) -> Response {
+    let (status, value) = app.control.xdp_api();
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, Json(value)).into_response()
 }

@@ -56,6 +56,14 @@ pub trait Control: Send + Sync + 'static {
     ) -> (u16, serde_json::Value) {
         (404, serde_json::json!({ "error": "no such cache" }))
     }
+    /// Serves `GET /api/v1/xdp`: the in-kernel forwarder's services, members and counters.
+    /// The default has no forwarder.
+    fn xdp_api(&self) -> (u16, serde_json::Value) {
+        (
+            404,
+            serde_json::json!({ "error": "no nat/dr/tunnel service" }),
+        )
+    }
 }
 
 /// Serves the API on `listener` until the process ends.

@@ -61,6 +61,7 @@ struct icmphdr {
 #define VIP_F_PERSIST_SRC 0x10
 
 #define CONN_F_FIN 0x1
+#define MAX_CPUS 256
 
 #define SET_F_NAT 0x1
 
@@ -153,6 +154,8 @@ struct settings {
 	__u32 tun_src6[4];
 	__u32 tun_src6_mask; // network order, applied to the last word
 	__u32 flags;
+	__u32 nr_cpus; // possible CPUs, bounds the search of other CPUs' connection entries
+	__u32 pad;
 };
 
 struct vip_stats {
@@ -631,6 +634,27 @@ static __always_inline __u64 idle_limit(const struct settings *cfg, __u8 proto, 
 	return (flags & CONN_F_FIN) ? cfg->tcp_fin : cfg->tcp_idle;
 }
 
+struct other_cpu_search {
+	struct flow_key *key;
+	struct settings *cfg;
+	__u64 now;
+	struct conn *found; // this CPU's (empty) slot, filled from the first live entry found
+};
+
+static long other_cpu_conn(__u32 cpu, void *arg)
+{
+	struct other_cpu_search *sr = arg;
+	struct conn *o = bpf_map_lookup_percpu_elem(&conns, sr->key, cpu);
+	if (!o || !o->real || !sr->found)
+		return 0;
+	if (sr->now - o->last >= idle_limit(sr->cfg, sr->key->proto, o->flags))
+		return 0;
+	sr->found->real = o->real;
+	sr->found->flags = o->flags;
+	sr->found->last = o->last;
+	return 1; // stop
+}
+
 static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const struct vip_meta *vip)
 {
 	__u32 vi = vip->index;
@@ -649,6 +673,14 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 
 	now = bpf_jiffies64();
 	struct conn *c = bpf_map_lookup_elem(&conns, &p->k);
+	if (c && !c->real) {
+		// The key exists but this CPU's slot is empty: the flow was seen on another CPU
+		// (RSS rehashed, RPS, or on veth the sender moved). Adopt that CPU's member rather
+		// than rescheduling an established flow. New flows (no key) never get here.
+		// bpf_loop: the verifier checks the callback once instead of every iteration.
+		struct other_cpu_search sr = { .key = &p->k, .cfg = cfg, .now = now, .found = c };
+		bpf_loop(cfg->nr_cpus < MAX_CPUS ? cfg->nr_cpus : MAX_CPUS, other_cpu_conn, &sr, 0);
+	}
 	if (c && c->real && now - c->last < idle_limit(cfg, p->k.proto, c->flags)) {
 		ri = c->real;
 		if (!p->icmp) {

@@ -155,6 +155,8 @@ impl Config {
             tun_src6: [w(0), w(4), w(8), w(12)],
             tun_src6_mask: u32::from_ne_bytes(host6.to_be_bytes()),
             flags: if self.nat { SET_F_NAT } else { 0 },
+            nr_cpus: aya::util::nr_cpus().map_or(256, |n| n as u32),
+            pad: 0,
         }
     }
 }

@@ -233,6 +233,8 @@ pub struct Settings {
     pub tun_src6: [u32; 4],
     pub tun_src6_mask: u32,
     pub flags: u32,
+    pub nr_cpus: u32,
+    pub pad: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -302,7 +304,7 @@ mod tests {
         assert_eq!(size_of::<FlowKey>(), 40);
         assert_eq!(size_of::<Conn>(), 16);
         assert_eq!(size_of::<NatEntry>(), 56);
-        assert_eq!(size_of::<Settings>(), 56);
+        assert_eq!(size_of::<Settings>(), 64);
         assert_eq!(size_of::<VipStats>(), 104);
         assert_eq!(size_of::<RealStats>(), 24);
     }

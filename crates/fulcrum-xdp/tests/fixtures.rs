@@ -1232,3 +1232,45 @@ fn mutated_frames_never_abort() {
         }
     }
 }
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data, zeroed then filled by CPU_SET; sched_setaffinity reads
+    // it for the calling thread (pid 0) only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(rc, 0, "pin to CPU {cpu}");
+    }
+}
+
+/// A flow whose packets move to another CPU (RSS rehash, RPS, veth senders that migrate) keeps
+/// its member: the empty per-CPU slot adopts the entry another CPU holds.
+#[test]
+fn flow_moving_to_another_cpu_keeps_its_member() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("one CPU: the cross-CPU path cannot be exercised here");
+        return;
+    }
+    let result = std::thread::spawn(|| {
+        let mut fx = setup(MODE_DR);
+        pin_to_cpu(0);
+        fx.run(&client_frame(false, TCP, 51000, SYN));
+        fx.dp.set_ring(0, &vec![2; RING_SIZE]).expect("ring");
+        pin_to_cpu(1);
+        let (act, out) = fx.run(&client_frame(false, TCP, 51000, ACK));
+        assert_eq!(act, XDP_TX);
+        assert_eq!(
+            out,
+            dr_expected(false, TCP, 51000, ACK, 1),
+            "adopted member 1"
+        );
+        assert_eq!(fx.vs(false, TCP).new_flows, 1, "not a new flow");
+        // A new flow on this CPU follows the new ring.
+        let (_, out) = fx.run(&client_frame(false, TCP, 51001, SYN));
+        assert_eq!(out, dr_expected(false, TCP, 51001, SYN, 2));
+    })
+    .join();
+    assert!(result.is_ok(), "cross-CPU case failed");
+}

@@ -377,6 +377,10 @@ impl Control for App {
         self.http.cache_api(method, service, query)
     }
 
+    fn xdp_api(&self) -> (u16, serde_json::Value) {
+        self.xdp.api()
+    }
+
     fn reload(&self) -> Result<u64, Vec<String>> {
         let r = self.reload_now();
         if let Err(errors) = &r {

@@ -284,6 +284,70 @@ impl XdpPlane {
         }
     }
 
+    /// `GET /api/v1/xdp`: attachments, services with their counters, members with theirs.
+    pub fn api(&self) -> (u16, serde_json::Value) {
+        use serde_json::json;
+        let guard = self.state.lock();
+        let Some(st) = guard.as_ref() else {
+            return (404, json!({ "error": "no nat/dr/tunnel service" }));
+        };
+        let services: Vec<serde_json::Value> = st
+            .services
+            .iter()
+            .map(|s| {
+                let v = st.dp.vip_stats(s.index).unwrap_or_default();
+                let drops: serde_json::Map<String, serde_json::Value> = DropReason::ALL
+                    .iter()
+                    .map(|r| (r.name().to_string(), json!(v.drops[*r as usize])))
+                    .collect();
+                let members: Vec<serde_json::Value> = s
+                    .pool
+                    .members()
+                    .iter()
+                    .zip(s.weights.iter().chain(std::iter::repeat(&0)))
+                    .map(|(m, w)| {
+                        let r = st.reals.get(&m.address);
+                        let rs = r
+                            .and_then(|r| st.dp.real_stats(r.index).ok())
+                            .unwrap_or_default();
+                        json!({
+                            "address": m.address.to_string(),
+                            "next_hop_resolved": r.is_some_and(|r| r.resolved),
+                            "ring_weight": w,
+                            "packets": rs.packets,
+                            "bytes": rs.bytes,
+                            "new_flows": rs.new_flows,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": s.name,
+                    "vip_index": s.index,
+                    "packets": v.packets,
+                    "bytes": v.bytes,
+                    "new_flows": v.new_flows,
+                    "reply_packets": v.reply_packets,
+                    "reply_bytes": v.reply_bytes,
+                    "drops": drops,
+                    "members": members,
+                })
+            })
+            .collect();
+        let global: serde_json::Map<String, serde_json::Value> = Global::ALL
+            .iter()
+            .map(|g| (g.name().to_string(), json!(st.dp.global(*g).unwrap_or(0))))
+            .collect();
+        (
+            200,
+            json!({
+                "interfaces": st.dp.attached(),
+                "connections": st.dp.conn_count().unwrap_or(0),
+                "services": services,
+                "packets": global,
+            }),
+        )
+    }
+
     pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
         let guard = self.state.lock();
         let Some(st) = guard.as_ref() else {

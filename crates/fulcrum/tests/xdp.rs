@@ -500,6 +500,15 @@ fn dr_mode_end_to_end() {
             "member=\"198.18.0.11:80\""
         ) >= 1.0
     );
+    let api = admin(&s.lb, "GET", "/api/v1/xdp", None);
+    let v: serde_json::Value = serde_json::from_str(&api).expect("JSON");
+    let web = v["services"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["name"] == "web"))
+        .expect("web in /api/v1/xdp");
+    assert!(web["new_flows"].as_u64().unwrap_or(0) >= 31, "{api}");
+    assert_eq!(web["members"].as_array().map(Vec::len), Some(3), "{api}");
+    assert_eq!(v["interfaces"][0], "eth0");
 
     // Drain: the established connection stays on its member, new flows avoid it.
     let mut hold = s
