@@ -249,7 +249,8 @@ pub struct Dataplane {
     limits: Limits,
     /// The ring last written per VIP index, so an update writes only the slots that changed.
     rings: StdHashMap<u32, Vec<u32>>,
-    attached: Vec<String>,
+    /// Interfaces with a program of ours attached, and the link to detach it with.
+    attached: Vec<(String, &'static str, aya::programs::xdp::XdpLinkId)>,
     /// The kernel's timer frequency, measured at load.
     hz: u64,
 }
@@ -644,10 +645,10 @@ impl Dataplane {
                 .program_mut(program)
                 .ok_or(Error::MissingMap(program))?
                 .try_into()?;
-            prog.attach(interface, mode).map(|_| ())
+            prog.attach(interface, mode)
         };
-        match first {
-            Ok(()) => {}
+        let link = match first {
+            Ok(link) => link,
             Err(e) => {
                 tracing::warn!(%interface, error = %e, "XDP attach failed; removing a stale program and retrying");
                 remove_legacy_xdp(interface).map_err(err)?;
@@ -657,15 +658,31 @@ impl Dataplane {
                     .ok_or(Error::MissingMap(program))?
                     .try_into()?;
                 prog.attach(interface, mode)
-                    .map_err(|e| err(format!("{e} (after removing the old program)")))?;
+                    .map_err(|e| err(format!("{e} (after removing the old program)")))?
             }
-        }
-        self.attached.push(interface.to_string());
+        };
+        self.attached.push((interface.to_string(), program, link));
         Ok(())
     }
 
-    pub fn attached(&self) -> &[String] {
-        &self.attached
+    /// Interfaces with the forwarder (or the decapsulator) attached.
+    pub fn attached(&self) -> Vec<String> {
+        self.attached.iter().map(|(i, _, _)| i.clone()).collect()
+    }
+
+    /// Detaches from `interface` (a reload that no longer lists it).
+    pub fn detach(&mut self, interface: &str) -> Result<(), Error> {
+        let Some(pos) = self.attached.iter().position(|(i, _, _)| i == interface) else {
+            return Ok(());
+        };
+        let (_, program, link) = self.attached.remove(pos);
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(program)
+            .ok_or(Error::MissingMap(program))?
+            .try_into()?;
+        prog.detach(link)?;
+        Ok(())
     }
 }
 

@@ -11,7 +11,8 @@
 //! - A member that goes down or is disabled has its flows dropped from the connection table, so
 //!   its clients are rescheduled on their next packet; a drained member keeps them.
 //! - Next-hop MACs come from the kernel's routing and neighbour tables (`ip -j route get`,
-//!   `ip -j neigh`), re-resolved while unknown; an unresolved member gets no ring slots.
+//!   `ip -j neigh`), retried every second while unknown and checked again every 30 s; an
+//!   unresolved member gets no ring slots.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +30,8 @@ use parking_lot::Mutex;
 
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
 const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+/// A resolved next hop is looked up again this often (a member's NIC or router may change).
+const REVERIFY_EVERY: Duration = Duration::from_secs(30);
 
 struct Service {
     name: String,
@@ -37,11 +40,16 @@ struct Service {
     keys: Vec<VipKey>,
     /// Ring weights last written, per pool member.
     weights: Vec<u32>,
+    /// What the ring was last built from (member names and real numbers): a reload that
+    /// replaces members with others of the same weights must still rebuild it.
+    built_from: (Vec<String>, Vec<u32>),
 }
 
 struct RealState {
     index: u32,
     resolved: bool,
+    /// The next hop written into the reals map (MAC, egress interface).
+    hop: Option<([u8; 6], u32)>,
     /// Flows were dropped from the table since the member last accepted traffic.
     forgotten: bool,
     last_try: Option<Instant>,
@@ -141,6 +149,16 @@ impl XdpPlane {
                 ..fulcrum_xdp::Config::default()
             })
             .map_err(err)?;
+        let wanted: HashSet<&str> = services
+            .iter()
+            .flat_map(|v| v.forwarding.interfaces.iter().map(String::as_str))
+            .collect();
+        for ifname in st.dp.attached() {
+            if !wanted.contains(ifname.as_str()) {
+                st.dp.detach(&ifname).map_err(err)?;
+                tracing::info!(interface = %ifname, "XDP forwarder detached (no longer listed)");
+            }
+        }
         for vs in services {
             let mode = match vs.forwarding.xdp_mode {
                 fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
@@ -216,6 +234,7 @@ impl XdpPlane {
                         RealState {
                             index,
                             resolved: false,
+                            hop: None,
                             forgotten: false,
                             last_try: None,
                             nat_port: 0,
@@ -241,6 +260,10 @@ impl XdpPlane {
                 pool,
                 keys,
                 // Forces the first ring write of a new service; a kept service keeps its ring.
+                built_from: prev
+                    .as_ref()
+                    .map(|p| p.built_from.clone())
+                    .unwrap_or_default(),
                 weights: prev.map(|p| p.weights).unwrap_or_default(),
             });
         }
@@ -467,7 +490,12 @@ fn refresh(st: &mut State) {
     // Next hops first: a member without a MAC cannot get slots.
     let mut to_resolve: Vec<SocketAddr> = Vec::new();
     for (addr, r) in &st.reals {
-        if !r.resolved && r.last_try.is_none_or(|t| t.elapsed() >= RESOLVE_EVERY) {
+        let every = if r.resolved {
+            REVERIFY_EVERY
+        } else {
+            RESOLVE_EVERY
+        };
+        if r.last_try.is_none_or(|t| t.elapsed() >= every) {
             to_resolve.push(*addr);
         }
     }
@@ -476,10 +504,14 @@ fn refresh(st: &mut State) {
         if let Some(r) = st.reals.get_mut(&addr) {
             r.last_try = Some(Instant::now());
             if let Some((mac, ifindex)) = resolved {
+                if r.resolved && r.hop == Some((mac, ifindex)) {
+                    continue;
+                }
                 let real = Real::new(addr.ip(), mac, r.nat_port, ifindex);
                 match st.dp.set_real(r.index, real) {
                     Ok(()) => {
                         r.resolved = true;
+                        r.hop = Some((mac, ifindex));
                         tracing::info!(member = %addr, mac = %fmt_mac(mac), ifindex, "XDP member next hop resolved");
                     }
                     Err(e) => {
@@ -521,13 +553,14 @@ fn refresh(st: &mut State) {
                 }
             }
         }
-        if weights != svc.weights {
-            let names: Vec<String> = members.iter().map(|m| m.label.to_string()).collect();
+        let names: Vec<String> = members.iter().map(|m| m.label.to_string()).collect();
+        if weights != svc.weights || svc.built_from.0 != names || svc.built_from.1 != ids {
             let ring = build_ring(&names, &weights, &ids);
             match st.dp.set_ring(svc.index, &ring) {
                 Ok(changed) => {
                     tracing::debug!(service = %svc.name, changed, "XDP ring updated");
                     svc.weights = weights;
+                    svc.built_from = (names, ids);
                 }
                 Err(e) => tracing::warn!(service = %svc.name, error = %e, "XDP ring update failed"),
             }

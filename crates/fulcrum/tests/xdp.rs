@@ -772,6 +772,16 @@ fn nat_mode_end_to_end() {
         metric(&m, "fulcrum_xdp_vs_reply_packets_total", "service=\"dns\"") >= 1.0,
         "{m}"
     );
+
+    // A reload that no longer lists an interface detaches from it, and only from it.
+    assert!(xdp_on(&s.lb, "eth1"));
+    let path = s._dir.path().join("fulcrum.toml");
+    let text = std::fs::read_to_string(&path).expect("config");
+    std::fs::write(&path, text.replace(r#"["eth0", "eth1"]"#, r#"["eth0"]"#)).expect("config");
+    let r = admin(&s.lb, "POST", "/api/v1/reload", Some("{}"));
+    assert!(r.contains("generation"), "reload: {r}");
+    assert!(!xdp_on(&s.lb, "eth1"), "detached from eth1");
+    assert!(xdp_on(&s.lb, "eth0"), "still on eth0");
 }
 
 /// A member that dies (its monitor goes down) loses its flows to the others; every other flow
