@@ -12,6 +12,12 @@ string_enum!(Forwarding {
     Tunnel = "tunnel",
 });
 
+string_enum!(XdpMode {
+    Auto = "auto",
+    Native = "native",
+    Generic = "generic",
+});
+
 impl Forwarding {
     /// Whether the service's packets are forwarded in the kernel (XDP) rather than proxied.
     pub fn in_kernel(self) -> bool {
@@ -25,6 +31,10 @@ pub struct ForwardingOptions {
     pub forwarding: Forwarding,
     /// Where the XDP program attaches (nat: the client and the member sides).
     pub interfaces: Vec<String>,
+    /// How XDP attaches (Fulcrum addition): auto (the kernel picks; native where the driver
+    /// supports it), native (driver mode, fail otherwise), generic (after the stack's skb
+    /// allocation: slower, works on every device).
+    pub xdp_mode: XdpMode,
 }
 
 impl Default for ForwardingOptions {
@@ -32,18 +42,20 @@ impl Default for ForwardingOptions {
         ForwardingOptions {
             forwarding: Forwarding::Proxy,
             interfaces: Vec::new(),
+            xdp_mode: XdpMode::Auto,
         }
     }
 }
 
 /// Keys read here, for the protocol checks in validate.rs.
-pub const FORWARDING_KEYS: &[&str] = &["forwarding", "interfaces"];
+pub const FORWARDING_KEYS: &[&str] = &["forwarding", "interfaces", "xdp_mode"];
 
 impl ForwardingOptions {
     pub fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> ForwardingOptions {
         ForwardingOptions {
             forwarding: t.opt(cx, "forwarding").unwrap_or(Forwarding::Proxy),
             interfaces: t.opt(cx, "interfaces").unwrap_or_default(),
+            xdp_mode: t.opt(cx, "xdp_mode").unwrap_or(XdpMode::Auto),
         }
     }
 }

@@ -24,7 +24,7 @@ pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_T
 pub use access::AccessList;
 pub use admin::{token_problem, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
-pub use forwarding::{Forwarding, ForwardingOptions, FORWARDING_KEYS};
+pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,

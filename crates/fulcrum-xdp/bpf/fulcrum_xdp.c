@@ -19,8 +19,8 @@
 //   - IPv6 packets with other extension headers to a VIP address: XDP_DROP, counted.
 //   - IPv4 options: forwarded like any other packet (the L4 header is found through IHL); counted.
 //   - ICMP / ICMPv6 destination-unreachable (incl. fragmentation-needed / packet-too-big) whose
-//     quoted packet belongs to a VIP flow: sent to the member that owns the flow (dr, tunnel) so
-//     path MTU discovery works. In nat mode the error is passed to the kernel (counted).
+//     quoted packet belongs to a VIP flow: sent to the member that owns the flow so path MTU
+//     discovery works; in nat mode with the quote rewritten to the member's own packet.
 //   - Truncated/malformed L4 headers to a VIP address: XDP_DROP, counted. Truncated L2/L3 headers:
 //     XDP_PASS (the kernel drops them and counts them in its own statistics), counted here too.
 //
@@ -50,8 +50,9 @@ struct icmphdr {
 #define MAX_VIPS 64
 #define MAX_REALS 4096
 #define RING_SIZE 65537
-#define MAX_CONNS 1000000
-#define MAX_NAT 1000000
+// Sizes of the tables as compiled; the loader sets them (fulcrum_xdp::Limits).
+#define MAX_CONNS 262144
+#define MAX_NAT 262144
 
 #define MODE_MASK 0x3
 #define MODE_DR 1
@@ -60,6 +61,7 @@ struct icmphdr {
 #define VIP_F_PERSIST_SRC 0x10
 
 #define CONN_F_FIN 0x1
+#define MAX_CPUS 256
 
 #define SET_F_NAT 0x1
 
@@ -80,7 +82,7 @@ enum global_counter {
 	G_IP_OPTIONS = 3,    // IPv4 packets with options forwarded
 	G_ICMP_FORWARDED = 4,
 	G_ICMP_NAT_PASSED = 5,
-	G_NAT_REPLY_MISS = 6, // unused slot kept for layout stability
+	G_DECAPSULATED = 6,   // fulcrum_decap: tunnel packets stripped on a member
 	G_COUNTERS = 8,
 };
 
@@ -124,7 +126,7 @@ struct flow_key {
 struct conn {
 	__u32 real;
 	__u32 flags;
-	__u64 last_ns;
+	__u64 last;
 };
 
 struct nat_entry {
@@ -137,18 +139,23 @@ struct nat_entry {
 	__u32 vip_index;
 	__u32 flags;
 	__u32 pad2;
-	__u64 last_ns;
+	__u64 last;
 };
 
+// Times are in jiffies: bpf_jiffies64() is inlined by the JIT, where reading a clock through
+// bpf_ktime_get_coarse_ns() cost about 18 ns of the ~105 ns of an LRU hit. Userspace measures
+// the kernel's HZ (fulcrum_clock below) and converts the timeouts.
 struct settings {
-	__u64 tcp_idle_ns;
-	__u64 tcp_fin_ns;
-	__u64 udp_idle_ns;
+	__u64 tcp_idle;
+	__u64 tcp_fin;
+	__u64 udp_idle;
 	__u32 tun_src4; // network order, host bits replaced by the flow hash
 	__u32 tun_src4_mask; // network order, the host bits
 	__u32 tun_src6[4];
 	__u32 tun_src6_mask; // network order, applied to the last word
 	__u32 flags;
+	__u32 nr_cpus; // possible CPUs, bounds the search of other CPUs' connection entries
+	__u32 pad;
 };
 
 struct vip_stats {
@@ -521,11 +528,131 @@ static __always_inline int nat_in(struct xdp_md *ctx, struct pkt *p, const struc
 	return out(ctx, r->ifindex);
 }
 
+// nat mode, an ICMP error about a VIP flow (e.g. fragmentation needed for a reply the member
+// sent): the member must find its own packet in the quote, so the outer destination, the quoted
+// source address and port, and every checksum that covers them are rewritten (outer IPv4
+// header, ICMP / ICMPv6 with its pseudo-header, quoted IPv4 header, quoted TCP/UDP checksum when
+// the quote reaches it). Quotes too short to rewrite are passed to the kernel and counted.
+static __always_inline int nat_icmp(struct xdp_md *ctx, struct pkt *p, const struct real *r)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u32 off = p->l4_off;
+	if (off > 14 + 60)
+		goto pass;
+	if (p->k.family == 4) {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > end)
+			goto pass;
+		struct icmphdr *ic = data + off;
+		if ((void *)(ic + 1) > end)
+			goto pass;
+		struct iphdr *in = (void *)(ic + 1);
+		if ((void *)(in + 1) > end)
+			goto pass;
+		__u16 *ports = (void *)(in + 1);
+		if ((void *)(ports + 2) > end)
+			goto pass;
+		__u32 va = in->saddr, ra = r->addr[0];
+		__u16 vport = ports[0];
+		__u16 rport = r->port ? r->port : vport;
+		__u16 icsum = ic->checksum;
+		__u16 *l4sum = (void *)ports + (in->protocol == IPPROTO_TCP ? 16 : 6);
+		if ((void *)(l4sum + 1) <= end && !(in->protocol == IPPROTO_UDP && *l4sum == 0)) {
+			__u16 old = *l4sum;
+			__u16 n = csum_replace4(old, va, ra);
+			n = csum_replace2(n, vport, rport);
+			if (in->protocol == IPPROTO_UDP && n == 0)
+				n = 0xffff;
+			*l4sum = n;
+			icsum = csum_replace2(icsum, old, n);
+		}
+		__u16 old_check = in->check;
+		in->check = csum_replace4(in->check, va, ra);
+		icsum = csum_replace2(icsum, old_check, in->check);
+		icsum = csum_replace4(icsum, va, ra);
+		in->saddr = ra;
+		icsum = csum_replace2(icsum, vport, rport);
+		ports[0] = rport;
+		ic->checksum = icsum;
+		ip->check = csum_replace4(ip->check, ip->daddr, ra);
+		ip->daddr = ra;
+	} else {
+		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+		if ((void *)(ip6 + 1) > end)
+			goto pass;
+		struct icmp6hdr *ic = data + off;
+		if ((void *)(ic + 1) > end)
+			goto pass;
+		struct ipv6hdr *in = (void *)(ic + 1);
+		if ((void *)(in + 1) > end)
+			goto pass;
+		__u16 *ports = (void *)(in + 1);
+		if ((void *)(ports + 2) > end)
+			goto pass;
+		__u16 vport = ports[0];
+		__u16 rport = r->port ? r->port : vport;
+		__u16 icsum = ic->icmp6_cksum;
+		__u16 *l4sum = (void *)ports + (in->nexthdr == IPPROTO_TCP ? 16 : 6);
+		int has_l4sum = (void *)(l4sum + 1) <= end;
+		__u16 l4 = has_l4sum ? *l4sum : 0;
+		__u16 l4_old = l4;
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			__u32 va = in->saddr.in6_u.u6_addr32[i], ra = r->addr[i];
+			// The quoted source and the outer destination (in the pseudo-header) both change.
+			icsum = csum_replace4(icsum, va, ra);
+			icsum = csum_replace4(icsum, ip6->daddr.in6_u.u6_addr32[i], ra);
+			l4 = csum_replace4(l4, va, ra);
+			in->saddr.in6_u.u6_addr32[i] = ra;
+			ip6->daddr.in6_u.u6_addr32[i] = ra;
+		}
+		if (has_l4sum && (void *)(l4sum + 1) <= end) {
+			l4 = csum_replace2(l4, vport, rport);
+			if (in->nexthdr == IPPROTO_UDP && l4 == 0)
+				l4 = 0xffff;
+			*l4sum = l4;
+			icsum = csum_replace2(icsum, l4_old, l4);
+		}
+		icsum = csum_replace2(icsum, vport, rport);
+		ports[0] = rport;
+		ic->icmp6_cksum = icsum;
+	}
+	count_global(G_ICMP_FORWARDED);
+	if (set_macs(ctx, r->mac))
+		return XDP_ABORTED;
+	return out(ctx, r->ifindex);
+pass:
+	count_global(G_ICMP_NAT_PASSED);
+	return XDP_PASS;
+}
+
 static __always_inline __u64 idle_limit(const struct settings *cfg, __u8 proto, __u32 flags)
 {
 	if (proto == IPPROTO_UDP)
-		return cfg->udp_idle_ns;
-	return (flags & CONN_F_FIN) ? cfg->tcp_fin_ns : cfg->tcp_idle_ns;
+		return cfg->udp_idle;
+	return (flags & CONN_F_FIN) ? cfg->tcp_fin : cfg->tcp_idle;
+}
+
+struct other_cpu_search {
+	struct flow_key *key;
+	struct settings *cfg;
+	__u64 now;
+	struct conn *found; // this CPU's (empty) slot, filled from the first live entry found
+};
+
+static long other_cpu_conn(__u32 cpu, void *arg)
+{
+	struct other_cpu_search *sr = arg;
+	struct conn *o = bpf_map_lookup_percpu_elem(&conns, sr->key, cpu);
+	if (!o || !o->real || !sr->found)
+		return 0;
+	if (sr->now - o->last >= idle_limit(sr->cfg, sr->key->proto, o->flags))
+		return 0;
+	sr->found->real = o->real;
+	sr->found->flags = o->flags;
+	sr->found->last = o->last;
+	return 1; // stop
 }
 
 static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const struct vip_meta *vip)
@@ -544,12 +671,21 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 	vs->packets += 1;
 	vs->bytes += len;
 
-	now = bpf_ktime_get_coarse_ns();
+	now = bpf_jiffies64();
 	struct conn *c = bpf_map_lookup_elem(&conns, &p->k);
-	if (c && c->real && now - c->last_ns < idle_limit(cfg, p->k.proto, c->flags)) {
+	if (c && !c->real) {
+		// The key exists but this CPU's slot is empty: the flow was seen on another CPU
+		// (RSS rehashed, RPS, or on veth the sender moved). Adopt that CPU's member rather
+		// than rescheduling an established flow. New flows (no key) never get here.
+		// bpf_loop: the verifier checks the callback once instead of every iteration.
+		struct other_cpu_search sr = { .key = &p->k, .cfg = cfg, .now = now, .found = c };
+		bpf_loop(cfg->nr_cpus < MAX_CPUS ? cfg->nr_cpus : MAX_CPUS, other_cpu_conn, &sr, 0);
+	}
+	if (c && c->real && now - c->last < idle_limit(cfg, p->k.proto, c->flags)) {
 		ri = c->real;
 		if (!p->icmp) {
-			c->last_ns = now;
+			if (c->last != now) // most packets of a busy flow share a tick: no store
+				c->last = now;
 			if (p->tcp_flags & 0x01) // FIN: the flow winds down, expire it soon
 				c->flags |= CONN_F_FIN;
 		}
@@ -566,7 +702,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			return drop_vip(vi, DROP_NO_REAL);
 		ri = *rp;
 		if (!p->icmp) {
-			struct conn nc = { .real = ri, .flags = 0, .last_ns = now };
+			struct conn nc = { .real = ri, .flags = 0, .last = now };
 			if (p->tcp_flags & 0x01)
 				nc.flags |= CONN_F_FIN;
 			bpf_map_update_elem(&conns, &p->k, &nc, BPF_ANY);
@@ -597,10 +733,8 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			return encap_v4(ctx, p, r, hash, vi);
 		return encap_v6(ctx, p, r, hash, vi);
 	case MODE_NAT: {
-		if (p->icmp) {
-			count_global(G_ICMP_NAT_PASSED);
-			return XDP_PASS;
-		}
+		if (p->icmp)
+			return nat_icmp(ctx, p, r);
 		struct flow_key rk = {};
 		void *data = (void *)(long)ctx->data;
 		void *end = (void *)(long)ctx->data_end;
@@ -624,7 +758,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			__builtin_memcpy(ne.local_mac, eth->h_dest, ETH_ALEN);
 			ne.ifindex = ctx->ingress_ifindex;
 			ne.vip_index = vi;
-			ne.last_ns = now;
+			ne.last = now;
 			bpf_map_update_elem(&nat_replies, &rk, &ne, BPF_ANY);
 		}
 		return nat_in(ctx, p, r);
@@ -645,13 +779,13 @@ static __always_inline int nat_out(struct xdp_md *ctx, struct pkt *p)
 	struct settings *cfg = bpf_map_lookup_elem(&settings, &zero);
 	if (!cfg)
 		return XDP_ABORTED;
-	__u64 now = bpf_ktime_get_coarse_ns();
-	if (now - ne->last_ns > idle_limit(cfg, p->k.proto, ne->flags)) {
+	__u64 now = bpf_jiffies64();
+	if (now - ne->last > idle_limit(cfg, p->k.proto, ne->flags)) {
 		bpf_map_delete_elem(&nat_replies, &p->k);
 		count_global(G_PASS_NON_VIP);
 		return XDP_PASS;
 	}
-	ne->last_ns = now;
+	ne->last = now;
 	if (p->tcp_flags & 0x01)
 		ne->flags |= CONN_F_FIN;
 	__u32 vi = ne->vip_index;
@@ -813,6 +947,7 @@ static __always_inline int icmp4_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	p->k.sport = ports[1];
 	p->k.dport = ports[0];
 	p->k.proto = in->protocol;
+	p->l4_off = off;
 	p->icmp = 1;
 	p->tcp_flags = 0;
 	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 4 };
@@ -851,6 +986,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	p->k.sport = ports[1];
 	p->k.dport = ports[0];
 	p->k.proto = in->nexthdr;
+	p->l4_off = off;
 	p->icmp = 1;
 	p->tcp_flags = 0;
 	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 6 };
@@ -963,6 +1099,83 @@ int fulcrum_xdp(struct xdp_md *ctx)
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
 		return process_v6(ctx);
 	count_global(G_PASS_NON_IP);
+	return XDP_PASS;
+}
+
+// Member side of tunnel mode, for hosts without IPIP / IP6IP6 decapsulation in their kernel
+// (CONFIG_NET_IPIP / CONFIG_IPV6_TUNNEL unset): strips the outer IPv4 (protocol 4) or IPv6
+// (next header 41 or 4) header and passes the inner packet to the stack, which delivers it to
+// the VIP held on lo. Packets with IPv4 options or IPv6 extension headers in the outer header
+// are not tunnel traffic Fulcrum sends; they pass untouched.
+SEC("xdp")
+int fulcrum_decap(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ethhdr copy;
+	int strip;
+	__u16 inner_proto;
+
+	if ((void *)(eth + 1) > end)
+		return XDP_PASS;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_IPIP)
+			return XDP_PASS;
+		strip = sizeof(struct iphdr);
+		inner_proto = bpf_htons(ETH_P_IP);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return XDP_PASS;
+		if (ip6->nexthdr == IPPROTO_IPV6)
+			inner_proto = bpf_htons(ETH_P_IPV6);
+		else if (ip6->nexthdr == IPPROTO_IPIP)
+			inner_proto = bpf_htons(ETH_P_IP);
+		else
+			return XDP_PASS;
+		strip = sizeof(struct ipv6hdr);
+	} else {
+		return XDP_PASS;
+	}
+	__builtin_memcpy(&copy, eth, sizeof(copy));
+	if (bpf_xdp_adjust_head(ctx, strip))
+		return XDP_PASS;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		return XDP_DROP;
+	__builtin_memcpy(eth, &copy, sizeof(copy));
+	eth->h_proto = inner_proto;
+	count_global(G_DECAPSULATED);
+	return XDP_PASS;
+}
+
+struct clock_sample {
+	__u64 jiffies;
+	__u64 ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct clock_sample);
+} clock SEC(".maps");
+
+// Run by userspace through BPF_PROG_RUN: jiffies and CLOCK_MONOTONIC now, to measure HZ and to
+// write connection entries with times the data plane understands.
+SEC("xdp")
+int fulcrum_clock(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	struct clock_sample *c = bpf_map_lookup_elem(&clock, &zero);
+	if (c) {
+		c->jiffies = bpf_jiffies64();
+		c->ns = bpf_ktime_get_ns();
+	}
 	return XDP_PASS;
 }
 

@@ -19,11 +19,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2_000_000);
     let rounds = 5;
-    let mut dp = Dataplane::load(Limits {
+    let limits = Limits {
         vips: 2,
         conns: 65536,
         nat_entries: 1024,
-    })?;
+    };
+    let mut dp = match std::env::var_os("FULCRUM_XDP_OBJECT") {
+        Some(path) => Dataplane::load_object(&std::fs::read(path)?, limits)?,
+        None => Dataplane::load(limits)?,
+    };
     let vip: IpAddr = "198.18.0.10".parse()?;
     let client: IpAddr = "198.18.2.2".parse()?;
     dp.set_vip(
@@ -87,7 +91,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         new / pass
     );
     println!(
-        "\n{rounds} rounds of {repeat} runs each, median; 64-byte TCP frame; kernel {}",
+        "\n{rounds} rounds of {repeat} runs each, median; {}-byte TCP frame (IPv4, ACK); kernel {}",
+        frame.len(),
         std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
             .trim()

@@ -34,6 +34,10 @@ pub fn object() -> &'static [u8] {
 /// The program that forwards; `xdp_pass` in the same object is the benchmark's baseline.
 pub const PROGRAM: &str = "fulcrum_xdp";
 pub const PASS_PROGRAM: &str = "xdp_pass";
+/// Member side of tunnel mode: strips IPIP / IP6IP6 where the kernel cannot.
+pub const DECAP_PROGRAM: &str = "fulcrum_decap";
+/// Reads jiffies and the monotonic clock (run through BPF_PROG_RUN, never attached).
+pub const CLOCK_PROGRAM: &str = "fulcrum_clock";
 
 /// XDP return codes.
 pub const XDP_ABORTED: u32 = 0;
@@ -77,11 +81,14 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// 262144 flows in each table: the kernel preallocates LRU maps, about 100 bytes per
+    /// connection entry plus 16 per CPU, and 150 per NAT entry: ~70 MB on a 2-CPU machine.
+    /// The rings take 64 × 65537 × 8 bytes (~34 MB).
     fn default() -> Limits {
         Limits {
             vips: 64,
-            conns: 1_000_000,
-            nat_entries: 1_000_000,
+            conns: 262_144,
+            nat_entries: 262_144,
         }
     }
 }
@@ -118,7 +125,14 @@ impl Default for Config {
 }
 
 impl Config {
-    fn to_settings(self) -> Settings {
+    fn to_settings(self, hz: u64) -> Settings {
+        let ticks = |d: std::time::Duration| {
+            let t = d
+                .as_nanos()
+                .saturating_mul(u128::from(hz))
+                .div_ceil(1_000_000_000);
+            u64::try_from(t).unwrap_or(u64::MAX)
+        };
         let host4 = u32::MAX
             .checked_shr(u32::from(self.tunnel_source_v4.1))
             .unwrap_or(0);
@@ -133,14 +147,16 @@ impl Config {
         let o6 = self.tunnel_source_v6.0.octets();
         let w = |i: usize| u32::from_ne_bytes([o6[i], o6[i + 1], o6[i + 2], o6[i + 3]]);
         Settings {
-            tcp_idle_ns: self.tcp_idle.as_nanos() as u64,
-            tcp_fin_ns: self.tcp_fin.as_nanos() as u64,
-            udp_idle_ns: self.udp_idle.as_nanos() as u64,
+            tcp_idle: ticks(self.tcp_idle),
+            tcp_fin: ticks(self.tcp_fin),
+            udp_idle: ticks(self.udp_idle),
             tun_src4: u32::from_ne_bytes(self.tunnel_source_v4.0.octets()),
             tun_src4_mask: u32::from_ne_bytes(host4.to_be_bytes()),
             tun_src6: [w(0), w(4), w(8), w(12)],
             tun_src6_mask: u32::from_ne_bytes(host6.to_be_bytes()),
             flags: if self.nat { SET_F_NAT } else { 0 },
+            nr_cpus: aya::util::nr_cpus().map_or(256, |n| n as u32),
+            pad: 0,
         }
     }
 }
@@ -233,27 +249,32 @@ pub struct Dataplane {
     limits: Limits,
     /// The ring last written per VIP index, so an update writes only the slots that changed.
     rings: StdHashMap<u32, Vec<u32>>,
-    attached: Vec<String>,
+    /// Interfaces with a program of ours attached, and the link to detach it with.
+    attached: Vec<(String, &'static str, aya::programs::xdp::XdpLinkId)>,
+    /// The kernel's timer frequency, measured at load.
+    hz: u64,
 }
 
 impl Dataplane {
     /// Loads the embedded object with `limits` and verifies both programs.
     pub fn load(limits: Limits) -> Result<Dataplane, Error> {
+        Dataplane::load_object(object(), limits)
+    }
+
+    /// Loads another build of the object (experiments: bench/xdp.sh takes one in
+    /// FULCRUM_XDP_OBJECT to compare a change against the embedded one in the same run).
+    pub fn load_object(elf: &[u8], limits: Limits) -> Result<Dataplane, Error> {
         let rings = limits.vips.saturating_mul(RING_SIZE as u32);
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("rings", rings)
             .map_max_entries("vip_stats", limits.vips)
             .map_max_entries("conns", limits.conns)
             .map_max_entries("nat_replies", limits.nat_entries)
-            .load(object())?;
-        for name in [PROGRAM, PASS_PROGRAM] {
+            .load(elf)?;
+        for name in [PROGRAM, PASS_PROGRAM, DECAP_PROGRAM, CLOCK_PROGRAM] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
-                .ok_or(Error::MissingMap(if name == PROGRAM {
-                    PROGRAM
-                } else {
-                    PASS_PROGRAM
-                }))?
+                .ok_or(Error::MissingMap(name))?
                 .try_into()?;
             prog.load()?;
         }
@@ -272,7 +293,9 @@ impl Dataplane {
             limits,
             rings: StdHashMap::new(),
             attached: Vec::new(),
+            hz: 0,
         };
+        dp.hz = dp.measure_hz()?;
         dp.set_config(&Config::default())?;
         Ok(dp)
     }
@@ -290,10 +313,51 @@ impl Dataplane {
     }
 
     pub fn set_config(&mut self, config: &Config) -> Result<(), Error> {
+        let hz = self.hz;
         let mut m: Array<&mut MapData, Settings> =
             Array::try_from(self.map_mut("settings")?).map_err(map_err("settings"))?;
-        m.set(0, config.to_settings(), 0)
+        m.set(0, config.to_settings(hz), 0)
             .map_err(map_err("settings"))
+    }
+
+    /// The kernel's clocks now, read by the clock program.
+    pub fn clock(&self) -> Result<ClockSample, Error> {
+        // BPF_PROG_RUN wants at least an Ethernet header's worth of packet.
+        self.test_run_program(CLOCK_PROGRAM, &[0u8; 14])?;
+        let m: Array<&MapData, ClockSample> =
+            Array::try_from(self.map("clock")?).map_err(map_err("clock"))?;
+        m.get(&0, 0).map_err(map_err("clock"))
+    }
+
+    /// Jiffies now: the unit of `Conn::last` and `NatEntry::last`.
+    pub fn now(&self) -> Result<u64, Error> {
+        Ok(self.clock()?.jiffies)
+    }
+
+    /// The kernel's HZ (ticks per second), measured at load.
+    pub fn hz(&self) -> u64 {
+        self.hz
+    }
+
+    /// HZ is a build option of the kernel (100, 250, 300 or 1000) that userspace cannot read
+    /// reliably (/proc/config.gz is optional), so it is measured: jiffies against the
+    /// monotonic clock over ~60 ms, snapped to the nearest of the values Linux allows.
+    fn measure_hz(&self) -> Result<u64, Error> {
+        let a = self.clock()?;
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        let b = self.clock()?;
+        let dt = b.ns.saturating_sub(a.ns).max(1) as f64 / 1e9;
+        let rate = b.jiffies.saturating_sub(a.jiffies) as f64 / dt;
+        let hz = [100u64, 250, 300, 1000]
+            .into_iter()
+            .min_by(|x, y| {
+                (*x as f64 - rate)
+                    .abs()
+                    .total_cmp(&(*y as f64 - rate).abs())
+            })
+            .unwrap_or(250);
+        tracing::debug!(rate, hz, "kernel HZ measured");
+        Ok(hz)
     }
 
     /// Adds or updates a VIP. `index` selects its ring and counters (0..limits.vips).
@@ -512,10 +576,19 @@ impl Dataplane {
         Ok(p.try_into()?)
     }
 
-    /// Runs a program once on `packet` through BPF_PROG_RUN: (XDP action, output frame).
+    /// Runs the forwarder once on `packet` through BPF_PROG_RUN: (XDP action, output frame).
     pub fn test_run(&self, packet: &[u8]) -> Result<(u32, Vec<u8>), Error> {
+        self.test_run_program(PROGRAM, packet)
+    }
+
+    /// Runs `program` once on `packet` through BPF_PROG_RUN.
+    pub fn test_run_program(
+        &self,
+        program: &'static str,
+        packet: &[u8],
+    ) -> Result<(u32, Vec<u8>), Error> {
         let mut out = vec![0u8; packet.len() + 256];
-        let r = self.program(PROGRAM)?.test_run(TestRunOptions {
+        let r = self.program(program)?.test_run(TestRunOptions {
             data_in: Some(packet),
             data_out: Some(&mut out),
             repeat: 1,
@@ -548,6 +621,20 @@ impl Dataplane {
     /// fell back to it, or by hand — makes the attach fail with EBUSY; it is removed and the
     /// attach retried.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<(), Error> {
+        self.attach_program(PROGRAM, interface, mode)
+    }
+
+    /// Attaches the member-side decapsulator (`DECAP_PROGRAM`) instead of the forwarder.
+    pub fn attach_decap(&mut self, interface: &str, mode: XdpMode) -> Result<(), Error> {
+        self.attach_program(DECAP_PROGRAM, interface, mode)
+    }
+
+    fn attach_program(
+        &mut self,
+        program: &'static str,
+        interface: &str,
+        mode: XdpMode,
+    ) -> Result<(), Error> {
         let err = |message: String| Error::Attach {
             interface: interface.to_string(),
             message,
@@ -555,31 +642,47 @@ impl Dataplane {
         let first = {
             let prog: &mut Xdp = self
                 .ebpf
-                .program_mut(PROGRAM)
-                .ok_or(Error::MissingMap(PROGRAM))?
+                .program_mut(program)
+                .ok_or(Error::MissingMap(program))?
                 .try_into()?;
-            prog.attach(interface, mode).map(|_| ())
+            prog.attach(interface, mode)
         };
-        match first {
-            Ok(()) => {}
+        let link = match first {
+            Ok(link) => link,
             Err(e) => {
                 tracing::warn!(%interface, error = %e, "XDP attach failed; removing a stale program and retrying");
                 remove_legacy_xdp(interface).map_err(err)?;
                 let prog: &mut Xdp = self
                     .ebpf
-                    .program_mut(PROGRAM)
-                    .ok_or(Error::MissingMap(PROGRAM))?
+                    .program_mut(program)
+                    .ok_or(Error::MissingMap(program))?
                     .try_into()?;
                 prog.attach(interface, mode)
-                    .map_err(|e| err(format!("{e} (after removing the old program)")))?;
+                    .map_err(|e| err(format!("{e} (after removing the old program)")))?
             }
-        }
-        self.attached.push(interface.to_string());
+        };
+        self.attached.push((interface.to_string(), program, link));
         Ok(())
     }
 
-    pub fn attached(&self) -> &[String] {
-        &self.attached
+    /// Interfaces with the forwarder (or the decapsulator) attached.
+    pub fn attached(&self) -> Vec<String> {
+        self.attached.iter().map(|(i, _, _)| i.clone()).collect()
+    }
+
+    /// Detaches from `interface` (a reload that no longer lists it).
+    pub fn detach(&mut self, interface: &str) -> Result<(), Error> {
+        let Some(pos) = self.attached.iter().position(|(i, _, _)| i == interface) else {
+            return Ok(());
+        };
+        let (_, program, link) = self.attached.remove(pos);
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(program)
+            .ok_or(Error::MissingMap(program))?
+            .try_into()?;
+        prog.detach(link)?;
+        Ok(())
     }
 }
 

@@ -59,16 +59,18 @@ pub enum Global {
     IpOptions = 3,
     IcmpForwarded = 4,
     IcmpNatPassed = 5,
+    Decapsulated = 6,
 }
 
 impl Global {
-    pub const ALL: [Global; 6] = [
+    pub const ALL: [Global; 7] = [
         Global::PassNonIp,
         Global::PassNonVip,
         Global::MalformedL3,
         Global::IpOptions,
         Global::IcmpForwarded,
         Global::IcmpNatPassed,
+        Global::Decapsulated,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +81,7 @@ impl Global {
             Global::IpOptions => "ip_options_forwarded",
             Global::IcmpForwarded => "icmp_errors_forwarded",
             Global::IcmpNatPassed => "icmp_errors_nat_passed",
+            Global::Decapsulated => "decapsulated",
         }
     }
 }
@@ -197,7 +200,8 @@ impl FlowKey {
 pub struct Conn {
     pub real: u32,
     pub flags: u32,
-    pub last_ns: u64,
+    /// Last packet, in jiffies.
+    pub last: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -212,21 +216,25 @@ pub struct NatEntry {
     pub vip_index: u32,
     pub flags: u32,
     pub pad2: u32,
-    pub last_ns: u64,
+    /// Last packet, in jiffies.
+    pub last: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct Settings {
-    pub tcp_idle_ns: u64,
-    pub tcp_fin_ns: u64,
-    pub udp_idle_ns: u64,
+    /// Timeouts in jiffies.
+    pub tcp_idle: u64,
+    pub tcp_fin: u64,
+    pub udp_idle: u64,
     /// Tunnel outer source (network order words); the bits set in the mask come from the flow hash.
     pub tun_src4: u32,
     pub tun_src4_mask: u32,
     pub tun_src6: [u32; 4],
     pub tun_src6_mask: u32,
     pub flags: u32,
+    pub nr_cpus: u32,
+    pub pad: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -271,6 +279,17 @@ unsafe impl aya::Pod for VipStats {}
 // SAFETY: as above.
 unsafe impl aya::Pod for RealStats {}
 
+/// A reading of the kernel's clocks by `fulcrum_clock`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct ClockSample {
+    pub jiffies: u64,
+    pub ns: u64,
+}
+
+// SAFETY: as above.
+unsafe impl aya::Pod for ClockSample {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,7 +304,7 @@ mod tests {
         assert_eq!(size_of::<FlowKey>(), 40);
         assert_eq!(size_of::<Conn>(), 16);
         assert_eq!(size_of::<NatEntry>(), 56);
-        assert_eq!(size_of::<Settings>(), 56);
+        assert_eq!(size_of::<Settings>(), 64);
         assert_eq!(size_of::<VipStats>(), 104);
         assert_eq!(size_of::<RealStats>(), 24);
     }

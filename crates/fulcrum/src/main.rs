@@ -59,6 +59,15 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9900")]
         admin: std::net::SocketAddr,
     },
+    /// Member side of forwarding = "tunnel" on kernels without IPIP / IP6IP6: strips the outer
+    /// header in XDP on each INTERFACE until SIGTERM/SIGINT.
+    Decap {
+        #[arg(short, long = "interface", value_name = "INTERFACE", required = true)]
+        interfaces: Vec<String>,
+        /// auto | native | generic
+        #[arg(long, default_value = "auto")]
+        mode: String,
+    },
 }
 
 fn init_logging() {
@@ -103,6 +112,10 @@ fn main() -> ExitCode {
         Command::Demo { listen, admin } => {
             init_logging();
             demo::run(listen, admin)
+        }
+        Command::Decap { interfaces, mode } => {
+            init_logging();
+            xdp::run_decap(&interfaces, &mode)
         }
     }
 }

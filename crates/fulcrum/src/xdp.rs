@@ -11,7 +11,8 @@
 //! - A member that goes down or is disabled has its flows dropped from the connection table, so
 //!   its clients are rescheduled on their next packet; a drained member keeps them.
 //! - Next-hop MACs come from the kernel's routing and neighbour tables (`ip -j route get`,
-//!   `ip -j neigh`), re-resolved while unknown; an unresolved member gets no ring slots.
+//!   `ip -j neigh`), retried every second while unknown and checked again every 30 s; an
+//!   unresolved member gets no ring slots.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -32,6 +33,8 @@ use crate::plane::{BuildCx, DataPlane};
 
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
 const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+/// A resolved next hop is looked up again this often (a member's NIC or router may change).
+const REVERIFY_EVERY: Duration = Duration::from_secs(30);
 
 struct Service {
     name: String,
@@ -40,11 +43,16 @@ struct Service {
     keys: Vec<VipKey>,
     /// Ring weights last written, per pool member.
     weights: Vec<u32>,
+    /// What the ring was last built from (member names and real numbers): a reload that
+    /// replaces members with others of the same weights must still rebuild it.
+    built_from: (Vec<String>, Vec<u32>),
 }
 
 struct RealState {
     index: u32,
     resolved: bool,
+    /// The next hop written into the reals map (MAC, egress interface).
+    hop: Option<([u8; 6], u32)>,
     /// Flows were dropped from the table since the member last accepted traffic.
     forgotten: bool,
     last_try: Option<Instant>,
@@ -136,18 +144,29 @@ impl XdpPlane {
                 ..fulcrum_xdp::Config::default()
             })
             .map_err(err)?;
-        let wanted_ifaces: Vec<String> = services
+        let wanted: HashSet<&str> = services
             .iter()
-            .flat_map(|v| v.forwarding.interfaces.iter().cloned())
-            .collect::<HashSet<_>>()
-            .into_iter()
+            .flat_map(|v| v.forwarding.interfaces.iter().map(String::as_str))
             .collect();
-        for ifname in &wanted_ifaces {
-            if !st.dp.attached().contains(ifname) {
-                st.dp
-                    .attach(ifname, aya::programs::XdpMode::default())
-                    .map_err(|e| vec![format!("{e}")])?;
-                tracing::info!(interface = %ifname, "XDP forwarder attached");
+        for ifname in st.dp.attached() {
+            if !wanted.contains(ifname.as_str()) {
+                st.dp.detach(&ifname).map_err(err)?;
+                tracing::info!(interface = %ifname, "XDP forwarder detached (no longer listed)");
+            }
+        }
+        for vs in services {
+            let mode = match vs.forwarding.xdp_mode {
+                fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
+                fulcrum_config::XdpMode::Native => aya::programs::XdpMode::Driver,
+                fulcrum_config::XdpMode::Generic => aya::programs::XdpMode::Skb,
+            };
+            for ifname in &vs.forwarding.interfaces {
+                if !st.dp.attached().contains(ifname) {
+                    st.dp
+                        .attach(ifname, mode)
+                        .map_err(|e| vec![format!("{e}")])?;
+                    tracing::info!(interface = %ifname, mode = %vs.forwarding.xdp_mode, "XDP forwarder attached");
+                }
             }
         }
         // VIP indices: kept by service name, new services take the lowest free index.
@@ -210,6 +229,7 @@ impl XdpPlane {
                         RealState {
                             index,
                             resolved: false,
+                            hop: None,
                             forgotten: false,
                             last_try: None,
                             nat_port: 0,
@@ -235,6 +255,10 @@ impl XdpPlane {
                 pool,
                 keys,
                 // Forces the first ring write of a new service; a kept service keeps its ring.
+                built_from: prev
+                    .as_ref()
+                    .map(|p| p.built_from.clone())
+                    .unwrap_or_default(),
                 weights: prev.map(|p| p.weights).unwrap_or_default(),
             });
         }
@@ -276,6 +300,70 @@ impl XdpPlane {
         if self.state.lock().take().is_some() {
             tracing::info!("XDP forwarder detached");
         }
+    }
+
+    /// `GET /api/v1/xdp`: attachments, services with their counters, members with theirs.
+    pub fn api(&self) -> (u16, serde_json::Value) {
+        use serde_json::json;
+        let guard = self.state.lock();
+        let Some(st) = guard.as_ref() else {
+            return (404, json!({ "error": "no nat/dr/tunnel service" }));
+        };
+        let services: Vec<serde_json::Value> = st
+            .services
+            .iter()
+            .map(|s| {
+                let v = st.dp.vip_stats(s.index).unwrap_or_default();
+                let drops: serde_json::Map<String, serde_json::Value> = DropReason::ALL
+                    .iter()
+                    .map(|r| (r.name().to_string(), json!(v.drops[*r as usize])))
+                    .collect();
+                let members: Vec<serde_json::Value> = s
+                    .pool
+                    .members()
+                    .iter()
+                    .zip(s.weights.iter().chain(std::iter::repeat(&0)))
+                    .map(|(m, w)| {
+                        let r = st.reals.get(&m.address);
+                        let rs = r
+                            .and_then(|r| st.dp.real_stats(r.index).ok())
+                            .unwrap_or_default();
+                        json!({
+                            "address": m.address.to_string(),
+                            "next_hop_resolved": r.is_some_and(|r| r.resolved),
+                            "ring_weight": w,
+                            "packets": rs.packets,
+                            "bytes": rs.bytes,
+                            "new_flows": rs.new_flows,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": s.name,
+                    "vip_index": s.index,
+                    "packets": v.packets,
+                    "bytes": v.bytes,
+                    "new_flows": v.new_flows,
+                    "reply_packets": v.reply_packets,
+                    "reply_bytes": v.reply_bytes,
+                    "drops": drops,
+                    "members": members,
+                })
+            })
+            .collect();
+        let global: serde_json::Map<String, serde_json::Value> = Global::ALL
+            .iter()
+            .map(|g| (g.name().to_string(), json!(st.dp.global(*g).unwrap_or(0))))
+            .collect();
+        (
+            200,
+            json!({
+                "interfaces": st.dp.attached(),
+                "connections": st.dp.conn_count().unwrap_or(0),
+                "services": services,
+                "packets": global,
+            }),
+        )
     }
 
     pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
@@ -397,7 +485,12 @@ fn refresh(st: &mut State) {
     // Next hops first: a member without a MAC cannot get slots.
     let mut to_resolve: Vec<SocketAddr> = Vec::new();
     for (addr, r) in &st.reals {
-        if !r.resolved && r.last_try.is_none_or(|t| t.elapsed() >= RESOLVE_EVERY) {
+        let every = if r.resolved {
+            REVERIFY_EVERY
+        } else {
+            RESOLVE_EVERY
+        };
+        if r.last_try.is_none_or(|t| t.elapsed() >= every) {
             to_resolve.push(*addr);
         }
     }
@@ -406,10 +499,14 @@ fn refresh(st: &mut State) {
         if let Some(r) = st.reals.get_mut(&addr) {
             r.last_try = Some(Instant::now());
             if let Some((mac, ifindex)) = resolved {
+                if r.resolved && r.hop == Some((mac, ifindex)) {
+                    continue;
+                }
                 let real = Real::new(addr.ip(), mac, r.nat_port, ifindex);
                 match st.dp.set_real(r.index, real) {
                     Ok(()) => {
                         r.resolved = true;
+                        r.hop = Some((mac, ifindex));
                         tracing::info!(member = %addr, mac = %fmt_mac(mac), ifindex, "XDP member next hop resolved");
                     }
                     Err(e) => {
@@ -451,13 +548,14 @@ fn refresh(st: &mut State) {
                 }
             }
         }
-        if weights != svc.weights {
-            let names: Vec<String> = members.iter().map(|m| m.label.to_string()).collect();
+        let names: Vec<String> = members.iter().map(|m| m.label.to_string()).collect();
+        if weights != svc.weights || svc.built_from.0 != names || svc.built_from.1 != ids {
             let ring = build_ring(&names, &weights, &ids);
             match st.dp.set_ring(svc.index, &ring) {
                 Ok(changed) => {
                     tracing::debug!(service = %svc.name, changed, "XDP ring updated");
                     svc.weights = weights;
+                    svc.built_from = (names, ids);
                 }
                 Err(e) => tracing::warn!(service = %svc.name, error = %e, "XDP ring update failed"),
             }
@@ -571,5 +669,127 @@ impl DataPlane for XdpPlane {
 
     fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
         XdpPlane::metrics(self, out);
+    }
+
+    fn api(&self, request: &fulcrum_admin::ApiRequest) -> Option<(u16, serde_json::Value)> {
+        match (request.method, request.path) {
+            ("GET", ["xdp"]) => Some(XdpPlane::api(self)),
+            _ => None,
+        }
+    }
+}
+
+/// `fulcrum decap`: attaches the member-side decapsulator and waits for SIGTERM / SIGINT;
+/// the bpf_links (and with them the program) go when the process exits.
+pub fn run_decap(interfaces: &[String], mode: &str) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let mode = match mode {
+        "auto" => aya::programs::XdpMode::Default,
+        "native" => aya::programs::XdpMode::Driver,
+        "generic" => aya::programs::XdpMode::Skb,
+        other => {
+            eprintln!("--mode {other:?}: expected auto, native or generic");
+            return ExitCode::FAILURE;
+        }
+    };
+    let limits = Limits {
+        vips: 1,
+        conns: 1,
+        nat_entries: 1,
+    };
+    let mut dp = match Dataplane::load(limits) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("cannot load the XDP decapsulator: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for i in interfaces {
+        if let Err(e) = dp.attach_decap(i, mode) {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+        tracing::info!(interface = %i, "tunnel decapsulation attached");
+    }
+    let mut signals = [libc::SIGTERM, libc::SIGINT].map(|s| {
+        // SAFETY: blocking the two signals for this (single) thread only changes how they
+        // are delivered: sigwait below receives them instead of the default handler.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, s);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        s
+    });
+    signals.sort_unstable();
+    // SAFETY: `set` is initialised by sigemptyset/sigaddset before sigwait reads it, and `sig`
+    // is a valid place for sigwait to store the signal number.
+    let sig = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        let mut sig = 0;
+        libc::sigwait(&set, &mut sig);
+        sig
+    };
+    tracing::info!(signal = sig, "decapsulation detached");
+    drop(dp);
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_parse_strictly() {
+        assert_eq!(
+            parse_mac("02:00:5e:10:00:ff"),
+            Some([2, 0, 0x5e, 0x10, 0, 0xff])
+        );
+        assert_eq!(parse_mac("02:00:5e:10:00"), None);
+        assert_eq!(parse_mac("02:00:5e:10:00:ff:01"), None);
+        assert_eq!(parse_mac("zz:00:5e:10:00:ff"), None);
+        assert_eq!(fmt_mac([2, 0, 0x5e, 0x10, 0, 0xff]), "02:00:5e:10:00:ff");
+    }
+
+    #[test]
+    fn in_kernel_services_are_claimed_by_xdp_and_not_by_the_proxy() {
+        let text = r#"
+[[virtual_service]]
+name = "a"
+listen = "198.18.10.1:80"
+protocol = "tcp"
+pool = "p"
+forwarding = "dr"
+interfaces = ["eth0"]
+
+[[virtual_service]]
+name = "b"
+listen = "127.0.0.1:8080"
+protocol = "tcp"
+pool = "p"
+
+[[pool]]
+name = "p"
+
+[[pool.member]]
+address = "198.18.0.11:80"
+"#;
+        let config =
+            fulcrum_config::parse(text, "t.toml", std::path::Path::new("/")).expect("valid");
+        let xdp = XdpPlane::default();
+        let claimed: Vec<&str> = config
+            .virtual_services
+            .iter()
+            .filter(|v| xdp.serves(v))
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(claimed, ["a"]);
+        assert!(!crate::tcp::TcpPlane.serves(&config.virtual_services[0]));
+        assert!(crate::tcp::TcpPlane.serves(&config.virtual_services[1]));
     }
 }
