@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use fulcrum_testkit::netns::{Lab, Ns};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
-const TOKEN: &str = "xdp-test-token";
+const TOKEN: &str = "xdp-test-token-0123456789";
 
 /// A member: HTTP on :80 (threads, keep-alive) answering "NAME CLIENT_ADDRESS", and UDP on the
 /// VIP's port 53 answering the same. Bound to the VIP for UDP so replies leave from it.
