@@ -156,7 +156,7 @@ impl FromNode for Ha {
                 .map(|v| v.into_iter().map(|v| v.0).collect())
                 .unwrap_or_default();
             if let Some(n) = t.node("vips") {
-                if vips.is_empty() {
+                if matches!(n.shape(), Shape::Array(items) if items.is_empty()) {
                     cx.error(&n, "list at least one address that moves with mastership");
                 }
                 if vips.iter().any(|v| v.addr().is_ipv6()) {

@@ -263,3 +263,42 @@ fn a_split_brain_heals_to_exactly_one_master() {
     expect_served_by(&p.c, "a", Duration::from_secs(5));
     drop((p.backend_a, p.backend_b));
 }
+
+#[test]
+fn unicast_peers_and_a_master_process_killed_on_a_live_host() {
+    let mut p = pair("hau");
+    let fa = NsFulcrum::start(
+        &mut p.lab,
+        &p.a,
+        BIN,
+        &node_config("a", 150, "peers = [\"198.18.0.2\"]"),
+    );
+    let fb = NsFulcrum::start(
+        &mut p.lab,
+        &p.b,
+        BIN,
+        &node_config("b", 100, "peers = [\"198.18.0.1\"]"),
+    );
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    assert_eq!(fb.ha()["peer"]["address"], "198.18.0.1");
+    assert_eq!(fb.ha()["peers"], serde_json::json!(["198.18.0.1"]));
+    expect_served_by(&p.c, "a", Duration::from_secs(5));
+
+    // Only the process dies: a's kernel keeps the VIP (as with keepalived killed -9), but b's
+    // gratuitous ARPs move the segment over and the client is served by b.
+    p.lab.kill(fa.index);
+    expect_role(&fb, "master", Duration::from_secs(5));
+    expect_served_by(&p.c, "b", Duration::from_secs(5));
+    assert!(
+        holds(&p.a, VIP),
+        "a killed process cannot remove its address"
+    );
+    // A stable handover: b keeps serving (the client's ARP entry stays on b).
+    for _ in 0..10 {
+        let ok = in_ns(&p.c, || http_get(vip(), Duration::from_millis(300)));
+        assert_eq!(ok.as_deref(), Ok("b"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop((p.backend_a, p.backend_b));
+}

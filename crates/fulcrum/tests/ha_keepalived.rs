@@ -18,7 +18,13 @@ fn vip() -> SocketAddr {
     SocketAddr::from(([198, 18, 0, 100], 80))
 }
 
-fn fulcrum_config(priority: u8) -> String {
+/// `unicast`: adverts to the other node's address instead of 224.0.0.18 (both sides).
+fn fulcrum_config(priority: u8, unicast: bool) -> String {
+    let peers = if unicast {
+        "peers = [\"198.18.0.2\"]"
+    } else {
+        ""
+    };
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
@@ -30,6 +36,7 @@ vrid = 51
 priority = {priority}
 advert_interval = "100ms"
 vips = ["{VIP}/24"]
+{peers}
 
 [[virtual_service]]
 name = "web"
@@ -53,12 +60,17 @@ struct Keepalived {
 }
 
 impl Keepalived {
-    fn start(lab: &mut Lab, ns: &Ns, priority: u8) -> Keepalived {
+    fn start(lab: &mut Lab, ns: &Ns, priority: u8, unicast: bool) -> Keepalived {
         let dir = tempfile::tempdir().unwrap();
+        let unicast = if unicast {
+            "  unicast_src_ip 198.18.0.2\n  unicast_peer {\n    198.18.0.1\n  }\n"
+        } else {
+            ""
+        };
         let conf = format!(
             "global_defs {{\n  router_id kb\n  vrrp_version 3\n}}\n\
              vrrp_instance VI {{\n  state BACKUP\n  interface eth0\n  virtual_router_id 51\n  \
-             priority {priority}\n  advert_int 0.1\n  virtual_ipaddress {{\n    {VIP}/24\n  }}\n}}\n"
+             priority {priority}\n  advert_int 0.1\n{unicast}  virtual_ipaddress {{\n    {VIP}/24\n  }}\n}}\n"
         );
         let p = |name: &str| dir.path().join(name).display().to_string();
         std::fs::write(p("keepalived.conf"), conf).unwrap();
@@ -165,9 +177,18 @@ fn served_by(c: &Ns, who: &str) -> bool {
 
 #[test]
 fn fulcrum_master_with_a_keepalived_backup() {
-    let mut s = setup("hka");
-    let k = Keepalived::start(&mut s.lab, &s.b, 100);
-    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150));
+    fulcrum_master_with_keepalived("hka", false);
+}
+
+#[test]
+fn fulcrum_master_with_a_keepalived_backup_over_unicast() {
+    fulcrum_master_with_keepalived("hku", true);
+}
+
+fn fulcrum_master_with_keepalived(tag: &str, unicast: bool) {
+    let mut s = setup(tag);
+    let k = Keepalived::start(&mut s.lab, &s.b, 100, unicast);
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150, unicast));
     assert!(
         wait_for(Duration::from_secs(5), || f.role() == "master"),
         "{}",
@@ -205,7 +226,7 @@ fn fulcrum_master_with_a_keepalived_backup() {
     assert!(served_by(&s.c, "b"));
 
     // Fulcrum returns with the higher priority: it preempts keepalived.
-    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150));
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150, unicast));
     assert!(
         wait_for(Duration::from_secs(5), || f.role() == "master"
             && !holds(&s.b, VIP)),
@@ -219,14 +240,23 @@ fn fulcrum_master_with_a_keepalived_backup() {
 
 #[test]
 fn keepalived_master_with_a_fulcrum_backup() {
-    let mut s = setup("hkb");
-    let k = Keepalived::start(&mut s.lab, &s.b, 150);
+    keepalived_master_with_fulcrum("hkb", false);
+}
+
+#[test]
+fn keepalived_master_with_a_fulcrum_backup_over_unicast() {
+    keepalived_master_with_fulcrum("hkv", true);
+}
+
+fn keepalived_master_with_fulcrum(tag: &str, unicast: bool) {
+    let mut s = setup(tag);
+    let k = Keepalived::start(&mut s.lab, &s.b, 150, unicast);
     assert!(
         wait_for(Duration::from_secs(5), || holds(&s.b, VIP)),
         "{}",
         k.log()
     );
-    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(100));
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(100, unicast));
     // Fulcrum hears keepalived's adverts and stays backup, with keepalived as its peer.
     assert!(wait_for(Duration::from_secs(5), || {
         let h = f.ha();
@@ -256,7 +286,7 @@ fn keepalived_master_with_a_fulcrum_backup() {
     // keepalived's node returns (its stale VIP removed by keepalived at start): keepalived
     // preempts, Fulcrum steps down to backup and releases the VIP.
     s.b.ip(&["link", "set", "eth0", "up"]).unwrap();
-    let k2 = Keepalived::start(&mut s.lab, &s.b, 150);
+    let k2 = Keepalived::start(&mut s.lab, &s.b, 150, unicast);
     assert!(
         wait_for(Duration::from_secs(5), || f.role() == "backup"
             && !holds(&s.a, VIP)),
