@@ -195,7 +195,8 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/gslb", axum::routing::any(gslb))
         .route("/gslb/{*path}", axum::routing::any(gslb))
         .route("/cache/{service}", get(cache).delete(cache))
-        .route("/ha", get(ha))
+        .route("/ha", axum::routing::any(ha))
+        .route("/ha/{*path}", axum::routing::any(ha))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth));
     Router::new()
@@ -237,7 +238,7 @@ async fn index() -> Json<Value> {
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
-                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/ha", "/metrics"],
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/ha", "/api/v1/ha/maintenance", "/metrics"],
     }))
 }
 
@@ -375,8 +376,15 @@ async fn gslb(
     (status, Json(value)).into_response()
 }
 
-async fn ha(State(app): State<App>) -> Response {
-    let (status, value) = app.control.ha_api();
+async fn ha(
+    State(app): State<App>,
+    method: axum::http::Method,
+    path: Option<Path<String>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let path = path.map(|p| p.0).unwrap_or_default();
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let (status, value) = app.control.ha_api(method.as_str(), &parts, &body);
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, Json(value)).into_response()
 }

@@ -48,9 +48,10 @@ pub trait Control: Send + Sync + 'static {
     /// Called after the API changed a member's state or weight, so the binary can keep
     /// `admin.state_file` current. The default keeps nothing.
     fn api_state_changed(&self) {}
-    /// Serves `GET /api/v1/ha`: the VRRP node's role, priority, peer, last transition and
-    /// counters. The default has no HA.
-    fn ha_api(&self) -> (u16, serde_json::Value) {
+    /// Serves `/api/v1/ha` and `/api/v1/ha/{*path}` (`path` split at `/`): `GET` the VRRP
+    /// node's role, priority, peer, last transition and counters; `PUT maintenance`. The
+    /// default has no HA.
+    fn ha_api(&self, _method: &str, _path: &[&str], _body: &[u8]) -> (u16, serde_json::Value) {
         (
             404,
             serde_json::json!({ "error": "high availability is not configured ([ha])" }),

@@ -50,6 +50,8 @@ pub struct NodeConfig {
     pub track_weight: Option<u8>,
     pub garp_repeat: u32,
     pub garp_interval: Duration,
+    /// Start in maintenance (kept across restarts by the binary's state file).
+    pub maintenance: bool,
 }
 
 /// Whether this node can serve: the binary's view of its pools.
@@ -121,6 +123,8 @@ pub struct Status {
     pub priority: u8,
     pub configured_priority: u8,
     pub healthy: bool,
+    /// Taken out by the operator (`PUT /api/v1/ha/maintenance`): no mastership until it ends.
+    pub maintenance: bool,
     pub preempt: bool,
     pub advert_interval_ms: f64,
     pub master_down_interval_ms: f64,
@@ -163,7 +167,22 @@ struct View {
 pub struct Node {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    maintenance: watch::Sender<bool>,
+    /// Fires when the VRRP thread has finished (after resigning).
+    done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+}
+
+/// Nice −10 for the calling thread (best effort: without CAP_SYS_NICE it stays as it is).
+fn raise_priority() {
+    // SAFETY: gettid(2) and setpriority(2) take integers and touch no memory of ours; on Linux
+    // PRIO_PROCESS with a thread id sets that thread's nice value only.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10)
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "HA: VRRP thread keeps its scheduling priority");
+    }
 }
 
 fn unix_now() -> f64 {
@@ -192,27 +211,51 @@ impl Node {
             counters: Counters::default(),
         });
         let (stop, stop_rx) = watch::channel(false);
+        let (maintenance, maintenance_rx) = watch::channel(shared.cfg.maintenance);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let s = shared.clone();
-        let task = tokio::spawn(async move {
-            if let Err(e) = run(s.clone(), health, stop_rx).await {
-                tracing::error!(error = %e, "HA: cannot run VRRP; this node holds no VIP");
-                s.view.lock().error = Some(e.to_string());
-            }
-        });
+        // Its own thread and runtime, at a raised scheduling priority: a master whose adverts
+        // wait behind a saturated data plane for three intervals is declared dead by its
+        // backup (the spurious failovers keepalived users meet when HAProxy eats the CPU).
+        let spawned = std::thread::Builder::new()
+            .name("fulcrum-vrrp".into())
+            .spawn(move || {
+                raise_priority();
+                let result = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| HaError::Socket("runtime", e))
+                    .and_then(|rt| rt.block_on(run(s.clone(), health, stop_rx, maintenance_rx)));
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "HA: cannot run VRRP; this node holds no VIP");
+                    s.view.lock().error = Some(e.to_string());
+                }
+                let _ = done_tx.send(());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "HA: cannot start the VRRP thread; this node holds no VIP");
+            shared.view.lock().error = Some(e.to_string());
+        }
         Node {
             shared,
             stop,
-            task: Mutex::new(Some(task)),
+            maintenance,
+            done: Mutex::new(Some(done_rx)),
         }
     }
 
     /// Resigns mastership (priority 0 advert) and removes the VIPs, then returns.
     pub async fn shutdown(&self) {
         let _ = self.stop.send(true);
-        let task = self.task.lock().take();
-        if let Some(t) = task {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        let done = self.done.lock().take();
+        if let Some(d) = done {
+            let _ = tokio::time::timeout(Duration::from_secs(5), d).await;
         }
+    }
+
+    /// Takes the node out of (or back into) service: a master resigns at once.
+    pub fn set_maintenance(&self, on: bool) {
+        self.maintenance.send_replace(on);
     }
 
     pub fn status(&self) -> Status {
@@ -229,6 +272,7 @@ impl Node {
             priority: v.priority,
             configured_priority: cfg.priority,
             healthy: v.healthy,
+            maintenance: *self.maintenance.borrow(),
             preempt: cfg.preempt,
             advert_interval_ms: cfg.advert_interval.as_secs_f64() * 1e3,
             master_down_interval_ms: (v.master_down.as_secs_f64() * 1e6).round() / 1e3,
@@ -442,6 +486,7 @@ async fn run(
     shared: Arc<Shared>,
     health: HealthView,
     mut stop: watch::Receiver<bool>,
+    mut maintenance: watch::Receiver<bool>,
 ) -> Result<(), HaError> {
     let cfg = shared.cfg.clone();
     let netlink = Netlink::open()?;
@@ -476,6 +521,7 @@ async fn run(
     let now = || start.elapsed();
     let healthy = health();
     m.set_healthy(now(), healthy);
+    m.set_maintenance(now(), *maintenance.borrow_and_update());
     shared.view.lock().healthy = healthy;
     let acts = m.start(now());
     io.perform(acts).await;
@@ -511,6 +557,15 @@ async fn run(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     Vec::new()
                 }
+            },
+            r = maintenance.changed() => match r {
+                Ok(()) => {
+                    let on = *maintenance.borrow_and_update();
+                    tracing::info!(maintenance = on, "HA: maintenance set by the operator");
+                    m.set_maintenance(now(), on)
+                }
+                // The sender lives as long as the Node; gone means the process is ending.
+                Err(_) => std::future::pending().await,
             },
             _ = health_tick.tick() => {
                 let h = health();

@@ -369,8 +369,12 @@ impl Control for App {
         self.ha.metrics(out);
     }
 
-    fn ha_api(&self) -> (u16, serde_json::Value) {
-        self.ha.api()
+    fn ha_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
+        let r = self.ha.api(method, path, body);
+        if method != "GET" && r.0 == 200 {
+            self.save_api_state();
+        }
+        r
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
@@ -444,10 +448,11 @@ where
             }
             return ExitCode::FAILURE;
         }
-        if let Some(path) = &config_state_file {
-            crate::state_file::load(app.as_ref(), path);
-        }
-        app.ha.start(ha.as_ref(), Arc::downgrade(&app));
+        let maintenance = config_state_file
+            .as_deref()
+            .is_some_and(|path| crate::state_file::load(app.as_ref(), path));
+        app.ha
+            .start(ha.as_ref(), maintenance, Arc::downgrade(&app));
         let admin = match tokio::net::TcpListener::bind(admin_addr).await {
             Ok(l) => l,
             Err(e) => {

@@ -57,14 +57,18 @@ fn node_config(ha: &Ha) -> NodeConfig {
         track_weight: ha.track_weight,
         garp_repeat: ha.garp_repeat,
         garp_interval: ha.garp_interval,
+        maintenance: false,
     }
 }
 
 impl HaPlane {
     /// Starts the node when the config has `[ha]`. `control` gives the health view: the node
     /// can serve while every tracked pool (`ha.track`, or every pool) has a member that is up.
-    pub fn start<C: Control>(&self, ha: Option<&Ha>, control: Weak<C>) {
+    pub fn start<C: Control>(&self, ha: Option<&Ha>, maintenance: bool, control: Weak<C>) {
         let Some(ha) = ha else { return };
+        if maintenance {
+            tracing::warn!("HA: starting in maintenance (saved in admin.state_file); PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
+        }
         if ha.sync.is_some() {
             tracing::warn!("ha.sync: state synchronisation is not implemented in this build; only VRRP failover runs");
         }
@@ -79,7 +83,9 @@ impl HaPlane {
                 .filter(|p| !p.members().is_empty())
                 .all(|p| p.members().iter().any(|m| m.health.is_up()))
         });
-        let _ = self.node.set(Node::start(node_config(ha), health));
+        let mut cfg = node_config(ha);
+        cfg.maintenance = maintenance;
+        let _ = self.node.set(Node::start(cfg, health));
     }
 
     /// Resigns mastership and removes the VIPs (before connections drain, so the peer takes
@@ -90,17 +96,38 @@ impl HaPlane {
         }
     }
 
-    pub fn api(&self) -> (u16, Value) {
-        match self.node.get() {
-            Some(n) => (
-                200,
-                serde_json::to_value(n.status())
-                    .unwrap_or_else(|e| json!({ "error": e.to_string() })),
-            ),
-            None => (
+    /// `/api/v1/ha`: `GET` the node's status; `PUT maintenance` with `{"maintenance": bool}`.
+    pub fn api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
+        let Some(n) = self.node.get() else {
+            return (
                 404,
                 json!({ "error": "high availability is not configured ([ha])" }),
+            );
+        };
+        let status = || {
+            serde_json::to_value(n.status()).unwrap_or_else(|e| json!({ "error": e.to_string() }))
+        };
+        match (method, path) {
+            ("GET", []) => (200, status()),
+            ("PUT", ["maintenance"]) => {
+                let on = serde_json::from_slice::<Value>(body)
+                    .ok()
+                    .and_then(|v| v.get("maintenance").and_then(Value::as_bool));
+                let Some(on) = on else {
+                    return (
+                        400,
+                        json!({ "error": "the body must be {\"maintenance\": true | false}" }),
+                    );
+                };
+                // The node's thread applies it within a moment (a master resigns at once).
+                n.set_maintenance(on);
+                (200, status())
+            }
+            (_, [] | ["maintenance"]) => (
+                405,
+                json!({ "error": format!("{method} is not allowed here") }),
             ),
+            _ => (404, json!({ "error": "no such endpoint" })),
         }
     }
 

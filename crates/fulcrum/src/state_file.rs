@@ -41,7 +41,9 @@ fn gslb_site_states(control: &dyn Control) -> Vec<(String, String)> {
 /// Writes the current overrides of `control` to `path`; a failure is logged (the change itself
 /// stands, it only would not survive a restart).
 pub fn save(control: &dyn Control, path: &Path) {
-    let value = snapshot(&control.pools(), &gslb_site_states(control));
+    let mut value = snapshot(&control.pools(), &gslb_site_states(control));
+    let (status, ha) = control.ha_api("GET", &[], &[]);
+    value["ha_maintenance"] = json!(status == 200 && ha["maintenance"] == true);
     match write(path, &value) {
         Ok(()) => tracing::debug!(path = %path.display(), "state file written"),
         Err(e) => {
@@ -50,14 +52,15 @@ pub fn save(control: &dyn Control, path: &Path) {
     }
 }
 
-/// At start: applies the saved overrides in `path` to the running configuration.
-pub fn load(control: &dyn Control, path: &Path) {
+/// At start: applies the saved overrides in `path` to the running configuration; returns
+/// whether the HA node was in maintenance (the node starts after this).
+pub fn load(control: &dyn Control, path: &Path) -> bool {
     let state = match read(path) {
         Ok(Some(s)) => s,
-        Ok(None) => return,
+        Ok(None) => return false,
         Err(e) => {
             tracing::error!(error = %e, "state file ignored; the configuration's states and weights apply");
-            return;
+            return false;
         }
     };
     let (r, sites) = restore(&state, &control.pools());
@@ -71,7 +74,9 @@ pub fn load(control: &dyn Control, path: &Path) {
             tracing::warn!(site = %name, "state file: no such gslb site any more; its saved state is dropped");
         }
     }
-    tracing::info!(path = %path.display(), members = r.applied, superseded = r.superseded, gslb_sites = sites_applied, "state file applied");
+    let maintenance = state["ha_maintenance"].as_bool().unwrap_or(false);
+    tracing::info!(path = %path.display(), members = r.applied, superseded = r.superseded, gslb_sites = sites_applied, ha_maintenance = maintenance, "state file applied");
+    maintenance
 }
 
 /// The overrides of `pools` and the non-enabled GSLB `sites` (`(name, state)`), as JSON.

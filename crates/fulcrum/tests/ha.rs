@@ -302,3 +302,55 @@ fn unicast_peers_and_a_master_process_killed_on_a_live_host() {
     }
     drop((p.backend_a, p.backend_b));
 }
+
+#[test]
+fn maintenance_through_the_api_moves_the_vip_and_survives_a_restart() {
+    let mut p = pair("ham");
+    let files = tempfile::tempdir().unwrap();
+    let state = files.path().join("state.json");
+    let config_a = node_config("a", 150, "").replace(
+        "[admin]\n",
+        &format!("[admin]\nstate_file = \"{}\"\n", state.display()),
+    );
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &config_a);
+    let fb = NsFulcrum::start(&mut p.lab, &p.b, BIN, &node_config("b", 100, ""));
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+
+    // The operator takes a out (F5's "force to standby"): it resigns at once, b takes over.
+    let (status, body) = api_with(
+        &p.a,
+        "PUT",
+        "/api/v1/ha/maintenance",
+        r#"{"maintenance": true}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["maintenance"], true);
+    expect_role(&fa, "fault", Duration::from_secs(5));
+    expect_role(&fb, "master", Duration::from_secs(5));
+    assert_eq!(fa.ha()["last_transition"]["reason"], "maintenance");
+    expect_served_by(&p.c, "b", Duration::from_secs(5));
+    let (status, _) = api_with(&p.a, "PUT", "/api/v1/ha/maintenance", r#"{"on": 1}"#);
+    assert_eq!(status, 400);
+
+    // Restarted, a is still in maintenance (admin.state_file) and does not preempt.
+    p.lab.kill(fa.index);
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &config_a);
+    expect_role(&fa, "fault", Duration::from_secs(5));
+    assert_eq!(fa.ha()["maintenance"], true);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!((fa.role(), fb.role()), ("fault".into(), "master".into()));
+
+    // Maintenance ends: a is backup, then preempts.
+    let (status, _) = api_with(
+        &p.a,
+        "PUT",
+        "/api/v1/ha/maintenance",
+        r#"{"maintenance": false}"#,
+    );
+    assert_eq!(status, 200);
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    expect_served_by(&p.c, "a", Duration::from_secs(5));
+    drop((p.backend_a, p.backend_b));
+}

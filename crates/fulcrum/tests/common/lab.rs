@@ -144,7 +144,12 @@ pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
 
 /// The admin API of a Fulcrum inside `ns` (at 127.0.0.1:9900 there): status and JSON body.
 pub fn api(ns: &Ns, method: &str, path: &str) -> (u16, serde_json::Value) {
-    let (method, path) = (method.to_string(), path.to_string());
+    api_with(ns, method, path, "")
+}
+
+/// As `api`, with a JSON request body.
+pub fn api_with(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let (method, path, body) = (method.to_string(), path.to_string(), body.to_string());
     in_ns(ns, move || {
         let Ok(mut s) = TcpStream::connect_timeout(
             &SocketAddr::from(([127, 0, 0, 1], 9900)),
@@ -155,7 +160,9 @@ pub fn api(ns: &Ns, method: &str, path: &str) -> (u16, serde_json::Value) {
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let _ = write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
         );
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
