@@ -159,18 +159,20 @@ impl FromNode for Ha {
                 if matches!(n.shape(), Shape::Array(items) if items.is_empty()) {
                     cx.error(&n, "list at least one address that moves with mastership");
                 }
-                if vips.iter().any(|v| v.addr().is_ipv6()) {
+                if vips.iter().any(|v| v.addr().is_ipv6())
+                    && vips.iter().any(|v| v.addr().is_ipv4())
+                {
                     cx.error(
                         &n,
-                        "IPv6 VIPs are not supported yet (VRRPv3 for IPv6 is not implemented); use IPv4 addresses",
+                        "IPv4 and IPv6 VIPs cannot share one virtual router (VRRP runs one instance per family); use one [ha] family",
                     );
                 }
             } else {
                 t.req::<Vec<Vip>>(cx, "vips");
             }
-            if let Some(n) = t.node("peers") {
-                if peers.iter().any(IpAddr::is_ipv6) {
-                    cx.error(&n, "IPv6 peers are not supported yet; use IPv4 addresses");
+            if let (Some(n), Some(first)) = (t.node("peers"), vips.first()) {
+                if peers.iter().any(|p| p.is_ipv6() != first.addr().is_ipv6()) {
+                    cx.error(&n, "peers must be of the VIPs' address family");
                 }
             }
             let track = t.opt(cx, "track").unwrap_or_default();

@@ -775,6 +775,13 @@ fn ha_and_state_file_are_read() {
 }
 
 #[test]
+fn ha_over_ipv6() {
+    let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"2001:db8::100/64\"]\npeers = [\"fe80::2\"]\n");
+    let ha = c.ha.expect("[ha]");
+    assert_eq!(ha.vips[0].to_string(), "2001:db8::100/64");
+}
+
+#[test]
 fn ha_defaults() {
     let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.100/24\"]\n");
     let ha = c.ha.expect("[ha]");
@@ -799,10 +806,16 @@ fn ha_errors_are_located() {
         "ha.advert_interval: advert_interval must be a multiple of 10ms",
     );
     has(&e, "10.0.0.0/24 is a network address");
-    has(&e, "IPv6 VIPs are not supported yet");
-    has(&e, "IPv6 peers are not supported yet");
     has(&e, "ha.track[0]: no pool named \"nope\"");
     has(&e, "unknown key `preemt` (did you mean `preempt`?)");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\", \"2001:db8::1/64\"]\n",
+    );
+    has(&e, "IPv4 and IPv6 VIPs cannot share one virtual router");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\npeers = [\"fe80::1\"]\n",
+    );
+    has(&e, "peers must be of the VIPs' address family");
     let e = errs("[ha]\nvrid = 5\n");
     has(&e, "missing required key `interface`");
     has(&e, "missing required key `vips`");

@@ -10,7 +10,7 @@ pub mod machine;
 pub mod net;
 pub mod packet;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::machine::{Action, Machine, Params, State};
-use crate::net::{ArpSocket, Interface, Netlink, VrrpSocket};
+use crate::net::{Announcer, Interface, Netlink, VrrpSocket};
 use crate::packet::Advert;
 
 /// VRRPv3's smallest advertisement interval (one centisecond).
@@ -45,7 +45,9 @@ pub struct NodeConfig {
     pub advert_interval: Duration,
     pub preempt: bool,
     pub preempt_delay: Duration,
-    pub peers: Vec<Ipv4Addr>,
+    /// Of the VIPs' family.
+    pub peers: Vec<IpAddr>,
+    /// All of one family: it decides whether VRRP runs over IPv4 or IPv6.
     pub vips: Vec<IpNet>,
     pub track_weight: Option<u8>,
     pub garp_repeat: u32,
@@ -77,7 +79,7 @@ struct Counters {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Peer {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub priority: u8,
 }
 
@@ -118,8 +120,8 @@ pub struct Status {
     pub role: State,
     pub vrid: u8,
     pub interface: String,
-    /// The address adverts come from.
-    pub address: Option<Ipv4Addr>,
+    /// The address adverts come from (IPv6: the link-local one).
+    pub address: Option<IpAddr>,
     pub priority: u8,
     pub configured_priority: u8,
     pub healthy: bool,
@@ -129,8 +131,8 @@ pub struct Status {
     pub advert_interval_ms: f64,
     pub master_down_interval_ms: f64,
     pub vips: Vec<String>,
-    /// `multicast` or the unicast peers.
-    pub peers: Vec<Ipv4Addr>,
+    /// The unicast peers; empty: multicast.
+    pub peers: Vec<IpAddr>,
     /// The master this node hears (as backup), if any.
     pub peer: Option<Peer>,
     pub last_transition: Option<TransitionStatus>,
@@ -156,7 +158,7 @@ struct View {
     priority: u8,
     healthy: bool,
     master_down: Duration,
-    address: Option<Ipv4Addr>,
+    address: Option<IpAddr>,
     peer: Option<Peer>,
     last_transition: Option<TransitionStatus>,
     transitions: u64,
@@ -310,7 +312,7 @@ struct Io {
     netlink: Netlink,
     iface: Interface,
     sock: VrrpSocket,
-    arp: Arc<ArpSocket>,
+    announcer: Arc<Announcer>,
     /// Bumped on every change of mastership, so a GARP burst of an old term stops.
     term: Arc<AtomicU64>,
     /// When the last re-announcement burst went out: during a split brain the other master's
@@ -325,31 +327,28 @@ impl Io {
             vrid: cfg.vrid,
             priority,
             interval_cs: (cfg.advert_interval.as_millis() / 10).clamp(1, 0x0fff) as u16,
-            addresses: cfg
-                .vips
-                .iter()
-                .filter_map(|v| match v.addr() {
-                    std::net::IpAddr::V4(a) => Some(a),
-                    std::net::IpAddr::V6(_) => None,
-                })
-                .collect(),
+            addresses: cfg.vips.iter().map(IpNet::addr).collect(),
         }
     }
 
     fn garp_burst(&self) {
         let cfg = &self.shared.cfg;
-        let (arp, term, shared) = (self.arp.clone(), self.term.clone(), self.shared.clone());
+        let (announcer, term, shared) = (
+            self.announcer.clone(),
+            self.term.clone(),
+            self.shared.clone(),
+        );
         let my_term = term.load(Ordering::Acquire);
         let mac = self.iface.mac;
         let (repeat, gap) = (cfg.garp_repeat.max(1), cfg.garp_interval);
-        let vips: Vec<Ipv4Addr> = self.advert(0).addresses;
+        let vips: Vec<IpAddr> = self.advert(0).addresses;
         tokio::spawn(async move {
             for i in 0..repeat {
                 if term.load(Ordering::Acquire) != my_term {
                     return;
                 }
                 for ip in &vips {
-                    match arp.send(&net::garp_frame(mac, *ip)) {
+                    match announcer.announce(mac, *ip) {
                         Ok(()) => {
                             shared.counters.garps_sent.fetch_add(1, Ordering::Relaxed);
                         }
@@ -416,9 +415,14 @@ impl Io {
         }
     }
 
-    fn received(&self, bytes: &[u8], m: &mut Machine, now: Duration) -> Vec<Action> {
+    fn received(
+        &self,
+        r: Option<Result<packet::Received, packet::Drop>>,
+        m: &mut Machine,
+        now: Duration,
+    ) -> Vec<Action> {
         let c = &self.shared.counters;
-        let p = match net::parse(self.sock.local(), bytes) {
+        let p = match r {
             None => return Vec::new(),
             Some(Ok(p)) => p,
             Some(Err(d)) => {
@@ -490,16 +494,44 @@ async fn run(
 ) -> Result<(), HaError> {
     let cfg = shared.cfg.clone();
     let netlink = Netlink::open()?;
-    let iface = netlink.interface(&cfg.interface, &cfg.vips).await?;
-    let sock = VrrpSocket::open(&iface, &cfg.peers)?;
-    let arp = Arc::new(ArpSocket::open(&iface)?);
-    shared.view.lock().address = Some(iface.primary);
+    let v6 = cfg.vips.first().is_some_and(|v| v.addr().is_ipv6());
+    // The interface may not be ready yet (created later at boot, or its IPv6 link-local address
+    // still tentative during duplicate address detection): try again until it is, holding no
+    // VIP meanwhile, and say why in the status.
+    let mut logged = false;
+    let (iface, sock, announcer) = loop {
+        let attempt = async {
+            let iface = netlink.interface(&cfg.interface, &cfg.vips, v6).await?;
+            let sock = VrrpSocket::open(&iface, &cfg.peers)?;
+            let announcer = Announcer::open(&iface)?;
+            Ok::<_, HaError>((iface, sock, announcer))
+        };
+        match attempt.await {
+            Ok(ready) => break ready,
+            Err(e) => {
+                if !logged {
+                    tracing::warn!(error = %e, "HA: VRRP cannot start yet; retrying every 200 ms");
+                    logged = true;
+                }
+                shared.view.lock().error = Some(e.to_string());
+                tokio::select! {
+                    _ = stop.changed() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        }
+    };
+    {
+        let mut v = shared.view.lock();
+        v.address = Some(iface.primary);
+        v.error = None;
+    }
     let io = Io {
         shared: shared.clone(),
         netlink,
         iface,
         sock,
-        arp,
+        announcer: Arc::new(announcer),
         term: Arc::new(AtomicU64::new(0)),
         last_reannounce: Mutex::new(None),
     };
@@ -551,7 +583,7 @@ async fn run(
                 None => std::future::pending().await,
             } } => m.on_timer(now()),
             r = io.sock.recv(&mut buf) => match r {
-                Ok(n) => io.received(&buf[..n], &mut m, now()),
+                Ok(r) => io.received(r, &mut m, now()),
                 Err(e) => {
                     tracing::warn!(error = %e, "HA: receive failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;

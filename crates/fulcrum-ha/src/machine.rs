@@ -6,7 +6,7 @@
 //! priority master answers at once (advert and gratuitous ARPs), so a healed split brain ends
 //! within one round trip rather than one interval.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -56,7 +56,7 @@ pub struct Params {
     pub preempt: bool,
     pub preempt_delay: Duration,
     /// This node's primary address on the VRRP interface: breaks priority ties (RFC 5798 §6.4.3).
-    pub local: Ipv4Addr,
+    pub local: IpAddr,
     /// Priority lost while unhealthy; `None`: go to the fault state instead.
     pub track_weight: Option<u8>,
 }
@@ -86,7 +86,7 @@ pub struct Machine {
     /// When this backup first heard a lower-priority master it would preempt (preempt delay).
     lower_master_since: Option<Duration>,
     /// The master last heard from, and its priority.
-    pub master: Option<(Ipv4Addr, u8)>,
+    pub master: Option<(IpAddr, u8)>,
     pub last_transition: Option<Transition>,
     pub transitions: u64,
 }
@@ -219,7 +219,7 @@ impl Machine {
     }
 
     /// An advertisement for this VRID from `src` (already checked: TTL, checksum, version).
-    pub fn on_advert(&mut self, now: Duration, src: Ipv4Addr, adv: &Advert) -> Vec<Action> {
+    pub fn on_advert(&mut self, now: Duration, src: IpAddr, adv: &Advert) -> Vec<Action> {
         let mut out = Vec::new();
         if adv.vrid != self.p.vrid {
             return out;
@@ -367,6 +367,8 @@ impl Machine {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
@@ -378,7 +380,7 @@ mod tests {
             advert_interval: 100 * MS,
             preempt: true,
             preempt_delay: Duration::ZERO,
-            local: Ipv4Addr::from(local),
+            local: IpAddr::from(local),
             track_weight: None,
         }
     }
@@ -388,11 +390,11 @@ mod tests {
             vrid: 51,
             priority,
             interval_cs: 10,
-            addresses: vec![Ipv4Addr::new(198, 18, 0, 100)],
+            addresses: vec![IpAddr::from([198, 18, 0, 100])],
         }
     }
 
-    const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+    const PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2));
 
     /// Runs the timers of `m` from `from` to `to` in 1 ms steps; returns every action with its time.
     fn run(m: &mut Machine, from: Duration, to: Duration) -> Vec<(Duration, Action)> {
@@ -513,7 +515,7 @@ mod tests {
         run(&mut m, Duration::ZERO, 400 * MS);
         assert_eq!(m.state(), State::Master);
         // Same priority, lower address: the master answers and stays.
-        let low = Ipv4Addr::new(198, 18, 0, 0);
+        let low = IpAddr::from([198, 18, 0, 0]);
         assert_eq!(
             m.on_advert(500 * MS, low, &advert(100)),
             vec![Action::Send(100), Action::Reannounce]
@@ -533,10 +535,10 @@ mod tests {
     #[test]
     fn split_brain_heals_to_one_master() {
         // Two masters that could not hear each other; once they do, exactly one remains.
-        let a_ip = Ipv4Addr::new(198, 18, 0, 1);
-        let b_ip = Ipv4Addr::new(198, 18, 0, 2);
-        let mut a = Machine::new(params(150, a_ip.octets()));
-        let mut b = Machine::new(params(100, b_ip.octets()));
+        let a_ip = IpAddr::from([198, 18, 0, 1]);
+        let b_ip = IpAddr::from([198, 18, 0, 2]);
+        let mut a = Machine::new(params(150, [198, 18, 0, 1]));
+        let mut b = Machine::new(params(100, [198, 18, 0, 2]));
         a.start(Duration::ZERO);
         b.start(Duration::ZERO);
         run(&mut a, Duration::ZERO, 400 * MS);

@@ -1,7 +1,6 @@
 //! `[ha]`: runs a VRRP node (crate fulcrum-ha) whose priority follows the pools' health, serves
 //! `GET /api/v1/ha` and the `fulcrum_ha_*` metrics, and resigns first on shutdown.
 
-use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, Weak};
 
 use fulcrum_admin::{Control, MetricsWriter};
@@ -44,15 +43,7 @@ fn node_config(ha: &Ha) -> NodeConfig {
         advert_interval: ha.advert_interval,
         preempt: ha.preempt,
         preempt_delay: ha.preempt_delay,
-        // The reader refuses IPv6 peers, so this drops nothing.
-        peers: ha
-            .peers
-            .iter()
-            .filter_map(|p| match p {
-                IpAddr::V4(a) => Some(*a),
-                IpAddr::V6(_) => None,
-            })
-            .collect(),
+        peers: ha.peers.clone(),
         vips: ha.vips.clone(),
         track_weight: ha.track_weight,
         garp_repeat: ha.garp_repeat,

@@ -71,18 +71,16 @@ struct Pair {
 }
 
 fn pair(tag: &str) -> Pair {
+    pair_on(tag, ["198.18.0.1/24", "198.18.0.2/24", "198.18.0.10/24"])
+}
+
+/// Two nodes and a client on one segment with these addresses (a, b, c).
+fn pair_on(tag: &str, cidrs: [&str; 3]) -> Pair {
     let mut lab = Lab::new(tag);
     let a = lab.ns("a").expect("ns a");
     let b = lab.ns("b").expect("ns b");
     let c = lab.ns("c").expect("ns c");
-    segment(
-        &mut lab,
-        &[
-            (&a, "198.18.0.1/24"),
-            (&b, "198.18.0.2/24"),
-            (&c, "198.18.0.10/24"),
-        ],
-    );
+    segment(&mut lab, &[(&a, cidrs[0]), (&b, cidrs[1]), (&c, cidrs[2])]);
     let local = SocketAddr::from(([127, 0, 0, 1], 8080));
     let backend_a = Backend::start(&a, local, "a");
     let backend_b = Backend::start(&b, local, "b");
@@ -109,15 +107,19 @@ fn expect_role(f: &NsFulcrum, role: &str, within: Duration) {
 
 /// The client in `c` gets an answer from `who` within `within`.
 fn expect_served_by(c: &Ns, who: &str, within: Duration) {
-    let who = who.to_string();
+    expect_served_at(c, vip(), who, within);
+}
+
+fn expect_served_at(c: &Ns, at: SocketAddr, who: &str, within: Duration) {
+    let name = who.to_string();
     let c2 = c.clone();
     let ok = wait_for(within, move || {
-        let who = who.clone();
+        let who = name.clone();
         in_ns(&c2, move || {
-            http_get(vip(), Duration::from_millis(300)).is_ok_and(|b| b == who)
+            http_get(at, Duration::from_millis(300)).is_ok_and(|b| b == who)
         })
     });
-    assert!(ok, "the VIP is not served by the expected node");
+    assert!(ok, "{at} is not served by {who}");
 }
 
 #[test]
@@ -352,5 +354,39 @@ fn maintenance_through_the_api_moves_the_vip_and_survives_a_restart() {
     expect_role(&fa, "master", Duration::from_secs(5));
     expect_role(&fb, "backup", Duration::from_secs(5));
     expect_served_by(&p.c, "a", Duration::from_secs(5));
+    drop((p.backend_a, p.backend_b));
+}
+
+#[test]
+fn ipv6_master_dies_and_the_backup_takes_over() {
+    const VIP6: &str = "2001:db8::100";
+    let vip6: SocketAddr = "[2001:db8::100]:80".parse().unwrap();
+    let mut p = pair_on(
+        "ha6",
+        ["2001:db8::1/64", "2001:db8::2/64", "2001:db8::10/64"],
+    );
+    let v6 = |name: &str, priority: u8| {
+        node_config(name, priority, "")
+            .replace(&format!("{VIP}/24"), &format!("{VIP6}/64"))
+            .replace("0.0.0.0:80", "[::]:80")
+    };
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &v6("a", 150));
+    let fb = NsFulcrum::start(&mut p.lab, &p.b, BIN, &v6("b", 100));
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    // Adverts come from the link-local address (RFC 5798 §5.1.2.1).
+    let ha = fa.ha();
+    assert!(ha["address"].as_str().unwrap().starts_with("fe80:"), "{ha}");
+    assert_eq!(fb.ha()["peer"]["address"], ha["address"]);
+    assert!(holds(&p.a, VIP6) && !holds(&p.b, VIP6));
+    expect_served_at(&p.c, vip6, "a", Duration::from_secs(5));
+
+    // a dies; b takes the VIP and its unsolicited neighbour advertisements move the client.
+    p.lab.kill(fa.index);
+    p.a.ip(&["link", "set", "eth0", "down"]).unwrap();
+    expect_role(&fb, "master", Duration::from_secs(5));
+    assert!(holds(&p.b, VIP6));
+    expect_served_at(&p.c, vip6, "b", Duration::from_secs(5));
+    assert!(fb.ha()["garps_sent"].as_u64().unwrap() >= 1);
     drop((p.backend_a, p.backend_b));
 }

@@ -263,10 +263,15 @@ pub fn wait_for(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Whether `ns` holds `ip` on `eth0`.
+/// Whether `ns` holds `ip` (IPv4 or IPv6) on `eth0`.
 pub fn holds(ns: &Ns, ip: &str) -> bool {
-    ns.ip(&["-4", "addr", "show", "dev", "eth0"])
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("inet {ip}/")))
+    let (family, word) = if ip.contains(':') {
+        ("-6", "inet6")
+    } else {
+        ("-4", "inet")
+    };
+    ns.ip(&[family, "addr", "show", "dev", "eth0"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("{word} {ip}/")))
         .unwrap_or(false)
 }
 
