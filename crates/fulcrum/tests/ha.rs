@@ -131,14 +131,24 @@ fn master_dies_backup_takes_over_and_the_better_node_preempts_when_it_returns() 
     expect_role(&fb, "backup", Duration::from_secs(5));
     assert!(holds(&p.a, VIP) && !holds(&p.b, VIP));
     expect_served_by(&p.c, "a", Duration::from_secs(5));
+    assert!(wait_for(Duration::from_secs(5), || fb.ha()["peer"]
+        ["address"]
+        == "198.18.0.1"));
     let hb = fb.ha();
-    assert_eq!(hb["peer"]["address"], "198.18.0.1", "{hb}");
     assert_eq!(hb["peer"]["priority"], 150);
     assert!(hb["adverts"]["received"].as_u64().unwrap() > 0);
     assert_eq!(hb["dropped"]["checksum"], 0);
     let ha = fa.ha();
     assert_eq!(ha["last_transition"]["to"], "master", "{ha}");
     assert!(ha["adverts"]["sent"].as_u64().unwrap() > 0);
+    let (_, metrics) = api_raw(&p.a, "GET", "/metrics", "");
+    assert!(
+        metrics.contains("fulcrum_ha_state{vrid=\"51\",state=\"master\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("fulcrum_ha_adverts_sent_total{vrid=\"51\"}"));
+    let (_, metrics) = api_raw(&p.b, "GET", "/metrics", "");
+    assert!(metrics.contains("fulcrum_ha_state{vrid=\"51\",state=\"backup\"} 1"));
 
     // The master node fails: process killed, and its link gone with it (a machine that dies
     // takes its VIP with it; a process killed alone leaves the address on a live kernel, see
@@ -283,7 +293,9 @@ fn unicast_peers_and_a_master_process_killed_on_a_live_host() {
     );
     expect_role(&fa, "master", Duration::from_secs(5));
     expect_role(&fb, "backup", Duration::from_secs(5));
-    assert_eq!(fb.ha()["peer"]["address"], "198.18.0.1");
+    assert!(wait_for(Duration::from_secs(5), || fb.ha()["peer"]
+        ["address"]
+        == "198.18.0.1"));
     assert_eq!(fb.ha()["peers"], serde_json::json!(["198.18.0.1"]));
     expect_served_by(&p.c, "a", Duration::from_secs(5));
 
@@ -377,7 +389,12 @@ fn ipv6_master_dies_and_the_backup_takes_over() {
     // Adverts come from the link-local address (RFC 5798 §5.1.2.1).
     let ha = fa.ha();
     assert!(ha["address"].as_str().unwrap().starts_with("fe80:"), "{ha}");
-    assert_eq!(fb.ha()["peer"]["address"], ha["address"]);
+    assert!(
+        wait_for(Duration::from_secs(5), || fb.ha()["peer"]["address"]
+            == ha["address"]),
+        "{}",
+        fb.ha()
+    );
     assert!(holds(&p.a, VIP6) && !holds(&p.b, VIP6));
     expect_served_at(&p.c, vip6, "a", Duration::from_secs(5));
 

@@ -149,13 +149,19 @@ pub fn api(ns: &Ns, method: &str, path: &str) -> (u16, serde_json::Value) {
 
 /// As `api`, with a JSON request body.
 pub fn api_with(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let (status, text) = api_raw(ns, method, path, body);
+    (status, serde_json::from_str(&text).unwrap_or_default())
+}
+
+/// The status and body text of an admin API request inside `ns`.
+pub fn api_raw(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, String) {
     let (method, path, body) = (method.to_string(), path.to_string(), body.to_string());
     in_ns(ns, move || {
         let Ok(mut s) = TcpStream::connect_timeout(
             &SocketAddr::from(([127, 0, 0, 1], 9900)),
             Duration::from_secs(1),
         ) else {
-            return (0, serde_json::Value::Null);
+            return (0, String::new());
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let _ = write!(
@@ -173,7 +179,7 @@ pub fn api_with(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, serde_js
             .and_then(|c| c.parse().ok())
             .unwrap_or(0);
         let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, serde_json::from_str(body).unwrap_or_default())
+        (status, body.to_string())
     })
 }
 
