@@ -142,6 +142,8 @@ pub struct Status {
     pub dropped: Dropped,
     pub garps_sent: u64,
     pub netlink_errors: u64,
+    /// DESIGN §5's sync lag: always null, state synchronisation (`ha.sync`) is not built yet.
+    pub sync_lag_ms: Option<f64>,
     /// Set when the node could not start (no interface, no raw socket permission).
     pub error: Option<String>,
 }
@@ -301,6 +303,7 @@ impl Node {
             },
             garps_sent: g(&c.garps_sent),
             netlink_errors: g(&c.netlink_errors),
+            sync_lag_ms: None,
             error: v.error.clone(),
         }
     }

@@ -44,6 +44,9 @@ async fn api_changes_survive_a_restart_until_the_config_changes() {
 
     let f = start(&text).await;
     assert!(!state.exists(), "nothing set through the API yet");
+    // No [ha] here: the HA endpoint says so.
+    let r = f.api("GET", "/api/v1/ha", None).await.unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
     let r = f
         .api(
             "PUT",
