@@ -130,10 +130,16 @@ impl App {
         }
     }
 
-    fn save_api_state(&self) {
+    /// After an API change (`operator`: of member or site state, which `ha.sync` shares with
+    /// the peers) or a reload: rewrite `admin.state_file` and publish the state to the peers.
+    fn save_api_state(&self, operator: bool) {
+        if operator {
+            self.ha.operator_changed();
+        }
+        let _one_writer = self.state_lock.lock();
+        self.ha.publish(self);
         if let Some(path) = self.snapshot.load().config.admin.state_file.clone() {
-            let _one_writer = self.state_lock.lock();
-            crate::state_file::save(self, &path);
+            crate::state_file::save(self, &path, self.ha.changed_at());
         }
     }
 
@@ -305,7 +311,7 @@ impl App {
         let generation = self.apply(config)?;
         tracing::info!(generation, "configuration reloaded");
         // A reload may have ended overrides (the file's value changed): keep the file in step.
-        self.save_api_state();
+        self.save_api_state(false);
         Ok(generation)
     }
 
@@ -372,7 +378,8 @@ impl Control for App {
     fn ha_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
         let r = self.ha.api(method, path, body);
         if method != "GET" && r.0 == 200 {
-            self.save_api_state();
+            // Maintenance is this node's own: saved, not shared.
+            self.save_api_state(false);
         }
         r
     }
@@ -380,13 +387,13 @@ impl Control for App {
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {
         let r = self.dns.api(method, path, body);
         if method != "GET" && r.0 == 200 {
-            self.save_api_state();
+            self.save_api_state(true);
         }
         r
     }
 
     fn api_state_changed(&self) {
-        self.save_api_state();
+        self.save_api_state(true);
     }
 
     fn cache_api(
@@ -448,11 +455,20 @@ where
             }
             return ExitCode::FAILURE;
         }
-        let maintenance = config_state_file
+        let saved = config_state_file
             .as_deref()
-            .is_some_and(|path| crate::state_file::load(app.as_ref(), path));
+            .map(|path| crate::state_file::load(app.as_ref(), path))
+            .unwrap_or_default();
         app.ha
-            .start(ha.as_ref(), maintenance, Arc::downgrade(&app));
+            .start(ha.as_ref(), saved.maintenance, Arc::downgrade(&app));
+        if let Err(e) = app
+            .ha
+            .start_sync(ha.as_ref(), saved.changed_at_ms, config_state_file, Arc::downgrade(&app))
+            .await
+        {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
         let admin = match tokio::net::TcpListener::bind(admin_addr).await {
             Ok(l) => l,
             Err(e) => {

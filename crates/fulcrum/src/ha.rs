@@ -1,11 +1,14 @@
 //! `[ha]`: runs a VRRP node (crate fulcrum-ha) whose priority follows the pools' health, serves
 //! `GET /api/v1/ha` and the `fulcrum_ha_*` metrics, and resigns first on shutdown.
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use fulcrum_admin::{Control, MetricsWriter};
 use fulcrum_config::{Config, ConfigError, Ha, HaMode};
 use fulcrum_ha::machine::State;
+use fulcrum_ha::sync::{OnReceive, StateSync};
 use fulcrum_ha::{Node, NodeConfig};
 use serde_json::{json, Value};
 
@@ -26,6 +29,29 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
 #[derive(Default)]
 pub struct HaPlane {
     node: OnceLock<Node>,
+    /// Shared with the receive closure, which republishes a state it took over.
+    sync: Arc<OnceLock<StateSync>>,
+    node_name: OnceLock<String>,
+    /// Unix ms of the last operator change of member or site state here, or of the peer's
+    /// state this node took over: `ha.sync` keeps the newest.
+    changed_at: Arc<AtomicU64>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The document `ha.sync` sends: this node's member and site overrides and when they last
+/// changed.
+fn document(node: &str, changed_at_ms: u64, control: &dyn Control) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "node": node,
+        "changed_at_ms": changed_at_ms,
+        "state": crate::state_file::current(control),
+    }))
+    .unwrap_or_default()
 }
 
 fn host_name() -> String {
@@ -61,7 +87,7 @@ impl HaPlane {
             tracing::warn!("HA: starting in maintenance (saved in admin.state_file); PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
         }
         if ha.sync.is_some() {
-            tracing::warn!("ha.sync: state synchronisation is not implemented in this build; only VRRP failover runs");
+            tracing::warn!("ha.sync: only member and site states set through the API are shared in this build (not persistence tables, connections or TLS ticket keys)");
         }
         let track = ha.track.clone();
         let health = Arc::new(move || {
@@ -77,6 +103,76 @@ impl HaPlane {
         let mut cfg = node_config(ha);
         cfg.maintenance = maintenance;
         let _ = self.node.set(Node::start(cfg, health));
+    }
+
+    pub fn operator_changed(&self) {
+        self.changed_at.store(now_ms(), Ordering::Release);
+    }
+
+    pub fn changed_at(&self) -> u64 {
+        self.changed_at.load(Ordering::Acquire)
+    }
+
+    /// Sends this node's state to the peers (`ha.sync`).
+    pub fn publish(&self, control: &dyn Control) {
+        if let (Some(sync), Some(node)) = (self.sync.get(), self.node_name.get()) {
+            sync.publish(document(node, self.changed_at(), control));
+        }
+    }
+
+    /// Starts `ha.sync`: listens, dials the peers, and takes over a peer's state when it is
+    /// newer than this node's (`changed_at_ms`, from the state file at start).
+    pub async fn start_sync<C: Control>(
+        &self,
+        ha: Option<&Ha>,
+        changed_at_ms: u64,
+        state_file: Option<PathBuf>,
+        control: Weak<C>,
+    ) -> Result<(), String> {
+        let Some((ha, sync)) = ha.and_then(|h| h.sync.as_ref().map(|s| (h, s))) else {
+            return Ok(());
+        };
+        self.changed_at.store(changed_at_ms, Ordering::Release);
+        let node = ha.node.clone().unwrap_or_else(host_name);
+        let _ = self.node_name.set(node.clone());
+        let changed_at = self.changed_at.clone();
+        let c = control.clone();
+        let (me, republish) = (node.clone(), self.sync.clone());
+        let on_receive: OnReceive = Arc::new(move |bytes: &[u8]| {
+            let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+            let theirs = doc["changed_at_ms"].as_u64().ok_or("no changed_at_ms")?;
+            let Some(control) = c.upgrade() else {
+                return Ok(());
+            };
+            if theirs <= changed_at.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            changed_at.store(theirs, Ordering::Release);
+            let n = crate::state_file::apply_remote(&doc["state"], control.as_ref());
+            tracing::info!(peer = %doc["node"], changes = n, "HA sync: took over the peer's newer member and site states");
+            if let Some(path) = &state_file {
+                crate::state_file::save(control.as_ref(), path, theirs);
+            }
+            // This node's document now says the same, so a peer that restarts gets it back.
+            if let Some(sync) = republish.get() {
+                sync.publish(document(&me, theirs, control.as_ref()));
+            }
+            Ok(())
+        });
+        let s = StateSync::start(
+            sync.listen,
+            &sync.peers,
+            std::slice::from_ref(&sync.key),
+            on_receive,
+        )
+        .await
+        .map_err(|e| format!("cannot listen on {} (ha.sync.listen): {e}", sync.listen))?;
+        let _ = self.sync.set(s);
+        if let Some(c) = control.upgrade() {
+            self.publish(c.as_ref());
+        }
+        tracing::info!(listen = %sync.listen, peers = sync.peers.len(), "HA sync: running (member and site states set through the API)");
+        Ok(())
     }
 
     /// Resigns mastership and removes the VIPs (before connections drain, so the peer takes
@@ -99,7 +195,15 @@ impl HaPlane {
             serde_json::to_value(n.status()).unwrap_or_else(|e| json!({ "error": e.to_string() }))
         };
         match (method, path) {
-            ("GET", []) => (200, status()),
+            ("GET", []) => {
+                let mut s = status();
+                if let Some(sync) = self.sync.get() {
+                    let st = sync.status();
+                    s["sync_lag_ms"] = json!(st.lag_ms);
+                    s["sync"] = serde_json::to_value(st).unwrap_or_default();
+                }
+                (200, s)
+            }
             ("PUT", ["maintenance"]) => {
                 let on = serde_json::from_slice::<Value>(body)
                     .ok()

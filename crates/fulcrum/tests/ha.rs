@@ -407,3 +407,79 @@ fn ipv6_master_dies_and_the_backup_takes_over() {
     assert!(fb.ha()["garps_sent"].as_u64().unwrap() >= 1);
     drop((p.backend_a, p.backend_b));
 }
+
+#[test]
+fn sync_shares_member_states_set_through_the_api() {
+    let mut p = pair("hay");
+    let key = "a-sync-key-for-the-test-0123";
+    let cfg = |name: &str, prio: u8, me: &str, peer: &str| {
+        node_config(
+            name,
+            prio,
+            &format!(
+                "sync = {{ listen = \"{me}:7500\", peers = [\"{peer}:7500\"], key = \"{key}\" }}"
+            ),
+        )
+    };
+    let fa = NsFulcrum::start(
+        &mut p.lab,
+        &p.a,
+        BIN,
+        &cfg("a", 150, "198.18.0.1", "198.18.0.2"),
+    );
+    let fb = NsFulcrum::start(
+        &mut p.lab,
+        &p.b,
+        BIN,
+        &cfg("b", 100, "198.18.0.2", "198.18.0.1"),
+    );
+    let member = |ns: &Ns| api(ns, "GET", "/api/v1/pools/local/members/127.0.0.1:8080").1;
+    let set = |ns: &Ns, what: &str, body: &str| {
+        let path = format!("/api/v1/pools/local/members/127.0.0.1:8080/{what}");
+        assert_eq!(api_with(ns, "PUT", &path, body).0, 200);
+    };
+
+    // Drained on a: b follows.
+    set(&p.a, "state", r#"{"state": "drain"}"#);
+    assert!(
+        wait_for(Duration::from_secs(5), || member(&p.b)["state"] == "drain"),
+        "{}\n{}",
+        fb.ha(),
+        fb.logs()
+    );
+    let hb = fb.ha();
+    assert!(hb["sync"]["frames_received"].as_u64().unwrap() >= 1, "{hb}");
+    assert!(hb["sync_lag_ms"].as_f64().is_some(), "{hb}");
+    assert_eq!(hb["sync"]["auth_failures"], 0);
+    // A weight set on b: a follows, and a's drain stays.
+    set(&p.b, "weight", r#"{"weight": 5}"#);
+    assert!(wait_for(Duration::from_secs(5), || member(&p.a)["weight"] == 5));
+    assert_eq!(member(&p.a)["state"], "drain");
+
+    // b restarts with no state of its own: the first frame from a (a full resync) brings it
+    // back to drain and weight 5.
+    p.lab.kill(fb.index);
+    let fb = NsFulcrum::start(
+        &mut p.lab,
+        &p.b,
+        BIN,
+        &cfg("b", 100, "198.18.0.2", "198.18.0.1"),
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            let m = member(&p.b);
+            m["state"] == "drain" && m["weight"] == 5
+        }),
+        "{}\n{}",
+        member(&p.b),
+        fb.logs()
+    );
+    // Back to the configuration's values on a: b follows.
+    set(&p.a, "state", r#"{"state": "enabled"}"#);
+    set(&p.a, "weight", r#"{"weight": 1}"#);
+    assert!(wait_for(Duration::from_secs(5), || {
+        let m = member(&p.b);
+        m["state"] == "enabled" && m["weight"] == 1
+    }));
+    drop((fa, p.backend_a, p.backend_b));
+}
