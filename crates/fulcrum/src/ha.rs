@@ -32,6 +32,8 @@ pub struct HaPlane {
     /// Shared with the receive closure, which republishes a state it took over.
     sync: Arc<OnceLock<StateSync>>,
     node_name: OnceLock<String>,
+    /// Whether the last peer document had the same pools fingerprint as this node.
+    peer_config_matches: Arc<parking_lot::Mutex<Option<bool>>>,
     /// Unix ms of the last operator change of member or site state here, or of the peer's
     /// state this node took over: `ha.sync` keeps the newest.
     changed_at: Arc<AtomicU64>,
@@ -43,12 +45,28 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The document `ha.sync` sends: this node's member and site overrides and when they last
-/// changed.
+/// A fingerprint of the pools' configuration (FNV-1a over its debug text): two nodes of a pair
+/// should serve the same pools, and `ha.sync` reports when they do not. Stable between two
+/// processes of the same build; nodes running different builds may report a difference.
+fn pools_hash(control: &dyn Control) -> String {
+    let pools = control.pools();
+    let configs: Vec<&fulcrum_config::Pool> = pools.iter().map(|p| &p.config).collect();
+    let text = format!("{configs:?}");
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The document `ha.sync` sends: this node's member and site overrides, when they last
+/// changed, and the fingerprint of its pools.
 fn document(node: &str, changed_at_ms: u64, control: &dyn Control) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "node": node,
         "changed_at_ms": changed_at_ms,
+        "pools_hash": pools_hash(control),
         "state": crate::state_file::current(control),
     }))
     .unwrap_or_default()
@@ -105,8 +123,15 @@ impl HaPlane {
         let _ = self.node.set(Node::start(cfg, health));
     }
 
+    /// An operator change here: newer than anything this node has seen, even within one
+    /// millisecond of the last (two API calls in a row must both reach the peer).
     pub fn operator_changed(&self) {
-        self.changed_at.store(now_ms(), Ordering::Release);
+        let now = now_ms();
+        let _ = self
+            .changed_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                Some(now.max(old + 1))
+            });
     }
 
     pub fn changed_at(&self) -> u64 {
@@ -138,12 +163,17 @@ impl HaPlane {
         let changed_at = self.changed_at.clone();
         let c = control.clone();
         let (me, republish) = (node.clone(), self.sync.clone());
+        let matches = self.peer_config_matches.clone();
         let on_receive: OnReceive = Arc::new(move |bytes: &[u8]| {
             let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
             let theirs = doc["changed_at_ms"].as_u64().ok_or("no changed_at_ms")?;
             let Some(control) = c.upgrade() else {
                 return Ok(());
             };
+            let same = doc["pools_hash"].as_str() == Some(pools_hash(control.as_ref()).as_str());
+            if matches.lock().replace(same) != Some(same) && !same {
+                tracing::warn!(peer = %doc["node"], "HA sync: the peer's pools differ from this node's configuration (pools_hash); a failover changes what is served");
+            }
             if theirs <= changed_at.load(Ordering::Acquire) {
                 return Ok(());
             }
@@ -201,6 +231,7 @@ impl HaPlane {
                     let st = sync.status();
                     s["sync_lag_ms"] = json!(st.lag_ms);
                     s["sync"] = serde_json::to_value(st).unwrap_or_default();
+                    s["sync"]["peer_config_matches"] = json!(*self.peer_config_matches.lock());
                 }
                 (200, s)
             }
@@ -312,5 +343,49 @@ impl HaPlane {
             "Gratuitous ARPs sent for the VIPs.",
         );
         w.sample("fulcrum_ha_garps_sent_total", &l, s.garps_sent as f64);
+        if let Some(sync) = self.sync.get() {
+            let st = sync.status();
+            w.family(
+                "fulcrum_ha_sync_frames_received_total",
+                "counter",
+                "State sync documents received from peers and applied.",
+            );
+            w.sample(
+                "fulcrum_ha_sync_frames_received_total",
+                &l,
+                st.frames_received as f64,
+            );
+            w.family(
+                "fulcrum_ha_sync_auth_failures_total",
+                "counter",
+                "State sync connections refused: a frame failed authentication.",
+            );
+            w.sample(
+                "fulcrum_ha_sync_auth_failures_total",
+                &l,
+                st.auth_failures as f64,
+            );
+            w.family(
+                "fulcrum_ha_sync_lag_seconds",
+                "gauge",
+                "Sync lag of the last document: from the peer's sending to this node's applying.",
+            );
+            w.sample(
+                "fulcrum_ha_sync_lag_seconds",
+                &l,
+                st.lag_ms.unwrap_or(0.0) / 1000.0,
+            );
+            w.family(
+                "fulcrum_ha_sync_config_mismatch",
+                "gauge",
+                "1 when the peer's pools differ from this node's (pools_hash).",
+            );
+            let mismatch = *self.peer_config_matches.lock() == Some(false);
+            w.sample(
+                "fulcrum_ha_sync_config_mismatch",
+                &l,
+                if mismatch { 1.0 } else { 0.0 },
+            );
+        }
     }
 }

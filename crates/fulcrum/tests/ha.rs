@@ -451,6 +451,7 @@ fn sync_shares_member_states_set_through_the_api() {
     assert!(hb["sync"]["frames_received"].as_u64().unwrap() >= 1, "{hb}");
     assert!(hb["sync_lag_ms"].as_f64().is_some(), "{hb}");
     assert_eq!(hb["sync"]["auth_failures"], 0);
+    assert_eq!(hb["sync"]["peer_config_matches"], true, "{hb}");
     // A weight set on b: a follows, and a's drain stays.
     set(&p.b, "weight", r#"{"weight": 5}"#);
     assert!(wait_for(Duration::from_secs(5), || member(&p.a)["weight"] == 5));
@@ -481,5 +482,22 @@ fn sync_shares_member_states_set_through_the_api() {
         let m = member(&p.b);
         m["state"] == "enabled" && m["weight"] == 1
     }));
+
+    // b comes back with other pools than a: reported in the API and the metrics.
+    p.lab.kill(fb.index);
+    let other = cfg("b", 100, "198.18.0.2", "198.18.0.1").replace(
+        "name = \"local\"\nmonitors",
+        "name = \"local\"\nalgorithm = \"least_connections\"\nmonitors",
+    );
+    assert!(other.contains("least_connections"));
+    let _fb = NsFulcrum::start(&mut p.lab, &p.b, BIN, &other);
+    assert!(wait_for(Duration::from_secs(5), || {
+        api(&p.b, "GET", "/api/v1/ha").1["sync"]["peer_config_matches"] == false
+    }));
+    let (_, metrics) = api_raw(&p.b, "GET", "/metrics", "");
+    assert!(
+        metrics.contains("fulcrum_ha_sync_config_mismatch{vrid=\"51\"} 1"),
+        "{metrics}"
+    );
     drop((fa, p.backend_a, p.backend_b));
 }
