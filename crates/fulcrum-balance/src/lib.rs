@@ -13,7 +13,7 @@ pub mod sched;
 
 pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
 pub use member::{AgentState, ConnectionGuard, Member, MemberStats, RequestGuard, WEIGHT_SCALE};
-pub use persist::{PersistKey, PersistTable, TableSpec};
+pub use persist::{Feed, PersistKey, PersistTable, TableSpec};
 pub use pool::{Picked, Pool};
 pub use sched::{PickContext, Scheduler};
 

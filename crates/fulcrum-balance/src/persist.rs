@@ -5,9 +5,14 @@
 //! and overwritten by the next choice.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use moka::sync::Cache;
+
+/// Told of every entry this node chooses (not of entries a peer sent): `ha.sync` streams them.
+pub type Feed = Box<dyn Fn(&PersistKey, SocketAddr) + Send + Sync>;
 
 /// A persistence key: a masked client address, or bytes (a header value, a RADIUS attribute).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -64,6 +69,7 @@ pub struct TableSpec {
 pub struct PersistTable {
     pub spec: TableSpec,
     entries: Cache<PersistKey, SocketAddr>,
+    feed: ArcSwapOption<Feed>,
 }
 
 impl std::fmt::Debug for PersistTable {
@@ -80,7 +86,29 @@ impl PersistTable {
             .max_capacity(spec.max_entries)
             .time_to_idle(spec.idle_timeout)
             .build();
-        PersistTable { spec, entries }
+        PersistTable {
+            spec,
+            entries,
+            feed: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Sets (or clears) the feed of new entries.
+    pub fn set_feed(&self, feed: Option<Feed>) {
+        self.feed.store(feed.map(Arc::new));
+    }
+
+    /// An entry a peer chose: stored without telling the feed (which would send it back).
+    pub fn insert_synced(&self, key: PersistKey, member: SocketAddr) {
+        self.entries.insert(key, member);
+    }
+
+    /// Every entry, for a peer that (re)connects.
+    pub fn entries(&self) -> Vec<(PersistKey, SocketAddr)> {
+        self.entries
+            .iter()
+            .map(|(k, v)| ((*k).clone(), v))
+            .collect()
     }
 
     /// Looks a key up; a hit counts as use and restarts its idle timer.
@@ -89,6 +117,9 @@ impl PersistTable {
     }
 
     pub fn insert(&self, key: PersistKey, member: SocketAddr) {
+        if let Some(feed) = self.feed.load().as_ref() {
+            feed(&key, member);
+        }
         self.entries.insert(key, member);
     }
 

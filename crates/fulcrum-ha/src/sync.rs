@@ -3,9 +3,14 @@
 //! the peers' pushes on `listen`. Frames are authenticated and replay-protected (crate
 //! fulcrum-frame, the GSLB exchange's format with its own magic and context).
 //!
-//! The transport knows nothing of what it carries: the binary publishes a JSON document and
-//! gets the peers' documents back. Each frame starts with the sender's wall-clock time in
-//! milliseconds, from which the receiver measures the sync lag.
+//! Two kinds of payload travel: the node's *document* (its whole API state; the latest one wins,
+//! sent at every change and as a heartbeat) and *batches* of persistence entries (an incremental
+//! stream through a bounded queue; a peer that falls behind, or (re)connects, gets a full dump
+//! of the tables instead).
+//!
+//! The transport knows nothing of what it carries: the binary publishes documents and batches
+//! and gets the peers' back. Each frame starts with the sender's wall-clock time in
+//! milliseconds, from which the receiver measures the sync lag, and the payload's kind.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,14 +35,38 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// An acceptor hears at least a heartbeat a second; this much silence ends the connection.
 const IDLE: Duration = Duration::from_secs(5);
 
-/// What the receiving side does with a peer's document; an error is logged and counted.
-pub type OnReceive = Arc<dyn Fn(&[u8]) -> Result<(), String> + Send + Sync>;
+/// What a payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Document,
+    Entries,
+}
+
+impl Kind {
+    fn byte(self) -> u8 {
+        match self {
+            Kind::Document => b'D',
+            Kind::Entries => b'E',
+        }
+    }
+}
+
+/// What the receiving side does with a peer's payload; an error is logged and counted.
+pub type OnReceive = Arc<dyn Fn(Kind, &[u8]) -> Result<(), String> + Send + Sync>;
+/// Every persistence entry as batches, for a peer that (re)connects or fell behind.
+pub type FullDump = Arc<dyn Fn() -> Vec<Vec<u8>> + Send + Sync>;
+
+/// Batches of entries waiting for the slowest peer connection; beyond, it gets a full dump.
+const QUEUE: usize = 1024;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PeerStatus {
     pub address: String,
     pub connected: bool,
     pub frames_sent: u64,
+    pub batches_sent: u64,
+    /// Batches this connection fell behind on (each time, a full dump followed).
+    pub batches_lost: u64,
     pub last_error: Option<String>,
 }
 
@@ -67,11 +96,13 @@ struct Shared {
     apply_errors: AtomicU64,
     lags: Mutex<std::collections::VecDeque<f64>>,
     on_receive: OnReceive,
+    full_dump: FullDump,
 }
 
 pub struct StateSync {
     shared: Arc<Shared>,
     doc: watch::Sender<Arc<Vec<u8>>>,
+    batches: tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
 }
 
 fn now_ms() -> u64 {
@@ -87,6 +118,7 @@ impl StateSync {
         peers: &[SocketAddr],
         secrets: &[String],
         on_receive: OnReceive,
+        full_dump: FullDump,
     ) -> std::io::Result<StateSync> {
         let l = TcpListener::bind(listen).await?;
         let shared = Arc::new(Shared {
@@ -111,13 +143,25 @@ impl StateSync {
             apply_errors: AtomicU64::new(0),
             lags: Mutex::new(std::collections::VecDeque::new()),
             on_receive,
+            full_dump,
         });
         let (doc, doc_rx) = watch::channel(Arc::new(Vec::new()));
+        let (batches, _) = tokio::sync::broadcast::channel(QUEUE);
         tokio::spawn(accept(l, shared.clone()));
         for p in peers {
-            tokio::spawn(dial(*p, shared.clone(), doc_rx.clone()));
+            tokio::spawn(dial(*p, shared.clone(), doc_rx.clone(), batches.clone()));
         }
-        Ok(StateSync { shared, doc })
+        Ok(StateSync {
+            shared,
+            doc,
+            batches,
+        })
+    }
+
+    /// Queues a batch of persistence entries for every connected peer.
+    pub fn send_batch(&self, batch: Vec<u8>) {
+        // No receiver: no peer connected; it gets a full dump when it connects.
+        let _ = self.batches.send(Arc::new(batch));
     }
 
     /// Replaces this node's document; every connected peer gets it at once.
@@ -146,9 +190,14 @@ fn set_peer(s: &Shared, p: SocketAddr, f: impl FnOnce(&mut PeerStatus)) {
     }
 }
 
-async fn dial(peer: SocketAddr, s: Arc<Shared>, doc: watch::Receiver<Arc<Vec<u8>>>) {
+async fn dial(
+    peer: SocketAddr,
+    s: Arc<Shared>,
+    doc: watch::Receiver<Arc<Vec<u8>>>,
+    batches: tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
+) {
     loop {
-        let r = push(peer, &s, doc.clone()).await;
+        let r = push(peer, &s, doc.clone(), &batches).await;
         let e = r.err().unwrap_or_else(|| "closed".into());
         set_peer(&s, peer, |p| {
             if p.connected || p.last_error.as_deref() != Some(&e) {
@@ -161,10 +210,33 @@ async fn dial(peer: SocketAddr, s: Arc<Shared>, doc: watch::Receiver<Arc<Vec<u8>
     }
 }
 
+struct Writer<'a> {
+    c: &'a mut TcpStream,
+    key: &'a Key,
+    nonce: Vec<u8>,
+    seq: u64,
+}
+
+impl Writer<'_> {
+    async fn send(&mut self, kind: Kind, body: &[u8]) -> Result<(), String> {
+        self.seq += 1;
+        let mut payload = Vec::with_capacity(9 + body.len());
+        payload.extend_from_slice(&now_ms().to_be_bytes());
+        payload.push(kind.byte());
+        payload.extend_from_slice(body);
+        let frame = CHANNEL.encode(self.key, &self.nonce, self.seq, &payload);
+        tokio::time::timeout(CONNECT_TIMEOUT, self.c.write_all(&frame))
+            .await
+            .map_err(|_| "write: timed out".to_string())?
+            .map_err(|e| format!("write: {e}"))
+    }
+}
+
 async fn push(
     peer: SocketAddr,
     s: &Shared,
     mut doc: watch::Receiver<Arc<Vec<u8>>>,
+    batches: &tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
 ) -> Result<(), String> {
     let mut c = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(peer))
         .await
@@ -182,30 +254,47 @@ async fn push(
         p.last_error = None;
     });
     tracing::info!(%peer, "HA sync: connected to peer");
-    let mut seq = 0u64;
+    // Subscribed before the dump, so no batch falls between the two.
+    let mut rx = batches.subscribe();
+    let mut w = Writer {
+        c: &mut c,
+        key,
+        nonce,
+        seq: 0,
+    };
     let mut probe = [0u8; 1];
+    let mut dump = true;
     loop {
         // The whole document at every change and heartbeat: a peer that (re)connects gets the
         // full state with its first frame.
         let body = doc.borrow_and_update().clone();
         if !body.is_empty() {
-            seq += 1;
-            let mut payload = Vec::with_capacity(8 + body.len());
-            payload.extend_from_slice(&now_ms().to_be_bytes());
-            payload.extend_from_slice(&body);
-            let frame = CHANNEL.encode(key, &nonce, seq, &payload);
-            tokio::time::timeout(CONNECT_TIMEOUT, c.write_all(&frame))
-                .await
-                .map_err(|_| "write: timed out".to_string())?
-                .map_err(|e| format!("write: {e}"))?;
+            w.send(Kind::Document, &body).await?;
             set_peer(s, peer, |p| p.frames_sent += 1);
+        }
+        if std::mem::take(&mut dump) {
+            for b in (s.full_dump)() {
+                w.send(Kind::Entries, &b).await?;
+                set_peer(s, peer, |p| p.batches_sent += 1);
+            }
         }
         tokio::select! {
             r = doc.changed() => { if r.is_err() { return Ok(()); } }
+            r = rx.recv() => match r {
+                Ok(b) => {
+                    w.send(Kind::Entries, &b).await?;
+                    set_peer(s, peer, |p| p.batches_sent += 1);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    set_peer(s, peer, |p| p.batches_lost += n);
+                    dump = true;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+            },
             _ = tokio::time::sleep(HEARTBEAT) => {}
             // The acceptor never writes after its challenge: readable means it closed (it
             // refused our key, and logged why).
-            r = c.read(&mut probe) => {
+            r = w.c.read(&mut probe) => {
                 return Err(match r {
                     Ok(0) | Err(_) => "the peer closed the connection (a key mismatch is logged there)".into(),
                     Ok(_) => "unexpected data from the peer".into(),
@@ -256,13 +345,18 @@ async fn receive(s: &Shared, mut c: TcpStream) -> Result<(), String> {
             }
         };
         last_seq = seq;
-        if payload.len() < 8 {
-            return Err("frame without a timestamp".into());
+        if payload.len() < 9 {
+            return Err("frame without a timestamp and kind".into());
         }
         let mut t = [0u8; 8];
         t.copy_from_slice(&payload[..8]);
         let sent = u64::from_be_bytes(t);
-        match (s.on_receive)(&payload[8..]) {
+        let kind = match payload[8] {
+            b'D' => Kind::Document,
+            b'E' => Kind::Entries,
+            other => return Err(format!("unknown payload kind {other}")),
+        };
+        match (s.on_receive)(kind, &payload[9..]) {
             Ok(()) => {
                 s.frames_received.fetch_add(1, Ordering::Relaxed);
                 let lag = now_ms().saturating_sub(sent) as f64;
@@ -295,35 +389,44 @@ mod tests {
             port(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
         );
         let key = vec!["a-shared-secret-0123".to_string()];
-        let on_b: OnReceive = Arc::new(move |d| {
-            g.lock().push(d.to_vec());
+        let on_b: OnReceive = Arc::new(move |k, d| {
+            let mut v = vec![k.byte()];
+            v.extend_from_slice(d);
+            g.lock().push(v);
             Ok(())
         });
-        let none: OnReceive = Arc::new(|_| Ok(()));
-        let node_b = StateSync::start(b, &[], &key, on_b).await.expect("b");
-        let node_a = StateSync::start(a, &[b], &key, none.clone())
+        let none: OnReceive = Arc::new(|_, _| Ok(()));
+        let dump: FullDump = Arc::new(|| vec![b"dump".to_vec()]);
+        let node_b = StateSync::start(b, &[], &key, on_b, dump.clone())
+            .await
+            .expect("b");
+        let node_a = StateSync::start(a, &[b], &key, none.clone(), dump.clone())
             .await
             .expect("a");
         node_a.publish(b"{\"v\":1}".to_vec());
         let end = std::time::Instant::now() + Duration::from_secs(5);
-        while got.lock().is_empty() && std::time::Instant::now() < end {
+        let has = |want: &[u8]| got.lock().iter().any(|d| d == want);
+        // The document first, then the full dump of entries.
+        while !has(b"Edump") && std::time::Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(
             got.lock().first().map(Vec::as_slice),
-            Some(&b"{\"v\":1}"[..])
+            Some(&b"D{\"v\":1}"[..])
         );
+        assert!(has(b"Edump"));
         node_a.publish(b"{\"v\":2}".to_vec());
-        while !got.lock().iter().any(|d| d == b"{\"v\":2}") && std::time::Instant::now() < end {
+        node_a.send_batch(b"one".to_vec());
+        while !(has(b"D{\"v\":2}") && has(b"Eone")) && std::time::Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(got.lock().iter().any(|d| d == b"{\"v\":2}"));
+        assert!(has(b"D{\"v\":2}") && has(b"Eone"));
         assert!(node_b.status().lag_ms.is_some());
         assert!(node_a.status().peers[0].connected);
 
         // A node with another key is refused and counted; nothing it sends is applied.
         let before = got.lock().len();
-        let wrong = StateSync::start(c, &[b], &["not-the-same-secret".to_string()], none)
+        let wrong = StateSync::start(c, &[b], &["not-the-same-secret".to_string()], none, dump)
             .await
             .expect("c");
         wrong.publish(b"{\"v\":666}".to_vec());
@@ -331,6 +434,6 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(node_b.status().auth_failures >= 1);
-        assert!(!got.lock()[before..].iter().any(|d| d == b"{\"v\":666}"));
+        assert!(!got.lock()[before..].iter().any(|d| d == b"D{\"v\":666}"));
     }
 }

@@ -280,6 +280,7 @@ impl App {
         self.messages.commit();
         asm.stats = stats;
         asm.tables = tables;
+        self.ha.attach_tables(&asm.tables);
         let site_pools = self.dns.commit(dns, &config, &pools);
         self.http.commit(&pools, http_build);
         self.health

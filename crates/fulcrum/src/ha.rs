@@ -8,7 +8,11 @@ use std::sync::{Arc, OnceLock, Weak};
 use fulcrum_admin::{Control, MetricsWriter};
 use fulcrum_config::{Config, ConfigError, Ha, HaMode};
 use fulcrum_ha::machine::State;
-use fulcrum_ha::sync::{OnReceive, StateSync};
+use std::collections::HashMap;
+
+use arc_swap::ArcSwap;
+use fulcrum_balance::{PersistKey, PersistTable};
+use fulcrum_ha::sync::{FullDump, Kind, OnReceive, StateSync};
 use fulcrum_ha::{Node, NodeConfig};
 use serde_json::{json, Value};
 
@@ -32,11 +36,80 @@ pub struct HaPlane {
     /// Shared with the receive closure, which republishes a state it took over.
     sync: Arc<OnceLock<StateSync>>,
     node_name: OnceLock<String>,
+    /// The services' persistence tables (by virtual service name), current after every apply.
+    tables: Arc<ArcSwap<HashMap<String, Arc<PersistTable>>>>,
+    /// New persistence entries on their way to the peers (bounded: see `QUEUE`).
+    entries: OnceLock<tokio::sync::mpsc::Sender<(Arc<str>, PersistKey, std::net::SocketAddr)>>,
+    /// Entries dropped because the queue was full.
+    entries_dropped: Arc<AtomicU64>,
     /// Whether the last peer document had the same pools fingerprint as this node.
     peer_config_matches: Arc<parking_lot::Mutex<Option<bool>>>,
     /// Unix ms of the last operator change of member or site state here, or of the peer's
     /// state this node took over: `ha.sync` keeps the newest.
     changed_at: Arc<AtomicU64>,
+}
+
+/// New persistence entries waiting to be sent; beyond this the newest are dropped and counted.
+const QUEUE: usize = 65_536;
+/// Entries per frame.
+const BATCH: usize = 1000;
+
+fn key_text(k: &PersistKey) -> String {
+    match k {
+        PersistKey::Ip(v) => format!("i{v:032x}"),
+        PersistKey::Bytes(b) => {
+            let mut s = String::with_capacity(1 + 2 * b.len());
+            s.push('b');
+            for x in b.iter() {
+                s.push_str(&format!("{x:02x}"));
+            }
+            s
+        }
+    }
+}
+
+fn key_parse(s: &str) -> Option<PersistKey> {
+    if let Some(hex) = s.strip_prefix('i') {
+        return u128::from_str_radix(hex, 16).ok().map(PersistKey::Ip);
+    }
+    let hex = s.strip_prefix('b')?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    bytes.map(|b| PersistKey::bytes(&b))
+}
+
+fn batch(entries: &[(Arc<str>, PersistKey, std::net::SocketAddr)]) -> Vec<u8> {
+    let v: Vec<Value> = entries
+        .iter()
+        .map(|(t, k, m)| json!({ "t": &**t, "k": key_text(k), "m": m.to_string() }))
+        .collect();
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// Stores a peer's batch of entries in the tables of the same services.
+fn apply_entries(
+    bytes: &[u8],
+    tables: &HashMap<String, Arc<PersistTable>>,
+) -> Result<usize, String> {
+    let v: Vec<Value> = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let mut n = 0;
+    for e in &v {
+        let (Some(t), Some(k), Some(m)) = (
+            e["t"].as_str().and_then(|t| tables.get(t)),
+            e["k"].as_str().and_then(key_parse),
+            e["m"].as_str().and_then(|m| m.parse().ok()),
+        ) else {
+            continue;
+        };
+        t.insert_synced(k, m);
+        n += 1;
+    }
+    Ok(n)
 }
 
 fn now_ms() -> u64 {
@@ -105,7 +178,7 @@ impl HaPlane {
             tracing::warn!("HA: starting in maintenance (saved in admin.state_file); PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
         }
         if ha.sync.is_some() {
-            tracing::warn!("ha.sync: only member and site states set through the API are shared in this build (not persistence tables, connections or TLS ticket keys)");
+            tracing::warn!("ha.sync: member and site states set through the API and persistence tables are shared; connections and TLS ticket keys are not in this build");
         }
         let track = ha.track.clone();
         let health = Arc::new(move || {
@@ -132,6 +205,29 @@ impl HaPlane {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
                 Some(now.max(old + 1))
             });
+    }
+
+    /// After every apply: the services' persistence tables (new ones after a reload), whose
+    /// new entries `ha.sync` streams to the peers.
+    pub fn attach_tables(&self, tables: &HashMap<String, Arc<PersistTable>>) {
+        self.tables.store(Arc::new(tables.clone()));
+        self.attach_feeds();
+    }
+
+    fn attach_feeds(&self) {
+        let Some(tx) = self.entries.get() else { return };
+        for (name, table) in self.tables.load().iter() {
+            let (tx, name, dropped) = (
+                tx.clone(),
+                Arc::<str>::from(name.as_str()),
+                self.entries_dropped.clone(),
+            );
+            table.set_feed(Some(Box::new(move |k: &PersistKey, m| {
+                if tx.try_send((name.clone(), k.clone(), m)).is_err() {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            })));
+        }
     }
 
     pub fn changed_at(&self) -> u64 {
@@ -164,7 +260,11 @@ impl HaPlane {
         let c = control.clone();
         let (me, republish) = (node.clone(), self.sync.clone());
         let matches = self.peer_config_matches.clone();
-        let on_receive: OnReceive = Arc::new(move |bytes: &[u8]| {
+        let tables = self.tables.clone();
+        let on_receive: OnReceive = Arc::new(move |kind: Kind, bytes: &[u8]| {
+            if kind == Kind::Entries {
+                return apply_entries(bytes, &tables.load()).map(drop);
+            }
             let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
             let theirs = doc["changed_at_ms"].as_u64().ok_or("no changed_at_ms")?;
             let Some(control) = c.upgrade() else {
@@ -189,19 +289,48 @@ impl HaPlane {
             }
             Ok(())
         });
+        let all = self.tables.clone();
+        let full_dump: FullDump = Arc::new(move || {
+            let mut out = Vec::new();
+            for (name, table) in all.load().iter() {
+                let name = Arc::<str>::from(name.as_str());
+                let entries: Vec<_> = table
+                    .entries()
+                    .into_iter()
+                    .map(|(k, m)| (name.clone(), k, m))
+                    .collect();
+                out.extend(entries.chunks(BATCH).map(batch));
+            }
+            out
+        });
         let s = StateSync::start(
             sync.listen,
             &sync.peers,
             std::slice::from_ref(&sync.key),
             on_receive,
+            full_dump,
         )
         .await
         .map_err(|e| format!("cannot listen on {} (ha.sync.listen): {e}", sync.listen))?;
         let _ = self.sync.set(s);
+        // New persistence entries: a bounded queue, drained in batches by one task.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(QUEUE);
+        let _ = self.entries.set(tx);
+        self.attach_feeds();
+        let sender = self.sync.clone();
+        tokio::spawn(async move {
+            let mut buf = Vec::with_capacity(BATCH);
+            while rx.recv_many(&mut buf, BATCH).await > 0 {
+                if let Some(s) = sender.get() {
+                    s.send_batch(batch(&buf));
+                }
+                buf.clear();
+            }
+        });
         if let Some(c) = control.upgrade() {
             self.publish(c.as_ref());
         }
-        tracing::info!(listen = %sync.listen, peers = sync.peers.len(), "HA sync: running (member and site states set through the API)");
+        tracing::info!(listen = %sync.listen, peers = sync.peers.len(), "HA sync: running (member and site states set through the API, persistence tables)");
         Ok(())
     }
 
@@ -232,6 +361,8 @@ impl HaPlane {
                     s["sync_lag_ms"] = json!(st.lag_ms);
                     s["sync"] = serde_json::to_value(st).unwrap_or_default();
                     s["sync"]["peer_config_matches"] = json!(*self.peer_config_matches.lock());
+                    s["sync"]["entries_dropped"] =
+                        json!(self.entries_dropped.load(Ordering::Relaxed));
                 }
                 (200, s)
             }

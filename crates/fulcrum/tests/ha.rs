@@ -501,3 +501,125 @@ fn sync_shares_member_states_set_through_the_api() {
     );
     drop((fa, p.backend_a, p.backend_b));
 }
+
+#[test]
+fn source_persistence_holds_on_the_new_master() {
+    let mut lab = Lab::new("hap");
+    let a = lab.ns("a").unwrap();
+    let b = lab.ns("b").unwrap();
+    let c = lab.ns("c").unwrap();
+    let srv = lab.ns("s").unwrap();
+    segment(
+        &mut lab,
+        &[
+            (&a, "198.18.0.1/24"),
+            (&b, "198.18.0.2/24"),
+            (&c, "198.18.0.10/24"),
+            (&srv, "198.18.0.21/24"),
+        ],
+    );
+    srv.addr("eth0", "198.18.0.22/24").unwrap();
+    let clients: Vec<std::net::IpAddr> = (10..18).map(|i| [198, 18, 0, i].into()).collect();
+    for ip in &clients[1..] {
+        c.addr("eth0", &format!("{ip}/24")).unwrap();
+    }
+
+    let _m1 = Backend::start(&srv, "198.18.0.21:8080".parse().unwrap(), "m1");
+    let _m2 = Backend::start(&srv, "198.18.0.22:8080".parse().unwrap(), "m2");
+    let config = |name: &str, prio: u8, me: &str, peer: &str| {
+        format!(
+            r#"[admin]
+listen = "127.0.0.1:9900"
+
+[ha]
+node = "{name}"
+interface = "eth0"
+vrid = 51
+priority = {prio}
+advert_interval = "100ms"
+vips = ["{VIP}/24"]
+sync = {{ listen = "{me}:7500", peers = ["{peer}:7500"], key = "a-sync-key-for-the-test-0123" }}
+
+[[virtual_service]]
+name = "web"
+listen = ["0.0.0.0:80"]
+protocol = "tcp"
+pool = "shared"
+persistence = "by-source"
+
+[[pool]]
+name = "shared"
+algorithm = "round_robin"
+[[pool.member]]
+address = "198.18.0.21:8080"
+[[pool.member]]
+address = "198.18.0.22:8080"
+
+[[persistence]]
+name = "by-source"
+type = "source_ip"
+source_mask = 32
+"#
+        )
+    };
+    let fa = NsFulcrum::start(
+        &mut lab,
+        &a,
+        BIN,
+        &config("a", 150, "198.18.0.1", "198.18.0.2"),
+    );
+    let fb = NsFulcrum::start(
+        &mut lab,
+        &b,
+        BIN,
+        &config("b", 100, "198.18.0.2", "198.18.0.1"),
+    );
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    assert!(wait_for(Duration::from_secs(5), || holds(&a, VIP)));
+
+    // Eight clients, all stuck to m1: m2 takes no new clients (weight 0) while they arrive, then
+    // gets its weight back (the weights reach b through the sync too). Without the synced
+    // table, b's round robin would send half of them to m2 after the failover.
+    let ask = |from: std::net::IpAddr| {
+        in_ns(&c, move || {
+            http_get_from(from, vip(), Duration::from_millis(500))
+        })
+    };
+    let weight = |w: u32| {
+        let path = "/api/v1/pools/shared/members/198.18.0.22:8080/weight";
+        let body = format!("{{\"weight\": {w}}}");
+        assert_eq!(api_with(&a, "PUT", path, &body).0, 200);
+    };
+    weight(0);
+    let mut chosen = Vec::new();
+    for ip in &clients {
+        let first = ask(*ip).expect("served by a");
+        for _ in 0..3 {
+            assert_eq!(ask(*ip).as_deref(), Ok(first.as_str()), "{ip} sticks");
+        }
+        chosen.push(first);
+    }
+    assert!(chosen.iter().all(|m| m == "m1"), "{chosen:?}");
+    weight(1);
+    // The entries reach b.
+    assert!(wait_for(Duration::from_secs(5), || {
+        fb.ha()["sync"]["frames_received"].as_u64().unwrap_or(0) >= 2
+    }));
+    std::thread::sleep(Duration::from_millis(300));
+
+    // a dies; on b every client goes on to the member a chose for it.
+    lab.kill(fa.index);
+    a.ip(&["link", "set", "eth0", "down"]).unwrap();
+    expect_role(&fb, "master", Duration::from_secs(5));
+    assert!(wait_for(Duration::from_secs(5), || ask(clients[0]).is_ok()));
+    for (ip, member) in clients.iter().zip(&chosen) {
+        assert_eq!(
+            ask(*ip).as_deref(),
+            Ok(member.as_str()),
+            "{ip} after the failover"
+        );
+    }
+    let hb = fb.ha();
+    assert_eq!(hb["sync"]["entries_dropped"], 0, "{hb}");
+}

@@ -122,7 +122,30 @@ fn serve(mut c: TcpStream, name: &str) {
 /// One HTTP/1.1 GET with its own connection, from the calling thread's namespace; the body, or
 /// why it failed.
 pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+    let s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+    exchange(s, addr, timeout)
+}
+
+/// As `http_get`, from source address `from`.
+pub fn http_get_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<String, String> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    sock.bind(&SocketAddr::new(from, 0).into())
+        .map_err(|e| format!("bind {from}: {e}"))?;
+    sock.connect_timeout(&addr.into(), timeout)
+        .map_err(|e| format!("connect: {e}"))?;
+    exchange(sock.into(), addr, timeout)
+}
+
+fn exchange(mut s: TcpStream, addr: SocketAddr, timeout: Duration) -> Result<String, String> {
     s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
     write!(
