@@ -520,3 +520,46 @@ impl HaPlane {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persistence_keys_round_trip_and_garbage_is_refused() {
+        let keys = [
+            PersistKey::source("192.0.2.7".parse().expect("ip"), 32, 128),
+            PersistKey::source("2001:db8::1".parse().expect("ip"), 32, 64),
+            PersistKey::bytes(b"user-42"),
+            PersistKey::bytes(b""),
+        ];
+        for k in keys {
+            assert_eq!(key_parse(&key_text(&k)), Some(k));
+        }
+        for bad in [
+            "",
+            "i",
+            "ixyz",
+            "b0",
+            "bzz",
+            "x12",
+            "i1234567890123456789012345678901234",
+        ] {
+            assert_eq!(key_parse(bad), None, "{bad}");
+        }
+        // A batch with broken entries: the good ones are stored, the rest skipped.
+        let t = Arc::new(PersistTable::new(fulcrum_balance::TableSpec {
+            idle_timeout: std::time::Duration::from_secs(60),
+            max_entries: 100,
+        }));
+        let tables = HashMap::from([("web".to_string(), t.clone())]);
+        let k = PersistKey::bytes(b"u1");
+        let b = format!(
+            r#"[{{"t":"web","k":"{}","m":"198.18.0.21:8080"}},{{"t":"nope","k":"b00","m":"1.2.3.4:1"}},{{"t":"web","k":"b0","m":"x"}},7]"#,
+            key_text(&k)
+        );
+        assert_eq!(apply_entries(b.as_bytes(), &tables), Ok(1));
+        assert_eq!(t.get(&k), Some("198.18.0.21:8080".parse().expect("addr")));
+        assert!(apply_entries(b"{not json", &tables).is_err());
+    }
+}
