@@ -13,6 +13,39 @@ use crate::string_enum;
 use crate::types::read_table;
 
 string_enum! {
+    /// `bgp.speaker`.
+    BgpSpeaker {
+        Bird = "bird",
+        Gobgp = "gobgp",
+    }
+}
+
+/// `[bgp]`: announce the VIPs through a local BGP daemon (active_active). Read and checked;
+/// this build does not drive a speaker yet (the binary refuses the table with a clear error).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bgp {
+    pub speaker: BgpSpeaker,
+    /// BIRD's control socket, or GoBGP's API address.
+    pub control: String,
+    pub announce: Vec<IpNet>,
+}
+
+impl FromNode for Bgp {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let speaker = t.req(cx, "speaker");
+            let control = t.req(cx, "control");
+            let announce = t.opt(cx, "announce").unwrap_or_default();
+            Some(Bgp {
+                speaker: speaker?,
+                control: control?,
+                announce,
+            })
+        })
+    }
+}
+
+string_enum! {
     /// `ha.mode`.
     HaMode {
         ActiveStandby = "active_standby",

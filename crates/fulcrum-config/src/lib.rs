@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
-pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
+pub use ha::{Bgp, BgpSpeaker, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
     StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,

@@ -824,3 +824,14 @@ fn ha_errors_are_located() {
     );
     has(&e, "the sync key must be at least 16 characters");
 }
+
+#[test]
+fn bgp_is_read_and_checked() {
+    let c = ok("[bgp]\nspeaker = \"bird\"\ncontrol = \"/run/bird/bird.ctl\"\nannounce = [\"10.0.0.100/32\"]\n");
+    let b = c.bgp.expect("[bgp]");
+    assert_eq!(b.speaker, BgpSpeaker::Bird);
+    assert_eq!(b.announce.len(), 1);
+    let e = errs("[bgp]\nspeaker = \"quagga\"\ncontrl = \"x\"\n");
+    has(&e, "bgp.speaker");
+    has(&e, "unknown key `contrl` (did you mean `control`?)");
+}

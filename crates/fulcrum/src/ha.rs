@@ -19,6 +19,12 @@ use serde_json::{json, Value};
 /// What the config asks that this build cannot do yet is an error, not a silent no-op.
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
+    if config.bgp.is_some() {
+        errors.push(config.locations.error(
+            "bgp",
+            "[bgp] (announcing the VIPs through BIRD or GoBGP) is not implemented in this build",
+        ));
+    }
     if let Some(ha) = &config.ha {
         if ha.mode == HaMode::ActiveActive {
             errors.push(config.locations.error(
