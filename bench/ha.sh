@@ -42,9 +42,20 @@ teardown() {
     ip netns del "$P-$n" 2>/dev/null || true
   done
 }
-trap 'teardown; rm -rf "$work"' EXIT
+sweep() {  # every namespace of this run, also those of a round that was interrupted
+  for ns in $(ip netns list | awk '{print $1}' | grep "^fl-hab-$$-"); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+trap 'sweep; rm -rf "$work"' EXIT
 
 segment() {
+  # Fresh names every round: a namespace deleted while its killed processes are still exiting
+  # cannot be reused at once ("Peer netns reference is invalid").
+  # (round runs in a command substitution: a counter would not survive it, so the subshell's
+  # own pid names the round.)
+  P="fl-hab-$$-$BASHPID"
   for n in sw a b c; do ip netns add "$P-$n"; ip -n "$P-$n" link set lo up; done
   ip -n "$P-sw" link add br0 type bridge
   ip -n "$P-sw" link set br0 up
