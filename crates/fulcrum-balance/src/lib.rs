@@ -16,7 +16,7 @@ pub use member::{
     AgentState, ConnectionGuard, LiveBytes, Member, MemberStats, RequestGuard, LIVE_BATCH,
     WEIGHT_SCALE,
 };
-pub use persist::{PersistKey, PersistTable, TableSpec};
+pub use persist::{Feed, PersistKey, PersistTable, TableSpec};
 pub use pool::{Picked, Pool};
 pub use sched::{PickContext, Scheduler};
 

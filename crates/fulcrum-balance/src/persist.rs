@@ -5,9 +5,14 @@
 //! and overwritten by the next choice.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use moka::sync::Cache;
+
+/// Told of every entry this node chooses (not of entries a peer sent): `ha.sync` streams them.
+pub type Feed = Box<dyn Fn(&PersistKey, SocketAddr) + Send + Sync>;
 
 /// A persistence key: a masked client address, or bytes (a header value, a RADIUS attribute).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -81,6 +86,7 @@ pub struct PersistTable {
     pub spec: TableSpec,
     entries: Cache<PersistKey, SocketAddr>,
     hasher: KeyHasher,
+    feed: ArcSwapOption<Feed>,
 }
 
 impl std::fmt::Debug for PersistTable {
@@ -105,6 +111,7 @@ impl PersistTable {
             spec,
             entries,
             hasher,
+            feed: ArcSwapOption::empty(),
         }
     }
 
@@ -113,12 +120,33 @@ impl PersistTable {
         PersistKey::Hashed(self.hasher.hash(bytes))
     }
 
+    /// Sets (or clears) the feed of new entries.
+    pub fn set_feed(&self, feed: Option<Feed>) {
+        self.feed.store(feed.map(Arc::new));
+    }
+
+    /// An entry a peer chose: stored without telling the feed (which would send it back).
+    pub fn insert_synced(&self, key: PersistKey, member: SocketAddr) {
+        self.entries.insert(key, member);
+    }
+
+    /// Every entry, for a peer that (re)connects.
+    pub fn entries(&self) -> Vec<(PersistKey, SocketAddr)> {
+        self.entries
+            .iter()
+            .map(|(k, v)| ((*k).clone(), v))
+            .collect()
+    }
+
     /// Looks a key up; a hit counts as use and restarts its idle timer.
     pub fn get(&self, key: &PersistKey) -> Option<SocketAddr> {
         self.entries.get(key)
     }
 
     pub fn insert(&self, key: PersistKey, member: SocketAddr) {
+        if let Some(feed) = self.feed.load().as_ref() {
+            feed(&key, member);
+        }
         self.entries.insert(key, member);
     }
 

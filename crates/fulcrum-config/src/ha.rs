@@ -13,6 +13,39 @@ use crate::string_enum;
 use crate::types::read_table;
 
 string_enum! {
+    /// `bgp.speaker`.
+    BgpSpeaker {
+        Bird = "bird",
+        Gobgp = "gobgp",
+    }
+}
+
+/// `[bgp]`: announce the VIPs through a local BGP daemon (active_active). Read and checked;
+/// this build does not drive a speaker yet (the binary refuses the table with a clear error).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bgp {
+    pub speaker: BgpSpeaker,
+    /// BIRD's control socket, or GoBGP's API address.
+    pub control: String,
+    pub announce: Vec<IpNet>,
+}
+
+impl FromNode for Bgp {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let speaker = t.req(cx, "speaker");
+            let control = t.req(cx, "control");
+            let announce = t.opt(cx, "announce").unwrap_or_default();
+            Some(Bgp {
+                speaker: speaker?,
+                control: control?,
+                announce,
+            })
+        })
+    }
+}
+
+string_enum! {
     /// `ha.mode`.
     HaMode {
         ActiveStandby = "active_standby",
@@ -156,21 +189,23 @@ impl FromNode for Ha {
                 .map(|v| v.into_iter().map(|v| v.0).collect())
                 .unwrap_or_default();
             if let Some(n) = t.node("vips") {
-                if vips.is_empty() {
+                if matches!(n.shape(), Shape::Array(items) if items.is_empty()) {
                     cx.error(&n, "list at least one address that moves with mastership");
                 }
-                if vips.iter().any(|v| v.addr().is_ipv6()) {
+                if vips.iter().any(|v| v.addr().is_ipv6())
+                    && vips.iter().any(|v| v.addr().is_ipv4())
+                {
                     cx.error(
                         &n,
-                        "IPv6 VIPs are not supported yet (VRRPv3 for IPv6 is not implemented); use IPv4 addresses",
+                        "IPv4 and IPv6 VIPs cannot share one virtual router (VRRP runs one instance per family); use one [ha] family",
                     );
                 }
             } else {
                 t.req::<Vec<Vip>>(cx, "vips");
             }
-            if let Some(n) = t.node("peers") {
-                if peers.iter().any(IpAddr::is_ipv6) {
-                    cx.error(&n, "IPv6 peers are not supported yet; use IPv4 addresses");
+            if let (Some(n), Some(first)) = (t.node("peers"), vips.first()) {
+                if peers.iter().any(|p| p.is_ipv6() != first.addr().is_ipv6()) {
+                    cx.error(&n, "peers must be of the VIPs' address family");
                 }
             }
             let track = t.opt(cx, "track").unwrap_or_default();

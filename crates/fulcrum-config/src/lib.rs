@@ -25,7 +25,7 @@ pub use access::AccessList;
 pub use admin::{token_problem, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
-pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
+pub use ha::{Bgp, BgpSpeaker, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
     StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,

@@ -29,6 +29,8 @@ pub struct Config {
     pub gslb: Gslb,
     /// `[ha]`: VRRP active/standby (crate fulcrum-ha).
     pub ha: Option<crate::ha::Ha>,
+    /// `[bgp]`: read and checked; not run by this build.
+    pub bgp: Option<crate::ha::Bgp>,
     /// Where key paths stand in the file, for errors found after parsing (e.g. at bind time).
     pub locations: Locations,
 }
@@ -1226,6 +1228,7 @@ pub(crate) fn read_config(root: &Node<'_>, cx: &mut Cx<'_>) -> Option<Config> {
             ip_tables: t.opt(cx, "ip_table").unwrap_or_default(),
             gslb: t.opt(cx, "gslb").unwrap_or_default(),
             ha: t.opt(cx, "ha"),
+            bgp: t.opt(cx, "bgp"),
             locations: Locations::default(),
         })
     })

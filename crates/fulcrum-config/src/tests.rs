@@ -778,3 +778,106 @@ fn access_lists_on_virtual_services() {
     ));
     has(&e, "virtual_service[0].deny[0]");
 }
+
+const HA: &str = r#"
+[admin]
+state_file = "state/fulcrum.json"
+
+[ha]
+mode = "active_standby"
+node = "lb1"
+interface = "eth0"
+vrid = 51
+priority = 150
+advert_interval = "100ms"
+preempt = true
+preempt_delay = "2s"
+peers = ["10.0.0.2"]
+vips = ["10.0.0.100/24", "10.0.0.101"]
+track = ["db"]
+track_weight = 60
+sync = { listen = "10.0.0.1:7500", peers = ["10.0.0.2:7500"], key = "0123456789abcdef0123" }
+"#;
+
+#[test]
+fn ha_and_state_file_are_read() {
+    let c = ok(&format!("{TCP}{HA}"));
+    assert_eq!(
+        c.admin.state_file.as_deref(),
+        Some(Path::new("/etc/fulcrum/state/fulcrum.json"))
+    );
+    let ha = c.ha.expect("[ha]");
+    assert_eq!(ha.mode, HaMode::ActiveStandby);
+    assert_eq!((ha.vrid, ha.priority), (51, 150));
+    assert_eq!(ha.advert_interval, Duration::from_millis(100));
+    assert_eq!(ha.preempt_delay, Duration::from_secs(2));
+    // The host bits of a VIP are kept (a prefix elsewhere is truncated to its network).
+    assert_eq!(ha.vips[0].to_string(), "10.0.0.100/24");
+    assert_eq!(ha.vips[1].to_string(), "10.0.0.101/32");
+    assert_eq!(ha.track, vec!["db".to_string()]);
+    assert_eq!(ha.track_weight, Some(60));
+    assert_eq!(ha.garp_repeat, 3);
+    assert_eq!(ha.sync.expect("sync").peers.len(), 1);
+}
+
+#[test]
+fn ha_over_ipv6() {
+    let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"2001:db8::100/64\"]\npeers = [\"fe80::2\"]\n");
+    let ha = c.ha.expect("[ha]");
+    assert_eq!(ha.vips[0].to_string(), "2001:db8::100/64");
+}
+
+#[test]
+fn ha_defaults() {
+    let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.100/24\"]\n");
+    let ha = c.ha.expect("[ha]");
+    assert_eq!(ha.priority, 100);
+    assert_eq!(ha.advert_interval, Duration::from_secs(1));
+    assert!(ha.preempt);
+    assert!(ha.peers.is_empty());
+    assert_eq!(ha.track_weight, None);
+}
+
+#[test]
+fn ha_errors_are_located() {
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 0\npriority = 0\nadvert_interval = \"5ms\"\n\
+         vips = [\"10.0.0.0/24\", \"2001:db8::1/64\"]\npeers = [\"2001:db8::2\"]\ntrack = [\"nope\"]\n\
+         preemt = true\n",
+    );
+    has(&e, "t.toml:3:1: ha.vrid: vrid must be from 1 to 255");
+    has(&e, "ha.priority: priority must be from 1 to 255");
+    has(
+        &e,
+        "ha.advert_interval: advert_interval must be a multiple of 10ms",
+    );
+    has(&e, "10.0.0.0/24 is a network address");
+    has(&e, "ha.track[0]: no pool named \"nope\"");
+    has(&e, "unknown key `preemt` (did you mean `preempt`?)");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\", \"2001:db8::1/64\"]\n",
+    );
+    has(&e, "IPv4 and IPv6 VIPs cannot share one virtual router");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\npeers = [\"fe80::1\"]\n",
+    );
+    has(&e, "peers must be of the VIPs' address family");
+    let e = errs("[ha]\nvrid = 5\n");
+    has(&e, "missing required key `interface`");
+    has(&e, "missing required key `vips`");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\nsync = { listen = \"10.0.0.1:7500\", key = \"short\" }\n",
+    );
+    has(&e, "the sync key must be at least 16 characters");
+}
+
+#[test]
+fn bgp_is_read_and_checked() {
+    let c = ok("[bgp]\nspeaker = \"bird\"\ncontrol = \"/run/bird/bird.ctl\"\nannounce = [\"10.0.0.100/32\"]\n");
+    let b = c.bgp.expect("[bgp]");
+    assert_eq!(b.speaker, BgpSpeaker::Bird);
+    assert_eq!(b.announce.len(), 1);
+    let e = errs("[bgp]\nspeaker = \"quagga\"\ncontrl = \"x\"\n");
+    has(&e, "bgp.speaker");
+    has(&e, "unknown key `contrl` (did you mean `control`?)");
+}

@@ -15,17 +15,26 @@
 //! dialer → acceptor:  len:u32 (8 + payload) | seq:u64 | payload (JSON Report) | tag[32]
 //! tag = HMAC-SHA256(key, "fulcrum-gslb-1" | nonce | seq | payload)
 //! ```
+//!
+//! The frame format and its authentication live in crate fulcrum-frame, which the HA state
+//! sync shares; this module adds the report payload.
 
-use ring::hmac;
+use fulcrum_frame::{Channel, Key};
 
 use crate::table::Report;
 
 pub const MAGIC: &[u8; 4] = b"FGX1";
-pub const NONCE_LEN: usize = 16;
-pub const TAG_LEN: usize = 32;
+pub const NONCE_LEN: usize = fulcrum_frame::NONCE_LEN;
+pub const TAG_LEN: usize = fulcrum_frame::TAG_LEN;
 /// Largest report accepted (a report is a few hundred bytes per site).
 pub const MAX_FRAME: usize = 64 * 1024;
-const CONTEXT: &[u8] = b"fulcrum-gslb-1";
+
+/// The frame format, shared with the HA state sync (crate fulcrum-frame).
+const CHANNEL: Channel = Channel {
+    magic: MAGIC,
+    context: b"fulcrum-gslb-1",
+    max_frame: MAX_FRAME,
+};
 
 /// Why a frame was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,83 +51,43 @@ pub enum FrameError {
     BadReport(String),
 }
 
-fn tag(key: &hmac::Key, nonce: &[u8], seq: u64, payload: &[u8]) -> hmac::Tag {
-    let mut ctx = hmac::Context::with_key(key);
-    ctx.update(CONTEXT);
-    ctx.update(nonce);
-    ctx.update(&seq.to_be_bytes());
-    ctx.update(payload);
-    ctx.sign()
+impl From<fulcrum_frame::FrameError> for FrameError {
+    fn from(e: fulcrum_frame::FrameError) -> Self {
+        match e {
+            fulcrum_frame::FrameError::TooLarge(n, _) => FrameError::TooLarge(n),
+            fulcrum_frame::FrameError::Short => FrameError::Short,
+            fulcrum_frame::FrameError::BadTag => FrameError::BadTag,
+            fulcrum_frame::FrameError::Replay { got, last } => FrameError::Replay { got, last },
+        }
+    }
 }
 
 /// HMAC keys from the configured secrets.
-pub fn keys(secrets: &[String]) -> Vec<hmac::Key> {
-    secrets
-        .iter()
-        .map(|s| hmac::Key::new(hmac::HMAC_SHA256, s.as_bytes()))
-        .collect()
+pub fn keys(secrets: &[String]) -> Vec<Key> {
+    fulcrum_frame::keys(secrets)
 }
 
 /// Encodes one report frame for the connection whose challenge was `nonce`.
-pub fn encode_frame(key: &hmac::Key, nonce: &[u8], seq: u64, report: &Report) -> Vec<u8> {
+pub fn encode_frame(key: &Key, nonce: &[u8], seq: u64, report: &Report) -> Vec<u8> {
     let payload = serde_json::to_vec(report).unwrap_or_default();
-    let t = tag(key, nonce, seq, &payload);
-    let mut out = Vec::with_capacity(4 + 8 + payload.len() + TAG_LEN);
-    out.extend_from_slice(&((8 + payload.len()) as u32).to_be_bytes());
-    out.extend_from_slice(&seq.to_be_bytes());
-    out.extend_from_slice(&payload);
-    out.extend_from_slice(t.as_ref());
-    out
+    CHANNEL.encode(key, nonce, seq, &payload)
 }
 
 /// The body length announced by a frame header, checked against the limit.
 pub fn frame_len(header: [u8; 4]) -> Result<usize, FrameError> {
-    let n = u32::from_be_bytes(header) as usize;
-    if n > MAX_FRAME {
-        return Err(FrameError::TooLarge(n));
-    }
-    if n < 8 {
-        return Err(FrameError::Short);
-    }
-    Ok(n)
+    Ok(CHANNEL.frame_len(header)?)
 }
 
 /// Verifies and decodes a frame body (`seq | payload`) and its tag. `last_seq` is the last
 /// sequence number accepted on this connection.
 pub fn decode_frame(
-    keys: &[hmac::Key],
+    keys: &[Key],
     nonce: &[u8],
     last_seq: u64,
     body: &[u8],
     tag_bytes: &[u8],
 ) -> Result<(u64, Report), FrameError> {
-    if body.len() < 8 {
-        return Err(FrameError::Short);
-    }
-    if body.len() > MAX_FRAME {
-        return Err(FrameError::TooLarge(body.len()));
-    }
-    let mut s = [0u8; 8];
-    s.copy_from_slice(&body[..8]);
-    let seq = u64::from_be_bytes(s);
-    let payload = &body[8..];
-    let mut msg = Vec::with_capacity(CONTEXT.len() + nonce.len() + 8 + payload.len());
-    msg.extend_from_slice(CONTEXT);
-    msg.extend_from_slice(nonce);
-    msg.extend_from_slice(&seq.to_be_bytes());
-    msg.extend_from_slice(payload);
-    if !keys
-        .iter()
-        .any(|k| hmac::verify(k, &msg, tag_bytes).is_ok())
-    {
-        return Err(FrameError::BadTag);
-    }
-    if seq <= last_seq {
-        return Err(FrameError::Replay {
-            got: seq,
-            last: last_seq,
-        });
-    }
+    let (seq, payload) = CHANNEL.verify(keys, nonce, last_seq, body, tag_bytes)?;
     let report: Report =
         serde_json::from_slice(payload).map_err(|e| FrameError::BadReport(e.to_string()))?;
     if report.instance.is_empty() || report.sites.len() > 4096 {

@@ -9,8 +9,9 @@
 pub mod machine;
 pub mod net;
 pub mod packet;
+pub mod sync;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +22,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::machine::{Action, Machine, Params, State};
-use crate::net::{ArpSocket, Interface, Netlink, VrrpSocket};
+use crate::net::{Announcer, Interface, Netlink, VrrpSocket};
 use crate::packet::Advert;
 
 /// VRRPv3's smallest advertisement interval (one centisecond).
@@ -45,11 +46,15 @@ pub struct NodeConfig {
     pub advert_interval: Duration,
     pub preempt: bool,
     pub preempt_delay: Duration,
-    pub peers: Vec<Ipv4Addr>,
+    /// Of the VIPs' family.
+    pub peers: Vec<IpAddr>,
+    /// All of one family: it decides whether VRRP runs over IPv4 or IPv6.
     pub vips: Vec<IpNet>,
     pub track_weight: Option<u8>,
     pub garp_repeat: u32,
     pub garp_interval: Duration,
+    /// Start in maintenance (kept across restarts by the binary's state file).
+    pub maintenance: bool,
 }
 
 /// Whether this node can serve: the binary's view of its pools.
@@ -75,7 +80,7 @@ struct Counters {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Peer {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub priority: u8,
 }
 
@@ -116,17 +121,19 @@ pub struct Status {
     pub role: State,
     pub vrid: u8,
     pub interface: String,
-    /// The address adverts come from.
-    pub address: Option<Ipv4Addr>,
+    /// The address adverts come from (IPv6: the link-local one).
+    pub address: Option<IpAddr>,
     pub priority: u8,
     pub configured_priority: u8,
     pub healthy: bool,
+    /// Taken out by the operator (`PUT /api/v1/ha/maintenance`): no mastership until it ends.
+    pub maintenance: bool,
     pub preempt: bool,
     pub advert_interval_ms: f64,
     pub master_down_interval_ms: f64,
     pub vips: Vec<String>,
-    /// `multicast` or the unicast peers.
-    pub peers: Vec<Ipv4Addr>,
+    /// The unicast peers; empty: multicast.
+    pub peers: Vec<IpAddr>,
     /// The master this node hears (as backup), if any.
     pub peer: Option<Peer>,
     pub last_transition: Option<TransitionStatus>,
@@ -136,6 +143,8 @@ pub struct Status {
     pub dropped: Dropped,
     pub garps_sent: u64,
     pub netlink_errors: u64,
+    /// DESIGN §5's sync lag; the binary fills it in from `sync::StateSync` (null without it).
+    pub sync_lag_ms: Option<f64>,
     /// Set when the node could not start (no interface, no raw socket permission).
     pub error: Option<String>,
 }
@@ -152,7 +161,7 @@ struct View {
     priority: u8,
     healthy: bool,
     master_down: Duration,
-    address: Option<Ipv4Addr>,
+    address: Option<IpAddr>,
     peer: Option<Peer>,
     last_transition: Option<TransitionStatus>,
     transitions: u64,
@@ -163,7 +172,22 @@ struct View {
 pub struct Node {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    maintenance: watch::Sender<bool>,
+    /// Fires when the VRRP thread has finished (after resigning).
+    done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+}
+
+/// Nice −10 for the calling thread (best effort: without CAP_SYS_NICE it stays as it is).
+fn raise_priority() {
+    // SAFETY: gettid(2) and setpriority(2) take integers and touch no memory of ours; on Linux
+    // PRIO_PROCESS with a thread id sets that thread's nice value only.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10)
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "HA: VRRP thread keeps its scheduling priority");
+    }
 }
 
 fn unix_now() -> f64 {
@@ -192,27 +216,51 @@ impl Node {
             counters: Counters::default(),
         });
         let (stop, stop_rx) = watch::channel(false);
+        let (maintenance, maintenance_rx) = watch::channel(shared.cfg.maintenance);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let s = shared.clone();
-        let task = tokio::spawn(async move {
-            if let Err(e) = run(s.clone(), health, stop_rx).await {
-                tracing::error!(error = %e, "HA: cannot run VRRP; this node holds no VIP");
-                s.view.lock().error = Some(e.to_string());
-            }
-        });
+        // Its own thread and runtime, at a raised scheduling priority: a master whose adverts
+        // wait behind a saturated data plane for three intervals is declared dead by its
+        // backup (the spurious failovers keepalived users meet when HAProxy eats the CPU).
+        let spawned = std::thread::Builder::new()
+            .name("fulcrum-vrrp".into())
+            .spawn(move || {
+                raise_priority();
+                let result = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| HaError::Socket("runtime", e))
+                    .and_then(|rt| rt.block_on(run(s.clone(), health, stop_rx, maintenance_rx)));
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "HA: cannot run VRRP; this node holds no VIP");
+                    s.view.lock().error = Some(e.to_string());
+                }
+                let _ = done_tx.send(());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "HA: cannot start the VRRP thread; this node holds no VIP");
+            shared.view.lock().error = Some(e.to_string());
+        }
         Node {
             shared,
             stop,
-            task: Mutex::new(Some(task)),
+            maintenance,
+            done: Mutex::new(Some(done_rx)),
         }
     }
 
     /// Resigns mastership (priority 0 advert) and removes the VIPs, then returns.
     pub async fn shutdown(&self) {
         let _ = self.stop.send(true);
-        let task = self.task.lock().take();
-        if let Some(t) = task {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        let done = self.done.lock().take();
+        if let Some(d) = done {
+            let _ = tokio::time::timeout(Duration::from_secs(5), d).await;
         }
+    }
+
+    /// Takes the node out of (or back into) service: a master resigns at once.
+    pub fn set_maintenance(&self, on: bool) {
+        self.maintenance.send_replace(on);
     }
 
     pub fn status(&self) -> Status {
@@ -229,6 +277,7 @@ impl Node {
             priority: v.priority,
             configured_priority: cfg.priority,
             healthy: v.healthy,
+            maintenance: *self.maintenance.borrow(),
             preempt: cfg.preempt,
             advert_interval_ms: cfg.advert_interval.as_secs_f64() * 1e3,
             master_down_interval_ms: (v.master_down.as_secs_f64() * 1e6).round() / 1e3,
@@ -255,6 +304,7 @@ impl Node {
             },
             garps_sent: g(&c.garps_sent),
             netlink_errors: g(&c.netlink_errors),
+            sync_lag_ms: None,
             error: v.error.clone(),
         }
     }
@@ -266,7 +316,7 @@ struct Io {
     netlink: Netlink,
     iface: Interface,
     sock: VrrpSocket,
-    arp: Arc<ArpSocket>,
+    announcer: Arc<Announcer>,
     /// Bumped on every change of mastership, so a GARP burst of an old term stops.
     term: Arc<AtomicU64>,
     /// When the last re-announcement burst went out: during a split brain the other master's
@@ -281,31 +331,28 @@ impl Io {
             vrid: cfg.vrid,
             priority,
             interval_cs: (cfg.advert_interval.as_millis() / 10).clamp(1, 0x0fff) as u16,
-            addresses: cfg
-                .vips
-                .iter()
-                .filter_map(|v| match v.addr() {
-                    std::net::IpAddr::V4(a) => Some(a),
-                    std::net::IpAddr::V6(_) => None,
-                })
-                .collect(),
+            addresses: cfg.vips.iter().map(IpNet::addr).collect(),
         }
     }
 
     fn garp_burst(&self) {
         let cfg = &self.shared.cfg;
-        let (arp, term, shared) = (self.arp.clone(), self.term.clone(), self.shared.clone());
+        let (announcer, term, shared) = (
+            self.announcer.clone(),
+            self.term.clone(),
+            self.shared.clone(),
+        );
         let my_term = term.load(Ordering::Acquire);
         let mac = self.iface.mac;
         let (repeat, gap) = (cfg.garp_repeat.max(1), cfg.garp_interval);
-        let vips: Vec<Ipv4Addr> = self.advert(0).addresses;
+        let vips: Vec<IpAddr> = self.advert(0).addresses;
         tokio::spawn(async move {
             for i in 0..repeat {
                 if term.load(Ordering::Acquire) != my_term {
                     return;
                 }
                 for ip in &vips {
-                    match arp.send(&net::garp_frame(mac, *ip)) {
+                    match announcer.announce(mac, *ip) {
                         Ok(()) => {
                             shared.counters.garps_sent.fetch_add(1, Ordering::Relaxed);
                         }
@@ -372,9 +419,14 @@ impl Io {
         }
     }
 
-    fn received(&self, bytes: &[u8], m: &mut Machine, now: Duration) -> Vec<Action> {
+    fn received(
+        &self,
+        r: Option<Result<packet::Received, packet::Drop>>,
+        m: &mut Machine,
+        now: Duration,
+    ) -> Vec<Action> {
         let c = &self.shared.counters;
-        let p = match net::parse(self.sock.local(), bytes) {
+        let p = match r {
             None => return Vec::new(),
             Some(Ok(p)) => p,
             Some(Err(d)) => {
@@ -442,19 +494,48 @@ async fn run(
     shared: Arc<Shared>,
     health: HealthView,
     mut stop: watch::Receiver<bool>,
+    mut maintenance: watch::Receiver<bool>,
 ) -> Result<(), HaError> {
     let cfg = shared.cfg.clone();
     let netlink = Netlink::open()?;
-    let iface = netlink.interface(&cfg.interface, &cfg.vips).await?;
-    let sock = VrrpSocket::open(&iface, &cfg.peers)?;
-    let arp = Arc::new(ArpSocket::open(&iface)?);
-    shared.view.lock().address = Some(iface.primary);
+    let v6 = cfg.vips.first().is_some_and(|v| v.addr().is_ipv6());
+    // The interface may not be ready yet (created later at boot, or its IPv6 link-local address
+    // still tentative during duplicate address detection): try again until it is, holding no
+    // VIP meanwhile, and say why in the status.
+    let mut logged = false;
+    let (iface, sock, announcer) = loop {
+        let attempt = async {
+            let iface = netlink.interface(&cfg.interface, &cfg.vips, v6).await?;
+            let sock = VrrpSocket::open(&iface, &cfg.peers)?;
+            let announcer = Announcer::open(&iface)?;
+            Ok::<_, HaError>((iface, sock, announcer))
+        };
+        match attempt.await {
+            Ok(ready) => break ready,
+            Err(e) => {
+                if !logged {
+                    tracing::warn!(error = %e, "HA: VRRP cannot start yet; retrying every 200 ms");
+                    logged = true;
+                }
+                shared.view.lock().error = Some(e.to_string());
+                tokio::select! {
+                    _ = stop.changed() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        }
+    };
+    {
+        let mut v = shared.view.lock();
+        v.address = Some(iface.primary);
+        v.error = None;
+    }
     let io = Io {
         shared: shared.clone(),
         netlink,
         iface,
         sock,
-        arp,
+        announcer: Arc::new(announcer),
         term: Arc::new(AtomicU64::new(0)),
         last_reannounce: Mutex::new(None),
     };
@@ -476,6 +557,7 @@ async fn run(
     let now = || start.elapsed();
     let healthy = health();
     m.set_healthy(now(), healthy);
+    m.set_maintenance(now(), *maintenance.borrow_and_update());
     shared.view.lock().healthy = healthy;
     let acts = m.start(now());
     io.perform(acts).await;
@@ -505,12 +587,21 @@ async fn run(
                 None => std::future::pending().await,
             } } => m.on_timer(now()),
             r = io.sock.recv(&mut buf) => match r {
-                Ok(n) => io.received(&buf[..n], &mut m, now()),
+                Ok(r) => io.received(r, &mut m, now()),
                 Err(e) => {
                     tracing::warn!(error = %e, "HA: receive failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     Vec::new()
                 }
+            },
+            r = maintenance.changed() => match r {
+                Ok(()) => {
+                    let on = *maintenance.borrow_and_update();
+                    tracing::info!(maintenance = on, "HA: maintenance set by the operator");
+                    m.set_maintenance(now(), on)
+                }
+                // The sender lives as long as the Node; gone means the process is ending.
+                Err(_) => std::future::pending().await,
             },
             _ = health_tick.tick() => {
                 let h = health();

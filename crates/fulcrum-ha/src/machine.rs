@@ -6,7 +6,7 @@
 //! priority master answers at once (advert and gratuitous ARPs), so a healed split brain ends
 //! within one round trip rather than one interval.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -56,7 +56,7 @@ pub struct Params {
     pub preempt: bool,
     pub preempt_delay: Duration,
     /// This node's primary address on the VRRP interface: breaks priority ties (RFC 5798 §6.4.3).
-    pub local: Ipv4Addr,
+    pub local: IpAddr,
     /// Priority lost while unhealthy; `None`: go to the fault state instead.
     pub track_weight: Option<u8>,
 }
@@ -77,6 +77,8 @@ pub struct Machine {
     p: Params,
     state: State,
     healthy: bool,
+    /// Taken out by the operator.
+    maintenance: bool,
     /// The advert timer (master) or the master-down timer (backup).
     timer: Option<Duration>,
     /// The interval the current master advertises (learned in backup).
@@ -84,7 +86,7 @@ pub struct Machine {
     /// When this backup first heard a lower-priority master it would preempt (preempt delay).
     lower_master_since: Option<Duration>,
     /// The master last heard from, and its priority.
-    pub master: Option<(Ipv4Addr, u8)>,
+    pub master: Option<(IpAddr, u8)>,
     pub last_transition: Option<Transition>,
     pub transitions: u64,
 }
@@ -96,6 +98,7 @@ impl Machine {
             p,
             state: State::Init,
             healthy: true,
+            maintenance: false,
             timer: None,
             master_interval,
             lower_master_since: None,
@@ -175,8 +178,13 @@ impl Machine {
     /// Startup (RFC 5798 §6.4.1).
     pub fn start(&mut self, now: Duration) -> Vec<Action> {
         let mut out = Vec::new();
-        if !self.healthy && self.p.track_weight.is_none() {
-            self.go(now, State::Fault, "tracked services unhealthy");
+        if self.wants_fault() {
+            let reason = if self.maintenance {
+                "maintenance"
+            } else {
+                "tracked services unhealthy"
+            };
+            self.go(now, State::Fault, reason);
             self.timer = None;
         } else if self.p.priority == 255 {
             self.become_master(now, "address owner (priority 255)", &mut out);
@@ -211,7 +219,7 @@ impl Machine {
     }
 
     /// An advertisement for this VRID from `src` (already checked: TTL, checksum, version).
-    pub fn on_advert(&mut self, now: Duration, src: Ipv4Addr, adv: &Advert) -> Vec<Action> {
+    pub fn on_advert(&mut self, now: Duration, src: IpAddr, adv: &Advert) -> Vec<Action> {
         let mut out = Vec::new();
         if adv.vrid != self.p.vrid {
             return out;
@@ -269,6 +277,45 @@ impl Machine {
         out
     }
 
+    /// Whether the node must stay out: in maintenance, or unhealthy without `track_weight`.
+    fn wants_fault(&self) -> bool {
+        self.maintenance || (!self.healthy && self.p.track_weight.is_none())
+    }
+
+    /// Moves into or out of the fault state as `wants_fault` says.
+    fn reconcile(&mut self, now: Duration, out: &mut Vec<Action>) {
+        let reason = if self.maintenance {
+            "maintenance"
+        } else {
+            "tracked services unhealthy"
+        };
+        match (self.wants_fault(), self.state) {
+            (true, State::Master) => {
+                out.push(Action::Send(0));
+                out.push(Action::ReleaseVips);
+                self.go(now, State::Fault, reason);
+                self.timer = None;
+            }
+            (true, State::Backup) => {
+                self.go(now, State::Fault, reason);
+                self.timer = None;
+            }
+            (false, State::Fault) => {
+                self.master_interval = self.p.advert_interval;
+                let why = if self
+                    .last_transition
+                    .is_some_and(|t| t.reason == "maintenance")
+                {
+                    "maintenance ended"
+                } else {
+                    "tracked services healthy again"
+                };
+                self.become_backup(now, why, out);
+            }
+            _ => {}
+        }
+    }
+
     /// Fulcrum's own view of its services changed.
     pub fn set_healthy(&mut self, now: Duration, healthy: bool) -> Vec<Action> {
         let mut out = Vec::new();
@@ -276,30 +323,33 @@ impl Machine {
             return out;
         }
         self.healthy = healthy;
-        match (self.p.track_weight, healthy, self.state) {
-            (Some(_), _, State::Master) => {
-                // Advertise the new priority now, so a better backup preempts without delay.
-                out.push(Action::Send(self.priority()));
-                self.timer = Some(now + self.p.advert_interval);
-            }
-            (Some(_), _, _) => {}
-            (None, false, State::Master) => {
-                out.push(Action::Send(0));
-                out.push(Action::ReleaseVips);
-                self.go(now, State::Fault, "tracked services unhealthy");
-                self.timer = None;
-            }
-            (None, false, State::Backup) => {
-                self.go(now, State::Fault, "tracked services unhealthy");
-                self.timer = None;
-            }
-            (None, true, State::Fault) => {
-                self.master_interval = self.p.advert_interval;
-                self.become_backup(now, "tracked services healthy again", &mut out);
-            }
-            _ => {}
+        if self.p.track_weight.is_some() && self.state == State::Master {
+            // Advertise the new priority now, so a better backup preempts without delay.
+            out.push(Action::Send(self.priority()));
+            self.timer = Some(now + self.p.advert_interval);
+        }
+        if self.state != State::Init {
+            self.reconcile(now, &mut out);
         }
         out
+    }
+
+    /// The operator takes the node out (F5's "force to standby"): a master resigns at once and
+    /// the node takes no mastership until maintenance ends.
+    pub fn set_maintenance(&mut self, now: Duration, on: bool) -> Vec<Action> {
+        let mut out = Vec::new();
+        if on == self.maintenance {
+            return out;
+        }
+        self.maintenance = on;
+        if self.state != State::Init {
+            self.reconcile(now, &mut out);
+        }
+        out
+    }
+
+    pub fn maintenance(&self) -> bool {
+        self.maintenance
     }
 
     /// Leaving: a master resigns with priority 0 so the backup takes over after its skew only.
@@ -317,6 +367,8 @@ impl Machine {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
@@ -328,7 +380,7 @@ mod tests {
             advert_interval: 100 * MS,
             preempt: true,
             preempt_delay: Duration::ZERO,
-            local: Ipv4Addr::from(local),
+            local: IpAddr::from(local),
             track_weight: None,
         }
     }
@@ -338,11 +390,11 @@ mod tests {
             vrid: 51,
             priority,
             interval_cs: 10,
-            addresses: vec![Ipv4Addr::new(198, 18, 0, 100)],
+            addresses: vec![IpAddr::from([198, 18, 0, 100])],
         }
     }
 
-    const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+    const PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2));
 
     /// Runs the timers of `m` from `from` to `to` in 1 ms steps; returns every action with its time.
     fn run(m: &mut Machine, from: Duration, to: Duration) -> Vec<(Duration, Action)> {
@@ -463,7 +515,7 @@ mod tests {
         run(&mut m, Duration::ZERO, 400 * MS);
         assert_eq!(m.state(), State::Master);
         // Same priority, lower address: the master answers and stays.
-        let low = Ipv4Addr::new(198, 18, 0, 0);
+        let low = IpAddr::from([198, 18, 0, 0]);
         assert_eq!(
             m.on_advert(500 * MS, low, &advert(100)),
             vec![Action::Send(100), Action::Reannounce]
@@ -483,10 +535,10 @@ mod tests {
     #[test]
     fn split_brain_heals_to_one_master() {
         // Two masters that could not hear each other; once they do, exactly one remains.
-        let a_ip = Ipv4Addr::new(198, 18, 0, 1);
-        let b_ip = Ipv4Addr::new(198, 18, 0, 2);
-        let mut a = Machine::new(params(150, a_ip.octets()));
-        let mut b = Machine::new(params(100, b_ip.octets()));
+        let a_ip = IpAddr::from([198, 18, 0, 1]);
+        let b_ip = IpAddr::from([198, 18, 0, 2]);
+        let mut a = Machine::new(params(150, [198, 18, 0, 1]));
+        let mut b = Machine::new(params(100, [198, 18, 0, 2]));
         a.start(Duration::ZERO);
         b.start(Duration::ZERO);
         run(&mut a, Duration::ZERO, 400 * MS);
@@ -530,6 +582,36 @@ mod tests {
         assert_eq!(m.state(), State::Backup);
         run(&mut m, 5000 * MS, 5500 * MS);
         assert_eq!(m.state(), State::Master);
+    }
+
+    #[test]
+    fn maintenance_resigns_and_holds_until_it_ends() {
+        let mut p = params(150, [198, 18, 0, 1]);
+        p.track_weight = Some(10);
+        let mut m = Machine::new(p);
+        m.start(Duration::ZERO);
+        run(&mut m, Duration::ZERO, 400 * MS);
+        assert_eq!(
+            m.set_maintenance(500 * MS, true),
+            vec![Action::Send(0), Action::ReleaseVips]
+        );
+        assert_eq!(m.state(), State::Fault);
+        assert_eq!(m.last_transition.map(|t| t.reason), Some("maintenance"));
+        // Health coming and going does not end it.
+        assert!(m.set_healthy(600 * MS, false).is_empty());
+        assert!(m.set_healthy(700 * MS, true).is_empty());
+        assert!(run(&mut m, 700 * MS, 3000 * MS).is_empty());
+        assert!(m.set_maintenance(3000 * MS, false).is_empty());
+        assert_eq!(m.state(), State::Backup);
+        assert_eq!(
+            m.last_transition.map(|t| t.reason),
+            Some("maintenance ended")
+        );
+        // Started in maintenance: straight to fault.
+        let mut m = Machine::new(params(255, [198, 18, 0, 1]));
+        m.set_maintenance(Duration::ZERO, true);
+        assert!(m.start(Duration::ZERO).is_empty());
+        assert_eq!(m.state(), State::Fault);
     }
 
     #[test]

@@ -159,10 +159,16 @@ impl App {
         }
     }
 
-    fn save_api_state(&self) {
+    /// After an API change (`operator`: of member or site state, which `ha.sync` shares with
+    /// the peers) or a reload: rewrite `admin.state_file` and publish the state to the peers.
+    fn save_api_state(&self, operator: bool) {
+        if operator {
+            self.ha.operator_changed();
+        }
+        let _one_writer = self.state_lock.lock();
+        self.ha.publish(self);
         if let Some(path) = self.snapshot.load().config.admin.state_file.clone() {
-            let _one_writer = self.state_lock.lock();
-            crate::state_file::save(self, &path);
+            crate::state_file::save(self, &path, self.ha.changed_at());
         }
     }
 
@@ -194,6 +200,7 @@ impl App {
         crate::tuning::apply(&mut asm.listeners, &config);
         asm.stats = stats;
         asm.tables = tables;
+        self.ha.attach_tables(&asm.tables);
         let mut cx = CommitCx {
             config: &config,
             pools: &pools,
@@ -317,7 +324,7 @@ impl App {
         self.admin_access.store(Arc::new(access));
         tracing::info!(generation, "configuration reloaded");
         // A reload may have ended overrides (the file's value changed): keep the file in step.
-        self.save_api_state();
+        self.save_api_state(false);
         Ok(generation)
     }
 
@@ -380,14 +387,16 @@ impl Control for App {
     fn plane_api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
         let answer = self.planes.iter().find_map(|p| p.api(request));
         if request.method != "GET" && matches!(answer, Some((200, _))) {
-            // A plane's own admin state (GSLB sites) changed: keep the state file in step.
-            self.save_api_state();
+            // A plane's own admin state changed: keep the state file in step. HA maintenance
+            // is this node's own (saved, not shared with the peer); GSLB site states are an
+            // operator's change for both nodes.
+            self.save_api_state(request.path.first() != Some(&"ha"));
         }
         answer
     }
 
     fn api_state_changed(&self) {
-        self.save_api_state();
+        self.save_api_state(true);
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {
@@ -454,10 +463,20 @@ where
             }
             return ExitCode::FAILURE;
         }
-        if let Some(path) = &config_state_file {
-            crate::state_file::load(app.as_ref(), path);
+        let saved = config_state_file
+            .as_deref()
+            .map(|path| crate::state_file::load(app.as_ref(), path))
+            .unwrap_or_default();
+        app.ha
+            .start(ha.as_ref(), saved.maintenance, Arc::downgrade(&app));
+        if let Err(e) = app
+            .ha
+            .start_sync(ha.as_ref(), saved.changed_at_ms, config_state_file, Arc::downgrade(&app))
+            .await
+        {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
         }
-        app.ha.start(ha.as_ref(), Arc::downgrade(&app));
         let admin = match tokio::net::TcpListener::bind(admin_addr).await {
             Ok(l) => l,
             Err(e) => {

@@ -21,13 +21,7 @@ const VERSION: u64 = 1;
 
 /// GSLB sites an operator took out of service, from `/api/v1/gslb/sites`.
 fn gslb_site_states(control: &dyn Control) -> Vec<(String, String)> {
-    let request = fulcrum_admin::ApiRequest {
-        method: "GET",
-        path: &["gslb", "sites"],
-        query: &[],
-        body: &[],
-    };
-    let Some((200, v)) = control.plane_api(&request) else {
+    let (200, v) = plane(control, "GET", &["gslb", "sites"], &[]) else {
         return Vec::new();
     };
     v["sites"]
@@ -43,10 +37,30 @@ fn gslb_site_states(control: &dyn Control) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// Writes the current overrides of `control` to `path`; a failure is logged (the change itself
+/// A route of a plane (`gslb/…`, `ha`) as the API would answer it; 404 when no plane has it.
+fn plane(control: &dyn Control, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
+    let request = fulcrum_admin::ApiRequest {
+        method,
+        path,
+        query: &[],
+        body,
+    };
+    control.plane_api(&request).unwrap_or((404, Value::Null))
+}
+
+/// The member and site overrides of `control` (what `ha.sync` shares).
+pub fn current(control: &dyn Control) -> Value {
+    snapshot(&control.pools(), &gslb_site_states(control))
+}
+
+/// Writes the current overrides of `control` to `path`, with the time of the last operator
+/// change (`ha.sync` orders the nodes' states by it); a failure is logged (the change itself
 /// stands, it only would not survive a restart).
-pub fn save(control: &dyn Control, path: &Path) {
-    let value = snapshot(&control.pools(), &gslb_site_states(control));
+pub fn save(control: &dyn Control, path: &Path, changed_at_ms: u64) {
+    let mut value = current(control);
+    let (status, ha) = plane(control, "GET", &["ha"], &[]);
+    value["ha_maintenance"] = json!(status == 200 && ha["maintenance"] == true);
+    value["changed_at_ms"] = json!(changed_at_ms);
     match write(path, &value) {
         Ok(()) => tracing::debug!(path = %path.display(), "state file written"),
         Err(e) => {
@@ -55,14 +69,21 @@ pub fn save(control: &dyn Control, path: &Path) {
     }
 }
 
+/// What `load` hands to the HA plane, which starts after it.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub maintenance: bool,
+    pub changed_at_ms: u64,
+}
+
 /// At start: applies the saved overrides in `path` to the running configuration.
-pub fn load(control: &dyn Control, path: &Path) {
+pub fn load(control: &dyn Control, path: &Path) -> Loaded {
     let state = match read(path) {
         Ok(Some(s)) => s,
-        Ok(None) => return,
+        Ok(None) => return Loaded::default(),
         Err(e) => {
             tracing::error!(error = %e, "state file ignored; the configuration's states and weights apply");
-            return;
+            return Loaded::default();
         }
     };
     let (r, sites) = restore(&state, &control.pools());
@@ -70,19 +91,91 @@ pub fn load(control: &dyn Control, path: &Path) {
     for (name, st) in sites {
         let body = json!({ "state": st.as_str() }).to_string();
         let path = ["gslb", "sites", name.as_str(), "state"];
-        let request = fulcrum_admin::ApiRequest {
-            method: "PUT",
-            path: &path,
-            query: &[],
-            body: body.as_bytes(),
-        };
-        if matches!(control.plane_api(&request), Some((200, _))) {
+        if plane(control, "PUT", &path, body.as_bytes()).0 == 200 {
             sites_applied += 1;
         } else {
             tracing::warn!(site = %name, "state file: no such gslb site any more; its saved state is dropped");
         }
     }
-    tracing::info!(path = %path.display(), members = r.applied, superseded = r.superseded, gslb_sites = sites_applied, "state file applied");
+    let maintenance = state["ha_maintenance"].as_bool().unwrap_or(false);
+    tracing::info!(path = %path.display(), members = r.applied, superseded = r.superseded, gslb_sites = sites_applied, ha_maintenance = maintenance, "state file applied");
+    Loaded {
+        maintenance,
+        changed_at_ms: state["changed_at_ms"].as_u64().unwrap_or(0),
+    }
+}
+
+/// A peer's state (`ha.sync`, newer than this node's): its member overrides are applied as at
+/// start (an override stands while the configuration's value is the one it was made against),
+/// this node's overrides the peer no longer has are ended, and GSLB sites take the peer's
+/// states. Returns how many members and sites changed.
+pub fn apply_remote(state: &Value, control: &dyn Control) -> usize {
+    let pools = control.pools();
+    let mut changed = 0;
+    let before: Vec<(AdminState, u32)> = pools
+        .iter()
+        .flat_map(|p| p.members().iter().map(|m| (m.state(), m.weight())))
+        .collect();
+    let (_, sites) = restore(state, &pools);
+    let empty = Vec::new();
+    let entry = |pool: &str, addr: std::net::SocketAddr| {
+        state["members"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .find(|e| {
+                e["pool"] == pool
+                    && e["address"].as_str().and_then(|a| a.parse().ok()) == Some(addr)
+            })
+            .cloned()
+    };
+    // What the peer does not override, this node does not either.
+    for p in &pools {
+        for m in p.members() {
+            let e = entry(&p.name, m.address);
+            let (state_override, weight_override) = e.as_ref().map_or((false, false), |e| {
+                (
+                    e["state"] != e["config_state"],
+                    e["weight"] != e["config_weight"],
+                )
+            });
+            if !state_override {
+                m.set_state(m.config_state());
+            }
+            if !weight_override {
+                m.set_weight(m.config_weight());
+            }
+        }
+        p.refresh();
+    }
+    let after = pools
+        .iter()
+        .flat_map(|p| p.members().iter().map(|m| (m.state(), m.weight())));
+    changed += before.iter().zip(after).filter(|(b, a)| **b != *a).count();
+    let wanted: std::collections::HashMap<String, AdminState> = sites.into_iter().collect();
+    let (status, all) = plane(control, "GET", &["gslb", "sites"], &[]);
+    if status == 200 {
+        for s in all["sites"].as_array().unwrap_or(&empty) {
+            let (Some(name), Some(now)) = (
+                s["name"].as_str(),
+                s["state"].as_str().and_then(AdminState::parse),
+            ) else {
+                continue;
+            };
+            let want = wanted.get(name).copied().unwrap_or(AdminState::Enabled);
+            if want != now {
+                let body = json!({ "state": want.as_str() }).to_string();
+                plane(
+                    control,
+                    "PUT",
+                    &["gslb", "sites", name, "state"],
+                    body.as_bytes(),
+                );
+                changed += 1;
+            }
+        }
+    }
+    changed
 }
 
 /// The overrides of `pools` and the non-enabled GSLB `sites` (`(name, state)`), as JSON.
@@ -123,7 +216,10 @@ pub fn write(path: &Path, value: &Value) -> std::io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "state".into());
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    // Unique per write: a sync update and an API change may write at the same moment.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.tmp.{}.{n}", std::process::id()));
     let text = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;

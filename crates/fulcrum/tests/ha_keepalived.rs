@@ -18,7 +18,13 @@ fn vip() -> SocketAddr {
     SocketAddr::from(([198, 18, 0, 100], 80))
 }
 
-fn fulcrum_config(priority: u8) -> String {
+/// `unicast`: adverts to the other node's address instead of 224.0.0.18 (both sides).
+fn fulcrum_config(priority: u8, unicast: bool) -> String {
+    let peers = if unicast {
+        "peers = [\"198.18.0.2\"]"
+    } else {
+        ""
+    };
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
@@ -31,6 +37,7 @@ vrid = 51
 priority = {priority}
 advert_interval = "100ms"
 vips = ["{VIP}/24"]
+{peers}
 
 [[virtual_service]]
 name = "web"
@@ -54,12 +61,27 @@ struct Keepalived {
 }
 
 impl Keepalived {
-    fn start(lab: &mut Lab, ns: &Ns, priority: u8) -> Keepalived {
+    fn start(lab: &mut Lab, ns: &Ns, priority: u8, unicast: bool) -> Keepalived {
+        Self::start_with_vip(lab, ns, priority, unicast, &format!("{VIP}/24"))
+    }
+
+    fn start_with_vip(
+        lab: &mut Lab,
+        ns: &Ns,
+        priority: u8,
+        unicast: bool,
+        vip: &str,
+    ) -> Keepalived {
         let dir = tempfile::tempdir().unwrap();
+        let unicast = if unicast {
+            "  unicast_src_ip 198.18.0.2\n  unicast_peer {\n    198.18.0.1\n  }\n"
+        } else {
+            ""
+        };
         let conf = format!(
             "global_defs {{\n  router_id kb\n  vrrp_version 3\n}}\n\
              vrrp_instance VI {{\n  state BACKUP\n  interface eth0\n  virtual_router_id 51\n  \
-             priority {priority}\n  advert_int 0.1\n  virtual_ipaddress {{\n    {VIP}/24\n  }}\n}}\n"
+             priority {priority}\n  advert_int 0.1\n{unicast}  virtual_ipaddress {{\n    {vip}\n  }}\n}}\n"
         );
         let p = |name: &str| dir.path().join(name).display().to_string();
         std::fs::write(p("keepalived.conf"), conf).unwrap();
@@ -129,21 +151,22 @@ struct Setup {
 /// a: Fulcrum in front of a local backend "a"; b: keepalived, with a backend "b" on port 80 of
 /// every address (it answers on the VIP while b holds it); c: the client.
 fn setup(tag: &str) -> Setup {
+    setup_on(
+        tag,
+        ["198.18.0.1/24", "198.18.0.2/24", "198.18.0.10/24"],
+        "0.0.0.0:80",
+    )
+}
+
+fn setup_on(tag: &str, cidrs: [&str; 3], b_listen: &str) -> Setup {
     let mut lab = Lab::new(tag);
     let a = lab.ns("a").unwrap();
     let b = lab.ns("b").unwrap();
     let c = lab.ns("c").unwrap();
-    segment(
-        &mut lab,
-        &[
-            (&a, "198.18.0.1/24"),
-            (&b, "198.18.0.2/24"),
-            (&c, "198.18.0.10/24"),
-        ],
-    );
+    segment(&mut lab, &[(&a, cidrs[0]), (&b, cidrs[1]), (&c, cidrs[2])]);
     let backends = vec![
         Backend::start(&a, SocketAddr::from(([127, 0, 0, 1], 8080)), "a"),
-        Backend::start(&b, SocketAddr::from(([0, 0, 0, 0], 80)), "b"),
+        Backend::start(&b, b_listen.parse().unwrap(), "b"),
     ];
     Setup {
         lab,
@@ -166,9 +189,18 @@ fn served_by(c: &Ns, who: &str) -> bool {
 
 #[test]
 fn fulcrum_master_with_a_keepalived_backup() {
-    let mut s = setup("hka");
-    let k = Keepalived::start(&mut s.lab, &s.b, 100);
-    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150));
+    fulcrum_master_with_keepalived("hka", false);
+}
+
+#[test]
+fn fulcrum_master_with_a_keepalived_backup_over_unicast() {
+    fulcrum_master_with_keepalived("hku", true);
+}
+
+fn fulcrum_master_with_keepalived(tag: &str, unicast: bool) {
+    let mut s = setup(tag);
+    let k = Keepalived::start(&mut s.lab, &s.b, 100, unicast);
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150, unicast));
     assert!(
         wait_for(Duration::from_secs(5), || f.role() == "master"),
         "{}",
@@ -206,7 +238,7 @@ fn fulcrum_master_with_a_keepalived_backup() {
     assert!(served_by(&s.c, "b"));
 
     // Fulcrum returns with the higher priority: it preempts keepalived.
-    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150));
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(150, unicast));
     assert!(
         wait_for(Duration::from_secs(5), || f.role() == "master"
             && !holds(&s.b, VIP)),
@@ -220,14 +252,23 @@ fn fulcrum_master_with_a_keepalived_backup() {
 
 #[test]
 fn keepalived_master_with_a_fulcrum_backup() {
-    let mut s = setup("hkb");
-    let k = Keepalived::start(&mut s.lab, &s.b, 150);
+    keepalived_master_with_fulcrum("hkb", false);
+}
+
+#[test]
+fn keepalived_master_with_a_fulcrum_backup_over_unicast() {
+    keepalived_master_with_fulcrum("hkv", true);
+}
+
+fn keepalived_master_with_fulcrum(tag: &str, unicast: bool) {
+    let mut s = setup(tag);
+    let k = Keepalived::start(&mut s.lab, &s.b, 150, unicast);
     assert!(
         wait_for(Duration::from_secs(5), || holds(&s.b, VIP)),
         "{}",
         k.log()
     );
-    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(100));
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(100, unicast));
     // Fulcrum hears keepalived's adverts and stays backup, with keepalived as its peer.
     assert!(wait_for(Duration::from_secs(5), || {
         let h = f.ha();
@@ -257,7 +298,7 @@ fn keepalived_master_with_a_fulcrum_backup() {
     // keepalived's node returns (its stale VIP removed by keepalived at start): keepalived
     // preempts, Fulcrum steps down to backup and releases the VIP.
     s.b.ip(&["link", "set", "eth0", "up"]).unwrap();
-    let k2 = Keepalived::start(&mut s.lab, &s.b, 150);
+    let k2 = Keepalived::start(&mut s.lab, &s.b, 150, unicast);
     assert!(
         wait_for(Duration::from_secs(5), || f.role() == "backup"
             && !holds(&s.a, VIP)),
@@ -270,4 +311,71 @@ fn keepalived_master_with_a_fulcrum_backup() {
         "higher priority master"
     );
     assert!(served_by(&s.c, "b"));
+}
+
+#[test]
+fn ipv6_with_keepalived_both_ways() {
+    const VIP6: &str = "2001:db8::100";
+    let vip6: SocketAddr = "[2001:db8::100]:80".parse().unwrap();
+    let mut s = setup_on(
+        "hk6",
+        ["2001:db8::1/64", "2001:db8::2/64", "2001:db8::10/64"],
+        "[::]:80",
+    );
+    let config = |priority: u8| {
+        fulcrum_config(priority, false)
+            .replace(&format!("{VIP}/24"), &format!("{VIP6}/64"))
+            .replace("0.0.0.0:80", "[::]:80")
+    };
+    let served = |who: &str| {
+        let who = who.to_string();
+        let c = s.c.clone();
+        wait_for(Duration::from_secs(5), move || {
+            let who = who.clone();
+            in_ns(&c, move || {
+                http_get(vip6, Duration::from_millis(300)).is_ok_and(|b| b == who)
+            })
+        })
+    };
+    let k = Keepalived::start_with_vip(&mut s.lab, &s.b, 100, false, &format!("{VIP6}/64"));
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &config(150));
+    // Fulcrum master over IPv6, keepalived hears it and stays backup.
+    assert!(
+        wait_for(Duration::from_secs(5), || f.role() == "master"
+            && holds(&s.a, VIP6)),
+        "{}",
+        f.logs()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!holds(&s.b, VIP6), "keepalived stays backup:\n{}", k.log());
+    assert!(served("a"));
+
+    // Fulcrum resigns (SIGTERM): keepalived takes over.
+    let pid = s.lab.pid(f.index).unwrap();
+    // SAFETY: kill(2) on the pid of the Fulcrum this test started; no memory.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || holds(&s.b, VIP6)),
+        "{}",
+        k.log()
+    );
+    assert!(k.log().contains("priority 0"), "{}", k.log());
+    assert!(served("b"));
+
+    // A lower-priority Fulcrum hears keepalived's IPv6 adverts and stays backup.
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &config(50));
+    assert!(wait_for(Duration::from_secs(5), || {
+        let h = f.ha();
+        h["role"] == "backup" && h["adverts"]["received"].as_u64().unwrap_or(0) >= 3
+    }));
+    let h = f.ha();
+    assert!(
+        h["peer"]["address"].as_str().unwrap().starts_with("fe80:"),
+        "{h}"
+    );
+    assert_eq!(h["peer"]["priority"], 100);
+    assert_eq!(h["dropped"]["checksum"], 0, "{h}");
+    assert!(!holds(&s.a, VIP6));
 }

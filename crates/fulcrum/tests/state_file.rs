@@ -44,6 +44,9 @@ async fn api_changes_survive_a_restart_until_the_config_changes() {
 
     let f = start(&text).await;
     assert!(!state.exists(), "nothing set through the API yet");
+    // No [ha] here: the HA endpoint says so.
+    let r = f.api("GET", "/api/v1/ha", None).await.unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
     let r = f
         .api(
             "PUT",
@@ -128,4 +131,42 @@ async fn a_damaged_state_file_is_reported_and_the_config_applies() {
         "drain"
     );
     assert!(f.logs().contains("state file ignored"), "{}", f.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gslb_site_taken_out_stays_out_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let text = format!(
+        "state_file = \"{}\"\n\n\
+         [dns]\nlisten = [\"{}\"]\n\
+         [[dns.zone]]\norigin = \"example.com.\"\nrecords = [\"@ 300 IN NS ns.example.com.\", \"ns 300 IN A 192.0.2.53\"]\n\
+         [[gslb.site]]\nname = \"east\"\naddresses = [\"192.0.2.10\"]\n\
+         [[gslb.site]]\nname = \"west\"\naddresses = [\"192.0.2.20\"]\n\
+         [[gslb.name]]\nfqdn = \"app.example.com.\"\nsites = [\"east\", \"west\"]\nalgorithm = \"round_robin\"\n",
+        state.display(),
+        free_addr()
+    );
+    let f = start(&text).await;
+    let r = f
+        .api(
+            "PUT",
+            "/api/v1/gslb/sites/west/state",
+            Some(json!({"state": "disabled"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let saved = read_json(&state);
+    assert_eq!(
+        saved["gslb_sites"],
+        json!([{"name": "west", "state": "disabled"}])
+    );
+    let f = restart(f, &text).await;
+    let west = f.get_json("/api/v1/gslb/sites/west").await;
+    assert_eq!(west["state"], "disabled", "{west}\n{}", f.logs());
+    assert_eq!(
+        f.get_json("/api/v1/gslb/sites/east").await["state"],
+        "enabled"
+    );
 }

@@ -122,7 +122,30 @@ fn serve(mut c: TcpStream, name: &str) {
 /// One HTTP/1.1 GET with its own connection, from the calling thread's namespace; the body, or
 /// why it failed.
 pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+    let s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+    exchange(s, addr, timeout)
+}
+
+/// As `http_get`, from source address `from`.
+pub fn http_get_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<String, String> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    sock.bind(&SocketAddr::new(from, 0).into())
+        .map_err(|e| format!("bind {from}: {e}"))?;
+    sock.connect_timeout(&addr.into(), timeout)
+        .map_err(|e| format!("connect: {e}"))?;
+    exchange(sock.into(), addr, timeout)
+}
+
+fn exchange(mut s: TcpStream, addr: SocketAddr, timeout: Duration) -> Result<String, String> {
     s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
     write!(
@@ -144,18 +167,31 @@ pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
 
 /// The admin API of a Fulcrum inside `ns` (at 127.0.0.1:9900 there): status and JSON body.
 pub fn api(ns: &Ns, method: &str, path: &str) -> (u16, serde_json::Value) {
-    let (method, path) = (method.to_string(), path.to_string());
+    api_with(ns, method, path, "")
+}
+
+/// As `api`, with a JSON request body.
+pub fn api_with(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let (status, text) = api_raw(ns, method, path, body);
+    (status, serde_json::from_str(&text).unwrap_or_default())
+}
+
+/// The status and body text of an admin API request inside `ns`.
+pub fn api_raw(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, String) {
+    let (method, path, body) = (method.to_string(), path.to_string(), body.to_string());
     in_ns(ns, move || {
         let Ok(mut s) = TcpStream::connect_timeout(
             &SocketAddr::from(([127, 0, 0, 1], 9900)),
             Duration::from_secs(1),
         ) else {
-            return (0, serde_json::Value::Null);
+            return (0, String::new());
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let _ = write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:9900\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:9900\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
         );
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
@@ -166,7 +202,7 @@ pub fn api(ns: &Ns, method: &str, path: &str) -> (u16, serde_json::Value) {
             .and_then(|c| c.parse().ok())
             .unwrap_or(0);
         let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, serde_json::from_str(body).unwrap_or_default())
+        (status, body.to_string())
     })
 }
 
@@ -256,10 +292,15 @@ pub fn wait_for(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Whether `ns` holds `ip` on `eth0`.
+/// Whether `ns` holds `ip` (IPv4 or IPv6) on `eth0`.
 pub fn holds(ns: &Ns, ip: &str) -> bool {
-    ns.ip(&["-4", "addr", "show", "dev", "eth0"])
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("inet {ip}/")))
+    let (family, word) = if ip.contains(':') {
+        ("-6", "inet6")
+    } else {
+        ("-4", "inet")
+    };
+    ns.ip(&[family, "addr", "show", "dev", "eth0"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("{word} {ip}/")))
         .unwrap_or(false)
 }
 

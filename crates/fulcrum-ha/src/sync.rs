@@ -1,0 +1,439 @@
+//! State sync between the HA nodes (`ha.sync`): each node dials every peer and pushes its
+//! current state document whenever it changes (and once a second as a heartbeat), and accepts
+//! the peers' pushes on `listen`. Frames are authenticated and replay-protected (crate
+//! fulcrum-frame, the GSLB exchange's format with its own magic and context).
+//!
+//! Two kinds of payload travel: the node's *document* (its whole API state; the latest one wins,
+//! sent at every change and as a heartbeat) and *batches* of persistence entries (an incremental
+//! stream through a bounded queue; a peer that falls behind, or (re)connects, gets a full dump
+//! of the tables instead).
+//!
+//! The transport knows nothing of what it carries: the binary publishes documents and batches
+//! and gets the peers' back. Each frame starts with the sender's wall-clock time in
+//! milliseconds, from which the receiver measures the sync lag, and the payload's kind.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fulcrum_frame::{Channel, Key};
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+const CHANNEL: Channel = Channel {
+    magic: b"FHS1",
+    context: b"fulcrum-ha-sync-1",
+    max_frame: 4 * 1024 * 1024,
+};
+const HEARTBEAT: Duration = Duration::from_secs(1);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// An acceptor hears at least a heartbeat a second; this much silence ends the connection.
+const IDLE: Duration = Duration::from_secs(5);
+
+/// What a payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Document,
+    Entries,
+}
+
+impl Kind {
+    fn byte(self) -> u8 {
+        match self {
+            Kind::Document => b'D',
+            Kind::Entries => b'E',
+        }
+    }
+}
+
+/// What the receiving side does with a peer's payload; an error is logged and counted.
+pub type OnReceive = Arc<dyn Fn(Kind, &[u8]) -> Result<(), String> + Send + Sync>;
+/// Every persistence entry as batches, for a peer that (re)connects or fell behind.
+pub type FullDump = Arc<dyn Fn() -> Vec<Vec<u8>> + Send + Sync>;
+
+/// Batches of entries waiting for the slowest peer connection; beyond, it gets a full dump.
+const QUEUE: usize = 1024;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PeerStatus {
+    pub address: String,
+    pub connected: bool,
+    pub frames_sent: u64,
+    pub batches_sent: u64,
+    /// Batches this connection fell behind on (each time, a full dump followed).
+    pub batches_lost: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SyncStatus {
+    pub listen: SocketAddr,
+    /// The peers this node pushes its state to.
+    pub peers: Vec<PeerStatus>,
+    /// Documents received and applied.
+    pub frames_received: u64,
+    /// Connections refused because a frame failed authentication (wrong key, or worse).
+    pub auth_failures: u64,
+    /// Received documents the binary refused.
+    pub apply_errors: u64,
+    /// Time from a peer's sending to this node's applying, for the last document (ms).
+    pub lag_ms: Option<f64>,
+    /// The largest lag of the last 1000 documents (ms).
+    pub lag_max_ms: Option<f64>,
+}
+
+struct Shared {
+    keys: Vec<Key>,
+    listen: SocketAddr,
+    peers: Mutex<BTreeMap<SocketAddr, PeerStatus>>,
+    frames_received: AtomicU64,
+    auth_failures: AtomicU64,
+    apply_errors: AtomicU64,
+    lags: Mutex<std::collections::VecDeque<f64>>,
+    on_receive: OnReceive,
+    full_dump: FullDump,
+}
+
+pub struct StateSync {
+    shared: Arc<Shared>,
+    doc: watch::Sender<Arc<Vec<u8>>>,
+    batches: tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl StateSync {
+    /// Listens on `listen` and dials `peers` (on the current tokio runtime).
+    pub async fn start(
+        listen: SocketAddr,
+        peers: &[SocketAddr],
+        secrets: &[String],
+        on_receive: OnReceive,
+        full_dump: FullDump,
+    ) -> std::io::Result<StateSync> {
+        let l = TcpListener::bind(listen).await?;
+        let shared = Arc::new(Shared {
+            keys: fulcrum_frame::keys(secrets),
+            listen,
+            peers: Mutex::new(
+                peers
+                    .iter()
+                    .map(|p| {
+                        (
+                            *p,
+                            PeerStatus {
+                                address: p.to_string(),
+                                ..PeerStatus::default()
+                            },
+                        )
+                    })
+                    .collect(),
+            ),
+            frames_received: AtomicU64::new(0),
+            auth_failures: AtomicU64::new(0),
+            apply_errors: AtomicU64::new(0),
+            lags: Mutex::new(std::collections::VecDeque::new()),
+            on_receive,
+            full_dump,
+        });
+        let (doc, doc_rx) = watch::channel(Arc::new(Vec::new()));
+        let (batches, _) = tokio::sync::broadcast::channel(QUEUE);
+        tokio::spawn(accept(l, shared.clone()));
+        for p in peers {
+            tokio::spawn(dial(*p, shared.clone(), doc_rx.clone(), batches.clone()));
+        }
+        Ok(StateSync {
+            shared,
+            doc,
+            batches,
+        })
+    }
+
+    /// Queues a batch of persistence entries for every connected peer.
+    pub fn send_batch(&self, batch: Vec<u8>) {
+        // No receiver: no peer connected; it gets a full dump when it connects.
+        let _ = self.batches.send(Arc::new(batch));
+    }
+
+    /// Replaces this node's document; every connected peer gets it at once.
+    pub fn publish(&self, doc: Vec<u8>) {
+        self.doc.send_replace(Arc::new(doc));
+    }
+
+    pub fn status(&self) -> SyncStatus {
+        let s = &self.shared;
+        let lags = s.lags.lock();
+        SyncStatus {
+            listen: s.listen,
+            peers: s.peers.lock().values().cloned().collect(),
+            frames_received: s.frames_received.load(Ordering::Relaxed),
+            auth_failures: s.auth_failures.load(Ordering::Relaxed),
+            apply_errors: s.apply_errors.load(Ordering::Relaxed),
+            lag_ms: lags.back().copied(),
+            lag_max_ms: lags.iter().copied().reduce(f64::max),
+        }
+    }
+}
+
+fn set_peer(s: &Shared, p: SocketAddr, f: impl FnOnce(&mut PeerStatus)) {
+    if let Some(st) = s.peers.lock().get_mut(&p) {
+        f(st);
+    }
+}
+
+async fn dial(
+    peer: SocketAddr,
+    s: Arc<Shared>,
+    doc: watch::Receiver<Arc<Vec<u8>>>,
+    batches: tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
+) {
+    loop {
+        let r = push(peer, &s, doc.clone(), &batches).await;
+        let e = r.err().unwrap_or_else(|| "closed".into());
+        set_peer(&s, peer, |p| {
+            if p.connected || p.last_error.as_deref() != Some(&e) {
+                tracing::info!(%peer, error = %e, "HA sync: peer connection lost; retrying");
+            }
+            p.connected = false;
+            p.last_error = Some(e);
+        });
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
+struct Writer<'a> {
+    c: &'a mut TcpStream,
+    key: &'a Key,
+    nonce: Vec<u8>,
+    seq: u64,
+}
+
+impl Writer<'_> {
+    async fn send(&mut self, kind: Kind, body: &[u8]) -> Result<(), String> {
+        self.seq += 1;
+        let mut payload = Vec::with_capacity(9 + body.len());
+        payload.extend_from_slice(&now_ms().to_be_bytes());
+        payload.push(kind.byte());
+        payload.extend_from_slice(body);
+        let frame = CHANNEL.encode(self.key, &self.nonce, self.seq, &payload);
+        tokio::time::timeout(CONNECT_TIMEOUT, self.c.write_all(&frame))
+            .await
+            .map_err(|_| "write: timed out".to_string())?
+            .map_err(|e| format!("write: {e}"))
+    }
+}
+
+async fn push(
+    peer: SocketAddr,
+    s: &Shared,
+    mut doc: watch::Receiver<Arc<Vec<u8>>>,
+    batches: &tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
+) -> Result<(), String> {
+    let mut c = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(peer))
+        .await
+        .map_err(|_| "connect: timed out".to_string())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = c.set_nodelay(true);
+    let nonce = tokio::time::timeout(CONNECT_TIMEOUT, CHANNEL.read_challenge(&mut c))
+        .await
+        .map_err(|_| "challenge: timed out".to_string())??;
+    let Some(key) = s.keys.first() else {
+        return Err("no key configured".into());
+    };
+    set_peer(s, peer, |p| {
+        p.connected = true;
+        p.last_error = None;
+    });
+    tracing::info!(%peer, "HA sync: connected to peer");
+    // Subscribed before the dump, so no batch falls between the two.
+    let mut rx = batches.subscribe();
+    let mut w = Writer {
+        c: &mut c,
+        key,
+        nonce,
+        seq: 0,
+    };
+    let mut probe = [0u8; 1];
+    let mut dump = true;
+    loop {
+        // The whole document at every change and heartbeat: a peer that (re)connects gets the
+        // full state with its first frame.
+        let body = doc.borrow_and_update().clone();
+        if !body.is_empty() {
+            w.send(Kind::Document, &body).await?;
+            set_peer(s, peer, |p| p.frames_sent += 1);
+        }
+        if std::mem::take(&mut dump) {
+            for b in (s.full_dump)() {
+                w.send(Kind::Entries, &b).await?;
+                set_peer(s, peer, |p| p.batches_sent += 1);
+            }
+        }
+        tokio::select! {
+            r = doc.changed() => { if r.is_err() { return Ok(()); } }
+            r = rx.recv() => match r {
+                Ok(b) => {
+                    w.send(Kind::Entries, &b).await?;
+                    set_peer(s, peer, |p| p.batches_sent += 1);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    set_peer(s, peer, |p| p.batches_lost += n);
+                    dump = true;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            _ = tokio::time::sleep(HEARTBEAT) => {}
+            // The acceptor never writes after its challenge: readable means it closed (it
+            // refused our key, and logged why).
+            r = w.c.read(&mut probe) => {
+                return Err(match r {
+                    Ok(0) | Err(_) => "the peer closed the connection (a key mismatch is logged there)".into(),
+                    Ok(_) => "unexpected data from the peer".into(),
+                });
+            }
+        }
+    }
+}
+
+async fn accept(l: TcpListener, s: Arc<Shared>) {
+    loop {
+        let (c, from) = match l.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(error = %e, "HA sync: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let s = s.clone();
+        tokio::spawn(async move {
+            if let Err(e) = receive(&s, c).await {
+                tracing::warn!(%from, error = %e, "HA sync: peer connection refused");
+            }
+        });
+    }
+}
+
+async fn receive(s: &Shared, mut c: TcpStream) -> Result<(), String> {
+    let nonce = CHANNEL.challenge(&mut c).await.map_err(|e| e.to_string())?;
+    let mut last_seq = 0;
+    loop {
+        let frame =
+            tokio::time::timeout(IDLE, CHANNEL.read_frame(&mut c, &s.keys, &nonce, last_seq))
+                .await
+                .map_err(|_| "no frame within 5 s".to_string())?;
+        let (seq, payload) = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                if matches!(
+                    e,
+                    fulcrum_frame::ReadError::Frame(fulcrum_frame::FrameError::BadTag)
+                ) {
+                    s.auth_failures.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(e.to_string());
+            }
+        };
+        last_seq = seq;
+        if payload.len() < 9 {
+            return Err("frame without a timestamp and kind".into());
+        }
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&payload[..8]);
+        let sent = u64::from_be_bytes(t);
+        let kind = match payload[8] {
+            b'D' => Kind::Document,
+            b'E' => Kind::Entries,
+            other => return Err(format!("unknown payload kind {other}")),
+        };
+        match (s.on_receive)(kind, &payload[9..]) {
+            Ok(()) => {
+                s.frames_received.fetch_add(1, Ordering::Relaxed);
+                let lag = now_ms().saturating_sub(sent) as f64;
+                let mut lags = s.lags.lock();
+                if lags.len() == 1000 {
+                    lags.pop_front();
+                }
+                lags.push_back(lag);
+            }
+            Err(e) => {
+                s.apply_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "HA sync: a peer's state was not applied");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn documents_reach_the_peer_and_a_wrong_key_is_refused() {
+        let got = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+        let g = got.clone();
+        let port = |l: std::net::TcpListener| l.local_addr().expect("addr");
+        let (a, b, c) = (
+            port(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
+            port(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
+            port(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
+        );
+        let key = vec!["a-shared-secret-0123".to_string()];
+        let on_b: OnReceive = Arc::new(move |k, d| {
+            let mut v = vec![k.byte()];
+            v.extend_from_slice(d);
+            g.lock().push(v);
+            Ok(())
+        });
+        let none: OnReceive = Arc::new(|_, _| Ok(()));
+        let dump: FullDump = Arc::new(|| vec![b"dump".to_vec()]);
+        let node_b = StateSync::start(b, &[], &key, on_b, dump.clone())
+            .await
+            .expect("b");
+        let node_a = StateSync::start(a, &[b], &key, none.clone(), dump.clone())
+            .await
+            .expect("a");
+        node_a.publish(b"{\"v\":1}".to_vec());
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        let has = |want: &[u8]| got.lock().iter().any(|d| d == want);
+        // The document first, then the full dump of entries.
+        while !has(b"Edump") && std::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            got.lock().first().map(Vec::as_slice),
+            Some(&b"D{\"v\":1}"[..])
+        );
+        assert!(has(b"Edump"));
+        node_a.publish(b"{\"v\":2}".to_vec());
+        node_a.send_batch(b"one".to_vec());
+        while !(has(b"D{\"v\":2}") && has(b"Eone")) && std::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(has(b"D{\"v\":2}") && has(b"Eone"));
+        assert!(node_b.status().lag_ms.is_some());
+        assert!(node_a.status().peers[0].connected);
+
+        // A node with another key is refused and counted; nothing it sends is applied.
+        let before = got.lock().len();
+        let wrong = StateSync::start(c, &[b], &["not-the-same-secret".to_string()], none, dump)
+            .await
+            .expect("c");
+        wrong.publish(b"{\"v\":666}".to_vec());
+        while node_b.status().auth_failures == 0 && std::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(node_b.status().auth_failures >= 1);
+        assert!(!got.lock()[before..].iter().any(|d| d == b"D{\"v\":666}"));
+    }
+}
