@@ -148,7 +148,7 @@ impl Dns {
             }
             ("GET", ["peers"]) => (
                 200,
-                json!({ "peers": g.peers(), "auth_failures": g.auth_failures() }),
+                json!({ "peers": g.peers(), "auth_failures": g.auth_failures(), "unauthenticated_refused": g.unauthenticated_refused() }),
             ),
             ("GET", ["table"]) => (200, g.table_json()),
             (
@@ -373,6 +373,12 @@ impl Dns {
             "fulcrum_gslb_auth_failures_total",
             "Exchange connections refused because a frame failed authentication.",
             self.runtime.gslb().auth_failures(),
+        );
+        counter(
+            w,
+            "fulcrum_gslb_unauthenticated_refused_total",
+            "Exchange connections closed at accept: 16 were already waiting to authenticate.",
+            self.runtime.gslb().unauthenticated_refused(),
         );
     }
 }
