@@ -247,6 +247,16 @@ impl Dns {
             reg.tcp_connections.load(Ordering::Relaxed) as f64,
         );
         w.family(
+            "fulcrum_dns_tcp_refused_total",
+            "counter",
+            "DNS-over-TCP connections closed at accept: 1024 open, or 16 from the same source.",
+        );
+        w.sample(
+            "fulcrum_dns_tcp_refused_total",
+            &[],
+            reg.tcp_refused.load(Ordering::Relaxed) as f64,
+        );
+        w.family(
             "fulcrum_dns_zone_records",
             "gauge",
             "Records loaded, by zone.",
