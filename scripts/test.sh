@@ -24,5 +24,12 @@ echo "== format"
 cargo fmt --all -- --check
 echo "== lint"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== fuzz targets build"
+# fuzz/ is its own workspace (cargo-fuzz builds it with sanitizer flags the main one must not
+# get), so the workspace build does not see it: check every target here, without sanitizers, so
+# a change that breaks one fails the test command instead of the next fuzzing run. The lock
+# file is the main workspace's, so the dependencies are the ones tested.
+[ -e fuzz/Cargo.lock ] || cp Cargo.lock fuzz/Cargo.lock
+CARGO_TARGET_DIR=target cargo check --manifest-path fuzz/Cargo.toml --bins
 echo "== tests"
 cargo test --workspace --locked "$@"

@@ -29,13 +29,54 @@ use crate::engine::{Action, Counters, Engine, Transport};
 const MAX_QUERY: usize = 4096;
 /// Concurrent DNS-over-TCP connections; more are closed at once.
 const MAX_TCP: usize = 1024;
+/// Concurrent DNS-over-TCP connections from one source address, so one client cannot take
+/// every slot (RFC 7766 §6.2.2 asks servers to limit them; resolvers reuse a few).
+const MAX_TCP_PER_SOURCE: u32 = 16;
 
 /// Counters of every worker, summed for metrics.
 #[derive(Default)]
 pub struct Registry {
     list: Mutex<Vec<Arc<Counters>>>,
     pub tcp_connections: AtomicUsize,
+    /// Connections closed at accept: over `MAX_TCP`, or over `MAX_TCP_PER_SOURCE` for their
+    /// source.
     pub tcp_refused: AtomicU64,
+    tcp_per_source: Mutex<std::collections::HashMap<IpAddr, u32>>,
+}
+
+/// One open DNS-over-TCP connection, counted for its source until dropped.
+struct SourceSlot {
+    registry: Arc<Registry>,
+    source: IpAddr,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut m = self.registry.tcp_per_source.lock();
+        if let Some(n) = m.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.source);
+            }
+        }
+    }
+}
+
+impl Registry {
+    /// A slot for one more connection from `source`, unless it has its share already.
+    fn source_slot(self: &Arc<Self>, source: IpAddr) -> Option<SourceSlot> {
+        let source = source.to_canonical();
+        let mut m = self.tcp_per_source.lock();
+        let n = m.entry(source).or_insert(0);
+        if *n >= MAX_TCP_PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            registry: self.clone(),
+            source,
+        })
+    }
 }
 
 impl Registry {
@@ -282,6 +323,10 @@ async fn tcp_accept(
                 continue;
             }
         };
+        let Some(slot) = registry.source_slot(peer.ip()) else {
+            registry.tcp_refused.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
         if registry.tcp_connections.fetch_add(1, Ordering::AcqRel) >= MAX_TCP {
             registry.tcp_connections.fetch_sub(1, Ordering::AcqRel);
             registry.tcp_refused.fetch_add(1, Ordering::Relaxed);
@@ -292,6 +337,7 @@ async fn tcp_accept(
         tokio::spawn(async move {
             let _ = tcp_conn(s, peer.ip(), &engine, &counters, idle).await;
             registry.tcp_connections.fetch_sub(1, Ordering::AcqRel);
+            drop(slot);
         });
     }
 }
@@ -304,7 +350,8 @@ async fn tcp_conn(
     idle: Duration,
 ) -> io::Result<()> {
     let _ = s.set_nodelay(true);
-    let mut query = vec![0u8; 65535];
+    // Sized by the queries that actually come (a few dozen bytes), not 64 KiB per connection.
+    let mut query = Vec::new();
     let mut out = Vec::with_capacity(4096);
     loop {
         let mut len = [0u8; 2];
@@ -313,6 +360,7 @@ async fn tcp_conn(
             _ => return Ok(()),
         }
         let n = u16::from_be_bytes(len) as usize;
+        query.resize(n, 0);
         match tokio::time::timeout(idle, s.read_exact(&mut query[..n])).await {
             Ok(Ok(_)) => {}
             _ => return Ok(()),

@@ -98,6 +98,8 @@ struct Shared {
     own: watch::Sender<Option<Arc<Report>>>,
     version: AtomicU64,
     auth_failures: AtomicU64,
+    /// Connections closed at accept: too many were not authenticated yet.
+    unauthenticated_refused: AtomicU64,
     reports_received: AtomicU64,
 }
 
@@ -145,6 +147,7 @@ impl GslbService {
             own,
             version: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
+            unauthenticated_refused: AtomicU64::new(0),
             reports_received: AtomicU64::new(0),
         });
         let handle = Handle::current();
@@ -316,6 +319,11 @@ impl GslbService {
 
     pub fn auth_failures(&self) -> u64 {
         self.shared.auth_failures.load(Ordering::Relaxed)
+    }
+
+    /// Exchange connections closed at accept because too many were not authenticated yet.
+    pub fn unauthenticated_refused(&self) -> u64 {
+        self.shared.unauthenticated_refused.load(Ordering::Relaxed)
     }
 
     pub fn reports_received(&self) -> u64 {
@@ -599,8 +607,36 @@ async fn push(sh: &Shared, site: &str, addr: SocketAddr) -> Result<(), String> {
     }
 }
 
+/// Connections that have not yet sent an authenticated frame, at most: a few peers reconnect at
+/// once; a flood of strangers must not hold a task and a buffer each.
+const MAX_UNAUTHENTICATED: usize = 16;
+
+/// How long a new connection has to send its first (authenticated) frame.
+const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Counts a connection as unauthenticated until `authenticated` (or its end).
+struct Pending {
+    count: Arc<std::sync::atomic::AtomicUsize>,
+    held: bool,
+}
+
+impl Pending {
+    fn authenticated(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.authenticated();
+    }
+}
+
 /// Accepts peers' connections and records their reports.
 async fn accept(l: TcpListener, sh: Arc<Shared>) {
+    let unauthenticated = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let (s, from) = match l.accept().await {
             Ok(x) => x,
@@ -610,16 +646,27 @@ async fn accept(l: TcpListener, sh: Arc<Shared>) {
                 continue;
             }
         };
+        if unauthenticated.fetch_add(1, Ordering::Relaxed) >= MAX_UNAUTHENTICATED {
+            unauthenticated.fetch_sub(1, Ordering::Relaxed);
+            sh.unauthenticated_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%from, "gslb exchange: too many unauthenticated connections; closed");
+            drop(s);
+            continue;
+        }
+        let pending = Pending {
+            count: unauthenticated.clone(),
+            held: true,
+        };
         let sh = sh.clone();
         tokio::spawn(async move {
-            if let Err(e) = receive(&sh, s).await {
+            if let Err(e) = receive(&sh, s, pending).await {
                 tracing::warn!(%from, error = %e, "gslb peer connection refused");
             }
         });
     }
 }
 
-async fn receive(sh: &Shared, mut s: TcpStream) -> Result<(), String> {
+async fn receive(sh: &Shared, mut s: TcpStream, mut pending: Pending) -> Result<(), String> {
     let mut nonce = [0u8; NONCE_LEN];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce)
         .map_err(|_| "no randomness for the challenge".to_string())?;
@@ -631,7 +678,11 @@ async fn receive(sh: &Shared, mut s: TcpStream) -> Result<(), String> {
     let mut body = Vec::new();
     loop {
         // A peer reports at least every interval; twice stale_after of silence ends the stream.
-        let idle = sh.config.load().stale_after * 2;
+        // Its first frame comes at once (it dials to report).
+        let mut idle = sh.config.load().stale_after * 2;
+        if pending.held {
+            idle = idle.min(FIRST_FRAME_TIMEOUT);
+        }
         let mut header = [0u8; 4];
         match tokio::time::timeout(idle, s.read_exact(&mut header)).await {
             Ok(Ok(_)) => {}
@@ -639,11 +690,17 @@ async fn receive(sh: &Shared, mut s: TcpStream) -> Result<(), String> {
             Err(_) => return Err("no report within twice stale_after".into()),
         }
         let n = exchange::frame_len(header).map_err(|e| e.to_string())?;
-        body.resize(n + TAG_LEN, 0);
-        tokio::time::timeout(idle, s.read_exact(&mut body))
+        // The buffer grows with the bytes that actually arrive: a header announcing 64 KiB does
+        // not buy a 64 KiB buffer before the key is checked.
+        body.clear();
+        let want = (n + TAG_LEN) as u64;
+        let got = tokio::time::timeout(idle, (&mut s).take(want).read_to_end(&mut body))
             .await
             .map_err(|_| "frame timed out".to_string())?
             .map_err(|e| e.to_string())?;
+        if got as u64 != want {
+            return Err("connection closed inside a frame".into());
+        }
         let keys = sh.keys.load();
         let (seq, report) =
             match exchange::decode_frame(&keys, &nonce, last_seq, &body[..n], &body[n..]) {
@@ -656,6 +713,7 @@ async fn receive(sh: &Shared, mut s: TcpStream) -> Result<(), String> {
                 }
             };
         last_seq = seq;
+        pending.authenticated();
         let xc = sh.config.load();
         if Some(&report.instance) == xc.local.as_ref()
             || !sh

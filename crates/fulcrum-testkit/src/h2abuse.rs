@@ -102,3 +102,43 @@ pub async fn silent_after_preface(addr: SocketAddr, wait: Duration) -> Option<Du
     tokio::time::timeout(wait, read_all).await.ok()?;
     Some(started.elapsed())
 }
+
+/// One request over a fresh h2c (prior knowledge) connection; returns the response status.
+/// `headers` are sent as given (a `content-length` that does not match `body` included: the
+/// server may answer before the body is complete).
+pub async fn h2c_status(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<u16, String> {
+    let work = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (client, conn) = h2::client::handshake(tcp)
+            .await
+            .map_err(|e| format!("h2 handshake: {e}"))?;
+        tokio::spawn(conn);
+        let mut client = client.ready().await.map_err(|e| e.to_string())?;
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(()).map_err(|e| e.to_string())?;
+        let (resp, mut stream) = client
+            .send_request(req, body.is_empty())
+            .map_err(|e| e.to_string())?;
+        if !body.is_empty() {
+            let _ = stream.send_data(bytes::Bytes::copy_from_slice(body), true);
+        }
+        let resp = resp.await.map_err(|e| e.to_string())?;
+        Ok(resp.status().as_u16())
+    };
+    tokio::time::timeout(Duration::from_secs(10), work)
+        .await
+        .map_err(|_| "no answer within 10 s".to_string())?
+}

@@ -167,7 +167,7 @@ impl Dns {
             }
             ("GET", ["peers"]) => (
                 200,
-                json!({ "peers": g.peers(), "auth_failures": g.auth_failures() }),
+                json!({ "peers": g.peers(), "auth_failures": g.auth_failures(), "unauthenticated_refused": g.unauthenticated_refused() }),
             ),
             ("GET", ["table"]) => (200, g.table_json()),
             (
@@ -264,6 +264,16 @@ impl Dns {
             "fulcrum_dns_tcp_connections",
             &[],
             reg.tcp_connections.load(Ordering::Relaxed) as f64,
+        );
+        w.family(
+            "fulcrum_dns_tcp_refused_total",
+            "counter",
+            "DNS-over-TCP connections closed at accept: 1024 open, or 16 from the same source.",
+        );
+        w.sample(
+            "fulcrum_dns_tcp_refused_total",
+            &[],
+            reg.tcp_refused.load(Ordering::Relaxed) as f64,
         );
         w.family(
             "fulcrum_dns_zone_records",
@@ -392,6 +402,12 @@ impl Dns {
             "fulcrum_gslb_auth_failures_total",
             "Exchange connections refused because a frame failed authentication.",
             self.runtime.gslb().auth_failures(),
+        );
+        counter(
+            w,
+            "fulcrum_gslb_unauthenticated_refused_total",
+            "Exchange connections closed at accept: 16 were already waiting to authenticate.",
+            self.runtime.gslb().unauthenticated_refused(),
         );
     }
 }

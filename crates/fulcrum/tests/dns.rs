@@ -1118,3 +1118,44 @@ async fn http_redirect_to_another_site_uses_its_redirect_host() {
     assert!(!ok, "{out}");
     assert!(out.contains("gslb.site[1].redirect_host"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_source_cannot_take_every_tcp_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let dns = free_addr();
+    let f = start(&dns_section(dir.path(), &[dns], "")).await;
+    // 20 idle connections from one source: 16 are kept, the rest closed at once.
+    let mut conns = Vec::new();
+    for _ in 0..20 {
+        conns.push(connect_from(dns, Some([127, 0, 0, 5])).await);
+    }
+    // Read all at once (one second), well within the DNS-over-TCP idle timeout.
+    let mut waits = Vec::new();
+    for c in conns {
+        waits.push(tokio::spawn(async move {
+            let Ok(mut c) = c else { return (true, None) };
+            let mut b = [0u8; 1];
+            match tokio::time::timeout(Duration::from_secs(1), c.read(&mut b)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => (true, None),
+                _ => (false, Some(c)),
+            }
+        }));
+    }
+    let mut closed = 0;
+    let mut conns = Vec::new();
+    for w in waits {
+        let (was_closed, c) = w.await.unwrap();
+        closed += usize::from(was_closed);
+        conns.extend(c);
+    }
+    assert_eq!(closed, 4);
+    // Another client is still answered over TCP.
+    let out = dig(dns, &["www.example.com", "A", "+tcp"]);
+    assert!(
+        out.contains(";; Got answer") && out.contains("(TCP)"),
+        "{out}"
+    );
+    let m = f.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(m.contains("fulcrum_dns_tcp_refused_total 4\n"), "{m}");
+    drop(conns);
+}

@@ -289,3 +289,44 @@ async fn a_peer_with_another_key_is_refused() {
     }
     assert!(a.logs().contains("authentication failed"), "{}", a.logs());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_connections_are_bounded_and_timed_out() {
+    let s = setup();
+    let _east_srv = ok_server(SocketAddr::from(([127, 0, 0, 11], s.port))).await;
+    let a = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &config(&s, "east", "the-right-secret-0123", s.port, "least_load"),
+    )
+    .await
+    .unwrap();
+    // 40 strangers connect and send nothing (stale_after is 5 s: before, each was held for
+    // 10 s with a task and, once it sent a header, a 64 KiB buffer).
+    let mut conns = Vec::new();
+    for _ in 0..40 {
+        conns.push(tokio::net::TcpStream::connect(s.east_peer).await.unwrap());
+    }
+    let started = Instant::now();
+    let mut closed_at_once = 0;
+    let mut held = Vec::new();
+    for mut c in conns {
+        let mut hello = [0u8; 20];
+        match tokio::time::timeout(Duration::from_millis(1500), c.read_exact(&mut hello)).await {
+            Ok(Ok(_)) => held.push(c),
+            _ => closed_at_once += 1,
+        }
+    }
+    assert_eq!(closed_at_once, 24, "16 may wait to authenticate");
+    // The 16 that got a challenge must answer within 5 s.
+    for mut c in held {
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(Duration::from_secs(8), c.read(&mut b))
+            .await
+            .expect("still open after the first-frame deadline");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(9));
+    let p = a.get_json("/api/v1/gslb/peers").await;
+    assert_eq!(p["unauthenticated_refused"], 24, "{p}");
+}

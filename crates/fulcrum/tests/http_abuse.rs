@@ -246,9 +246,21 @@ async fn bodies_over_max_body_size_get_413_before_any_member() {
         .await
         .unwrap();
     assert_eq!(r.status, 200);
+    // HTTP/2: by content-length, before any member.
+    let status = fulcrum_testkit::h2abuse::h2c_status(
+        vs,
+        "POST",
+        "/up",
+        &[("content-length", "2000")],
+        &big,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 413);
+    assert_eq!(answered.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(
         metric(&f, "fulcrum_http_bodies_too_large_total{vs=\"web\"}").await,
-        2.0
+        3.0
     );
 }
 

@@ -631,3 +631,62 @@ async fn udp_and_tcp_services_share_an_address() {
     );
     assert_eq!(exchange(vs).await.unwrap(), "m0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_one_shot_sources_does_not_evict_two_way_sessions() {
+    let members = echo_members(1).await;
+    let vs = free_udp("127.0.0.1");
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\n{}",
+        udp_service(vs, "max_sessions = 20\nsession_timeout = \"60s\""),
+        members_of(&members)
+    ))
+    .await;
+    // Ten real clients: each has spoken after a member's answer (a two-way session).
+    let mut real = Vec::new();
+    for _ in 0..10 {
+        let c = client("127.0.0.1").await;
+        assert!(ask(&c, vs, "hello").await.is_some());
+        assert!(ask(&c, vs, "again").await.is_some());
+        real.push(c);
+    }
+    let upstreams = members[0].sources().len();
+    assert_eq!(upstreams, 10);
+    // A flood of 200 sources sending one datagram each (as spoofed sources would), newer than
+    // the real sessions' last datagrams.
+    for i in 0..200 {
+        let c = client("127.0.0.2").await;
+        let _ = c.send_to(b"flood", vs).await;
+        if i % 20 == 19 {
+            // Paced a little, so that socket buffers on a busy machine drop none of it.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // Most of it arrived (a few datagrams may still be lost to full buffers under load).
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            members[0].datagrams() >= 200
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The real clients still have their flows: the member sees their third datagram from the
+    // upstream socket that carried their first two (a new flow would be a new socket).
+    for c in &real {
+        assert!(ask(c, vs, "still-here").await.is_some());
+    }
+    let thrice = members[0].sources().values().filter(|n| **n == 3).count();
+    assert_eq!(thrice, 10, "real sessions were evicted by the flood");
+    let evicted = f
+        .api("GET", "/metrics", None)
+        .await
+        .unwrap()
+        .text()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("fulcrum_udp_sessions_evicted_total{vs=\"u\"} ")
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    assert!(evicted > 0.0, "the flood did fill the table");
+}

@@ -147,6 +147,12 @@ struct FlowShared {
     last_active: AtomicU64,
     /// Set by the reply task on an ICMP error: a session flow picks a new member.
     repick: AtomicBool,
+    /// A member answered on this flow.
+    replied: AtomicBool,
+    /// The client spoke again after a member's answer: a real two-way session (conntrack's
+    /// ASSURED). A flood of one-datagram sources (spoofed ones) never gets there, so a full
+    /// table evicts those flows first.
+    assured: AtomicBool,
 }
 
 /// A client's flow; owned by the receive loop of the socket the client talks to.
@@ -248,13 +254,20 @@ fn make_room(flows: &mut HashMap<SocketAddr, Flow>, svc: &UdpService, now: u64) 
     if flows.is_empty() {
         return false;
     }
-    let mut idle: Vec<(u64, SocketAddr)> = flows
+    // Flows that are not two-way sessions go first, then the longest idle.
+    let mut idle: Vec<(bool, u64, SocketAddr)> = flows
         .iter()
-        .map(|(a, f)| (f.shared.last_active.load(Ordering::Relaxed), *a))
+        .map(|(a, f)| {
+            (
+                f.shared.assured.load(Ordering::Relaxed),
+                f.shared.last_active.load(Ordering::Relaxed),
+                *a,
+            )
+        })
         .collect();
     let n = (idle.len() / 16).max(1);
     idle.select_nth_unstable(n - 1);
-    for (_, addr) in &idle[..n] {
+    for (_, _, addr) in &idle[..n] {
         flows.remove(addr);
     }
     svc.udp
@@ -366,6 +379,9 @@ fn forward_one(
     plan: &mut Vec<(i32, usize, SockAddr)>,
 ) {
     flow.shared.last_active.store(now, Ordering::Relaxed);
+    if flow.shared.replied.load(Ordering::Relaxed) {
+        flow.shared.assured.store(true, Ordering::Relaxed);
+    }
     match route(svc, flow, data, client) {
         Route::To(member) => {
             member.stats.requests_total.fetch_add(1, Ordering::Relaxed);
@@ -505,6 +521,8 @@ fn new_flow(
         client: SockAddr::from(client),
         last_active: AtomicU64::new(now),
         repick: AtomicBool::new(false),
+        replied: AtomicBool::new(false),
+        assured: AtomicBool::new(false),
     });
     let reply = tokio::spawn(relay_replies(
         socket.clone(),
@@ -644,6 +662,7 @@ fn relay_batch(
             return Ok(n);
         }
         flow.last_active.store(now_ms(), Ordering::Relaxed);
+        flow.replied.store(true, Ordering::Relaxed);
         let (sent, err) = datagram::send_all(listen.as_raw_fd(), &items[..k]);
         svc.udp
             .datagrams_out
