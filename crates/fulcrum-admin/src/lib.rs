@@ -4,7 +4,9 @@
 //! current configuration snapshot, so this crate knows nothing of how data planes are assembled.
 
 mod api;
+pub mod console;
 mod metrics;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -60,7 +62,7 @@ pub trait Control: Send + Sync + 'static {
 
 /// Serves the API on `listener` until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, control: Arc<dyn Control>) {
-    let app = router(control);
+    let app = router(control).into_make_service_with_connect_info::<SocketAddr>();
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "admin API stopped");
     }

@@ -1,0 +1,264 @@
+//! The operator console: the web dashboard in headless Chromium (Debian's), the history and
+//! audit endpoints behind it, through the real binary.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use fulcrum_testkit::browser::Browser;
+use fulcrum_testkit::HttpBackend;
+
+const TOKEN: &str = "console-test-token";
+
+async fn http_pool(n: usize) -> (Vec<HttpBackend>, std::net::SocketAddr, Fulcrum) {
+    let mut backends = Vec::new();
+    for i in 0..n {
+        backends.push(
+            HttpBackend::start(free_addr(), &format!("web-{}", i + 1))
+                .await
+                .unwrap(),
+        );
+    }
+    let vs = free_addr();
+    let members: String = backends
+        .iter()
+        .map(|b| format!("[[pool.member]]\naddress = \"{}\"\nweight = 10\n", b.addr))
+        .collect();
+    let config = format!(
+        r#"[[virtual_service]]
+name = "shop"
+listen = ["{vs}"]
+protocol = "http"
+pool = "web"
+
+[[pool]]
+name = "web"
+algorithm = "least_connections"
+monitors = ["web-http"]
+{members}
+[[monitor]]
+name = "web-http"
+type = "http"
+path = "/health"
+interval = "200ms"
+timeout = "150ms"
+rise = 1
+fall = 1
+"#
+    );
+    let f = Fulcrum::start_with_token(BIN, free_addr(), Some(TOKEN), &config)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (backends, vs, f)
+}
+
+/// Some requests through the service so the rates and charts have something to show.
+async fn traffic(vs: std::net::SocketAddr, n: usize) {
+    for _ in 0..n {
+        let _ = fulcrum_testkit::http_get(vs, "/").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_live_members_and_drains_one_with_confirmation() {
+    let (backends, vs, f) = http_pool(3).await;
+    let addrs: Vec<String> = backends.iter().map(|b| b.addr.to_string()).collect();
+    // Members are up (the monitor passed) before the page looks.
+    for a in &addrs {
+        let ok = wait_until(Duration::from_secs(10), || async {
+            f.member("web", a).await["health"] == "up"
+        })
+        .await;
+        assert!(ok, "member {a} never came up:\n{}", f.logs());
+    }
+    traffic(vs, 60).await;
+    let url = format!("http://{}/ui/#token={TOKEN}", f.admin);
+    let traffic_task = tokio::spawn(async move {
+        for _ in 0..40 {
+            traffic(vs, 10).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let addrs2 = addrs.clone();
+    let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-dashboard.png");
+    let shot2 = shot.clone();
+    let (errors, page) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::launch(1440, 1000).expect("chromium starts");
+        b.navigate(&url).unwrap();
+        b.wait_for("document.body && document.body.dataset.loaded === '1'", Duration::from_secs(15))
+            .expect("the dashboard loads its data");
+        // The token left the address bar for sessionStorage; no cookie carries it.
+        let page = b
+            .eval(
+                "({hash: location.hash, stored: sessionStorage.getItem('fulcrum.token'), cookie: document.cookie})",
+            )
+            .unwrap();
+        // Every live member is on the page, up, with its last check's result.
+        for a in &addrs2 {
+            let sel = serde_json::to_string(&format!("tr[data-key=\"m:web/{a}\"]")).unwrap();
+            let health = b
+                .wait_for(
+                    &format!("(() => {{ const r = document.querySelector({sel}); return r && r.cells[1].textContent === 'up' && r.cells[2].textContent; }})()"),
+                    Duration::from_secs(10),
+                )
+                .unwrap_or_else(|e| panic!("member {a} not shown up: {e}"));
+            assert!(
+                health.as_str().unwrap_or("").contains("HTTP 200"),
+                "last check of {a}: {health}"
+            );
+        }
+        // Rates from the server-side history show up (traffic is flowing).
+        b.wait_for(
+            "parseFloat(document.getElementById('t-rps').textContent) > 0",
+            Duration::from_secs(10),
+        )
+        .expect("a request rate is shown");
+        // Drain the first member: a click opens the confirmation, a click on Confirm acts.
+        let target = &addrs2[0];
+        let row = format!("tr[data-key=\"m:web/{target}\"]");
+        b.click(&format!("{row} button[data-action=drain]")).unwrap();
+        let dialog = b
+            .wait_for(
+                "document.getElementById('confirm').open && document.getElementById('confirm-title').textContent",
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        assert!(
+            dialog.as_str().unwrap().contains(target.as_str()),
+            "{dialog}"
+        );
+        b.click("#confirm-ok").unwrap();
+        let sel = serde_json::to_string(&row).unwrap();
+        b.wait_for(
+            &format!("document.querySelector({sel}).cells[3].textContent === 'drain'"),
+            Duration::from_secs(10),
+        )
+        .expect("the member shows drain");
+        // The audit log on the page names the call and where it came from.
+        b.wait_for(
+            "[...document.querySelectorAll('#audit tbody tr')].some(r => r.textContent.includes('PUT /api/v1/pools/web/members/') && r.textContent.includes('drain') && r.textContent.includes('127.0.0.1'))",
+            Duration::from_secs(10),
+        )
+        .expect("the audit log shows the drain");
+        std::thread::sleep(Duration::from_millis(1500)); // one more refresh for the charts
+        b.screenshot(&shot2).unwrap();
+        (b.errors(), page)
+    })
+    .await
+    .unwrap();
+    traffic_task.abort();
+    println!("dashboard screenshot: {}", shot.display());
+    assert_eq!(page["hash"], "", "the token stays in the URL: {page}");
+    assert_eq!(page["stored"], TOKEN);
+    assert_eq!(page["cookie"], "");
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    // The API agrees: the click changed the member's state.
+    let m = f.member("web", &addrs[0]).await;
+    assert_eq!(m["state"], "drain", "{m}");
+    assert_eq!(f.member("web", &addrs[1]).await["state"], "enabled");
+    let audit = f.get_json("/api/v1/audit").await;
+    let e = &audit["entries"][0];
+    assert_eq!(e["method"], "PUT");
+    assert_eq!(
+        e["path"],
+        format!("/api/v1/pools/web/members/{}/state", addrs[0])
+    );
+    assert_eq!(e["body"], r#"{"state":"drain"}"#);
+    assert_eq!(e["status"], 200);
+    assert!(e["from"].as_str().unwrap().starts_with("127.0.0.1:"), "{e}");
+    assert!(
+        f.logs().contains("admin API call"),
+        "the audit is also logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_without_token_asks_for_one_and_shows_no_data() {
+    let (_backends, _vs, f) = http_pool(1).await;
+    let url = format!("http://{}/ui/", f.admin);
+    let (asked, loaded, errors) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::launch(1200, 800).expect("chromium starts");
+        b.navigate(&url).unwrap();
+        let asked = b
+            .wait_for(
+                "document.getElementById('token-dialog').open && document.getElementById('banner').textContent",
+                Duration::from_secs(10),
+            )
+            .unwrap();
+        let loaded = b.eval("document.body.dataset.loaded || ''").unwrap();
+        // The failed 401 fetches are logged by Chromium as failed loads; nothing else may be.
+        let errors: Vec<String> = b
+            .errors()
+            .into_iter()
+            .filter(|e| !e.contains("401"))
+            .collect();
+        (asked, loaded, errors)
+    })
+    .await
+    .unwrap();
+    assert!(asked.as_str().unwrap().contains("token"), "{asked}");
+    assert_eq!(loaded, "");
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_assets_are_embedded_with_a_strict_policy_and_history_fills() {
+    let (_backends, vs, f) = http_pool(2).await;
+    for path in ["/ui/", "/ui/app.js", "/ui/style.css", "/ui/favicon.svg"] {
+        let r = fulcrum_testkit::http_get(f.admin, path).await.unwrap();
+        assert_eq!(r.status, 200, "{path}");
+        let csp = r.header("content-security-policy").unwrap_or_default();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+            "{path}: {csp}"
+        );
+    }
+    let r = fulcrum_testkit::http_get(f.admin, "/ui").await.unwrap();
+    assert_eq!(r.status, 308);
+    // The history needs the token like the rest of the API.
+    let r = fulcrum_testkit::http_get(f.admin, "/api/v1/history")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 401);
+    traffic(vs, 50).await;
+    let ok = wait_until(Duration::from_secs(10), || async {
+        let h = f.get_json("/api/v1/history").await;
+        h["samples"].as_array().is_some_and(|s| {
+            s.iter()
+                .any(|x| x["services"][0]["requests_per_s"].as_f64().unwrap_or(0.0) > 0.0)
+        })
+    })
+    .await;
+    assert!(
+        ok,
+        "no sample with a request rate: {}",
+        f.get_json("/api/v1/history").await
+    );
+    let h = f.get_json("/api/v1/history").await;
+    let samples = h["samples"].as_array().unwrap();
+    let last = samples.last().unwrap();
+    assert_eq!(last["members"].as_array().unwrap().len(), 2);
+    assert_eq!(last["services"][0]["name"], "shop");
+    // `since` returns only newer samples.
+    let t = last["t"].as_f64().unwrap();
+    let newer = f.get_json(&format!("/api/v1/history?since={t}")).await;
+    assert!(newer["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["t"].as_f64().unwrap() > t));
+    // A refused change is audited too.
+    let r = fulcrum_testkit::http_request(
+        f.admin,
+        "PUT",
+        "/api/v1/pools/web/members/127.0.0.1:1/state",
+        &[("Content-Type", "application/json")],
+        br#"{"state":"drain"}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 401);
+    let audit = f.get_json("/api/v1/audit").await;
+    assert_eq!(audit["entries"][0]["status"], 401, "{audit}");
+}
