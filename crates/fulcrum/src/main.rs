@@ -1,12 +1,14 @@
 //! The `fulcrum` binary: command line, assembly of the data planes, reload, signals, demo mode.
 
 mod app;
+mod cli;
 mod compression;
 mod demo;
 mod dns;
 mod http;
 mod https;
 mod message;
+mod top;
 mod tuning;
 mod udp;
 
@@ -49,6 +51,34 @@ enum Command {
         /// Address of the admin API.
         #[arg(long, default_value = "127.0.0.1:9900")]
         admin: std::net::SocketAddr,
+    },
+    /// Shows the running instance's virtual services and pools (via the admin API).
+    Status {
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Shows every pool's members, or pool NAME's, with health, state, weights and counters.
+    Pools {
+        name: Option<String>,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Changes a member: drain, enable, disable, or its weight.
+    Member {
+        #[command(subcommand)]
+        action: cli::MemberCommand,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// A live terminal view of services and members, refreshed every second (q quits).
+    Top {
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Makes the running instance re-read its configuration file.
+    Reload {
+        #[command(flatten)]
+        target: cli::Target,
     },
 }
 
@@ -95,5 +125,10 @@ fn main() -> ExitCode {
             init_logging();
             demo::run(listen, admin)
         }
+        Command::Status { target } => cli::report(cli::status(&target)),
+        Command::Pools { name, target } => cli::report(cli::pools(&target, name.as_deref())),
+        Command::Member { action, target } => cli::report(cli::member(&target, &action)),
+        Command::Reload { target } => cli::report(cli::reload(&target)),
+        Command::Top { target } => cli::report(top::run(&target)),
     }
 }
