@@ -204,6 +204,7 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/cache/{service}", get(cache).delete(cache))
         .route("/history", get(history))
         .route("/audit", get(audit))
+        .route("/alerts", get(alerts))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth))
         .layer(middleware::from_fn_with_state(app.clone(), audit_layer));
@@ -316,6 +317,11 @@ async fn history(
     }))
 }
 
+/// `GET /api/v1/alerts`: firing (and pending) alerts and delivery counters per rule.
+async fn alerts(State(app): State<App>) -> Json<Value> {
+    Json(app.console.alerts.json())
+}
+
 /// `GET /api/v1/audit`: the mutating API calls, newest first.
 async fn audit(State(app): State<App>) -> Json<Value> {
     Json(json!({ "entries": app.console.audit() }))
@@ -354,7 +360,7 @@ async fn index() -> Json<Value> {
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
                       "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}",
-                      "/api/v1/history", "/api/v1/audit", "/metrics", "/ui/"],
+                      "/api/v1/history", "/api/v1/audit", "/api/v1/alerts", "/metrics", "/ui/"],
     }))
 }
 
@@ -519,7 +525,10 @@ async fn reload(State(app): State<App>) -> Response {
 }
 
 async fn metrics(State(app): State<App>) -> Response {
-    let text = crate::metrics::render(app.control.as_ref());
+    let mut text = crate::metrics::render(app.control.as_ref());
+    let mut w = crate::MetricsWriter::default();
+    app.console.alerts.metrics(&mut w);
+    text.push_str(&w.finish());
     (
         [(
             header::CONTENT_TYPE,

@@ -18,6 +18,9 @@ pub const HISTORY_LEN: usize = 600;
 /// Audit entries kept in memory (every one is also logged).
 pub const AUDIT_LEN: usize = 500;
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// Alert conditions are looked at more often than samples are taken: a member's fall is seen
+/// within a quarter second, not up to a second later.
+const ALERT_EVERY: Duration = Duration::from_millis(250);
 
 /// One virtual service at one instant: rates per second over the last interval.
 #[derive(Clone, Serialize)]
@@ -77,6 +80,7 @@ struct Totals {
 
 #[derive(Default)]
 pub struct Console {
+    pub alerts: crate::alerts::Alerts,
     history: Mutex<VecDeque<Sample>>,
     audit: Mutex<VecDeque<AuditEntry>>,
     totals: Mutex<Totals>,
@@ -97,18 +101,27 @@ fn rate(now: u64, before: Option<u64>, secs: f64) -> f64 {
 }
 
 impl Console {
-    /// Samples every second while the console is alive (the task holds only a weak reference).
+    /// Samples every second and evaluates alerts every quarter second while the console is
+    /// alive (the task holds only a weak reference).
     pub fn spawn_sampler(self: &Arc<Self>, control: Arc<dyn Control>) {
         let weak: Weak<Console> = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut every = tokio::time::interval(SAMPLE_EVERY);
+            let mut every = tokio::time::interval(ALERT_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_sample: Option<std::time::Instant> = None;
             loop {
                 every.tick().await;
                 let Some(console) = weak.upgrade() else {
                     return;
                 };
-                console.sample(control.as_ref());
+                // A few milliseconds early still counts: ticks are not exact.
+                if last_sample
+                    .is_none_or(|t| t.elapsed() + Duration::from_millis(20) >= SAMPLE_EVERY)
+                {
+                    last_sample = Some(std::time::Instant::now());
+                    console.sample(control.as_ref());
+                }
+                console.alerts.tick(control.as_ref());
             }
         });
     }

@@ -3,8 +3,11 @@
 //! The API reads live state through the `Control` trait, which the binary implements over its
 //! current configuration snapshot, so this crate knows nothing of how data planes are assembled.
 
+pub mod alerts;
 mod api;
+mod cert;
 pub mod console;
+mod deliver;
 mod metrics;
 mod ui;
 
@@ -40,6 +43,10 @@ pub trait Control: Send + Sync + 'static {
     fn reload(&self) -> Result<u64, Vec<String>>;
     /// The bearer token `/api/v1/*` requires, if any; read per request so a reload can change it.
     fn admin_token(&self) -> Option<Arc<str>>;
+    /// The configuration in force, for what reads it directly (alert rules, certificate files).
+    fn config(&self) -> Option<Arc<fulcrum_config::Config>> {
+        None
+    }
     /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
     fn extra_metrics(&self, _out: &mut MetricsWriter) {}
     /// Serves `/api/v1/gslb` and `/api/v1/gslb/{*path}` (`path` split at `/`): a status code and

@@ -2,6 +2,7 @@
 //! error located by file, line, column and key path.
 
 mod accel;
+mod alert;
 mod error;
 mod http;
 mod message;
@@ -17,6 +18,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
+pub use alert::{AlertEvent, AlertRule, Smtp};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,

@@ -26,6 +26,8 @@ pub struct Config {
     pub dns: Option<Dns>,
     pub ip_tables: Vec<IpTable>,
     pub gslb: Gslb,
+    /// `[[alert]]` rules (crate::alert).
+    pub alerts: Vec<crate::alert::AlertRule>,
     /// Where key paths stand in the file, for errors found after parsing (e.g. at bind time).
     pub locations: Locations,
 }
@@ -1214,6 +1216,7 @@ pub(crate) fn read_config(root: &Node<'_>, cx: &mut Cx<'_>) -> Option<Config> {
             dns: t.opt(cx, "dns"),
             ip_tables: t.opt(cx, "ip_table").unwrap_or_default(),
             gslb: t.opt(cx, "gslb").unwrap_or_default(),
+            alerts: t.opt(cx, "alert").unwrap_or_default(),
             locations: Locations::default(),
         })
     })

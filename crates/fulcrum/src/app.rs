@@ -342,6 +342,10 @@ impl Control for App {
             .map(Arc::from)
     }
 
+    fn config(&self) -> Option<Arc<Config>> {
+        Some(self.snapshot.load().config.clone())
+    }
+
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
         self.udp.metrics(out);
         self.dns.metrics(out);
