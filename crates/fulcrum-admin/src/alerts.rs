@@ -408,6 +408,29 @@ impl Alerts {
         cache.certs.clone()
     }
 
+    /// `GET /api/v1/certificates`: every https certificate with its notAfter and days left.
+    pub fn certificates(&self, control: &dyn Control) -> Value {
+        let Some(config) = control.config() else {
+            return json!({ "certificates": [] });
+        };
+        let now = SystemTime::now();
+        let certs: Vec<Value> = self
+            .certs(&config)
+            .into_iter()
+            .map(|(service, file, not_after)| {
+                let left = not_after.duration_since(now).unwrap_or_default().as_secs();
+                json!({
+                    "service": service,
+                    "file": file,
+                    "not_after": humantime::format_rfc3339_seconds(not_after).to_string(),
+                    "days_left": left / 86400,
+                    "expired": not_after <= now,
+                })
+            })
+            .collect();
+        json!({ "certificates": certs })
+    }
+
     /// `GET /api/v1/alerts`: what fires now, per rule, and the delivery counters.
     pub fn json(&self) -> Value {
         let rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());

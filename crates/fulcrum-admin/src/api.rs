@@ -205,6 +205,7 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/history", get(history))
         .route("/audit", get(audit))
         .route("/alerts", get(alerts))
+        .route("/certificates", get(certificates))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth))
         .layer(middleware::from_fn_with_state(app.clone(), audit_layer));
@@ -322,6 +323,16 @@ async fn alerts(State(app): State<App>) -> Json<Value> {
     Json(app.console.alerts.json())
 }
 
+/// `GET /api/v1/certificates`: https certificates and their expiry.
+async fn certificates(State(app): State<App>) -> Json<Value> {
+    let (console, control) = (app.console.clone(), app.control.clone());
+    // Reading certificate files (at most once a minute) is blocking file I/O.
+    let v = tokio::task::spawn_blocking(move || console.alerts.certificates(control.as_ref()))
+        .await
+        .unwrap_or_else(|_| json!({ "certificates": [] }));
+    Json(v)
+}
+
 /// `GET /api/v1/audit`: the mutating API calls, newest first.
 async fn audit(State(app): State<App>) -> Json<Value> {
     Json(json!({ "entries": app.console.audit() }))
@@ -360,7 +371,7 @@ async fn index() -> Json<Value> {
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
                       "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}",
-                      "/api/v1/history", "/api/v1/audit", "/api/v1/alerts", "/metrics", "/ui/"],
+                      "/api/v1/history", "/api/v1/audit", "/api/v1/alerts", "/api/v1/certificates", "/metrics", "/ui/"],
     }))
 }
 

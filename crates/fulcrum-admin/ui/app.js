@@ -21,6 +21,8 @@ const state = {
   lastT: 0,
   gslb: true,           // false once /api/v1/gslb/sites said there is no GSLB
   lastOk: 0,
+  certs: null,          // /api/v1/certificates, re-read every 30 s
+  certsAt: 0,
   rows: new Map(),      // key -> row record, so rows are updated in place (clicks survive refreshes)
   pools: new Map(),
 };
@@ -378,6 +380,41 @@ function renderAudit(data) {
   tbody.replaceChildren(...rows);
 }
 
+function renderAlerts(data) {
+  const tbody = $("alerts").tBodies[0];
+  const firing = data.firing || [];
+  const pending = (data.pending || []).length;
+  const rules = Object.keys(data.delivery || {}).length;
+  let failed = 0;
+  for (const r of Object.values(data.delivery || {})) {
+    failed += r.dropped || 0;
+    for (const s of Object.values(r.sinks || {})) failed += s.failed || 0;
+  }
+  setText($("alerts-tag"), rules
+    ? `${firing.length} firing · ${pending} pending · ${rules} rule${rules === 1 ? "" : "s"}` + (failed ? ` · ${failed} notifications failed` : "")
+    : "no [[alert]] rules configured");
+  $("alerts-panel").classList.toggle("firing", firing.length > 0);
+  const rows = firing.map((a) => el("tr", {},
+    el("td", {}, el("span", { class: "pill " + (a.labels.severity === "critical" ? "down" : "drain") }, a.labels.severity || "alert")),
+    el("td", {}, a.labels.alertname || a.event),
+    el("td", {}, a.summary),
+    el("td", { title: a.since || "" }, a.since ? ago(Date.parse(a.since) / 1000) : "–"),
+    el("td", {}, a.rule)));
+  if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colspan: "5" }, rules ? "Nothing firing." : "Alerting is not configured.")));
+  tbody.replaceChildren(...rows);
+}
+
+function renderCerts(data) {
+  const panel = $("certs-panel");
+  const certs = (data && data.certificates) || [];
+  panel.classList.toggle("hidden", !certs.length);
+  $("certs").tBodies[0].replaceChildren(...certs.map((c) => el("tr", {},
+    el("td", {}, c.service),
+    el("td", { class: "addr" }, c.file),
+    el("td", {}, c.not_after.replace("T", " ").replace("Z", " UTC")),
+    el("td", { class: "num" }, el("span", { class: "pill " + (c.days_left < 7 ? "down" : c.days_left < 30 ? "drain" : "up") }, c.expired ? "expired" : String(c.days_left))))));
+}
+
 // ---- actions --------------------------------------------------------------------------------
 
 let pending = null;
@@ -433,13 +470,17 @@ async function refresh() {
   running = true;
   clearTimeout(timer);
   try {
-    const [status, pools, hist, audit, gslb] = await Promise.all([
+    const wantCerts = Date.now() - state.certsAt > 30000;
+    const [status, pools, hist, audit, gslb, alerts, certs] = await Promise.all([
       api("GET", "/api/v1/status"),
       api("GET", "/api/v1/pools"),
       api("GET", "/api/v1/history?since=" + state.lastT),
       api("GET", "/api/v1/audit"),
       state.gslb ? api("GET", "/api/v1/gslb/sites").catch((e) => { if (e.status === 404) state.gslb = false; return null; }) : null,
+      api("GET", "/api/v1/alerts"),
+      wantCerts ? api("GET", "/api/v1/certificates") : null,
     ]);
+    if (certs) { state.certs = certs; state.certsAt = Date.now(); }
     for (const s of hist.samples) state.history.push(s);
     if (hist.samples.length) state.lastT = hist.samples[hist.samples.length - 1].t;
     if (state.history.length > 600) state.history.splice(0, state.history.length - 600);
@@ -449,6 +490,8 @@ async function refresh() {
     renderPools(pools);
     renderGslb(gslb);
     renderAudit(audit);
+    renderAlerts(alerts);
+    renderCerts(state.certs);
     // The window grows with the history kept: 1, 5, then 10 minutes.
     const kept = state.history.length ? Date.now() / 1000 - state.history[0].t : 0;
     const span = kept <= 60 ? 60 : kept <= 300 ? 300 : 600;

@@ -332,6 +332,8 @@ impl Browser {
 
     /// Saves a PNG of the whole page (not only the window) to `path`.
     pub fn screenshot(&mut self, path: &Path) -> Result<(), String> {
+        // From the top, so sticky headers sit where a reader expects them.
+        self.eval("window.scrollTo(0, 0)")?;
         let m = self.call("Page.getLayoutMetrics", json!({}))?;
         let size = &m["cssContentSize"];
         let (w, h) = (

@@ -507,3 +507,88 @@ async fn alertmanager_api_v2_receives_the_alert_and_its_resolution() {
         "{v}"
     );
 }
+
+/// A self-signed certificate valid for `days`, made by the openssl CLI in `dir`.
+fn short_cert(dir: &std::path::Path, days: u32) -> (String, String) {
+    let (cert, key) = (dir.join("site.crt"), dir.join("site.key"));
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
+        .args([
+            "-subj",
+            "/CN=shop.example.test",
+            "-days",
+            &days.to_string(),
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl is installed by scripts/test.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (cert.display().to_string(), key.display().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_expiring_within_the_threshold_fires_cert_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = short_cert(dir.path(), 10);
+    let backend = HttpBackend::start(free_addr(), "a").await.unwrap();
+    let hook = Receiver::start().await;
+    let vs = free_addr();
+    let f = start(&format!(
+        r#"[[virtual_service]]
+name = "secure"
+listen = ["{vs}"]
+protocol = "https"
+pool = "web"
+tls = [{{ cert = "{cert}", key = "{key}" }}]
+
+[[pool]]
+name = "web"
+[[pool.member]]
+address = "{}"
+
+[[alert]]
+name = "certs"
+on = ["cert_expiry"]
+webhook = "http://{}/hook"
+cert_expiry = "30d"
+hold = "0s"
+"#,
+        backend.addr, hook.addr
+    ))
+    .await;
+    let ok = wait_until(Duration::from_secs(10), || async {
+        hook.bodies()
+            .iter()
+            .any(|v| v["alerts"][0]["labels"]["alertname"] == "FulcrumCertificateExpiry")
+    })
+    .await;
+    assert!(ok, "{:?}\n{}", hook.bodies(), f.logs());
+    let v = &hook.bodies()[0]["alerts"][0];
+    assert_eq!(v["labels"]["service"], "secure");
+    assert_eq!(v["labels"]["certificate"], cert.as_str());
+    assert!(
+        v["annotations"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("expires in 9 days"),
+        "{v}"
+    );
+    let c = f.get_json("/api/v1/certificates").await;
+    assert_eq!(c["certificates"][0]["days_left"], 9, "{c}");
+    assert_eq!(c["certificates"][0]["service"], "secure");
+}

@@ -9,9 +9,49 @@ use common::*;
 use fulcrum_testkit::browser::Browser;
 use fulcrum_testkit::HttpBackend;
 
+/// A self-signed certificate valid for `days`, made by the openssl CLI in `dir`.
+fn alerts_cert(dir: &std::path::Path, days: u32) -> (String, String) {
+    let (cert, key) = (dir.join("site.crt"), dir.join("site.key"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
+        .args([
+            "-subj",
+            "/CN=shop.example.test",
+            "-days",
+            &days.to_string(),
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl is installed by scripts/test.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (cert.display().to_string(), key.display().to_string())
+}
+
 const TOKEN: &str = "console-test-token";
 
 async fn http_pool(n: usize) -> (Vec<HttpBackend>, std::net::SocketAddr, Fulcrum) {
+    http_pool_with(n, "").await
+}
+
+async fn http_pool_with(
+    n: usize,
+    extra: &str,
+) -> (Vec<HttpBackend>, std::net::SocketAddr, Fulcrum) {
     let mut backends = Vec::new();
     for i in 0..n {
         backends.push(
@@ -45,6 +85,8 @@ interval = "200ms"
 timeout = "150ms"
 rise = 1
 fall = 1
+
+{extra}
 "#
     );
     let f = Fulcrum::start_with_token(BIN, free_addr(), Some(TOKEN), &config)
@@ -62,7 +104,29 @@ async fn traffic(vs: std::net::SocketAddr, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_shows_live_members_and_drains_one_with_confirmation() {
-    let (backends, vs, f) = http_pool(3).await;
+    // An https service whose certificate expires in 20 days, and an alert rule: the page shows
+    // both.
+    let pki = tempfile::tempdir().unwrap();
+    let (cert, key) = alerts_cert(pki.path(), 20);
+    let syslog = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let extra = format!(
+        r#"[[virtual_service]]
+name = "shop-tls"
+listen = ["{}"]
+protocol = "https"
+pool = "web"
+tls = [{{ cert = "{cert}", key = "{key}" }}]
+
+[[alert]]
+name = "oncall"
+on = ["member_down", "cert_expiry"]
+syslog = "{}"
+hold = "0s"
+"#,
+        free_addr(),
+        syslog.local_addr().unwrap()
+    );
+    let (backends, vs, f) = http_pool_with(3, &extra).await;
     let addrs: Vec<String> = backends.iter().map(|b| b.addr.to_string()).collect();
     // Members are up (the monitor passed) before the page looks.
     for a in &addrs {
@@ -83,7 +147,7 @@ async fn dashboard_shows_live_members_and_drains_one_with_confirmation() {
     let addrs2 = addrs.clone();
     let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-dashboard.png");
     let shot2 = shot.clone();
-    let (errors, page) = tokio::task::spawn_blocking(move || {
+    let (mut b, addrs2, shot2, page) = tokio::task::spawn_blocking(move || {
         let mut b = Browser::launch(1440, 1000).expect("chromium starts");
         b.navigate(&url).unwrap();
         b.wait_for("document.body && document.body.dataset.loaded === '1'", Duration::from_secs(15))
@@ -141,9 +205,35 @@ async fn dashboard_shows_live_members_and_drains_one_with_confirmation() {
             Duration::from_secs(10),
         )
         .expect("the audit log shows the drain");
+        // The alert panel lists the certificate that expires within 30 days and, once the third
+        // member fails its check, that member.
+        if let Err(e) = b.wait_for(
+            "document.querySelector('#alerts tbody').textContent.includes('FulcrumCertificateExpiry')",
+            Duration::from_secs(10),
+        ) {
+            let shown = b.eval("document.getElementById('alerts-panel').textContent").unwrap_or_default();
+            panic!("the certificate alert does not show: {e}\n{shown}\n{:#?}", b.errors());
+        }
+        b.wait_for(
+            "document.querySelector('#certs tbody').textContent.includes('shop-tls')",
+            Duration::from_secs(10),
+        )
+        .expect("the certificate shows");
+        (b, addrs2, shot2, page)
+    })
+    .await
+    .unwrap();
+    backends[2].set_healthy(false);
+    let errors = tokio::task::spawn_blocking(move || {
+        let down = serde_json::to_string(&addrs2[2]).unwrap();
+        b.wait_for(
+            &format!("document.querySelector('#alerts tbody').textContent.includes({down})"),
+            Duration::from_secs(10),
+        )
+        .expect("the member-down alert shows");
         std::thread::sleep(Duration::from_millis(1500)); // one more refresh for the charts
         b.screenshot(&shot2).unwrap();
-        (b.errors(), page)
+        b.errors()
     })
     .await
     .unwrap();
