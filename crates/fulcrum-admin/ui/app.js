@@ -19,7 +19,7 @@ const COLORS = ["#38bdf8", "#22c55e", "#f59e0b", "#a78bfa", "#f472b6", "#2dd4bf"
 const state = {
   history: [],          // samples from /api/v1/history, oldest first
   lastT: 0,
-  gslb: true,           // false once /api/v1/gslb/sites said there is no GSLB
+  gslb: true,           // false once /api/v1/gslb answered 404 (a build without GSLB)
   lastOk: 0,
   certs: null,          // /api/v1/certificates, re-read every 30 s
   certsAt: 0,
@@ -365,6 +365,35 @@ function renderGslb(data) {
     setText(t[5], (s.addresses || []).map((a) => `${a.address} ${a.health}`).join(", "));
   }
   prune(tbody);
+  renderShares(data.names || []);
+}
+
+// One bar per region: each site's share of the answers, in the site's colour.
+function renderShares(names) {
+  const siteColor = new Map();
+  const color = (site) => {
+    if (!siteColor.has(site)) siteColor.set(site, COLORS[siteColor.size % COLORS.length]);
+    return siteColor.get(site);
+  };
+  const rows = names.map((n) => {
+    const regions = Object.entries(n.shares || {});
+    const cell = el("div", { class: "shares" }, ...regions.map(([region, sites]) => {
+      const bar = el("div", { class: "share-bar" });
+      const text = [];
+      for (const [site, share] of Object.entries(sites)) {
+        const seg = el("span", { title: `${site}: ${(share * 100).toFixed(1)} %` });
+        seg.style.width = (share * 100).toFixed(2) + "%";
+        seg.style.background = color(site);
+        bar.append(seg);
+        text.push(`${site} ${(share * 100).toFixed(0)} %`);
+      }
+      return el("div", { class: "share-row" }, el("span", { class: "region" }, region === "*" ? "other" : region), bar, el("span", {}, text.join(" · ") || "no site"));
+    }));
+    return el("tr", {}, el("td", { class: "addr" }, n.fqdn), el("td", {}, n.algorithm),
+      el("td", { class: "num" }, fmt(n.queries)), el("td", { class: "num" }, fmt(n.fallbacks)), el("td", {}, cell));
+  });
+  if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colspan: "5" }, "No GSLB names.")));
+  $("gslb-names").tBodies[0].replaceChildren(...rows);
 }
 
 function renderAudit(data) {
@@ -476,7 +505,7 @@ async function refresh() {
       api("GET", "/api/v1/pools"),
       api("GET", "/api/v1/history?since=" + state.lastT),
       api("GET", "/api/v1/audit"),
-      state.gslb ? api("GET", "/api/v1/gslb/sites").catch((e) => { if (e.status === 404) state.gslb = false; return null; }) : null,
+      state.gslb ? api("GET", "/api/v1/gslb").catch((e) => { if (e.status === 404) state.gslb = false; return null; }) : null,
       api("GET", "/api/v1/alerts"),
       wantCerts ? api("GET", "/api/v1/certificates") : null,
     ]);
@@ -502,6 +531,7 @@ async function refresh() {
       legend($("l-" + id), series.map((s) => s.name));
     }
     state.lastOk = Date.now();
+    tickLive();
     if (!$("banner").classList.contains("good")) banner("");
     document.body.dataset.loaded = "1";
   } catch (e) {

@@ -352,3 +352,93 @@ async fn ui_assets_are_embedded_with_a_strict_policy_and_history_fills() {
     let audit = f.get_json("/api/v1/audit").await;
     assert_eq!(audit["entries"][0]["status"], 401, "{audit}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_gslb_sites_and_shares_per_region() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("example.com.zone"),
+        "$TTL 300\n@ IN SOA ns1 hostmaster ( 1 3600 600 86400 60 )\n  IN NS ns1\nns1 IN A 192.0.2.1\n",
+    )
+    .unwrap();
+    let config = format!(
+        r#"[dns]
+listen = ["{}"]
+
+[[dns.zone]]
+origin = "example.com."
+file = "{}"
+
+[[ip_table]]
+name = "tel"
+cidrs = ["198.51.100.0/24"]
+
+[[ip_table]]
+name = "uni"
+cidrs = ["203.0.113.0/24"]
+
+[[gslb.site]]
+name = "east"
+addresses = ["192.0.2.10"]
+regions = ["tel"]
+
+[[gslb.site]]
+name = "west"
+addresses = ["192.0.2.20"]
+regions = ["uni"]
+
+[[gslb.name]]
+fqdn = "app.example.com."
+sites = ["east", "west"]
+algorithm = "topology"
+"#,
+        free_addr(),
+        dir.path().join("example.com.zone").display()
+    );
+    let f = Fulcrum::start_with_token(BIN, free_addr(), Some(TOKEN), &config)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("http://{}/ui/#token={TOKEN}", f.admin);
+    let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-gslb.png");
+    let (sites, shares, errors) = tokio::task::spawn_blocking({
+        let shot = shot.clone();
+        move || {
+            let mut b = Browser::launch(1440, 900).expect("chromium starts");
+            b.navigate(&url).unwrap();
+            let sites = b
+                .wait_for(
+                    "(() => { const p = document.getElementById('gslb-panel'); return !p.classList.contains('hidden') && document.querySelector('#gslb tbody').textContent; })()",
+                    Duration::from_secs(15),
+                )
+                .expect("the GSLB panel shows");
+            let shares = b
+                .wait_for(
+                    "document.querySelector('#gslb-names tbody').textContent",
+                    Duration::from_secs(5),
+                )
+                .unwrap();
+            b.screenshot(&shot).unwrap();
+            (sites, shares, b.errors())
+        }
+    })
+    .await
+    .unwrap();
+    println!("GSLB screenshot: {}", shot.display());
+    let sites = sites.as_str().unwrap();
+    assert!(
+        sites.contains("east") && sites.contains("west") && sites.contains("192.0.2.10"),
+        "{sites}"
+    );
+    let shares = shares.as_str().unwrap();
+    // Topology: region "tel" answers with east, "uni" with west.
+    assert!(shares.contains("app.example.com."), "{shares}");
+    assert!(
+        shares.contains("tel") && shares.contains("east 100 %"),
+        "{shares}"
+    );
+    assert!(
+        shares.contains("uni") && shares.contains("west 100 %"),
+        "{shares}"
+    );
+    assert!(errors.is_empty(), "{errors:#?}");
+}
