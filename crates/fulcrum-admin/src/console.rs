@@ -140,7 +140,9 @@ impl Console {
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
             let errors = load(&st.no_member) + load(&st.over_limit) + load(&st.upstream_failures);
             let (hits, misses) = if s.protocol.is_http() {
-                let (code, v) = control.cache_api("GET", &s.name, &[]);
+                // `counters`: hits and misses only; the full answer walks the whole cache.
+                let (code, v) =
+                    control.cache_api("GET", &s.name, &[("counters".into(), String::new())]);
                 if code == 200 {
                     (v["hits"].as_u64(), v["misses"].as_u64())
                 } else {

@@ -442,3 +442,50 @@ algorithm = "topology"
     );
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_has_the_cache_hit_ratio_of_a_caching_service() {
+    let origin = fulcrum_testkit::Origin::start(free_addr(), |_, n| {
+        fulcrum_testkit::Reply::ok(&format!("body {n}"), &[("cache-control", "max-age=60")])
+    })
+    .await
+    .unwrap();
+    let vs = free_addr();
+    let f = Fulcrum::start_with_token(
+        BIN,
+        free_addr(),
+        Some(TOKEN),
+        &format!(
+            "[[virtual_service]]\nname = \"cdn\"\nlisten = [\"{vs}\"]\nprotocol = \"http\"\npool = \"o\"\n\
+             cache = {{ size = \"8MiB\" }}\n\n[[pool]]\nname = \"o\"\n[[pool.member]]\naddress = \"{}\"\n",
+            origin.addr
+        ),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Let a first sample pass, then 1 miss and 19 hits within one interval or two.
+    let ok = wait_until(Duration::from_secs(5), || async {
+        f.get_json("/api/v1/history").await["samples"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+    })
+    .await;
+    assert!(ok);
+    for _ in 0..20 {
+        let r = fulcrum_testkit::http_get(vs, "/logo.png").await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(origin.count(), 1, "the cache answered the rest");
+    let ok = wait_until(Duration::from_secs(5), || async {
+        let h = f.get_json("/api/v1/history").await;
+        h["samples"].as_array().is_some_and(|s| {
+            s.iter().any(|x| {
+                x["services"][0]["cache_hit_ratio"]
+                    .as_f64()
+                    .is_some_and(|r| r >= 0.9)
+            })
+        })
+    })
+    .await;
+    assert!(ok, "{}", f.get_json("/api/v1/history").await);
+}
