@@ -8,6 +8,7 @@ mod http;
 mod message;
 mod reader;
 mod schema;
+mod snmp;
 mod tls;
 mod types;
 mod validate;
@@ -27,6 +28,7 @@ pub use http::{
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
+pub use snmp::{parse_oid, SnmpOptions};
 pub use tls::{ClientAuth, TlsOptions, TlsVersion, ALPN_PROTOCOLS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,

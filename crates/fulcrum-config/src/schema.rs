@@ -706,6 +706,7 @@ string_enum!(MonitorKind {
     Imap = "imap",
     Ftp = "ftp",
     Icmp = "icmp",
+    Snmp = "snmp",
 });
 
 #[derive(Debug, Clone)]
@@ -737,6 +738,8 @@ pub struct Monitor {
     /// radius (Access-Request instead of Status-Server), pop3, imap, ftp: log in as this user.
     pub username: Option<String>,
     pub password: Option<String>,
+    /// snmp: community, OID, and the value that means "no more load" (crate::snmp).
+    pub snmp: crate::snmp::SnmpOptions,
 }
 
 /// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
@@ -765,6 +768,9 @@ pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[
             MonitorKind::Ftp,
         ],
     ),
+    ("community", &[MonitorKind::Snmp]),
+    ("oid", &[MonitorKind::Snmp]),
+    ("max", &[MonitorKind::Snmp]),
 ];
 
 impl FromNode for Monitor {
@@ -807,6 +813,7 @@ impl FromNode for Monitor {
                 secret: t.opt(cx, "secret"),
                 username: t.opt(cx, "username"),
                 password: t.opt(cx, "password"),
+                snmp: crate::snmp::SnmpOptions::read(t, cx),
                 name: name?,
                 kind: kind?,
             })
