@@ -781,3 +781,20 @@ fn alert_rule_errors_name_the_key() {
     let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\nsyslog = \"127.0.0.1:514\"\nrepaet = \"1h\"\n");
     has(&e, "did you mean `repeat`");
 }
+
+#[test]
+fn snmp_monitor_keys() {
+    let c = ok("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\noid = \".1.3.6.1.4.1.2021.10.1.5.1\"\nmax = 400\n");
+    assert_eq!(c.monitors[0].snmp.community, "public");
+    assert_eq!(c.monitors[0].snmp.oid.as_ref().unwrap().len(), 11);
+    assert_eq!(c.monitors[0].snmp.max, Some(400.0));
+    let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\n");
+    has(&e, "type snmp needs `oid`");
+    let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\noid = \"laLoadInt.1\"\n");
+    has(&e, "monitor[0].oid");
+    has(&e, "not a numeric OID");
+    let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\noid = \"1.3.6\"\nmax = 0\n");
+    has(&e, "monitor[0].max");
+    let e = errs("[[monitor]]\nname = \"web\"\ntype = \"http\"\ncommunity = \"x\"\n");
+    has(&e, "`community` applies to monitor type snmp");
+}
