@@ -484,7 +484,9 @@ async function runPending() {
     }
     setTimeout(() => { if ($("banner").classList.contains("good")) banner(""); }, 4000);
   } catch (e) {
-    banner(`Could not change ${p.address} in ${p.pool}: ${e.message}` + (e.status === 401 ? " (set the admin token)" : ""));
+    banner(`Could not change ${p.address} in ${p.pool}: ${e.message}` + (e.status === 401 ? " (set the admin token, then try again)" : ""));
+    // Changes may need a token even where reading does not: ask for it at once.
+    if (e.status === 401 && !$("token-dialog").open) $("token-dialog").showModal();
   }
   refresh();
 }
