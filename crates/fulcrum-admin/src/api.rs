@@ -305,16 +305,19 @@ fn percent_decode(s: &str) -> String {
 struct HistoryQuery {
     #[serde(default)]
     since: f64,
+    /// Seconds of per-member figures wanted (all kept samples when absent).
+    member_window: Option<f64>,
 }
 
-/// `GET /api/v1/history?since=T`: the sampler's one-second samples after Unix time `T`.
+/// `GET /api/v1/history?since=T[&member_window=S]`: the sampler's one-second samples after Unix
+/// time `T`, members' figures only for the last `S` seconds when given.
 async fn history(
     State(app): State<App>,
     axum::extract::Query(q): axum::extract::Query<HistoryQuery>,
 ) -> Json<Value> {
     Json(json!({
         "interval_s": 1,
-        "samples": app.console.history_since(q.since),
+        "samples": app.console.history_since(q.since, q.member_window),
     }))
 }
 

@@ -222,10 +222,23 @@ impl Console {
         });
     }
 
-    /// Samples taken after `since` (Unix seconds), oldest first.
-    pub fn history_since(&self, since: f64) -> Vec<Sample> {
+    /// Samples taken after `since` (Unix seconds), oldest first; with `member_window`, the
+    /// per-member figures only of the samples of the last `member_window` seconds (a page with
+    /// hundreds of members wants ten minutes of services but only its sparklines' members).
+    pub fn history_since(&self, since: f64, member_window: Option<f64>) -> Vec<Sample> {
         let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
-        h.iter().filter(|s| s.t > since).cloned().collect()
+        let cut = member_window.map(|w| unix_now() - w);
+        h.iter()
+            .filter(|s| s.t > since)
+            .map(|s| match cut {
+                Some(c) if s.t < c => Sample {
+                    t: s.t,
+                    services: s.services.clone(),
+                    members: Vec::new(),
+                },
+                _ => s.clone(),
+            })
+            .collect()
     }
 
     pub fn record(&self, entry: AuditEntry) {

@@ -505,7 +505,7 @@ async function refresh() {
     const [status, pools, hist, audit, gslb, alerts, certs] = await Promise.all([
       api("GET", "/api/v1/status"),
       api("GET", "/api/v1/pools"),
-      api("GET", "/api/v1/history?since=" + state.lastT),
+      api("GET", "/api/v1/history?member_window=130&since=" + state.lastT),
       api("GET", "/api/v1/audit"),
       state.gslb ? api("GET", "/api/v1/gslb").catch((e) => { if (e.status === 404) state.gslb = false; return null; }) : null,
       api("GET", "/api/v1/alerts"),

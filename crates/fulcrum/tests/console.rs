@@ -489,3 +489,25 @@ async fn history_has_the_cache_hit_ratio_of_a_caching_service() {
     .await;
     assert!(ok, "{}", f.get_json("/api/v1/history").await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_member_window_keeps_member_figures_of_recent_samples_only() {
+    let (_backends, _vs, f) = http_pool(2).await;
+    let ok = wait_until(Duration::from_secs(10), || async {
+        f.get_json("/api/v1/history").await["samples"]
+            .as_array()
+            .is_some_and(|s| s.len() >= 4)
+    })
+    .await;
+    assert!(ok);
+    let h = f.get_json("/api/v1/history?member_window=1.5").await;
+    let samples = h["samples"].as_array().unwrap();
+    let with_members = samples
+        .iter()
+        .filter(|s| !s["members"].as_array().unwrap().is_empty())
+        .count();
+    assert!((1..=2).contains(&with_members), "{h}");
+    assert!(samples
+        .iter()
+        .all(|s| s["services"].as_array().unwrap().len() == 1));
+}
