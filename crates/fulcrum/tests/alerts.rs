@@ -1,6 +1,6 @@
 //! `[[alert]]` end to end: a member going down and coming back raises firing and resolved
-//! notifications to a webhook (Alertmanager v4 JSON), syslog (RFC 5424 over UDP), SMTP (Python's
-//! smtpd as the server) and Debian's prometheus-alertmanager (API v2); flaps shorter than
+//! notifications to a webhook (Alertmanager v4 JSON), syslog (RFC 5424 over UDP), SMTP (aiosmtpd
+//! as the server) and Debian's prometheus-alertmanager (API v2); flaps shorter than
 //! `hold` raise nothing; a dead receiver is retried and counted while traffic flows.
 
 mod common;
@@ -71,7 +71,8 @@ impl Receiver {
     }
 }
 
-/// Python's smtpd DebuggingServer: a real SMTP server that prints each message it accepts.
+/// aiosmtpd (Debian's python3-aiosmtpd) with its Debugging handler: a real SMTP server that
+/// prints each message it accepts.
 struct SmtpServer {
     child: Child,
     addr: SocketAddr,
@@ -88,22 +89,15 @@ impl Drop for SmtpServer {
 impl SmtpServer {
     fn start() -> SmtpServer {
         let addr = free_addr();
-        let mut child = Command::new("python3")
-            .args([
-                "-W",
-                "ignore",
-                "-u",
-                "-m",
-                "smtpd",
-                "-n",
-                "-c",
-                "DebuggingServer",
-            ])
+        // Debian's python3 (not one a developer may have first in PATH) has the package.
+        let mut child = Command::new("/usr/bin/python3")
+            .args(["-u", "-m", "aiosmtpd", "-n", "-l"])
             .arg(format!("{}:{}", addr.ip(), addr.port()))
+            .args(["-c", "aiosmtpd.handlers.Debugging", "stdout"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("python3 is installed by scripts/test.sh");
+            .expect("python3-aiosmtpd is installed by scripts/test.sh");
         let stdout = child.stdout.take().unwrap();
         let out = Arc::new(Mutex::new(String::new()));
         let o = out.clone();
@@ -119,7 +113,7 @@ impl SmtpServer {
         });
         let end = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < end, "smtpd did not start");
+            assert!(Instant::now() < end, "aiosmtpd did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
         SmtpServer { child, addr, out }
