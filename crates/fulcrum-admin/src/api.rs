@@ -13,6 +13,7 @@ use fulcrum_config::{AdminState, MAX_WEIGHT};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::console::{unix_now, AuditEntry, Console};
 use crate::{Control, ServiceInfo};
 
 #[derive(Clone)]
@@ -20,6 +21,7 @@ struct App {
     control: Arc<dyn Control>,
     /// The address the API is bound to (it changes only at restart).
     bound: SocketAddr,
+    console: Arc<Console>,
 }
 
 #[derive(Serialize)]
@@ -188,9 +190,18 @@ fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
 
 /// Builds the API router for a listener bound to `bound`. Every request passes `guard`: the
 /// Host check (loopback listeners), the bearer token and, on mutating calls, the JSON
-/// Content-Type (DESIGN §5).
+/// Content-Type. Every mutating call under `/api/v1/`, refused ones included, is audited.
+/// Inside a Tokio runtime it also starts the console's sampler (which ends with the router).
 pub fn router(control: Arc<dyn Control>, bound: SocketAddr) -> Router {
-    let app = App { control, bound };
+    let console = Arc::new(Console::default());
+    if tokio::runtime::Handle::try_current().is_ok() {
+        console.spawn_sampler(control.clone());
+    }
+    let app = App {
+        control,
+        bound,
+        console,
+    };
     let api = Router::new()
         .route("/status", get(status))
         .route("/pools", get(pools))
@@ -199,15 +210,146 @@ pub fn router(control: Arc<dyn Control>, bound: SocketAddr) -> Router {
         .route("/pools/{pool}/members/{address}/state", put(set_state))
         .route("/pools/{pool}/members/{address}/weight", put(set_weight))
         .route("/reload", post(reload))
+        .route("/history", get(history))
+        .route("/audit", get(audit))
+        .route("/alerts", get(alerts))
+        .route("/certificates", get(certificates))
         .route("/{*path}", axum::routing::any(plane))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") });
     Router::new()
         .nest("/api/v1", api)
+        .merge(crate::ui::routes())
         .route("/metrics", get(metrics))
         .route("/", get(index))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(middleware::from_fn_with_state(app.clone(), guard))
+        .layer(middleware::from_fn_with_state(app.clone(), audit_layer))
         .with_state(app)
+}
+
+/// Records every call that may change something (anything but GET/HEAD/OPTIONS), refused ones
+/// included, with the peer's address: the console's "who drained this member at 3 a.m.".
+async fn audit_layer(State(app): State<App>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    if matches!(
+        method,
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    ) || !req.uri().path().starts_with("/api/v1/")
+    {
+        return next.run(req).await;
+    }
+    let from = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "unknown".to_string(), |c| c.0.to_string());
+    let user_agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .chars()
+        .take(128)
+        .collect();
+    // Inside `nest` the URI lost its `/api/v1` prefix; the audit names the path as called.
+    let path = req
+        .extensions()
+        .get::<axum::extract::OriginalUri>()
+        .map_or_else(|| req.uri().path().to_string(), |u| u.0.path().to_string());
+    let path = percent_decode(&path);
+    let (parts, body) = req.into_parts();
+    // Admin request bodies are small JSON objects; a larger one is refused rather than buffered.
+    let bytes = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) => b,
+        Err(_) => {
+            let r =
+                error(StatusCode::PAYLOAD_TOO_LARGE, "request body over 64 KiB").into_response();
+            app.console.record(AuditEntry {
+                at: unix_now(),
+                from,
+                method: method.to_string(),
+                path,
+                body: String::new(),
+                status: r.status().as_u16(),
+                user_agent,
+            });
+            return r;
+        }
+    };
+    let shown: String = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
+    let response = next
+        .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await;
+    app.console.record(AuditEntry {
+        at: unix_now(),
+        from,
+        method: method.to_string(),
+        path,
+        body: shown,
+        status: response.status().as_u16(),
+        user_agent,
+    });
+    response
+}
+
+/// `%3A` → `:` and so on, so the audit shows `127.0.0.1:80` as the handlers saw it; invalid
+/// escapes stay as they were.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[derive(serde::Deserialize)]
+struct HistoryQuery {
+    #[serde(default)]
+    since: f64,
+    /// Seconds of per-member figures wanted (all kept samples when absent).
+    member_window: Option<f64>,
+}
+
+/// `GET /api/v1/history?since=T[&member_window=S]`: the sampler's one-second samples after Unix
+/// time `T`, members' figures only for the last `S` seconds when given.
+async fn history(
+    State(app): State<App>,
+    axum::extract::Query(q): axum::extract::Query<HistoryQuery>,
+) -> Json<Value> {
+    Json(json!({
+        "interval_s": 1,
+        "samples": app.console.history_since(q.since, q.member_window),
+    }))
+}
+
+/// `GET /api/v1/alerts`: firing (and pending) alerts and delivery counters per rule.
+async fn alerts(State(app): State<App>) -> Json<Value> {
+    Json(app.console.alerts.json())
+}
+
+/// `GET /api/v1/certificates`: https certificates and their expiry.
+async fn certificates(State(app): State<App>) -> Json<Value> {
+    let (console, control) = (app.console.clone(), app.control.clone());
+    // Reading certificate files (at most once a minute) is blocking file I/O.
+    let v = tokio::task::spawn_blocking(move || console.alerts.certificates(control.as_ref()))
+        .await
+        .unwrap_or_else(|_| json!({ "certificates": [] }));
+    Json(v)
+}
+
+/// `GET /api/v1/audit`: the mutating API calls, newest first.
+async fn audit(State(app): State<App>) -> Json<Value> {
+    Json(json!({ "entries": app.console.audit() }))
 }
 
 /// Compares in time independent of where the first difference is, so the token cannot be
@@ -312,7 +454,8 @@ async fn index() -> Json<Value> {
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
-                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/ha", "/api/v1/ha/maintenance", "/metrics"],
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/ha", "/api/v1/ha/maintenance",
+                      "/api/v1/history", "/api/v1/audit", "/api/v1/alerts", "/api/v1/certificates", "/metrics", "/ui/"],
     }))
 }
 
@@ -478,7 +621,10 @@ async fn reload(State(app): State<App>) -> Response {
 }
 
 async fn metrics(State(app): State<App>) -> Response {
-    let text = crate::metrics::render(app.control.as_ref());
+    let mut text = crate::metrics::render(app.control.as_ref());
+    let mut w = crate::MetricsWriter::default();
+    app.console.alerts.metrics(&mut w);
+    text.push_str(&w.finish());
     (
         [(
             header::CONTENT_TYPE,
@@ -525,5 +671,15 @@ mod tests {
         assert!(!host_allowed("attacker.example", v6));
         let any = "0.0.0.0:9900".parse().unwrap();
         assert!(host_allowed("adc.example.net", any));
+    }
+
+    #[test]
+    fn percent_decode_keeps_what_is_not_an_escape() {
+        assert_eq!(
+            super::percent_decode("/m/127.0.0.1%3A80/x%5B%5d"),
+            "/m/127.0.0.1:80/x[]"
+        );
+        assert_eq!(super::percent_decode("100%"), "100%");
+        assert_eq!(super::percent_decode("%zz%4"), "%zz%4");
     }
 }

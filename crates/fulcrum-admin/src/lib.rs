@@ -3,8 +3,13 @@
 //! The API reads live state through the `Control` trait, which the binary implements over its
 //! current configuration snapshot, so this crate knows nothing of how data planes are assembled.
 
+pub mod alerts;
 mod api;
+mod cert;
+pub mod console;
+mod deliver;
 mod metrics;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,6 +67,10 @@ pub trait Control: Send + Sync + 'static {
     fn reload(&self) -> Result<u64, Vec<String>>;
     /// Who may do what; read per request so a reload can change the token.
     fn admin_access(&self) -> Access;
+    /// The configuration in force, for what reads it directly (alert rules, certificate files).
+    fn config(&self) -> Option<Arc<fulcrum_config::Config>> {
+        None
+    }
     /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
     fn extra_metrics(&self, _out: &mut MetricsWriter) {}
     /// Called after the API changed a member's state or weight (or a plane's mutating route
@@ -71,6 +80,18 @@ pub trait Control: Send + Sync + 'static {
     /// a status and a JSON body, or `None` when no plane has the route.
     fn plane_api(&self, _request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
         None
+    }
+    /// `GET /api/v1/{path}?{query}` of a plane, as the console and alerts read it: 404 when no
+    /// plane has the route.
+    fn plane_get(&self, path: &[&str], query: &[(String, String)]) -> (u16, serde_json::Value) {
+        let request = ApiRequest {
+            method: "GET",
+            path,
+            query,
+            body: &[],
+        };
+        self.plane_api(&request)
+            .unwrap_or((404, serde_json::Value::Null))
     }
 }
 
@@ -83,7 +104,7 @@ pub async fn serve(listener: tokio::net::TcpListener, control: Arc<dyn Control>)
             return;
         }
     };
-    let app = router(control, bound);
+    let app = router(control, bound).into_make_service_with_connect_info::<SocketAddr>();
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "admin API stopped");
     }

@@ -4,6 +4,7 @@
 mod accel;
 mod access;
 mod admin;
+mod alert;
 mod error;
 mod forwarding;
 mod ha;
@@ -11,6 +12,7 @@ mod http;
 mod message;
 mod reader;
 mod schema;
+mod snmp;
 mod tls;
 mod types;
 mod validate;
@@ -23,6 +25,7 @@ use std::path::{Path, PathBuf};
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
 pub use access::AccessList;
 pub use admin::{token_problem, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
+pub use alert::{AlertEvent, AlertRule, Smtp};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use ha::{Bgp, BgpSpeaker, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
@@ -33,6 +36,7 @@ pub use http::{
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
+pub use snmp::{parse_oid, SnmpOptions};
 pub use tls::{ClientAuth, TlsOptions, TlsVersion, ALPN_PROTOCOLS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,

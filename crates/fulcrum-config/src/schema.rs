@@ -31,6 +31,8 @@ pub struct Config {
     pub ha: Option<crate::ha::Ha>,
     /// `[bgp]`: read and checked; not run by this build.
     pub bgp: Option<crate::ha::Bgp>,
+    /// `[[alert]]` rules (crate::alert).
+    pub alerts: Vec<crate::alert::AlertRule>,
     /// Where key paths stand in the file, for errors found after parsing (e.g. at bind time).
     pub locations: Locations,
 }
@@ -715,6 +717,7 @@ string_enum!(MonitorKind {
     Imap = "imap",
     Ftp = "ftp",
     Icmp = "icmp",
+    Snmp = "snmp",
 });
 
 #[derive(Debug, Clone)]
@@ -746,6 +749,8 @@ pub struct Monitor {
     /// radius (Access-Request instead of Status-Server), pop3, imap, ftp: log in as this user.
     pub username: Option<String>,
     pub password: Option<String>,
+    /// snmp: community, OID, and the value that means "no more load" (crate::snmp).
+    pub snmp: crate::snmp::SnmpOptions,
 }
 
 /// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
@@ -774,6 +779,9 @@ pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[
             MonitorKind::Ftp,
         ],
     ),
+    ("community", &[MonitorKind::Snmp]),
+    ("oid", &[MonitorKind::Snmp]),
+    ("max", &[MonitorKind::Snmp]),
 ];
 
 impl FromNode for Monitor {
@@ -816,6 +824,7 @@ impl FromNode for Monitor {
                 secret: t.opt(cx, "secret"),
                 username: t.opt(cx, "username"),
                 password: t.opt(cx, "password"),
+                snmp: crate::snmp::SnmpOptions::read(t, cx),
                 name: name?,
                 kind: kind?,
             })
@@ -1229,6 +1238,7 @@ pub(crate) fn read_config(root: &Node<'_>, cx: &mut Cx<'_>) -> Option<Config> {
             gslb: t.opt(cx, "gslb").unwrap_or_default(),
             ha: t.opt(cx, "ha"),
             bgp: t.opt(cx, "bgp"),
+            alerts: t.opt(cx, "alert").unwrap_or_default(),
             locations: Locations::default(),
         })
     })

@@ -881,3 +881,69 @@ fn bgp_is_read_and_checked() {
     has(&e, "bgp.speaker");
     has(&e, "unknown key `contrl` (did you mean `control`?)");
 }
+
+#[test]
+fn alert_rules_read_with_defaults() {
+    let c = ok(r#"
+[[alert]]
+name = "ops"
+on = ["member_down", "pool_below_min", "site_down", "link_down", "failover", "cert_expiry"]
+webhook = "http://127.0.0.1:9093/api/v2/alerts"
+syslog = "127.0.0.1:514"
+smtp = { server = "127.0.0.1:25", from = "fulcrum@lb1.example.org", to = ["oncall@example.org"] }
+repeat = "1h"
+
+[[alert]]
+name = "certs"
+on = ["cert_expiry"]
+syslog = "[::1]:514"
+cert_expiry = "14d"
+hold = "0s"
+"#);
+    assert_eq!(c.alerts.len(), 2);
+    let a = &c.alerts[0];
+    assert_eq!(a.on.len(), 6);
+    assert_eq!(a.repeat, Duration::from_secs(3600));
+    assert_eq!(a.hold, Duration::from_secs(5));
+    assert_eq!(a.cert_expiry, Duration::from_secs(30 * 86400));
+    assert_eq!(a.smtp.as_ref().unwrap().to, vec!["oncall@example.org"]);
+    assert_eq!(c.alerts[1].cert_expiry, Duration::from_secs(14 * 86400));
+    assert_eq!(c.alerts[1].hold, Duration::ZERO);
+}
+
+#[test]
+fn alert_rule_errors_name_the_key() {
+    let e = errs("[[alert]]\nname = \"x\"\non = [\"member_dwn\"]\nsyslog = \"127.0.0.1:514\"\n");
+    has(&e, "t.toml:3:");
+    has(&e, "member_down");
+    let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\n");
+    has(&e, "webhook, syslog or smtp");
+    let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\nwebhook = \"https://am/\"\n");
+    has(&e, "alert[0].webhook");
+    has(&e, "http:// URL");
+    let e = errs(
+        "[[alert]]\nname = \"x\"\non = [\"member_down\"]\nsmtp = { server = \"127.0.0.1:25\", from = \"a@b.c\", to = [\"nobody\"] }\n",
+    );
+    has(&e, "alert[0].smtp.to");
+    let e = errs("[[alert]]\nname = \"x\"\non = []\nsyslog = \"127.0.0.1:514\"\n");
+    has(&e, "one or more of");
+    let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\nsyslog = \"127.0.0.1:514\"\nrepaet = \"1h\"\n");
+    has(&e, "did you mean `repeat`");
+}
+
+#[test]
+fn snmp_monitor_keys() {
+    let c = ok("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\noid = \".1.3.6.1.4.1.2021.10.1.5.1\"\nmax = 400\n");
+    assert_eq!(c.monitors[0].snmp.community, "public");
+    assert_eq!(c.monitors[0].snmp.oid.as_ref().unwrap().len(), 11);
+    assert_eq!(c.monitors[0].snmp.max, Some(400.0));
+    let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\n");
+    has(&e, "type snmp needs `oid`");
+    let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\noid = \"laLoadInt.1\"\n");
+    has(&e, "monitor[0].oid");
+    has(&e, "not a numeric OID");
+    let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\noid = \"1.3.6\"\nmax = 0\n");
+    has(&e, "monitor[0].max");
+    let e = errs("[[monitor]]\nname = \"web\"\ntype = \"http\"\ncommunity = \"x\"\n");
+    has(&e, "`community` applies to monitor type snmp");
+}

@@ -138,6 +138,7 @@ pub fn site_monitor_port(kind: MonitorKind) -> Option<u16> {
         MonitorKind::Imap => Some(143),
         MonitorKind::Ftp => Some(21),
         MonitorKind::Icmp => Some(7),
+        MonitorKind::Snmp => Some(161),
         MonitorKind::Tcp | MonitorKind::SendExpect | MonitorKind::Agent => None,
     }
 }
@@ -905,6 +906,12 @@ fn check_protocol_monitor(
         }
     }
     match m.kind {
+        MonitorKind::Snmp if m.snmp.oid.is_none() && !loc.contains(&at("oid")) => {
+            c.err(
+                &format!("monitor[{i}]"),
+                "type snmp needs `oid`: the value read, e.g. \"1.3.6.1.4.1.2021.10.1.5.1\" (laLoadInt.1)",
+            );
+        }
         MonitorKind::Dns => {
             match m.query.as_deref() {
                 None => c.err(

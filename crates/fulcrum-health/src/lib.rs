@@ -27,7 +27,7 @@ mod testutil;
 use fulcrum_balance::CheckSpec;
 use fulcrum_config::Monitor;
 
-pub use check::{parse_agent_reply, AgentReply};
+pub use check::{parse_agent_reply, parse_snmp_response, AgentReply, SnmpValue};
 pub use passive::StatusObserver;
 pub use service::HealthService;
 

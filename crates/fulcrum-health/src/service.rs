@@ -235,6 +235,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         secret,
         username,
         password,
+        snmp,
     } = a;
     *name == b.name
         && *kind == b.kind
@@ -257,12 +258,18 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *secret == b.secret
         && *username == b.username
         && *password == b.password
+        && *snmp == b.snmp
 }
 
+/// Members with a check that sets agent overrides: an agent, or an snmp monitor with `max`
+/// (its value sets the weight percentage).
 fn agent_members(checks: &HashMap<CheckKey, Running>) -> HashSet<(Arc<str>, SocketAddr)> {
     checks
         .iter()
-        .filter(|(_, r)| r.monitor.kind == MonitorKind::Agent)
+        .filter(|(_, r)| {
+            r.monitor.kind == MonitorKind::Agent
+                || (r.monitor.kind == MonitorKind::Snmp && r.monitor.snmp.max.is_some())
+        })
         .map(|(k, _)| (k.pool.clone(), k.member))
         .collect()
 }

@@ -1,6 +1,7 @@
 //! Servers and clients that Fulcrum's tests, benchmarks and demo mode run against: small,
 //! observable, and controllable (a backend can be made unhealthy, an agent can change its reply).
 
+pub mod browser;
 pub mod client;
 pub mod dialogue;
 pub mod h2abuse;

@@ -374,6 +374,10 @@ impl Control for App {
         fulcrum_admin::Access::clone(&self.admin_access.load())
     }
 
+    fn config(&self) -> Option<Arc<Config>> {
+        Some(self.snapshot.load().config.clone())
+    }
+
     fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
         self.cap.metrics(out);
         let tables: Vec<_> = self.assembly.lock().tables.clone().into_iter().collect();

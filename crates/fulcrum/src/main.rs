@@ -3,6 +3,7 @@
 mod access;
 mod admin;
 mod app;
+mod cli;
 mod compression;
 mod demo;
 mod dns;
@@ -15,6 +16,7 @@ mod plane;
 mod snat;
 mod state_file;
 mod tcp;
+mod top;
 mod tuning;
 mod udp;
 mod xdp;
@@ -68,6 +70,34 @@ enum Command {
         #[arg(long, default_value = "auto")]
         mode: String,
     },
+    /// Shows the running instance's virtual services and pools (via the admin API).
+    Status {
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Shows every pool's members, or pool NAME's, with health, state, weights and counters.
+    Pools {
+        name: Option<String>,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Changes a member: drain, enable, disable, or its weight.
+    Member {
+        #[command(subcommand)]
+        action: cli::MemberCommand,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// A live terminal view of services and members, refreshed every second (q quits).
+    Top {
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Makes the running instance re-read its configuration file.
+    Reload {
+        #[command(flatten)]
+        target: cli::Target,
+    },
 }
 
 fn init_logging() {
@@ -117,5 +147,10 @@ fn main() -> ExitCode {
             init_logging();
             xdp::run_decap(&interfaces, &mode)
         }
+        Command::Status { target } => cli::report(cli::status(&target)),
+        Command::Pools { name, target } => cli::report(cli::pools(&target, name.as_deref())),
+        Command::Member { action, target } => cli::report(cli::member(&target, &action)),
+        Command::Reload { target } => cli::report(cli::reload(&target)),
+        Command::Top { target } => cli::report(top::run(&target)),
     }
 }

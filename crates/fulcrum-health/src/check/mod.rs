@@ -12,6 +12,7 @@ mod http;
 mod icmp;
 mod radius;
 mod send_expect;
+mod snmp;
 mod tcp;
 mod tls;
 
@@ -25,6 +26,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 pub use agent::{parse_agent_reply, AgentReply};
+pub use snmp::{parse_snmp_response, SnmpValue};
 
 use crate::text;
 
@@ -52,6 +54,8 @@ pub(crate) enum Check {
     Dialogue(dialogue::DialogueCheck),
     /// ICMP echo to the member's address.
     Icmp(icmp::IcmpCheck),
+    /// An SNMP v2c GET of one OID; its value may set the member's weight.
+    Snmp(snmp::SnmpCheck),
 }
 
 /// Longest timeout or interval honoured: validation bounds neither from above, and a value near
@@ -132,6 +136,7 @@ impl Check {
                 Check::Dialogue(dialogue::DialogueCheck::new(monitor))
             }
             MonitorKind::Icmp => Check::Icmp(icmp::IcmpCheck),
+            MonitorKind::Snmp => Check::Snmp(snmp::SnmpCheck::new(monitor)),
         }
     }
 
@@ -146,6 +151,7 @@ impl Check {
                 Check::Radius(c) => c.run(probe).await,
                 Check::Dialogue(c) => c.run(probe).await,
                 Check::Icmp(c) => c.run(probe).await,
+                Check::Snmp(c) => c.run(probe).await,
             }
         };
         match tokio::time::timeout_at(probe.deadline + BACKSTOP_GRACE, run).await {

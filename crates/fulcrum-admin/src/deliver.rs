@@ -1,0 +1,196 @@
+//! The wire side of alert delivery: an HTTP POST of JSON, an RFC 5424 datagram, an SMTP
+//! transaction. Each returns an error to retry on; none retries itself.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// POSTs `body` as JSON to an `http://host:port/path` URL; a 2xx answer is success.
+pub async fn http_post(url: &str, body: &serde_json::Value) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = tokio::net::lookup_host(if authority.contains(':') && !authority.ends_with(']') {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    })
+    .await
+    .map_err(|e| format!("{authority}: {e}"))?
+    .next()
+    .ok_or_else(|| format!("{authority}: no address"))?;
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+    tokio::spawn(conn);
+    let req = http::Request::post(path)
+        .header(http::header::HOST, authority)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(
+            http::header::USER_AGENT,
+            concat!("fulcrum/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = resp.status();
+    let text = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{url}: HTTP {status}: {}",
+            String::from_utf8_lossy(&text[..text.len().min(200)]).trim()
+        ))
+    }
+}
+
+/// One syslog message in one UDP datagram (RFC 5426).
+pub async fn syslog(to: SocketAddr, message: &str) -> Result<(), String> {
+    let bind: SocketAddr = if to.is_ipv6() {
+        "[::]:0".parse().map_err(|_| "bind address")?
+    } else {
+        "0.0.0.0:0".parse().map_err(|_| "bind address")?
+    };
+    let sock = tokio::net::UdpSocket::bind(bind)
+        .await
+        .map_err(|e| e.to_string())?;
+    sock.send_to(message.as_bytes(), to)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("send to {to}: {e}"))
+}
+
+/// Reads one (possibly multi-line) SMTP reply; its code must be one of `want`.
+async fn reply(r: &mut BufReader<TcpStream>, want: &[u16]) -> Result<(), String> {
+    loop {
+        let mut line = String::new();
+        let n = r
+            .read_line(&mut line)
+            .await
+            .map_err(|e| format!("smtp: {e}"))?;
+        if n == 0 {
+            return Err("smtp: the server closed the connection".into());
+        }
+        let code: u16 = line.get(..3).and_then(|c| c.parse().ok()).unwrap_or(0);
+        if line.as_bytes().get(3) == Some(&b'-') {
+            continue;
+        }
+        return if want.contains(&code) {
+            Ok(())
+        } else {
+            Err(format!("smtp: {}", line.trim_end()))
+        };
+    }
+}
+
+async fn command(r: &mut BufReader<TcpStream>, line: &str, want: &[u16]) -> Result<(), String> {
+    r.get_mut()
+        .write_all(format!("{line}\r\n").as_bytes())
+        .await
+        .map_err(|e| format!("smtp: {e}"))?;
+    reply(r, want)
+        .await
+        .map_err(|e| format!("{e} (after {})", line.split(':').next().unwrap_or(line)))
+}
+
+/// RFC 5322 date, e.g. "Tue, 01 Dec 2026 15:30:00 +0000".
+fn mail_date(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = secs / 86400;
+    let rfc = humantime::format_rfc3339_seconds(t).to_string(); // 2026-12-01T15:30:00Z
+    let (y, mo, d) = (&rfc[0..4], &rfc[5..7], &rfc[8..10]);
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .get(mo.parse::<usize>().unwrap_or(1).saturating_sub(1))
+    .copied()
+    .unwrap_or("Jan");
+    // 1970-01-01 was a Thursday.
+    let wd = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days % 7) as usize];
+    format!("{wd}, {d} {month} {y} {} +0000", &rfc[11..19])
+}
+
+/// One plain SMTP transaction to a relay. Writing the few commands of RFC 5321 here keeps a
+/// mail stack (TLS, auth, MIME builders) out of the binary: the local MTA does the rest.
+pub async fn smtp(
+    s: &fulcrum_config::Smtp,
+    host: &str,
+    subject: &str,
+    body: &str,
+) -> Result<(), String> {
+    let stream = TcpStream::connect(s.server)
+        .await
+        .map_err(|e| format!("smtp: connect {}: {e}", s.server))?;
+    let mut r = BufReader::new(stream);
+    reply(&mut r, &[220]).await?;
+    command(&mut r, &format!("EHLO {host}"), &[250]).await?;
+    command(&mut r, &format!("MAIL FROM:<{}>", s.from), &[250]).await?;
+    for to in &s.to {
+        command(&mut r, &format!("RCPT TO:<{to}>"), &[250, 251]).await?;
+    }
+    command(&mut r, "DATA", &[354]).await?;
+    let now = std::time::SystemTime::now();
+    let id = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let subject: String = subject
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    let mut msg = format!(
+        "From: {}\r\nTo: {}\r\nSubject: {subject}\r\nDate: {}\r\nMessage-ID: <{id}.fulcrum@{host}>\r\n\
+         MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\n",
+        s.from,
+        s.to.join(", "),
+        mail_date(now),
+    );
+    for line in body.lines() {
+        // Dot-stuffing (RFC 5321 §4.5.2).
+        if line.starts_with('.') {
+            msg.push('.');
+        }
+        msg.push_str(line);
+        msg.push_str("\r\n");
+    }
+    msg.push_str(".\r\n");
+    r.get_mut()
+        .write_all(msg.as_bytes())
+        .await
+        .map_err(|e| format!("smtp: {e}"))?;
+    reply(&mut r, &[250]).await?;
+    let _ = command(&mut r, "QUIT", &[221]).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mail_date_has_the_weekday() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_796_139_000);
+        // 2026-12-01 was a Tuesday.
+        assert_eq!(super::mail_date(t), "Tue, 01 Dec 2026 15:30:00 +0000");
+    }
+}

@@ -1,0 +1,427 @@
+//! snmp: an SNMP v2c GET (RFC 3416) of one OID over UDP. Any value passes; an error status,
+//! `noSuchObject`/`noSuchInstance`, a wrong community (no answer) or a timeout fails. With `max`
+//! the value also sets the member's weight percentage, 100 × (max − value) ÷ max from 1 to 100,
+//! through the same path as an agent's `NN%`, so `algorithm = "dynamic_feedback"` follows the
+//! member's load without an agent on it.
+//!
+//! The message is a few nested BER TLVs; an SNMP library would bring MIB handling and v3
+//! crypto this check does not use, so the encoding and the bounded parser are written here.
+
+use std::net::SocketAddr;
+
+use fulcrum_config::Monitor;
+use tokio::net::UdpSocket;
+
+use super::{AgentReply, Probe, Verdict};
+use crate::text;
+
+const SNMP_PORT: u16 = 161;
+/// Largest datagram read: a GetResponse with one varbind fits easily.
+const MAX_RESPONSE: usize = 4096;
+
+const INTEGER: u8 = 0x02;
+const OCTET_STRING: u8 = 0x04;
+const NULL: u8 = 0x05;
+const OID: u8 = 0x06;
+const SEQUENCE: u8 = 0x30;
+const IP_ADDRESS: u8 = 0x40;
+const COUNTER32: u8 = 0x41;
+const GAUGE32: u8 = 0x42;
+const TIMETICKS: u8 = 0x43;
+const COUNTER64: u8 = 0x46;
+const GET_REQUEST: u8 = 0xa0;
+const GET_RESPONSE: u8 = 0xa2;
+const NO_SUCH_OBJECT: u8 = 0x80;
+const NO_SUCH_INSTANCE: u8 = 0x81;
+const END_OF_MIB_VIEW: u8 = 0x82;
+const VERSION_2C: u8 = 1;
+
+/// The value of the varbind, as far as a check cares.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SnmpValue {
+    /// INTEGER, Counter32/64, Gauge32, TimeTicks, or an OCTET STRING holding a number.
+    Number(f64),
+    /// Any other value, as text.
+    Text(String),
+}
+
+#[derive(Debug)]
+pub(crate) struct SnmpCheck {
+    community: Vec<u8>,
+    oid: Vec<u32>,
+    oid_text: String,
+    max: Option<f64>,
+    port: Option<u16>,
+}
+
+fn push_len(out: &mut Vec<u8>, len: usize) {
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|&&b| b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+}
+
+fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    push_len(&mut out, content.len());
+    out.extend_from_slice(content);
+    out
+}
+
+fn integer(v: i64) -> Vec<u8> {
+    let bytes = v.to_be_bytes();
+    // Minimal two's complement: drop leading bytes that only repeat the sign.
+    let mut start = 0;
+    while start < 7
+        && ((bytes[start] == 0 && bytes[start + 1] & 0x80 == 0)
+            || (bytes[start] == 0xff && bytes[start + 1] & 0x80 != 0))
+    {
+        start += 1;
+    }
+    tlv(INTEGER, &bytes[start..])
+}
+
+fn oid_bytes(oid: &[u32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut arcs = oid.iter().copied();
+    let first = arcs.next().unwrap_or(0);
+    let second = arcs.next().unwrap_or(0);
+    let mut sub = |mut v: u32| {
+        let mut tmp = vec![(v & 0x7f) as u8];
+        v >>= 7;
+        while v > 0 {
+            tmp.push(0x80 | (v & 0x7f) as u8);
+            v >>= 7;
+        }
+        tmp.reverse();
+        out.extend_from_slice(&tmp);
+    };
+    sub(first * 40 + second);
+    for a in arcs {
+        sub(a);
+    }
+    tlv(OID, &out)
+}
+
+/// A GetRequest for `oid`.
+pub(crate) fn get_request(community: &[u8], request_id: i32, oid: &[u32]) -> Vec<u8> {
+    let varbind = tlv(SEQUENCE, &[oid_bytes(oid), vec![NULL, 0]].concat());
+    let pdu = tlv(
+        GET_REQUEST,
+        &[
+            integer(i64::from(request_id)),
+            integer(0),
+            integer(0),
+            tlv(SEQUENCE, &varbind),
+        ]
+        .concat(),
+    );
+    tlv(
+        SEQUENCE,
+        &[
+            integer(i64::from(VERSION_2C)),
+            tlv(OCTET_STRING, community),
+            pdu,
+        ]
+        .concat(),
+    )
+}
+
+/// One TLV at the start of `b`: (tag, contents, rest). Lengths up to 4 bytes; nothing read past
+/// the buffer.
+fn element(b: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
+    let (&tag, b) = b.split_first().ok_or("truncated")?;
+    let (&first, mut b) = b.split_first().ok_or("truncated")?;
+    let len = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || b.len() < n {
+            return Err("bad length".into());
+        }
+        let len = b[..n]
+            .iter()
+            .fold(0usize, |a, &x| (a << 8) | usize::from(x));
+        b = &b[n..];
+        len
+    };
+    if b.len() < len {
+        return Err("truncated".into());
+    }
+    Ok((tag, &b[..len], &b[len..]))
+}
+
+fn expect<'a>(b: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
+    let (t, v, rest) = element(b).map_err(|e| format!("{what}: {e}"))?;
+    if t != tag {
+        return Err(format!("{what}: tag 0x{t:02x}, expected 0x{tag:02x}"));
+    }
+    Ok((v, rest))
+}
+
+fn int_value(v: &[u8]) -> Result<i64, String> {
+    if v.is_empty() || v.len() > 8 {
+        return Err("bad integer".into());
+    }
+    let mut n: i64 = if v[0] & 0x80 != 0 { -1 } else { 0 };
+    for &b in v {
+        n = (n << 8) | i64::from(b);
+    }
+    Ok(n)
+}
+
+fn uint_value(v: &[u8]) -> Result<u64, String> {
+    if v.is_empty() || v.len() > 9 || (v.len() == 9 && v[0] != 0) {
+        return Err("bad unsigned integer".into());
+    }
+    Ok(v.iter().fold(0u64, |a, &b| (a << 8) | u64::from(b)))
+}
+
+/// Parses a GetResponse to `request_id`: the first varbind's value. Errors are finished
+/// details ("error status 2 (noSuchName)", "noSuchObject", "not an SNMP response: …").
+/// Never panics, whatever the bytes.
+pub fn parse_snmp_response(bytes: &[u8], request_id: i32) -> Result<SnmpValue, String> {
+    let bad = |e: String| format!("not an SNMP response: {e}");
+    let (msg, _) = expect(bytes, SEQUENCE, "message").map_err(bad)?;
+    let (version, rest) = expect(msg, INTEGER, "version").map_err(bad)?;
+    if int_value(version).map_err(bad)? != i64::from(VERSION_2C) {
+        return Err(bad("not version 2c".into()));
+    }
+    let (_community, rest) = expect(rest, OCTET_STRING, "community").map_err(bad)?;
+    let (pdu, _) = expect(rest, GET_RESPONSE, "pdu").map_err(bad)?;
+    let (id, rest) = expect(pdu, INTEGER, "request-id").map_err(bad)?;
+    if int_value(id).map_err(bad)? != i64::from(request_id) {
+        return Err("a response to another request".into());
+    }
+    let (status, rest) = expect(rest, INTEGER, "error-status").map_err(bad)?;
+    let (_index, rest) = expect(rest, INTEGER, "error-index").map_err(bad)?;
+    let status = int_value(status).map_err(bad)?;
+    if status != 0 {
+        let name = match status {
+            1 => "tooBig",
+            2 => "noSuchName",
+            3 => "badValue",
+            5 => "genErr",
+            6 => "noAccess",
+            16 => "authorizationError",
+            _ => "error",
+        };
+        return Err(format!("error status {status} ({name})"));
+    }
+    let (list, _) = expect(rest, SEQUENCE, "varbind list").map_err(bad)?;
+    let (varbind, _) = expect(list, SEQUENCE, "varbind").map_err(bad)?;
+    let (_oid, rest) = expect(varbind, OID, "name").map_err(bad)?;
+    let (tag, v, _) = element(rest).map_err(|e| bad(format!("value: {e}")))?;
+    match tag {
+        INTEGER => Ok(SnmpValue::Number(int_value(v).map_err(bad)? as f64)),
+        COUNTER32 | GAUGE32 | TIMETICKS | COUNTER64 => {
+            Ok(SnmpValue::Number(uint_value(v).map_err(bad)? as f64))
+        }
+        OCTET_STRING => {
+            // UCD-SNMP-MIB's laLoad is "0.42"; extend scripts print numbers as text.
+            let s: String = String::from_utf8_lossy(&v[..v.len().min(128)])
+                .trim()
+                .chars()
+                .filter(|c| !c.is_control())
+                .collect();
+            Ok(match s.parse::<f64>() {
+                Ok(n) if n.is_finite() => SnmpValue::Number(n),
+                _ => SnmpValue::Text(s),
+            })
+        }
+        IP_ADDRESS if v.len() == 4 => Ok(SnmpValue::Text(format!(
+            "{}.{}.{}.{}",
+            v[0], v[1], v[2], v[3]
+        ))),
+        NO_SUCH_OBJECT => Err("noSuchObject".into()),
+        NO_SUCH_INSTANCE => Err("noSuchInstance".into()),
+        END_OF_MIB_VIEW => Err("endOfMibView".into()),
+        NULL => Err("no value (NULL)".into()),
+        t => Ok(SnmpValue::Text(format!("value of type 0x{t:02x}"))),
+    }
+}
+
+/// 100 × (max − value) ÷ max, from 1 to 100.
+pub(crate) fn weight_pct(value: f64, max: f64) -> u32 {
+    let pct = (100.0 * (max - value) / max).round();
+    pct.clamp(1.0, 100.0) as u32
+}
+
+impl SnmpCheck {
+    pub fn new(monitor: &Monitor) -> SnmpCheck {
+        let oid = monitor.snmp.oid.clone().unwrap_or_default();
+        SnmpCheck {
+            community: monitor.snmp.community.clone().into_bytes(),
+            oid_text: oid.iter().map(u32::to_string).collect::<Vec<_>>().join("."),
+            oid,
+            max: monitor.snmp.max,
+            port: monitor.port,
+        }
+    }
+
+    pub async fn run(&self, probe: &Probe) -> Verdict {
+        let addr = match self.port {
+            Some(_) => probe.addr,
+            None => SocketAddr::new(probe.addr.ip(), SNMP_PORT),
+        };
+        let bind: SocketAddr = if addr.is_ipv6() {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        };
+        let sock = match UdpSocket::bind(bind).await {
+            Ok(s) => s,
+            Err(e) => return Verdict::fail(format!("snmp: socket: {}", text::io_error(&e))),
+        };
+        if let Err(e) = sock.connect(addr).await {
+            return Verdict::fail(format!("snmp: {}", text::io_error(&e)));
+        }
+        let id = (fastrand_id() & 0x7fff_ffff) as i32;
+        let req = get_request(&self.community, id, &self.oid);
+        if let Err(e) = sock.send(&req).await {
+            return Verdict::fail(format!("snmp: send: {}", text::io_error(&e)));
+        }
+        let mut buf = vec![0u8; MAX_RESPONSE];
+        loop {
+            let n = match tokio::time::timeout_at(probe.deadline, sock.recv(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                Ok(Err(e)) => return Verdict::fail(format!("snmp: {}", text::io_error(&e))),
+                // A wrong community gets no answer at all from net-snmp.
+                Err(_) => {
+                    return Verdict::fail(format!("snmp: {} (community?)", probe.timed_out()))
+                }
+            };
+            match parse_snmp_response(&buf[..n], id) {
+                Err(e) if e == "a response to another request" => continue,
+                Err(e) => return Verdict::fail(format!("snmp {}: {e}", self.oid_text)),
+                Ok(SnmpValue::Number(v)) => {
+                    return match self.max {
+                        Some(max) => {
+                            let pct = weight_pct(v, max);
+                            Verdict::Agent {
+                                reply: AgentReply {
+                                    health: Some(true),
+                                    weight_pct: Some(pct),
+                                    ..AgentReply::default()
+                                },
+                                detail: format!(
+                                    "snmp {}: {v} of {max} -> weight {pct}%",
+                                    self.oid_text
+                                ),
+                            }
+                        }
+                        None => Verdict::pass(format!("snmp {}: {v}", self.oid_text)),
+                    }
+                }
+                Ok(SnmpValue::Text(t)) if self.max.is_some() => {
+                    return Verdict::fail(format!(
+                        "snmp {}: {t:?} is not a number (max is set)",
+                        self.oid_text
+                    ))
+                }
+                Ok(SnmpValue::Text(t)) => {
+                    return Verdict::pass(format!("snmp {}: {t:?}", self.oid_text))
+                }
+            }
+        }
+    }
+}
+
+/// A request id: not secret, only distinct enough to pair a response with its request.
+fn fastrand_id() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GetResponse built the way agents build one.
+    fn response(id: i32, status: i64, value: Vec<u8>) -> Vec<u8> {
+        let varbind = tlv(
+            SEQUENCE,
+            &[oid_bytes(&[1, 3, 6, 1, 2, 1, 1, 3, 0]), value].concat(),
+        );
+        let pdu = tlv(
+            GET_RESPONSE,
+            &[
+                integer(i64::from(id)),
+                integer(status),
+                integer(0),
+                tlv(SEQUENCE, &varbind),
+            ]
+            .concat(),
+        );
+        tlv(
+            SEQUENCE,
+            &[integer(1), tlv(OCTET_STRING, b"public"), pdu].concat(),
+        )
+    }
+
+    #[test]
+    fn request_encodes_as_net_snmp_does() {
+        // snmpget -v2c -c public HOST 1.3.6.1.2.1.1.3.0 with request id 1 (from a capture).
+        let req = get_request(b"public", 1, &[1, 3, 6, 1, 2, 1, 1, 3, 0]);
+        assert_eq!(
+            req,
+            [
+                0x30, 0x26, 0x02, 0x01, 0x01, 0x04, 0x06, b'p', b'u', b'b', b'l', b'i', b'c', 0xa0,
+                0x19, 0x02, 0x01, 0x01, 0x02, 0x01, 0x00, 0x02, 0x01, 0x00, 0x30, 0x0e, 0x30, 0x0c,
+                0x06, 0x08, 0x2b, 0x06, 0x01, 0x02, 0x01, 0x01, 0x03, 0x00, 0x05, 0x00
+            ]
+        );
+        assert_eq!(
+            oid_bytes(&[1, 3, 6, 1, 4, 1, 2021])[2..],
+            [0x2b, 6, 1, 4, 1, 0x8f, 0x65]
+        );
+        assert_eq!(integer(128), [2, 2, 0, 128]);
+        assert_eq!(integer(-1), [2, 1, 0xff]);
+    }
+
+    #[test]
+    fn values_errors_and_garbage() {
+        let r = response(7, 0, integer(150));
+        assert_eq!(parse_snmp_response(&r, 7), Ok(SnmpValue::Number(150.0)));
+        assert_eq!(
+            parse_snmp_response(&r, 8),
+            Err("a response to another request".into())
+        );
+        let r = response(7, 0, tlv(GAUGE32, &[0, 0xff, 0xff, 0xff, 0xff]));
+        assert_eq!(
+            parse_snmp_response(&r, 7),
+            Ok(SnmpValue::Number(4294967295.0))
+        );
+        let r = response(7, 0, tlv(OCTET_STRING, b"0.42\n"));
+        assert_eq!(parse_snmp_response(&r, 7), Ok(SnmpValue::Number(0.42)));
+        let r = response(7, 0, vec![NO_SUCH_OBJECT, 0]);
+        assert_eq!(parse_snmp_response(&r, 7), Err("noSuchObject".into()));
+        let r = response(7, 2, vec![NULL, 0]);
+        assert!(parse_snmp_response(&r, 7)
+            .unwrap_err()
+            .contains("noSuchName"));
+        for cut in 0..r.len() {
+            assert!(parse_snmp_response(&r[..cut], 7).is_err());
+        }
+        assert!(parse_snmp_response(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff], 7).is_err());
+    }
+
+    #[test]
+    fn weights_follow_the_load() {
+        assert_eq!(weight_pct(0.0, 400.0), 100);
+        assert_eq!(weight_pct(100.0, 400.0), 75);
+        assert_eq!(weight_pct(400.0, 400.0), 1);
+        assert_eq!(weight_pct(900.0, 400.0), 1);
+        assert_eq!(weight_pct(-5.0, 400.0), 100);
+    }
+}

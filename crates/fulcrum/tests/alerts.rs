@@ -1,0 +1,588 @@
+//! `[[alert]]` end to end: a member going down and coming back raises firing and resolved
+//! notifications to a webhook (Alertmanager v4 JSON), syslog (RFC 5424 over UDP), SMTP (aiosmtpd
+//! as the server) and Debian's prometheus-alertmanager (API v2); flaps shorter than
+//! `hold` raise nothing; a dead receiver is retried and counted while traffic flows.
+
+mod common;
+
+use std::convert::Infallible;
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use fulcrum_testkit::HttpBackend;
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+/// Records the JSON bodies POSTed to it.
+struct Receiver {
+    addr: SocketAddr,
+    got: Arc<Mutex<Vec<(String, Value, Instant)>>>,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let g = g.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            let g = g.clone();
+                            async move {
+                                let path = req.uri().path().to_string();
+                                let body = req
+                                    .into_body()
+                                    .collect()
+                                    .await
+                                    .map(|b| b.to_bytes())
+                                    .unwrap_or_default();
+                                let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                                g.lock().unwrap().push((path, v, Instant::now()));
+                                Ok::<_, Infallible>(hyper::Response::new(
+                                    http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
+                                ))
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        Receiver { addr, got }
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|g| g.1.clone())
+            .collect()
+    }
+}
+
+/// aiosmtpd (Debian's python3-aiosmtpd) with its Debugging handler: a real SMTP server that
+/// prints each message it accepts.
+struct SmtpServer {
+    child: Child,
+    addr: SocketAddr,
+    out: Arc<Mutex<String>>,
+}
+
+impl Drop for SmtpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl SmtpServer {
+    fn start() -> SmtpServer {
+        let addr = free_addr();
+        // Debian's python3 (not one a developer may have first in PATH) has the package.
+        let mut child = Command::new("/usr/bin/python3")
+            .args(["-u", "-m", "aiosmtpd", "-n", "-l"])
+            .arg(format!("{}:{}", addr.ip(), addr.port()))
+            .args(["-c", "aiosmtpd.handlers.Debugging", "stdout"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3-aiosmtpd is installed by scripts/test.sh");
+        let stdout = child.stdout.take().unwrap();
+        let out = Arc::new(Mutex::new(String::new()));
+        let o = out.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut o = o.lock().unwrap();
+                o.push_str(&line);
+                o.push('\n');
+            }
+        });
+        let end = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < end, "aiosmtpd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        SmtpServer { child, addr, out }
+    }
+
+    fn text(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+}
+
+fn pool_config(vs: SocketAddr, backends: &[&HttpBackend], alert: &str) -> String {
+    let members: String = backends
+        .iter()
+        .map(|b| format!("[[pool.member]]\naddress = \"{}\"\n", b.addr))
+        .collect();
+    format!(
+        r#"[[virtual_service]]
+name = "shop"
+listen = ["{vs}"]
+protocol = "http"
+pool = "web"
+
+[[pool]]
+name = "web"
+min_active = 2
+monitors = ["hc"]
+{members}
+[[monitor]]
+name = "hc"
+type = "http"
+path = "/health"
+interval = "100ms"
+timeout = "90ms"
+rise = 1
+fall = 1
+
+{alert}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_down_fires_and_resolves_to_webhook_syslog_and_smtp() {
+    let a = HttpBackend::start(free_addr(), "a").await.unwrap();
+    let b = HttpBackend::start(free_addr(), "b").await.unwrap();
+    let hook = Receiver::start().await;
+    let syslog = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let smtp = tokio::task::spawn_blocking(SmtpServer::start)
+        .await
+        .unwrap();
+    let vs = free_addr();
+    let alert = format!(
+        "[[alert]]\nname = \"ops\"\non = [\"member_down\", \"pool_below_min\"]\nwebhook = \"http://{}/hook\"\n\
+         syslog = \"{}\"\nsmtp = {{ server = \"{}\", from = \"fulcrum@lb.example.org\", to = [\"oncall@example.org\"] }}\n\
+         hold = \"300ms\"\nrepeat = \"1h\"\n",
+        hook.addr,
+        syslog.local_addr().unwrap(),
+        smtp.addr
+    );
+    let f = start(&pool_config(vs, &[&a, &b], &alert)).await;
+    let ok = wait_until(Duration::from_secs(5), || async {
+        f.member("web", &a.addr.to_string()).await["health"] == "up"
+    })
+    .await;
+    assert!(ok);
+    a.set_healthy(false);
+    let down_at = Instant::now();
+    // Two rules' worth of conditions: the member and the pool (2 available < min_active 2).
+    let ok = wait_until(Duration::from_secs(10), || async {
+        let b = hook.bodies();
+        b.iter()
+            .any(|v| v["alerts"][0]["labels"]["alertname"] == "FulcrumMemberDown")
+            && b.iter()
+                .any(|v| v["alerts"][0]["labels"]["alertname"] == "FulcrumPoolBelowMinActive")
+    })
+    .await;
+    assert!(ok, "no firing webhook: {:?}\n{}", hook.bodies(), f.logs());
+    let firing_latency = {
+        let got = hook.got.lock().unwrap();
+        got.iter()
+            .find(|g| g.1["alerts"][0]["labels"]["alertname"] == "FulcrumMemberDown")
+            .unwrap()
+            .2
+            - down_at
+    };
+    let v = hook
+        .bodies()
+        .into_iter()
+        .find(|v| v["alerts"][0]["labels"]["alertname"] == "FulcrumMemberDown")
+        .unwrap();
+    assert_eq!(v["version"], "4");
+    assert_eq!(v["status"], "firing");
+    assert_eq!(v["receiver"], "ops");
+    let al = &v["alerts"][0];
+    assert_eq!(al["labels"]["member"], a.addr.to_string());
+    assert_eq!(al["labels"]["pool"], "web");
+    assert_eq!(al["endsAt"], "0001-01-01T00:00:00Z");
+    assert!(
+        al["annotations"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("is down"),
+        "{al}"
+    );
+    assert_eq!(al["fingerprint"].as_str().unwrap().len(), 16);
+    let api = f.get_json("/api/v1/alerts").await;
+    assert!(
+        api["firing"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["labels"]["member"] == a.addr.to_string()),
+        "{api}"
+    );
+    // Syslog: RFC 5424, warning from facility daemon.
+    let mut buf = vec![0u8; 4096];
+    let mut messages = Vec::new();
+    while messages.len() < 2 {
+        let (n, _) = tokio::time::timeout(Duration::from_secs(5), syslog.recv_from(&mut buf))
+            .await
+            .expect("a syslog datagram")
+            .unwrap();
+        messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let m = messages
+        .iter()
+        .find(|m| m.contains(" member_down "))
+        .expect("member_down syslog");
+    assert!(m.starts_with("<28>1 "), "{m}");
+    assert!(m.contains(&format!("member=\"{}\"", a.addr)), "{m}");
+    assert!(m.contains("FIRING member"), "{m}");
+    // SMTP: the message reached the server with subject and body.
+    let ok = wait_until(Duration::from_secs(10), || {
+        let t = smtp.text();
+        async move { t.contains("Subject: [FIRING] FulcrumMemberDown") }
+    })
+    .await;
+    assert!(ok, "no mail: {}", smtp.text());
+    assert!(smtp.text().contains("oncall@example.org"));
+
+    // Back up: resolved, once it has stayed up for `hold`.
+    a.set_healthy(true);
+    let ok = wait_until(Duration::from_secs(10), || async {
+        hook.bodies().iter().any(|v| {
+            v["status"] == "resolved"
+                && v["alerts"][0]["labels"]["alertname"] == "FulcrumMemberDown"
+        })
+    })
+    .await;
+    assert!(ok, "no resolved webhook: {:?}", hook.bodies());
+    let v = hook
+        .bodies()
+        .into_iter()
+        .find(|v| {
+            v["status"] == "resolved"
+                && v["alerts"][0]["labels"]["alertname"] == "FulcrumMemberDown"
+        })
+        .unwrap();
+    assert_ne!(v["alerts"][0]["endsAt"], "0001-01-01T00:00:00Z");
+    let ok = wait_until(Duration::from_secs(10), || {
+        let t = smtp.text();
+        async move { t.contains("Subject: [RESOLVED] FulcrumMemberDown") }
+    })
+    .await;
+    assert!(ok, "no resolved mail: {}", smtp.text());
+    let api = f.get_json("/api/v1/alerts").await;
+    assert_eq!(api["firing"].as_array().unwrap().len(), 0, "{api}");
+    let sinks = &api["delivery"]["ops"]["sinks"];
+    for s in ["webhook", "syslog", "smtp"] {
+        assert!(sinks[s]["sent"].as_u64().unwrap() >= 4, "{s}: {api}");
+        assert_eq!(sinks[s]["failed"], 0, "{s}: {api}");
+    }
+    // Exactly one firing and one resolved per alert (repeat is an hour away).
+    let member_notes = hook
+        .bodies()
+        .iter()
+        .filter(|v| v["alerts"][0]["labels"]["alertname"] == "FulcrumMemberDown")
+        .count();
+    assert_eq!(member_notes, 2);
+    let metrics = fulcrum_testkit::http_get(f.admin, "/metrics")
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        text.contains(
+            "fulcrum_alert_notifications_total{rule=\"ops\",sink=\"webhook\",result=\"sent\"} 4"
+        ),
+        "{text}"
+    );
+    println!(
+        "member down -> webhook received: {:?} (hold 300ms, monitor interval 100ms); delivery latency per sink: {}",
+        firing_latency, api["delivery"]["ops"]["sinks"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flaps_shorter_than_hold_are_damped_and_a_dead_receiver_is_retried_and_counted() {
+    let a = HttpBackend::start(free_addr(), "a").await.unwrap();
+    let b = HttpBackend::start(free_addr(), "b").await.unwrap();
+    let hook = Receiver::start().await;
+    let dead = free_addr();
+    let vs = free_addr();
+    let alert = format!(
+        "[[alert]]\nname = \"ops\"\non = [\"member_down\"]\nwebhook = \"http://{}/hook\"\nhold = \"2s\"\n\n\
+         [[alert]]\nname = \"lost\"\non = [\"member_down\"]\nwebhook = \"http://{dead}/hook\"\nhold = \"0s\"\n",
+        hook.addr
+    );
+    let f = start(&pool_config(vs, &[&a, &b], &alert)).await;
+    let aa = a.addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("web", &aa).await["health"] == "up"
+        })
+        .await
+    );
+    // A flap of ~0.5 s: seen (pending), never sent.
+    a.set_healthy(false);
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("web", &aa).await["health"] == "down"
+        })
+        .await
+    );
+    let pending = wait_until(Duration::from_secs(3), || async {
+        f.get_json("/api/v1/alerts").await["pending"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|x| x["rule"] == "ops"))
+    })
+    .await;
+    assert!(pending, "{}", f.get_json("/api/v1/alerts").await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.set_healthy(true);
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("web", &aa).await["health"] == "up"
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        hook.bodies().is_empty(),
+        "a short flap was sent: {:?}",
+        hook.bodies()
+    );
+    // The dead receiver's rule (hold 0) fired and resolved: each send retried, then counted failed,
+    // while the service kept serving.
+    let ok = wait_until(Duration::from_secs(15), || async {
+        let v = f.get_json("/api/v1/alerts").await;
+        v["delivery"]["lost"]["sinks"]["webhook"]["failed"].as_u64() == Some(2)
+    })
+    .await;
+    let v = f.get_json("/api/v1/alerts").await;
+    assert!(ok, "{v}");
+    assert_eq!(
+        v["delivery"]["lost"]["sinks"]["webhook"]["retries"], 6,
+        "{v}"
+    );
+    assert_eq!(v["delivery"]["lost"]["sinks"]["webhook"]["sent"], 0, "{v}");
+    let r = fulcrum_testkit::http_get(vs, "/").await.unwrap();
+    assert_eq!(r.status, 200);
+}
+
+/// Debian's prometheus-alertmanager on loopback, with its own storage and no clustering.
+struct Alertmanager {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Alertmanager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Alertmanager {
+    async fn start() -> Alertmanager {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("am.yml");
+        std::fs::write(
+            &conf,
+            "route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n",
+        )
+        .unwrap();
+        let addr = free_addr();
+        let child = Command::new("prometheus-alertmanager")
+            .arg(format!("--config.file={}", conf.display()))
+            .arg(format!(
+                "--storage.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--cluster.listen-address=")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus-alertmanager is installed by scripts/test.sh");
+        let am = Alertmanager {
+            child,
+            addr,
+            _dir: dir,
+        };
+        let ok = wait_until(Duration::from_secs(20), || async {
+            fulcrum_testkit::http_get(addr, "/-/ready")
+                .await
+                .is_ok_and(|r| r.status == 200)
+        })
+        .await;
+        assert!(ok, "alertmanager not ready");
+        am
+    }
+
+    async fn alerts(&self) -> Vec<Value> {
+        fulcrum_testkit::http_get(self.addr, "/api/v2/alerts")
+            .await
+            .map(|r| r.json())
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alertmanager_api_v2_receives_the_alert_and_its_resolution() {
+    let am = Alertmanager::start().await;
+    let a = HttpBackend::start(free_addr(), "a").await.unwrap();
+    let b = HttpBackend::start(free_addr(), "b").await.unwrap();
+    let vs = free_addr();
+    let alert = format!(
+        "[[alert]]\nname = \"am\"\non = [\"member_down\"]\nwebhook = \"http://{}/api/v2/alerts\"\nhold = \"0s\"\n",
+        am.addr
+    );
+    let f = start(&pool_config(vs, &[&a, &b], &alert)).await;
+    let aa = a.addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("web", &aa).await["health"] == "up"
+        })
+        .await
+    );
+    b.set_healthy(false);
+    let bb = b.addr.to_string();
+    let ok = wait_until(Duration::from_secs(10), || async {
+        am.alerts().await.iter().any(|x| {
+            x["labels"]["alertname"] == "FulcrumMemberDown"
+                && x["labels"]["member"] == bb.as_str()
+                && x["status"]["state"] == "active"
+        })
+    })
+    .await;
+    assert!(
+        ok,
+        "alertmanager never listed the alert: {:?}\n{}",
+        am.alerts().await,
+        f.logs()
+    );
+    let x = am
+        .alerts()
+        .await
+        .into_iter()
+        .find(|x| x["labels"]["member"] == bb.as_str())
+        .unwrap();
+    assert!(
+        x["annotations"]["summary"].as_str().unwrap().contains(&bb),
+        "{x}"
+    );
+    b.set_healthy(true);
+    // Resolved: endsAt now, so Alertmanager stops listing it as active.
+    let ok = wait_until(Duration::from_secs(10), || async {
+        !am.alerts()
+            .await
+            .iter()
+            .any(|x| x["labels"]["member"] == bb.as_str() && x["status"]["state"] == "active")
+    })
+    .await;
+    assert!(ok, "alert still active: {:?}", am.alerts().await);
+    let v = f.get_json("/api/v1/alerts").await;
+    assert_eq!(v["delivery"]["am"]["sinks"]["webhook"]["failed"], 0, "{v}");
+    assert!(
+        v["delivery"]["am"]["sinks"]["webhook"]["sent"]
+            .as_u64()
+            .unwrap()
+            >= 2,
+        "{v}"
+    );
+}
+
+/// A self-signed certificate valid for `days`, made by the openssl CLI in `dir`.
+fn short_cert(dir: &std::path::Path, days: u32) -> (String, String) {
+    let (cert, key) = (dir.join("site.crt"), dir.join("site.key"));
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
+        .args([
+            "-subj",
+            "/CN=shop.example.test",
+            "-days",
+            &days.to_string(),
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl is installed by scripts/test.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (cert.display().to_string(), key.display().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_expiring_within_the_threshold_fires_cert_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = short_cert(dir.path(), 10);
+    let backend = HttpBackend::start(free_addr(), "a").await.unwrap();
+    let hook = Receiver::start().await;
+    let vs = free_addr();
+    let f = start(&format!(
+        r#"[[virtual_service]]
+name = "secure"
+listen = ["{vs}"]
+protocol = "https"
+pool = "web"
+tls = [{{ cert = "{cert}", key = "{key}" }}]
+
+[[pool]]
+name = "web"
+[[pool.member]]
+address = "{}"
+
+[[alert]]
+name = "certs"
+on = ["cert_expiry"]
+webhook = "http://{}/hook"
+cert_expiry = "30d"
+hold = "0s"
+"#,
+        backend.addr, hook.addr
+    ))
+    .await;
+    let ok = wait_until(Duration::from_secs(10), || async {
+        hook.bodies()
+            .iter()
+            .any(|v| v["alerts"][0]["labels"]["alertname"] == "FulcrumCertificateExpiry")
+    })
+    .await;
+    assert!(ok, "{:?}\n{}", hook.bodies(), f.logs());
+    let v = &hook.bodies()[0]["alerts"][0];
+    assert_eq!(v["labels"]["service"], "secure");
+    assert_eq!(v["labels"]["certificate"], cert.as_str());
+    assert!(
+        v["annotations"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("expires in 9 days"),
+        "{v}"
+    );
+    let c = f.get_json("/api/v1/certificates").await;
+    assert_eq!(c["certificates"][0]["days_left"], 9, "{c}");
+    assert_eq!(c["certificates"][0]["service"], "secure");
+}

@@ -1,0 +1,197 @@
+//! `type = "snmp"` monitors against net-snmp's snmpd on loopback: health from an SNMP v2c GET,
+//! and `dynamic_feedback` weights from the value (an `extend` script's output, so the test sets
+//! the "load").
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use fulcrum_testkit::HttpBackend;
+
+/// nsExtendOutput1Line."load" (NET-SNMP-EXTEND-MIB): the first line `extend load` printed.
+const LOAD_OID: &str = "1.3.6.1.4.1.8072.1.3.2.3.1.1.4.108.111.97.100";
+
+struct Snmpd(Child);
+
+impl Drop for Snmpd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// snmpd on `addr` (UDP) answering community "fulcrum", with `extend load` reading `load_file`.
+fn snmpd(dir: &Path, addr: SocketAddr, load_file: &Path) -> Snmpd {
+    let conf = dir.join(format!("snmpd-{}.conf", addr.ip()));
+    std::fs::write(
+        &conf,
+        format!(
+            "rocommunity fulcrum 127.0.0.0/8\nextend load /bin/cat {}\n",
+            load_file.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("snmpd")
+        .args(["-f", "-Ln", "-C", "-c"])
+        .arg(&conf)
+        .arg("-p")
+        .arg(dir.join(format!("snmpd-{}.pid", addr.ip())))
+        .arg(format!("udp:{addr}"))
+        .env(
+            "SNMP_PERSISTENT_DIR",
+            dir.join(format!("state-{}", addr.ip())),
+        )
+        .env("MIBS", "")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("snmpd is installed by scripts/test.sh");
+    Snmpd(child)
+}
+
+/// A UDP port free on both 127.0.0.1 and 127.0.0.2.
+fn udp_port_on_both() -> u16 {
+    loop {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if std::net::UdpSocket::bind(("127.0.0.2", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snmp_values_drive_dynamic_feedback_weights_and_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = udp_port_on_both();
+    let (load1, load2) = (dir.path().join("load1"), dir.path().join("load2"));
+    std::fs::write(&load1, "100\n").unwrap();
+    std::fs::write(&load2, "300\n").unwrap();
+    let _a1 = snmpd(dir.path(), SocketAddr::from(([127, 0, 0, 1], port)), &load1);
+    let _a2 = snmpd(dir.path(), SocketAddr::from(([127, 0, 0, 2], port)), &load2);
+    let m1 = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 1]), "m1")
+        .await
+        .unwrap();
+    let m2 = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 2]), "m2")
+        .await
+        .unwrap();
+    let bad = HttpBackend::start(free_addr(), "bad").await.unwrap();
+    let vs = free_addr();
+    let f = start(&format!(
+        r#"[[virtual_service]]
+name = "web"
+listen = ["{vs}"]
+protocol = "http"
+pool = "app"
+
+[[pool]]
+name = "app"
+algorithm = "dynamic_feedback"
+monitors = ["load"]
+[[pool.member]]
+address = "{}"
+weight = 10
+[[pool.member]]
+address = "{}"
+weight = 10
+
+[[pool]]
+name = "other"
+monitors = ["missing", "wrong-community"]
+[[pool.member]]
+address = "{}"
+
+[[monitor]]
+name = "load"
+type = "snmp"
+port = {port}
+community = "fulcrum"
+oid = "{LOAD_OID}"
+max = 400
+interval = "200ms"
+timeout = "150ms"
+rise = 1
+fall = 1
+
+[[monitor]]
+name = "missing"
+type = "snmp"
+port = {port}
+community = "fulcrum"
+oid = "1.3.6.1.4.1.99999.1.0"
+interval = "200ms"
+timeout = "150ms"
+rise = 1
+fall = 1
+
+[[monitor]]
+name = "wrong-community"
+type = "snmp"
+port = {port}
+community = "guess"
+oid = "1.3.6.1.2.1.1.3.0"
+interval = "200ms"
+timeout = "150ms"
+rise = 1
+fall = 1
+"#,
+        m1.addr, m2.addr, bad.addr
+    ))
+    .await;
+    let (a1, a2) = (m1.addr.to_string(), m2.addr.to_string());
+    // load 100 of 400 → 75 %, load 300 of 400 → 25 %.
+    let ok = wait_until(Duration::from_secs(10), || async {
+        f.member("app", &a1).await["agent"]["weight_percent"] == 75
+            && f.member("app", &a2).await["agent"]["weight_percent"] == 25
+    })
+    .await;
+    assert!(
+        ok,
+        "{}\n{}",
+        f.get_json("/api/v1/pools/app").await,
+        f.logs()
+    );
+    let m = f.member("app", &a1).await;
+    assert_eq!(m["health"], "up");
+    let last = m["checks"][0]["last"].as_str().unwrap();
+    assert!(last.contains("100 of 400 -> weight 75%"), "{last}");
+    // The scheduler follows: 3 requests to m1 for each to m2.
+    for _ in 0..200 {
+        let r = fulcrum_testkit::http_get(vs, "/").await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let (n1, n2) = (m1.requests(), m2.requests());
+    assert!(
+        (148..=152).contains(&n1) && (48..=52).contains(&n2),
+        "{n1}:{n2}"
+    );
+    // The load changes; so does the weight.
+    std::fs::write(&load2, "0\n").unwrap();
+    let ok = wait_until(Duration::from_secs(10), || async {
+        f.member("app", &a2).await["agent"]["weight_percent"] == 100
+    })
+    .await;
+    assert!(ok, "{}", f.member("app", &a2).await);
+    // An OID the agent does not have, and a community it does not know, fail the check.
+    let b = bad.addr.to_string();
+    let ok = wait_until(Duration::from_secs(10), || async {
+        let m = f.member("other", &b).await;
+        m["health"] == "down"
+            && m["checks"]
+                .as_array()
+                .is_some_and(|c| c.len() == 2 && c.iter().all(|c| c["up"] == false))
+    })
+    .await;
+    let m = f.member("other", &b).await;
+    assert!(ok, "{m}");
+    let text = m["checks"].to_string();
+    assert!(text.contains("noSuchObject"), "{text}");
+    assert!(
+        text.contains("timeout") && text.contains("community?"),
+        "{text}"
+    );
+}
