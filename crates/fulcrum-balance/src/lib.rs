@@ -10,12 +10,14 @@ pub mod member;
 pub mod persist;
 pub mod pool;
 pub mod sched;
+pub mod shares;
 
 pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
 pub use member::{AgentState, ConnectionGuard, Member, MemberStats, RequestGuard, WEIGHT_SCALE};
 pub use persist::{PersistKey, PersistTable, TableSpec};
 pub use pool::{Picked, Pool};
 pub use sched::{PickContext, Scheduler};
+pub use shares::{link_shares, slot_table, LinkLoad};
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 mod accel;
 mod error;
 mod http;
+mod link;
 mod message;
 mod reader;
 mod schema;
@@ -21,6 +22,11 @@ pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
     StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,
+};
+pub use link::{
+    parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
+    LinkTarget, Outbound, OutboundPersistence, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
+    MAX_LINKS,
 };
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};

@@ -26,6 +26,10 @@ pub struct Config {
     pub dns: Option<Dns>,
     pub ip_tables: Vec<IpTable>,
     pub gslb: Gslb,
+    /// Link load balancing of flows leaving the LAN (`[[outbound]]`).
+    pub outbound: Vec<crate::link::Outbound>,
+    /// Firewall sandwich sides (`[[gateway_service]]`).
+    pub gateway_services: Vec<crate::link::GatewayService>,
     /// Where key paths stand in the file, for errors found after parsing (e.g. at bind time).
     pub locations: Locations,
 }
@@ -489,6 +493,10 @@ string_enum!(Algorithm {
     Priority = "priority",
     FirstAvailable = "first_available",
     LeastRequest = "least_request",
+    BandwidthRatio = "bandwidth_ratio",
+    Proximity = "proximity",
+    Rtt = "rtt",
+    Spillover = "spillover",
 });
 
 /// What `algorithm = "hash"` hashes.
@@ -585,13 +593,33 @@ pub struct Pool {
     pub tls: Option<UpstreamTls>,
     /// How the HTTP data plane talks to the members (Fulcrum additions).
     pub http: crate::http::HttpPoolOptions,
+    /// server (default), link or gateway; `members` holds servers, `links` and `gateways` the
+    /// members of the other kinds.
+    pub kind: crate::link::PoolKind,
+    pub links: Vec<crate::link::LinkMember>,
+    pub gateways: Vec<crate::link::GatewayMember>,
+    /// Link pools: a link above this share of its bandwidth takes no new flows.
+    pub busy: Option<f64>,
 }
 
 impl FromNode for Pool {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
+            let kind = t.opt(cx, "kind").unwrap_or(crate::link::PoolKind::Server);
+            let (mut members, mut links, mut gateways) = (Vec::new(), Vec::new(), Vec::new());
+            match kind {
+                crate::link::PoolKind::Server => members = t.opt(cx, "member").unwrap_or_default(),
+                crate::link::PoolKind::Link => links = t.opt(cx, "member").unwrap_or_default(),
+                crate::link::PoolKind::Gateway => {
+                    gateways = t.opt(cx, "member").unwrap_or_default()
+                }
+            }
             Some(Pool {
+                kind,
+                links,
+                gateways,
+                busy: t.opt(cx, "busy"),
                 algorithm: t.opt(cx, "algorithm").unwrap_or(Algorithm::RoundRobin),
                 hash_key: t.opt(cx, "hash_key").unwrap_or(HashKey::SourceIp),
                 monitors: t.opt(cx, "monitors").unwrap_or_default(),
@@ -601,7 +629,7 @@ impl FromNode for Pool {
                 connect_timeout: t
                     .opt(cx, "connect_timeout")
                     .unwrap_or(Duration::from_secs(3)),
-                members: t.opt(cx, "member").unwrap_or_default(),
+                members,
                 reuse: t.opt(cx, "reuse").unwrap_or(Reuse::Safe),
                 tls: t.opt(cx, "tls"),
                 http: crate::http::HttpPoolOptions::read(t, cx),
@@ -735,6 +763,8 @@ pub struct Monitor {
     /// radius (Access-Request instead of Status-Server), pop3, imap, ftp: log in as this user.
     pub username: Option<String>,
     pub password: Option<String>,
+    /// Link monitors: the targets probed through the link, and how many must answer.
+    pub link: crate::link::LinkProbe,
 }
 
 /// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
@@ -805,6 +835,7 @@ impl FromNode for Monitor {
                 secret: t.opt(cx, "secret"),
                 username: t.opt(cx, "username"),
                 password: t.opt(cx, "password"),
+                link: crate::link::LinkProbe::read(t, cx),
                 name: name?,
                 kind: kind?,
             })
@@ -1214,6 +1245,8 @@ pub(crate) fn read_config(root: &Node<'_>, cx: &mut Cx<'_>) -> Option<Config> {
             dns: t.opt(cx, "dns"),
             ip_tables: t.opt(cx, "ip_table").unwrap_or_default(),
             gslb: t.opt(cx, "gslb").unwrap_or_default(),
+            outbound: t.opt(cx, "outbound").unwrap_or_default(),
+            gateway_services: t.opt(cx, "gateway_service").unwrap_or_default(),
             locations: Locations::default(),
         })
     })

@@ -277,6 +277,10 @@ impl GslbState {
                         reuse: fulcrum_config::Reuse::Safe,
                         tls: None,
                         http: Default::default(),
+                        kind: fulcrum_config::PoolKind::Server,
+                        links: vec![],
+                        gateways: vec![],
+                        busy: None,
                     };
                     let checks = [CheckSpec {
                         monitor: m.name.clone(),
@@ -344,6 +348,10 @@ impl GslbState {
                         reuse: fulcrum_config::Reuse::Safe,
                         tls: None,
                         http: Default::default(),
+                        kind: fulcrum_config::PoolKind::Server,
+                        links: vec![],
+                        gateways: vec![],
+                        busy: None,
                     };
                     let labels: Vec<Arc<str>> =
                         idx.iter().map(|&s| sites[s].name.clone()).collect();

@@ -235,6 +235,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         secret,
         username,
         password,
+        link,
     } = a;
     *name == b.name
         && *kind == b.kind
@@ -257,6 +258,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *secret == b.secret
         && *username == b.username
         && *password == b.password
+        && *link == b.link
 }
 
 fn agent_members(checks: &HashMap<CheckKey, Running>) -> HashSet<(Arc<str>, SocketAddr)> {

@@ -36,6 +36,7 @@ pub(crate) fn monitor(name: &str, kind: MonitorKind) -> Monitor {
         secret: None,
         username: None,
         password: None,
+        link: Default::default(),
     }
 }
 
