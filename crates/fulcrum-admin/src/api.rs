@@ -195,6 +195,7 @@ pub fn router(control: Arc<dyn Control>) -> Router {
         .route("/gslb", axum::routing::any(gslb))
         .route("/gslb/{*path}", axum::routing::any(gslb))
         .route("/cache/{service}", get(cache).delete(cache))
+        .route("/links", get(links))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .route_layer(middleware::from_fn_with_state(app.clone(), auth));
     Router::new()
@@ -236,7 +237,7 @@ async fn index() -> Json<Value> {
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
-                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/metrics"],
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/links", "/metrics"],
     }))
 }
 
@@ -357,6 +358,10 @@ async fn set_weight(
     m.set_weight(weight as u32);
     p.refresh();
     Ok(Json(member_status(&m)))
+}
+
+async fn links(State(app): State<App>) -> Response {
+    Json(app.control.links_api()).into_response()
 }
 
 async fn gslb(

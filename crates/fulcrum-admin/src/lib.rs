@@ -45,6 +45,11 @@ pub trait Control: Send + Sync + 'static {
     fn gslb_api(&self, _method: &str, _path: &[&str], _body: &[u8]) -> (u16, serde_json::Value) {
         (404, serde_json::json!({ "error": "no such endpoint" }))
     }
+    /// `GET /api/v1/links`: every link of the outbound link pools (state, rates, probe RTT and
+    /// loss per target, flows). The default has no links.
+    fn links_api(&self) -> serde_json::Value {
+        serde_json::json!({ "links": [] })
+    }
     /// Serves `/api/v1/cache/{service}`: `GET` (usage and counters) and `DELETE` (purge;
     /// `query` holds the decoded `url`, `host` and `prefix` parameters). The default has no
     /// caches.

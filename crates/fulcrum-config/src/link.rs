@@ -611,7 +611,12 @@ pub(crate) fn check(cfg: &Config, out: &mut Vec<(String, String)>) {
 
     let pool_kind = |name: &str| cfg.pool(name).map(|p| p.kind);
     for (i, vs) in cfg.virtual_services.iter().enumerate() {
-        if let Some(k) = vs.pool.as_deref().and_then(pool_kind).filter(|k| *k != PoolKind::Server) {
+        if let Some(k) = vs
+            .pool
+            .as_deref()
+            .and_then(pool_kind)
+            .filter(|k| *k != PoolKind::Server)
+        {
             err(
                 format!("virtual_service[{i}].pool"),
                 format!(

@@ -56,6 +56,7 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::dns::checks(config);
     errors.extend(crate::https::checks(config));
     errors.extend(crate::tuning::checks(config));
+    errors.extend(crate::link::checks(config));
     errors
 }
 
@@ -97,6 +98,7 @@ pub struct App {
     udp: crate::udp::Udp,
     messages: crate::message::Messages,
     http: crate::http::HttpAssembly,
+    links: crate::link::LinkPlane,
 }
 
 impl App {
@@ -121,6 +123,7 @@ impl App {
             udp: crate::udp::Udp::default(),
             messages: crate::message::Messages::default(),
             http: crate::http::HttpAssembly::new(),
+            links: crate::link::LinkPlane::default(),
         }
     }
 
@@ -142,6 +145,7 @@ impl App {
         let udp_prepared = self.udp.prepare(&config, self.sockets_per_address)?;
         let mut udp_next = crate::udp::Next::default();
         let dns = self.dns.prepare(&config)?;
+        self.links.apply(&config)?;
 
         self.messages.begin();
         let old = self.snapshot.load_full();
@@ -305,6 +309,7 @@ impl App {
         self.dns.shutdown();
         self.health.shutdown();
         self.http.retire_all();
+        self.links.shutdown().await;
         let active = self.tracker.active();
         if active > 0 {
             tracing::info!(connections = active, deadline = ?deadline, "stopped accepting; waiting for connections to finish");
@@ -347,6 +352,11 @@ impl Control for App {
         self.dns.metrics(out);
         self.messages.write_metrics(out);
         self.http.metrics(out);
+        self.links.metrics(out);
+    }
+
+    fn links_api(&self) -> serde_json::Value {
+        self.links.api()
     }
 
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, serde_json::Value) {

@@ -6,6 +6,7 @@ mod demo;
 mod dns;
 mod http;
 mod https;
+mod link;
 mod message;
 mod tuning;
 mod udp;

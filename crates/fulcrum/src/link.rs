@@ -1,0 +1,127 @@
+//! The link plane's assembly: outbound link load balancing (`fulcrum-link`), started on the
+//! first configuration that has an `[[outbound]]`.
+
+use std::sync::OnceLock;
+
+use fulcrum_config::{Config, ConfigError};
+
+#[derive(Default)]
+pub struct LinkPlane {
+    links: OnceLock<fulcrum_link::Links>,
+}
+
+/// What `fulcrum check` and a reload refuse before anything is installed: what the config's
+/// own text cannot show (an ip_table file), and the parts of the contract this build does not
+/// run yet.
+pub fn checks(config: &Config) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    let at = |path: &str, message: String| config.locations.error(path, message);
+    for (i, g) in config.gateway_services.iter().enumerate() {
+        errors.push(at(
+            &format!("gateway_service[{i}]"),
+            format!(
+                "gateway_service {:?}: the firewall sandwich is not in this build yet",
+                g.name
+            ),
+        ));
+    }
+    for (i, o) in config.outbound.iter().enumerate() {
+        if o.dns_proxy.is_some() {
+            errors.push(at(
+                &format!("outbound[{i}].dns_proxy"),
+                "the transparent DNS proxy is not in this build yet".to_string(),
+            ));
+        }
+    }
+    if let Err(es) = fulcrum_link::build_plan(config) {
+        errors.extend(es.into_iter().map(|e| at("outbound", e)));
+    }
+    errors
+}
+
+impl LinkPlane {
+    /// Installs or replaces the outbound link balancing of `config` (nothing when it has no
+    /// `[[outbound]]` and none ran before).
+    pub fn apply(&self, config: &Config) -> Result<(), Vec<String>> {
+        if config.outbound.is_empty() && self.links.get().is_none() {
+            return Ok(());
+        }
+        self.links
+            .get_or_init(fulcrum_link::Links::start)
+            .apply(config)
+    }
+
+    /// Removes what the link plane installed.
+    pub async fn shutdown(&self) {
+        if let Some(l) = self.links.get() {
+            l.shutdown().await;
+        }
+    }
+
+    /// `GET /api/v1/links`.
+    pub fn api(&self) -> serde_json::Value {
+        match self.links.get() {
+            Some(l) => l.view(),
+            None => serde_json::json!({ "links": [] }),
+        }
+    }
+
+    pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        let Some(l) = self.links.get() else { return };
+        let view = l.view();
+        let Some(links) = view["links"].as_array().filter(|l| !l.is_empty()) else {
+            return;
+        };
+        let label = |l: &serde_json::Value, k: &str| l[k].as_str().unwrap_or("").to_string();
+        out.family(
+            "fulcrum_link_up",
+            "gauge",
+            "Whether the link's monitors pass (1) or not (0).",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            let up = if l["health"] == "up" { 1.0 } else { 0.0 };
+            out.sample("fulcrum_link_up", &[("outbound", &o), ("link", &n)], up);
+        }
+        out.family(
+            "fulcrum_link_rate_bits_per_second",
+            "gauge",
+            "Link rate measured on the interface counters.",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            for (dir, key) in [("up", "rate_up_bps"), ("down", "rate_down_bps")] {
+                let v = l[key].as_f64().unwrap_or(0.0);
+                out.sample(
+                    "fulcrum_link_rate_bits_per_second",
+                    &[("outbound", &o), ("link", &n), ("direction", dir)],
+                    v,
+                );
+            }
+        }
+        out.family(
+            "fulcrum_link_flows_total",
+            "counter",
+            "New flows placed on the link.",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            let v = l["flows_total"].as_f64().unwrap_or(0.0);
+            out.sample(
+                "fulcrum_link_flows_total",
+                &[("outbound", &o), ("link", &n)],
+                v,
+            );
+        }
+        out.family(
+            "fulcrum_link_slots",
+            "gauge",
+            "Slots of the flow table the link owns (its share of new flows).",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            let v = l["slots"].as_f64().unwrap_or(0.0);
+            out.sample("fulcrum_link_slots", &[("outbound", &o), ("link", &n)], v);
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! Outbound link load balancing in network namespaces: a LAN client, Fulcrum's namespace (the
+//! router), two ISP namespaces and an "internet" namespace whose servers report the source
+//! address they see. Traffic stays inside the namespaces this test creates.
+//!
+//!   lan (198.18.100.2) — lan0 [fl] wan0 — isp0 — inet (198.19.0.10, .11; 198.19.1.10)
+//!                                   wan1 — isp1 —/
+//!
+//! Link a: wan0 198.18.1.2 via 198.18.1.1; link b: wan1 198.18.2.2 via 198.18.2.1. The
+//! Fulcrum namespace has no default route: a flow Fulcrum did not mark goes nowhere.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fulcrum_testkit::netns::{Lab, Ns};
+use fulcrum_testkit::Fulcrum;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
+const ADMIN: &str = "127.0.0.1:9400";
+const SERVER: &str = "198.19.0.10:7000";
+const NEAR_SERVER: &str = "198.19.1.10:7000";
+const SNAT_A: &str = "198.18.1.2";
+const SNAT_B: &str = "198.18.2.2";
+
+struct Net {
+    _lab: Lab,
+    lan: Ns,
+    fl: Ns,
+    isps: Vec<Ns>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A server in `ns` that answers every line with the peer's address ("198.18.1.2\n"), so a
+/// client sees which SNAT address (which link) its flow left by, as often as it asks.
+fn whoami(ns: &Ns, addr: &str, stop: Arc<AtomicBool>) {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    ns.thread(move || {
+        let listener = match TcpListener::bind(addr) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e.to_string()));
+                return;
+            }
+        };
+        listener.set_nonblocking(true).unwrap();
+        let _ = ready_tx.send(Ok(()));
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    let stop = stop.clone();
+                    std::thread::spawn(move || serve(stream, peer, stop));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("whoami server thread")
+        .expect("whoami server bind");
+}
+
+fn serve(stream: TcpStream, peer: SocketAddr, stop: Arc<AtomicBool>) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut w = match stream.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) => {
+                if writeln!(w, "{}", peer.ip()).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// One flow from the LAN: the address the server saw it come from.
+fn ask(stream: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+    stream.get_mut().write_all(b"?\n")?;
+    let mut line = String::new();
+    stream.read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(line.trim().to_string())
+}
+
+fn open(server: &str, timeout: Duration) -> std::io::Result<BufReader<TcpStream>> {
+    let s = TcpStream::connect_timeout(&server.parse().unwrap(), timeout)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    Ok(BufReader::new(s))
+}
+
+/// `n` short flows from the LAN client: how many left by each SNAT address ("fail" for none).
+fn flows(lan: &Ns, server: &'static str, n: usize) -> BTreeMap<String, usize> {
+    lan.thread(move || {
+        let mut seen = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for _ in 0..n {
+            if Instant::now() > deadline {
+                break;
+            }
+            let who = open(server, Duration::from_millis(500))
+                .and_then(|mut s| ask(&mut s))
+                .unwrap_or_else(|_| "fail".into());
+            *seen.entry(who).or_insert(0) += 1;
+        }
+        seen
+    })
+    .join()
+    .unwrap()
+    .unwrap()
+}
+
+fn net() -> Net {
+    let mut lab = Lab::new("link");
+    let lan = lab.ns("lan").unwrap();
+    let fl = lab.ns("fl").unwrap();
+    let inet = lab.ns("inet").unwrap();
+    lab.veth(&lan, "eth0", &fl, "lan0").unwrap();
+    lan.addr("eth0", "198.18.100.2/24").unwrap();
+    fl.addr("lan0", "198.18.100.1/24").unwrap();
+    lan.route(&["default", "via", "198.18.100.1"]).unwrap();
+    for key in [
+        "net.ipv4.ip_forward",
+        "net.ipv4.conf.all.rp_filter",
+        "net.ipv4.conf.default.rp_filter",
+    ] {
+        let v = if key.ends_with("forward") { "1" } else { "0" };
+        fl.sysctl(key, v).unwrap();
+    }
+    for a in ["198.19.0.10/32", "198.19.0.11/32", "198.19.1.10/32"] {
+        inet.addr("lo", a).unwrap();
+    }
+    let mut isps = Vec::new();
+    for k in 0..2u8 {
+        let isp = lab.ns(&format!("isp{k}")).unwrap();
+        let wan = format!("wan{k}");
+        lab.veth(&fl, &wan, &isp, "eth0").unwrap();
+        lab.veth(&isp, "eth1", &inet, &format!("isp{k}")).unwrap();
+        fl.addr(&wan, &format!("198.18.{}.2/24", k + 1)).unwrap();
+        isp.addr("eth0", &format!("198.18.{}.1/24", k + 1)).unwrap();
+        isp.addr("eth1", &format!("198.18.{}.1/24", k + 11))
+            .unwrap();
+        inet.addr(&format!("isp{k}"), &format!("198.18.{}.2/24", k + 11))
+            .unwrap();
+        isp.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        isp.route(&["198.19.0.0/16", "via", &format!("198.18.{}.2", k + 11)])
+            .unwrap();
+        inet.route(&[
+            &format!("198.18.{}.0/24", k + 1),
+            "via",
+            &format!("198.18.{}.1", k + 11),
+        ])
+        .unwrap();
+        isps.push(isp);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for s in [SERVER, NEAR_SERVER] {
+        whoami(&inet, s, stop.clone());
+    }
+    Net {
+        _lab: lab,
+        lan,
+        fl,
+        isps,
+        stop,
+    }
+}
+
+fn config(algorithm: &str, weights: [u32; 2], extra: &str) -> String {
+    format!(
+        r#"
+[[monitor]]
+name = "through"
+type = "icmp"
+targets = ["198.19.0.10", "198.19.0.11"]
+up_when = 1
+interval = "1s"
+timeout = "500ms"
+rise = 1
+fall = 2
+
+[[ip_table]]
+name = "isp-b"
+cidrs = ["198.19.1.0/24"]
+
+[[pool]]
+name = "uplinks"
+kind = "link"
+algorithm = "{algorithm}"
+[[pool.member]]
+name = "a"
+interface = "wan0"
+gateway = "198.18.1.1"
+snat = "{SNAT_A}"
+weight = {wa}
+monitors = ["through"]
+bandwidth = {{ up = "100Mbit", down = "100Mbit" }}
+[[pool.member]]
+name = "b"
+interface = "wan1"
+gateway = "198.18.2.1"
+snat = "{SNAT_B}"
+weight = {wb}
+isp = "isp-b"
+monitors = ["through"]
+bandwidth = {{ up = "100Mbit", down = "100Mbit" }}
+
+[[outbound]]
+name = "lan"
+sources = ["198.18.100.0/24"]
+pool = "uplinks"
+{extra}
+"#,
+        wa = weights[0],
+        wb = weights[1],
+    )
+}
+
+async fn start(net: &Net, config: &str) -> Fulcrum {
+    match Fulcrum::start_in(&net.fl.name, BIN, ADMIN.parse().unwrap(), config).await {
+        Ok(f) => f,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn link(f: &Fulcrum, name: &str) -> serde_json::Value {
+    let v = f.get_json("/api/v1/links").await;
+    v["links"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == name).cloned())
+        .unwrap_or_default()
+}
+
+fn kernel_state(fl: &Ns) -> (usize, usize, bool) {
+    let rules = fl.exec("ip", &["rule", "show"]).unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout)
+        .lines()
+        .filter(|l| l.contains("fwmark 0x464c"))
+        .count();
+    let tables = fl.exec("nft", &["list", "tables"]).unwrap();
+    let tables = String::from_utf8_lossy(&tables.stdout)
+        .lines()
+        .filter(|l| l.contains("fulcrum_link"))
+        .count();
+    let route = fl
+        .exec(
+            "ip",
+            &["route", "show", "table", &0x464c_0001u32.to_string()],
+        )
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("198.18.1.1"))
+        .unwrap_or(false);
+    (rules, tables, route)
+}
+
+fn share(seen: &BTreeMap<String, usize>, who: &str) -> f64 {
+    let total: usize = seen.values().sum();
+    *seen.get(who).unwrap_or(&0) as f64 / total.max(1) as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
+    let net = net();
+    let mut f = start(&net, &config("weighted_round_robin", [3, 1], "")).await;
+    assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
+
+    // Weights: 2,000 short flows split 3:1 within 2 percentage points, and the servers see
+    // each link's SNAT address (nothing else, nothing failed).
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 2000)
+    })
+    .await
+    .unwrap();
+    eprintln!("3:1 over 2000 flows: {seen:?}");
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        vec![SNAT_A, SNAT_B],
+        "{seen:?}"
+    );
+    let a = share(&seen, SNAT_A);
+    assert!(
+        (a - 0.75).abs() <= 0.02,
+        "link a carried {a:.3} of the flows, want 0.75 ± 0.02"
+    );
+
+    // The API counts the flows (sampled every second) and shows the links up with probe RTTs.
+    let end = Instant::now() + Duration::from_secs(5);
+    let la = loop {
+        let la = link(&f, "a").await;
+        if la["flows_total"].as_u64() == Some(1500) || Instant::now() > end {
+            break la;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(la["flows_total"], 1500, "{la}");
+    assert_eq!(la["health"], "up", "{la}");
+    assert!(la["targets"][0]["rtt_ms"].as_f64().is_some(), "{la}");
+
+    // Long-lived flows on both links, then a reload that gives link b every new flow: the
+    // running flows keep their link (a flow never changes link).
+    let long: Vec<BufReader<TcpStream>> = net
+        .lan
+        .thread(|| {
+            (0..8)
+                .map(|_| open(SERVER, Duration::from_secs(1)).unwrap())
+                .collect()
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+    let mut long: Vec<(String, BufReader<TcpStream>)> = long
+        .into_iter()
+        .map(|mut s| (ask(&mut s).unwrap(), s))
+        .collect();
+    let on_a = long.iter().filter(|(w, _)| w == SNAT_A).count();
+    assert!(on_a > 0 && on_a < long.len(), "8 flows all on one link");
+    f.write_config(&config("weighted_round_robin", [0, 1], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        kernel_state(&net.fl),
+        (2, 1, true),
+        "reload duplicated state"
+    );
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 50)
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen.get(SNAT_B), Some(&50), "after the reload: {seen:?}");
+    for (who, s) in &mut long {
+        for _ in 0..3 {
+            assert_eq!(&ask(s).unwrap(), who, "a running flow changed link");
+        }
+    }
+
+    // Pull link a while flows run: its ISP stops forwarding. New flows avoid it within 3 s
+    // (1 s probes, fall 2) and the flows on link b keep running.
+    f.write_config(&config("weighted_round_robin", [1, 1], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    net.isps[0].sysctl("net.ipv4.ip_forward", "0").unwrap();
+    let pulled = Instant::now();
+    let moved = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || {
+            lan.thread(move || {
+                // When the run of 20 new flows in a row that all left by link b began.
+                let mut streak = 0;
+                let mut began = Instant::now();
+                let end = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < end {
+                    let who = open(SERVER, Duration::from_millis(200))
+                        .and_then(|mut s| ask(&mut s))
+                        .unwrap_or_else(|_| "fail".into());
+                    if who == SNAT_B {
+                        if streak == 0 {
+                            began = Instant::now();
+                        }
+                        streak += 1;
+                        if streak == 20 {
+                            return Some(began);
+                        }
+                    } else {
+                        streak = 0;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                None
+            })
+            .join()
+            .unwrap()
+            .unwrap()
+        }
+    })
+    .await
+    .unwrap()
+    .expect("new flows never settled on link b");
+    let took = moved.duration_since(pulled);
+    eprintln!("new flows moved off the pulled link after {took:?}");
+    assert!(took <= Duration::from_secs(3), "{took:?}");
+    assert_eq!(link(&f, "a").await["health"], "down");
+    for (who, s) in long.iter_mut().filter(|(w, _)| w == SNAT_B) {
+        assert_eq!(&ask(s).unwrap(), who, "a flow on the healthy link broke");
+    }
+    net.isps[0].sysctl("net.ipv4.ip_forward", "1").unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while link(&f, "a").await["health"] != "up" {
+        assert!(Instant::now() < end, "link a did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(long);
+
+    // Proximity: destinations in link b's ip_table leave by b, the rest by the weights (all
+    // on a here).
+    f.write_config(&config("proximity", [1, 0], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (near, far) = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || (flows(&lan, NEAR_SERVER, 50), flows(&lan, SERVER, 50))
+    })
+    .await
+    .unwrap();
+    assert_eq!(near.get(SNAT_B), Some(&50), "{near:?}");
+    assert_eq!(far.get(SNAT_A), Some(&50), "{far:?}");
+
+    // Source persistence: one client stays on one link whatever the weights say.
+    f.write_config(&config(
+        "weighted_round_robin",
+        [1, 1],
+        "persistence = \"by-source\"",
+    ));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 100)
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen.len(), 1, "one source, one link: {seen:?}");
+
+    // Metrics name the links.
+    let m = f.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(
+        m.contains("fulcrum_link_up{outbound=\"lan\",link=\"a\"} 1"),
+        "{m}"
+    );
+
+    // Shutdown removes every rule, route and the table.
+    f.signal(libc::SIGTERM);
+    assert!(f.wait_exit(Duration::from_secs(10)).await.is_some());
+    assert_eq!(kernel_state(&net.fl), (0, 0, false), "{}", f.logs());
+}
