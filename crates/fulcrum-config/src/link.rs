@@ -726,3 +726,140 @@ pub(crate) fn check(cfg: &Config, out: &mut Vec<(String, String)>) {
 
 /// Links per pool: each takes a connection mark and a routing table.
 pub const MAX_LINKS: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use crate::{parse, Algorithm, PoolKind};
+    use std::path::Path;
+
+    const GOOD: &str = r#"
+[[monitor]]
+name = "probe"
+type = "icmp"
+targets = ["198.51.100.1", "198.51.100.2", "198.51.100.3"]
+up_when = 2
+
+[[ip_table]]
+name = "telecom"
+cidrs = ["198.51.100.0/24"]
+
+[[pool]]
+name = "uplinks"
+kind = "link"
+algorithm = "weighted_least_traffic"
+busy = 0.8
+[[pool.member]]
+name = "telecom"
+interface = "wan0"
+gateway = "203.0.113.1"
+snat = "203.0.113.10"
+bandwidth = { up = "100Mbit", down = "1Gbit" }
+isp = "telecom"
+resolver = "203.0.113.53"
+monitors = ["probe"]
+[[pool.member]]
+name = "unicom"
+interface = "wan1"
+gateway = "192.0.2.1"
+bandwidth = { up = 50000000, down = "50Mbit" }
+
+[[pool]]
+name = "firewalls"
+kind = "gateway"
+[[pool.member]]
+address = "198.18.10.2"
+[[pool.member]]
+address = "198.18.10.3"
+
+[[outbound]]
+name = "lan"
+sources = ["10.0.0.0/8"]
+pool = "uplinks"
+persistence = "by-source"
+
+[[gateway_service]]
+name = "fw"
+interfaces = ["inside0", "outside0"]
+pool = "firewalls"
+hash = "symmetric"
+"#;
+
+    fn errors(text: &str) -> String {
+        match parse(text, "t.toml", Path::new(".")) {
+            Ok(_) => String::new(),
+            Err(e) => e.messages().join("\n"),
+        }
+    }
+
+    #[test]
+    fn the_contract_reads() {
+        let c = parse(GOOD, "t.toml", Path::new(".")).unwrap();
+        let p = c.pool("uplinks").unwrap();
+        assert_eq!(p.kind, PoolKind::Link);
+        assert_eq!(p.algorithm, Algorithm::WeightedLeastTraffic);
+        assert_eq!(p.busy, Some(0.8));
+        let l = &p.links[0];
+        assert_eq!(l.bandwidth.unwrap().up, 100_000_000);
+        assert_eq!(l.bandwidth.unwrap().down, 1_000_000_000);
+        assert_eq!(l.resolver.unwrap().to_string(), "203.0.113.53:53");
+        assert_eq!(p.links[1].bandwidth.unwrap().up, 50_000_000);
+        assert_eq!(c.monitors[0].link.up_when, 2);
+        assert_eq!(c.monitors[0].link.targets.len(), 3);
+        assert_eq!(c.pool("firewalls").unwrap().gateways.len(), 2);
+        assert!(c.outbound[0].persistence.is_some());
+        assert_eq!(c.gateway_services[0].interfaces.len(), 2);
+    }
+
+    #[test]
+    fn errors_are_located_and_cross_checked() {
+        let e = errors(&GOOD.replace("gateway = \"192.0.2.1\"", "gatway = \"192.0.2.1\""));
+        assert!(
+            e.contains("unknown key `gatway`") && e.contains("did you mean `gateway`"),
+            "{e}"
+        );
+        assert!(e.contains("t.toml:"), "{e}");
+        let e = errors(&GOOD.replace("up = \"100Mbit\"", "up = \"100 parsecs\""));
+        assert!(e.contains("pool[0].member[0].bandwidth.up"), "{e}");
+        let e = errors(&GOOD.replace("up_when = 2", "up_when = 4"));
+        assert!(
+            e.contains("monitor[0].up_when") && e.contains("1 to the number of targets (3)"),
+            "{e}"
+        );
+        let e = errors(&GOOD.replace("pool = \"uplinks\"", "pool = \"firewalls\""));
+        assert!(
+            e.contains("outbound[0].pool") && e.contains("kind = \"link\""),
+            "{e}"
+        );
+        let e = errors(&GOOD.replace("pool = \"firewalls\"\nhash", "pool = \"uplinks\"\nhash"));
+        assert!(e.contains("gateway_service[0].pool"), "{e}");
+        let e = errors(&GOOD.replace("isp = \"telecom\"", "isp = \"telcom\""));
+        assert!(
+            e.contains("no ip_table named \"telcom\"") && e.contains("did you mean"),
+            "{e}"
+        );
+        let e = errors(&GOOD.replace("bandwidth = { up = 50000000, down = \"50Mbit\" }", ""));
+        assert!(
+            e.contains("pool[0].member[1].bandwidth") && e.contains("busy"),
+            "{e}"
+        );
+        let e = errors(&GOOD.replace("busy = 0.8", "busy = 1.5"));
+        assert!(e.contains("pool[0].busy"), "{e}");
+        let e = errors(&GOOD.replace(
+            "interface = \"wan0\"",
+            "interface = \"a-very-long-interface\"",
+        ));
+        assert!(e.contains("pool[0].member[0].interface"), "{e}");
+        // A link algorithm on a server pool, and `busy` there.
+        let e = errors("[[pool]]\nname = \"p\"\nalgorithm = \"spillover\"\nbusy = 0.5\nmember = [{ address = \"127.0.0.1:80\" }]\n");
+        assert!(
+            e.contains("pool[0].algorithm") && e.contains("for link pools"),
+            "{e}"
+        );
+        assert!(e.contains("pool[0].busy"), "{e}");
+        // Link members need a name; a server pool's members need an address.
+        let e = errors("[[pool]]\nname = \"p\"\nkind = \"link\"\nmember = [{ interface = \"wan0\", gateway = \"192.0.2.1\" }]\n");
+        assert!(e.contains("missing required key `name`"), "{e}");
+        let e = errors(&GOOD.replace("monitors = [\"probe\"]", "monitors = [\"prob\"]"));
+        assert!(e.contains("no monitor named \"prob\""), "{e}");
+    }
+}
