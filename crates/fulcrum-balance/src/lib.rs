@@ -17,7 +17,7 @@ pub use member::{AgentState, ConnectionGuard, Member, MemberStats, RequestGuard,
 pub use persist::{PersistKey, PersistTable, TableSpec};
 pub use pool::{Picked, Pool};
 pub use sched::{PickContext, Scheduler};
-pub use shares::{link_shares, slot_table, LinkLoad};
+pub use shares::{kernel_slots, link_shares, slot_table, LinkLoad};
 
 #[cfg(test)]
 mod tests;

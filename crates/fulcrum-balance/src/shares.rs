@@ -64,9 +64,44 @@ pub fn link_shares(
     loads: &[LinkLoad],
     busy: Option<f64>,
 ) -> Vec<u32> {
+    shares_with(algorithm, members, loads, busy, false)
+}
+
+/// The shares members would have if every one with a weight were healthy, enabled and idle: where their
+/// slots sit while they are out, so that their slots alone move.
+fn potential_shares(algorithm: Algorithm, members: &[Arc<Member>], loads: &[LinkLoad]) -> Vec<u32> {
+    let idle: Vec<LinkLoad> = members
+        .iter()
+        .enumerate()
+        .map(|(i, _)| LinkLoad {
+            up_bps: 0.0,
+            down_bps: 0.0,
+            flows: 0,
+            ..loads.get(i).copied().unwrap_or_default()
+        })
+        .collect();
+    shares_with(algorithm, members, &idle, None, true)
+}
+
+fn shares_with(
+    algorithm: Algorithm,
+    members: &[Arc<Member>],
+    loads: &[LinkLoad],
+    busy: Option<f64>,
+    ignore_health: bool,
+) -> Vec<u32> {
     let n = members.len();
     let load = |i: usize| loads.get(i).copied().unwrap_or_default();
-    let usable: Vec<bool> = members.iter().map(|m| m.accepts_new(0)).collect();
+    let usable: Vec<bool> = members
+        .iter()
+        .map(|m| {
+            if ignore_health {
+                m.weight() > 0
+            } else {
+                m.accepts_new(0)
+            }
+        })
+        .collect();
     let busy = match algorithm {
         Algorithm::Spillover => Some(busy.unwrap_or(DEFAULT_SPILLOVER_BUSY)),
         _ => busy,
@@ -130,6 +165,41 @@ pub fn link_shares(
 /// Empty when no member has a share.
 pub fn slot_table(names: &[String], shares: &[u32]) -> MaglevTable {
     MaglevTable::build(names, shares)
+}
+
+/// The slot table of a pool whose flows the kernel places, and each member's share. A member
+/// that is out (down, busy, disabled) keeps its place in a table built as if it were in, and
+/// only its own slots are handed to the others (by the table of the members that are in), so
+/// taking a member out moves no other member's slots; they come back to it when it returns.
+pub fn kernel_slots(
+    algorithm: Algorithm,
+    members: &[Arc<Member>],
+    loads: &[LinkLoad],
+    busy: Option<f64>,
+    names: &[String],
+) -> (Vec<u32>, Vec<u32>) {
+    let shares = link_shares(algorithm, members, loads, busy);
+    let live = MaglevTable::build(names, &shares);
+    if live.slots.is_empty() {
+        return (Vec::new(), shares);
+    }
+    let base = MaglevTable::build(names, &potential_shares(algorithm, members, loads));
+    if base.slots.len() != live.slots.len() {
+        return (live.slots, shares);
+    }
+    let slots = base
+        .slots
+        .iter()
+        .zip(&live.slots)
+        .map(|(&b, &l)| {
+            if shares.get(b as usize).is_some_and(|&s| s > 0) {
+                b
+            } else {
+                l
+            }
+        })
+        .collect();
+    (slots, shares)
 }
 
 #[cfg(test)]
@@ -241,6 +311,41 @@ mod tests {
         let loads = [bw(50e6, 100_000_000), bw(0.0, 100_000_000)];
         let s = link_shares(Algorithm::WeightedLeastTraffic, &m, &loads, None);
         assert_eq!(s, vec![500, 1000]);
+    }
+
+    #[test]
+    fn a_member_out_moves_only_its_own_slots_and_gets_them_back() {
+        let m = members(&[1, 1, 1, 1]);
+        let names: Vec<String> = ["g0", "g1", "g2", "g3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let alg = Algorithm::WeightedRoundRobin;
+        let (before, _) = kernel_slots(alg, &m, &[], None, &names);
+        m[2].set_state(AdminState::Disabled);
+        let (during, shares) = kernel_slots(alg, &m, &[], None, &names);
+        assert_eq!(shares, vec![1, 1, 0, 1]);
+        for (b, d) in before.iter().zip(&during) {
+            assert_ne!(*d, 2);
+            if *b != 2 {
+                assert_eq!(b, d, "a slot of a member that stayed moved");
+            }
+        }
+        let moved_to: Vec<usize> = (0..4)
+            .map(|k| {
+                before
+                    .iter()
+                    .zip(&during)
+                    .filter(|(b, d)| **b == 2 && **d == k)
+                    .count()
+            })
+            .collect();
+        assert!(
+            moved_to[0] > 0 && moved_to[1] > 0 && moved_to[3] > 0,
+            "{moved_to:?}"
+        );
+        m[2].set_state(AdminState::Enabled);
+        assert_eq!(kernel_slots(alg, &m, &[], None, &names).0, before);
     }
 
     #[test]

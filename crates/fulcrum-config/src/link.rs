@@ -180,11 +180,12 @@ fn socket_or_ip(node: &Node<'_>, cx: &mut Cx<'_>, default_port: u16) -> Option<S
 /// A member of a `kind = "gateway"` pool: a firewall (or any router) as a next hop.
 #[derive(Debug, Clone)]
 pub struct GatewayMember {
-    /// The gateway's address on the inside hop (the next hop flows are sent to).
+    /// The gateway's address on this side (the next hop flows are sent to).
     pub address: IpAddr,
-    /// Its address on the outside hop, where replies are sent back through it (optional on a
-    /// one-sided deployment).
-    pub outside: Option<IpAddr>,
+    /// The gateway's identity in the flow hash (default: its position, "#1", "#2", …): both
+    /// sides of a sandwich must give a gateway the same name to hash flows alike.
+    pub name: Option<String>,
+    /// The interface the gateway is reached on.
     pub interface: Option<String>,
     pub monitors: Vec<String>,
     pub weight: u32,
@@ -204,7 +205,7 @@ impl FromNode for GatewayMember {
                 );
             }
             Some(GatewayMember {
-                outside: t.opt(cx, "outside"),
+                name: t.opt(cx, "name"),
                 interface: t.opt(cx, "interface"),
                 monitors: t.opt(cx, "monitors").unwrap_or_default(),
                 weight,
@@ -713,6 +714,20 @@ pub(crate) fn check(cfg: &Config, out: &mut Vec<(String, String)>) {
         if g.interfaces.is_empty() {
             err(at("interfaces"), "expected at least one interface".into());
         }
+        if let Some(p) = cfg.pool(&g.pool).filter(|p| p.kind == PoolKind::Gateway) {
+            let pi = cfg.pools.iter().position(|x| x.name == p.name).unwrap_or(0);
+            for (j, m) in p.gateways.iter().enumerate() {
+                if m.interface.is_none() {
+                    err(
+                        format!("pool[{pi}].member[{j}]"),
+                        format!(
+                            "gateway {} needs `interface` (where it is reached) to serve gateway_service {:?}",
+                            m.address, g.name
+                        ),
+                    );
+                }
+            }
+        }
         for (j, n) in g.interfaces.iter().enumerate() {
             if !ifname_ok(n) {
                 err(
@@ -768,8 +783,11 @@ name = "firewalls"
 kind = "gateway"
 [[pool.member]]
 address = "198.18.10.2"
+interface = "fw0"
 [[pool.member]]
 address = "198.18.10.3"
+name = "fw-b"
+interface = "fw1"
 
 [[outbound]]
 name = "lan"
@@ -808,6 +826,11 @@ hash = "symmetric"
         assert_eq!(c.pool("firewalls").unwrap().gateways.len(), 2);
         assert!(c.outbound[0].persistence.is_some());
         assert_eq!(c.gateway_services[0].interfaces.len(), 2);
+        let e = errors(&GOOD.replace("interface = \"fw0\"\n", ""));
+        assert!(
+            e.contains("pool[1].member[0]") && e.contains("needs `interface`"),
+            "{e}"
+        );
     }
 
     #[test]

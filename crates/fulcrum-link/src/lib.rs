@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fulcrum_balance::{link_shares, slot_table, CheckSpec, LinkLoad, Pool};
+use fulcrum_balance::{kernel_slots, CheckSpec, LinkLoad, Pool};
 use fulcrum_config::{Config, MonitorKind};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -227,9 +227,14 @@ impl Links {
                 let up = LinkStats::rate(&st.up_bps);
                 let down = LinkStats::rate(&st.down_bps);
                 let bw = l.config.bandwidth;
+                let (group_key, kind) = match o.plan.gateway {
+                    None => ("outbound", "link"),
+                    Some(_) => ("gateway_service", "gateway"),
+                };
                 links.push(json!({
                     "name": l.name,
-                    "outbound": o.plan.name,
+                    "kind": kind,
+                    (group_key): o.plan.name,
                     "pool": o.plan.pool,
                     "interface": l.interface,
                     "gateway": l.gateway.to_string(),
@@ -360,12 +365,11 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> (Vec<Vec<u32>>, Vec<Vec<bool>>) 
             })
             .collect();
         let members = o.pool.members();
-        let shares = link_shares(o.plan.algorithm, members, &loads, o.plan.busy);
         let names: Vec<String> = o.plan.links.iter().map(|l| l.name.clone()).collect();
-        let table = slot_table(&names, &shares);
+        let (slots, shares) = kernel_slots(o.plan.algorithm, members, &loads, o.plan.busy, &names);
         for (k, st) in o.stats.iter().enumerate() {
             st.share.store(u64::from(shares[k]), Ordering::Relaxed);
-            let n = table.slots.iter().filter(|&&s| s as usize == k).count();
+            let n = slots.iter().filter(|&&s| s as usize == k).count();
             st.slots.store(n as u64, Ordering::Relaxed);
         }
         // Proximity follows health and admin state, not weight: a weight of 0 only keeps a
@@ -378,7 +382,7 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> (Vec<Vec<u32>>, Vec<Vec<bool>>) 
                 })
                 .collect(),
         );
-        all_slots.push(table.slots);
+        all_slots.push(slots);
     }
     (all_slots, all_up)
 }
@@ -494,7 +498,9 @@ async fn apply(
         .outbounds
         .iter()
         .map(|o| {
-            let prev = previous.iter().find(|p| p.plan.pool == o.pool);
+            let prev = previous
+                .iter()
+                .find(|p| p.plan.pool == o.pool && p.plan.kind() == o.kind());
             let pool = Arc::new(balance_pool(o, prev.map(|p| p.pool.as_ref())));
             let stats = o
                 .links

@@ -19,6 +19,8 @@ pub const MARK_MASK: u32 = 0xffff_0000;
 pub const RULE_PREF_BASE: u32 = 9000;
 /// Outbounds one instance programs (each takes 256 marks).
 pub const MAX_OUTBOUNDS: usize = 64;
+/// Gateway services one instance programs (their marks follow the outbounds').
+pub const MAX_GATEWAY_SERVICES: usize = 64;
 
 /// One link as the kernel sees it.
 #[derive(Debug, Clone)]
@@ -47,13 +49,43 @@ pub struct OutboundPlan {
     pub busy: Option<f64>,
     pub by_source: bool,
     pub links: Vec<LinkPlan>,
+    /// Set for a `[[gateway_service]]` (its members are gateways, in `links`).
+    pub gateway: Option<GatewaySide>,
+}
+
+/// What a gateway service adds: where flows towards the gateways come in, and whether the
+/// gateway a flow arrives from can be told by its interface (then replies follow the flow
+/// back through it even if the other side hashed differently).
+#[derive(Debug, Clone)]
+pub struct GatewaySide {
+    pub interfaces: Vec<String>,
+    pub learn: bool,
 }
 
 impl OutboundPlan {
     pub fn proximity(&self) -> bool {
         self.links.iter().any(|l| !l.isp_prefixes.is_empty())
     }
+
+    /// What the members are called in the API and the flow hash.
+    pub fn kind(&self) -> &'static str {
+        if self.gateway.is_some() {
+            "gateway"
+        } else {
+            "link"
+        }
+    }
+
+    /// The marks of this group: `base | member + 1`.
+    fn mark_base(&self) -> u32 {
+        MARK_BASE | ((self.index as u32) << 8)
+    }
 }
+
+/// Marks of outbound links have this bit clear; gateway services' have it set.
+const GATEWAY_BIT: u32 = 0x4000;
+const OUTBOUND_MASK: u32 = MARK_MASK | GATEWAY_BIT;
+const GROUP_MASK: u32 = 0xffff_ff00;
 
 /// Everything for one configuration.
 #[derive(Debug, Clone, Default)]
@@ -61,6 +93,8 @@ pub struct Plan {
     pub outbounds: Vec<OutboundPlan>,
 }
 
+/// Mark of member `link` of group `outbound` (outbounds first, then gateway services from
+/// index `MAX_OUTBOUNDS`).
 pub fn mark_of(outbound: usize, link: usize) -> u32 {
     MARK_BASE | ((outbound as u32) << 8) | (link as u32 + 1)
 }
@@ -72,6 +106,11 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
     let mut outbounds = Vec::new();
     if cfg.outbound.len() > MAX_OUTBOUNDS {
         return Err(vec![format!("at most {MAX_OUTBOUNDS} outbounds")]);
+    }
+    if cfg.gateway_services.len() > MAX_GATEWAY_SERVICES {
+        return Err(vec![format!(
+            "at most {MAX_GATEWAY_SERVICES} gateway services"
+        )]);
     }
     for (o, ob) in cfg.outbound.iter().enumerate() {
         let Some(pool) = cfg.pool(&ob.pool).filter(|p| p.kind == PoolKind::Link) else {
@@ -142,6 +181,75 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
                 Some(OutboundPersistence::BySource | OutboundPersistence::SourceIp)
             ),
             links,
+            gateway: None,
+        });
+    }
+    for (s, gs) in cfg.gateway_services.iter().enumerate() {
+        let Some(pool) = cfg.pool(&gs.pool).filter(|p| p.kind == PoolKind::Gateway) else {
+            errors.push(format!(
+                "gateway_service {:?}: no gateway pool {:?}",
+                gs.name, gs.pool
+            ));
+            continue;
+        };
+        let o = MAX_OUTBOUNDS + s;
+        let mut links = Vec::new();
+        for (i, g) in pool.gateways.iter().enumerate().take(MAX_LINKS) {
+            let (IpAddr::V4(gateway), Some(interface)) = (g.address, g.interface.clone()) else {
+                errors.push(format!(
+                    "gateway {}: an IPv4 address and an interface are needed",
+                    g.address
+                ));
+                continue;
+            };
+            let name = g.name.clone().unwrap_or_else(|| format!("#{}", i + 1));
+            let mark = mark_of(o, i);
+            links.push(LinkPlan {
+                config: LinkMember {
+                    name: name.clone(),
+                    interface: interface.clone(),
+                    gateway: g.address,
+                    snat: None,
+                    bandwidth: None,
+                    isp: None,
+                    resolver: None,
+                    monitors: g.monitors.clone(),
+                    weight: g.weight,
+                    priority: 0,
+                    state: g.state,
+                },
+                name,
+                interface,
+                gateway,
+                snat: None,
+                mark,
+                rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
+                isp_prefixes: Vec::new(),
+                monitors: g
+                    .monitors
+                    .iter()
+                    .filter_map(|m| cfg.monitor(m).cloned())
+                    .collect(),
+            });
+        }
+        let mut ifs: Vec<&str> = links.iter().map(|l| l.interface.as_str()).collect();
+        ifs.sort_unstable();
+        ifs.dedup();
+        let learn =
+            ifs.len() == links.len() && !links.iter().any(|l| gs.interfaces.contains(&l.interface));
+        outbounds.push(OutboundPlan {
+            name: gs.name.clone(),
+            index: o,
+            sources: Vec::new(),
+            pool: pool.name.clone(),
+            algorithm: pool.algorithm,
+            busy: None,
+            by_source: false,
+            links,
+            gateway: Some(GatewaySide {
+                interfaces: gs.interfaces.clone(),
+                learn,
+            }),
         });
     }
     if errors.is_empty() {
@@ -227,78 +335,146 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool]) -> String {
 }
 
 /// The whole table, replacing any earlier one in the same transaction (restart and reload do
-/// not duplicate). `slots[o]` and `up[o]` are per outbound.
+/// not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
 pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "table inet {TABLE}\ndelete table inet {TABLE}");
     let _ = writeln!(s, "table inet {TABLE} {{");
-    for o in &plan.outbounds {
+    for (g, o) in plan.outbounds.iter().enumerate() {
         let k = o.index;
-        let _ = writeln!(
-            s,
-            "  set src_{k} {{ type ipv4_addr; flags interval; elements = {{ {} }} }}",
-            elements(o.sources.iter())
-        );
-        let slot_el = slot_elements(o, slots.get(k).map_or(&[][..], |v| v));
+        let slot_el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
+        // The key type only sets the width (32-bit integer) of the slot number.
         let _ = write!(s, "  map slots_{k} {{ typeof numgen inc mod 2 : ct mark;");
         if !slot_el.is_empty() {
             let _ = write!(s, " elements = {{ {slot_el} }}");
         }
         let _ = writeln!(s, " }}");
-        if o.proximity() {
-            let el = proximity_elements(o, up.get(k).map_or(&[][..], |v| v));
-            let _ = write!(
-                s,
-                "  map prox_{k} {{ type ipv4_addr : mark; flags interval;"
-            );
-            if !el.is_empty() {
-                let _ = write!(s, " elements = {{ {el} }}");
-            }
-            let _ = writeln!(s, " }}");
-        }
         for l in &o.links {
             let _ = writeln!(s, "  counter flows_{k}_{} {{ }}", l.mark & 0xff);
         }
+        match &o.gateway {
+            None => {
+                let _ = writeln!(
+                    s,
+                    "  set src_{k} {{ type ipv4_addr; flags interval; elements = {{ {} }} }}",
+                    elements(o.sources.iter())
+                );
+                if o.proximity() {
+                    let el = proximity_elements(o, up.get(g).map_or(&[][..], |v| v));
+                    let _ = write!(
+                        s,
+                        "  map prox_{k} {{ type ipv4_addr : mark; flags interval;"
+                    );
+                    if !el.is_empty() {
+                        let _ = write!(s, " elements = {{ {el} }}");
+                    }
+                    let _ = writeln!(s, " }}");
+                }
+            }
+            Some(side) => {
+                let _ = writeln!(
+                    s,
+                    "  set in_{k} {{ type ifname; elements = {{ {} }} }}",
+                    elements(side.interfaces.iter().map(|i| format!("\"{i}\"")))
+                );
+                if side.learn {
+                    let _ = writeln!(
+                        s,
+                        "  map from_{k} {{ type ifname : mark; elements = {{ {} }} }}",
+                        elements(
+                            o.links
+                                .iter()
+                                .map(|l| format!("\"{}\" : {:#x}", l.interface, l.mark))
+                        )
+                    );
+                }
+            }
+        }
     }
-    // Every packet of a marked flow takes its link (the firewall mark the routing rules match):
-    // only the original direction, so replies coming back in route to the LAN by `main`.
+    // Every packet of a marked outbound flow takes its link (the firewall mark the routing
+    // rules match): only the original direction, so replies coming back in route to the LAN by
+    // `main`.
     let _ = writeln!(
         s,
-        "  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    ct direction original ct mark and {MARK_MASK:#x} == {MARK_BASE:#x} meta mark set ct mark return"
+        "  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    ct direction original ct mark and {OUTBOUND_MASK:#x} == {MARK_BASE:#x} meta mark set ct mark return"
     );
     for o in &plan.outbounds {
         let k = o.index;
-        let _ = writeln!(
-            s,
-            "    ct state new ip saddr @src_{k} ip daddr != @src_{k} fib daddr type != {{ local, broadcast, multicast }} jump choose_{k}"
-        );
+        match &o.gateway {
+            None => {
+                let _ = writeln!(
+                    s,
+                    "    ct state new ip saddr @src_{k} ip daddr != @src_{k} fib daddr type != {{ local, broadcast, multicast }} jump choose_{k}"
+                );
+            }
+            Some(side) => {
+                let base = o.mark_base();
+                if side.learn {
+                    // A flow first seen coming out of a gateway goes back through it.
+                    let _ = writeln!(
+                        s,
+                        "    iifname != @in_{k} ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set iifname map @from_{k}"
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "    iifname @in_{k} fib daddr type != {{ local, broadcast, multicast }} jump gateway_{k}"
+                );
+            }
+        }
     }
     let _ = writeln!(s, "  }}");
-    for o in &plan.outbounds {
+    for (g, o) in plan.outbounds.iter().enumerate() {
         let k = o.index;
-        let _ = writeln!(s, "  chain choose_{k} {{");
-        if o.proximity() {
-            let _ = writeln!(s, "    ct mark set ip daddr map @prox_{k}");
-        }
-        let n = slots.get(k).map_or(0, |v| v.len()).max(1);
-        let key = if o.by_source {
-            format!("jhash ip saddr mod {n} seed 0x464c")
-        } else {
-            // Consecutive new flows walk the slot table: each link gets exactly its share
-            // over every pass, with no hashing bias.
-            format!("numgen inc mod {n}")
-        };
-        let _ = writeln!(
-            s,
-            "    ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ct mark set {key} map @slots_{k}"
-        );
-        for l in &o.links {
-            let _ = writeln!(
-                s,
-                "    ct mark {:#x} counter name flows_{k}_{} meta mark set ct mark",
-                l.mark,
-                l.mark & 0xff
-            );
+        let n = slots.get(g).map_or(0, |v| v.len()).max(1);
+        match &o.gateway {
+            None => {
+                let _ = writeln!(s, "  chain choose_{k} {{");
+                if o.proximity() {
+                    let _ = writeln!(s, "    ct mark set ip daddr map @prox_{k}");
+                }
+                let key = if o.by_source {
+                    format!("jhash ip saddr mod {n} seed 0x464c")
+                } else {
+                    // Consecutive new flows walk the slot table: each link gets exactly its
+                    // share over every pass, with no hashing bias.
+                    format!("numgen inc mod {n}")
+                };
+                let _ = writeln!(
+                    s,
+                    "    ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ct mark set {key} map @slots_{k}"
+                );
+                for l in &o.links {
+                    let _ = writeln!(
+                        s,
+                        "    ct mark {:#x} counter name flows_{k}_{} meta mark set ct mark",
+                        l.mark,
+                        l.mark & 0xff
+                    );
+                }
+            }
+            Some(_) => {
+                let base = o.mark_base();
+                let _ = writeln!(s, "  chain gateway_{k} {{");
+                // symhash: the same value for both directions of a flow, so the other side of
+                // the sandwich picks the same slot for the replies.
+                let _ = writeln!(
+                    s,
+                    "    ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {n} map @slots_{k}"
+                );
+                for l in &o.links {
+                    let _ = writeln!(
+                        s,
+                        "    ct mark {:#x} ct state new counter name flows_{k}_{}",
+                        l.mark,
+                        l.mark & 0xff
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "    ct mark and {GROUP_MASK:#x} == {base:#x} meta mark set ct mark"
+                );
+            }
         }
         let _ = writeln!(s, "  }}");
     }
@@ -306,7 +482,7 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
         s,
         "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"
     );
-    for o in &plan.outbounds {
+    for o in plan.outbounds.iter().filter(|o| o.gateway.is_none()) {
         for l in &o.links {
             let iface = &l.interface;
             match l.snat {
@@ -335,16 +511,16 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
 /// counters and flows stay.
 pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
     let mut s = String::new();
-    for o in &plan.outbounds {
+    for (g, o) in plan.outbounds.iter().enumerate() {
         let k = o.index;
         let _ = writeln!(s, "flush map inet {TABLE} slots_{k}");
-        let el = slot_elements(o, slots.get(k).map_or(&[][..], |v| v));
+        let el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
         if !el.is_empty() {
             let _ = writeln!(s, "add element inet {TABLE} slots_{k} {{ {el} }}");
         }
         if o.proximity() {
             let _ = writeln!(s, "flush map inet {TABLE} prox_{k}");
-            let el = proximity_elements(o, up.get(k).map_or(&[][..], |v| v));
+            let el = proximity_elements(o, up.get(g).map_or(&[][..], |v| v));
             if !el.is_empty() {
                 let _ = writeln!(s, "add element inet {TABLE} prox_{k} {{ {el} }}");
             }

@@ -16,15 +16,6 @@ pub struct LinkPlane {
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     let at = |path: &str, message: String| config.locations.error(path, message);
-    for (i, g) in config.gateway_services.iter().enumerate() {
-        errors.push(at(
-            &format!("gateway_service[{i}]"),
-            format!(
-                "gateway_service {:?}: the firewall sandwich is not in this build yet",
-                g.name
-            ),
-        ));
-    }
     for (i, o) in config.outbound.iter().enumerate() {
         if o.dns_proxy.is_some() {
             errors.push(at(
@@ -43,7 +34,10 @@ impl LinkPlane {
     /// Installs or replaces the outbound link balancing of `config` (nothing when it has no
     /// `[[outbound]]` and none ran before).
     pub fn apply(&self, config: &Config) -> Result<(), Vec<String>> {
-        if config.outbound.is_empty() && self.links.get().is_none() {
+        if config.outbound.is_empty()
+            && config.gateway_services.is_empty()
+            && self.links.get().is_none()
+        {
             return Ok(());
         }
         self.links
@@ -72,7 +66,15 @@ impl LinkPlane {
         let Some(links) = view["links"].as_array().filter(|l| !l.is_empty()) else {
             return;
         };
-        let label = |l: &serde_json::Value, k: &str| l[k].as_str().unwrap_or("").to_string();
+        // Links carry their outbound's name, gateways their gateway service's.
+        let label = |l: &serde_json::Value, k: &str| {
+            let v = if k == "outbound" && l[k].is_null() {
+                &l["gateway_service"]
+            } else {
+                &l[k]
+            };
+            v.as_str().unwrap_or("").to_string()
+        };
         out.family(
             "fulcrum_link_up",
             "gauge",
