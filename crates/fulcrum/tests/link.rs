@@ -24,6 +24,7 @@ const SERVER: &str = "198.19.0.10:7000";
 const NEAR_SERVER: &str = "198.19.1.10:7000";
 const SNAT_A: &str = "198.18.1.2";
 const SNAT_B: &str = "198.18.2.2";
+const SINK: &str = "198.19.0.10:7001";
 
 struct Net {
     _lab: Lab,
@@ -98,6 +99,28 @@ fn serve(stream: TcpStream, peer: SocketAddr, stop: Arc<AtomicBool>) {
     }
 }
 
+/// A server that reads and discards, for bulk uploads.
+fn sink(ns: &Ns, stop: Arc<AtomicBool>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    ns.thread(move || {
+        let listener = TcpListener::bind(SINK).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        tx.send(()).unwrap();
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.set_nonblocking(false);
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut s, &mut std::io::sink());
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+}
+
 /// One flow from the LAN: the address the server saw it come from.
 fn ask(stream: &mut BufReader<TcpStream>) -> std::io::Result<String> {
     stream.get_mut().write_all(b"?\n")?;
@@ -136,8 +159,8 @@ fn flows(lan: &Ns, server: &'static str, n: usize) -> BTreeMap<String, usize> {
     .unwrap()
 }
 
-fn net() -> Net {
-    let mut lab = Lab::new("link");
+fn net(tag: &str) -> Net {
+    let mut lab = Lab::new(tag);
     let lan = lab.ns("lan").unwrap();
     let fl = lab.ns("fl").unwrap();
     let inet = lab.ns("inet").unwrap();
@@ -183,6 +206,7 @@ fn net() -> Net {
     for s in [SERVER, NEAR_SERVER] {
         whoami(&inet, s, stop.clone());
     }
+    sink(&inet, stop.clone());
     Net {
         _lab: lab,
         lan,
@@ -285,7 +309,7 @@ fn share(seen: &BTreeMap<String, usize>, who: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
-    let net = net();
+    let net = net("link");
     let mut f = start(&net, &config("weighted_round_robin", [3, 1], "")).await;
     assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
 
@@ -459,4 +483,125 @@ async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
     f.signal(libc::SIGTERM);
     assert!(f.wait_exit(Duration::from_secs(10)).await.is_some());
     assert_eq!(kernel_state(&net.fl), (0, 0, false), "{}", f.logs());
+}
+
+/// Until `deadline`, the first moment `n` new flows in a row all leave by `who`.
+fn settles_on(lan: &Ns, who: &'static str, n: usize, within: Duration) -> Option<Duration> {
+    lan.thread(move || {
+        let start = Instant::now();
+        let mut streak = 0;
+        while start.elapsed() < within {
+            let got = open(SERVER, Duration::from_millis(300))
+                .and_then(|mut s| ask(&mut s))
+                .unwrap_or_else(|_| "fail".into());
+            streak = if got == who { streak + 1 } else { 0 };
+            if streak == n {
+                return Some(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    })
+    .join()
+    .unwrap()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bandwidth_ratio_spillover_and_busy_control_follow_measured_rates() {
+    let net = net("busy");
+    // Link a is a 10 Mbit/s line (tbf on its egress), link b a 30 Mbit/s one.
+    net.fl
+        .exec(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "wan0", "root", "tbf", "rate", "10mbit", "burst", "32kbit",
+                "latency", "50ms",
+            ],
+        )
+        .unwrap();
+    let shaped = |alg: &str, pool_extra: &str| {
+        config(alg, [1, 1], "")
+            .replace(
+                &format!("algorithm = \"{alg}\""),
+                &format!("algorithm = \"{alg}\"\n{pool_extra}"),
+            )
+            .replacen(
+                "bandwidth = { up = \"100Mbit\", down = \"100Mbit\" }",
+                "bandwidth = { up = \"10Mbit\", down = \"10Mbit\" }",
+                1,
+            )
+            .replacen(
+                "bandwidth = { up = \"100Mbit\", down = \"100Mbit\" }",
+                "bandwidth = { up = \"30Mbit\", down = \"30Mbit\" }",
+                1,
+            )
+    };
+    let f = start(&net, &shaped("bandwidth_ratio", "")).await;
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 400)
+    })
+    .await
+    .unwrap();
+    eprintln!("bandwidth_ratio 10:30 over 400 flows: {seen:?}");
+    let a = share(&seen, SNAT_A);
+    assert!(
+        (a - 0.25).abs() <= 0.02,
+        "link a carried {a:.3}, want 0.25 ± 0.02"
+    );
+
+    // Spillover with busy = 0.5: everything on link a while it is idle ...
+    f.write_config(&shaped("spillover", "busy = 0.5"));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_A, 20, Duration::from_secs(5))
+    });
+    assert!(
+        t.await.unwrap().is_some(),
+        "idle spillover did not use link a"
+    );
+
+    // ... an upload fills it (an existing flow, which stays on a), so it is above its busy
+    // share and new flows spill to b ...
+    let stop = Arc::new(AtomicBool::new(false));
+    let upload = net.lan.thread({
+        let stop = stop.clone();
+        move || {
+            let mut s =
+                TcpStream::connect_timeout(&SINK.parse().unwrap(), Duration::from_secs(1)).unwrap();
+            let chunk = vec![0u8; 64 * 1024];
+            let end = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_B, 20, Duration::from_secs(10))
+    });
+    let took = t.await.unwrap().expect("new flows did not spill to link b");
+    eprintln!("busy: new flows spilled to b {took:?} after the upload began");
+    let la = link(&f, "a").await;
+    let rate = la["rate_up_bps"].as_f64().unwrap_or(0.0);
+    assert!(rate > 5e6, "link a measured at {rate} bit/s: {la}");
+    assert_eq!(la["slots"], 0, "{la}");
+
+    // ... and come back when it is idle again.
+    stop.store(true, Ordering::Relaxed);
+    upload.join().unwrap().unwrap();
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_A, 20, Duration::from_secs(10))
+    });
+    assert!(
+        t.await.unwrap().is_some(),
+        "new flows did not return to link a"
+    );
+    drop(f);
 }
