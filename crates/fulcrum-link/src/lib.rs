@@ -54,7 +54,7 @@ struct TargetStats {
     detail: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LinkStats {
     up_bps: AtomicU64,
     down_bps: AtomicU64,
@@ -63,6 +63,24 @@ struct LinkStats {
     slots: AtomicU64,
     share: AtomicU64,
     new_flows: AtomicU64,
+    /// Flows in the connection table with this member's mark (counted only for the
+    /// algorithms that need it; `u64::MAX` = not counted).
+    active_flows: AtomicU64,
+}
+
+impl Default for LinkStats {
+    fn default() -> Self {
+        LinkStats {
+            up_bps: AtomicU64::new(0),
+            down_bps: AtomicU64::new(0),
+            last: Mutex::new(None),
+            targets: Mutex::new(Vec::new()),
+            slots: AtomicU64::new(0),
+            share: AtomicU64::new(0),
+            new_flows: AtomicU64::new(0),
+            active_flows: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl LinkStats {
@@ -250,6 +268,10 @@ impl Links {
                     "bandwidth_up_bps": bw.map(|b| b.up),
                     "bandwidth_down_bps": bw.map(|b| b.down),
                     "flows_total": st.new_flows.load(Ordering::Relaxed),
+                    "flows_active": match st.active_flows.load(Ordering::Relaxed) {
+                        u64::MAX => Value::Null,
+                        n => json!(n),
+                    },
                     "targets": targets,
                 }));
             }
@@ -360,7 +382,10 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> (Vec<Vec<u32>>, Vec<Vec<bool>>) 
                 down_bps: LinkStats::rate(&st.down_bps),
                 capacity_up: l.config.bandwidth.map_or(0, |b| b.up),
                 capacity_down: l.config.bandwidth.map_or(0, |b| b.down),
-                flows: 0,
+                flows: match st.active_flows.load(Ordering::Relaxed) {
+                    u64::MAX => 0,
+                    n => n,
+                },
                 rtt_us: st.rtt_us(),
             })
             .collect();
@@ -433,6 +458,28 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
         for o in &run.outbounds {
             for (l, st) in o.plan.links.iter().zip(&o.stats) {
                 st.sample(&l.interface);
+            }
+        }
+        let counting = run.plan.outbounds.iter().any(|o| {
+            matches!(
+                o.algorithm,
+                fulcrum_config::Algorithm::LeastConnections
+                    | fulcrum_config::Algorithm::WeightedLeastConnections
+            )
+        });
+        let active = if counting {
+            nft::flows_by_mark()
+        } else {
+            Default::default()
+        };
+        for o in &run.outbounds {
+            for (l, st) in o.plan.links.iter().zip(&o.stats) {
+                let n = if counting {
+                    active.get(&l.mark).copied().unwrap_or(0)
+                } else {
+                    u64::MAX
+                };
+                st.active_flows.store(n, Ordering::Relaxed);
             }
         }
         let counters = nft::counters(TABLE);
