@@ -11,6 +11,7 @@
 //! machine) and from link rates measured on the interfaces' counters; it rewrites the map only
 //! when the table changes, so flows already running are never touched.
 
+mod dns_proxy;
 mod nft;
 mod plan;
 mod route;
@@ -592,12 +593,27 @@ async fn apply(
         .collect();
     route::install(h, &plan).await.map_err(|e| vec![e])?;
     let (slots, up) = compute(&outbounds);
+    let mut proxies = Vec::new();
+    for o in &outbounds {
+        if let Some(addr) = o.plan.dns_proxy {
+            match dns_proxy::bind(addr.into()) {
+                Ok(s) => proxies.push((s, o.plan.links.clone(), o.pool.clone())),
+                Err(e) => {
+                    let _ = route::remove_all(h).await;
+                    return Err(vec![e]);
+                }
+            }
+        }
+    }
     if let Err(e) = nft::apply(&plan::render_table(&plan, &slots, &up)) {
         // Leave nothing half-installed: the routes and rules go with the refused table.
         let _ = route::remove_all(h).await;
         return Err(vec![e]);
     }
-    let mut probes = Vec::new();
+    let mut probes: Vec<tokio::task::JoinHandle<()>> = proxies
+        .into_iter()
+        .map(|(s, links, pool)| tokio::spawn(dns_proxy::serve(s, links, pool)))
+        .collect();
     for o in &outbounds {
         for (k, (l, st)) in o.plan.links.iter().zip(&o.stats).enumerate() {
             let mut first = 0;

@@ -48,6 +48,8 @@ pub struct OutboundPlan {
     pub algorithm: Algorithm,
     pub busy: Option<f64>,
     pub by_source: bool,
+    /// Where LAN DNS queries are redirected to (the transparent DNS proxy).
+    pub dns_proxy: Option<std::net::SocketAddrV4>,
     pub links: Vec<LinkPlan>,
     /// Set for a `[[gateway_service]]` (its members are gateways, in `links`).
     pub gateway: Option<GatewaySide>,
@@ -180,6 +182,17 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
                 ob.persistence,
                 Some(OutboundPersistence::BySource | OutboundPersistence::SourceIp)
             ),
+            dns_proxy: match ob.dns_proxy {
+                Some(std::net::SocketAddr::V4(a)) => Some(a),
+                Some(std::net::SocketAddr::V6(a)) => {
+                    errors.push(format!(
+                        "outbound {:?}: dns_proxy {a} must be IPv4",
+                        ob.name
+                    ));
+                    None
+                }
+                None => None,
+            },
             links,
             gateway: None,
         });
@@ -245,6 +258,7 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
             algorithm: pool.algorithm,
             busy: None,
             by_source: false,
+            dns_proxy: None,
             links,
             gateway: Some(GatewaySide {
                 interfaces: gs.interfaces.clone(),
@@ -478,6 +492,24 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
         }
         let _ = writeln!(s, "  }}");
     }
+    // The transparent DNS proxy: LAN queries to any resolver go to Fulcrum instead.
+    let _ = writeln!(
+        s,
+        "  chain redirect_dns {{\n    type nat hook prerouting priority dstnat; policy accept;"
+    );
+    for o in &plan.outbounds {
+        if let Some(p) = o.dns_proxy {
+            let k = o.index;
+            // UDP only: a truncated answer sends the client to TCP, which leaves by its
+            // flow's link like any other flow.
+            let _ = writeln!(
+                s,
+                "    ip saddr @src_{k} ip daddr != {ip} udp dport 53 dnat ip to {p}",
+                ip = p.ip()
+            );
+        }
+    }
+    let _ = writeln!(s, "  }}");
     let _ = writeln!(
         s,
         "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"

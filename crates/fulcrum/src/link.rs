@@ -16,14 +16,6 @@ pub struct LinkPlane {
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     let at = |path: &str, message: String| config.locations.error(path, message);
-    for (i, o) in config.outbound.iter().enumerate() {
-        if o.dns_proxy.is_some() {
-            errors.push(at(
-                &format!("outbound[{i}].dns_proxy"),
-                "the transparent DNS proxy is not in this build yet".to_string(),
-            ));
-        }
-    }
     if let Err(es) = fulcrum_link::build_plan(config) {
         errors.extend(es.into_iter().map(|e| at("outbound", e)));
     }

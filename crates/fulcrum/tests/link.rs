@@ -30,6 +30,7 @@ struct Net {
     _lab: Lab,
     lan: Ns,
     fl: Ns,
+    inet: Ns,
     isps: Vec<Ns>,
     stop: Arc<AtomicBool>,
 }
@@ -211,6 +212,7 @@ fn net(tag: &str) -> Net {
         _lab: lab,
         lan,
         fl,
+        inet,
         isps,
         stop,
     }
@@ -604,4 +606,104 @@ async fn bandwidth_ratio_spillover_and_busy_control_follow_measured_rates() {
         "new flows did not return to link a"
     );
     drop(f);
+}
+
+/// A resolver in `ns` at `addr` that answers every A query with the address the query came
+/// from, with TTL `ttl` (which says which resolver answered).
+fn resolver(ns: &Ns, addr: &'static str, ttl: u32, stop: Arc<AtomicBool>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    ns.thread(move || {
+        let s = std::net::UdpSocket::bind(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0u8; 512];
+        while !stop.load(Ordering::Relaxed) {
+            let Ok((n, from)) = s.recv_from(&mut buf) else {
+                continue;
+            };
+            if n < 12 {
+                continue;
+            }
+            // Header: same ID, QR + RD + RA, one question, one answer; then the question as
+            // asked (up to the end of its name, type and class: no EDNS OPT kept).
+            let mut q_end = 12;
+            while q_end < n && buf[q_end] != 0 {
+                q_end += usize::from(buf[q_end]) + 1;
+            }
+            q_end += 5;
+            let mut out = vec![buf[0], buf[1], 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0];
+            out.extend_from_slice(&buf[12..q_end.min(n)]);
+            out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+            out.extend_from_slice(&ttl.to_be_bytes());
+            out.extend_from_slice(&[0, 4]);
+            match from.ip() {
+                std::net::IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
+                std::net::IpAddr::V6(_) => continue,
+            }
+            let _ = s.send_to(&out, from);
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+}
+
+/// `dig` from the LAN to a resolver address that exists nowhere: (ttl, address) of the answer.
+fn dig(lan: &Ns) -> (String, String) {
+    let out = lan
+        .exec(
+            "dig",
+            &[
+                "+noall",
+                "+answer",
+                "+tries=1",
+                "+time=3",
+                "+noedns",
+                "@198.19.9.9",
+                "www.example.test",
+                "A",
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let f: Vec<&str> = text.split_whitespace().collect();
+    assert!(f.len() >= 5, "dig answered {text:?}");
+    (f[1].to_string(), f[4].to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_proxy_resolves_through_the_chosen_links_resolver() {
+    let net = net("dns");
+    let inet = net.inet.clone();
+    inet.addr("lo", "198.19.0.53/32").unwrap();
+    inet.addr("lo", "198.19.0.54/32").unwrap();
+    resolver(&inet, "198.19.0.53:53", 53, net.stop.clone());
+    resolver(&inet, "198.19.0.54:53", 54, net.stop.clone());
+    let with_resolvers = |weights: [u32; 2]| {
+        config(
+            "weighted_round_robin",
+            weights,
+            "dns_proxy = \"198.18.100.1:53\"",
+        )
+        .replacen(
+            "monitors = [\"through\"]",
+            "monitors = [\"through\"]\nresolver = \"198.19.0.53\"",
+            1,
+        )
+        .replacen(
+            "isp = \"isp-b\"",
+            "isp = \"isp-b\"\nresolver = \"198.19.0.54\"",
+            1,
+        )
+    };
+    let f = start(&net, &with_resolvers([1, 0])).await;
+    // Every query leaves by link a to a's resolver, which sees a's SNAT address.
+    for _ in 0..5 {
+        assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
+    }
+    f.write_config(&with_resolvers([0, 1]));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    for _ in 0..5 {
+        assert_eq!(dig(&net.lan), ("54".to_string(), SNAT_B.to_string()));
+    }
 }
