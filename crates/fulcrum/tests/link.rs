@@ -671,7 +671,7 @@ fn dig(lan: &Ns) -> (String, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dns_proxy_resolves_through_the_chosen_links_resolver() {
+async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_killed_run_left() {
     let net = net("dns");
     let inet = net.inet.clone();
     inet.addr("lo", "198.19.0.53/32").unwrap();
@@ -706,4 +706,15 @@ async fn dns_proxy_resolves_through_the_chosen_links_resolver() {
     for _ in 0..5 {
         assert_eq!(dig(&net.lan), ("54".to_string(), SNAT_B.to_string()));
     }
+
+    // Killed without a chance to clean up, then started again: what the first run left is
+    // replaced, not duplicated.
+    let mut f = f;
+    f.signal(libc::SIGKILL);
+    assert!(f.wait_exit(Duration::from_secs(5)).await.is_some());
+    assert_eq!(kernel_state(&net.fl), (2, 1, true), "left behind");
+    drop(f);
+    let f = start(&net, &with_resolvers([1, 0])).await;
+    assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
+    assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
 }
