@@ -443,8 +443,10 @@ async fn control(
                     return;
                 }
             },
-            _ = tick.tick() => refresh(&mut running, true),
-            _ = wake.notified() => refresh(&mut running, false),
+            // nft, conntrack and /sys reads block: let the runtime move other tasks off this
+            // worker meanwhile (Fulcrum's runtime is multi-threaded).
+            _ = tick.tick() => tokio::task::block_in_place(|| refresh(&mut running, true)),
+            _ = wake.notified() => tokio::task::block_in_place(|| refresh(&mut running, false)),
         }
     }
 }
@@ -497,7 +499,6 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
     if slots == run.slots && up == run.up {
         return;
     }
-    // A short nft run (milliseconds) on this control task only.
     match nft::apply(&plan::render_maps(&run.plan, &slots, &up)) {
         Ok(()) => {
             tracing::debug!("link slot maps rewritten");
@@ -605,7 +606,9 @@ async fn apply(
             }
         }
     }
-    if let Err(e) = nft::apply(&plan::render_table(&plan, &slots, &up)) {
+    if let Err(e) =
+        tokio::task::block_in_place(|| nft::apply(&plan::render_table(&plan, &slots, &up)))
+    {
         // Leave nothing half-installed: the routes and rules go with the refused table.
         let _ = route::remove_all(h).await;
         return Err(vec![e]);
