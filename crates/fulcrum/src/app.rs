@@ -68,7 +68,7 @@ pub fn check(path: &Path) -> Result<String, Vec<String>> {
         c.virtual_services.len(),
         c.pools.len(),
         c.monitors.len(),
-        crate::dns::summary(&c)
+        crate::dns::summary(&c) + &crate::link::summary(&c)
     ))
 }
 

@@ -22,6 +22,28 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
     errors
 }
 
+/// `fulcrum check`'s words for the link plane: ", 1 outbound (3 links)".
+pub fn summary(config: &Config) -> String {
+    let mut out = String::new();
+    let links = |pool: &str| {
+        config
+            .pool(pool)
+            .map_or(0, |p| p.links.len() + p.gateways.len())
+    };
+    if !config.outbound.is_empty() {
+        let n: usize = config.outbound.iter().map(|o| links(&o.pool)).sum();
+        out.push_str(&format!(", {} outbound ({n} links)", config.outbound.len()));
+    }
+    if !config.gateway_services.is_empty() {
+        let n: usize = config.gateway_services.iter().map(|g| links(&g.pool)).sum();
+        out.push_str(&format!(
+            ", {} gateway service ({n} gateways)",
+            config.gateway_services.len()
+        ));
+    }
+    out
+}
+
 impl LinkPlane {
     /// Installs or replaces the outbound link balancing of `config` (nothing when it has no
     /// `[[outbound]]` and none ran before).
