@@ -688,6 +688,24 @@ pub(crate) fn check(cfg: &Config, out: &mut Vec<(String, String)>) {
             }
         }
     }
+    for (i, site) in cfg.gslb.sites.iter().enumerate() {
+        if let Some(l) = &site.link {
+            let known = cfg
+                .pools
+                .iter()
+                .filter(|p| p.kind == PoolKind::Link)
+                .flat_map(|p| p.links.iter().map(|l| l.name.as_str()));
+            if !known.clone().any(|n| n == l) {
+                let hint = crate::error::did_you_mean(l, known)
+                    .map(|s| format!(" (did you mean {s:?}?)"))
+                    .unwrap_or_default();
+                err(
+                    format!("gslb.site[{i}].link"),
+                    format!("no link named {l:?} in a kind = \"link\" pool{hint}"),
+                );
+            }
+        }
+    }
     let mut names = std::collections::HashMap::new();
     for (i, g) in cfg.gateway_services.iter().enumerate() {
         let at = |k: &str| format!("gateway_service[{i}].{k}");
@@ -882,6 +900,13 @@ hash = "symmetric"
         // Link members need a name; a server pool's members need an address.
         let e = errors("[[pool]]\nname = \"p\"\nkind = \"link\"\nmember = [{ interface = \"wan0\", gateway = \"192.0.2.1\" }]\n");
         assert!(e.contains("missing required key `name`"), "{e}");
+        let e = errors(&format!(
+            "{GOOD}\n[[gslb.site]]\nname = \"s\"\naddresses = [\"192.0.2.10\"]\nlink = \"telecon\"\n"
+        ));
+        assert!(
+            e.contains("gslb.site[0].link") && e.contains("did you mean \"telecom\""),
+            "{e}"
+        );
         let e = errors(&GOOD.replace("monitors = [\"probe\"]", "monitors = [\"prob\"]"));
         assert!(e.contains("no monitor named \"prob\""), "{e}");
     }

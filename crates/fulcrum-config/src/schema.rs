@@ -1149,6 +1149,9 @@ pub struct Site {
     pub monitor: Option<String>,
     pub weight: u32,
     pub peer: Option<SocketAddr>,
+    /// The link (a member of a `kind = "link"` pool) the site's addresses are reached by:
+    /// while it is down or busy the site is out of the answers (Fulcrum addition).
+    pub link: Option<String>,
 }
 
 impl FromNode for Site {
@@ -1161,6 +1164,7 @@ impl FromNode for Site {
                 monitor: t.opt(cx, "monitor"),
                 weight: t.opt(cx, "weight").unwrap_or(1),
                 peer: t.opt(cx, "peer"),
+                link: t.opt(cx, "link"),
                 name: name?,
                 addresses: addresses?,
             })

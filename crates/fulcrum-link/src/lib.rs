@@ -221,6 +221,33 @@ impl Links {
         }
     }
 
+    /// Whether link `name` (of any outbound) can take new flows: up, enabled and, with the
+    /// pool's `busy`, below it. `None` for an unknown link.
+    pub fn link_available(&self, name: &str) -> Option<bool> {
+        let outbounds = self.view.lock().clone();
+        for o in outbounds.iter().filter(|o| o.plan.gateway.is_none()) {
+            for ((l, m), st) in o.plan.links.iter().zip(o.pool.members()).zip(&o.stats) {
+                if l.name != name {
+                    continue;
+                }
+                let load = LinkLoad {
+                    up_bps: LinkStats::rate(&st.up_bps),
+                    down_bps: LinkStats::rate(&st.down_bps),
+                    capacity_up: l.config.bandwidth.map_or(0, |b| b.up),
+                    capacity_down: l.config.bandwidth.map_or(0, |b| b.down),
+                    ..LinkLoad::default()
+                };
+                let busy = o.plan.busy.is_some_and(|b| load.utilisation() >= b);
+                return Some(
+                    m.health.is_up()
+                        && m.effective_state() == fulcrum_config::AdminState::Enabled
+                        && !busy,
+                );
+            }
+        }
+        None
+    }
+
     /// `GET /api/v1/links`.
     pub fn view(&self) -> Value {
         let outbounds = self.view.lock().clone();

@@ -296,9 +296,11 @@ impl App {
     }
 
     fn refresh_pools(&self) {
-        for p in &self.snapshot.load().pools {
+        let snapshot = self.snapshot.load();
+        for p in &snapshot.pools {
             p.refresh();
         }
+        self.links.sync_gslb(&snapshot.config, &self.dns);
     }
 
     /// Stops accepting, then waits for connections to finish, up to the configured deadline.

@@ -66,6 +66,20 @@ impl LinkPlane {
         }
     }
 
+    /// Inbound link load balancing: GSLB sites tied to a link (`gslb.site.link`) drop out of
+    /// the answers while the link is down, disabled or busy.
+    pub fn sync_gslb(&self, config: &Config, dns: &crate::dns::Dns) {
+        let Some(links) = self.links.get() else {
+            return;
+        };
+        for site in &config.gslb.sites {
+            if let Some(link) = &site.link {
+                let ok = links.link_available(link).unwrap_or(true);
+                dns.set_site_link_ok(&site.name, ok);
+            }
+        }
+    }
+
     /// `GET /api/v1/links`.
     pub fn api(&self) -> serde_json::Value {
         match self.links.get() {

@@ -718,3 +718,80 @@ async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_
     assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
     assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
 }
+
+/// The addresses Fulcrum's DNS server in the router namespace answers for the GSLB name.
+fn gslb_answer(lan: &Ns) -> Vec<String> {
+    let out = lan
+        .exec(
+            "dig",
+            &[
+                "+short",
+                "+tries=1",
+                "+time=2",
+                "-p",
+                "5353",
+                "@198.18.100.1",
+                "www.example.test",
+                "A",
+            ],
+        )
+        .unwrap();
+    let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gslb_sites_tied_to_a_link_leave_the_answers_while_it_is_down() {
+    let net = net("gslb");
+    let gslb = format!(
+        r#"
+[dns]
+listen = ["198.18.100.1:5353"]
+
+[[dns.zone]]
+origin = "example.test."
+records = ["status 60 IN TXT \"ok\""]
+
+[[gslb.site]]
+name = "via-a"
+addresses = ["{SNAT_A}"]
+link = "a"
+
+[[gslb.site]]
+name = "via-b"
+addresses = ["{SNAT_B}"]
+link = "b"
+
+[[gslb.name]]
+fqdn = "www.example.test."
+sites = ["via-a", "via-b"]
+algorithm = "round_robin"
+answers = 2
+ttl = 1
+"#
+    );
+    let f = start(&net, &(config("weighted_round_robin", [1, 1], "") + &gslb)).await;
+    assert_eq!(gslb_answer(&net.lan), vec![SNAT_A, SNAT_B], "{}", f.logs());
+    // Link a dies: its site leaves the answers; back when the link is.
+    net.isps[0].sysctl("net.ipv4.ip_forward", "0").unwrap();
+    let end = Instant::now() + Duration::from_secs(6);
+    while gslb_answer(&net.lan) != vec![SNAT_B] {
+        assert!(
+            Instant::now() < end,
+            "site via-a still answered:\n{}",
+            f.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    net.isps[0].sysctl("net.ipv4.ip_forward", "1").unwrap();
+    let end = Instant::now() + Duration::from_secs(6);
+    while gslb_answer(&net.lan) != vec![SNAT_A, SNAT_B] {
+        assert!(Instant::now() < end, "site via-a did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
