@@ -315,15 +315,16 @@ async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
     let mut f = start(&net, &config("weighted_round_robin", [3, 1], "")).await;
     assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
 
-    // Weights: 2,000 short flows split 3:1 within 2 percentage points, and the servers see
+    // Weights: 10,000 short flows split 3:1 within 2 percentage points, and the servers see
     // each link's SNAT address (nothing else, nothing failed).
     let seen = tokio::task::spawn_blocking({
         let lan = net.lan.clone();
-        move || flows(&lan, SERVER, 2000)
+        move || flows(&lan, SERVER, 10_000)
     })
     .await
     .unwrap();
-    eprintln!("3:1 over 2000 flows: {seen:?}");
+    eprintln!("3:1 over 10000 flows: {seen:?}");
+    assert_eq!(seen.values().sum::<usize>(), 10_000, "the run hit its time bound");
     assert_eq!(
         seen.keys().cloned().collect::<Vec<_>>(),
         vec![SNAT_A, SNAT_B],
@@ -339,12 +340,17 @@ async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
     let end = Instant::now() + Duration::from_secs(5);
     let la = loop {
         let la = link(&f, "a").await;
-        if la["flows_total"].as_u64() == Some(1500) || Instant::now() > end {
+        if la["flows_total"].as_u64() == seen.get(SNAT_A).map(|n| *n as u64) || Instant::now() > end
+        {
             break la;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(la["flows_total"], 1500, "{la}");
+    assert_eq!(
+        la["flows_total"].as_u64(),
+        seen.get(SNAT_A).map(|n| *n as u64),
+        "{la}"
+    );
     assert_eq!(la["health"], "up", "{la}");
     assert!(la["targets"][0]["rtt_ms"].as_f64().is_some(), "{la}");
 

@@ -23,7 +23,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
 const ADMIN: &str = "127.0.0.1:9400";
 const SERVER: &str = "198.19.0.10:7000";
 const GATEWAYS: usize = 4;
-const FLOWS: u16 = 2000;
+const FLOWS: u16 = 10_000;
 const FIRST_PORT: u16 = 20000;
 
 const FIREWALL: &str = r#"
