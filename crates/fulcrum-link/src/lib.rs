@@ -619,25 +619,27 @@ async fn apply(
             })
         })
         .collect();
-    route::install(h, &plan).await.map_err(|e| vec![e])?;
     let (slots, up) = compute(&outbounds);
+    // Sockets first: a refused bind changes nothing in the kernel.
     let mut proxies = Vec::new();
     for o in &outbounds {
         if let Some(addr) = o.plan.dns_proxy {
-            match dns_proxy::bind(addr.into()) {
-                Ok(s) => proxies.push((s, o.plan.links.clone(), o.pool.clone())),
-                Err(e) => {
-                    let _ = route::remove_all(h).await;
-                    return Err(vec![e]);
-                }
-            }
+            let s = dns_proxy::bind(addr.into()).map_err(|e| vec![e])?;
+            proxies.push((s, o.plan.links.clone(), o.pool.clone()));
         }
     }
-    if let Err(e) =
-        tokio::task::block_in_place(|| nft::apply(&plan::render_table(&plan, &slots, &up)))
-    {
-        // Leave nothing half-installed: the routes and rules go with the refused table.
-        let _ = route::remove_all(h).await;
+    let installed = match route::install(h, &plan).await {
+        Ok(()) => {
+            tokio::task::block_in_place(|| nft::apply(&plan::render_table(&plan, &slots, &up)))
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = installed {
+        // A refused configuration leaves the running one as it was (or nothing at all).
+        let _ = match running.as_ref() {
+            Some(old) => route::install(h, &old.plan).await,
+            None => route::remove_all(h).await,
+        };
         return Err(vec![e]);
     }
     let mut probes: Vec<tokio::task::JoinHandle<()>> = proxies

@@ -324,7 +324,11 @@ async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
     .await
     .unwrap();
     eprintln!("3:1 over 10000 flows: {seen:?}");
-    assert_eq!(seen.values().sum::<usize>(), 10_000, "the run hit its time bound");
+    assert_eq!(
+        seen.values().sum::<usize>(),
+        10_000,
+        "the run hit its time bound"
+    );
     assert_eq!(
         seen.keys().cloned().collect::<Vec<_>>(),
         vec![SNAT_A, SNAT_B],
@@ -752,7 +756,8 @@ fn gslb_answer(lan: &Ns) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gslb_sites_tied_to_a_link_leave_the_answers_while_it_is_down() {
+async fn gslb_sites_tied_to_a_link_leave_the_answers_while_it_is_down_and_a_refused_reload_keeps_what_runs(
+) {
     let net = net("gslb");
     let gslb = format!(
         r#"
@@ -800,4 +805,26 @@ ttl = 1
         assert!(Instant::now() < end, "site via-a did not come back");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // A reload naming an interface that does not exist is refused, and what runs stays.
+    f.write_config(
+        &(config("weighted_round_robin", [1, 1], "")
+            .replace("interface = \"wan1\"", "interface = \"wan9\"")
+            + &gslb),
+    );
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("wan9"), "{}", r.text());
+    assert_eq!(kernel_state(&net.fl), (2, 1, true));
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 40)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        seen.get(SNAT_A).copied().unwrap_or(0) + seen.get(SNAT_B).copied().unwrap_or(0),
+        40,
+        "{seen:?}"
+    );
 }
