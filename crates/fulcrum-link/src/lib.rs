@@ -16,14 +16,15 @@ mod nft;
 mod plan;
 mod route;
 
-use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fulcrum_balance::{kernel_slots, CheckSpec, LinkLoad, Pool};
-use fulcrum_config::{Config, MonitorKind};
+use fulcrum_config::{Algorithm, Config, MonitorKind};
+use ipnet::Ipv4Net;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -131,7 +132,18 @@ struct OutboundState {
     plan: plan::OutboundPlan,
     pool: Arc<Pool>,
     stats: Vec<Arc<LinkStats>>,
+    /// `rtt` pools: destination /24 prefixes the LAN's flows went to, each with an address
+    /// seen there and the round-trip time through each link (None: no answer yet).
+    rtt: Mutex<RttTable>,
 }
+
+/// Destination prefix → (an address seen there, round-trip time through each link in µs).
+type RttTable = HashMap<Ipv4Net, (Ipv4Addr, Vec<Option<f64>>)>;
+
+/// Destination prefixes an `rtt` pool measures at most.
+const RTT_PREFIXES: usize = 256;
+/// How often every known prefix is probed through every link.
+const RTT_EVERY: Duration = Duration::from_secs(2);
 
 /// A placeholder member address per link (the scheduler library keys members by address; a
 /// link is known by its name).
@@ -308,6 +320,97 @@ impl Links {
     }
 }
 
+/// `rtt` pools learn where the LAN's flows go: the destinations of the flows with their marks
+/// in the connection table, by /24.
+fn learn_destinations(outbounds: &[Arc<OutboundState>]) {
+    let seen = nft::destinations_by_mark();
+    for o in outbounds
+        .iter()
+        .filter(|o| o.plan.algorithm == Algorithm::Rtt)
+    {
+        let mut rtt = o.rtt.lock();
+        for l in &o.plan.links {
+            for dst in seen.get(&l.mark).into_iter().flatten() {
+                if rtt.len() >= RTT_PREFIXES {
+                    return;
+                }
+                let Ok(p) = Ipv4Net::new(*dst, 24) else {
+                    continue;
+                };
+                rtt.entry(p.trunc())
+                    .or_insert_with(|| (*dst, vec![None; o.plan.links.len()]));
+            }
+        }
+    }
+}
+
+/// An ICMP echo check for `rtt` probes (the server monitors' own).
+fn echo_monitor() -> fulcrum_config::Monitor {
+    fulcrum_config::Monitor {
+        name: "rtt".into(),
+        kind: MonitorKind::Icmp,
+        interval: RTT_EVERY,
+        timeout: Duration::from_secs(1),
+        rise: 1,
+        fall: 1,
+        port: None,
+        path: "/".into(),
+        method: "GET".into(),
+        host: None,
+        expect_status: Vec::new(),
+        expect_body: None,
+        send: None,
+        expect: None,
+        query: None,
+        query_type: "A".into(),
+        expect_rcode: "NOERROR".into(),
+        expect_answer: None,
+        secret: None,
+        username: None,
+        password: None,
+        link: Default::default(),
+    }
+}
+
+/// Dynamic proximity: every `RTT_EVERY`, each learned destination prefix is pinged through
+/// every link; the fastest link takes the prefix's new flows.
+async fn rtt_loop(o: Arc<OutboundState>, wake: Arc<tokio::sync::Notify>) {
+    let monitor = echo_monitor();
+    let vias: Vec<Option<fulcrum_health::Via>> = o
+        .plan
+        .links
+        .iter()
+        .map(|l| fulcrum_health::Via::new(&l.interface, l.snat.map(IpAddr::V4), l.mark))
+        .collect();
+    let mut every = tokio::time::interval(RTT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let targets: Vec<(Ipv4Net, Ipv4Addr)> =
+            o.rtt.lock().iter().map(|(p, (a, _))| (*p, *a)).collect();
+        for (prefix, addr) in targets {
+            let runs = vias.iter().map(|via| {
+                let monitor = &monitor;
+                async move {
+                    let via = (*via)?;
+                    let r = fulcrum_health::probe_through(
+                        monitor,
+                        SocketAddr::new(IpAddr::V4(addr), 0),
+                        via,
+                    )
+                    .await;
+                    r.ok.then_some(r.rtt.as_secs_f64() * 1e6)
+                }
+            });
+            let rtts = futures_util::future::join_all(runs).await;
+            if let Some(e) = o.rtt.lock().get_mut(&prefix) {
+                e.1 = rtts;
+            }
+        }
+        wake.notify_one();
+    }
+}
+
 /// The target address a link monitor probes.
 fn target_addr(m: &fulcrum_config::Monitor, t: &fulcrum_config::LinkTarget) -> SocketAddr {
     let default = match m.kind {
@@ -384,6 +487,7 @@ struct Running {
     outbounds: Vec<Arc<OutboundState>>,
     slots: Vec<Vec<u32>>,
     up: Vec<Vec<bool>>,
+    nearest: Vec<plan::Nearest>,
     probes: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -396,9 +500,12 @@ impl Drop for Running {
 }
 
 /// Shares and slot tables of every outbound from health, weights and measured rates.
-fn compute(outbounds: &[Arc<OutboundState>]) -> (Vec<Vec<u32>>, Vec<Vec<bool>>) {
+type Computed = (Vec<Vec<u32>>, Vec<Vec<bool>>, Vec<plan::Nearest>);
+
+fn compute(outbounds: &[Arc<OutboundState>]) -> Computed {
     let mut all_slots = Vec::new();
     let mut all_up = Vec::new();
+    let mut all_nearest = Vec::new();
     for o in outbounds {
         let loads: Vec<LinkLoad> = o
             .plan
@@ -435,9 +542,31 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> (Vec<Vec<u32>>, Vec<Vec<bool>>) 
                 })
                 .collect(),
         );
+        // `rtt`: each measured prefix goes to the link that answered it fastest.
+        let mut nearest: plan::Nearest = o
+            .rtt
+            .lock()
+            .iter()
+            .filter_map(|(p, (_, rtts))| {
+                rtts.iter()
+                    .enumerate()
+                    // As for the isp tables: health and admin state, not weight.
+                    .filter(|(i, _)| {
+                        members.get(*i).is_some_and(|m| {
+                            m.health.is_up()
+                                && m.effective_state() == fulcrum_config::AdminState::Enabled
+                        })
+                    })
+                    .filter_map(|(i, r)| r.map(|r| (i, r)))
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+                    .map(|(i, _)| (*p, i))
+            })
+            .collect();
+        nearest.sort();
+        all_nearest.push(nearest);
         all_slots.push(slots);
     }
-    (all_slots, all_up)
+    (all_slots, all_up, all_nearest)
 }
 
 async fn control(
@@ -490,6 +619,14 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
                 st.sample(&l.interface);
             }
         }
+        if run
+            .plan
+            .outbounds
+            .iter()
+            .any(|o| o.algorithm == Algorithm::Rtt)
+        {
+            learn_destinations(&run.outbounds);
+        }
         let counting = run.plan.outbounds.iter().any(|o| {
             matches!(
                 o.algorithm,
@@ -522,15 +659,16 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
             }
         }
     }
-    let (slots, up) = compute(&run.outbounds);
-    if slots == run.slots && up == run.up {
+    let (slots, up, nearest) = compute(&run.outbounds);
+    if slots == run.slots && up == run.up && nearest == run.nearest {
         return;
     }
-    match nft::apply(&plan::render_maps(&run.plan, &slots, &up)) {
+    match nft::apply(&plan::render_maps(&run.plan, &slots, &up, &nearest)) {
         Ok(()) => {
             tracing::debug!("link slot maps rewritten");
             run.slots = slots;
             run.up = up;
+            run.nearest = nearest;
         }
         Err(e) => tracing::error!(error = %e, "cannot update the link maps"),
     }
@@ -612,14 +750,18 @@ async fn apply(
                     })
                 })
                 .collect();
+            let rtt = prev
+                .map(|p| std::mem::take(&mut *p.rtt.lock()))
+                .unwrap_or_default();
             Arc::new(OutboundState {
                 plan: o.clone(),
                 pool,
                 stats,
+                rtt: Mutex::new(rtt),
             })
         })
         .collect();
-    let (slots, up) = compute(&outbounds);
+    let (slots, up, nearest) = compute(&outbounds);
     // Sockets first: a refused bind changes nothing in the kernel.
     let mut proxies = Vec::new();
     for o in &outbounds {
@@ -629,9 +771,9 @@ async fn apply(
         }
     }
     let installed = match route::install(h, &plan).await {
-        Ok(()) => {
-            tokio::task::block_in_place(|| nft::apply(&plan::render_table(&plan, &slots, &up)))
-        }
+        Ok(()) => tokio::task::block_in_place(|| {
+            nft::apply(&plan::render_table(&plan, &slots, &up, &nearest))
+        }),
         Err(e) => Err(e),
     };
     if let Err(e) = installed {
@@ -646,6 +788,12 @@ async fn apply(
         .into_iter()
         .map(|(s, links, pool)| tokio::spawn(dns_proxy::serve(s, links, pool)))
         .collect();
+    for o in outbounds
+        .iter()
+        .filter(|o| o.plan.algorithm == Algorithm::Rtt)
+    {
+        probes.push(tokio::spawn(rtt_loop(o.clone(), wake.clone())));
+    }
     for o in &outbounds {
         for (k, (l, st)) in o.plan.links.iter().zip(&o.stats).enumerate() {
             let mut first = 0;
@@ -668,6 +816,7 @@ async fn apply(
         outbounds,
         slots,
         up,
+        nearest,
         probes,
     });
     Ok(())

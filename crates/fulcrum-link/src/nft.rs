@@ -85,3 +85,33 @@ pub fn flows_by_mark() -> std::collections::HashMap<u32, u64> {
     }
     out
 }
+
+/// Destinations of the flows in the connection table, per connection mark (original
+/// direction), from `conntrack -L`; for `rtt` pools, which measure the prefixes the LAN uses.
+pub fn destinations_by_mark() -> std::collections::HashMap<u32, Vec<std::net::Ipv4Addr>> {
+    let mut out: std::collections::HashMap<u32, Vec<std::net::Ipv4Addr>> = Default::default();
+    let Ok(o) = Command::new("conntrack")
+        .args(["-L", "-f", "ipv4"])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return out;
+    };
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let mut words = line.split_whitespace();
+        let dst = words
+            .clone()
+            .find_map(|w| w.strip_prefix("dst="))
+            .and_then(|d| d.parse().ok());
+        let mark = words
+            .find_map(|w| w.strip_prefix("mark="))
+            .and_then(|m| m.parse::<u32>().ok());
+        if let (Some(dst), Some(mark)) = (dst, mark) {
+            let v = out.entry(mark).or_default();
+            if !v.contains(&dst) && v.len() < 1024 {
+                v.push(dst);
+            }
+        }
+    }
+    out
+}

@@ -66,7 +66,7 @@ pub struct GatewaySide {
 
 impl OutboundPlan {
     pub fn proximity(&self) -> bool {
-        self.links.iter().any(|l| !l.isp_prefixes.is_empty())
+        self.algorithm == Algorithm::Rtt || self.links.iter().any(|l| !l.isp_prefixes.is_empty())
     }
 
     /// What the members are called in the API and the flow hash.
@@ -329,10 +329,22 @@ fn slot_elements(o: &OutboundPlan, slots: &[u32]) -> String {
     }))
 }
 
-fn proximity_elements(o: &OutboundPlan, up: &[bool]) -> String {
+/// Destination prefixes → link: the measured nearest link per prefix (`rtt`), then the static
+/// `isp` tables.
+pub type Nearest = Vec<(Ipv4Net, usize)>;
+
+fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)]) -> String {
     // A destination in two links' tables goes to the first that is up.
     let mut seen: Vec<Ipv4Net> = Vec::new();
     let mut parts = Vec::new();
+    for (p, i) in nearest {
+        if let (Some(l), true) = (o.links.get(*i), up.get(*i).copied().unwrap_or(false)) {
+            if !seen.iter().any(|s| s.contains(p) || p.contains(s)) {
+                seen.push(*p);
+                parts.push(format!("{p} : {:#x}", l.mark));
+            }
+        }
+    }
     for (i, l) in o.links.iter().enumerate() {
         if !up.get(i).copied().unwrap_or(false) {
             continue;
@@ -350,7 +362,7 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool]) -> String {
 
 /// The whole table, replacing any earlier one in the same transaction (restart and reload do
 /// not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
-pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
+pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "table inet {TABLE}\ndelete table inet {TABLE}");
     let _ = writeln!(s, "table inet {TABLE} {{");
@@ -374,7 +386,11 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
                     elements(o.sources.iter())
                 );
                 if o.proximity() {
-                    let el = proximity_elements(o, up.get(g).map_or(&[][..], |v| v));
+                    let el = proximity_elements(
+                        o,
+                        up.get(g).map_or(&[][..], |v| v),
+                        nearest.get(g).map_or(&[][..], |v| v),
+                    );
                     let _ = write!(
                         s,
                         "  map prox_{k} {{ type ipv4_addr : mark; flags interval;"
@@ -541,7 +557,7 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
 
 /// Rewrites the slot and proximity maps only (weights, health or load changed); the chains,
 /// counters and flows stay.
-pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
+pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
     let mut s = String::new();
     for (g, o) in plan.outbounds.iter().enumerate() {
         let k = o.index;
@@ -552,7 +568,11 @@ pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>]) -> String {
         }
         if o.proximity() {
             let _ = writeln!(s, "flush map inet {TABLE} prox_{k}");
-            let el = proximity_elements(o, up.get(g).map_or(&[][..], |v| v));
+            let el = proximity_elements(
+                o,
+                up.get(g).map_or(&[][..], |v| v),
+                nearest.get(g).map_or(&[][..], |v| v),
+            );
             if !el.is_empty() {
                 let _ = writeln!(s, "add element inet {TABLE} prox_{k} {{ {el} }}");
             }
@@ -606,7 +626,7 @@ pool = "uplinks"
         assert_eq!(o.links[0].mark, 0x464c_0001);
         assert_eq!(o.links[1].mark, 0x464c_0002);
         assert_eq!(o.links[1].isp_prefixes.len(), 1, "overlaps merged");
-        let t = render_table(&plan, &[vec![0, 1, 0]], &[vec![true, true]]);
+        let t = render_table(&plan, &[vec![0, 1, 0]], &[vec![true, true]], &[]);
         assert!(t.starts_with("table inet fulcrum_link\ndelete table inet fulcrum_link\n"));
         assert!(
             t.contains("elements = { 0 : 0x464c0001, 1 : 0x464c0002, 2 : 0x464c0001 }"),
@@ -617,7 +637,7 @@ pool = "uplinks"
         assert!(t.contains("oifname \"wan0\" snat ip to 198.18.1.2"), "{t}");
         assert!(t.contains("oifname \"wan1\" masquerade"), "{t}");
         // A link that is down leaves the proximity map.
-        let m = render_maps(&plan, &[vec![0, 0, 0]], &[vec![true, false]]);
+        let m = render_maps(&plan, &[vec![0, 0, 0]], &[vec![true, false]], &[]);
         assert!(!m.contains("prox_0 {"), "{m}");
         assert!(m.contains("flush map inet fulcrum_link prox_0"), "{m}");
     }

@@ -25,6 +25,7 @@ const NEAR_SERVER: &str = "198.19.1.10:7000";
 const SNAT_A: &str = "198.18.1.2";
 const SNAT_B: &str = "198.18.2.2";
 const SINK: &str = "198.19.0.10:7001";
+const FAR_SINK: &str = "198.19.1.10:7001";
 
 struct Net {
     _lab: Lab,
@@ -101,10 +102,10 @@ fn serve(stream: TcpStream, peer: SocketAddr, stop: Arc<AtomicBool>) {
 }
 
 /// A server that reads and discards, for bulk uploads.
-fn sink(ns: &Ns, stop: Arc<AtomicBool>) {
+fn sink(ns: &Ns, addr: &'static str, stop: Arc<AtomicBool>) {
     let (tx, rx) = std::sync::mpsc::channel();
     ns.thread(move || {
-        let listener = TcpListener::bind(SINK).unwrap();
+        let listener = TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
         tx.send(()).unwrap();
         while !stop.load(Ordering::Relaxed) {
@@ -207,7 +208,8 @@ fn net(tag: &str) -> Net {
     for s in [SERVER, NEAR_SERVER] {
         whoami(&inet, s, stop.clone());
     }
-    sink(&inet, stop.clone());
+    sink(&inet, SINK, stop.clone());
+    sink(&inet, FAR_SINK, stop.clone());
     Net {
         _lab: lab,
         lan,
@@ -827,4 +829,58 @@ ttl = 1
         40,
         "{seen:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtt_sends_a_destination_prefix_to_the_link_that_answers_it_fastest() {
+    // (This kernel has no netem.) Line b is a 2 Mbit/s line with a deep queue that an upload
+    // keeps full: its round trips take hundreds of milliseconds, line a's a fraction of one.
+    let net = net("rtt");
+    net.fl
+        .exec(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "wan1", "root", "tbf", "rate", "2mbit", "burst", "16kbit",
+                "latency", "500ms",
+            ],
+        )
+        .unwrap();
+    // Weights send every flow Fulcrum has not measured to b.
+    let f = start(&net, &config("rtt", [0, 1], "")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let upload = net.lan.thread({
+        let stop = stop.clone();
+        move || {
+            let mut s =
+                TcpStream::connect_timeout(&FAR_SINK.parse().unwrap(), Duration::from_secs(1))
+                    .unwrap();
+            let chunk = vec![0u8; 64 * 1024];
+            let end = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    // Flows to 198.19.0.10 start on b by weight; once Fulcrum has learned 198.19.0.0/24 and
+    // pinged it through both lines, its new flows take a.
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 5)
+    })
+    .await
+    .unwrap();
+    // (The first of them already teach Fulcrum the prefix: not all need to be on b.)
+    assert!(seen.get(SNAT_B).is_some_and(|&n| n >= 1), "{seen:?}");
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_A, 20, Duration::from_secs(15))
+    });
+    let took = t.await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    upload.join().unwrap().unwrap();
+    let took = took
+        .unwrap_or_else(|| panic!("198.19.0.0/24 did not move to the fast line:\n{}", f.logs()));
+    eprintln!("rtt: the prefix settled on the fast line after {took:?}");
 }
