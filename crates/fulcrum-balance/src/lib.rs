@@ -10,6 +10,7 @@ pub mod member;
 pub mod persist;
 pub mod pool;
 pub mod sched;
+pub mod shares;
 
 pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
 pub use member::{
@@ -19,6 +20,7 @@ pub use member::{
 pub use persist::{Feed, PersistKey, PersistTable, TableSpec};
 pub use pool::{Picked, Pool};
 pub use sched::{PickContext, Scheduler};
+pub use shares::{kernel_slots, link_shares, slot_table, LinkLoad};
 
 #[cfg(test)]
 mod tests;

@@ -81,6 +81,10 @@ fn config(algorithm: Algorithm, weights: &[u32]) -> fulcrum_config::Pool {
             .collect(),
         reuse: Reuse::Safe,
         http: Default::default(),
+        kind: fulcrum_config::PoolKind::Server,
+        links: vec![],
+        gateways: vec![],
+        busy: None,
         tls: None,
     }
 }

@@ -9,6 +9,7 @@ mod error;
 mod forwarding;
 mod ha;
 mod http;
+mod link;
 mod message;
 mod reader;
 mod schema;
@@ -32,6 +33,11 @@ pub use ha::{Bgp, BgpSpeaker, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
     StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,
+};
+pub use link::{
+    parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
+    LinkTarget, Outbound, OutboundPersistence, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
+    MAX_LINKS,
 };
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};

@@ -33,6 +33,10 @@ pub struct Config {
     pub bgp: Option<crate::ha::Bgp>,
     /// `[[alert]]` rules (crate::alert).
     pub alerts: Vec<crate::alert::AlertRule>,
+    /// Link load balancing of flows leaving the LAN (`[[outbound]]`).
+    pub outbound: Vec<crate::link::Outbound>,
+    /// Firewall sandwich sides (`[[gateway_service]]`).
+    pub gateway_services: Vec<crate::link::GatewayService>,
     /// Where key paths stand in the file, for errors found after parsing (e.g. at bind time).
     pub locations: Locations,
 }
@@ -498,6 +502,10 @@ string_enum!(Algorithm {
     Priority = "priority",
     FirstAvailable = "first_available",
     LeastRequest = "least_request",
+    BandwidthRatio = "bandwidth_ratio",
+    Proximity = "proximity",
+    Rtt = "rtt",
+    Spillover = "spillover",
 });
 
 /// What `algorithm = "hash"` hashes.
@@ -597,13 +605,33 @@ pub struct Pool {
     pub tls: Option<UpstreamTls>,
     /// How the HTTP data plane talks to the members (Fulcrum additions).
     pub http: crate::http::HttpPoolOptions,
+    /// server (default), link or gateway; `members` holds servers, `links` and `gateways` the
+    /// members of the other kinds.
+    pub kind: crate::link::PoolKind,
+    pub links: Vec<crate::link::LinkMember>,
+    pub gateways: Vec<crate::link::GatewayMember>,
+    /// Link pools: a link above this share of its bandwidth takes no new flows.
+    pub busy: Option<f64>,
 }
 
 impl FromNode for Pool {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
+            let kind = t.opt(cx, "kind").unwrap_or(crate::link::PoolKind::Server);
+            let (mut members, mut links, mut gateways) = (Vec::new(), Vec::new(), Vec::new());
+            match kind {
+                crate::link::PoolKind::Server => members = t.opt(cx, "member").unwrap_or_default(),
+                crate::link::PoolKind::Link => links = t.opt(cx, "member").unwrap_or_default(),
+                crate::link::PoolKind::Gateway => {
+                    gateways = t.opt(cx, "member").unwrap_or_default()
+                }
+            }
             Some(Pool {
+                kind,
+                links,
+                gateways,
+                busy: t.opt(cx, "busy"),
                 algorithm: t.opt(cx, "algorithm").unwrap_or(Algorithm::RoundRobin),
                 hash_key: t.opt(cx, "hash_key").unwrap_or(HashKey::SourceIp),
                 monitors: t.opt(cx, "monitors").unwrap_or_default(),
@@ -614,7 +642,7 @@ impl FromNode for Pool {
                     .opt(cx, "connect_timeout")
                     .unwrap_or(Duration::from_secs(3)),
                 zero_window_timeout: t.opt(cx, "zero_window_timeout"),
-                members: t.opt(cx, "member").unwrap_or_default(),
+                members,
                 reuse: t.opt(cx, "reuse").unwrap_or(Reuse::Safe),
                 tls: t.opt(cx, "tls"),
                 http: crate::http::HttpPoolOptions::read(t, cx),
@@ -751,6 +779,8 @@ pub struct Monitor {
     pub password: Option<String>,
     /// snmp: community, OID, and the value that means "no more load" (crate::snmp).
     pub snmp: crate::snmp::SnmpOptions,
+    /// Link monitors: the targets probed through the link, and how many must answer.
+    pub link: crate::link::LinkProbe,
 }
 
 /// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
@@ -825,6 +855,7 @@ impl FromNode for Monitor {
                 username: t.opt(cx, "username"),
                 password: t.opt(cx, "password"),
                 snmp: crate::snmp::SnmpOptions::read(t, cx),
+                link: crate::link::LinkProbe::read(t, cx),
                 name: name?,
                 kind: kind?,
             })
@@ -1149,6 +1180,9 @@ pub struct Site {
     /// `host[:port]` the HTTP redirect fallback (`gslb_redirect`) sends clients to for this
     /// site, instead of one of its addresses.
     pub redirect_host: Option<String>,
+    /// The link (a member of a `kind = "link"` pool) the site's addresses are reached by:
+    /// while it is down or busy the site is out of the answers (Fulcrum addition).
+    pub link: Option<String>,
 }
 
 impl FromNode for Site {
@@ -1162,6 +1196,7 @@ impl FromNode for Site {
                 weight: t.opt(cx, "weight").unwrap_or(1),
                 peer: t.opt(cx, "peer"),
                 redirect_host: t.opt(cx, "redirect_host"),
+                link: t.opt(cx, "link"),
                 name: name?,
                 addresses: addresses?,
             })
@@ -1239,6 +1274,8 @@ pub(crate) fn read_config(root: &Node<'_>, cx: &mut Cx<'_>) -> Option<Config> {
             ha: t.opt(cx, "ha"),
             bgp: t.opt(cx, "bgp"),
             alerts: t.opt(cx, "alert").unwrap_or_default(),
+            outbound: t.opt(cx, "outbound").unwrap_or_default(),
+            gateway_services: t.opt(cx, "gateway_service").unwrap_or_default(),
             locations: Locations::default(),
         })
     })

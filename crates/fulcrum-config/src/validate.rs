@@ -491,6 +491,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
     }
 
+    let mut errs = Vec::new();
+    crate::link::check(cfg, &mut errs);
+    for (path, msg) in errs {
+        c.err(&path, msg);
+    }
+
     for (i, m) in cfg.monitors.iter().enumerate() {
         let at = |k: &str| format!("monitor[{i}].{k}");
         if m.interval.is_zero() {

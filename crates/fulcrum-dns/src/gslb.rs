@@ -45,6 +45,8 @@ pub struct Site {
     /// The operator's state (API): a site not enabled gets no answers, even when every other
     /// site is down. Kept across reloads.
     admin: AtomicU8,
+    /// Whether the link the site is tied to (`link`) is up and not busy; true without one.
+    link_ok: std::sync::atomic::AtomicBool,
 }
 
 impl Site {
@@ -71,8 +73,18 @@ impl Site {
         self.admin.load(Ordering::Relaxed) == 0
     }
 
-    /// Whether address `i` may be answered: up and not disabled by the operator.
+    /// Sets whether the site's link can take it (inbound link load balancing); true when it
+    /// changed.
+    pub fn set_link_ok(&self, ok: bool) -> bool {
+        self.link_ok.swap(ok, Ordering::Relaxed) != ok
+    }
+
+    /// Whether address `i` may be answered: up, not disabled by the operator, and its link (if
+    /// the site has one) up and not busy.
     pub fn address_up(&self, i: usize) -> bool {
+        if !self.link_ok.load(Ordering::Relaxed) {
+            return false;
+        }
         match &self.pool {
             None => true,
             Some(p) => p
@@ -280,6 +292,10 @@ impl GslbState {
                         reuse: fulcrum_config::Reuse::Safe,
                         tls: None,
                         http: Default::default(),
+                        kind: fulcrum_config::PoolKind::Server,
+                        links: vec![],
+                        gateways: vec![],
+                        busy: None,
                     };
                     let checks = [CheckSpec {
                         monitor: m.name.clone(),
@@ -304,6 +320,11 @@ impl GslbState {
                     redirect_host: sc.redirect_host.as_deref().map(Arc::from),
                     pool,
                     cursor: AtomicUsize::new(0),
+                    link_ok: std::sync::atomic::AtomicBool::new(
+                        previous
+                            .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
+                            .is_none_or(|s| s.link_ok.load(Ordering::Relaxed)),
+                    ),
                     admin: AtomicU8::new(
                         previous
                             .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
@@ -349,6 +370,10 @@ impl GslbState {
                         reuse: fulcrum_config::Reuse::Safe,
                         tls: None,
                         http: Default::default(),
+                        kind: fulcrum_config::PoolKind::Server,
+                        links: vec![],
+                        gateways: vec![],
+                        busy: None,
                     };
                     let labels: Vec<Arc<str>> =
                         idx.iter().map(|&s| sites[s].name.clone()).collect();

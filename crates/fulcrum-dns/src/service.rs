@@ -317,6 +317,22 @@ impl GslbService {
         }
     }
 
+    /// Inbound link load balancing: whether `site`'s link can take it; the distribution table is
+    /// recomputed when that changes. False for an unknown site.
+    pub fn set_site_link_ok(&self, site: &str, ok: bool) -> bool {
+        let st = self.state();
+        match st.sites.iter().find(|s| *s.name == *site) {
+            Some(s) => {
+                if s.set_link_ok(ok) {
+                    tracing::info!(site, link_ok = ok, "gslb site's link changed");
+                    recompute(&self.shared);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn auth_failures(&self) -> u64 {
         self.shared.auth_failures.load(Ordering::Relaxed)
     }

@@ -27,7 +27,7 @@ mod testutil;
 use fulcrum_balance::CheckSpec;
 use fulcrum_config::Monitor;
 
-pub use check::{parse_agent_reply, parse_snmp_response, AgentReply, SnmpValue};
+pub use check::{parse_agent_reply, parse_snmp_response, AgentReply, SnmpValue, Via};
 pub use passive::StatusObserver;
 pub use service::HealthService;
 
@@ -45,4 +45,43 @@ pub fn check_specs(pool: &fulcrum_config::Pool, monitors: &[Monitor]) -> Vec<Che
             fall: m.fall,
         })
         .collect()
+}
+
+/// What one probe of a link monitor's target found.
+#[derive(Debug, Clone)]
+pub struct ThroughResult {
+    /// The target answered as the monitor expects.
+    pub ok: bool,
+    /// What was seen ("connected", "timeout after 1s", …).
+    pub detail: String,
+    /// How long the probe took (the round trip, for an answer).
+    pub rtt: std::time::Duration,
+}
+
+/// Probes `target` with `monitor`'s check (tcp, icmp, dns, http, …) out of the link `via`
+/// describes, bounded by the monitor's timeout: link monitors reuse the server monitors' checks.
+pub async fn probe_through(
+    monitor: &Monitor,
+    target: std::net::SocketAddr,
+    via: Via,
+) -> ThroughResult {
+    let check = check::Check::new(monitor);
+    let mut probe = check::Probe::new(target, None, monitor.timeout);
+    probe.via = Some(via);
+    let start = tokio::time::Instant::now();
+    let verdict = check.run(&probe).await;
+    let rtt = start.elapsed();
+    match verdict {
+        check::Verdict::Health { ok, detail } => ThroughResult { ok, detail, rtt },
+        check::Verdict::Agent { detail, .. } => ThroughResult {
+            ok: true,
+            detail,
+            rtt,
+        },
+        check::Verdict::Nothing { why } => ThroughResult {
+            ok: false,
+            detail: why,
+            rtt,
+        },
+    }
 }

@@ -236,6 +236,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         username,
         password,
         snmp,
+        link,
     } = a;
     *name == b.name
         && *kind == b.kind
@@ -259,6 +260,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *username == b.username
         && *password == b.password
         && *snmp == b.snmp
+        && *link == b.link
 }
 
 /// Members with a check that sets agent overrides: an agent, or an snmp monitor with `max`

@@ -37,6 +37,7 @@ pub(crate) fn monitor(name: &str, kind: MonitorKind) -> Monitor {
         username: None,
         password: None,
         snmp: Default::default(),
+        link: Default::default(),
     }
 }
 

@@ -183,6 +183,27 @@ impl Ns {
         run("ip", &full)
     }
 
+    /// Runs `f` on a new thread that has entered the namespace: sockets it opens live there,
+    /// so a test's own servers and clients can sit in its namespaces without helper binaries.
+    /// Only the new thread moves; the test process stays where it was.
+    pub fn thread<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<Result<T, String>> {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            // SAFETY: setns(2) on a namespace file descriptor we hold open; it changes only the
+            // calling thread's network namespace and touches no memory of ours.
+            let rc =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+            }
+            Ok(f())
+        })
+    }
+
     /// The kernel's counters of an interface: (rx_packets, tx_packets).
     pub fn link_packets(&self, ifname: &str) -> Result<(u64, u64), String> {
         let read = |dir: &str| -> Result<u64, String> {

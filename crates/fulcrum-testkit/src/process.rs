@@ -17,6 +17,9 @@ pub struct Fulcrum {
     pub token: Option<String>,
     /// The lines of the `[admin]` table, written again by `write_config`.
     admin_table: String,
+    /// The network namespace Fulcrum runs in (`start_in`); the API is then reached from inside
+    /// it.
+    netns: Option<String>,
 }
 
 impl Drop for Fulcrum {
@@ -41,11 +44,24 @@ impl Fulcrum {
         token: Option<&str>,
         config: &str,
     ) -> Result<Fulcrum, String> {
-        let table = match token {
+        Self::start_inner(
+            bin,
+            admin,
+            &Self::admin_table(admin, token),
+            token,
+            config,
+            None,
+        )
+        .await
+    }
+
+    /// The `[admin]` lines `start` writes: the given token, or a `token_file` in the test's
+    /// directory, so Fulcrum generates the token there.
+    fn admin_table(admin: SocketAddr, token: Option<&str>) -> String {
+        match token {
             Some(t) => format!("listen = \"{admin}\"\ntoken = \"{t}\"\n"),
             None => format!("listen = \"{admin}\"\ntoken_file = \"admin.token\"\n"),
-        };
-        Self::start_with_admin_table(bin, admin, &table, token, config).await
+        }
     }
 
     /// Starts with `admin_table` as the lines of `[admin]` (relative paths in it are in the
@@ -58,14 +74,44 @@ impl Fulcrum {
         token: Option<&str>,
         config: &str,
     ) -> Result<Fulcrum, String> {
-        let admin = connect;
+        Self::start_inner(bin, connect, admin_table, token, config, None).await
+    }
+
+    /// As `start`, inside network namespace `netns` (`ip netns exec`); `api` then talks to the
+    /// admin address from inside that namespace (with curl).
+    pub async fn start_in(
+        netns: &str,
+        bin: &str,
+        admin: SocketAddr,
+        config: &str,
+    ) -> Result<Fulcrum, String> {
+        let table = Self::admin_table(admin, None);
+        Self::start_inner(bin, admin, &table, None, config, Some(netns)).await
+    }
+
+    async fn start_inner(
+        bin: &str,
+        admin: SocketAddr,
+        admin_table: &str,
+        token: Option<&str>,
+        config: &str,
+        netns: Option<&str>,
+    ) -> Result<Fulcrum, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let config_path = dir.path().join("fulcrum.toml");
         let full = Self::with_admin(admin_table, config);
         std::fs::write(&config_path, full).map_err(|e| e.to_string())?;
         let log =
             std::fs::File::create(dir.path().join("fulcrum.log")).map_err(|e| e.to_string())?;
-        let child = Command::new(bin)
+        let mut command = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin]);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = command
             .args(["run", "-c"])
             .arg(&config_path)
             .env(
@@ -83,6 +129,7 @@ impl Fulcrum {
             config_path,
             token: token.map(String::from),
             admin_table: admin_table.to_string(),
+            netns: netns.map(String::from),
         };
         let end = Instant::now() + Duration::from_secs(20);
         loop {
@@ -142,7 +189,44 @@ impl Fulcrum {
             headers.push(("Authorization", a.as_str()));
         }
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        http_request(self.admin, method, path, &headers, body.as_bytes()).await
+        match &self.netns {
+            None => http_request(self.admin, method, path, &headers, body.as_bytes()).await,
+            Some(ns) => self.api_in(ns, method, path, &headers, &body).await,
+        }
+    }
+
+    /// One API request from inside `ns`, with curl (the test process stays in its own
+    /// namespace).
+    async fn api_in(
+        &self,
+        ns: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<HttpResponse, String> {
+        let url = format!("http://{}{path}", self.admin);
+        let mut cmd = tokio::process::Command::new("ip");
+        cmd.args(["netns", "exec", ns, "curl", "-s", "-m", "5", "-X", method]);
+        for (k, v) in headers {
+            cmd.arg("-H").arg(format!("{k}: {v}"));
+        }
+        if !body.is_empty() {
+            cmd.arg("--data-binary").arg(body);
+        }
+        cmd.args(["-w", "\n%{http_code}", &url]);
+        let out = cmd.output().await.map_err(|e| format!("curl: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let status: u16 = code.trim().parse().map_err(|_| format!("curl: {text}"))?;
+        if status == 0 {
+            return Err(format!("curl: no answer from {url}"));
+        }
+        Ok(HttpResponse {
+            status,
+            headers: Vec::new(),
+            body: body.as_bytes().to_vec(),
+        })
     }
 
     /// GET an API path and return its JSON (Null on any failure).

@@ -57,6 +57,7 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     errors.extend(crate::https::checks(config));
     errors.extend(crate::tuning::checks(config));
     errors.extend(crate::ha::checks(config));
+    errors.extend(crate::link::checks(config));
     errors
 }
 
@@ -68,7 +69,7 @@ pub fn check(path: &Path) -> Result<String, Vec<String>> {
         c.virtual_services.len(),
         c.pools.len(),
         c.monitors.len(),
-        crate::dns::summary(&c)
+        crate::dns::summary(&c) + &crate::link::summary(&c)
     ))
 }
 
@@ -108,6 +109,8 @@ pub struct App {
     cap: Arc<crate::limits::GlobalCap>,
     /// TLS termination state of every service with `tls`, by name (shared by the planes).
     tls: Arc<crate::https::TlsAssembly>,
+    /// Link and gateway load balancing: in the plane list, and here for its async shutdown.
+    links: Arc<crate::link::LinkPlane>,
 }
 
 impl App {
@@ -122,6 +125,7 @@ impl App {
         let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
         let ha = Arc::new(crate::ha::HaPlane::default());
         let tls = Arc::new(crate::https::TlsAssembly::default());
+        let links = Arc::new(crate::link::LinkPlane::new(dns.clone()));
         // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
         // than "proxy" before the proxies do.
         let planes: Vec<Arc<dyn DataPlane>> = vec![
@@ -132,6 +136,7 @@ impl App {
             dns.clone(),
             Arc::new(crate::http::HttpAssembly::new(dns, tls.clone())),
             ha.clone(),
+            links.clone(),
         ];
         App {
             cap: Arc::new(crate::limits::GlobalCap::new(tracker.clone())),
@@ -156,6 +161,7 @@ impl App {
             state_lock: Mutex::new(()),
             ha,
             tls,
+            links,
         }
     }
 
@@ -329,8 +335,12 @@ impl App {
     }
 
     fn refresh_pools(&self) {
-        for p in &self.snapshot.load().pools {
+        let snapshot = self.snapshot.load();
+        for p in &snapshot.pools {
             p.refresh();
+        }
+        for plane in &self.planes {
+            plane.refresh(&snapshot.config);
         }
     }
 
@@ -343,6 +353,7 @@ impl App {
         for plane in &self.planes {
             plane.shutdown();
         }
+        self.links.shutdown().await;
         let active = self.tracker.active();
         if active > 0 {
             tracing::info!(connections = active, deadline = ?deadline, "stopped accepting; waiting for connections to finish");

@@ -100,6 +100,11 @@ impl Dns {
         self.runtime.gslb().best_other_site(fqdn, client)
     }
 
+    /// Inbound link load balancing: whether the link GSLB site `site` is tied to can take it.
+    pub fn set_site_link_ok(&self, site: &str, ok: bool) {
+        self.runtime.gslb().set_site_link_ok(site, ok);
+    }
+
     /// `/api/v1/gslb/...`.
     fn gslb_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
         let g = self.runtime.gslb();

@@ -11,6 +11,7 @@ mod ha;
 mod http;
 mod https;
 mod limits;
+mod link;
 mod message;
 mod plane;
 mod snat;

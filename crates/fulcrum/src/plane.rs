@@ -59,6 +59,9 @@ pub trait DataPlane: Send + Sync {
     /// Another plane failed after this one prepared: drops the preparation.
     fn abort(&self) {}
 
+    /// Every 200 ms, after the pools' refresh: follow what changes between reloads.
+    fn refresh(&self, _config: &Config) {}
+
     /// Stops serving at shutdown (established connections are waited for by the tracker).
     fn shutdown(&self) {}
 

@@ -59,7 +59,12 @@ pub trait Scheduler: Send + Sync {
 /// The scheduler for a pool's algorithm.
 pub fn for_algorithm(algorithm: Algorithm, min_active: u32) -> Box<dyn Scheduler> {
     match algorithm {
-        Algorithm::RoundRobin | Algorithm::WeightedRoundRobin => Box::new(Sequence::default()),
+        Algorithm::RoundRobin | Algorithm::WeightedRoundRobin
+        // Link algorithms place flows through `shares`; a pick (the API, tests) is weighted.
+        | Algorithm::BandwidthRatio
+        | Algorithm::Proximity
+        | Algorithm::Rtt
+        | Algorithm::Spillover => Box::new(Sequence::default()),
         Algorithm::DynamicFeedback | Algorithm::FastestResponse => Box::new(Sequence::dynamic()),
         Algorithm::LeastConnections | Algorithm::WeightedLeastConnections => {
             Box::new(LeastConnections::default())

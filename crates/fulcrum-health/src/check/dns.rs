@@ -111,7 +111,24 @@ impl DnsCheck {
             ([0, 0, 0, 0], 0).into()
         };
         let io = |what: &str, e: std::io::Error| format!("{what}: {}", text::io_error(&e));
-        let socket = match UdpSocket::bind(local).await {
+        let bound = || -> std::io::Result<UdpSocket> {
+            let s = socket2::Socket::new(
+                socket2::Domain::for_address(local),
+                socket2::Type::DGRAM,
+                None,
+            )?;
+            s.set_nonblocking(true)?;
+            match &probe.via {
+                Some(via) if via.source.is_some() => via.apply(&s, true)?,
+                Some(via) => {
+                    via.apply(&s, false)?;
+                    s.bind(&local.into())?;
+                }
+                None => s.bind(&local.into())?,
+            }
+            UdpSocket::from_std(s.into())
+        };
+        let socket = match bound() {
             Ok(s) => s,
             Err(e) => return Verdict::fail(io("socket", e)),
         };

@@ -28,7 +28,7 @@ pub(crate) struct IcmpCheck;
 /// An ICMP socket connected to `ip`: raw when allowed, else an unprivileged ping socket.
 /// Returned as a tokio `UdpSocket`, whose send/recv are plain calls on the descriptor, which is
 /// all a connected ICMP socket needs.
-fn icmp_socket(ip: IpAddr) -> io::Result<(UdpSocket, bool)> {
+fn icmp_socket(ip: IpAddr, via: Option<&super::Via>) -> io::Result<(UdpSocket, bool)> {
     let (domain, proto) = match ip {
         IpAddr::V4(_) => (Domain::IPV4, Protocol::ICMPV4),
         IpAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6),
@@ -41,6 +41,9 @@ fn icmp_socket(ip: IpAddr) -> io::Result<(UdpSocket, bool)> {
         Err(e) => return Err(e),
     };
     socket.set_nonblocking(true)?;
+    if let Some(via) = via {
+        via.apply(&socket, true)?;
+    }
     socket.connect(&SocketAddr::new(ip, 0).into())?;
     let std: std::net::UdpSocket = socket.into();
     Ok((UdpSocket::from_std(std)?, raw))
@@ -82,7 +85,7 @@ impl IcmpCheck {
     pub async fn run(&self, probe: &Probe) -> Verdict {
         let ip = probe.addr.ip();
         let v4 = ip.is_ipv4();
-        let (socket, raw) = match icmp_socket(ip) {
+        let (socket, raw) = match icmp_socket(ip, probe.via.as_ref()) {
             Ok(s) => s,
             Err(e) => return Verdict::fail(format!("icmp socket: {}", text::io_error(&e))),
         };

@@ -73,6 +73,55 @@ pub(crate) struct Probe {
     pub member: SocketAddr,
     pub timeout: Duration,
     pub deadline: Instant,
+    /// Set for link monitors: probe out of this link, not by the main routing table.
+    pub via: Option<Via>,
+}
+
+/// How a link monitor's probe leaves: bound to the link's interface (SO_BINDTODEVICE) and its
+/// source address, and marked (SO_MARK) so the link's policy-routing rule picks its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Via {
+    device: [u8; 16],
+    device_len: u8,
+    /// Source address of the probes (the link's SNAT address).
+    pub source: Option<std::net::IpAddr>,
+    /// Firewall mark of the probes (0 = none).
+    pub mark: u32,
+}
+
+impl Via {
+    /// `None` when `device` is not an interface name (empty or longer than 15 bytes).
+    pub fn new(device: &str, source: Option<std::net::IpAddr>, mark: u32) -> Option<Via> {
+        let b = device.as_bytes();
+        if b.is_empty() || b.len() > 15 {
+            return None;
+        }
+        let mut d = [0u8; 16];
+        d[..b.len()].copy_from_slice(b);
+        Some(Via {
+            device: d,
+            device_len: b.len() as u8,
+            source,
+            mark,
+        })
+    }
+
+    /// The interface name.
+    pub fn device(&self) -> &[u8] {
+        &self.device[..usize::from(self.device_len)]
+    }
+
+    /// Binds `socket` to the link: device, mark, and (for `bind_source`) the source address.
+    pub(crate) fn apply(&self, socket: &socket2::Socket, bind_source: bool) -> io::Result<()> {
+        socket.bind_device(Some(self.device()))?;
+        if self.mark != 0 {
+            socket.set_mark(self.mark)?;
+        }
+        if let (true, Some(ip)) = (bind_source, self.source) {
+            socket.bind(&SocketAddr::new(ip, 0).into())?;
+        }
+        Ok(())
+    }
 }
 
 impl Probe {
@@ -83,6 +132,7 @@ impl Probe {
             member,
             timeout,
             deadline: Instant::now() + timeout,
+            via: None,
         }
     }
 
@@ -167,7 +217,22 @@ impl Check {
 /// Connects to `probe.addr` by the deadline; the error is a finished detail
 /// ("connect: connection refused", "connect: timeout after 1s").
 pub(crate) async fn connect(probe: &Probe) -> Result<TcpStream, String> {
-    match tokio::time::timeout_at(probe.deadline, TcpStream::connect(probe.addr)).await {
+    let connecting = async {
+        match &probe.via {
+            None => TcpStream::connect(probe.addr).await,
+            Some(via) => {
+                let domain = socket2::Domain::for_address(probe.addr);
+                let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+                s.set_nonblocking(true)?;
+                via.apply(&s, true)?;
+                let std: std::net::TcpStream = s.into();
+                tokio::net::TcpSocket::from_std_stream(std)
+                    .connect(probe.addr)
+                    .await
+            }
+        }
+    };
+    match tokio::time::timeout_at(probe.deadline, connecting).await {
         Ok(Ok(stream)) => {
             // Checks write one small request and wait for the answer: Nagle would only delay it.
             let _ = stream.set_nodelay(true);

@@ -39,6 +39,10 @@ fn pool_config(name: &str, members: &[SocketAddr], monitors: &[&str]) -> fulcrum
             .collect(),
         reuse: Reuse::Safe,
         http: Default::default(),
+        kind: fulcrum_config::PoolKind::Server,
+        links: vec![],
+        gateways: vec![],
+        busy: None,
         tls: None,
     }
 }

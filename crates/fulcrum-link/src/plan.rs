@@ -1,0 +1,644 @@
+//! What Fulcrum installs for its outbound link pools, computed from the configuration alone
+//! (no I/O): marks, routing tables and rule priorities per link, and the nftables text.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
+
+use fulcrum_config::{
+    Algorithm, Config, LinkMember, Monitor, OutboundPersistence, PoolKind, MAX_LINKS,
+};
+use ipnet::Ipv4Net;
+
+/// The nftables table Fulcrum owns; everything in it is Fulcrum's and is replaced whole.
+pub const TABLE: &str = "fulcrum_link";
+/// Connection marks, firewall marks and routing table ids of links: `BASE | outbound << 8 |
+/// link + 1`. "FL" in the top half, so `ip rule` and conntrack listings show whose they are.
+pub const MARK_BASE: u32 = 0x464c_0000;
+pub const MARK_MASK: u32 = 0xffff_0000;
+/// Policy-routing rules go at this priority and above (before `main` at 32766).
+pub const RULE_PREF_BASE: u32 = 9000;
+/// Outbounds one instance programs (each takes 256 marks).
+pub const MAX_OUTBOUNDS: usize = 64;
+/// Gateway services one instance programs (their marks follow the outbounds').
+pub const MAX_GATEWAY_SERVICES: usize = 64;
+
+/// One link as the kernel sees it.
+#[derive(Debug, Clone)]
+pub struct LinkPlan {
+    pub name: String,
+    pub interface: String,
+    pub gateway: Ipv4Addr,
+    pub snat: Option<Ipv4Addr>,
+    /// Connection mark, firewall mark and routing table id.
+    pub mark: u32,
+    pub rule_pref: u32,
+    /// Destinations this link reaches best (its `isp` ip_table), for proximity.
+    pub isp_prefixes: Vec<Ipv4Net>,
+    pub monitors: Vec<Monitor>,
+    pub config: LinkMember,
+}
+
+/// One `[[outbound]]` with its pool.
+#[derive(Debug, Clone)]
+pub struct OutboundPlan {
+    pub name: String,
+    pub index: usize,
+    pub sources: Vec<Ipv4Net>,
+    pub pool: String,
+    pub algorithm: Algorithm,
+    pub busy: Option<f64>,
+    pub by_source: bool,
+    /// Where LAN DNS queries are redirected to (the transparent DNS proxy).
+    pub dns_proxy: Option<std::net::SocketAddrV4>,
+    pub links: Vec<LinkPlan>,
+    /// Set for a `[[gateway_service]]` (its members are gateways, in `links`).
+    pub gateway: Option<GatewaySide>,
+}
+
+/// What a gateway service adds: where flows towards the gateways come in, and whether the
+/// gateway a flow arrives from can be told by its interface (then replies follow the flow
+/// back through it even if the other side hashed differently).
+#[derive(Debug, Clone)]
+pub struct GatewaySide {
+    pub interfaces: Vec<String>,
+    pub learn: bool,
+}
+
+impl OutboundPlan {
+    pub fn proximity(&self) -> bool {
+        self.algorithm == Algorithm::Rtt || self.links.iter().any(|l| !l.isp_prefixes.is_empty())
+    }
+
+    /// What the members are called in the API and the flow hash.
+    pub fn kind(&self) -> &'static str {
+        if self.gateway.is_some() {
+            "gateway"
+        } else {
+            "link"
+        }
+    }
+
+    /// The marks of this group: `base | member + 1`.
+    fn mark_base(&self) -> u32 {
+        MARK_BASE | ((self.index as u32) << 8)
+    }
+}
+
+/// Marks of outbound links have this bit clear; gateway services' have it set.
+const GATEWAY_BIT: u32 = 0x4000;
+const OUTBOUND_MASK: u32 = MARK_MASK | GATEWAY_BIT;
+const GROUP_MASK: u32 = 0xffff_ff00;
+
+/// Everything for one configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub outbounds: Vec<OutboundPlan>,
+}
+
+/// Mark of member `link` of group `outbound` (outbounds first, then gateway services from
+/// index `MAX_OUTBOUNDS`).
+pub fn mark_of(outbound: usize, link: usize) -> u32 {
+    MARK_BASE | ((outbound as u32) << 8) | (link as u32 + 1)
+}
+
+/// Builds the plan; errors are what validation cannot know (an ip_table file that cannot be
+/// read).
+pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
+    let mut errors = Vec::new();
+    let mut outbounds = Vec::new();
+    if cfg.outbound.len() > MAX_OUTBOUNDS {
+        return Err(vec![format!("at most {MAX_OUTBOUNDS} outbounds")]);
+    }
+    if cfg.gateway_services.len() > MAX_GATEWAY_SERVICES {
+        return Err(vec![format!(
+            "at most {MAX_GATEWAY_SERVICES} gateway services"
+        )]);
+    }
+    for (o, ob) in cfg.outbound.iter().enumerate() {
+        let Some(pool) = cfg.pool(&ob.pool).filter(|p| p.kind == PoolKind::Link) else {
+            errors.push(format!(
+                "outbound {:?}: no link pool {:?}",
+                ob.name, ob.pool
+            ));
+            continue;
+        };
+        let mut links = Vec::new();
+        for (i, l) in pool.links.iter().enumerate().take(MAX_LINKS) {
+            let (IpAddr::V4(gateway), snat) = (l.gateway, l.snat) else {
+                errors.push(format!("link {:?}: the gateway must be IPv4", l.name));
+                continue;
+            };
+            let snat = match snat {
+                Some(IpAddr::V4(a)) => Some(a),
+                None => None,
+                Some(IpAddr::V6(_)) => {
+                    errors.push(format!("link {:?}: snat must be IPv4", l.name));
+                    continue;
+                }
+            };
+            let isp_prefixes = match &l.isp {
+                Some(t) if pool.algorithm == Algorithm::Proximity => match isp_prefixes(cfg, t) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        errors.push(e);
+                        Vec::new()
+                    }
+                },
+                _ => Vec::new(),
+            };
+            let monitors = l
+                .monitors
+                .iter()
+                .filter_map(|m| cfg.monitor(m).cloned())
+                .collect();
+            let mark = mark_of(o, i);
+            links.push(LinkPlan {
+                name: l.name.clone(),
+                interface: l.interface.clone(),
+                gateway,
+                snat,
+                mark,
+                rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
+                isp_prefixes,
+                monitors,
+                config: l.clone(),
+            });
+        }
+        outbounds.push(OutboundPlan {
+            name: ob.name.clone(),
+            index: o,
+            sources: ob
+                .sources
+                .iter()
+                .filter_map(|s| match s {
+                    ipnet::IpNet::V4(n) => Some(*n),
+                    ipnet::IpNet::V6(_) => None,
+                })
+                .collect(),
+            pool: pool.name.clone(),
+            algorithm: pool.algorithm,
+            busy: pool.busy,
+            by_source: matches!(
+                ob.persistence,
+                Some(OutboundPersistence::BySource | OutboundPersistence::SourceIp)
+            ),
+            dns_proxy: match ob.dns_proxy {
+                Some(std::net::SocketAddr::V4(a)) => Some(a),
+                Some(std::net::SocketAddr::V6(a)) => {
+                    errors.push(format!(
+                        "outbound {:?}: dns_proxy {a} must be IPv4",
+                        ob.name
+                    ));
+                    None
+                }
+                None => None,
+            },
+            links,
+            gateway: None,
+        });
+    }
+    for (s, gs) in cfg.gateway_services.iter().enumerate() {
+        let Some(pool) = cfg.pool(&gs.pool).filter(|p| p.kind == PoolKind::Gateway) else {
+            errors.push(format!(
+                "gateway_service {:?}: no gateway pool {:?}",
+                gs.name, gs.pool
+            ));
+            continue;
+        };
+        let o = MAX_OUTBOUNDS + s;
+        let mut links = Vec::new();
+        for (i, g) in pool.gateways.iter().enumerate().take(MAX_LINKS) {
+            let (IpAddr::V4(gateway), Some(interface)) = (g.address, g.interface.clone()) else {
+                errors.push(format!(
+                    "gateway {}: an IPv4 address and an interface are needed",
+                    g.address
+                ));
+                continue;
+            };
+            let name = g.name.clone().unwrap_or_else(|| format!("#{}", i + 1));
+            let mark = mark_of(o, i);
+            links.push(LinkPlan {
+                config: LinkMember {
+                    name: name.clone(),
+                    interface: interface.clone(),
+                    gateway: g.address,
+                    snat: None,
+                    bandwidth: None,
+                    isp: None,
+                    resolver: None,
+                    monitors: g.monitors.clone(),
+                    weight: g.weight,
+                    priority: 0,
+                    state: g.state,
+                },
+                name,
+                interface,
+                gateway,
+                snat: None,
+                mark,
+                rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
+                isp_prefixes: Vec::new(),
+                monitors: g
+                    .monitors
+                    .iter()
+                    .filter_map(|m| cfg.monitor(m).cloned())
+                    .collect(),
+            });
+        }
+        let mut ifs: Vec<&str> = links.iter().map(|l| l.interface.as_str()).collect();
+        ifs.sort_unstable();
+        ifs.dedup();
+        let learn =
+            ifs.len() == links.len() && !links.iter().any(|l| gs.interfaces.contains(&l.interface));
+        outbounds.push(OutboundPlan {
+            name: gs.name.clone(),
+            index: o,
+            sources: Vec::new(),
+            pool: pool.name.clone(),
+            algorithm: pool.algorithm,
+            busy: None,
+            by_source: false,
+            dns_proxy: None,
+            links,
+            gateway: Some(GatewaySide {
+                interfaces: gs.interfaces.clone(),
+                learn,
+            }),
+        });
+    }
+    if errors.is_empty() {
+        Ok(Plan { outbounds })
+    } else {
+        Err(errors)
+    }
+}
+
+/// The IPv4 prefixes of ip_table `name`: its `cidrs`, and the lines of its `file` (one prefix
+/// a line, `#` comments).
+fn isp_prefixes(cfg: &Config, name: &str) -> Result<Vec<Ipv4Net>, String> {
+    let Some(t) = cfg.ip_tables.iter().find(|t| t.name == name) else {
+        return Err(format!("no ip_table {name:?}"));
+    };
+    let mut out: Vec<Ipv4Net> = t
+        .cidrs
+        .iter()
+        .filter_map(|c| match c {
+            ipnet::IpNet::V4(n) => Some(n.trunc()),
+            ipnet::IpNet::V6(_) => None,
+        })
+        .collect();
+    if let Some(path) = &t.file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("ip_table {name:?}: cannot read {}: {e}", path.display()))?;
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            match fulcrum_config::parse_prefix(line) {
+                Ok(ipnet::IpNet::V4(n)) => out.push(n),
+                Ok(ipnet::IpNet::V6(_)) => {}
+                Err(e) => return Err(format!("ip_table {name:?}: {line:?}: {e}")),
+            }
+        }
+    }
+    // nftables refuses overlapping intervals in a set: merge them first.
+    Ok(Ipv4Net::aggregate(&out))
+}
+
+/// The slot table of an outbound: for each slot, the index of its link (`None` = no link has a
+/// share; new flows then follow the main routing table).
+pub type Slots = Vec<u32>;
+
+fn elements<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    let mut s = String::new();
+    for (k, it) in items.enumerate() {
+        if k > 0 {
+            s.push_str(", ");
+        }
+        let _ = write!(s, "{it}");
+    }
+    s
+}
+
+fn slot_elements(o: &OutboundPlan, slots: &[u32]) -> String {
+    elements(slots.iter().enumerate().filter_map(|(k, &l)| {
+        o.links
+            .get(l as usize)
+            .map(|l| format!("{k} : {:#x}", l.mark))
+    }))
+}
+
+/// Destination prefixes → link: the measured nearest link per prefix (`rtt`), then the static
+/// `isp` tables.
+pub type Nearest = Vec<(Ipv4Net, usize)>;
+
+fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)]) -> String {
+    // A destination in two links' tables goes to the first that is up.
+    let mut seen: Vec<Ipv4Net> = Vec::new();
+    let mut parts = Vec::new();
+    for (p, i) in nearest {
+        if let (Some(l), true) = (o.links.get(*i), up.get(*i).copied().unwrap_or(false)) {
+            if !seen.iter().any(|s| s.contains(p) || p.contains(s)) {
+                seen.push(*p);
+                parts.push(format!("{p} : {:#x}", l.mark));
+            }
+        }
+    }
+    for (i, l) in o.links.iter().enumerate() {
+        if !up.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        for p in &l.isp_prefixes {
+            if seen.iter().any(|s| s.contains(p) || p.contains(s)) {
+                continue;
+            }
+            seen.push(*p);
+            parts.push(format!("{p} : {:#x}", l.mark));
+        }
+    }
+    parts.join(", ")
+}
+
+/// The whole table, replacing any earlier one in the same transaction (restart and reload do
+/// not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
+pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "table inet {TABLE}\ndelete table inet {TABLE}");
+    let _ = writeln!(s, "table inet {TABLE} {{");
+    for (g, o) in plan.outbounds.iter().enumerate() {
+        let k = o.index;
+        let slot_el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
+        // The key type only sets the width (32-bit integer) of the slot number.
+        let _ = write!(s, "  map slots_{k} {{ typeof numgen inc mod 2 : ct mark;");
+        if !slot_el.is_empty() {
+            let _ = write!(s, " elements = {{ {slot_el} }}");
+        }
+        let _ = writeln!(s, " }}");
+        for l in &o.links {
+            let _ = writeln!(s, "  counter flows_{k}_{} {{ }}", l.mark & 0xff);
+        }
+        match &o.gateway {
+            None => {
+                let _ = writeln!(
+                    s,
+                    "  set src_{k} {{ type ipv4_addr; flags interval; elements = {{ {} }} }}",
+                    elements(o.sources.iter())
+                );
+                if o.proximity() {
+                    let el = proximity_elements(
+                        o,
+                        up.get(g).map_or(&[][..], |v| v),
+                        nearest.get(g).map_or(&[][..], |v| v),
+                    );
+                    let _ = write!(
+                        s,
+                        "  map prox_{k} {{ type ipv4_addr : mark; flags interval;"
+                    );
+                    if !el.is_empty() {
+                        let _ = write!(s, " elements = {{ {el} }}");
+                    }
+                    let _ = writeln!(s, " }}");
+                }
+            }
+            Some(side) => {
+                let _ = writeln!(
+                    s,
+                    "  set in_{k} {{ type ifname; elements = {{ {} }} }}",
+                    elements(side.interfaces.iter().map(|i| format!("\"{i}\"")))
+                );
+                if side.learn {
+                    let _ = writeln!(
+                        s,
+                        "  map from_{k} {{ type ifname : mark; elements = {{ {} }} }}",
+                        elements(
+                            o.links
+                                .iter()
+                                .map(|l| format!("\"{}\" : {:#x}", l.interface, l.mark))
+                        )
+                    );
+                }
+            }
+        }
+    }
+    // Every packet of a marked outbound flow takes its link (the firewall mark the routing
+    // rules match): only the original direction, so replies coming back in route to the LAN by
+    // `main`.
+    let _ = writeln!(
+        s,
+        "  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    ct direction original ct mark and {OUTBOUND_MASK:#x} == {MARK_BASE:#x} meta mark set ct mark return"
+    );
+    for o in &plan.outbounds {
+        let k = o.index;
+        match &o.gateway {
+            None => {
+                let _ = writeln!(
+                    s,
+                    "    ct state new ip saddr @src_{k} ip daddr != @src_{k} fib daddr type != {{ local, broadcast, multicast }} jump choose_{k}"
+                );
+            }
+            Some(side) => {
+                let base = o.mark_base();
+                if side.learn {
+                    // A flow first seen coming out of a gateway goes back through it.
+                    let _ = writeln!(
+                        s,
+                        "    iifname != @in_{k} ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set iifname map @from_{k}"
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "    iifname @in_{k} fib daddr type != {{ local, broadcast, multicast }} jump gateway_{k}"
+                );
+            }
+        }
+    }
+    let _ = writeln!(s, "  }}");
+    for (g, o) in plan.outbounds.iter().enumerate() {
+        let k = o.index;
+        let n = slots.get(g).map_or(0, |v| v.len()).max(1);
+        match &o.gateway {
+            None => {
+                let _ = writeln!(s, "  chain choose_{k} {{");
+                if o.proximity() {
+                    let _ = writeln!(s, "    ct mark set ip daddr map @prox_{k}");
+                }
+                let key = if o.by_source {
+                    format!("jhash ip saddr mod {n} seed 0x464c")
+                } else {
+                    // Consecutive new flows walk the slot table: each link gets exactly its
+                    // share over every pass, with no hashing bias.
+                    format!("numgen inc mod {n}")
+                };
+                let _ = writeln!(
+                    s,
+                    "    ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ct mark set {key} map @slots_{k}"
+                );
+                for l in &o.links {
+                    let _ = writeln!(
+                        s,
+                        "    ct mark {:#x} counter name flows_{k}_{} meta mark set ct mark",
+                        l.mark,
+                        l.mark & 0xff
+                    );
+                }
+            }
+            Some(_) => {
+                let base = o.mark_base();
+                let _ = writeln!(s, "  chain gateway_{k} {{");
+                // symhash: the same value for both directions of a flow, so the other side of
+                // the sandwich picks the same slot for the replies.
+                let _ = writeln!(
+                    s,
+                    "    ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {n} map @slots_{k}"
+                );
+                for l in &o.links {
+                    let _ = writeln!(
+                        s,
+                        "    ct mark {:#x} ct state new counter name flows_{k}_{}",
+                        l.mark,
+                        l.mark & 0xff
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "    ct mark and {GROUP_MASK:#x} == {base:#x} meta mark set ct mark"
+                );
+            }
+        }
+        let _ = writeln!(s, "  }}");
+    }
+    // The transparent DNS proxy: LAN queries to any resolver go to Fulcrum instead.
+    let _ = writeln!(
+        s,
+        "  chain redirect_dns {{\n    type nat hook prerouting priority dstnat; policy accept;"
+    );
+    for o in &plan.outbounds {
+        if let Some(p) = o.dns_proxy {
+            let k = o.index;
+            // UDP only: a truncated answer sends the client to TCP, which leaves by its
+            // flow's link like any other flow.
+            let _ = writeln!(
+                s,
+                "    ip saddr @src_{k} ip daddr != {ip} udp dport 53 dnat ip to {p}",
+                ip = p.ip()
+            );
+        }
+    }
+    let _ = writeln!(s, "  }}");
+    let _ = writeln!(
+        s,
+        "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"
+    );
+    for o in plan.outbounds.iter().filter(|o| o.gateway.is_none()) {
+        for l in &o.links {
+            let iface = &l.interface;
+            match l.snat {
+                Some(a) => {
+                    let _ = writeln!(
+                        s,
+                        "    meta mark {:#x} oifname \"{iface}\" snat ip to {a}",
+                        l.mark
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "    meta mark {:#x} oifname \"{iface}\" masquerade",
+                        l.mark
+                    );
+                }
+            }
+        }
+    }
+    let _ = writeln!(s, "  }}\n}}");
+    s
+}
+
+/// Rewrites the slot and proximity maps only (weights, health or load changed); the chains,
+/// counters and flows stay.
+pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
+    let mut s = String::new();
+    for (g, o) in plan.outbounds.iter().enumerate() {
+        let k = o.index;
+        let _ = writeln!(s, "flush map inet {TABLE} slots_{k}");
+        let el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
+        if !el.is_empty() {
+            let _ = writeln!(s, "add element inet {TABLE} slots_{k} {{ {el} }}");
+        }
+        if o.proximity() {
+            let _ = writeln!(s, "flush map inet {TABLE} prox_{k}");
+            let el = proximity_elements(
+                o,
+                up.get(g).map_or(&[][..], |v| v),
+                nearest.get(g).map_or(&[][..], |v| v),
+            );
+            if !el.is_empty() {
+                let _ = writeln!(s, "add element inet {TABLE} prox_{k} {{ {el} }}");
+            }
+        }
+    }
+    s
+}
+
+/// Removes the table (shutdown). `table …` first so the delete cannot fail on a missing table.
+pub fn render_delete() -> String {
+    format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const CFG: &str = r#"
+[[ip_table]]
+name = "isp-b"
+cidrs = ["198.19.64.0/24", "198.19.64.128/25"]
+
+[[pool]]
+name = "uplinks"
+kind = "link"
+algorithm = "proximity"
+[[pool.member]]
+name = "a"
+interface = "wan0"
+gateway = "198.18.1.1"
+snat = "198.18.1.2"
+weight = 3
+[[pool.member]]
+name = "b"
+interface = "wan1"
+gateway = "198.18.2.1"
+isp = "isp-b"
+
+[[outbound]]
+name = "lan"
+sources = ["198.18.100.0/24"]
+pool = "uplinks"
+"#;
+
+    #[test]
+    fn plan_and_table_text() {
+        let cfg = fulcrum_config::parse(CFG, "t.toml", Path::new(".")).unwrap();
+        let plan = build(&cfg).unwrap();
+        let o = &plan.outbounds[0];
+        assert_eq!(o.links[0].mark, 0x464c_0001);
+        assert_eq!(o.links[1].mark, 0x464c_0002);
+        assert_eq!(o.links[1].isp_prefixes.len(), 1, "overlaps merged");
+        let t = render_table(&plan, &[vec![0, 1, 0]], &[vec![true, true]], &[]);
+        assert!(t.starts_with("table inet fulcrum_link\ndelete table inet fulcrum_link\n"));
+        assert!(
+            t.contains("elements = { 0 : 0x464c0001, 1 : 0x464c0002, 2 : 0x464c0001 }"),
+            "{t}"
+        );
+        assert!(t.contains("198.19.64.0/24 : 0x464c0002"), "{t}");
+        assert!(t.contains("numgen inc mod 3 map @slots_0"), "{t}");
+        assert!(t.contains("oifname \"wan0\" snat ip to 198.18.1.2"), "{t}");
+        assert!(t.contains("oifname \"wan1\" masquerade"), "{t}");
+        // A link that is down leaves the proximity map.
+        let m = render_maps(&plan, &[vec![0, 0, 0]], &[vec![true, false]], &[]);
+        assert!(!m.contains("prox_0 {"), "{m}");
+        assert!(m.contains("flush map inet fulcrum_link prox_0"), "{m}");
+    }
+}

@@ -1,0 +1,129 @@
+//! Policy routing per link through rtnetlink (the `rtnetlink` crate, maintained by the
+//! rust-netlink project that also keeps netlink-packet-route): one routing table per link with a
+//! default route via the link's gateway, and a rule sending the link's firewall mark to it.
+//!
+//! Fulcrum owns the tables `MARK_BASE | …` and the rules at priorities from `RULE_PREF_BASE`
+//! that point at them: it removes every one of them before installing, so a restart or a
+//! reload replaces rather than duplicates, and removes them all at shutdown.
+
+use std::net::Ipv4Addr;
+
+use futures_util::TryStreamExt;
+use rtnetlink::packet_route::route::RouteAttribute;
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute};
+use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
+
+use crate::plan::{Plan, MARK_BASE, MARK_MASK};
+
+fn ours(table: u32) -> bool {
+    table & MARK_MASK == MARK_BASE
+}
+
+/// A netlink handle whose connection runs on the current tokio runtime.
+pub fn connect() -> Result<Handle, String> {
+    let (conn, handle, _) =
+        rtnetlink::new_connection().map_err(|e| format!("netlink socket: {e}"))?;
+    tokio::spawn(conn);
+    Ok(handle)
+}
+
+async fn interface_index(handle: &Handle, name: &str) -> Result<u32, String> {
+    let mut links = handle.link().get().match_name(name.to_string()).execute();
+    match links.try_next().await {
+        Ok(Some(l)) => Ok(l.header.index),
+        Ok(None) => Err(format!("no interface {name:?}")),
+        Err(e) => Err(format!("interface {name:?}: {e}")),
+    }
+}
+
+/// Removes every rule and route Fulcrum installed (its tables), whoever's run left them.
+pub async fn remove_all(handle: &Handle) -> Result<(), String> {
+    let rules: Vec<_> = handle
+        .rule()
+        .get(IpVersion::V4)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| format!("listing rules: {e}"))?;
+    for r in rules {
+        let table = r
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RuleAttribute::Table(t) => Some(*t),
+                _ => None,
+            })
+            .unwrap_or(u32::from(r.header.table));
+        if ours(table) {
+            handle
+                .rule()
+                .del(r)
+                .execute()
+                .await
+                .map_err(|e| format!("deleting rule: {e}"))?;
+        }
+    }
+    let routes: Vec<_> = handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().table_id(0).build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| format!("listing routes: {e}"))?;
+    for r in routes {
+        let table = r
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RouteAttribute::Table(t) => Some(*t),
+                _ => None,
+            })
+            .unwrap_or(u32::from(r.header.table));
+        if ours(table) {
+            handle
+                .route()
+                .del(r)
+                .execute()
+                .await
+                .map_err(|e| format!("deleting route: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Installs the routes and rules of `plan`, after removing Fulcrum's earlier ones.
+pub async fn install(handle: &Handle, plan: &Plan) -> Result<(), String> {
+    remove_all(handle).await?;
+    for o in &plan.outbounds {
+        for l in &o.links {
+            let index = interface_index(handle, &l.interface).await?;
+            // onlink: the gateway is on the link's segment; no lookup in another table needed.
+            let route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .table_id(l.mark)
+                .gateway(l.gateway)
+                .output_interface(index)
+                .onlink()
+                .build();
+            handle
+                .route()
+                .add(route)
+                .replace()
+                .execute()
+                .await
+                .map_err(|e| format!("link {:?}: default route via {}: {e}", l.name, l.gateway))?;
+            handle
+                .rule()
+                .add()
+                .v4()
+                .fw_mark(l.mark)
+                .table_id(l.mark)
+                // The crate leaves the action unset, which the kernel takes as "no match".
+                .action(RuleAction::ToTable)
+                .priority(l.rule_pref)
+                .execute()
+                .await
+                .map_err(|e| format!("link {:?}: fwmark rule: {e}", l.name))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! The link plane's assembly: outbound link load balancing (`fulcrum-link`), started on the
+//! first configuration that has an `[[outbound]]`.
+
+use std::sync::{Arc, OnceLock};
+
+use fulcrum_admin::ApiRequest;
+use fulcrum_config::{Config, ConfigError};
+
+use crate::plane::{BuildCx, DataPlane};
+
+pub struct LinkPlane {
+    links: OnceLock<fulcrum_link::Links>,
+    /// Inbound link load balancing sets GSLB sites tied to a link in or out of the answers.
+    dns: Arc<crate::dns::Dns>,
+}
+
+/// What `fulcrum check` and a reload refuse before anything is installed: what the config's
+/// own text cannot show (an ip_table file), and the parts of the contract this build does not
+/// run yet.
+pub fn checks(config: &Config) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    let at = |path: &str, message: String| config.locations.error(path, message);
+    if let Err(es) = fulcrum_link::build_plan(config) {
+        errors.extend(es.into_iter().map(|e| at("outbound", e)));
+    }
+    errors
+}
+
+/// `fulcrum check`'s words for the link plane: ", 1 outbound (3 links)".
+pub fn summary(config: &Config) -> String {
+    let mut out = String::new();
+    let links = |pool: &str| {
+        config
+            .pool(pool)
+            .map_or(0, |p| p.links.len() + p.gateways.len())
+    };
+    if !config.outbound.is_empty() {
+        let n: usize = config.outbound.iter().map(|o| links(&o.pool)).sum();
+        out.push_str(&format!(", {} outbound ({n} links)", config.outbound.len()));
+    }
+    if !config.gateway_services.is_empty() {
+        let n: usize = config.gateway_services.iter().map(|g| links(&g.pool)).sum();
+        out.push_str(&format!(
+            ", {} gateway service ({n} gateways)",
+            config.gateway_services.len()
+        ));
+    }
+    out
+}
+
+impl LinkPlane {
+    pub fn new(dns: Arc<crate::dns::Dns>) -> LinkPlane {
+        LinkPlane {
+            links: OnceLock::new(),
+            dns,
+        }
+    }
+
+    /// Installs or replaces the outbound link balancing of `config` (nothing when it has no
+    /// `[[outbound]]` and none ran before).
+    pub fn apply(&self, config: &Config) -> Result<(), Vec<String>> {
+        if config.outbound.is_empty()
+            && config.gateway_services.is_empty()
+            && self.links.get().is_none()
+        {
+            return Ok(());
+        }
+        self.links
+            .get_or_init(fulcrum_link::Links::start)
+            .apply(config)
+    }
+
+    /// Removes what the link plane installed.
+    pub async fn shutdown(&self) {
+        if let Some(l) = self.links.get() {
+            l.shutdown().await;
+        }
+    }
+
+    /// Inbound link load balancing: GSLB sites tied to a link (`gslb.site.link`) drop out of
+    /// the answers while the link is down, disabled or busy.
+    pub fn sync_gslb(&self, config: &Config, dns: &crate::dns::Dns) {
+        let Some(links) = self.links.get() else {
+            return;
+        };
+        for site in &config.gslb.sites {
+            if let Some(link) = &site.link {
+                let ok = links.link_available(link).unwrap_or(true);
+                dns.set_site_link_ok(&site.name, ok);
+            }
+        }
+    }
+
+    /// `GET /api/v1/links`.
+    pub fn api(&self) -> serde_json::Value {
+        match self.links.get() {
+            Some(l) => l.view(),
+            None => serde_json::json!({ "links": [] }),
+        }
+    }
+
+    pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        let Some(l) = self.links.get() else { return };
+        let view = l.view();
+        let Some(links) = view["links"].as_array().filter(|l| !l.is_empty()) else {
+            return;
+        };
+        // Links carry their outbound's name, gateways their gateway service's.
+        let label = |l: &serde_json::Value, k: &str| {
+            let v = if k == "outbound" && l[k].is_null() {
+                &l["gateway_service"]
+            } else {
+                &l[k]
+            };
+            v.as_str().unwrap_or("").to_string()
+        };
+        out.family(
+            "fulcrum_link_up",
+            "gauge",
+            "Whether the link's monitors pass (1) or not (0).",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            let up = if l["health"] == "up" { 1.0 } else { 0.0 };
+            out.sample("fulcrum_link_up", &[("outbound", &o), ("link", &n)], up);
+        }
+        out.family(
+            "fulcrum_link_rate_bits_per_second",
+            "gauge",
+            "Link rate measured on the interface counters.",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            for (dir, key) in [("up", "rate_up_bps"), ("down", "rate_down_bps")] {
+                let v = l[key].as_f64().unwrap_or(0.0);
+                out.sample(
+                    "fulcrum_link_rate_bits_per_second",
+                    &[("outbound", &o), ("link", &n), ("direction", dir)],
+                    v,
+                );
+            }
+        }
+        out.family(
+            "fulcrum_link_flows_total",
+            "counter",
+            "New flows placed on the link.",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            let v = l["flows_total"].as_f64().unwrap_or(0.0);
+            out.sample(
+                "fulcrum_link_flows_total",
+                &[("outbound", &o), ("link", &n)],
+                v,
+            );
+        }
+        out.family(
+            "fulcrum_link_slots",
+            "gauge",
+            "Slots of the flow table the link owns (its share of new flows).",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            let v = l["slots"].as_f64().unwrap_or(0.0);
+            out.sample("fulcrum_link_slots", &[("outbound", &o), ("link", &n)], v);
+        }
+    }
+}
+
+/// Links serve no virtual service: the plane programs the kernel for `[[outbound]]` and
+/// `[[gateway_service]]` once the rest of a configuration is built (a refused apply restores
+/// what ran), follows link state for GSLB every refresh, and answers `GET /api/v1/links`.
+/// Its async shutdown (removing what it installed) is called by `App`.
+impl DataPlane for LinkPlane {
+    fn complete(&self, cx: &BuildCx) -> Result<(), Vec<String>> {
+        self.apply(cx.config)
+    }
+
+    fn refresh(&self, config: &Config) {
+        self.sync_gslb(config, &self.dns);
+    }
+
+    fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+        LinkPlane::metrics(self, out);
+    }
+
+    fn api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
+        match (request.method, request.path) {
+            ("GET", ["links"]) => Some((200, LinkPlane::api(self))),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,886 @@
+//! Outbound link load balancing in network namespaces: a LAN client, Fulcrum's namespace (the
+//! router), two ISP namespaces and an "internet" namespace whose servers report the source
+//! address they see. Traffic stays inside the namespaces this test creates.
+//!
+//!   lan (198.18.100.2) — lan0 [fl] wan0 — isp0 — inet (198.19.0.10, .11; 198.19.1.10)
+//!                                   wan1 — isp1 —/
+//!
+//! Link a: wan0 198.18.1.2 via 198.18.1.1; link b: wan1 198.18.2.2 via 198.18.2.1. The
+//! Fulcrum namespace has no default route: a flow Fulcrum did not mark goes nowhere.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fulcrum_testkit::netns::{Lab, Ns};
+use fulcrum_testkit::Fulcrum;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
+const ADMIN: &str = "127.0.0.1:9400";
+const SERVER: &str = "198.19.0.10:7000";
+const NEAR_SERVER: &str = "198.19.1.10:7000";
+const SNAT_A: &str = "198.18.1.2";
+const SNAT_B: &str = "198.18.2.2";
+const SINK: &str = "198.19.0.10:7001";
+const FAR_SINK: &str = "198.19.1.10:7001";
+
+struct Net {
+    _lab: Lab,
+    lan: Ns,
+    fl: Ns,
+    inet: Ns,
+    isps: Vec<Ns>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A server in `ns` that answers every line with the peer's address ("198.18.1.2\n"), so a
+/// client sees which SNAT address (which link) its flow left by, as often as it asks.
+fn whoami(ns: &Ns, addr: &str, stop: Arc<AtomicBool>) {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    ns.thread(move || {
+        let listener = match TcpListener::bind(addr) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e.to_string()));
+                return;
+            }
+        };
+        listener.set_nonblocking(true).unwrap();
+        let _ = ready_tx.send(Ok(()));
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    let stop = stop.clone();
+                    std::thread::spawn(move || serve(stream, peer, stop));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("whoami server thread")
+        .expect("whoami server bind");
+}
+
+fn serve(stream: TcpStream, peer: SocketAddr, stop: Arc<AtomicBool>) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut w = match stream.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) => {
+                if writeln!(w, "{}", peer.ip()).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// A server that reads and discards, for bulk uploads.
+fn sink(ns: &Ns, addr: &'static str, stop: Arc<AtomicBool>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    ns.thread(move || {
+        let listener = TcpListener::bind(addr).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        tx.send(()).unwrap();
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.set_nonblocking(false);
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut s, &mut std::io::sink());
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+}
+
+/// One flow from the LAN: the address the server saw it come from.
+fn ask(stream: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+    stream.get_mut().write_all(b"?\n")?;
+    let mut line = String::new();
+    stream.read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(line.trim().to_string())
+}
+
+fn open(server: &str, timeout: Duration) -> std::io::Result<BufReader<TcpStream>> {
+    let s = TcpStream::connect_timeout(&server.parse().unwrap(), timeout)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    Ok(BufReader::new(s))
+}
+
+/// `n` short flows from the LAN client: how many left by each SNAT address ("fail" for none).
+fn flows(lan: &Ns, server: &'static str, n: usize) -> BTreeMap<String, usize> {
+    lan.thread(move || {
+        let mut seen = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for _ in 0..n {
+            if Instant::now() > deadline {
+                break;
+            }
+            let who = open(server, Duration::from_millis(500))
+                .and_then(|mut s| ask(&mut s))
+                .unwrap_or_else(|_| "fail".into());
+            *seen.entry(who).or_insert(0) += 1;
+        }
+        seen
+    })
+    .join()
+    .unwrap()
+    .unwrap()
+}
+
+fn net(tag: &str) -> Net {
+    let mut lab = Lab::new(tag);
+    let lan = lab.ns("lan").unwrap();
+    let fl = lab.ns("fl").unwrap();
+    let inet = lab.ns("inet").unwrap();
+    lab.veth(&lan, "eth0", &fl, "lan0").unwrap();
+    lan.addr("eth0", "198.18.100.2/24").unwrap();
+    fl.addr("lan0", "198.18.100.1/24").unwrap();
+    lan.route(&["default", "via", "198.18.100.1"]).unwrap();
+    for key in [
+        "net.ipv4.ip_forward",
+        "net.ipv4.conf.all.rp_filter",
+        "net.ipv4.conf.default.rp_filter",
+    ] {
+        let v = if key.ends_with("forward") { "1" } else { "0" };
+        fl.sysctl(key, v).unwrap();
+    }
+    for a in ["198.19.0.10/32", "198.19.0.11/32", "198.19.1.10/32"] {
+        inet.addr("lo", a).unwrap();
+    }
+    let mut isps = Vec::new();
+    for k in 0..2u8 {
+        let isp = lab.ns(&format!("isp{k}")).unwrap();
+        let wan = format!("wan{k}");
+        lab.veth(&fl, &wan, &isp, "eth0").unwrap();
+        lab.veth(&isp, "eth1", &inet, &format!("isp{k}")).unwrap();
+        fl.addr(&wan, &format!("198.18.{}.2/24", k + 1)).unwrap();
+        isp.addr("eth0", &format!("198.18.{}.1/24", k + 1)).unwrap();
+        isp.addr("eth1", &format!("198.18.{}.1/24", k + 11))
+            .unwrap();
+        inet.addr(&format!("isp{k}"), &format!("198.18.{}.2/24", k + 11))
+            .unwrap();
+        isp.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        isp.route(&["198.19.0.0/16", "via", &format!("198.18.{}.2", k + 11)])
+            .unwrap();
+        inet.route(&[
+            &format!("198.18.{}.0/24", k + 1),
+            "via",
+            &format!("198.18.{}.1", k + 11),
+        ])
+        .unwrap();
+        isps.push(isp);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for s in [SERVER, NEAR_SERVER] {
+        whoami(&inet, s, stop.clone());
+    }
+    sink(&inet, SINK, stop.clone());
+    sink(&inet, FAR_SINK, stop.clone());
+    Net {
+        _lab: lab,
+        lan,
+        fl,
+        inet,
+        isps,
+        stop,
+    }
+}
+
+fn config(algorithm: &str, weights: [u32; 2], extra: &str) -> String {
+    format!(
+        r#"
+[[monitor]]
+name = "through"
+type = "icmp"
+targets = ["198.19.0.10", "198.19.0.11"]
+up_when = 1
+interval = "1s"
+timeout = "500ms"
+rise = 1
+fall = 2
+
+[[ip_table]]
+name = "isp-b"
+cidrs = ["198.19.1.0/24"]
+
+[[pool]]
+name = "uplinks"
+kind = "link"
+algorithm = "{algorithm}"
+[[pool.member]]
+name = "a"
+interface = "wan0"
+gateway = "198.18.1.1"
+snat = "{SNAT_A}"
+weight = {wa}
+monitors = ["through"]
+bandwidth = {{ up = "100Mbit", down = "100Mbit" }}
+[[pool.member]]
+name = "b"
+interface = "wan1"
+gateway = "198.18.2.1"
+snat = "{SNAT_B}"
+weight = {wb}
+isp = "isp-b"
+monitors = ["through"]
+bandwidth = {{ up = "100Mbit", down = "100Mbit" }}
+
+[[outbound]]
+name = "lan"
+sources = ["198.18.100.0/24"]
+pool = "uplinks"
+{extra}
+"#,
+        wa = weights[0],
+        wb = weights[1],
+    )
+}
+
+async fn start(net: &Net, config: &str) -> Fulcrum {
+    match Fulcrum::start_in(&net.fl.name, BIN, ADMIN.parse().unwrap(), config).await {
+        Ok(f) => f,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn link(f: &Fulcrum, name: &str) -> serde_json::Value {
+    let v = f.get_json("/api/v1/links").await;
+    v["links"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == name).cloned())
+        .unwrap_or_default()
+}
+
+fn kernel_state(fl: &Ns) -> (usize, usize, bool) {
+    let rules = fl.exec("ip", &["rule", "show"]).unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout)
+        .lines()
+        .filter(|l| l.contains("fwmark 0x464c"))
+        .count();
+    let tables = fl.exec("nft", &["list", "tables"]).unwrap();
+    let tables = String::from_utf8_lossy(&tables.stdout)
+        .lines()
+        .filter(|l| l.contains("fulcrum_link"))
+        .count();
+    let route = fl
+        .exec(
+            "ip",
+            &["route", "show", "table", &0x464c_0001u32.to_string()],
+        )
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("198.18.1.1"))
+        .unwrap_or(false);
+    (rules, tables, route)
+}
+
+fn share(seen: &BTreeMap<String, usize>, who: &str) -> f64 {
+    let total: usize = seen.values().sum();
+    *seen.get(who).unwrap_or(&0) as f64 / total.max(1) as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
+    let net = net("link");
+    let mut f = start(&net, &config("weighted_round_robin", [3, 1], "")).await;
+    assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
+
+    // Weights: 10,000 short flows split 3:1 within 2 percentage points, and the servers see
+    // each link's SNAT address (nothing else, nothing failed).
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 10_000)
+    })
+    .await
+    .unwrap();
+    eprintln!("3:1 over 10000 flows: {seen:?}");
+    assert_eq!(
+        seen.values().sum::<usize>(),
+        10_000,
+        "the run hit its time bound"
+    );
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        vec![SNAT_A, SNAT_B],
+        "{seen:?}"
+    );
+    let a = share(&seen, SNAT_A);
+    assert!(
+        (a - 0.75).abs() <= 0.02,
+        "link a carried {a:.3} of the flows, want 0.75 ± 0.02"
+    );
+
+    // The API counts the flows (sampled every second) and shows the links up with probe RTTs.
+    let end = Instant::now() + Duration::from_secs(5);
+    let la = loop {
+        let la = link(&f, "a").await;
+        if la["flows_total"].as_u64() == seen.get(SNAT_A).map(|n| *n as u64) || Instant::now() > end
+        {
+            break la;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        la["flows_total"].as_u64(),
+        seen.get(SNAT_A).map(|n| *n as u64),
+        "{la}"
+    );
+    assert_eq!(la["health"], "up", "{la}");
+    assert!(la["targets"][0]["rtt_ms"].as_f64().is_some(), "{la}");
+
+    // Long-lived flows on both links, then a reload that gives link b every new flow: the
+    // running flows keep their link (a flow never changes link).
+    let long: Vec<BufReader<TcpStream>> = net
+        .lan
+        .thread(|| {
+            (0..8)
+                .map(|_| open(SERVER, Duration::from_secs(1)).unwrap())
+                .collect()
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+    let mut long: Vec<(String, BufReader<TcpStream>)> = long
+        .into_iter()
+        .map(|mut s| (ask(&mut s).unwrap(), s))
+        .collect();
+    let on_a = long.iter().filter(|(w, _)| w == SNAT_A).count();
+    assert!(on_a > 0 && on_a < long.len(), "8 flows all on one link");
+    f.write_config(&config("weighted_round_robin", [0, 1], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        kernel_state(&net.fl),
+        (2, 1, true),
+        "reload duplicated state"
+    );
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 50)
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen.get(SNAT_B), Some(&50), "after the reload: {seen:?}");
+    for (who, s) in &mut long {
+        for _ in 0..3 {
+            assert_eq!(&ask(s).unwrap(), who, "a running flow changed link");
+        }
+    }
+
+    // Pull link a while flows run: its ISP stops forwarding. New flows avoid it within 3 s
+    // (1 s probes, fall 2) and the flows on link b keep running.
+    f.write_config(&config("weighted_round_robin", [1, 1], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    net.isps[0].sysctl("net.ipv4.ip_forward", "0").unwrap();
+    let pulled = Instant::now();
+    let moved = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || {
+            lan.thread(move || {
+                // When the run of 20 new flows in a row that all left by link b began.
+                let mut streak = 0;
+                let mut began = Instant::now();
+                let end = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < end {
+                    let who = open(SERVER, Duration::from_millis(200))
+                        .and_then(|mut s| ask(&mut s))
+                        .unwrap_or_else(|_| "fail".into());
+                    if who == SNAT_B {
+                        if streak == 0 {
+                            began = Instant::now();
+                        }
+                        streak += 1;
+                        if streak == 20 {
+                            return Some(began);
+                        }
+                    } else {
+                        streak = 0;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                None
+            })
+            .join()
+            .unwrap()
+            .unwrap()
+        }
+    })
+    .await
+    .unwrap()
+    .expect("new flows never settled on link b");
+    let took = moved.duration_since(pulled);
+    eprintln!("new flows moved off the pulled link after {took:?}");
+    assert!(took <= Duration::from_secs(3), "{took:?}");
+    assert_eq!(link(&f, "a").await["health"], "down");
+    for (who, s) in long.iter_mut().filter(|(w, _)| w == SNAT_B) {
+        assert_eq!(&ask(s).unwrap(), who, "a flow on the healthy link broke");
+    }
+    net.isps[0].sysctl("net.ipv4.ip_forward", "1").unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while link(&f, "a").await["health"] != "up" {
+        assert!(Instant::now() < end, "link a did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(long);
+
+    // Proximity: destinations in link b's ip_table leave by b, the rest by the weights (all
+    // on a here).
+    f.write_config(&config("proximity", [1, 0], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (near, far) = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || (flows(&lan, NEAR_SERVER, 50), flows(&lan, SERVER, 50))
+    })
+    .await
+    .unwrap();
+    assert_eq!(near.get(SNAT_B), Some(&50), "{near:?}");
+    assert_eq!(far.get(SNAT_A), Some(&50), "{far:?}");
+
+    // Source persistence: one client stays on one link whatever the weights say.
+    f.write_config(&config(
+        "weighted_round_robin",
+        [1, 1],
+        "persistence = \"by-source\"",
+    ));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 100)
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen.len(), 1, "one source, one link: {seen:?}");
+
+    // Metrics name the links.
+    let m = f.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(
+        m.contains("fulcrum_link_up{outbound=\"lan\",link=\"a\"} 1"),
+        "{m}"
+    );
+
+    // Shutdown removes every rule, route and the table.
+    f.signal(libc::SIGTERM);
+    assert!(f.wait_exit(Duration::from_secs(10)).await.is_some());
+    assert_eq!(kernel_state(&net.fl), (0, 0, false), "{}", f.logs());
+}
+
+/// Until `deadline`, the first moment `n` new flows in a row all leave by `who`.
+fn settles_on(lan: &Ns, who: &'static str, n: usize, within: Duration) -> Option<Duration> {
+    lan.thread(move || {
+        let start = Instant::now();
+        let mut streak = 0;
+        while start.elapsed() < within {
+            let got = open(SERVER, Duration::from_millis(300))
+                .and_then(|mut s| ask(&mut s))
+                .unwrap_or_else(|_| "fail".into());
+            streak = if got == who { streak + 1 } else { 0 };
+            if streak == n {
+                return Some(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    })
+    .join()
+    .unwrap()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bandwidth_ratio_spillover_and_busy_control_follow_measured_rates() {
+    let net = net("busy");
+    // Link a is a 10 Mbit/s line (tbf on its egress), link b a 30 Mbit/s one.
+    net.fl
+        .exec(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "wan0", "root", "tbf", "rate", "10mbit", "burst", "32kbit",
+                "latency", "50ms",
+            ],
+        )
+        .unwrap();
+    let shaped = |alg: &str, pool_extra: &str| {
+        config(alg, [1, 1], "")
+            .replace(
+                &format!("algorithm = \"{alg}\""),
+                &format!("algorithm = \"{alg}\"\n{pool_extra}"),
+            )
+            .replacen(
+                "bandwidth = { up = \"100Mbit\", down = \"100Mbit\" }",
+                "bandwidth = { up = \"10Mbit\", down = \"10Mbit\" }",
+                1,
+            )
+            .replacen(
+                "bandwidth = { up = \"100Mbit\", down = \"100Mbit\" }",
+                "bandwidth = { up = \"30Mbit\", down = \"30Mbit\" }",
+                1,
+            )
+    };
+    let f = start(&net, &shaped("bandwidth_ratio", "")).await;
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 400)
+    })
+    .await
+    .unwrap();
+    eprintln!("bandwidth_ratio 10:30 over 400 flows: {seen:?}");
+    let a = share(&seen, SNAT_A);
+    assert!(
+        (a - 0.25).abs() <= 0.02,
+        "link a carried {a:.3}, want 0.25 ± 0.02"
+    );
+
+    // Spillover with busy = 0.5: everything on link a while it is idle ...
+    f.write_config(&shaped("spillover", "busy = 0.5"));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_A, 20, Duration::from_secs(5))
+    });
+    assert!(
+        t.await.unwrap().is_some(),
+        "idle spillover did not use link a"
+    );
+
+    // ... an upload fills it (an existing flow, which stays on a), so it is above its busy
+    // share and new flows spill to b ...
+    let stop = Arc::new(AtomicBool::new(false));
+    let upload = net.lan.thread({
+        let stop = stop.clone();
+        move || {
+            let mut s =
+                TcpStream::connect_timeout(&SINK.parse().unwrap(), Duration::from_secs(1)).unwrap();
+            let chunk = vec![0u8; 64 * 1024];
+            let end = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_B, 20, Duration::from_secs(10))
+    });
+    let took = t.await.unwrap().expect("new flows did not spill to link b");
+    eprintln!("busy: new flows spilled to b {took:?} after the upload began");
+    let la = link(&f, "a").await;
+    let rate = la["rate_up_bps"].as_f64().unwrap_or(0.0);
+    assert!(rate > 5e6, "link a measured at {rate} bit/s: {la}");
+    assert_eq!(la["slots"], 0, "{la}");
+
+    // ... and come back when it is idle again.
+    stop.store(true, Ordering::Relaxed);
+    upload.join().unwrap().unwrap();
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_A, 20, Duration::from_secs(10))
+    });
+    assert!(
+        t.await.unwrap().is_some(),
+        "new flows did not return to link a"
+    );
+    drop(f);
+}
+
+/// A resolver in `ns` at `addr` that answers every A query with the address the query came
+/// from, with TTL `ttl` (which says which resolver answered).
+fn resolver(ns: &Ns, addr: &'static str, ttl: u32, stop: Arc<AtomicBool>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    ns.thread(move || {
+        let s = std::net::UdpSocket::bind(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0u8; 512];
+        while !stop.load(Ordering::Relaxed) {
+            let Ok((n, from)) = s.recv_from(&mut buf) else {
+                continue;
+            };
+            if n < 12 {
+                continue;
+            }
+            // Header: same ID, QR + RD + RA, one question, one answer; then the question as
+            // asked (up to the end of its name, type and class: no EDNS OPT kept).
+            let mut q_end = 12;
+            while q_end < n && buf[q_end] != 0 {
+                q_end += usize::from(buf[q_end]) + 1;
+            }
+            q_end += 5;
+            let mut out = vec![buf[0], buf[1], 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0];
+            out.extend_from_slice(&buf[12..q_end.min(n)]);
+            out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+            out.extend_from_slice(&ttl.to_be_bytes());
+            out.extend_from_slice(&[0, 4]);
+            match from.ip() {
+                std::net::IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
+                std::net::IpAddr::V6(_) => continue,
+            }
+            let _ = s.send_to(&out, from);
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+}
+
+/// `dig` from the LAN to a resolver address that exists nowhere: (ttl, address) of the answer.
+fn dig(lan: &Ns) -> (String, String) {
+    let out = lan
+        .exec(
+            "dig",
+            &[
+                "+noall",
+                "+answer",
+                "+tries=1",
+                "+time=3",
+                "+noedns",
+                "@198.19.9.9",
+                "www.example.test",
+                "A",
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let f: Vec<&str> = text.split_whitespace().collect();
+    assert!(f.len() >= 5, "dig answered {text:?}");
+    (f[1].to_string(), f[4].to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_killed_run_left() {
+    let net = net("dns");
+    let inet = net.inet.clone();
+    inet.addr("lo", "198.19.0.53/32").unwrap();
+    inet.addr("lo", "198.19.0.54/32").unwrap();
+    resolver(&inet, "198.19.0.53:53", 53, net.stop.clone());
+    resolver(&inet, "198.19.0.54:53", 54, net.stop.clone());
+    let with_resolvers = |weights: [u32; 2]| {
+        config(
+            "weighted_round_robin",
+            weights,
+            "dns_proxy = \"198.18.100.1:53\"",
+        )
+        .replacen(
+            "monitors = [\"through\"]",
+            "monitors = [\"through\"]\nresolver = \"198.19.0.53\"",
+            1,
+        )
+        .replacen(
+            "isp = \"isp-b\"",
+            "isp = \"isp-b\"\nresolver = \"198.19.0.54\"",
+            1,
+        )
+    };
+    let f = start(&net, &with_resolvers([1, 0])).await;
+    // Every query leaves by link a to a's resolver, which sees a's SNAT address.
+    for _ in 0..5 {
+        assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
+    }
+    f.write_config(&with_resolvers([0, 1]));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    for _ in 0..5 {
+        assert_eq!(dig(&net.lan), ("54".to_string(), SNAT_B.to_string()));
+    }
+
+    // Killed without a chance to clean up, then started again: what the first run left is
+    // replaced, not duplicated.
+    let mut f = f;
+    f.signal(libc::SIGKILL);
+    assert!(f.wait_exit(Duration::from_secs(5)).await.is_some());
+    assert_eq!(kernel_state(&net.fl), (2, 1, true), "left behind");
+    drop(f);
+    let f = start(&net, &with_resolvers([1, 0])).await;
+    assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
+    assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
+}
+
+/// The addresses Fulcrum's DNS server in the router namespace answers for the GSLB name.
+fn gslb_answer(lan: &Ns) -> Vec<String> {
+    let out = lan
+        .exec(
+            "dig",
+            &[
+                "+short",
+                "+tries=1",
+                "+time=2",
+                "-p",
+                "5353",
+                "@198.18.100.1",
+                "www.example.test",
+                "A",
+            ],
+        )
+        .unwrap();
+    let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gslb_sites_tied_to_a_link_leave_the_answers_while_it_is_down_and_a_refused_reload_keeps_what_runs(
+) {
+    let net = net("gslb");
+    let gslb = format!(
+        r#"
+[dns]
+listen = ["198.18.100.1:5353"]
+
+[[dns.zone]]
+origin = "example.test."
+records = ["status 60 IN TXT \"ok\""]
+
+[[gslb.site]]
+name = "via-a"
+addresses = ["{SNAT_A}"]
+link = "a"
+
+[[gslb.site]]
+name = "via-b"
+addresses = ["{SNAT_B}"]
+link = "b"
+
+[[gslb.name]]
+fqdn = "www.example.test."
+sites = ["via-a", "via-b"]
+algorithm = "round_robin"
+answers = 2
+ttl = 1
+"#
+    );
+    let f = start(&net, &(config("weighted_round_robin", [1, 1], "") + &gslb)).await;
+    assert_eq!(gslb_answer(&net.lan), vec![SNAT_A, SNAT_B], "{}", f.logs());
+    // Link a dies: its site leaves the answers; back when the link is.
+    net.isps[0].sysctl("net.ipv4.ip_forward", "0").unwrap();
+    let end = Instant::now() + Duration::from_secs(6);
+    while gslb_answer(&net.lan) != vec![SNAT_B] {
+        assert!(
+            Instant::now() < end,
+            "site via-a still answered:\n{}",
+            f.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    net.isps[0].sysctl("net.ipv4.ip_forward", "1").unwrap();
+    let end = Instant::now() + Duration::from_secs(6);
+    while gslb_answer(&net.lan) != vec![SNAT_A, SNAT_B] {
+        assert!(Instant::now() < end, "site via-a did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A reload naming an interface that does not exist is refused, and what runs stays.
+    f.write_config(
+        &(config("weighted_round_robin", [1, 1], "")
+            .replace("interface = \"wan1\"", "interface = \"wan9\"")
+            + &gslb),
+    );
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("wan9"), "{}", r.text());
+    assert_eq!(kernel_state(&net.fl), (2, 1, true));
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 40)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        seen.get(SNAT_A).copied().unwrap_or(0) + seen.get(SNAT_B).copied().unwrap_or(0),
+        40,
+        "{seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtt_sends_a_destination_prefix_to_the_link_that_answers_it_fastest() {
+    // (This kernel has no netem.) Line b is a 2 Mbit/s line with a deep queue that an upload
+    // keeps full: its round trips take hundreds of milliseconds, line a's a fraction of one.
+    let net = net("rtt");
+    net.fl
+        .exec(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "wan1", "root", "tbf", "rate", "2mbit", "burst", "16kbit",
+                "latency", "500ms",
+            ],
+        )
+        .unwrap();
+    // Weights send every flow Fulcrum has not measured to b.
+    let f = start(&net, &config("rtt", [0, 1], "")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let upload = net.lan.thread({
+        let stop = stop.clone();
+        move || {
+            let mut s =
+                TcpStream::connect_timeout(&FAR_SINK.parse().unwrap(), Duration::from_secs(1))
+                    .unwrap();
+            let chunk = vec![0u8; 64 * 1024];
+            let end = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    // Flows to 198.19.0.10 start on b by weight; once Fulcrum has learned 198.19.0.0/24 and
+    // pinged it through both lines, its new flows take a.
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 5)
+    })
+    .await
+    .unwrap();
+    // (The first of them already teach Fulcrum the prefix: not all need to be on b.)
+    assert!(seen.get(SNAT_B).is_some_and(|&n| n >= 1), "{seen:?}");
+    let t = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on(&lan, SNAT_A, 20, Duration::from_secs(15))
+    });
+    let took = t.await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    upload.join().unwrap().unwrap();
+    let took = took
+        .unwrap_or_else(|| panic!("198.19.0.0/24 did not move to the fast line:\n{}", f.logs()));
+    eprintln!("rtt: the prefix settled on the fast line after {took:?}");
+}
