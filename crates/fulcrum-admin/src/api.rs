@@ -413,9 +413,14 @@ async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
     }
     let access = app.control.admin_access();
     let read_only = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let path = req.uri().path();
     let needs_token = if !read_only {
         true
-    } else if req.uri().path() == "/metrics" {
+    } else if path == "/ui" || path.starts_with("/ui/") {
+        // The dashboard's static files hold no data: the page takes the token from its URL
+        // fragment and sends it with every API call it makes.
+        false
+    } else if path == "/metrics" {
         access.metrics_need_token
     } else {
         access.reads_need_token

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const TOKEN: &str = "cli-test-token";
+const TOKEN: &str = "cli-test-token-0123456789";
 
 struct Out {
     code: i32,

@@ -42,7 +42,7 @@ fn alerts_cert(dir: &std::path::Path, days: u32) -> (String, String) {
     (cert.display().to_string(), key.display().to_string())
 }
 
-const TOKEN: &str = "console-test-token";
+const TOKEN: &str = "console-test-token-0123456789";
 
 async fn http_pool(n: usize) -> (Vec<HttpBackend>, std::net::SocketAddr, Fulcrum) {
     http_pool_with(n, "").await

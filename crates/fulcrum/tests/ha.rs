@@ -26,7 +26,7 @@ fn node_config(name: &str, priority: u8, extra: &str) -> String {
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
-token_file = "admin.token"
+token = "lab-admin-token-0123456789"
 
 [ha]
 node = "{name}"
@@ -531,6 +531,7 @@ fn source_persistence_holds_on_the_new_master() {
         format!(
             r#"[admin]
 listen = "127.0.0.1:9900"
+token = "lab-admin-token-0123456789"
 
 [ha]
 node = "{name}"

@@ -28,7 +28,7 @@ fn fulcrum_config(priority: u8, unicast: bool) -> String {
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
-token_file = "admin.token"
+token = "lab-admin-token-0123456789"
 
 [ha]
 node = "a"

@@ -166,6 +166,9 @@ fn exchange(mut s: TcpStream, addr: SocketAddr, timeout: Duration) -> Result<Str
 }
 
 /// The admin API of a Fulcrum inside `ns` (at 127.0.0.1:9900 there): status and JSON body.
+/// The admin token of every node the lab starts (`token = ADMIN_TOKEN` in their `[admin]`).
+pub const ADMIN_TOKEN: &str = "lab-admin-token-0123456789";
+
 pub fn api(ns: &Ns, method: &str, path: &str) -> (u16, serde_json::Value) {
     api_with(ns, method, path, "")
 }
@@ -190,6 +193,7 @@ pub fn api_raw(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, String) {
         let _ = write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:9900\r\nConnection: close\r\n\
+             Authorization: Bearer {ADMIN_TOKEN}\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
