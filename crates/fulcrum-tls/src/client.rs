@@ -65,7 +65,7 @@ impl MemberTls {
         } else {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_custom_certificate_verifier(any_certificate(provider))
                 .with_no_client_auth()
         };
         config.alpn_protocols = alpn;
@@ -99,7 +99,13 @@ impl MemberTls {
     }
 }
 
-/// `verify = false`: any certificate is accepted.
+/// A verifier that accepts any certificate but still checks the handshake signature, so the
+/// peer does hold the key of the certificate it shows: a pool's `verify = false`, and https
+/// health checks (which prove a member answers, not that its certificate is trusted).
+pub fn any_certificate(provider: Arc<CryptoProvider>) -> Arc<dyn ServerCertVerifier> {
+    Arc::new(AnyCertificate(provider))
+}
+
 #[derive(Debug)]
 struct AnyCertificate(Arc<CryptoProvider>);
 
