@@ -778,3 +778,22 @@ fn access_lists_on_virtual_services() {
     ));
     has(&e, "virtual_service[0].deny[0]");
 }
+
+#[test]
+fn pool_tls_reencrypts_for_message_services_but_not_udp() {
+    let c = ok(&MESSAGE.replace(
+        "algorithm = \"least_request\"",
+        "algorithm = \"least_request\"\ntls = { sni = \"host.internal\" }",
+    ));
+    let tls = c.pools[0].tls.as_ref().expect("pool tls");
+    assert!(tls.verify);
+    assert_eq!(tls.sni.as_deref(), Some("host.internal"));
+    let e = errs(&UDP.replace(
+        "name = \"radius\"\nmonitors",
+        "name = \"radius\"\ntls = {}\nmonitors",
+    ));
+    has(
+        &e,
+        "pool[0].tls: `tls` applies to pools of http, https, tcp and message services; this pool serves udp",
+    );
+}
