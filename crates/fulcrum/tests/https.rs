@@ -1223,12 +1223,15 @@ async fn tls_on_message_services() {
     assert!(wait_metric(&f, sample, 1.0).await >= 1.0);
 }
 
+/// The SNI and ALPN protocol a TLS client sent.
+type Hello = (Option<String>, Option<Vec<u8>>);
+
 /// A TLS member for message services: terminates TLS with the certificate `cert` and relays the
 /// plain bytes to the message switch at `to` (connected only once the handshake is done).
 /// Remembers the SNI and ALPN of every handshake.
 struct TlsFront {
     addr: SocketAddr,
-    seen: Arc<std::sync::Mutex<Vec<(Option<String>, Option<Vec<u8>>)>>>,
+    seen: Arc<std::sync::Mutex<Vec<Hello>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -1286,7 +1289,7 @@ impl TlsFront {
         TlsFront { addr, seen, task }
     }
 
-    fn handshakes(&self) -> Vec<(Option<String>, Option<Vec<u8>>)> {
+    fn handshakes(&self) -> Vec<Hello> {
         self.seen.lock().unwrap().clone()
     }
 }
