@@ -1420,6 +1420,22 @@ async fn message_services_reencrypt_to_tls_members() {
     assert_eq!(switches[0].messages() + switches[1].messages(), 3000);
     assert_eq!(switches[2].messages(), 0);
 
+    // A reload with the same `tls` (its client rebuilt, equal by content) keeps the dispatcher
+    // and its member connections: a new client connection is served over the same ones.
+    let verified = format!("tls = {{ ca = \"{ca}\", sni = \"switch.internal\" }}");
+    let opened = [switches[0].connections(), switches[1].connections()];
+    f.write_config(&config(&verified));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut same = tls_client(vs, &ca, "bank.test").await.unwrap();
+    let answers = exchange(&mut same, &framing, 50..60).await;
+    assert_eq!(answers.len(), 10);
+    assert_eq!(
+        [switches[0].connections(), switches[1].connections()],
+        opened,
+        "an unchanged pool tls keeps the member connections"
+    );
+
     // A reload that turns verification off re-makes the member connections: the rogue member's
     // handshake now completes.
     f.write_config(&config("tls = { verify = false }"));
