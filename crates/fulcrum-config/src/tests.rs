@@ -947,3 +947,22 @@ fn snmp_monitor_keys() {
     let e = errs("[[monitor]]\nname = \"web\"\ntype = \"http\"\ncommunity = \"x\"\n");
     has(&e, "`community` applies to monitor type snmp");
 }
+
+#[test]
+fn pool_tls_reencrypts_for_message_services_but_not_udp() {
+    let c = ok(&MESSAGE.replace(
+        "algorithm = \"least_request\"",
+        "algorithm = \"least_request\"\ntls = { sni = \"host.internal\" }",
+    ));
+    let tls = c.pools[0].tls.as_ref().expect("pool tls");
+    assert!(tls.verify);
+    assert_eq!(tls.sni.as_deref(), Some("host.internal"));
+    let e = errs(&UDP.replace(
+        "name = \"radius\"\nmonitors",
+        "name = \"radius\"\ntls = {}\nmonitors",
+    ));
+    has(
+        &e,
+        "pool[0].tls: `tls` applies to pools of http, https, tcp and message services; this pool serves udp",
+    );
+}

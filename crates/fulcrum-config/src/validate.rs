@@ -453,15 +453,25 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 .find(|p| !p.is_http())
                 .filter(|_| protos.iter().all(|p| !p.is_http()))
             {
-                // `tls` also re-encrypts for tcp services.
-                let tls_ok = protos.iter().all(|p| *p == Protocol::Tcp);
+                // `tls` also re-encrypts for tcp and message services.
+                let tls_ok = protos
+                    .iter()
+                    .all(|p| matches!(p, Protocol::Tcp | Protocol::Message));
                 for key in ["reuse", "tls"]
                     .iter()
                     .chain(crate::http::HTTP_POOL_KEYS)
                     .filter(|k| !(tls_ok && **k == "tls"))
                 {
                     if cfg.locations.contains(&at(key)) {
-                        c.err(&at(key), format!("`{key}` applies to pools of http/https services; this pool serves {p}"));
+                        let users = if *key == "tls" {
+                            "http, https, tcp and message services"
+                        } else {
+                            "http/https services"
+                        };
+                        c.err(
+                            &at(key),
+                            format!("`{key}` applies to pools of {users}; this pool serves {p}"),
+                        );
                     }
                 }
             }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use fulcrum_config::UpstreamTls;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, TrustAnchor, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -21,7 +21,27 @@ use super::KeyError;
 pub struct MemberTls {
     connector: tokio_rustls::TlsConnector,
     sni: Option<ServerName<'static>>,
+    /// What the client was built from, so that a reload can tell whether it changed (the
+    /// message plane keeps its member connections while it has not).
+    verify: bool,
+    alpn: Vec<Vec<u8>>,
+    /// The trust anchors read from `ca` (None: the Mozilla roots, or no verification).
+    anchors: Option<Vec<TrustAnchor<'static>>>,
 }
+
+/// Two clients are equal when they verify, name and negotiate the same way: same `verify`,
+/// same `sni`, same ALPN offer, and the same CA certificates (compared by content, so a CA
+/// bundle rewritten in place between two reloads counts as a change).
+impl PartialEq for MemberTls {
+    fn eq(&self, other: &MemberTls) -> bool {
+        self.verify == other.verify
+            && self.sni == other.sni
+            && self.alpn == other.alpn
+            && self.anchors == other.anchors
+    }
+}
+
+impl Eq for MemberTls {}
 
 impl std::fmt::Debug for MemberTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -54,9 +74,14 @@ impl MemberTls {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| (format!("{path}.tls"), e.to_string()))?;
+        let mut anchors = None;
         let mut config = if tls.verify {
             let roots = match &tls.ca {
-                Some(ca) => super::load_roots(ca).map_err(|e| (format!("{path}.tls.ca"), e))?,
+                Some(ca) => {
+                    let roots = super::load_roots(ca).map_err(|e| (format!("{path}.tls.ca"), e))?;
+                    anchors = Some(roots.roots.clone());
+                    roots
+                }
                 None => RootCertStore {
                     roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
                 },
@@ -68,7 +93,7 @@ impl MemberTls {
                 .with_custom_certificate_verifier(any_certificate(provider))
                 .with_no_client_auth()
         };
-        config.alpn_protocols = alpn;
+        config.alpn_protocols = alpn.clone();
         let sni = match &tls.sni {
             Some(name) => Some(ServerName::try_from(name.clone()).map_err(|e| {
                 (
@@ -81,6 +106,9 @@ impl MemberTls {
         Ok(MemberTls {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
             sni,
+            verify: tls.verify,
+            alpn,
+            anchors,
         })
     }
 

@@ -125,8 +125,8 @@ impl TlsAssembly {
     }
 }
 
-/// TLS to the members of a tcp service's pool (its `tls` table), offering no ALPN: a tcp
-/// service does not know what its bytes are.
+/// TLS to the members of a tcp or message service's pool (its `tls` table), offering no ALPN: such a
+/// service does not know what protocol its bytes are.
 pub fn stream_member_tls(pool: &fulcrum_balance::Pool) -> Result<Option<Arc<MemberTls>>, String> {
     match &pool.config.tls {
         None => Ok(None),

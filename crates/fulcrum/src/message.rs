@@ -64,8 +64,12 @@ impl DataPlane for Messages {
         // TLS towards the clients (`tls`), source addresses towards the members (`snat`).
         let tls = cx.stream_tls(vs)?;
         let snat = cx.snat(vs)?;
+        // Re-encryption to the members (the pool's `tls`), as for tcp services: no ALPN.
+        let member_tls = crate::https::stream_member_tls(&pool)
+            .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
         let settings = Settings {
             snat,
+            member_tls,
             framing: vs.framing.clone().unwrap_or_default(),
             mode: vs.message_mode,
             sequence: vs.sequence.clone(),

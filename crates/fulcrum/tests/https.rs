@@ -1222,3 +1222,240 @@ async fn tls_on_message_services() {
     let sample = "fulcrum_tls_handshakes_total{vs=\"bank\",version=\"1.3\",resumed=\"false\"}";
     assert!(wait_metric(&f, sample, 1.0).await >= 1.0);
 }
+
+/// The SNI and ALPN protocol a TLS client sent.
+type Hello = (Option<String>, Option<Vec<u8>>);
+
+/// A TLS member for message services: terminates TLS with the certificate `cert` and relays the
+/// plain bytes to the message switch at `to` (connected only once the handshake is done).
+/// Remembers the SNI and ALPN of every handshake.
+struct TlsFront {
+    addr: SocketAddr,
+    seen: Arc<std::sync::Mutex<Vec<Hello>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TlsFront {
+    async fn start(pki: &Pki, cert: &str, to: SocketAddr) -> TlsFront {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_file_iter(pki.p(&format!("{cert}.crt")))
+                .unwrap()
+                .map(|c| c.unwrap())
+                .collect();
+        let key = PrivateKeyDer::from_pem_file(pki.p(&format!("{cert}.key"))).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            // Dropped with the task: its connections go down with the front.
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, log) = (acceptor.clone(), log.clone());
+                conns.spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let (_, c) = tls.get_ref();
+                    let hello = (
+                        c.server_name().map(str::to_string),
+                        c.alpn_protocol().map(<[u8]>::to_vec),
+                    );
+                    log.lock().unwrap().push(hello);
+                    let Ok(mut plain) = TcpStream::connect(to).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        TlsFront { addr, seen, task }
+    }
+
+    fn handshakes(&self) -> Vec<Hello> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Sends messages `ids` over `s` (framed with `framing`) and returns their answers.
+async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    s: &mut S,
+    framing: &fulcrum_testkit::message::WireFraming,
+    ids: std::ops::Range<u64>,
+) -> Vec<fulcrum_testkit::message::Answer> {
+    use fulcrum_testkit::message::{id, Answer};
+    let want = ids.clone().count();
+    for n in ids {
+        let mut body = id(n).to_vec();
+        body.extend_from_slice(b"pay");
+        s.write_all(&framing.encode(&body)).await.unwrap();
+    }
+    // A TLS stream keeps records the socket did not take until flushed.
+    s.flush().await.unwrap();
+    let mut buf = Vec::new();
+    let mut answers = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while answers.len() < want {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
+            .await
+            .unwrap_or_else(|_| panic!("answers within 5 s; {} came", answers.len()))
+            .unwrap();
+        assert!(n > 0, "closed after {} answers", answers.len());
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(body) = framing.decode(&mut buf).unwrap() {
+            answers.push(Answer::parse(&body).unwrap());
+        }
+    }
+    answers
+}
+
+/// Re-encryption on a message service (pool `tls`): every member connection is TLS, verified
+/// against the pool's CA with its SNI and no ALPN; a member whose certificate does not verify
+/// fails its connects (counted) and goes down, and the messages go to the others; a reload that
+/// changes the pool's `tls` re-makes the member connections with the new settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_services_reencrypt_to_tls_members() {
+    use fulcrum_testkit::message::{MessageSwitch, SwitchOptions, WireFraming};
+    let pki = Pki::new();
+    pki.leaf("bank", "bank.test", &["DNS:bank.test"]);
+    pki.leaf("switch", "switch", &["DNS:switch.internal"]);
+    pki.ca("other", "Other CA");
+    pki.leaf_by("other", "rogue", "rogue", &["DNS:switch.internal"]);
+    let framing = WireFraming::two_byte();
+    let mut switches = Vec::new();
+    for i in 0..3 {
+        switches.push(
+            MessageSwitch::start(
+                free_addr(),
+                &format!("s{i}"),
+                framing.clone(),
+                SwitchOptions::default(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let fronts = [
+        TlsFront::start(&pki, "switch", switches[0].addr).await,
+        TlsFront::start(&pki, "switch", switches[1].addr).await,
+        TlsFront::start(&pki, "rogue", switches[2].addr).await,
+    ];
+    let vs = free_addr();
+    let ca = pki.p("ca.crt");
+    let config = |pool_tls: &str| {
+        format!(
+            "[[virtual_service]]\nname = \"bank\"\nlisten = \"{vs}\"\nprotocol = \"message\"\npool = \"p\"\n\
+             message_mode = \"async\"\nsequence = {{ offset = 0, length = 12 }}\n{}\
+             [[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\nmonitors = []\n{pool_tls}\n\
+             [[pool.member]]\naddress = \"{}\"\n[[pool.member]]\naddress = \"{}\"\n\
+             [[pool.member]]\naddress = \"{}\"\n",
+            pki.tls(&["bank"]),
+            fronts[0].addr,
+            fronts[1].addr,
+            fronts[2].addr,
+        )
+    };
+    let f = start(&config(&format!(
+        "tls = {{ ca = \"{ca}\", sni = \"switch.internal\" }}"
+    )))
+    .await;
+    let rogue = fronts[2].addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            switches[0].active() >= 2
+                && switches[1].active() >= 2
+                && f.member("p", &rogue).await["health"] == "down"
+        })
+        .await,
+        "verified members connected, the unverifiable one down: {}",
+        f.get_json("/api/v1/pools/p").await
+    );
+    let m = f.member("p", &rogue).await;
+    assert!(m["connect_failures"].as_u64().unwrap() >= 1, "{m}");
+    assert_eq!(
+        switches[2].connections(),
+        0,
+        "no handshake with it completed"
+    );
+    // Each handshake sent the pool's SNI and offered no ALPN (the bytes are not HTTP).
+    for front in &fronts[..2] {
+        let seen = front.handshakes();
+        assert!(seen.len() >= 2, "{seen:?}");
+        assert!(seen
+            .iter()
+            .all(|(sni, alpn)| sni.as_deref() == Some("switch.internal") && alpn.is_none()));
+    }
+
+    // TLS on both sides: the client's messages, a burst of many TLS records each way, are
+    // answered by the two verified members.
+    let mut s = tls_client(vs, &ca, "bank.test").await.unwrap();
+    let answers = exchange(&mut s, &framing, 0..3000).await;
+    let servers: std::collections::BTreeSet<String> =
+        answers.iter().map(|a| a.server.clone()).collect();
+    assert_eq!(
+        servers,
+        ["s0", "s1"].iter().map(|s| s.to_string()).collect(),
+        "{answers:?}"
+    );
+    assert!(answers.iter().all(|a| a.payload == b"pay"));
+    let ids: std::collections::BTreeSet<_> = answers.iter().map(|a| a.id.clone()).collect();
+    assert_eq!(ids.len(), 3000, "every message answered once");
+    assert_eq!(switches[0].messages() + switches[1].messages(), 3000);
+    assert_eq!(switches[2].messages(), 0);
+
+    // A reload with the same `tls` (its client rebuilt, equal by content) keeps the dispatcher
+    // and its member connections: a new client connection is served over the same ones.
+    let verified = format!("tls = {{ ca = \"{ca}\", sni = \"switch.internal\" }}");
+    let opened = [switches[0].connections(), switches[1].connections()];
+    f.write_config(&config(&verified));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut same = tls_client(vs, &ca, "bank.test").await.unwrap();
+    let answers = exchange(&mut same, &framing, 50..60).await;
+    assert_eq!(answers.len(), 10);
+    assert_eq!(
+        [switches[0].connections(), switches[1].connections()],
+        opened,
+        "an unchanged pool tls keeps the member connections"
+    );
+
+    // A reload that turns verification off re-makes the member connections: the rogue member's
+    // handshake now completes.
+    f.write_config(&config("tls = { verify = false }"));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            switches[2].active() >= 1
+        })
+        .await,
+        "the reload re-made the member connections with the new TLS settings"
+    );
+    let seen = fronts[2].handshakes();
+    assert!(
+        seen.iter().all(|(sni, _)| sni.is_none()),
+        "no SNI without `sni` (the member is named by its address): {seen:?}"
+    );
+    // A new client connection gets the new dispatcher; its messages are answered.
+    let mut s2 = tls_client(vs, &ca, "bank.test").await.unwrap();
+    let answers = exchange(&mut s2, &framing, 100..106).await;
+    assert_eq!(answers.len(), 6);
+    assert!(answers.iter().all(|a| a.payload == b"pay"));
+}

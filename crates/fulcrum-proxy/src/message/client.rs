@@ -128,7 +128,13 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
                 if !wbuf.is_empty() {
                     // A client that stops reading its answers is closed after idle_timeout, as
                     // HAProxy's `timeout client` would: it must not hold its answers for ever.
-                    match tokio::time::timeout(idle_timeout, stream.write_all(&wbuf)).await {
+                    // The flush matters for TLS: tokio-rustls keeps sealed records it could not
+                    // write at once until flushed (a no-op on a plain socket).
+                    let write = async {
+                        stream.write_all(&wbuf).await?;
+                        stream.flush().await
+                    };
+                    match tokio::time::timeout(idle_timeout, write).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
                             tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");

@@ -47,6 +47,10 @@ pub struct Settings {
     pub proxy_protocol: Option<ProxyProtocol>,
     /// Source addresses for member connections (`snat`).
     pub snat: Option<Arc<fulcrum_net::snat::Snat>>,
+    /// TLS to the members (the pool's `tls`): every member connection is re-encrypted. Compared
+    /// by what it verifies and sends (CA certificates by content), so a reload that changes it
+    /// builds a new dispatcher with new connections.
+    pub member_tls: Option<Arc<fulcrum_tls::client::MemberTls>>,
 }
 
 impl Settings {

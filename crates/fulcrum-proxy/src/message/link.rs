@@ -5,15 +5,22 @@
 //! mode — writes them, and pairs each answer with its message: by the sequence id when the
 //! service has one, otherwise by order. When the connection dies, the messages it carried go back
 //! to the dispatcher to be sent elsewhere (or failed), and the member's state machine hears of it.
+//!
+//! With a pool `tls`, the connection is re-encrypted: after the handshake the rustls session is
+//! driven by hand over the same readiness loop (records read and written with the socket's
+//! non-blocking `try_read`/`try_write`), so plain links keep their unboxed, copy-free path and a
+//! TLS link differs only where bytes enter and leave the socket.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
-use std::io;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use rustls::ClientConnection;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -46,19 +53,12 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
             break;
         }
         let started = Instant::now();
-        let timeout = hub.connect_timeout();
-        let failure = match fulcrum_net::snat::connect(
-            hub.settings.snat.as_deref(),
-            member.address,
-            timeout,
-        )
-        .await
-        {
-            Ok(stream) => {
+        let failure = match connect(&hub, member.address, started).await {
+            Ok((stream, tls)) => {
                 member.record_connect_success(started.elapsed());
                 let guard = member.open_connection();
                 links.stats.connections.fetch_add(1, Ordering::Relaxed);
-                let mut session = Session::new(&links, &hub);
+                let mut session = Session::new(&links, &hub, tls);
                 let end = session.run(&stream).await;
                 links.stats.connections.fetch_sub(1, Ordering::Relaxed);
                 drop(guard);
@@ -84,12 +84,16 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
                 }
             }
             // No source port left (`snat`): counted by the pool, not the member's fault.
-            Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => format!("connect: {e}"),
-            Err(e) => {
-                let reason = format!("connect: {e}");
+            Err(ConnectError::NoSourcePort(reason)) => reason,
+            // Refused, timed out, or a failed TLS handshake (a certificate that does not
+            // verify): the member cannot be reached, as for a refused connect.
+            Err(ConnectError::Member(reason)) => {
                 member.record_connect_failure(&reason);
                 reason
             }
+            // As before TLS: a PROXY header that could not be written ends the attempt without
+            // blaming the member (the connect itself worked).
+            Err(ConnectError::Header(reason)) => reason,
         };
         // Messages queued for this member would wait for a connection that is not there: while
         // no sibling link is connected, they go to other members.
@@ -104,6 +108,142 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
     links.task_ended();
+}
+
+/// Why a member connection could not be made ready.
+enum ConnectError {
+    /// No source port left (`snat`).
+    NoSourcePort(String),
+    /// The member refused, did not answer in time, or failed the TLS handshake.
+    Member(String),
+    /// The PROXY header could not be written.
+    Header(String),
+}
+
+/// Connects to the member, writes the PROXY header the member expects (before TLS, as it
+/// describes the TCP connection), and with a pool `tls` completes the handshake: connect and
+/// handshake together within the pool's `connect_timeout`.
+async fn connect(
+    hub: &Hub,
+    address: SocketAddr,
+    started: Instant,
+) -> Result<(TcpStream, Option<Box<ClientConnection>>), ConnectError> {
+    let timeout = hub.connect_timeout();
+    let stream = fulcrum_net::snat::connect(hub.settings.snat.as_deref(), address, timeout)
+        .await
+        .map_err(|e| {
+            let reason = format!("connect: {e}");
+            if fulcrum_net::snat::is_snat_exhaustion(&e) {
+                ConnectError::NoSourcePort(reason)
+            } else {
+                ConnectError::Member(reason)
+            }
+        })?;
+    if let Some(version) = hub.settings.proxy_protocol {
+        // A member connection carries many clients' messages, so no single client address
+        // can be announced: the header says the connection is Fulcrum's own (v2 LOCAL,
+        // v1 UNKNOWN), for members that require one.
+        let header = fulcrum_net::proxy_protocol::local_header(version);
+        write_all(&stream, &header)
+            .await
+            .map_err(|e| ConnectError::Header(format!("writing PROXY header: {e}")))?;
+    }
+    let Some(member_tls) = &hub.settings.member_tls else {
+        return Ok((stream, None));
+    };
+    match tokio::time::timeout_at(started + timeout, member_tls.connect(stream, address)).await {
+        Ok(Ok(tls)) => {
+            let (stream, session) = tls.into_inner();
+            Ok((stream, Some(Box::new(session))))
+        }
+        Ok(Err(e)) => Err(ConnectError::Member(format!("TLS handshake: {e}"))),
+        Err(_) => Err(ConnectError::Member(format!(
+            "connect and TLS handshake not finished within {timeout:?}"
+        ))),
+    }
+}
+
+/// The socket as `std::io` sees it, for rustls: non-blocking reads and writes that report
+/// `WouldBlock` (which also clears tokio's readiness, so the next `readable`/`writable` waits).
+struct TryIo<'a>(&'a TcpStream);
+
+impl Read for TryIo<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.try_read(buf)
+    }
+}
+
+impl Write for TryIo<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.try_write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes the TLS records rustls has sealed, until none is left or the socket is full.
+fn flush_tls(stream: &TcpStream, tls: &mut ClientConnection) -> io::Result<()> {
+    while tls.wants_write() {
+        match tls.write_tls(&mut TryIo(stream)) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Encrypts what `wbuf` holds and writes it, as far as the socket takes it. rustls buffers at
+/// most its limit of sealed records; the rest stays in `wbuf` until the socket drains.
+fn write_tls(stream: &TcpStream, tls: &mut ClientConnection, wbuf: &mut SendBuf) -> io::Result<()> {
+    loop {
+        flush_tls(stream, tls)?;
+        if wbuf.is_empty() || tls.wants_write() {
+            return Ok(());
+        }
+        let n = tls.writer().write(wbuf.pending())?;
+        if n == 0 {
+            return Ok(());
+        }
+        wbuf.consume(n);
+    }
+}
+
+/// Reads decrypted bytes into `buf` (whose spare capacity the caller reserved): what rustls
+/// already holds first, else records from the socket. `Ok(0)` is the end of the connection
+/// (close_notify, or the socket closed); `WouldBlock` when nothing more has arrived.
+fn read_tls(
+    stream: &TcpStream,
+    tls: &mut ClientConnection,
+    buf: &mut BytesMut,
+) -> io::Result<usize> {
+    loop {
+        let start = buf.len();
+        // rustls reads into initialised memory: the spare capacity is zeroed first (a TLS
+        // link's extra cost next to the decryption, which costs far more).
+        buf.resize(buf.capacity(), 0);
+        let plain = tls.reader().read(&mut buf[start..]);
+        buf.truncate(start + *plain.as_ref().unwrap_or(&0));
+        match plain {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            // Closed without close_notify: an end like any other (the framing decides whether
+            // an answer was cut short).
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+            Err(e) => return Err(e),
+        }
+        if tls.read_tls(&mut TryIo(stream))? == 0 {
+            return Ok(0);
+        }
+        if let Err(e) = tls.process_new_packets() {
+            // The alert rustls queued tells the member why, when the socket takes it.
+            let _ = flush_tls(stream, tls);
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+        }
+    }
 }
 
 /// Sleeps `backoff`, or less when a message is scheduled on the member (a member that recovered
@@ -312,10 +452,16 @@ struct Session<'a> {
     unreported_sent: u64,
     unreported_received: u64,
     id_in_body: Option<(usize, usize)>,
+    /// The TLS session over the socket (pool `tls`); None for a plain link.
+    tls: Option<Box<ClientConnection>>,
 }
 
 impl<'a> Session<'a> {
-    fn new(links: &'a Arc<MemberLinks>, hub: &'a Arc<Hub>) -> Session<'a> {
+    fn new(
+        links: &'a Arc<MemberLinks>,
+        hub: &'a Arc<Hub>,
+        tls: Option<Box<ClientConnection>>,
+    ) -> Session<'a> {
         let by_id = hub.settings.sequence.is_some()
             && hub.settings.mode == fulcrum_config::MessageMode::Async;
         Session {
@@ -345,6 +491,7 @@ impl<'a> Session<'a> {
                 .as_ref()
                 .filter(|_| by_id)
                 .map(|s| (s.offset, s.length)),
+            tls,
         }
     }
 
@@ -370,16 +517,21 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Bytes not on the wire yet: in the send buffer, or sealed by TLS and not written.
+    fn unsent(&self) -> bool {
+        !self.wbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
+    /// Decrypted bytes (or records not decrypted yet) that rustls holds: the socket may not
+    /// become readable again, so they are read without waiting for it.
+    fn tls_buffered(&mut self) -> bool {
+        self.tls.as_mut().is_some_and(|t| {
+            t.process_new_packets()
+                .map_or(true, |s| s.plaintext_bytes_to_read() > 0)
+        })
+    }
+
     async fn run(&mut self, stream: &TcpStream) -> End {
-        if let Some(version) = self.hub.settings.proxy_protocol {
-            // A member connection carries many clients' messages, so no single client address
-            // can be announced: the header says the connection is Fulcrum's own (v2 LOCAL,
-            // v1 UNKNOWN), for members that require one.
-            let header = fulcrum_net::proxy_protocol::local_header(version);
-            if let Err(e) = write_all(stream, &header).await {
-                return End::Failed(format!("writing PROXY header: {e}"));
-            }
-        }
         self.ready = true;
         self.links.set_ready(true);
         let period = (self.hub.settings.options.message_timeout / 4)
@@ -392,7 +544,12 @@ impl<'a> Session<'a> {
             if !closing {
                 self.pull();
             }
-            if closing && self.outstanding() == 0 && self.wbuf.is_empty() {
+            if closing && self.outstanding() == 0 && !self.unsent() {
+                if let Some(tls) = self.tls.as_mut() {
+                    // Best effort: the member learns the close was intended.
+                    tls.send_close_notify();
+                    let _ = flush_tls(stream, tls);
+                }
                 return End::Closing;
             }
             if busy && !self.wbuf.is_empty() && !closing {
@@ -403,15 +560,22 @@ impl<'a> Session<'a> {
                 tokio::task::yield_now().await;
                 self.pull();
             }
-            if !self.wbuf.is_empty() {
+            if self.unsent() {
                 if let Err(e) = self.try_write(stream) {
                     return End::Failed(format!("write: {e}"));
                 }
             }
             let room = self.outstanding() < self.window;
             self.set_idle(room && !closing);
+            let buffered = self.tls_buffered();
+            let unsent = self.unsent();
             tokio::select! {
                 biased;
+                _ = std::future::ready(()), if buffered => {
+                    if let Some(end) = self.read(stream) {
+                        return end;
+                    }
+                }
                 r = stream.readable() => {
                     if let Err(e) = r {
                         return End::Failed(format!("read: {e}"));
@@ -420,7 +584,7 @@ impl<'a> Session<'a> {
                         return end;
                     }
                 }
-                r = stream.writable(), if !self.wbuf.is_empty() => {
+                r = stream.writable(), if unsent => {
                     if let Err(e) = r.and_then(|_| self.try_write(stream)) {
                         return End::Failed(format!("write: {e}"));
                     }
@@ -519,6 +683,11 @@ impl<'a> Session<'a> {
     }
 
     fn try_write(&mut self, stream: &TcpStream) -> io::Result<()> {
+        if let Some(tls) = self.tls.as_mut() {
+            write_tls(stream, tls, &mut self.wbuf)?;
+            self.report(false);
+            return Ok(());
+        }
         while !self.wbuf.is_empty() {
             match stream.try_write(self.wbuf.pending()) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -550,7 +719,11 @@ impl<'a> Session<'a> {
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                 self.rbuf.reserve(READ_CHUNK);
             }
-            match stream.try_read_buf(&mut self.rbuf) {
+            let got = match self.tls.as_mut() {
+                None => stream.try_read_buf(&mut self.rbuf),
+                Some(tls) => read_tls(stream, tls, &mut self.rbuf),
+            };
+            match got {
                 Ok(0) => {
                     let n = self.outstanding();
                     return Some(if n == 0 {
