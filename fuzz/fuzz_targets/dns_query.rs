@@ -48,7 +48,8 @@ answers = 2
 fn engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
     E.get_or_init(|| {
-        let config = fulcrum_config::parse(CONFIG, "fuzz.toml", std::path::Path::new(".")).expect("valid");
+        let config =
+            fulcrum_config::parse(CONFIG, "fuzz.toml", std::path::Path::new(".")).expect("valid");
         let compiled = fulcrum_dns::compile(&config, &mut GeoCache::new()).expect("compiles");
         let locator: Arc<Locator> = compiled.locator;
         let gslb = Arc::new(GslbState::build(&config, locator, None));
@@ -56,7 +57,11 @@ fn engine() -> &'static Engine {
             catalog: compiled.catalog,
             gslb,
             udp_payload: 1232,
-            rrl: config.dns.as_ref().and_then(|d| d.rate_limit.as_ref()).map(|r| Arc::new(fulcrum_dns::rrl::Rrl::new(r))),
+            rrl: config
+                .dns
+                .as_ref()
+                .and_then(|d| d.rate_limit.as_ref())
+                .map(|r| Arc::new(fulcrum_dns::rrl::Rrl::new(r))),
         }
     })
 }

@@ -70,6 +70,7 @@ fn world() -> &'static World {
                         tracker: Default::default(),
                         no_member_hook: None,
                         cache: None,
+                        snat: None,
                     },
                 )
                 .expect("the fuzz service builds"),

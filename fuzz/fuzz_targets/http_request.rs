@@ -67,6 +67,7 @@ fn service() -> &'static Arc<HttpService> {
                     tracker: Default::default(),
                     no_member_hook: None,
                     cache: None,
+                    snat: None,
                 },
             )
             .expect("the fuzz service builds"),

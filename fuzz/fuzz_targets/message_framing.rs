@@ -49,7 +49,10 @@ fuzz_target!(|data: &[u8]| {
         }
         match r {
             Ok(Some(f)) => {
-                assert!(f.len > 0 || framer.header_len() == 0, "a frame consumes bytes");
+                assert!(
+                    f.len > 0 || framer.header_len() == 0,
+                    "a frame consumes bytes"
+                );
                 assert!(f.len <= rest.len());
                 assert!(f.len <= framer.max_frame());
                 assert!(f.body.start <= f.body.end && f.body.end <= f.len);
@@ -67,7 +70,9 @@ fuzz_target!(|data: &[u8]| {
     let mut scanned = 0;
     let mut incremental = Ok(None);
     for end in 0..=bytes.len() {
-        incremental = framer.parse(&bytes[..end], &mut scanned).map(|f| f.map(|f| f.len));
+        incremental = framer
+            .parse(&bytes[..end], &mut scanned)
+            .map(|f| f.map(|f| f.len));
         if !matches!(incremental, Ok(None)) {
             break;
         }
