@@ -115,6 +115,9 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// How long a `failover` alert stays firing after the role change that raised it.
+const FAILOVER_SHOWN: Duration = Duration::from_secs(300);
+
 fn alertname(e: AlertEvent) -> &'static str {
     match e {
         AlertEvent::MemberDown => "FulcrumMemberDown",
@@ -351,6 +354,61 @@ impl Alerts {
                         });
                     }
                 }
+            }
+        }
+        if wants(AlertEvent::LinkDown) {
+            let (code, v) = control.plane_get(&["links"], &[]);
+            if code == 200 {
+                for l in v["links"].as_array().into_iter().flatten() {
+                    if l["health"] == "down" {
+                        let name = l["name"].as_str().unwrap_or("?");
+                        let kind = l["kind"].as_str().unwrap_or("link");
+                        out.push(Condition {
+                            event: AlertEvent::LinkDown,
+                            labels: labels(&[
+                                ("alertname", alertname(AlertEvent::LinkDown)),
+                                ("event", "link_down"),
+                                ("severity", "critical"),
+                                ("link", name),
+                                ("kind", kind),
+                            ]),
+                            summary: format!("{kind} {name} is down: its new flows go elsewhere"),
+                        });
+                    }
+                }
+            }
+        }
+        if wants(AlertEvent::Failover) {
+            // A failover is an event, not a state: the alert fires when this node gains or
+            // loses mastership (or goes to fault) and resolves FAILOVER_SHOWN later.
+            let (code, v) = control.plane_get(&["ha"], &[]);
+            let t = &v["last_transition"];
+            let (from, to) = (
+                t["from"].as_str().unwrap_or(""),
+                t["to"].as_str().unwrap_or(""),
+            );
+            let at = t["at"].as_f64().unwrap_or(0.0);
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let role_change = from != to
+                && (from == "master" || to == "master" || to == "fault")
+                && from != "init";
+            if code == 200 && role_change && now - at < FAILOVER_SHOWN.as_secs_f64() {
+                let node = v["node"].as_str().unwrap_or("");
+                let reason = t["reason"].as_str().unwrap_or("");
+                out.push(Condition {
+                    event: AlertEvent::Failover,
+                    labels: labels(&[
+                        ("alertname", alertname(AlertEvent::Failover)),
+                        ("event", "failover"),
+                        ("severity", "critical"),
+                        ("node", node),
+                        ("from", from),
+                        ("to", to),
+                    ]),
+                    summary: format!("HA node {node} went from {from} to {to}: {reason}"),
+                });
             }
         }
         if wants(AlertEvent::CertExpiry) {
@@ -734,6 +792,106 @@ fn mail_body(rule: &AlertRule, n: &Notification, host: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process with one link down and an HA node that became master `ago` seconds ago.
+    struct Planes {
+        ago: f64,
+    }
+
+    impl Control for Planes {
+        fn generation(&self) -> u64 {
+            1
+        }
+        fn services(&self) -> Vec<crate::ServiceInfo> {
+            Vec::new()
+        }
+        fn pools(&self) -> Vec<Arc<fulcrum_balance::Pool>> {
+            Vec::new()
+        }
+        fn reload(&self) -> Result<u64, Vec<String>> {
+            Ok(1)
+        }
+        fn admin_access(&self) -> crate::Access {
+            crate::Access {
+                token: Arc::from("t"),
+                reads_need_token: false,
+                metrics_need_token: false,
+            }
+        }
+        fn plane_api(&self, r: &crate::ApiRequest) -> Option<(u16, serde_json::Value)> {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .expect("clock")
+                .as_secs_f64();
+            match r.path {
+                ["links"] => Some((
+                    200,
+                    serde_json::json!({"links": [
+                        {"name": "telecom", "kind": "link", "health": "down"},
+                        {"name": "unicom", "kind": "link", "health": "up"},
+                    ]}),
+                )),
+                ["ha"] => Some((
+                    200,
+                    serde_json::json!({"node": "lb2", "last_transition":
+                        {"from": "backup", "to": "master", "reason": "master down timer expired",
+                         "at": now - self.ago}}),
+                )),
+                _ => None,
+            }
+        }
+    }
+
+    fn watching(on: Vec<AlertEvent>) -> Vec<RuleRuntime> {
+        vec![RuleRuntime {
+            rule: AlertRule {
+                name: "ops".into(),
+                on,
+                webhook: None,
+                syslog: None,
+                smtp: None,
+                repeat: Duration::ZERO,
+                hold: Duration::ZERO,
+                cert_expiry: Duration::ZERO,
+            },
+            queue: mpsc::channel(1).0,
+            stats: Arc::default(),
+            tracked: HashMap::new(),
+        }]
+    }
+
+    #[test]
+    fn down_links_and_recent_failovers_raise_their_alerts() {
+        let alerts = Alerts::default();
+        let config = Config::default();
+        let rules = watching(vec![AlertEvent::LinkDown, AlertEvent::Failover]);
+        let now = alerts.conditions(&Planes { ago: 2.0 }, &config, &rules);
+        let names: Vec<(&str, Option<&String>)> = now
+            .iter()
+            .map(|c| {
+                (
+                    alertname(c.event),
+                    c.labels.get("link").or(c.labels.get("to")),
+                )
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("FulcrumLinkDown", Some(&"telecom".to_string())),
+                ("FulcrumFailover", Some(&"master".to_string()))
+            ]
+        );
+        // A role change long ago no longer fires; rules that do not watch an event raise none.
+        let later = alerts.conditions(&Planes { ago: 3600.0 }, &config, &rules);
+        assert_eq!(later.len(), 1, "only the link");
+        let none = alerts.conditions(
+            &Planes { ago: 2.0 },
+            &config,
+            &watching(vec![AlertEvent::CertExpiry]),
+        );
+        assert!(none.is_empty());
+    }
 
     fn note(status: Status) -> Notification {
         Notification {
