@@ -25,19 +25,43 @@ pub use process::Fulcrum;
 pub use servers::{AgentServer, Blackhole, HttpBackend, RawBackend, RawBehaviour, TcpIdServer};
 pub use udp::{RadiusServer, UdpEchoServer};
 
-/// A port on 127.0.0.1 that was free a moment ago (the usual race: another process may take it).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+/// Where `free_port` looks: below Linux's ephemeral range (32768–60999 by default), so the
+/// source port of some other test's outgoing connection can never take a port between the
+/// moment it is found free and the moment the test binds it (the race that picking port 0 and
+/// closing it had, which made tests fail with "address already in use" on a busy machine).
+const TEST_PORTS: std::ops::Range<u16> = 12_000..32_000;
+
+/// A random number for spreading the ports that tests of concurrent processes pick.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
-/// A free address on a loopback address `127.0.0.ip`.
+/// A port on 127.0.0.1 that was free for TCP and UDP a moment ago, outside the ephemeral range.
+pub fn free_port() -> u16 {
+    free_addr_on([127, 0, 0, 1]).port()
+}
+
+/// A free address (TCP and UDP) on a loopback address `127.0.0.ip`, outside the ephemeral
+/// port range (see `TEST_PORTS`).
 pub fn free_addr_on(ip: [u8; 4]) -> SocketAddr {
-    let l = TcpListener::bind(SocketAddr::from((ip, 0)));
-    l.and_then(|l| l.local_addr())
-        .unwrap_or_else(|_| SocketAddr::from((ip, free_port())))
+    let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
+    for _ in 0..200 {
+        let port = TEST_PORTS.start + (random_u64() % span) as u16;
+        let addr = SocketAddr::from((ip, port));
+        if TcpListener::bind(addr).is_ok() && std::net::UdpSocket::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    // Nearly every test port taken: fall back to the kernel's choice.
+    TcpListener::bind(SocketAddr::from((ip, 0)))
+        .and_then(|l| l.local_addr())
+        .unwrap_or(SocketAddr::from((ip, 0)))
 }
 
 pub fn free_addr() -> SocketAddr {
