@@ -21,12 +21,13 @@
 #
 # CPU of the balancer:
 #   proxy, haproxy: utime+stime of the process (/proc/PID/stat) during the run.
-#   dr, nat: (a) the XDP program's own run time (kernel.bpf_stats_enabled, run_time_ns of the
-#   attached program): a lower bound, without generic XDP's skb work; (b) system-wide
-#   softirq+system time (/proc/stat) of the run minus an idle run of the same duration, minus
-#   what the same number of connections cost when the client talks to a member directly (no
-#   balancer): an estimate of everything the balancer hop adds, noisy on a shared machine.
-#   (b) is computed for the userspace proxies too, so the four can be compared on one scale.
+#   dr, nat: the XDP program's own run time (kernel.bpf_stats_enabled, run_time_ns of the
+#   attached program) plus the Fulcrum process's utime+stime: a lower bound, without generic
+#   XDP's skb work around the program.
+#   Whole machine, for all: system-wide system+softirq time (/proc/stat) of the run minus an
+#   idle run of the same duration, per connection, minus the same for the client talking to a
+#   member directly (no balancer), plus the balancer's utime: an estimate of everything the
+#   balancer hop adds; tick-sampled and noisy on a shared machine (see bench/RESULTS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
