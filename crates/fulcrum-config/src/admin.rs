@@ -56,19 +56,24 @@ impl Admin {
 
 /// Checks a token's shape: long enough, printable, no spaces (it travels in a header).
 pub fn token_problem(token: &str) -> Option<String> {
-    if token.chars().count() < MIN_TOKEN_LEN {
-        return Some(format!(
+    token_too_short(token).or_else(|| token_unprintable(token))
+}
+
+/// A token under `MIN_TOKEN_LEN` characters: refused for a listener off loopback and for
+/// token files, a warning on loopback (the contract's own example is short).
+pub fn token_too_short(token: &str) -> Option<String> {
+    (token.chars().count() < MIN_TOKEN_LEN).then(|| {
+        format!(
             "the token is {} characters long; use at least {MIN_TOKEN_LEN} (e.g. `openssl rand -hex 16`)",
             token.chars().count()
-        ));
-    }
-    if !token.chars().all(|c| c.is_ascii_graphic()) {
-        return Some(
-            "the token must be printable ASCII without spaces (it is sent in an HTTP header)"
-                .into(),
-        );
-    }
-    None
+        )
+    })
+}
+
+fn token_unprintable(token: &str) -> Option<String> {
+    (!token.chars().all(|c| c.is_ascii_graphic())).then(|| {
+        "the token must be printable ASCII without spaces (it is sent in an HTTP header)".into()
+    })
 }
 
 /// A bearer token as written in the config, checked by `token_problem`.
@@ -77,7 +82,7 @@ struct Token(String);
 impl FromNode for Token {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         match node.shape() {
-            Shape::Str(s) => match token_problem(s) {
+            Shape::Str(s) => match token_unprintable(s) {
                 Some(problem) => {
                     cx.error(node, problem);
                     None
@@ -100,6 +105,17 @@ impl FromNode for Admin {
         read_table(node, cx, |t, cx| {
             let d = Admin::default();
             let token = t.opt::<Token>(cx, "token").map(|t| t.0);
+            let listen: SocketAddr = t.opt(cx, "listen").unwrap_or(d.listen);
+            // A short token on a listener others can reach is refused; on loopback it is
+            // accepted with a warning at start (the contract's example token is short).
+            if let (Some(problem), false) = (
+                token.as_deref().and_then(token_too_short),
+                listen.ip().is_loopback(),
+            ) {
+                if let Some(n) = t.node("token") {
+                    cx.error(&n, format!("{problem} on a listener off loopback"));
+                }
+            }
             let token_file: Option<String> = t.opt(cx, "token_file");
             if t.has("token") && token_file.is_some() {
                 if let Some(n) = t.node("token_file") {
@@ -107,7 +123,7 @@ impl FromNode for Admin {
                 }
             }
             Some(Admin {
-                listen: t.opt(cx, "listen").unwrap_or(d.listen),
+                listen,
                 token,
                 token_file_set: token_file.is_some(),
                 token_file: token_file.map_or(d.token_file, PathBuf::from),

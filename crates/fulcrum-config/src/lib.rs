@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
 pub use access::AccessList;
-pub use admin::{token_problem, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
+pub use admin::{token_problem, token_too_short, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use alert::{AlertEvent, AlertRule, Smtp};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};

@@ -234,10 +234,14 @@ fn admin_needs_token_off_loopback() {
 
 #[test]
 fn admin_tokens_are_long_enough_and_located() {
-    let e = errs(&format!("[admin]\ntoken = \"s3cret\"\n{TCP}"));
+    // The contract's example (`s3cret` on the loopback default) is accepted; the binary warns.
+    ok(&format!("[admin]\ntoken = \"s3cret\"\n{TCP}"));
+    let e = errs(&format!(
+        "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken = \"s3cret\"\n{TCP}"
+    ));
     has(
         &e,
-        "t.toml:2:1: admin.token: the token is 6 characters long; use at least 16",
+        "t.toml:3:1: admin.token: the token is 6 characters long; use at least 16 (e.g. `openssl rand -hex 16`) on a listener off loopback",
     );
     let e = errs(&format!("[admin]\ntoken = \"with a space in it!\"\n{TCP}"));
     has(&e, "admin.token: the token must be printable ASCII");
