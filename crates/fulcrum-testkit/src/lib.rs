@@ -9,6 +9,7 @@ pub mod message;
 pub mod mmdb;
 pub mod netns;
 pub mod origin;
+pub mod pki;
 pub mod process;
 pub mod servers;
 pub mod udp;

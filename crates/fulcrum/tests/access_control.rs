@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,37 +18,6 @@ use tokio::net::UdpSocket;
 
 /// 127.0.0.0–127.0.0.7 only, and never 127.0.0.3 (deny wins over allow).
 const LISTS: &str = "allow = [\"127.0.0.0/29\"]\ndeny = [\"127.0.0.3/32\"]\n";
-
-fn self_signed(dir: &Path) {
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "vs.key",
-            "-out",
-            "vs.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=vs.test",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ])
-        .current_dir(dir)
-        .output()
-        .expect("openssl is installed by scripts/test.sh");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A stream connection from `source` that the service refuses: closed (or reset) before a byte
 /// comes back, even after the client has sent a request.
@@ -95,7 +63,7 @@ async fn udp_ask_on(sock: &UdpSocket, vs: SocketAddr, payload: &[u8]) -> Option<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_and_deny_on_every_protocol_are_checked_first_and_counted() {
     let pki = tempfile::tempdir().unwrap();
-    self_signed(pki.path());
+    fulcrum_testkit::pki::self_signed(pki.path(), "vs", "vs.test", 2, Some("IP:127.0.0.1"));
     let tcp_member = TcpIdServer::start(free_addr(), "m0").await.unwrap();
     let http_member = HttpBackend::start(free_addr(), "web").await.unwrap();
     let udp_member = UdpEchoServer::start("127.0.0.1:0".parse().unwrap(), "u0")

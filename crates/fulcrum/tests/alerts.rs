@@ -502,43 +502,11 @@ async fn alertmanager_api_v2_receives_the_alert_and_its_resolution() {
     );
 }
 
-/// A self-signed certificate valid for `days`, made by the openssl CLI in `dir`.
-fn short_cert(dir: &std::path::Path, days: u32) -> (String, String) {
-    let (cert, key) = (dir.join("site.crt"), dir.join("site.key"));
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-        ])
-        .args([
-            "-subj",
-            "/CN=shop.example.test",
-            "-days",
-            &days.to_string(),
-            "-keyout",
-        ])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl is installed by scripts/test.sh");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (cert.display().to_string(), key.display().to_string())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_expiring_within_the_threshold_fires_cert_expiry() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = short_cert(dir.path(), 10);
+    let (cert, key) =
+        fulcrum_testkit::pki::self_signed(dir.path(), "site", "shop.example.test", 10, None);
     let backend = HttpBackend::start(free_addr(), "a").await.unwrap();
     let hook = Receiver::start().await;
     let vs = free_addr();

@@ -9,39 +9,6 @@ use common::*;
 use fulcrum_testkit::browser::Browser;
 use fulcrum_testkit::HttpBackend;
 
-/// A self-signed certificate valid for `days`, made by the openssl CLI in `dir`.
-fn alerts_cert(dir: &std::path::Path, days: u32) -> (String, String) {
-    let (cert, key) = (dir.join("site.crt"), dir.join("site.key"));
-    let out = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-        ])
-        .args([
-            "-subj",
-            "/CN=shop.example.test",
-            "-days",
-            &days.to_string(),
-            "-keyout",
-        ])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl is installed by scripts/test.sh");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (cert.display().to_string(), key.display().to_string())
-}
-
 const TOKEN: &str = "console-test-token-0123456789";
 
 async fn http_pool(n: usize) -> (Vec<HttpBackend>, std::net::SocketAddr, Fulcrum) {
@@ -107,7 +74,8 @@ async fn dashboard_shows_live_members_and_drains_one_with_confirmation() {
     // An https service whose certificate expires in 20 days, and an alert rule: the page shows
     // both.
     let pki = tempfile::tempdir().unwrap();
-    let (cert, key) = alerts_cert(pki.path(), 20);
+    let (cert, key) =
+        fulcrum_testkit::pki::self_signed(pki.path(), "site", "shop.example.test", 20, None);
     let syslog = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let extra = format!(
         r#"[[virtual_service]]

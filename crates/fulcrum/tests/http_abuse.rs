@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -83,35 +82,10 @@ async fn a_client_that_never_answers_is_closed_after_goaway() {
     );
 }
 
-fn self_signed(dir: &Path) {
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "vs.key",
-            "-out",
-            "vs.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=vs.test",
-        ])
-        .current_dir(dir)
-        .output()
-        .expect("openssl is installed by scripts/test.sh");
-    assert!(out.status.success());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_h2_without_a_preface_is_closed_at_the_header_timeout() {
     let pki = tempfile::tempdir().unwrap();
-    self_signed(pki.path());
+    fulcrum_testkit::pki::self_signed(pki.path(), "vs", "vs.test", 2, None);
     let member = HttpBackend::start(free_addr(), "m0").await.unwrap();
     let vs = free_addr();
     let _f = start(&format!(
