@@ -6,25 +6,7 @@ use std::time::SystemTime;
 
 /// One DER element at the start of `b`: (tag, contents, rest).
 fn element(b: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
-    let (&tag, b) = b.split_first().ok_or("DER: truncated")?;
-    let (&first, mut b) = b.split_first().ok_or("DER: truncated")?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || b.len() < n {
-            return Err("DER: bad length".into());
-        }
-        let len = b[..n]
-            .iter()
-            .fold(0usize, |a, &x| (a << 8) | usize::from(x));
-        b = &b[n..];
-        len
-    };
-    if b.len() < len {
-        return Err("DER: truncated".into());
-    }
-    Ok((tag, &b[..len], &b[len..]))
+    fulcrum_tls::der::element(b).map_err(|e| format!("DER: {e}"))
 }
 
 /// UTCTime (YYMMDDHHMMSSZ) or GeneralizedTime (YYYYMMDDHHMMSSZ) to a time.

@@ -7,6 +7,7 @@
 //! first handshake. A reload builds a new `ServerTls`; connections keep the one they began with.
 
 pub mod client;
+pub mod der;
 pub mod names;
 
 use std::io;

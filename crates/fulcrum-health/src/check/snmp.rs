@@ -131,32 +131,8 @@ pub(crate) fn get_request(community: &[u8], request_id: i32, oid: &[u32]) -> Vec
     )
 }
 
-/// One TLV at the start of `b`: (tag, contents, rest). Lengths up to 4 bytes; nothing read past
-/// the buffer.
-fn element(b: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
-    let (&tag, b) = b.split_first().ok_or("truncated")?;
-    let (&first, mut b) = b.split_first().ok_or("truncated")?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || b.len() < n {
-            return Err("bad length".into());
-        }
-        let len = b[..n]
-            .iter()
-            .fold(0usize, |a, &x| (a << 8) | usize::from(x));
-        b = &b[n..];
-        len
-    };
-    if b.len() < len {
-        return Err("truncated".into());
-    }
-    Ok((tag, &b[..len], &b[len..]))
-}
-
 fn expect<'a>(b: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
-    let (t, v, rest) = element(b).map_err(|e| format!("{what}: {e}"))?;
+    let (t, v, rest) = fulcrum_tls::der::element(b).map_err(|e| format!("{what}: {e}"))?;
     if t != tag {
         return Err(format!("{what}: tag 0x{t:02x}, expected 0x{tag:02x}"));
     }
@@ -215,7 +191,7 @@ pub fn parse_snmp_response(bytes: &[u8], request_id: i32) -> Result<SnmpValue, S
     let (list, _) = expect(rest, SEQUENCE, "varbind list").map_err(bad)?;
     let (varbind, _) = expect(list, SEQUENCE, "varbind").map_err(bad)?;
     let (_oid, rest) = expect(varbind, OID, "name").map_err(bad)?;
-    let (tag, v, _) = element(rest).map_err(|e| bad(format!("value: {e}")))?;
+    let (tag, v, _) = fulcrum_tls::der::element(rest).map_err(|e| bad(format!("value: {e}")))?;
     match tag {
         INTEGER => Ok(SnmpValue::Number(int_value(v).map_err(bad)? as f64)),
         COUNTER32 | GAUGE32 | TIMETICKS | COUNTER64 => {
