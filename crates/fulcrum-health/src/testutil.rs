@@ -133,10 +133,11 @@ pub(crate) async fn write_slowly<S: AsyncWrite + Unpin>(s: &mut S, parts: &[&[u8
     }
 }
 
-/// An address nothing listens on (a port just released).
+/// An address nothing listens on (a free port, never bound by the test).
 pub(crate) fn refused_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    // Below the ephemeral range: a port the kernel handed out and took back could become the
+    // source port of a concurrent test's connect, and a check to it a self-connection.
+    fulcrum_testkit::free_addr()
 }
 
 /// Polls `cond` every 10 ms until it holds; panics with `what` after `within`.
