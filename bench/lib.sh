@@ -63,3 +63,44 @@ mem_per_conn() {  # mem_per_conn PID PORT: KiB of RSS per idle client connection
   echo >&"${HOLDER[1]}"; wait "$HOLDER_PID" 2>/dev/null || true
   awk -v a="$after" -v b="$before" -v n="$HOLD" 'BEGIN { printf "%.1f", (a - b) / n }'
 }
+
+# message_config LISTEN ADMIN MEMBER1 MEMBER2: the message-LB service both message benches run
+# (async, 2-byte length prefix, 12-byte sequence id, two connections per member).
+message_config() {
+  cat <<CONF
+[global]
+workers = 1
+[admin]
+listen = "$2"
+[[virtual_service]]
+name = "bench"
+listen = "$1"
+protocol = "message"
+pool = "hosts"
+framing = { length_bytes = 2 }
+message_mode = "async"
+sequence = { offset = 0, length = 12 }
+member_connections = 2
+max_pending = 1024
+[[pool]]
+name = "hosts"
+algorithm = "round_robin"
+[[pool.member]]
+address = "$3"
+[[pool.member]]
+address = "$4"
+CONF
+}
+
+# msg_run PID PORT CONNS WINDOW: "cpu_us_per_message messages_per_s p99_ms" of PID while
+# msgload ($MSGLOAD, default target/release/msgload) drives 127.0.0.1:PORT for $SECS seconds.
+msg_run() {
+  local pid=$1 port=$2 conns=$3 window=$4 before after out rate p99 errors all
+  before=$(cpu_ticks "$pid")
+  out=$(taskset -c "$BENCH_CPU_LOAD" "${MSGLOAD:-target/release/msgload}" "127.0.0.1:$port" "$conns" "$window" "$SECS" "$SIZE")
+  after=$(cpu_ticks "$pid")
+  read -r _ rate _ p99 errors all <<<"$out"
+  [ "$errors" != 0 ] && echo "msgload: $errors errors" >&2
+  awk -v t=$((after - before)) -v hz="$CLK_TCK" -v m="$all" -v r="$rate" -v p="$p99" \
+    'BEGIN { printf "%.2f %s %s\n", (m > 0 ? t / hz * 1e6 / m : 0), r, p }'
+}

@@ -29,44 +29,13 @@ wait_port 127.0.0.1:18391; wait_port 127.0.0.1:18392
 declare -A pid port
 for side in a b; do
   if [ $side = a ]; then port[$side]=18380 admin=18990 bin=$A; else port[$side]=18381 admin=18991 bin=$B; fi
-  cat >"$work/$side.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$admin"
-[[virtual_service]]
-name = "bench"
-listen = "127.0.0.1:${port[$side]}"
-protocol = "message"
-pool = "hosts"
-framing = { length_bytes = 2 }
-message_mode = "async"
-sequence = { offset = 0, length = 12 }
-member_connections = 2
-max_pending = 1024
-[[pool]]
-name = "hosts"
-algorithm = "round_robin"
-[[pool.member]]
-address = "127.0.0.1:18391"
-[[pool.member]]
-address = "127.0.0.1:18392"
-CONF
+  message_config "127.0.0.1:${port[$side]}" "127.0.0.1:$admin" 127.0.0.1:18391 127.0.0.1:18392 >"$work/$side.toml"
   RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$bin" run -c "$work/$side.toml" &
   pid[$side]=$!; pids+=($!)
   wait_port "127.0.0.1:${port[$side]}"
 done
 
-msg_run() {  # msg_run PID PORT CONNS WINDOW: "cpu_us_per_message messages_per_s p99_ms"
-  local pid=$1 port=$2 conns=$3 window=$4 before after out rate p99 errors all
-  before=$(cpu_ticks "$pid")
-  out=$(taskset -c "$BENCH_CPU_LOAD" "$BIN/msgload" "127.0.0.1:$port" "$conns" "$window" "$SECS" "$SIZE")
-  after=$(cpu_ticks "$pid")
-  read -r _ rate _ p99 errors all <<<"$out"
-  [ "$errors" != 0 ] && echo "msgload: $errors errors" >&2
-  awk -v t=$((after - before)) -v hz="$CLK_TCK" -v m="$all" -v r="$rate" -v p="$p99" \
-    'BEGIN { printf "%.2f %s %s\n", (m > 0 ? t / hz * 1e6 / m : 0), r, p }'
-}
+MSGLOAD=$BIN/msgload
 
 declare -A cpu rps p99
 for round in $(seq "$ROUNDS"); do

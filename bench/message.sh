@@ -33,29 +33,7 @@ taskset -c "$BENCH_CPU_LOAD" target/release/msgswitch 127.0.0.1:18291 127.0.0.1:
 pids+=($!)
 wait_port 127.0.0.1:18291; wait_port 127.0.0.1:18292
 
-cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:18980"
-[[virtual_service]]
-name = "bench"
-listen = "127.0.0.1:18280"
-protocol = "message"
-pool = "hosts"
-framing = { length_bytes = 2 }
-message_mode = "async"
-sequence = { offset = 0, length = 12 }
-member_connections = 2
-max_pending = 1024
-[[pool]]
-name = "hosts"
-algorithm = "round_robin"
-[[pool.member]]
-address = "127.0.0.1:18291"
-[[pool.member]]
-address = "127.0.0.1:18292"
-CONF
+message_config 127.0.0.1:18280 127.0.0.1:18980 127.0.0.1:18291 127.0.0.1:18292 >"$work/fulcrum.toml"
 RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
 
@@ -79,18 +57,6 @@ CONF
 taskset -c "$BENCH_CPU_PROXY" haproxy -db -f "$work/haproxy.cfg" &
 haproxy_pid=$!; pids+=($haproxy_pid)
 wait_port 127.0.0.1:18280; wait_port 127.0.0.1:18281
-
-# msg_run PID PORT CONNS WINDOW: "cpu_us_per_message messages_per_s p99_ms"
-msg_run() {
-  local pid=$1 port=$2 conns=$3 window=$4 before after out n rate p99 errors all
-  before=$(cpu_ticks "$pid")
-  out=$(taskset -c "$BENCH_CPU_LOAD" target/release/msgload "127.0.0.1:$port" "$conns" "$window" "$SECS" "$SIZE")
-  after=$(cpu_ticks "$pid")
-  read -r n rate _ p99 errors all <<<"$out"
-  [ "$errors" != 0 ] && echo "msgload: $errors errors" >&2
-  awk -v t=$((after - before)) -v hz="$CLK_TCK" -v m="$all" -v r="$rate" -v p="$p99" \
-    'BEGIN { printf "%.2f %s %s\n", (m > 0 ? t / hz * 1e6 / m : 0), r, p }'
-}
 
 declare -A cpu rps p99
 for round in $(seq "$ROUNDS"); do
