@@ -186,30 +186,31 @@ impl App {
     fn apply(&self, mut config: Config) -> Result<u64, Vec<String>> {
         crate::admin::fill_cookie_secrets(&mut config).map_err(|e| vec![e])?;
         let mut asm = self.assembly.lock();
+        let abort = || {
+            for plane in &self.planes {
+                plane.abort();
+            }
+        };
         let built = self.build(&config, &mut asm);
         let (pools, services, handlers, stats, tables, prepared) = match built {
             Ok(b) => b,
             Err(errors) => {
-                for plane in &self.planes {
-                    plane.abort();
-                }
+                abort();
                 return Err(errors);
             }
         };
         self.cap.configure(config.global.max_connections);
         if let Err(e) = asm.listeners.commit(prepared, handlers) {
-            for plane in &self.planes {
-                plane.abort();
-            }
+            abort();
             return Err(vec![format!("cannot start listening: {e}")]);
         }
         crate::tuning::apply(&mut asm.listeners, &config);
         asm.stats = stats;
         asm.tables = tables;
-        self.ha.attach_tables(&asm.tables);
         let mut cx = CommitCx {
             config: &config,
             pools: &pools,
+            tables: &asm.tables,
             checked_pools: pools.clone(),
         };
         for plane in &self.planes {

@@ -517,10 +517,16 @@ impl HaPlane {
     }
 }
 
-/// VRRP serves no virtual service; as a plane it only shows itself: `GET /api/v1/ha` and the
-/// `fulcrum_ha_*` metric families. Start and shutdown stay with `App` (they need the running
-/// app and an async resignation).
+/// VRRP serves no virtual service; as a plane it follows the persistence tables of each
+/// configuration (for `ha.sync`) and shows itself: `/api/v1/ha` and the `fulcrum_ha_*` metric
+/// families. Start and shutdown stay with `App` (they need the running app and an async
+/// resignation).
 impl crate::plane::DataPlane for HaPlane {
+    /// `ha.sync` streams the entries of the persistence tables now in force.
+    fn commit(&self, cx: &mut crate::plane::CommitCx) {
+        self.attach_tables(cx.tables);
+    }
+
     fn metrics(&self, out: &mut MetricsWriter) {
         HaPlane::metrics(self, out);
     }

@@ -193,5 +193,7 @@ impl<'a> BuildCx<'a> {
 pub struct CommitCx<'a> {
     pub config: &'a Config,
     pub pools: &'a [Arc<Pool>],
+    /// The persistence tables now in force, by service name (HA streams their entries).
+    pub tables: &'a HashMap<String, Arc<PersistTable>>,
     pub checked_pools: Vec<Arc<Pool>>,
 }
