@@ -23,9 +23,17 @@ if [ -z "$dir" ]; then
 fi
 (cd "$dir" && [ -d node_modules ] || npm i --omit=dev --silent >/dev/null)
 
-# The suite's origin answers 5xx and drops connections on purpose: passive health must not take
-# it out of the pool between tests (statuses are not counted; resets need 1000 in a row).
-cat >"$work/fulcrum.toml" <<CONF
+# POOL=tuned (default) keeps the suite's origin in the pool whatever it does: the origin answers
+# 5xx and drops connections on purpose, so passive health would take it out between tests
+# (statuses are not counted; resets need 1000 in a row). POOL=default runs the same service
+# with a pool as a user writes it (no monitor, default passive health) to show what that costs.
+# POOL=both runs the two one after the other.
+run_suite() {
+  local variant=$1 pool_keys=""
+  if [ "$variant" = tuned ]; then
+    pool_keys=$'passive_statuses = []\nmonitors = ["alive"]'
+  fi
+  cat >"$work/fulcrum.toml" <<CONF
 [admin]
 listen = "127.0.0.1:18099"
 [[virtual_service]]
@@ -36,8 +44,7 @@ pool = "origin"
 cache = { size = "64MiB", max_object = "8MiB" }
 [[pool]]
 name = "origin"
-passive_statuses = []
-monitors = ["alive"]
+$pool_keys
 [[pool.member]]
 address = "127.0.0.1:18000"
 [[monitor]]
@@ -45,23 +52,29 @@ name = "alive"
 type = "tcp"
 fall = 1000
 CONF
+  RUST_LOG=warn "$FULCRUM" run -c "$work/fulcrum.toml" 2>"$work/fulcrum-$variant.log" &
+  local fpid=$!
+  wait_port 127.0.0.1:18002
+  (cd "$dir" && npm run --silent cli --base=http://127.0.0.1:18002) >"$work/results-$variant.json" 2>"$work/cli.err"
+  kill "$fpid" 2>/dev/null || true
+  wait "$fpid" 2>/dev/null || true
+  node -e '
+const r = require(process.argv[1]); const v = Object.entries(r);
+let pass = 0;
+for (const [k, x] of v) { if (x === true) pass++; else console.log("FAIL", k, JSON.stringify(x).slice(0, 140)); }
+console.log(`fulcrum (${process.argv[2]} pool): ${pass}/${v.length} = ${(100 * pass / v.length).toFixed(1)}%`);
+' "$work/results-$variant.json" "$variant"
+}
 
 (cd "$dir" && npm_config_port=18000 npm_config_protocol=http npm_config_pidfile="$work/server.pid" \
   exec node test-engine/server/server.mjs >"$work/server.log" 2>&1) &
 pids+=($!)
-RUST_LOG=warn "$FULCRUM" run -c "$work/fulcrum.toml" 2>"$work/fulcrum.log" &
-pids+=($!)
 . bench/lib.sh
 wait_port 127.0.0.1:18000
-wait_port 127.0.0.1:18002
-
-(cd "$dir" && npm run --silent cli --base=http://127.0.0.1:18002) >"$work/results.json" 2>"$work/cli.err"
-node -e '
-const r = require(process.argv[1]); const v = Object.entries(r);
-let pass = 0;
-for (const [k, x] of v) { if (x === true) pass++; else console.log("FAIL", k, JSON.stringify(x).slice(0, 140)); }
-console.log(`fulcrum: ${pass}/${v.length} = ${(100 * pass / v.length).toFixed(1)}%`);
-' "$work/results.json"
+case "${POOL:-tuned}" in
+  both) run_suite tuned; run_suite default ;;
+  *) run_suite "${POOL:-tuned}" ;;
+esac
 for f in "$dir"/results/*.json; do
   node -e '
 const r = require(process.argv[1]); const v = Object.entries(r);
