@@ -487,8 +487,11 @@ impl Drop for Netns {
 
 #[tokio::test]
 async fn icmp_against_a_namespace_that_stops_answering() {
-    let ns = Netns::new(77);
-    let target: SocketAddr = "198.18.77.2:0".parse().unwrap();
+    // The host side of the veth lives in the root namespace, where another test run on the same
+    // machine may be doing the same: a subnet picked from the pid keeps two runs apart.
+    let n = (std::process::id() % 250) as u8 + 1;
+    let ns = Netns::new(n);
+    let target: SocketAddr = format!("198.18.{n}.2:0").parse().unwrap();
     let mut m = slow(monitor("ping", MonitorKind::Icmp));
     m.timeout = Duration::from_millis(700);
     passed(&run(&m, target).await, "echo reply in");
