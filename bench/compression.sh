@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-8} CONNS=${CONNS:-16} LEVEL=${LEVEL:-6}
 need nginx; need wrk; need curl
-FULCRUM=${FULCRUM:-target/release/fulcrum}
-[ "$FULCRUM" = target/release/fulcrum ] && cargo build --release -q -p fulcrum
+FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}
+[ "$FULCRUM" = "$BUILD_DIR/fulcrum" ] && bench_build -p fulcrum
 ulimit -n "$(ulimit -Hn)"
 
 # Ports of their own, so this can run beside the other benches.

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-10} CLIENTS=${CLIENTS:-4}
 need dnsperf; need gdnsd
-cargo build --release -q -p fulcrum
+bench_build -p fulcrum
 
 work=$(mktemp -d)
 pids=()
@@ -70,7 +70,7 @@ plugins => {
 }
 CONF
 
-RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/fulcrum.toml" &
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" $BUILD_DIR/fulcrum run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
 taskset -c "$BENCH_CPU_PROXY" gdnsd -c "$work/gdnsd" start 2>"$work/gdnsd.log" &
 gdnsd_pid=$!; pids+=($gdnsd_pid)

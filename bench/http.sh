@@ -12,9 +12,9 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-8} CONNS=${CONNS:-50} HOLD=${HOLD:-2000} HYPER=${HYPER:-1}
 need haproxy; need nginx; need wrk
-FULCRUM=${FULCRUM:-target/release/fulcrum}   # another build of the binary, for quick comparisons
-[ "$FULCRUM" = target/release/fulcrum ] && cargo build --release -q -p fulcrum
-[ "$HYPER" = 1 ] && cargo build --release -q -p fulcrum-http --example hyper_baseline
+FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}   # another build of the binary, for quick comparisons
+[ "$FULCRUM" = "$BUILD_DIR/fulcrum" ] && bench_build -p fulcrum
+[ "$HYPER" = 1 ] && bench_build -p fulcrum-http --example hyper_baseline
 ulimit -n "$(ulimit -Hn)"
 
 # Ports of their own, so this can run beside bench/tcp.sh.
@@ -135,7 +135,7 @@ nginx_pid=$!; pids+=($nginx_pid)
 
 peers=(fulcrum haproxy nginx rules)
 if [ "$HYPER" = 1 ]; then
-  taskset -c "$BENCH_CPU_PROXY" target/release/examples/hyper_baseline 127.0.0.1:$Y 127.0.0.1:$M1 127.0.0.1:$M2 &
+  taskset -c "$BENCH_CPU_PROXY" $BUILD_DIR/examples/hyper_baseline 127.0.0.1:$Y 127.0.0.1:$M1 127.0.0.1:$M2 &
   hyper_pid=$!; pids+=($hyper_pid); peers+=(hyper)
 fi
 for p in $F $H $N $R; do wait_port 127.0.0.1:$p; done

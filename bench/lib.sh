@@ -5,6 +5,15 @@ BENCH_CPU_PROXY=${BENCH_CPU_PROXY:-0}   # the proxy under test runs alone on thi
 BENCH_CPU_LOAD=${BENCH_CPU_LOAD:-1}     # load generator and backends share this one
 CLK_TCK=$(getconf CLK_TCK)
 
+# PROFILE=release (default): the fat-LTO build whose figures get published. PROFILE=bench-fast:
+# the same without LTO and with 16 codegen units, which builds in a fraction of the time on two
+# cores; use it while iterating and say so next to any figure it produced.
+PROFILE=${PROFILE:-release}
+BUILD_DIR=target/$PROFILE
+bench_build() {  # bench_build CARGO_BUILD_ARGS...: builds in $PROFILE
+  cargo build --profile "$PROFILE" -q "$@"
+}
+
 need() {  # need PACKAGE [COMMAND]: installs a Debian package when its command is missing
   local pkg=$1 cmd=${2:-$1}
   command -v "$cmd" >/dev/null 2>&1 && return 0
@@ -93,11 +102,11 @@ CONF
 }
 
 # msg_run PID PORT CONNS WINDOW: "cpu_us_per_message messages_per_s p99_ms" of PID while
-# msgload ($MSGLOAD, default target/release/msgload) drives 127.0.0.1:PORT for $SECS seconds.
+# msgload ($MSGLOAD, default $BUILD_DIR/msgload) drives 127.0.0.1:PORT for $SECS seconds.
 msg_run() {
   local pid=$1 port=$2 conns=$3 window=$4 before after out rate p99 errors all
   before=$(cpu_ticks "$pid")
-  out=$(taskset -c "$BENCH_CPU_LOAD" "${MSGLOAD:-target/release/msgload}" "127.0.0.1:$port" "$conns" "$window" "$SECS" "$SIZE")
+  out=$(taskset -c "$BENCH_CPU_LOAD" "${MSGLOAD:-$BUILD_DIR/msgload}" "127.0.0.1:$port" "$conns" "$window" "$SECS" "$SIZE")
   after=$(cpu_ticks "$pid")
   read -r _ rate _ p99 errors all <<<"$out"
   [ "$errors" != 0 ] && echo "msgload: $errors errors" >&2

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
-A=$1 B=$2 BIN=${3:-target/release}
+A=$1 B=$2 BIN=${3:-$BUILD_DIR}
 ROUNDS=${ROUNDS:-5} SECS=${SECS:-6} SIZE=${SIZE:-200}
 SHAPES=${SHAPES:-"50x16 2x128"}
 ulimit -n "$(ulimit -Hn)"

@@ -15,7 +15,7 @@ ROUNDS=${ROUNDS:-3} SECS=${SECS:-8} SIZE=${SIZE:-200}
 # Load shapes "connections×window": many POS controllers, and the seed's few long connections.
 SHAPES=${SHAPES:-"50x16 2x128"}
 need haproxy
-cargo build --release -q -p fulcrum -p fulcrum-testkit --bins
+bench_build -p fulcrum -p fulcrum-testkit --bins
 ulimit -n "$(ulimit -Hn)"
 
 # Ports of its own (bench/tcp.sh uses 180xx/181xx): HAProxy and Fulcrum bind with SO_REUSEPORT,
@@ -29,12 +29,12 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-taskset -c "$BENCH_CPU_LOAD" target/release/msgswitch 127.0.0.1:18291 127.0.0.1:18292 &
+taskset -c "$BENCH_CPU_LOAD" $BUILD_DIR/msgswitch 127.0.0.1:18291 127.0.0.1:18292 &
 pids+=($!)
 wait_port 127.0.0.1:18291; wait_port 127.0.0.1:18292
 
 message_config 127.0.0.1:18280 127.0.0.1:18980 127.0.0.1:18291 127.0.0.1:18292 >"$work/fulcrum.toml"
-RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/fulcrum.toml" &
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" $BUILD_DIR/fulcrum run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
 
 cat >"$work/haproxy.cfg" <<CONF

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-8} CONNS=${CONNS:-50} HOLD=${HOLD:-2000}
 need haproxy; need nginx; need wrk
-cargo build --release -q -p fulcrum
+bench_build -p fulcrum
 ulimit -n "$(ulimit -Hn)"
 
 work=$(mktemp -d)
@@ -38,7 +38,7 @@ address = "127.0.0.1:18101"
 [[pool.member]]
 address = "127.0.0.1:18102"
 CONF
-RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/fulcrum.toml" &
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" $BUILD_DIR/fulcrum run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
 
 cat >"$work/haproxy.cfg" <<CONF

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-6} FLOWS=${FLOWS:-64} WINDOW=${WINDOW:-4} SIZE=${SIZE:-64}
 need nginx
 [ -e /usr/lib/nginx/modules/ngx_stream_module.so ] || need libnginx-mod-stream /usr/share/nginx/modules-available/mod-stream.conf
-cargo build --release -q -p fulcrum -p fulcrum-testkit --bins
+bench_build -p fulcrum -p fulcrum-testkit --bins
 ulimit -n "$(ulimit -Hn)"
 
 work=$(mktemp -d)
@@ -30,7 +30,7 @@ wait_udp() {  # wait_udp PORT: until something is bound to the UDP port (10 s)
   echo "nothing listens on udp port $1" >&2; return 1
 }
 
-taskset -c "$BENCH_CPU_LOAD" target/release/fulcrum-udpecho 127.0.0.1:18201 127.0.0.1:18202 &
+taskset -c "$BENCH_CPU_LOAD" $BUILD_DIR/fulcrum-udpecho 127.0.0.1:18201 127.0.0.1:18202 &
 pids+=($!)
 wait_udp 18201; wait_udp 18202
 
@@ -59,7 +59,7 @@ address = "127.0.0.1:18201"
 [[pool.member]]
 address = "127.0.0.1:18202"
 CONF
-RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" target/release/fulcrum run -c "$work/fulcrum.toml" &
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" $BUILD_DIR/fulcrum run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
 
 cat >"$work/nginx.conf" <<CONF
@@ -86,7 +86,7 @@ wait_udp 18053; wait_udp 18054; wait_udp 18063; wait_udp 18064
 load() {
   local pid=$1 port=$2 before after out received secs p99 lost
   before=$(cpu_ticks "$pid")
-  out=$(taskset -c "$BENCH_CPU_LOAD" target/release/fulcrum-udpload "127.0.0.1:$port" "$FLOWS" "$WINDOW" "$SECS" "$SIZE")
+  out=$(taskset -c "$BENCH_CPU_LOAD" $BUILD_DIR/fulcrum-udpload "127.0.0.1:$port" "$FLOWS" "$WINDOW" "$SECS" "$SIZE")
   after=$(cpu_ticks "$pid")
   received=$(sed -E 's/.*received=([0-9]+).*/\1/' <<<"$out")
   secs=$(sed -E 's/.*secs=([0-9.]+).*/\1/' <<<"$out")
@@ -96,7 +96,7 @@ load() {
     'BEGIN { d = 2 * r; printf "%.0f %.2f %.3f %d\n", d / s, (d > 0 ? t / hz * 1e6 / d : 0), p / 1000, l }'
 }
 
-direct=$(taskset -c "$BENCH_CPU_LOAD" target/release/fulcrum-udpload 127.0.0.1:18201 "$FLOWS" "$WINDOW" "$SECS" "$SIZE")
+direct=$(taskset -c "$BENCH_CPU_LOAD" $BUILD_DIR/fulcrum-udpload 127.0.0.1:18201 "$FLOWS" "$WINDOW" "$SECS" "$SIZE")
 echo "direct to one backend (no proxy): $direct" >&2
 
 declare -A rate cpu p99 lost

@@ -6,7 +6,7 @@
 # sends traffic only inside them (198.18.0.0/15).
 #
 # usage: bench/xdp-e2e.sh [SECONDS_PER_RUN] [ROUNDS]     (default 5 s, 3 rounds)
-#   FULCRUM_BIN=path   the fulcrum binary (default target/release/fulcrum, else target/debug)
+#   FULCRUM_BIN=path   the fulcrum binary (default target/$PROFILE/fulcrum with PROFILE=release, else target/debug)
 #   MODES="dr nat proxy haproxy"   which balancers to measure (default these four); also
 #                      "dr-native": dr with xdp_mode = "native", an XDP_PASS program attached
 #                      natively to the peer veth (without it native XDP_TX frames are lost,
@@ -37,7 +37,7 @@ ROUNDS=${2:-3}
 [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 10 ] || { echo "ROUNDS must be 1..10" >&2; exit 2; }
 BIN=${FULCRUM_BIN:-}
 if [ -z "$BIN" ]; then
-    if [ -x target/release/fulcrum ]; then BIN=target/release/fulcrum; else BIN=target/debug/fulcrum; fi
+    if [ -x "target/${PROFILE:-release}/fulcrum" ]; then BIN=target/${PROFILE:-release}/fulcrum; else BIN=target/debug/fulcrum; fi
 fi
 BIN=$(realpath -m "$BIN")
 [ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 2; }
