@@ -65,9 +65,9 @@ pub fn run(listen: SocketAddr, admin: SocketAddr) -> ExitCode {
     let backends: Vec<(SocketAddr, u32)> = [3, 2, 1].iter().map(|&w| (free_addr(), w)).collect();
     // The demo's token lives in a per-user temporary directory, not in /var/lib/fulcrum, so the
     // demo runs without root; it is read here first to show it in the banner.
-    let token_file = std::env::temp_dir()
-        .join(format!("fulcrum-demo-{}", std::process::id()))
-        .join("admin.token");
+    let token_dir =
+        TokenDir(std::env::temp_dir().join(format!("fulcrum-demo-{}", std::process::id())));
+    let token_file = token_dir.0.join("admin.token");
     let token = match crate::admin::secret_file(&token_file, "admin.token_file") {
         Ok(t) => t,
         Err(e) => {
@@ -103,6 +103,15 @@ pub fn run(listen: SocketAddr, admin: SocketAddr) -> ExitCode {
         Ok(servers)
     };
     app::run_blocking(source, config, setup)
+}
+
+/// The demo's token directory, removed when the demo ends (it is only valid for this process).
+struct TokenDir(std::path::PathBuf);
+
+impl Drop for TokenDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn banner(

@@ -31,7 +31,8 @@ async fn demo_serves_weighted_traffic_and_the_api() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _guard = Kill(child);
+    let token_dir = std::env::temp_dir().join(format!("fulcrum-demo-{}", child.id()));
+    let mut guard = Kill(child);
     assert!(
         wait_until(Duration::from_secs(20), || async {
             fulcrum_testkit::http_get(admin, "/api/v1/status")
@@ -78,4 +79,16 @@ async fn demo_serves_weighted_traffic_and_the_api() {
         metrics.contains("fulcrum_vs_requests_total{vs=\"demo\",protocol=\"http\"} 61"),
         "{metrics}"
     );
+
+    // The demo's token is only good for this process: its directory goes when the demo ends.
+    assert!(token_dir.join("admin.token").exists());
+    let pid = guard.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = guard.0.wait().unwrap();
+    assert!(status.success(), "demo exited with {status}");
+    assert!(!token_dir.exists(), "{} left behind", token_dir.display());
 }
