@@ -128,6 +128,9 @@ pub struct Ha {
     pub interface: String,
     /// Virtual router id, 1 to 255; both nodes of a pair use the same one.
     pub vrid: u8,
+    /// 3 (RFC 5798, default) or 2 (RFC 3768: IPv4 only, whole-second adverts) to pair with a
+    /// VRRPv2 node such as keepalived at its defaults.
+    pub vrrp_version: u8,
     /// 1 to 254 (255: this node owns the addresses and is master whenever it runs).
     pub priority: u8,
     pub advert_interval: Duration,
@@ -167,10 +170,30 @@ impl FromNode for Ha {
                     "priority must be from 1 to 255 (0 is reserved for a master resigning)",
                 );
             }
+            let vrrp_version: u8 = t.opt(cx, "vrrp_version").unwrap_or(3);
+            if let (false, Some(n)) = (
+                vrrp_version == 2 || vrrp_version == 3,
+                t.node("vrrp_version"),
+            ) {
+                cx.error(
+                    &n,
+                    "vrrp_version must be 3 (RFC 5798) or 2 (RFC 3768, to pair with a VRRPv2 peer)",
+                );
+            }
             let advert_interval = t
                 .opt(cx, "advert_interval")
                 .unwrap_or(Duration::from_secs(1));
-            if let Some(n) = t.node("advert_interval") {
+            if let (2, Some(n)) = (vrrp_version, t.node("advert_interval")) {
+                if advert_interval.subsec_nanos() != 0
+                    || advert_interval < Duration::from_secs(1)
+                    || advert_interval > Duration::from_secs(255)
+                {
+                    cx.error(
+                        &n,
+                        "with vrrp_version = 2, advert_interval must be whole seconds from 1s to 255s (VRRPv2 sends seconds)",
+                    );
+                }
+            } else if let Some(n) = t.node("advert_interval") {
                 if advert_interval < MIN_ADVERT_INTERVAL
                     || advert_interval > MAX_ADVERT_INTERVAL
                     || advert_interval.as_nanos() % 10_000_000 != 0
@@ -203,6 +226,14 @@ impl FromNode for Ha {
             } else {
                 t.req::<Vec<Vip>>(cx, "vips");
             }
+            if let (2, Some(n)) = (vrrp_version, t.node("vrrp_version")) {
+                if vips.iter().any(|v| v.addr().is_ipv6()) {
+                    cx.error(
+                        &n,
+                        "VRRPv2 runs over IPv4 only; IPv6 VIPs need vrrp_version = 3",
+                    );
+                }
+            }
             if let (Some(n), Some(first)) = (t.node("peers"), vips.first()) {
                 if peers.iter().any(|p| p.is_ipv6() != first.addr().is_ipv6()) {
                     cx.error(&n, "peers must be of the VIPs' address family");
@@ -220,6 +251,7 @@ impl FromNode for Ha {
                 node: node_name,
                 interface: interface?,
                 vrid: vrid?,
+                vrrp_version,
                 priority,
                 advert_interval,
                 preempt,

@@ -876,6 +876,36 @@ fn ha_errors_are_located() {
 }
 
 #[test]
+fn ha_vrrp_version_2_for_vrrpv2_peers() {
+    let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.100/24\"]\nvrrp_version = 2\nadvert_interval = \"2s\"\n");
+    let ha = c.ha.expect("[ha]");
+    assert_eq!(
+        (ha.vrrp_version, ha.advert_interval),
+        (2, Duration::from_secs(2))
+    );
+    assert_eq!(
+        ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.100/24\"]\n")
+            .ha
+            .expect("[ha]")
+            .vrrp_version,
+        3
+    );
+    let e = errs("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.100/24\"]\nvrrp_version = 2\nadvert_interval = \"100ms\"\n");
+    has(&e, "t.toml:6:1: ha.advert_interval: with vrrp_version = 2, advert_interval must be whole seconds");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"2001:db8::1/64\"]\nvrrp_version = 2\n",
+    );
+    has(&e, "ha.vrrp_version: VRRPv2 runs over IPv4 only");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.100/24\"]\nvrrp_version = 4\n",
+    );
+    has(
+        &e,
+        "ha.vrrp_version: vrrp_version must be 3 (RFC 5798) or 2",
+    );
+}
+
+#[test]
 fn bgp_is_read_and_checked() {
     let c = ok("[bgp]\nspeaker = \"bird\"\ncontrol = \"/run/bird/bird.ctl\"\nannounce = [\"10.0.0.100/32\"]\n");
     let b = c.bgp.expect("[bgp]");

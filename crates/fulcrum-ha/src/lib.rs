@@ -42,6 +42,8 @@ pub struct NodeConfig {
     pub node: String,
     pub interface: String,
     pub vrid: u8,
+    /// 3, or 2 to pair with a VRRPv2 peer such as keepalived at its defaults (IPv4 only).
+    pub vrrp_version: u8,
     pub priority: u8,
     pub advert_interval: Duration,
     pub preempt: bool,
@@ -328,6 +330,7 @@ impl Io {
     fn advert(&self, priority: u8) -> Advert {
         let cfg = &self.shared.cfg;
         Advert {
+            version: cfg.vrrp_version,
             vrid: cfg.vrid,
             priority,
             interval_cs: (cfg.advert_interval.as_millis() / 10).clamp(1, 0x0fff) as u16,
@@ -444,6 +447,15 @@ impl Io {
         };
         if p.advert.vrid != self.shared.cfg.vrid {
             c.other_vrid.fetch_add(1, Ordering::Relaxed);
+            return Vec::new();
+        }
+        if p.advert.version != self.shared.cfg.vrrp_version {
+            // A peer of the other version would never see this node's adverts either: both
+            // would be master. Said loudly once, counted always.
+            if c.dropped_version.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::error!(from = %p.src, theirs = p.advert.version, ours = self.shared.cfg.vrrp_version,
+                    "HA: a peer of this VRID speaks another VRRP version; both nodes will be master until [ha] vrrp_version (or keepalived's vrrp_version) matches");
+            }
             return Vec::new();
         }
         c.adverts_received.fetch_add(1, Ordering::Relaxed);

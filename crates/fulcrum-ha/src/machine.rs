@@ -387,6 +387,7 @@ mod tests {
 
     fn advert(priority: u8) -> Advert {
         Advert {
+            version: 3,
             vrid: 51,
             priority,
             interval_cs: 10,

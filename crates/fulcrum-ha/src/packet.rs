@@ -1,6 +1,6 @@
-//! VRRPv3 advertisements (RFC 5798 §5) for IPv4 and IPv6, and the IPv4 header around them (an
-//! IPv6 raw socket hands over the payload only; its addresses and hop limit come as ancillary
-//! data, see `net`).
+//! VRRPv3 advertisements (RFC 5798 §5) for IPv4 and IPv6, VRRPv2 advertisements (RFC 3768 §5,
+//! IPv4 only: keepalived's default) and the IPv4 header around them (an IPv6 raw socket hands
+//! over the payload only; its addresses and hop limit come as ancillary data, see `net`).
 //!
 //! Written by hand: the format is eight bytes and a list of addresses, and no maintained crate
 //! parses VRRPv3 with the IPv4 pseudo-header checksum keepalived expects.
@@ -16,16 +16,21 @@ pub const GROUP_V6: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 0x12);
 /// Adverts must be sent with, and are only accepted with, this TTL (RFC 5798 §5.1.1.3).
 pub const TTL: u8 = 255;
 
-const VERSION: u8 = 3;
 const TYPE_ADVERTISEMENT: u8 = 1;
 const HEADER_LEN: usize = 8;
+/// VRRPv2's authentication data after the addresses (RFC 3768 §5.3.10): sent as zeros with
+/// authentication type 0, the only type RFC 3768 keeps (types 1 and 2 were removed).
+const V2_AUTH_LEN: usize = 8;
 
 /// One advertisement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Advert {
+    /// 3 (RFC 5798) or 2 (RFC 3768, IPv4 only; its interval is whole seconds on the wire).
+    pub version: u8,
     pub vrid: u8,
     pub priority: u8,
-    /// Max Advertise Interval in centiseconds (12 bits).
+    /// Max Advertise Interval in centiseconds (12 bits); a VRRPv2 interval (seconds) is read as
+    /// 100 × its value.
     pub interval_cs: u16,
     /// All of one family: the family of the packet that carries them.
     pub addresses: Vec<IpAddr>,
@@ -40,7 +45,8 @@ pub enum Drop {
     NotVrrp,
     /// TTL (hop limit) is not 255: the packet crossed a router.
     Ttl,
-    /// Not version 3 (VRRPv2 peers are not spoken to), or not an advertisement.
+    /// Neither version 3 nor version 2 over IPv4, or not an advertisement; also an advert of
+    /// the other version than the node runs (counted by the node, not by the parser).
     Version,
     Checksum,
 }
@@ -107,17 +113,29 @@ impl Advert {
             .take(255)
             .collect();
         let count = addresses.len();
-        let mut b = Vec::with_capacity(HEADER_LEN + 16 * count);
-        b.push((VERSION << 4) | TYPE_ADVERTISEMENT);
+        let mut b = Vec::with_capacity(HEADER_LEN + 16 * count + V2_AUTH_LEN);
+        b.push((self.version << 4) | TYPE_ADVERTISEMENT);
         b.push(self.vrid);
         b.push(self.priority);
         b.push(count as u8);
-        b.extend_from_slice(&(self.interval_cs & 0x0fff).to_be_bytes());
+        if self.version == 2 {
+            // Authentication type 0, then the interval in whole seconds (at least 1).
+            b.push(0);
+            b.push((self.interval_cs / 100).clamp(1, 255) as u8);
+        } else {
+            b.extend_from_slice(&(self.interval_cs & 0x0fff).to_be_bytes());
+        }
         b.extend_from_slice(&[0, 0]);
         for a in addresses {
             b.extend_from_slice(&octets(a));
         }
-        let c = checksum(src, dst, &b);
+        let c = if self.version == 2 {
+            // VRRPv2's checksum covers the VRRP message alone, no pseudo-header.
+            b.extend_from_slice(&[0; V2_AUTH_LEN]);
+            fold(sum16(0, &b))
+        } else {
+            checksum(src, dst, &b)
+        };
         b[6..8].copy_from_slice(&c.to_be_bytes());
         b
     }
@@ -127,22 +145,40 @@ impl Advert {
         if b.len() < HEADER_LEN {
             return Err(Drop::Truncated);
         }
-        if b[0] != (VERSION << 4) | TYPE_ADVERTISEMENT {
+        let version = b[0] >> 4;
+        if b[0] & 0x0f != TYPE_ADVERTISEMENT || !(version == 3 || version == 2 && src.is_ipv4()) {
             return Err(Drop::Version);
         }
         let count = usize::from(b[3]);
         let width = if src.is_ipv4() { 4 } else { 16 };
-        let len = HEADER_LEN + width * count;
+        let addresses_end = HEADER_LEN + width * count;
+        let len = if version == 2 {
+            addresses_end + V2_AUTH_LEN
+        } else {
+            addresses_end
+        };
         if b.len() < len {
             return Err(Drop::Truncated);
         }
         // The checksum covers the message as the sender built it; bytes after it (Ethernet
         // padding is already gone at this layer, but a longer IP payload is possible) are not
         // part of it.
-        if checksum(src, dst, &b[..len]) != 0 {
+        let sum = if version == 2 {
+            fold(sum16(0, &b[..len]))
+        } else {
+            checksum(src, dst, &b[..len])
+        };
+        if sum != 0 {
             return Err(Drop::Checksum);
         }
-        let addresses = b[HEADER_LEN..len]
+        let interval_cs = if version == 2 {
+            // 0 is not a VRRPv2 interval: read it as the protocol's default of 1 s, the least
+            // a sender can mean (and what this side would send back).
+            u16::from(b[5]).max(1) * 100
+        } else {
+            u16::from_be_bytes([b[4], b[5]]) & 0x0fff
+        };
+        let addresses = b[HEADER_LEN..addresses_end]
             .chunks_exact(width)
             .map(|c| match <[u8; 4]>::try_from(c) {
                 Ok(v4) => IpAddr::from(v4),
@@ -154,9 +190,10 @@ impl Advert {
             })
             .collect();
         Ok(Advert {
+            version,
             vrid: b[1],
             priority: b[2],
-            interval_cs: u16::from_be_bytes([b[4], b[5]]) & 0x0fff,
+            interval_cs,
             addresses,
         })
     }
@@ -215,6 +252,7 @@ mod tests {
     #[test]
     fn round_trip_and_checksum() {
         let a = Advert {
+            version: 3,
             vrid: 51,
             priority: 150,
             interval_cs: 10,
@@ -252,12 +290,70 @@ mod tests {
     }
 
     #[test]
-    fn rejects_what_is_not_a_v3_advert() {
+    fn vrrpv2_layout_round_trip_and_checksum() {
+        let a = Advert {
+            version: 2,
+            vrid: 51,
+            priority: 100,
+            interval_cs: 100,
+            addresses: vec![ip("198.18.0.100")],
+        };
+        let (s, d) = (ip("198.18.0.1"), IpAddr::V4(GROUP_V4));
+        let b = a.encode(s, d);
+        // RFC 3768 §5.1: version/type, VRID, priority, count, auth type 0, interval 1 s,
+        // checksum, the address, 8 bytes of authentication data.
+        assert_eq!(b.len(), 8 + 4 + 8);
+        assert_eq!(&b[..6], &[0x21, 51, 100, 1, 0, 1]);
+        assert_eq!(&b[8..12], &[198, 18, 0, 100]);
+        assert_eq!(&b[12..], &[0; 8]);
+        // The checksum is over the message alone: any pseudo-header would change it.
+        assert_eq!(fold(sum16(0, &b)), 0);
+        assert_eq!(Advert::decode(s, d, &b), Ok(a.clone()));
+        assert_eq!(
+            Advert::decode(ip("198.18.0.9"), ip("198.18.0.2"), &b),
+            Ok(a.clone())
+        );
+        let mut bad = b.clone();
+        bad[2] = 101;
+        assert_eq!(Advert::decode(s, d, &bad), Err(Drop::Checksum));
+        // Sub-second intervals cannot be said in VRRPv2: whole seconds, at least one.
+        let fast = Advert {
+            interval_cs: 10,
+            ..a.clone()
+        };
+        assert_eq!(fast.encode(s, d)[5], 1);
+        let slow = Advert {
+            interval_cs: 300,
+            ..a
+        };
+        assert_eq!(
+            Advert::decode(s, d, &slow.encode(s, d)).map(|x| x.interval_cs),
+            Ok(300)
+        );
+    }
+
+    #[test]
+    fn rejects_what_is_not_an_advert() {
         let (s, d) = (ip("198.18.0.1"), IpAddr::V4(GROUP_V4));
         assert_eq!(Advert::decode(s, d, &[0x31; 4]), Err(Drop::Truncated));
-        // VRRPv2.
+        // VRRPv1, and a VRRPv3 message of type 2.
+        assert_eq!(
+            Advert::decode(s, d, &[0x11, 1, 100, 0, 0, 1, 0, 0]),
+            Err(Drop::Version)
+        );
+        assert_eq!(
+            Advert::decode(s, d, &[0x32, 1, 100, 0, 0, 1, 0, 0]),
+            Err(Drop::Version)
+        );
+        // VRRPv2 without its 8 bytes of authentication data.
         assert_eq!(
             Advert::decode(s, d, &[0x21, 1, 100, 0, 0, 1, 0, 0]),
+            Err(Drop::Truncated)
+        );
+        // VRRPv2 exists for IPv4 only.
+        let (s6, d6) = (ip("2001:db8::1"), IpAddr::V6(GROUP_V6));
+        assert_eq!(
+            Advert::decode(s6, d6, &[0x21, 1, 100, 0, 0, 1, 0, 0]),
             Err(Drop::Version)
         );
         // Count says 3 addresses, one present.
@@ -292,6 +388,7 @@ mod tests {
             d,
             255,
             &Advert {
+                version: 3,
                 vrid: 7,
                 priority: 100,
                 interval_cs: 100,

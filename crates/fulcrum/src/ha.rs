@@ -152,6 +152,7 @@ fn node_config(ha: &Ha) -> NodeConfig {
         node: ha.node.clone().unwrap_or_else(host_name),
         interface: ha.interface.clone(),
         vrid: ha.vrid,
+        vrrp_version: ha.vrrp_version,
         priority: ha.priority,
         advert_interval: ha.advert_interval,
         preempt: ha.preempt,

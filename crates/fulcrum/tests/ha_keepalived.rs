@@ -1,6 +1,7 @@
 //! VRRP interoperability with Debian's keepalived as the other node, both ways: Fulcrum master
 //! with a keepalived backup, and a keepalived master with a Fulcrum backup. keepalived runs in
-//! its namespace on a config the test writes (VRRPv3, 100 ms adverts, the same VRID and VIP).
+//! its namespace on a config the test writes (VRRPv3, 100 ms adverts, the same VRID and VIP; and
+//! keepalived at its defaults, VRRPv2 with 1 s adverts, against `vrrp_version = 2`).
 
 #[path = "common/lab.rs"]
 mod lab;
@@ -83,6 +84,21 @@ impl Keepalived {
              vrrp_instance VI {{\n  state BACKUP\n  interface eth0\n  virtual_router_id 51\n  \
              priority {priority}\n  advert_int 0.1\n{unicast}  virtual_ipaddress {{\n    {vip}\n  }}\n}}\n"
         );
+        Self::spawn(lab, ns, dir, &conf)
+    }
+
+    /// keepalived as a user installs it: no `vrrp_version` (VRRPv2), `advert_int` 1 s.
+    fn start_at_defaults(lab: &mut Lab, ns: &Ns, priority: u8) -> Keepalived {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = format!(
+            "global_defs {{\n  router_id kb\n}}\n\
+             vrrp_instance VI {{\n  state BACKUP\n  interface eth0\n  virtual_router_id 51\n  \
+             priority {priority}\n  virtual_ipaddress {{\n    {VIP}/24\n  }}\n}}\n"
+        );
+        Self::spawn(lab, ns, dir, &conf)
+    }
+
+    fn spawn(lab: &mut Lab, ns: &Ns, dir: tempfile::TempDir, conf: &str) -> Keepalived {
         let p = |name: &str| dir.path().join(name).display().to_string();
         std::fs::write(p("keepalived.conf"), conf).unwrap();
         let log = std::fs::File::create(p("keepalived.log")).unwrap();
@@ -378,4 +394,108 @@ fn ipv6_with_keepalived_both_ways() {
     assert_eq!(h["peer"]["priority"], 100);
     assert_eq!(h["dropped"]["checksum"], 0, "{h}");
     assert!(!holds(&s.a, VIP6));
+}
+
+/// keepalived at its defaults speaks VRRPv2: with `vrrp_version = 2` Fulcrum pairs with it both
+/// ways; left at VRRPv3, Fulcrum counts and reports the other version instead of silently
+/// becoming a second master's peer-less twin without saying why.
+#[test]
+fn vrrpv2_with_keepalived_at_its_defaults() {
+    let mut s = setup("hk2");
+    let v2 = |priority: u8| {
+        fulcrum_config(priority, false).replace(
+            "advert_interval = \"100ms\"",
+            "advert_interval = \"1s\"\nvrrp_version = 2",
+        )
+    };
+    let k = Keepalived::start_at_defaults(&mut s.lab, &s.b, 100);
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &v2(150));
+    // Fulcrum becomes master (after a backup's master-down interval of ~3.6 s) and keepalived
+    // accepts its VRRPv2 adverts: it stays or goes back to backup.
+    assert!(
+        wait_for(Duration::from_secs(10), || f.role() == "master"),
+        "{}",
+        f.logs()
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || !holds(&s.b, VIP)
+            && k.log().contains("Entering BACKUP STATE")),
+        "{}",
+        k.log()
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(f.role(), "master");
+    assert!(!holds(&s.b, VIP), "keepalived stays backup:\n{}", k.log());
+    assert!(served_by(&s.c, "a"));
+
+    // Fulcrum resigns (SIGTERM, priority 0 in a VRRPv2 advert): keepalived takes over at once.
+    let pid = s.lab.pid(f.index).unwrap();
+    // SAFETY: kill(2) on the pid of the Fulcrum this test started; no memory.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || holds(&s.b, VIP)),
+        "{}",
+        k.log()
+    );
+    assert!(served_by(&s.c, "b"));
+
+    // A lower-priority Fulcrum hears keepalived's VRRPv2 adverts and stays backup.
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &v2(50));
+    assert!(
+        wait_for(Duration::from_secs(8), || {
+            let h = f.ha();
+            h["role"] == "backup" && h["adverts"]["received"].as_u64().unwrap_or(0) >= 3
+        }),
+        "{}\n{}",
+        f.ha(),
+        f.logs()
+    );
+    let h = f.ha();
+    assert_eq!(h["peer"]["priority"], 100, "{h}");
+    assert_eq!(h["dropped"]["checksum"], 0, "{h}");
+    assert_eq!(h["dropped"]["version"], 0, "{h}");
+    assert!(!holds(&s.a, VIP));
+    let pid = s.lab.pid(f.index).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    // Gone (or a zombie the lab reaps at the end) before the next one binds the same ports.
+    assert!(wait_for(Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| {
+                st.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+    }));
+
+    // Left at VRRPv3, Fulcrum cannot pair with it: keepalived's adverts are counted as another
+    // version and said in the log, where an operator looks when two masters show up. (Observed
+    // with keepalived 2.2.7: once it is master and hears VRRPv3 packets it sends no further
+    // adverts, so the one it sends on becoming master is what there is to see.)
+    k.kill();
+    let f = NsFulcrum::start(&mut s.lab, &s.a, BIN, &fulcrum_config(50, false));
+    assert!(wait_for(Duration::from_secs(5), || f.role() == "master"));
+    let k = Keepalived::start_at_defaults(&mut s.lab, &s.b, 100);
+    assert!(
+        wait_for(Duration::from_secs(10), || f.ha()["dropped"]["version"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1),
+        "{}\n{}\n{}",
+        f.ha(),
+        f.logs(),
+        k.log()
+    );
+    assert!(
+        f.logs().contains("speaks another VRRP version"),
+        "{}",
+        f.logs()
+    );
 }
