@@ -118,20 +118,28 @@ impl DataPlane for HttpAssembly {
         if vs.protocol == Protocol::Https {
             svc.tls = cx.stream_tls(vs)?;
         }
+        if let Some(previous) = self.services.lock().iter().find(|s| *s.name == *vs.name) {
+            svc.follows(previous);
+        }
         let svc = Arc::new(svc);
         build.services.push(svc.clone());
         Ok(Some(svc))
     }
 
     /// Keeps the counters of the services that run now, drops the idle connections of members
-    /// that left, and retires the services of the previous configuration (their keep-alive
-    /// connections close after the request in progress, so clients reconnect to the new one).
-    /// (The TLS state of services that left is dropped by `App` for every plane.)
+    /// that left, and retires the services of the previous configuration: their client
+    /// connections serve their next requests with the new version, and announce their close
+    /// (`Connection: close`, GOAWAY) only when the service's own configuration changed; those of
+    /// a service that left close when idle. (The TLS state of services that left is dropped by
+    /// `App` for every plane.)
     fn commit(&self, cx: &mut CommitCx) {
         let build = std::mem::take(&mut *self.pending.lock());
         *self.stats.lock() = build.stats;
         *self.caches.lock() = build.caches;
         self.upstreams.retain(cx.pools);
+        for s in &build.services {
+            s.take_over();
+        }
         let old = std::mem::replace(&mut *self.services.lock(), build.services);
         for s in old {
             s.retire();
