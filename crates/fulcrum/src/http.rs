@@ -220,6 +220,8 @@ impl HttpAssembly {
                         "revalidated": s.revalidated.load(Ordering::Relaxed),
                         "stored": s.stored.load(Ordering::Relaxed),
                         "evicted": s.evicted.load(Ordering::Relaxed),
+                        "abandoned": s.abandoned.load(Ordering::Relaxed),
+                        "filling": cache.filling(),
                     }),
                 )
             }
@@ -280,7 +282,7 @@ impl HttpAssembly {
         }
         caches.sort_by(|a, b| a.0.cmp(&b.0));
         type Field = fn(&fulcrum_http::cache::CacheStats) -> u64;
-        let families: [(&str, &str, Field); 6] = [
+        let families: [(&str, &str, Field); 7] = [
             (
                 "fulcrum_http_cache_hits_total",
                 "Requests answered from the cache with a fresh stored response.",
@@ -310,6 +312,11 @@ impl HttpAssembly {
                 "fulcrum_http_cache_evicted_total",
                 "Stored URLs evicted to stay within size.",
                 |s| s.evicted.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_cache_abandoned_total",
+                "Responses not stored after all: larger than max_object, or no room among the fills in progress (together at most size).",
+                |s| s.abandoned.load(Ordering::Relaxed),
             ),
         ];
         for (family, help, get) in families {
