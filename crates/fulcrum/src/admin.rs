@@ -172,74 +172,6 @@ pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), St
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_are_created_private_and_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/admin.token");
-        let first = secret_file(&path, "k").unwrap();
-        assert_eq!(first.len(), 64);
-        let meta = std::fs::metadata(&path).unwrap();
-        assert_eq!(meta.mode() & 0o777, 0o600);
-        assert_eq!(
-            std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777,
-            0o700
-        );
-        assert_eq!(secret_file(&path, "k").unwrap(), first);
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-            .unwrap();
-        assert!(secret_file(&path, "k").unwrap_err().contains("chmod 600"));
-        let short = dir.path().join("short");
-        std::fs::write(&short, "abc\n").unwrap();
-        std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .unwrap();
-        assert!(secret_file(&short, "k")
-            .unwrap_err()
-            .contains("at least 16"));
-        let rotated = dir.path().join("rotated");
-        std::fs::write(&rotated, "new-0123456789abcdef\n\nold-0123456789abcdef\n").unwrap();
-        std::fs::set_permissions(
-            &rotated,
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )
-        .unwrap();
-        assert_eq!(
-            secret_lines(&rotated, "k").unwrap(),
-            ["new-0123456789abcdef", "old-0123456789abcdef"]
-        );
-    }
-
-    #[test]
-    fn cookie_profiles_without_a_secret_get_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let text = format!(
-            "[admin]\ntoken_file = \"{}/admin.token\"\n\
-             [[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\npersistence = \"c\"\n\
-             [[pool]]\nname = \"p\"\n\
-             [[persistence]]\nname = \"c\"\ntype = \"cookie_insert\"\n\
-             [[persistence]]\nname = \"s\"\ntype = \"cookie_insert\"\nsecret = \"configured-0123456789\"\n",
-            dir.path().display()
-        );
-        let mut c = fulcrum_config::parse(&text, "t", dir.path()).unwrap();
-        fill_cookie_secrets(&mut c).unwrap();
-        let generated = c.persistence[0].secret.clone().unwrap();
-        assert_eq!(generated.len(), 64);
-        assert_eq!(
-            c.persistence[1].secret.as_deref(),
-            Some("configured-0123456789")
-        );
-        assert_eq!(
-            std::fs::read_to_string(dir.path().join("cookie.secret"))
-                .unwrap()
-                .trim(),
-            generated
-        );
-    }
-}
-
 /// Binds the API's listeners: `admin.listen` (TLS with `admin.tls`) and `admin.socket`.
 pub async fn listeners(admin: &Admin) -> Result<fulcrum_admin::Listeners, String> {
     let tls = match &admin.tls {
@@ -314,4 +246,72 @@ fn bind_socket(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, Strin
     })();
     let _ = std::fs::remove_dir_all(&staging);
     placed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_created_private_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/admin.token");
+        let first = secret_file(&path, "k").unwrap();
+        assert_eq!(first.len(), 64);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777,
+            0o700
+        );
+        assert_eq!(secret_file(&path, "k").unwrap(), first);
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        assert!(secret_file(&path, "k").unwrap_err().contains("chmod 600"));
+        let short = dir.path().join("short");
+        std::fs::write(&short, "abc\n").unwrap();
+        std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        assert!(secret_file(&short, "k")
+            .unwrap_err()
+            .contains("at least 16"));
+        let rotated = dir.path().join("rotated");
+        std::fs::write(&rotated, "new-0123456789abcdef\n\nold-0123456789abcdef\n").unwrap();
+        std::fs::set_permissions(
+            &rotated,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        assert_eq!(
+            secret_lines(&rotated, "k").unwrap(),
+            ["new-0123456789abcdef", "old-0123456789abcdef"]
+        );
+    }
+
+    #[test]
+    fn cookie_profiles_without_a_secret_get_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[admin]\ntoken_file = \"{}/admin.token\"\n\
+             [[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\npersistence = \"c\"\n\
+             [[pool]]\nname = \"p\"\n\
+             [[persistence]]\nname = \"c\"\ntype = \"cookie_insert\"\n\
+             [[persistence]]\nname = \"s\"\ntype = \"cookie_insert\"\nsecret = \"configured-0123456789\"\n",
+            dir.path().display()
+        );
+        let mut c = fulcrum_config::parse(&text, "t", dir.path()).unwrap();
+        fill_cookie_secrets(&mut c).unwrap();
+        let generated = c.persistence[0].secret.clone().unwrap();
+        assert_eq!(generated.len(), 64);
+        assert_eq!(
+            c.persistence[1].secret.as_deref(),
+            Some("configured-0123456789")
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("cookie.secret"))
+                .unwrap()
+                .trim(),
+            generated
+        );
+    }
 }
