@@ -433,6 +433,27 @@ async fn admin_listener_speaks_tls() {
         "{}",
         String::from_utf8_lossy(&check.stderr)
     );
+    // A certificate that does not load is reported by `fulcrum check`, with its key.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        format!(
+            "[admin]\nlisten = \"{admin}\"\ntoken = \"{token}\"\ntls = {{ cert = \"missing.crt\", key = \"{key}\" }}\n\n{}",
+            config(vs, &servers)
+        ),
+    )
+    .unwrap();
+    let check = Command::new(BIN)
+        .args(["check", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stderr).into_owned()
+        + &String::from_utf8_lossy(&check.stdout);
+    assert!(
+        !check.status.success() && said.contains("admin.tls.cert"),
+        "{said}"
+    );
     let mut child = Command::new(BIN)
         .args(["run", "-c"])
         .arg(&conf)
