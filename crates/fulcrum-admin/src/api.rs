@@ -22,6 +22,9 @@ struct App {
     /// The address the API is bound to (it changes only at restart).
     bound: SocketAddr,
     console: Arc<Console>,
+    /// Requests come over the Unix socket (`admin.socket`): its file permissions authenticated
+    /// the caller, so no token or Host check applies.
+    local_socket: bool,
 }
 
 #[derive(Serialize)]
@@ -197,11 +200,43 @@ pub fn router(control: Arc<dyn Control>, bound: SocketAddr) -> Router {
     if tokio::runtime::Handle::try_current().is_ok() {
         console.spawn_sampler(control.clone());
     }
+    build(App {
+        control,
+        bound,
+        console,
+        local_socket: false,
+    })
+}
+
+/// The routers of the API's listeners: TCP (plain or TLS) and the Unix socket share one
+/// console (history, audit, alerts).
+pub struct Routers {
+    pub tcp: Router,
+    pub socket: Router,
+}
+
+/// As `router`, with the router of the Unix socket (`admin.socket`) beside it.
+pub fn routers(control: Arc<dyn Control>, bound: SocketAddr) -> Routers {
+    let console = Arc::new(Console::default());
+    if tokio::runtime::Handle::try_current().is_ok() {
+        console.spawn_sampler(control.clone());
+    }
     let app = App {
         control,
         bound,
         console,
+        local_socket: false,
     };
+    Routers {
+        tcp: build(app.clone()),
+        socket: build(App {
+            local_socket: true,
+            ..app
+        }),
+    }
+}
+
+fn build(app: App) -> Router {
     let api = Router::new()
         .route("/status", get(status))
         .route("/pools", get(pools))
@@ -238,10 +273,14 @@ async fn audit_layer(State(app): State<App>, req: Request, next: Next) -> Respon
     {
         return next.run(req).await;
     }
-    let from = req
+    let from = match req
         .extensions()
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unknown".to_string(), |c| c.0.to_string());
+    {
+        Some(c) => c.0.to_string(),
+        None if app.local_socket => "unix socket".to_string(),
+        None => "unknown".to_string(),
+    };
     let user_agent = req
         .headers()
         .get(header::USER_AGENT)
@@ -394,6 +433,19 @@ fn is_json(req: &Request) -> bool {
 }
 
 async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
+    if app.local_socket {
+        // Only who may open the socket file gets here (0600/0660): the caller is authenticated.
+        // Mutating calls still need JSON, as everywhere.
+        let read_only = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+        if !read_only && !is_json(&req) {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "mutating calls need Content-Type: application/json",
+            )
+            .into_response();
+        }
+        return next.run(req).await;
+    }
     let host = req
         .headers()
         .get(header::HOST)

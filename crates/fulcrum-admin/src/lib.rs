@@ -95,17 +95,89 @@ pub trait Control: Send + Sync + 'static {
     }
 }
 
-/// Serves the API on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, control: Arc<dyn Control>) {
-    let bound = match listener.local_addr() {
+/// Where the API listens: `admin.listen` (plain, or TLS with `admin.tls`) and the Unix socket
+/// of `admin.socket`.
+pub struct Listeners {
+    pub tcp: tokio::net::TcpListener,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub socket: Option<tokio::net::UnixListener>,
+}
+
+/// How long a client of the TLS listener has for its handshake.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves the API on every listener until the process ends. Calls over the Unix socket are
+/// authenticated by its file permissions (no token); the TCP listener keeps its lock.
+pub async fn serve_all(listeners: Listeners, control: Arc<dyn Control>) {
+    let bound = match listeners.tcp.local_addr() {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "admin API: no local address");
             return;
         }
     };
-    let app = router(control, bound).into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "admin API stopped");
+    let routers = api::routers(control, bound);
+    if let Some(socket) = listeners.socket {
+        let router = routers.socket;
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(socket, router).await {
+                tracing::error!(error = %e, "admin API (unix socket) stopped");
+            }
+        });
+    }
+    match listeners.tls {
+        None => {
+            let app = routers
+                .tcp
+                .into_make_service_with_connect_info::<SocketAddr>();
+            if let Err(e) = axum::serve(listeners.tcp, app).await {
+                tracing::error!(error = %e, "admin API stopped");
+            }
+        }
+        Some(acceptor) => serve_tls(listeners.tcp, acceptor, routers.tcp).await,
+    }
+}
+
+/// The API over TLS: each connection's handshake runs in its own task (a client that never
+/// finishes it holds nobody else up), then hyper serves the router on the TLS stream with the
+/// peer's address for the audit.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: axum::Router,
+) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(error = %e, "admin API: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (acceptor, router) = (acceptor.clone(), router.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(client = %peer, error = %e, "admin API: TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(client = %peer, "admin API: TLS handshake timed out");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(
+                router.layer(axum::Extension(axum::extract::ConnectInfo(peer))),
+            );
+            let served = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(client = %peer, error = %e, "admin API connection ended");
+            }
+        });
     }
 }

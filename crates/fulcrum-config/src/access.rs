@@ -13,7 +13,7 @@ use crate::reader::{Cx, TableReader};
 use crate::types::OneOrMany;
 
 /// A virtual service's source access list.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct AccessList {
     /// When not empty, only these sources are served.
     pub allow: Vec<IpNet>,
@@ -21,6 +21,17 @@ pub struct AccessList {
     pub deny: Vec<IpNet>,
     allow_set: PrefixSet,
     deny_set: PrefixSet,
+}
+
+/// The lists as configured: the hash sets print in no stable order, and a service's `Debug` text
+/// tells a reload whether the service changed.
+impl std::fmt::Debug for AccessList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessList")
+            .field("allow", &self.allow)
+            .field("deny", &self.deny)
+            .finish()
+    }
 }
 
 impl AccessList {

@@ -31,6 +31,14 @@ pub struct Admin {
     pub metrics_auth: bool,
     /// Where member/site states and weights set through the API are kept across restarts.
     pub state_file: Option<PathBuf>,
+    /// A Unix socket the API also listens on (Fulcrum addition). Its file permissions
+    /// authenticate the caller: every call over it is allowed, without a token; the local CLI
+    /// uses it when it exists.
+    pub socket: Option<PathBuf>,
+    /// The socket file's mode: 0o600 (root only, the default) or 0o660 (and its group).
+    pub socket_mode: u32,
+    /// TLS on `listen` (Fulcrum addition): a certificate chain and its key, PEM.
+    pub tls: Option<crate::TlsCert>,
 }
 
 impl Default for Admin {
@@ -42,9 +50,15 @@ impl Default for Admin {
             token_file_set: false,
             metrics_auth: false,
             state_file: None,
+            socket: None,
+            socket_mode: 0o600,
+            tls: None,
         }
     }
 }
+
+/// The socket file modes `admin.socket_mode` accepts.
+pub const SOCKET_MODES: [(&str, u32); 2] = [("0600", 0o600), ("0660", 0o660)];
 
 impl Admin {
     /// Whether the operator named the token (in the file or as a file); a generated one at the
@@ -122,6 +136,29 @@ impl FromNode for Admin {
                     cx.error(&n, "set either `token` or `token_file`, not both");
                 }
             }
+            let socket = t.opt::<String>(cx, "socket").map(PathBuf::from);
+            let mode: Option<String> = t.opt(cx, "socket_mode");
+            let socket_mode = match mode {
+                None => d.socket_mode,
+                Some(m) => match SOCKET_MODES.iter().find(|(text, _)| *text == m) {
+                    Some((_, mode)) => *mode,
+                    None => {
+                        if let Some(n) = t.node("socket_mode") {
+                            cx.error(
+                                &n,
+                                format!("{m:?}: expected \"0600\" (root only) or \"0660\" (root and the socket's group)"),
+                            );
+                        }
+                        d.socket_mode
+                    }
+                },
+            };
+            if t.has("socket_mode") && socket.is_none() {
+                if let Some(n) = t.node("socket_mode") {
+                    cx.error(&n, "socket_mode needs `socket`");
+                }
+            }
+            let tls: Option<crate::TlsCert> = t.opt(cx, "tls");
             Some(Admin {
                 listen,
                 token,
@@ -129,6 +166,9 @@ impl FromNode for Admin {
                 token_file: token_file.map_or(d.token_file, PathBuf::from),
                 metrics_auth: t.opt(cx, "metrics_auth").unwrap_or(false),
                 state_file: t.opt::<String>(cx, "state_file").map(PathBuf::from),
+                socket,
+                socket_mode,
+                tls,
             })
         })
     }

@@ -147,6 +147,13 @@ fn resolve_paths(config: &mut Config, base: &Path) {
     if let Some(f) = &mut config.admin.state_file {
         fix(f);
     }
+    if let Some(f) = &mut config.admin.socket {
+        fix(f);
+    }
+    if let Some(t) = &mut config.admin.tls {
+        fix(&mut t.cert);
+        fix(&mut t.key);
+    }
     for t in &mut config.ip_tables {
         if let Some(f) = &mut t.file {
             fix(f);

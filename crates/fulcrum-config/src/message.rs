@@ -303,6 +303,9 @@ impl FromNode for Sequence {
     }
 }
 
+/// Default `member_queue`: messages waiting per member before client connections are paused.
+pub const DEFAULT_MEMBER_QUEUE: u32 = 4096;
+
 /// Fulcrum additions for message services: the member connections and message delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageOptions {
@@ -314,6 +317,10 @@ pub struct MessageOptions {
     /// Messages one client connection may have outstanding; past it Fulcrum stops reading that
     /// client until answers come back.
     pub client_max_pending: u32,
+    /// Messages waiting for one member's connections at most: a member at the bound is passed
+    /// over while another has room; when none has, client connections stop reading until the
+    /// queue is half empty (back-pressure).
+    pub member_queue: u32,
     /// How long a message may wait for its answer, from its arrival, before it fails.
     pub message_timeout: Duration,
     pub delivery: Delivery,
@@ -339,6 +346,7 @@ impl MessageOptions {
                 .unwrap_or(default_connections),
             max_pending: t.opt(cx, "max_pending").unwrap_or(256),
             client_max_pending: t.opt(cx, "client_max_pending").unwrap_or(1024),
+            member_queue: t.opt(cx, "member_queue").unwrap_or(DEFAULT_MEMBER_QUEUE),
             message_timeout: t
                 .opt(cx, "message_timeout")
                 .unwrap_or(Duration::from_secs(30)),
@@ -349,6 +357,7 @@ impl MessageOptions {
             ("member_connections", &mut o.member_connections, 1024),
             ("max_pending", &mut o.max_pending, 65536),
             ("client_max_pending", &mut o.client_max_pending, 65536),
+            ("member_queue", &mut o.member_queue, 1 << 20),
             ("max_attempts", &mut o.max_attempts, 16),
         ] {
             if *value == 0 || *value > max {
@@ -395,6 +404,7 @@ pub(crate) const MESSAGE_KEYS: &[&str] = &[
     "member_connections",
     "max_pending",
     "client_max_pending",
+    "member_queue",
     "message_timeout",
     "delivery",
     "max_attempts",

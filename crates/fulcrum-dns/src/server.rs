@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,20 +92,22 @@ impl Registry {
     }
 }
 
+/// A UDP worker thread as its listener holds it. The socket is shared with the thread: the
+/// descriptor is closed when the last of the two lets go, so the shutdown below always reaches
+/// this socket. (It used to keep the raw descriptor number while the thread owned the socket:
+/// a thread that saw `stop` and closed its socket between the store and the shutdown left the
+/// number free for the next socket or file the process opened — and the shutdown hit that.)
 struct UdpWorker {
     stop: Arc<AtomicBool>,
-    fd: RawFd,
+    sock: Arc<std::net::UdpSocket>,
 }
 
 impl Drop for UdpWorker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // SAFETY: shutdown(2) on a descriptor the worker thread still owns (it closes it only
-        // after seeing `stop`): at worst EBADF/ENOTCONN, no memory is touched. It wakes the
-        // thread blocked in recvmmsg so it sees `stop` now rather than at its read timeout.
-        unsafe {
-            libc::shutdown(self.fd, libc::SHUT_RDWR);
-        }
+        // Wakes the thread blocked in recvmmsg, so it sees `stop` now rather than at its read
+        // timeout. An error (the socket was never connected) changes nothing.
+        let _ = socket2::SockRef::from(&*self.sock).shutdown(std::net::Shutdown::Both);
     }
 }
 
@@ -207,15 +209,16 @@ impl DnsServer {
             let mut workers = Vec::new();
             for (i, sock) in udp.into_iter().enumerate() {
                 let stop = Arc::new(AtomicBool::new(false));
-                let fd = sock.as_raw_fd();
+                let sock = Arc::new(sock);
+                let theirs = sock.clone();
                 let engine = self.engine.clone();
                 let counters = self.registry.add();
                 let st = stop.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("fulcrum-dns-{i}"))
-                    .spawn(move || udp_loop(sock, engine, counters, st));
+                    .spawn(move || udp_loop(&theirs, engine, counters, st));
                 match spawned {
-                    Ok(_) => workers.push(UdpWorker { stop, fd }),
+                    Ok(_) => workers.push(UdpWorker { stop, sock }),
                     Err(e) => {
                         tracing::error!(%addr, error = %e, "cannot start a DNS worker thread")
                     }
@@ -257,7 +260,7 @@ impl DnsServer {
 }
 
 fn udp_loop(
-    sock: std::net::UdpSocket,
+    sock: &std::net::UdpSocket,
     engine: Arc<ArcSwap<Engine>>,
     counters: Arc<Counters>,
     stop: Arc<AtomicBool>,

@@ -32,7 +32,7 @@ use crate::chunked::{self, Decoder};
 use crate::fields::{self, ReqFraming, RequestCtx, RespFraming, ResponseCtx};
 use crate::head::{Parse, RequestHead, ResponseHead, Version};
 use crate::rules::CompiledRule;
-use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Target};
+use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Successor, Target};
 use crate::sticky::Lookup;
 use crate::timer::Timer;
 use crate::upstream::{self, UpstreamConn};
@@ -63,6 +63,9 @@ struct Conn<S> {
     /// can carry another request.
     body_read: bool,
     timer: Timer,
+    /// A reload changed the service while this connection was idle: its next response
+    /// announces the close.
+    announce_close: bool,
 }
 
 /// How an exchange ended, for the access log and the keep-alive decision.
@@ -96,6 +99,7 @@ where
         served: 0,
         body_read: true,
         timer: Timer::new(),
+        announce_close: false,
         svc,
     };
     c.run().await;
@@ -135,6 +139,14 @@ where
                 }
             }
             self.served += 1;
+            // A reload retired the service after this request began: it is served by the
+            // version in force, closing after it if that one changed.
+            if self.svc.is_retired() {
+                self.follow_successor();
+            }
+            if std::mem::take(&mut self.announce_close) {
+                self.head.close = true;
+            }
             self.svc
                 .stats
                 .requests_total
@@ -272,11 +284,17 @@ where
             let idle = self.head.buf.is_empty();
             let read = self.timer.run(self.io.read_buf(&mut self.head.buf));
             let result = if idle && self.served > 0 {
-                // Between requests a retired service closes the connection at once.
+                // Between requests, a reload moves the connection to the service in force;
+                // only a service that left the configuration closes it at once.
                 tokio::select! {
                     biased;
                     r = read => r,
-                    _ = self.svc.retired() => return ReadHead::Closed,
+                    _ = self.svc.retired() => {
+                        if self.follow_successor() {
+                            continue;
+                        }
+                        return ReadHead::Closed;
+                    }
                 }
             } else {
                 read.await
@@ -290,6 +308,35 @@ where
                     }
                 }
             }
+        }
+    }
+
+    /// The service was retired by a reload: goes on with the version in force, announcing the
+    /// close on the next response if it changed. False when the service is gone (the next
+    /// response announces the close, an idle connection closes now).
+    fn follow_successor(&mut self) -> bool {
+        match self.svc.successor() {
+            Successor::Same(next) => {
+                self.svc = next;
+                true
+            }
+            Successor::Changed(next) => {
+                self.svc = next;
+                self.announce_close = true;
+                true
+            }
+            Successor::Gone => {
+                self.announce_close = true;
+                false
+            }
+        }
+    }
+
+    /// Before a response head: a reload that changed or removed the service during the
+    /// exchange makes this response announce the close.
+    fn announce_retirement(&mut self) {
+        if self.svc.must_close() {
+            self.head.close = true;
         }
     }
 
@@ -328,6 +375,7 @@ where
 
     /// Writes a local answer (rule redirect/respond, or an error).
     async fn answer(&mut self, l: &Local, rule: Option<&CompiledRule>) -> Done {
+        self.announce_retirement();
         self.out.clear();
         write_local(&mut self.out, l, &self.head, rule, &self.svc);
         self.svc.http_stats.count_status(l.status);
@@ -864,6 +912,7 @@ where
             _ => RespFraming::Chunked,
         };
         let body_complete = self.body_done(early);
+        self.announce_retirement();
         let close = self.head.close || !body_complete || out_framing == RespFraming::Close;
         let (insert_cookie, rewrite_id) =
             crate::sticky::response_ids(&svc, ti, picked.index, lookup);
@@ -1465,6 +1514,7 @@ where
         } else {
             RespFraming::Chunked
         };
+        self.announce_retirement();
         let close = self.head.close || out_framing == RespFraming::Close;
         let (insert_cookie, rewrite_id) =
             crate::sticky::response_ids(&svc, ti, picked.index, &lookup);

@@ -27,7 +27,7 @@ use crate::chunked::{self, Decoder};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx, RespFraming, ResponseCtx};
 use crate::head::{Method, RequestHead, ResponseHead, Version};
 use crate::rules::CompiledRule;
-use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Target};
+use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Successor, Target};
 use crate::sticky::Lookup;
 use crate::upstream::{self, UpstreamConn};
 
@@ -54,7 +54,9 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 struct State {
-    svc: Arc<HttpService>,
+    /// The service new streams are served by: a reload moves the connection to the version in
+    /// force.
+    svc: arc_swap::ArcSwap<HttpService>,
     client: Client,
     private: PrivateConns,
     active: AtomicUsize,
@@ -158,7 +160,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 }
 
 /// Serves one HTTP/2 client connection; `prefix` holds bytes already read from it.
-pub(crate) async fn serve<S>(svc: Arc<HttpService>, io: S, info: ConnInfo, prefix: Vec<u8>)
+pub(crate) async fn serve<S>(mut svc: Arc<HttpService>, io: S, info: ConnInfo, prefix: Vec<u8>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -169,7 +171,7 @@ where
         private: Arc::new(Mutex::new(Vec::new())),
         active: AtomicUsize::new(0),
         last: AtomicU64::new(clock::now_ms()),
-        svc: svc.clone(),
+        svc: arc_swap::ArcSwap::new(svc.clone()),
         opened: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
         flood: tokio::sync::Notify::new(),
@@ -233,9 +235,25 @@ where
                 svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
                 return;
             }
+            // A reload moves the connection to the service in force; one that changed (or
+            // left) sends GOAWAY: streams in flight finish, the client opens a new connection.
             _ = svc.retired(), if closing.is_none() => {
-                conn.as_mut().graceful_shutdown();
-                closing = Some(Instant::now());
+                let changed = match svc.successor() {
+                    Successor::Same(next) => {
+                        svc = next;
+                        false
+                    }
+                    Successor::Changed(next) => {
+                        svc = next;
+                        true
+                    }
+                    Successor::Gone => true,
+                };
+                state.svc.store(svc.clone());
+                if changed {
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now());
+                }
             }
             _ = tokio::time::sleep(check) => {
                 if state.active.load(Ordering::Relaxed) > 0 {
@@ -319,7 +337,7 @@ async fn handle(
     st: Arc<State>,
     req: http::Request<Incoming>,
 ) -> Result<Response<DownBody>, Dropped> {
-    let svc = st.svc.clone();
+    let svc = st.svc.load_full();
     st.active.fetch_add(1, Ordering::Relaxed);
     let _active = Active(&st);
     svc.stats.requests_total.fetch_add(1, Ordering::Relaxed);
@@ -386,9 +404,11 @@ async fn handle(
             let t = svc.targets[target].clone();
             let reply = crate::cache::serve(&svc, &st.client, &t, target, rule, &head).await;
             let answer = match reply {
-                crate::cache::Reply::Bypass => forward(&st, &t, target, rule, &head, Some(body))
-                    .await
-                    .map(|(r, m)| (r, Some(m))),
+                crate::cache::Reply::Bypass => {
+                    forward(&st, &svc, &t, target, rule, &head, Some(body))
+                        .await
+                        .map(|(r, m)| (r, Some(m)))
+                }
                 crate::cache::Reply::Local(l) => Err(l),
                 r => crate::cache::h2_response(r, head.method).ok_or_else(|| Local::error(502, "")),
             };
@@ -406,7 +426,7 @@ async fn handle(
         }
         Plan::Forward { target, rule } => {
             let t = svc.targets[target].clone();
-            let fwd = forward(&st, &t, target, rule, &head, Some(body));
+            let fwd = forward(&st, &svc, &t, target, rule, &head, Some(body));
             let result = match svc.request_timeout {
                 Some(limit) => match tokio::time::timeout(limit, fwd).await {
                     Ok(r) => r,
@@ -481,13 +501,13 @@ fn log(
 /// Forwards one stream to a member of `t`.
 async fn forward(
     st: &State,
+    svc: &Arc<HttpService>,
     t: &Arc<Target>,
     ti: usize,
     rule: Option<&CompiledRule>,
     head: &RequestHead,
     body: Option<Incoming>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
-    let svc = &st.svc;
     let mut lookup = match &svc.sticky {
         Some(s) => s.lookup(head, st.client.ip, ti, &t.pool),
         None => Lookup::default(),
@@ -828,7 +848,7 @@ pub(crate) async fn fetch(
     head: &RequestHead,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
     let st = State {
-        svc: svc.clone(),
+        svc: arc_swap::ArcSwap::new(svc.clone()),
         client: client.clone(),
         private: PrivateConns::default(),
         active: AtomicUsize::new(0),
@@ -838,7 +858,7 @@ pub(crate) async fn fetch(
         flood: tokio::sync::Notify::new(),
         read: Arc::new(AtomicU64::new(0)),
     };
-    let fwd = forward(&st, t, ti, rule, head, None);
+    let fwd = forward(&st, svc, t, ti, rule, head, None);
     match svc.request_timeout {
         Some(limit) => match tokio::time::timeout(limit, fwd).await {
             Ok(r) => r,

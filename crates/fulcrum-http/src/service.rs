@@ -283,10 +283,36 @@ pub struct HttpService {
     /// Source addresses for member connections (`snat`). HTTP/2 member connections are shared
     /// by the services of a pool: they come from the pool of the service that opened them.
     pub snat: Option<Arc<fulcrum_net::Snat>>,
-    /// Set when a reload replaced this service, or at shutdown: connections finish the request
-    /// in progress and close, so keep-alive clients reconnect to the configuration in force.
+    /// Set when a reload replaced this service, or at shutdown: its client connections move to
+    /// the version in force (`successor`), or announce their close.
     retired: std::sync::atomic::AtomicBool,
     retire: tokio::sync::Notify,
+    /// Every version of this service (by name) across reloads, and the one in force.
+    lineage: Arc<Lineage>,
+    /// The service's own configuration as text (`Debug` of its `[[virtual_service]]`): two
+    /// versions with the same text accept and keep client connections the same way.
+    shape: String,
+}
+
+/// The versions of one virtual service across reloads: the one in force, for the client
+/// connections an older version accepted. Weak: the assembly and the listeners own services.
+#[derive(Default)]
+struct Lineage {
+    current: parking_lot::Mutex<std::sync::Weak<HttpService>>,
+}
+
+/// What a client connection of a retired service does next.
+pub enum Successor {
+    /// The service in force has the same configuration: the connection serves its next
+    /// requests with it, announcing nothing (pools and members may have changed: they are
+    /// per request).
+    Same(Arc<HttpService>),
+    /// The service changed: the connection serves its next request with the new version and
+    /// announces its close (`Connection: close`, GOAWAY), so no request is lost to a close the
+    /// client did not expect.
+    Changed(Arc<HttpService>),
+    /// The service is gone (removed, or shutdown): close when idle, after the current response.
+    Gone,
 }
 
 impl std::fmt::Debug for HttpService {
@@ -407,14 +433,51 @@ impl HttpService {
                 .map(crate::compress::Compressor::new),
             retired: std::sync::atomic::AtomicBool::new(false),
             retire: tokio::sync::Notify::new(),
+            lineage: Arc::default(),
+            shape: format!("{vs:?}"),
         })
     }
 
-    /// Takes the service out of service: idle client connections close now, busy ones after
-    /// their current response (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY).
-    pub fn retire(&self) {
+    /// Makes this (not yet running) service the next version of `previous`, the service of the
+    /// same name in the configuration in force.
+    pub fn follows(&mut self, previous: &HttpService) {
+        self.lineage = previous.lineage.clone();
+    }
+
+    /// Makes this service the version in force of its lineage (at commit, before the previous
+    /// version is retired).
+    pub fn take_over(self: &Arc<Self>) {
+        *self.lineage.current.lock() = Arc::downgrade(self);
+    }
+
+    /// Takes the service out of service. Its client connections move to the version in force
+    /// (see `Successor`); when there is none (the service left the configuration, or the
+    /// process stops), idle connections close now and busy ones after their current response
+    /// (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY).
+    pub fn retire(self: &Arc<Self>) {
+        {
+            let mut current = self.lineage.current.lock();
+            if std::ptr::eq(current.as_ptr(), Arc::as_ptr(self)) {
+                *current = std::sync::Weak::new();
+            }
+        }
         self.retired.store(true, Ordering::Release);
         self.retire.notify_waiters();
+    }
+
+    /// For a connection of a retired service: the version to go on with.
+    pub fn successor(&self) -> Successor {
+        match self.lineage.current.lock().upgrade() {
+            Some(next) if next.shape == self.shape => Successor::Same(next),
+            Some(next) => Successor::Changed(next),
+            None => Successor::Gone,
+        }
+    }
+
+    /// Whether a response written now must announce the connection's close: the service was
+    /// retired and the version in force (if any) accepts connections differently.
+    pub fn must_close(&self) -> bool {
+        self.is_retired() && !matches!(self.successor(), Successor::Same(_))
     }
 
     pub fn is_retired(&self) -> bool {

@@ -197,6 +197,27 @@ impl TlsShared {
     }
 }
 
+/// A server configuration with one certificate and no client certificates, TLS 1.2 and 1.3
+/// with the default suites, ALPN `http/1.1` (the admin API's `admin.tls`). Errors name `at`'s
+/// keys (`admin.tls.cert`, `admin.tls.key`) and the file.
+pub fn single_cert_acceptor(
+    c: &fulcrum_config::TlsCert,
+    at: &str,
+) -> Result<tokio_rustls::TlsAcceptor, KeyError> {
+    let provider = Arc::new(provider());
+    let (ck, _) = load_cert(c, at, &provider)?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| (at.to_string(), format!("no TLS version available: {e}")))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(Resolver {
+            certs: vec![Arc::new(ck)],
+            names: NameIndex::default(),
+        }));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
 /// Handshake limit of a tcp or message service without `tls_options.handshake_timeout`.
 pub const DEFAULT_STREAM_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -172,6 +172,82 @@ pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), St
     Ok(())
 }
 
+/// Binds the API's listeners: `admin.listen` (TLS with `admin.tls`) and `admin.socket`.
+pub async fn listeners(admin: &Admin) -> Result<fulcrum_admin::Listeners, String> {
+    let tls = match &admin.tls {
+        Some(c) => Some(
+            fulcrum_http::tls::single_cert_acceptor(c, "admin.tls")
+                .map_err(|(k, m)| format!("{k}: {m}"))?,
+        ),
+        None => {
+            if !admin.listen.ip().is_loopback() {
+                tracing::warn!(listen = %admin.listen, "the admin API is off loopback in plain HTTP: its token crosses the network readable; set admin.tls");
+            }
+            None
+        }
+    };
+    let socket = match &admin.socket {
+        Some(path) => Some(bind_socket(path, admin.socket_mode)?),
+        None => None,
+    };
+    let tcp = tokio::net::TcpListener::bind(admin.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {} (admin.listen): {e}", admin.listen))?;
+    Ok(fulcrum_admin::Listeners { tcp, tls, socket })
+}
+
+/// Binds the admin socket with `mode` and no moment at a wider one: it is bound in a fresh 0700
+/// directory beside `path`, given its mode, then renamed into place. A socket file left by an
+/// earlier run (nobody answers on it) is replaced; one a running process answers on is not.
+fn bind_socket(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let shown = path.display();
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| format!("admin.socket: cannot create {}: {e}", dir.display()))?;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(format!(
+                    "admin.socket: another process answers on {shown} (is fulcrum running already?)"
+                ));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| format!("admin.socket: cannot remove the stale {shown}: {e}"))?;
+        }
+        Ok(_) => return Err(format!("admin.socket: {shown} exists and is not a socket")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("admin.socket: {shown}: {e}")),
+    }
+    let staging = dir.join(format!(".fulcrum-admin.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(|e| format!("admin.socket: cannot create {}: {e}", staging.display()))?;
+    let placed = (|| {
+        let at = staging.join("admin.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&at)
+            .map_err(|e| format!("admin.socket: cannot bind {shown}: {e}"))?;
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("admin.socket: cannot set the mode of {shown}: {e}"))?;
+        std::fs::rename(&at, path)
+            .map_err(|e| format!("admin.socket: cannot move the socket to {shown}: {e}"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("admin.socket: {e}"))?;
+        tokio::net::UnixListener::from_std(listener).map_err(|e| format!("admin.socket: {e}"))
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    placed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -316,6 +316,11 @@ impl App {
         if config.admin.listen != before.config.admin.listen {
             tracing::warn!(from = %before.config.admin.listen, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
         }
+        if config.admin.socket != before.config.admin.socket
+            || format!("{:?}", config.admin.tls) != format!("{:?}", before.config.admin.tls)
+        {
+            tracing::warn!("admin.socket and admin.tls changes take effect at the next restart");
+        }
         if config.ha != before.config.ha {
             tracing::warn!("[ha] changes take effect at the next restart");
         }
@@ -463,6 +468,7 @@ where
             }
         };
         let admin_addr = config.admin.listen;
+        let admin_config = config.admin.clone();
         let config_state_file = config.admin.state_file.clone();
         let ha = config.ha.clone();
         let access = match crate::admin::access(&config.admin, admin_addr) {
@@ -493,14 +499,14 @@ where
             eprintln!("{e}");
             return ExitCode::FAILURE;
         }
-        let admin = match tokio::net::TcpListener::bind(admin_addr).await {
+        let admin = match crate::admin::listeners(&admin_config).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("cannot listen on {admin_addr} (admin.listen): {e}");
+                eprintln!("{e}");
                 return ExitCode::FAILURE;
             }
         };
-        tokio::spawn(fulcrum_admin::serve(admin, app.clone()));
+        tokio::spawn(fulcrum_admin::serve_all(admin, app.clone()));
         let ticker = app.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(REFRESH_EVERY);

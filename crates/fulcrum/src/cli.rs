@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -15,14 +16,21 @@ use serde_json::{json, Value};
 /// How to reach the admin API; shared by every client verb.
 #[derive(Args, Clone, Debug)]
 pub struct Target {
-    /// Admin API address (host:port or http://host:port).
+    /// Admin API address (host:port or http://host:port). Without it (and without --socket)
+    /// the CLI uses the admin socket /run/fulcrum/admin.sock when it exists, else
+    /// 127.0.0.1:9900.
+    #[arg(long, global = true, env = "FULCRUM_ADMIN")]
+    pub admin: Option<String>,
+    /// The admin API's Unix socket (`admin.socket`): no token needed, its file permissions
+    /// decide who may use it.
     #[arg(
         long,
         global = true,
-        env = "FULCRUM_ADMIN",
-        default_value = "127.0.0.1:9900"
+        env = "FULCRUM_SOCKET",
+        value_name = "PATH",
+        conflicts_with = "admin"
     )]
-    pub admin: String,
+    pub socket: Option<std::path::PathBuf>,
     /// Bearer token for the API.
     #[arg(long, global = true, env = "FULCRUM_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -84,9 +92,24 @@ pub fn report(r: Result<(), Failure>) -> ExitCode {
     }
 }
 
+/// Where the CLI finds the admin socket when neither --admin nor --socket is given (the
+/// packaged configuration's `admin.socket`).
+pub const DEFAULT_SOCKET: &str = "/run/fulcrum/admin.sock";
+
+/// The API address when there is no socket.
+const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
+
+/// How the CLI reaches the API.
+enum Endpoint {
+    Tcp(SocketAddr),
+    Socket(std::path::PathBuf),
+}
+
 /// A connection to the admin API: address, Host header and token, resolved once.
 pub struct Client {
-    addr: SocketAddr,
+    endpoint: Endpoint,
+    /// The address or socket, as shown to the operator.
+    shown: String,
     host: String,
     token: Option<String>,
     runtime: tokio::runtime::Runtime,
@@ -94,27 +117,43 @@ pub struct Client {
 
 impl Client {
     pub fn new(t: &Target) -> Result<Client, Failure> {
-        let hostport = t
-            .admin
+        let socket = match (&t.socket, &t.admin) {
+            (Some(path), _) => Some(path.clone()),
+            (None, None) if Path::new(DEFAULT_SOCKET).exists() => Some(DEFAULT_SOCKET.into()),
+            _ => None,
+        };
+        let admin = t.admin.as_deref().unwrap_or(DEFAULT_ADMIN);
+        let hostport = admin
             .strip_prefix("http://")
-            .unwrap_or(&t.admin)
+            .unwrap_or(admin)
             .trim_end_matches('/');
-        if t.admin.starts_with("https://") {
-            return Err(Failure::new(
-                exit::UNREACHABLE,
-                "the admin API speaks plain HTTP; give --admin host:port",
-            ));
-        }
-        let addr = hostport
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| {
-                Failure::new(
-                    exit::UNREACHABLE,
-                    format!("--admin {:?} is not a host:port", t.admin),
+        let endpoint = match socket {
+            Some(path) => Endpoint::Socket(path),
+            None => {
+                if admin.starts_with("https://") {
+                    return Err(Failure::new(
+                        exit::UNREACHABLE,
+                        "the CLI speaks plain HTTP: use the admin socket (--socket), or curl --cacert for admin.tls",
+                    ));
+                }
+                Endpoint::Tcp(
+                    hostport
+                        .to_socket_addrs()
+                        .ok()
+                        .and_then(|mut a| a.next())
+                        .ok_or_else(|| {
+                            Failure::new(
+                                exit::UNREACHABLE,
+                                format!("--admin {admin:?} is not a host:port"),
+                            )
+                        })?,
                 )
-            })?;
+            }
+        };
+        let (shown, host) = match &endpoint {
+            Endpoint::Tcp(addr) => (addr.to_string(), hostport.to_string()),
+            Endpoint::Socket(path) => (path.display().to_string(), "localhost".to_string()),
+        };
         let token = match (&t.token, &t.token_file) {
             (Some(tok), _) => Some(tok.trim().to_string()),
             (None, Some(path)) => {
@@ -134,15 +173,17 @@ impl Client {
             .build()
             .map_err(|e| Failure::new(exit::UNREACHABLE, format!("runtime: {e}")))?;
         Ok(Client {
-            addr,
-            host: hostport.to_string(),
+            endpoint,
+            shown,
+            host,
             token,
             runtime,
         })
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The API's address or socket path, as shown to the operator.
+    pub fn addr(&self) -> &str {
+        &self.shown
     }
 
     /// One API call; a 2xx answer's JSON, or a failure with the API's own error message.
@@ -155,7 +196,7 @@ impl Client {
             .map_err(|_| {
                 Failure::new(
                     exit::UNREACHABLE,
-                    format!("the admin API at {} did not answer in 10 s", self.addr),
+                    format!("the admin API at {} did not answer in 10 s", self.shown),
                 )
             })??;
         if (200..300).contains(&status) {
@@ -201,18 +242,24 @@ impl Client {
                 exit::UNREACHABLE,
                 format!(
                     "cannot reach the admin API at {}: {e} (is fulcrum running? see --admin)",
-                    self.addr
+                    self.shown
                 ),
             )
         };
-        let stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-        tokio::spawn(conn);
+        let mut sender = match &self.endpoint {
+            Endpoint::Tcp(addr) => {
+                let stream = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?;
+                handshake(stream).await.map_err(unreachable)?
+            }
+            Endpoint::Socket(path) => {
+                let stream = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?;
+                handshake(stream).await.map_err(unreachable)?
+            }
+        };
         let mut req = http::Request::builder()
             .method(method)
             .uri(path)
@@ -250,6 +297,21 @@ impl Client {
             .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&bytes).trim() }));
         Ok((status, value))
     }
+}
+
+/// An HTTP/1.1 client connection over `stream`; its connection task runs beside.
+async fn handshake<S>(
+    stream: S,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    Ok(sender)
 }
 
 pub fn unix_now() -> f64 {

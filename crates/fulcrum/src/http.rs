@@ -118,20 +118,28 @@ impl DataPlane for HttpAssembly {
         if vs.protocol == Protocol::Https {
             svc.tls = cx.stream_tls(vs)?;
         }
+        if let Some(previous) = self.services.lock().iter().find(|s| *s.name == *vs.name) {
+            svc.follows(previous);
+        }
         let svc = Arc::new(svc);
         build.services.push(svc.clone());
         Ok(Some(svc))
     }
 
     /// Keeps the counters of the services that run now, drops the idle connections of members
-    /// that left, and retires the services of the previous configuration (their keep-alive
-    /// connections close after the request in progress, so clients reconnect to the new one).
-    /// (The TLS state of services that left is dropped by `App` for every plane.)
+    /// that left, and retires the services of the previous configuration: their client
+    /// connections serve their next requests with the new version, and announce their close
+    /// (`Connection: close`, GOAWAY) only when the service's own configuration changed; those of
+    /// a service that left close when idle. (The TLS state of services that left is dropped by
+    /// `App` for every plane.)
     fn commit(&self, cx: &mut CommitCx) {
         let build = std::mem::take(&mut *self.pending.lock());
         *self.stats.lock() = build.stats;
         *self.caches.lock() = build.caches;
         self.upstreams.retain(cx.pools);
+        for s in &build.services {
+            s.take_over();
+        }
         let old = std::mem::replace(&mut *self.services.lock(), build.services);
         for s in old {
             s.retire();
@@ -212,6 +220,8 @@ impl HttpAssembly {
                         "revalidated": s.revalidated.load(Ordering::Relaxed),
                         "stored": s.stored.load(Ordering::Relaxed),
                         "evicted": s.evicted.load(Ordering::Relaxed),
+                        "abandoned": s.abandoned.load(Ordering::Relaxed),
+                        "filling": cache.filling(),
                     }),
                 )
             }
@@ -272,7 +282,7 @@ impl HttpAssembly {
         }
         caches.sort_by(|a, b| a.0.cmp(&b.0));
         type Field = fn(&fulcrum_http::cache::CacheStats) -> u64;
-        let families: [(&str, &str, Field); 6] = [
+        let families: [(&str, &str, Field); 7] = [
             (
                 "fulcrum_http_cache_hits_total",
                 "Requests answered from the cache with a fresh stored response.",
@@ -302,6 +312,11 @@ impl HttpAssembly {
                 "fulcrum_http_cache_evicted_total",
                 "Stored URLs evicted to stay within size.",
                 |s| s.evicted.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_cache_abandoned_total",
+                "Responses not stored after all: larger than max_object, or no room among the fills in progress (together at most size).",
+                |s| s.abandoned.load(Ordering::Relaxed),
             ),
         ];
         for (family, help, get) in families {

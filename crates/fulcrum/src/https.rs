@@ -34,6 +34,11 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
             errors.extend(errs.into_iter().map(|(k, m)| config.locations.error(&k, m)));
         }
     }
+    if let Some(tls) = &config.admin.tls {
+        if let Err((k, m)) = fulcrum_http::tls::single_cert_acceptor(tls, "admin.tls") {
+            errors.push(config.locations.error(&k, m));
+        }
+    }
     for (i, pool) in config.pools.iter().enumerate() {
         if let Some(tls) = &pool.tls {
             if let Err((k, m)) = MemberTls::load(tls, pool.http.http2, &format!("pool[{i}]")) {

@@ -137,6 +137,16 @@ impl DataPlane for Messages {
         self.inner.lock().plans.clear();
     }
 
+    /// Client connections read no new message; each closes once the answers to the messages
+    /// it carries are written (the tracker waits for them up to `shutdown_timeout`), and the
+    /// member connections close after the last client.
+    fn shutdown(&self) {
+        for hub in self.inner.lock().hubs.values() {
+            hub.stop_clients();
+            hub.unregister();
+        }
+    }
+
     fn metrics(&self, w: &mut MetricsWriter) {
         self.write_metrics(w);
     }
@@ -151,7 +161,7 @@ impl Messages {
         }
         hubs.sort_by(|a, b| a.name.cmp(&b.name));
         type Field = fn(&MessageStats) -> f64;
-        let service: [(&str, &str, &str, Field); 6] = [
+        let service: [(&str, &str, &str, Field); 7] = [
             ("fulcrum_message_requests_total", "counter", "Messages received from clients.", |s| {
                 load(&s.requests)
             }),
@@ -160,6 +170,9 @@ impl Messages {
             }),
             ("fulcrum_message_in_flight", "gauge", "Messages received and not answered or failed yet.", |s| {
                 s.in_flight() as f64
+            }),
+            ("fulcrum_message_paused_total", "counter", "Times client connections stopped reading because a member queue was at member_queue (back-pressure).", |s| {
+                load(&s.paused)
             }),
             ("fulcrum_message_redispatched_total", "counter", "Re-sends to another member after a member connection died with the message unanswered.", |s| {
                 load(&s.redispatched)
@@ -176,6 +189,18 @@ impl Messages {
             for h in &hubs {
                 w.sample(name, &[("vs", &h.name)], get(&h.messages));
             }
+        }
+        w.family(
+            "fulcrum_message_queued",
+            "gauge",
+            "Messages waiting in the member queues (bounded per member by member_queue).",
+        );
+        for h in &hubs {
+            w.sample(
+                "fulcrum_message_queued",
+                &[("vs", &h.name)],
+                h.queued() as f64,
+            );
         }
         w.family(
             "fulcrum_message_failed_total",

@@ -179,7 +179,7 @@ impl Udp {
             return;
         }
         type Field = fn(&UdpStats) -> u64;
-        let families: [(&str, &str, Field); 11] = [
+        let families: [(&str, &str, Field); 12] = [
             (
                 "fulcrum_udp_datagrams_out_total",
                 "Datagrams relayed from members to clients.",
@@ -199,6 +199,11 @@ impl Udp {
                 "fulcrum_udp_table_full_drops_total",
                 "Datagrams dropped because no flow could be made.",
                 |s| s.table_full.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_udp_source_limited_total",
+                "Datagrams dropped because their source had a quarter of max_sessions (at least 16) in one-way flows.",
+                |s| s.source_limited.load(Ordering::Relaxed),
             ),
             (
                 "fulcrum_udp_rescheduled_total",

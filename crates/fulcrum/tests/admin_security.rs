@@ -289,3 +289,198 @@ async fn reload_keeps_the_lock_of_the_bound_address() {
     .unwrap();
     assert_eq!(r.status, 200);
 }
+
+/// curl with `args`; (status, stdout, stderr).
+fn curl(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-S", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `admin.socket`: the API on a Unix socket, mode 0600, where mutating calls need no token (the
+/// file's permissions decided who may connect), while the TCP listener keeps its lock; the CLI
+/// uses it with --socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_is_authenticated_by_its_file_permissions() {
+    let servers = id_servers(1).await;
+    let vs = free_addr();
+    let admin = free_addr();
+    let f = fulcrum_testkit::Fulcrum::start_with_admin_table(
+        BIN,
+        admin,
+        &format!("listen = \"{admin}\"\ntoken_file = \"admin.token\"\nsocket = \"run/admin.sock\""),
+        None,
+        &config(vs, &servers),
+    )
+    .await
+    .unwrap();
+    let socket = f.token_file().with_file_name("run").join("admin.sock");
+    let meta = std::fs::metadata(&socket).expect("no admin socket");
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    let socket = socket.to_str().unwrap();
+    let member = servers[0].addr.to_string();
+    let url = format!("http://localhost/api/v1/pools/p/members/{member}/state");
+    // Over TCP without the token: refused.
+    let tcp = format!("http://{admin}/api/v1/pools/p/members/{member}/state");
+    let (_, out, _) = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "PUT",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        r#"{"state":"drain"}"#,
+        &tcp,
+    ]);
+    assert_eq!(out, "401");
+    // Over the socket without a token: done.
+    let (ok, out, err) = curl(&[
+        "--unix-socket",
+        socket,
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "PUT",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        r#"{"state":"drain"}"#,
+        &url,
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.ends_with("\n200"), "{out}");
+    let m = f
+        .get_json(&format!("/api/v1/pools/p/members/{member}"))
+        .await;
+    assert_eq!(m["state"], "drain", "{m}");
+    // Still JSON only.
+    let (_, out, _) = curl(&[
+        "--unix-socket",
+        socket,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "PUT",
+        "-d",
+        r#"{"state":"enabled"}"#,
+        &url,
+    ]);
+    assert_eq!(out, "415");
+    // The audit names the socket.
+    let audit = f.get_json("/api/v1/audit").await;
+    assert!(audit.to_string().contains("unix socket"), "{audit}");
+    // The CLI over the socket, without a token.
+    let out = Command::new(BIN)
+        .args(["member", "enable", "p", &member, "--socket", socket])
+        .env_remove("FULCRUM_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = f
+        .get_json(&format!("/api/v1/pools/p/members/{member}"))
+        .await;
+    assert_eq!(m["state"], "enabled", "{m}");
+}
+
+/// `admin.tls`: the API listener speaks TLS with the configured certificate (curl --cacert
+/// verifies it), and no plain HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_listener_speaks_tls() {
+    let servers = id_servers(1).await;
+    let vs = free_addr();
+    let admin = free_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = fulcrum_testkit::pki::self_signed(
+        dir.path(),
+        "admin",
+        "127.0.0.1",
+        30,
+        Some("IP:127.0.0.1"),
+    );
+    let token = "0123456789abcdef-admin-tls";
+    let conf = dir.path().join("fulcrum.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[admin]\nlisten = \"{admin}\"\ntoken = \"{token}\"\ntls = {{ cert = \"{cert}\", key = \"{key}\" }}\n\n{}",
+            config(vs, &servers)
+        ),
+    )
+    .unwrap();
+    let check = Command::new(BIN)
+        .args(["check", "-c"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    // A certificate that does not load is reported by `fulcrum check`, with its key.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        format!(
+            "[admin]\nlisten = \"{admin}\"\ntoken = \"{token}\"\ntls = {{ cert = \"missing.crt\", key = \"{key}\" }}\n\n{}",
+            config(vs, &servers)
+        ),
+    )
+    .unwrap();
+    let check = Command::new(BIN)
+        .args(["check", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stderr).into_owned()
+        + &String::from_utf8_lossy(&check.stdout);
+    assert!(
+        !check.status.success() && said.contains("admin.tls.cert"),
+        "{said}"
+    );
+    let mut child = Command::new(BIN)
+        .args(["run", "-c"])
+        .arg(&conf)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{}/api/v1/status", admin.port());
+    let bearer = format!("Authorization: Bearer {token}");
+    let up = wait_until(std::time::Duration::from_secs(20), || async {
+        curl(&["--cacert", &cert, "-H", &bearer, &url]).0
+    })
+    .await;
+    let (ok, out, err) = curl(&["--cacert", &cert, "-H", &bearer, &url]);
+    let plain = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &format!("http://127.0.0.1:{}/api/v1/status", admin.port()),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(up && ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["virtual_services"][0]["name"], "svc");
+    assert_ne!(
+        plain.1, "200",
+        "plain HTTP is not answered on the TLS listener"
+    );
+}

@@ -1107,29 +1107,167 @@ async fn proxy_protocol_binds_member_connections_to_their_client() {
     }
 }
 
+/// An HTTP/2 (h2c) client connection: the sender and the connection's task.
+async fn h2_client(
+    vs: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(vs).await.unwrap());
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+            .await
+            .unwrap();
+    (send, tokio::spawn(conn))
+}
+
+async fn h2_get(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    vs: SocketAddr,
+    path: &str,
+) -> Result<u16, String> {
+    use http_body_util::BodyExt;
+    let req = http::Request::builder()
+        .uri(format!("http://{vs}{path}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .map_err(|_| "no answer within 10s".to_string())?
+        .map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    resp.into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(status)
+}
+
+/// One HTTP/1.1 request on an open keep-alive connection.
+async fn h1_get(s: &mut TcpStream, path: &str) -> Result<(u16, String), String> {
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    read_response(s)
+        .await
+        .map(|(status, head, _)| (status, head))
+}
+
+/// A reload that does not touch a service keeps its client connections (HTTP/1.1 keep-alive and
+/// HTTP/2) serving, with no close announced; a reload that changes it lets the request in
+/// flight finish and announces the close (`Connection: close`, GOAWAY); an idle HTTP/1.1
+/// connection is not closed under its client but answers its next request with
+/// `Connection: close`. No request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reload_and_shutdown_close_idle_keep_alive_connections() {
+async fn reloads_keep_unchanged_services_connections_and_announce_changed_ones() {
     let b = backends(1).await;
-    let vs = free_addr();
-    let config = format!("{}{}", service(vs, ""), pool("p", &addrs(&b), ""));
-    let mut f = start(&config).await;
-    let mut s = TcpStream::connect(vs).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
-    // A reload retires the service: the idle connection is closed, a new one sees the new
-    // configuration.
+    let (vs, other) = (free_addr(), free_addr());
+    let other_service = |extra: &str| {
+        format!(
+            "[[virtual_service]]\nname = \"other\"\nlisten = [\"{other}\"]\nprotocol = \"http\"\npool = \"p\"\n{extra}\n"
+        )
+    };
+    let f = start(&format!(
+        "{}{}{}",
+        service(vs, ""),
+        other_service(""),
+        pool("p", &addrs(&b), "")
+    ))
+    .await;
+    let mut h1 = TcpStream::connect(vs).await.unwrap();
+    let port = h1.local_addr().unwrap().port();
+    assert_eq!(h1_get(&mut h1, "/").await.unwrap().0, 200);
+    let mut idle = TcpStream::connect(vs).await.unwrap();
+    assert_eq!(h1_get(&mut idle, "/").await.unwrap().0, 200);
+    let (mut h2, h2_conn) = h2_client(vs).await;
+    assert_eq!(h2_get(&mut h2, vs, "/").await.unwrap(), 200);
+    async fn web_connections(f: &Fulcrum) -> u64 {
+        let status = f.get_json("/api/v1/status").await;
+        status["virtual_services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "web")
+            .unwrap()["connections_total"]
+            .as_u64()
+            .unwrap()
+    }
+    assert_eq!(web_connections(&f).await, 3);
+
+    // 1. Another service and the pool change; `web` does not.
+    f.write_config(&format!(
+        "{}{}{}",
+        service(vs, ""),
+        other_service("idle_timeout = \"30s\""),
+        pool("p", &addrs(&b), "algorithm = \"round_robin\"")
+    ));
     let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
-    assert_eq!(r.status, 200);
-    let (bytes, closed) = read_until_close(&mut s, Duration::from_secs(3)).await;
-    assert!(closed && bytes.is_empty());
-    // At shutdown idle keep-alive connections do not hold the process for shutdown_timeout.
-    let mut s = TcpStream::connect(vs).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (status, head) = h1_get(&mut h1, "/")
         .await
+        .expect("kept HTTP/1.1 connection");
+    assert_eq!(status, 200);
+    assert_eq!(header(&head, "connection"), None, "{head}");
+    assert_eq!(h1.local_addr().unwrap().port(), port);
+    assert_eq!(
+        h2_get(&mut h2, vs, "/").await,
+        Ok(200),
+        "kept HTTP/2 connection"
+    );
+    assert!(!h2_conn.is_finished(), "no GOAWAY for an unchanged service");
+    assert_eq!(web_connections(&f).await, 3, "no client reconnected");
+
+    // 2. `web` changes while a request is in flight on each connection.
+    let before = b[0].requests();
+    let in_flight_h1 = tokio::spawn(async move {
+        let r = h1_get(&mut h1, "/delay/1500").await;
+        (r, h1)
+    });
+    let mut h2_in_flight = h2.clone();
+    let in_flight_h2 =
+        tokio::spawn(async move { h2_get(&mut h2_in_flight, vs, "/delay/1500").await });
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            b[0].requests() >= before + 2
+        })
+        .await,
+        "both requests reached the member"
+    );
+    f.write_config(&format!(
+        "{}{}{}",
+        service(vs, "idle_timeout = \"45s\""),
+        other_service("idle_timeout = \"30s\""),
+        pool("p", &addrs(&b), "algorithm = \"round_robin\"")
+    ));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (answer, mut h1) = in_flight_h1.await.unwrap();
+    let (status, head) = answer.expect("the request in flight finished");
+    assert_eq!(status, 200);
+    assert_eq!(header(&head, "connection"), Some("close"), "{head}");
+    let (_, closed) = read_until_close(&mut h1, Duration::from_secs(3)).await;
+    assert!(closed, "closed after announcing it");
+    assert_eq!(
+        in_flight_h2.await.unwrap(),
+        Ok(200),
+        "the stream in flight finished"
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(5), h2_conn)
+        .await
+        .expect("GOAWAY ends the HTTP/2 connection")
         .unwrap();
-    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    assert!(ended.is_ok(), "{ended:?}");
+    // The idle connection was not closed under its client: its next request is answered (by
+    // the new configuration) and announces the close.
+    let (status, head) = h1_get(&mut idle, "/").await.expect("idle connection kept");
+    assert_eq!(status, 200);
+    assert_eq!(header(&head, "connection"), Some("close"), "{head}");
+
+    // 3. At shutdown idle keep-alive connections do not hold the process for shutdown_timeout.
+    let mut f = f;
+    let mut s = TcpStream::connect(vs).await.unwrap();
+    assert_eq!(h1_get(&mut s, "/").await.unwrap().0, 200);
     let started = Instant::now();
     f.signal(libc::SIGTERM);
     let status = f.wait_exit(Duration::from_secs(10)).await;

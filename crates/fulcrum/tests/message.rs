@@ -992,3 +992,124 @@ async fn proxy_protocol_announces_fulcrums_own_member_connections() {
         assert!(headers.iter().all(|h| check(h)), "{version}: {headers:?}");
     }
 }
+
+/// Back-pressure: with a member that answers nothing, messages from many clients wait in its
+/// queue only up to `member_queue`; past it the clients are no longer read (their sends block in
+/// TCP) instead of Fulcrum queueing everything they send. (Before `member_queue`, the member's
+/// queue took every message every client sent: 4 × 300 here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_queue_bounds_waiting_messages_and_pauses_clients() {
+    let framing = WireFraming::two_byte();
+    let servers = switches(1, &framing, SwitchOptions::default()).await;
+    let vs = free_addr();
+    let f = start(&config(
+        vs,
+        &servers,
+        &format!("{ASYNC_SEQ}\nmember_connections = 1\nmax_pending = 4\nmember_queue = 64\nmessage_timeout = \"60s\""),
+        "",
+    ))
+    .await;
+    wait_connected(&f, &servers, 1).await;
+    let mut senders = Vec::new();
+    for c in 0..4u64 {
+        let (mut tx, rx) = MessageClient::connect(vs, framing.clone())
+            .await
+            .unwrap()
+            .split();
+        senders.push(tokio::spawn(async move {
+            let _rx = rx;
+            for i in 0..300u64 {
+                if tx.send(&id(c * 1000 + i), b"noreply").await.is_err() {
+                    break;
+                }
+            }
+            // Hold the connection (a blocked send above never returns: the task is aborted).
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }));
+    }
+    // Wait until Fulcrum stops taking messages.
+    let mut last = -1.0;
+    let mut settled = false;
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = metric(&f, "fulcrum_message_requests_total", "vs=\"svc\"").await;
+        if now == last && now > 0.0 {
+            settled = true;
+            break;
+        }
+        last = now;
+    }
+    assert!(settled, "Fulcrum kept reading");
+    let received = metric(&f, "fulcrum_message_requests_total", "vs=\"svc\"").await;
+    let queued = metric(&f, "fulcrum_message_queued", "vs=\"svc\"").await;
+    let in_flight = metric(&f, "fulcrum_message_in_flight", "vs=\"svc\"").await;
+    let paused = metric(&f, "fulcrum_message_paused_total", "vs=\"svc\"").await;
+    println!("received {received}, queued {queued}, in flight {in_flight}, paused {paused}");
+    // 4 at the member, 64 queued, and at most one message per client taken as the bound was
+    // reached.
+    assert!(queued <= 64.0 + 4.0, "queued {queued}");
+    assert!(in_flight <= 4.0 + 64.0 + 4.0, "in flight {in_flight}");
+    assert!(received < 1200.0, "every message was read: {received}");
+    assert!(paused >= 1.0);
+    for s in senders {
+        s.abort();
+    }
+}
+
+/// SIGTERM drains message services: clients are read no more, the answers to the messages in
+/// flight are delivered, then each client connection is closed and the process exits, long
+/// before `shutdown_timeout` (before: the connections stayed open, still read, until the
+/// timeout cut them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_delivers_answers_in_flight_then_closes() {
+    let framing = WireFraming::two_byte();
+    let servers = switches(
+        1,
+        &framing,
+        SwitchOptions {
+            delay: Duration::from_millis(1000),
+            ordered: false,
+        },
+    )
+    .await;
+    let vs = free_addr();
+    let mut f = start(&format!(
+        "[global]\nshutdown_timeout = \"20s\"\n\n{}",
+        config(vs, &servers, ASYNC_SEQ, "")
+    ))
+    .await;
+    wait_connected(&f, &servers, 2).await;
+    let mut c = MessageClient::connect(vs, framing.clone()).await.unwrap();
+    for i in 0..3u64 {
+        c.send(&id(i), b"slow").await.unwrap();
+    }
+    assert!(wait_until(WAIT, || async { servers[0].messages() == 3 }).await);
+    let started = std::time::Instant::now();
+    f.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Sent after SIGTERM: not read, so never sent to a member.
+    let _ = c.send(&id(99), b"late").await;
+    let mut got = HashSet::new();
+    for _ in 0..3 {
+        let a = c.recv(WAIT).await.unwrap().expect("an answer in flight");
+        got.insert(a.id);
+    }
+    assert_eq!(got.len(), 3);
+    assert!(
+        c.closed_within(Duration::from_secs(3)).await,
+        "the client connection is closed once its answers are written"
+    );
+    let status = f.wait_exit(Duration::from_secs(25)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "exited after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        servers[0].messages(),
+        3,
+        "the late message was not forwarded"
+    );
+}

@@ -636,16 +636,21 @@ async fn udp_and_tcp_services_share_an_address() {
 async fn a_flood_of_one_shot_sources_does_not_evict_two_way_sessions() {
     let members = echo_members(1).await;
     let vs = free_udp("127.0.0.1");
-    // One worker, so one listening socket and one flow table: eviction prefers one-way flows
-    // within a table, and with several SO_REUSEPORT sockets a table the flood did not hash onto
-    // can only evict real sessions (a known limit, in the issue notes) — which made this test
-    // depend on how the kernel spread the flood's source ports.
-    let f = start(&format!(
-        "[global]\nworkers = 1\n{}[[pool]]\nname = \"p\"\n{}",
-        udp_service(vs, "max_sessions = 20\nsession_timeout = \"60s\""),
-        members_of(&members)
-    ))
-    .await;
+    // Two workers: two SO_REUSEPORT sockets, each with its own flow table, and the kernel
+    // spreads the sources over them. The table has room for one flow beside the ten real
+    // sessions, so whichever socket the flood's first flow does not reach holds only real
+    // sessions when the flood reaches it: it must not evict them (before, it did, on every run).
+    let config = |max: u32| {
+        format!(
+            "[global]\nworkers = 2\n{}[[pool]]\nname = \"p\"\n{}",
+            udp_service(
+                vs,
+                &format!("max_sessions = {max}\nsession_timeout = \"60s\"")
+            ),
+            members_of(&members)
+        )
+    };
+    let f = start(&config(11)).await;
     // Ten real clients: each has spoken after a member's answer (a two-way session).
     let mut real = Vec::new();
     for _ in 0..10 {
@@ -656,24 +661,52 @@ async fn a_flood_of_one_shot_sources_does_not_evict_two_way_sessions() {
     }
     let upstreams = members[0].sources().len();
     assert_eq!(upstreams, 10);
-    // A flood of 200 sources sending one datagram each (as spoofed sources would), newer than
-    // the real sessions' last datagrams.
-    for i in 0..200 {
-        let c = client("127.0.0.2").await;
-        let _ = c.send_to(b"flood", vs).await;
-        if i % 20 == 19 {
-            // Paced a little, so that socket buffers on a busy machine drop none of it.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    let metric = |name: &'static str| {
+        let f = &f;
+        async move {
+            f.api("GET", "/metrics", None)
+                .await
+                .unwrap()
+                .text()
+                .lines()
+                .find(|l| l.starts_with(&format!("{name}{{vs=\"u\"")))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
         }
-    }
-    // Most of it arrived (a few datagrams may still be lost to full buffers under load).
-    assert!(
-        wait_until(Duration::from_secs(5), || async {
-            members[0].datagrams() >= 200
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // A flood of 200 one-datagram flows (as spoofed sources would send) from ten source
+    // addresses, newer than the real sessions' last datagrams.
+    let flood = |from: &'static str, n: usize, first: usize| async move {
+        for i in 0..n {
+            let ip = if from.is_empty() {
+                format!("127.0.0.{}", 2 + (first + i) % 10)
+            } else {
+                from.to_string()
+            };
+            let c = client(&ip).await;
+            let _ = c.send_to(b"flood", vs).await;
+            if i % 20 == 19 {
+                // Paced a little, so that socket buffers on a busy machine drop none of it.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let handled = |n: f64| {
+        let metric = &metric;
+        async move {
+            // Every datagram was handled: forwarded, refused for its source, or for want of
+            // room (a few may still be lost to full buffers under load).
+            assert!(
+                wait_until(Duration::from_secs(5), || async {
+                    metric("fulcrum_vs_requests_total").await >= n
+                })
+                .await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    flood("", 200, 0).await;
+    handled(20.0 + 190.0).await;
     // The real clients still have their flows: the member sees their third datagram from the
     // upstream socket that carried their first two (a new flow would be a new socket).
     for c in &real {
@@ -681,16 +714,25 @@ async fn a_flood_of_one_shot_sources_does_not_evict_two_way_sessions() {
     }
     let thrice = members[0].sources().values().filter(|n| **n == 3).count();
     assert_eq!(thrice, 10, "real sessions were evicted by the flood");
-    let evicted = f
-        .api("GET", "/metrics", None)
-        .await
-        .unwrap()
-        .text()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("fulcrum_udp_sessions_evicted_total{vs=\"u\"} ")
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0);
+    let evicted = metric("fulcrum_udp_sessions_evicted_total").await;
     assert!(evicted > 0.0, "the flood did fill the table");
+
+    // A larger table: one source may hold a quarter of it in one-way flows (at least 16),
+    // whichever socket they reach.
+    f.write_config(&config(80));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    flood("127.0.0.99", 60, 0).await;
+    handled(30.0 + 250.0).await;
+    for c in &real {
+        assert!(ask(c, vs, "fourth").await.is_some());
+    }
+    let four = members[0].sources().values().filter(|n| **n == 4).count();
+    assert_eq!(four, 10, "real sessions were evicted by the flood");
+    let limited = metric("fulcrum_udp_source_limited_total").await;
+    println!("evicted {evicted}, source limited {limited}");
+    assert!(
+        (60.0 - 20.0 - 5.0..=60.0 - 20.0).contains(&limited),
+        "one source held at most 20 one-way flows: {limited} refused"
+    );
 }

@@ -61,6 +61,9 @@ pub struct HttpCache {
     max_object: AtomicU64,
     pub stats: Arc<CacheStats>,
     pending: Mutex<HashMap<Arc<str>, Arc<Pending>>>,
+    /// Bytes held by responses being stored while they stream (fills in progress), together
+    /// at most `size`: many concurrent large fills cannot hold more than the cache may.
+    filling: AtomicU64,
 }
 
 impl std::fmt::Debug for HttpCache {
@@ -166,6 +169,7 @@ impl HttpCache {
             max_object: AtomicU64::new(max_object),
             stats,
             pending: Mutex::new(HashMap::new()),
+            filling: AtomicU64::new(0),
         })
     }
 
@@ -182,11 +186,31 @@ impl HttpCache {
             max_object: AtomicU64::new(max_object),
             stats: self.stats.clone(),
             pending: Mutex::new(HashMap::new()),
+            filling: AtomicU64::new(0),
         })
     }
 
     pub fn max_object(&self) -> u64 {
         self.max_object.load(Ordering::Relaxed)
+    }
+
+    /// Bytes held by fills in progress.
+    pub fn filling(&self) -> u64 {
+        self.filling.load(Ordering::Relaxed)
+    }
+
+    /// Takes `n` bytes for a fill in progress, unless fills would then hold more than `size`.
+    fn reserve(&self, n: u64) -> bool {
+        self.filling
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n)
+                    .filter(|&total| total <= self.store.size)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: u64) {
+        self.filling.fetch_sub(n, Ordering::AcqRel);
     }
 
     /// Whether a request goes through the cache at all (GET and HEAD without a body, ranges or
@@ -906,8 +930,27 @@ pub struct Fill {
     _leader: Option<Leader>,
 }
 
+impl Drop for Fill {
+    fn drop(&mut self) {
+        self.cache.release(self.len);
+    }
+}
+
 impl Fill {
-    fn finish(self) {
+    /// Keeps the next piece of the body; false when the response cannot be stored (larger than
+    /// max_object, or no room left among the fills in progress): it streams on, unstored.
+    fn add(&mut self, d: &Bytes) -> bool {
+        let n = d.len() as u64;
+        if self.len + n > self.max || !self.cache.reserve(n) {
+            self.cache.stats.abandoned.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.len += n;
+        self.chunks.push(d.clone());
+        true
+    }
+
+    fn finish(mut self) {
         let declared = self
             .headers
             .get(http::header::CONTENT_LENGTH)
@@ -916,20 +959,21 @@ impl Fill {
         if declared.is_some_and(|n| n != self.len) {
             return;
         }
-        let body = if self.chunks.len() > 1 && self.len <= COALESCE {
+        let chunks = std::mem::take(&mut self.chunks);
+        let body = if chunks.len() > 1 && self.len <= COALESCE {
             let mut all = Vec::with_capacity(self.len as usize);
-            for c in &self.chunks {
+            for c in &chunks {
                 all.extend_from_slice(c);
             }
             vec![Bytes::from(all)]
         } else {
-            self.chunks
+            chunks
         };
         let entry = Entry::new(
             self.status,
-            self.headers,
+            std::mem::take(&mut self.headers),
             body,
-            self.vary,
+            std::mem::take(&mut self.vary),
             self.request_time,
             now_secs(),
             self.age_value,
@@ -968,12 +1012,9 @@ impl Body for CacheBody {
             CacheBody::Tee { inner, fill } => match ready!(Pin::new(inner).poll_frame(cx)) {
                 Some(Ok(f)) => {
                     if let (Some(d), Some(fl)) = (f.data_ref(), fill.as_mut()) {
-                        if fl.len + d.len() as u64 > fl.max {
-                            // Too large for the cache: streamed on, never stored in part.
+                        if !fl.add(d) {
+                            // Not storable: streamed on, never stored in part.
                             *fill = None;
-                        } else {
-                            fl.len += d.len() as u64;
-                            fl.chunks.push(d.clone());
                         }
                     }
                     Poll::Ready(Some(Ok(f)))
@@ -1275,6 +1316,77 @@ async fn write_idle<W: AsyncWrite + Unpin>(io: &mut W, buf: &[u8], idle: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes the fills of `bodies` hold now (counted from the fills themselves).
+    fn held(bodies: &[CacheBody]) -> u64 {
+        bodies
+            .iter()
+            .map(|b| match b {
+                CacheBody::Tee { fill: Some(f), .. } => {
+                    f.chunks.iter().map(|c| c.len() as u64).sum()
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Eight responses of 600 KiB stored at once into a 1 MiB cache: the fills never hold more
+    /// than 1 MiB together (before, each kept up to max_object: 4.8 MB here), every client still
+    /// gets its whole body, and what could not be stored is counted.
+    #[test]
+    fn concurrent_fills_hold_at_most_the_cache_size() {
+        const SIZE: u64 = 1 << 20;
+        let cache = HttpCache::new(SIZE, SIZE);
+        let piece = Bytes::from(vec![b'x'; 100 * 1024]);
+        let mut bodies: Vec<CacheBody> = (0..8)
+            .map(|i| CacheBody::Tee {
+                inner: DownBody::Cache(Box::new(CacheBody::Stored {
+                    chunks: vec![piece.clone(); 6],
+                    next: 0,
+                })),
+                fill: Some(Box::new(Fill {
+                    cache: cache.clone(),
+                    key: Arc::from(format!("http://h/k{i}").as_str()),
+                    status: 200,
+                    headers: HeaderMap::new(),
+                    vary: Vec::new(),
+                    request_time: 0,
+                    age_value: 0,
+                    chunks: Vec::new(),
+                    len: 0,
+                    max: cache.max_object(),
+                    _leader: None,
+                })),
+            })
+            .collect();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut delivered = [0usize; 8];
+        let mut most = 0;
+        for _ in 0..7 {
+            for (i, b) in bodies.iter_mut().enumerate() {
+                if let Poll::Ready(Some(Ok(f))) = Pin::new(b).poll_frame(&mut cx) {
+                    delivered[i] += f.into_data().map_or(0, |d| d.len());
+                }
+            }
+            most = most.max(held(&bodies));
+            assert!(most <= SIZE, "fills hold {most} bytes, the cache is {SIZE}");
+            assert_eq!(cache.filling(), held(&bodies));
+        }
+        assert_eq!(
+            delivered,
+            [600 * 1024; 8],
+            "every client got its whole body"
+        );
+        let (_, stored, _) = cache.usage();
+        assert!(stored >= 1, "a fill that had room was stored");
+        assert_eq!(
+            cache.stats.abandoned.load(Ordering::Relaxed) + stored,
+            8,
+            "each response stored or given up"
+        );
+        drop(bodies);
+        assert_eq!(cache.filling(), 0);
+    }
 
     #[test]
     fn same_origin_targets() {

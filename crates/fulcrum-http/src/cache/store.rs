@@ -151,6 +151,9 @@ pub struct CacheStats {
     pub revalidated: AtomicU64,
     pub stored: AtomicU64,
     pub evicted: AtomicU64,
+    /// Responses that started to be stored and were given up: larger than max_object, or no
+    /// room left among the fills in progress (they hold at most `size` together).
+    pub abandoned: AtomicU64,
 }
 
 /// The bounded store of one virtual service.

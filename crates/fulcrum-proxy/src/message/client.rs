@@ -98,9 +98,64 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
     let mut last_activity = Instant::now();
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
+    let mut flow = hub.flow();
+    // Bytes were read that may hold messages not yet taken.
+    let mut parse = false;
 
     loop {
-        if eof && in_flight == 0 {
+        // Back-pressure: while a member queue is full, stop reading (the client's socket buffer
+        // fills and its sends block) instead of queueing more. At shutdown, stop reading for
+        // good: the answers to what is in flight are written, then the connection closes.
+        let now = *flow.borrow_and_update();
+        if now.stopping && !eof {
+            eof = true;
+            tracing::debug!(service = %hub.name, client = %peer, in_flight, "shutting down: reading no new message");
+        }
+        // The messages read so far, one by one while no member queue is full and the client's
+        // own limit allows: what stays in the buffer waits (back-pressure).
+        while parse && !now.stopping {
+            if in_flight >= limit || hub.is_congested() {
+                break;
+            }
+            let frame = match framer.parse(&rbuf, &mut scanned) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => {
+                    parse = false;
+                    break;
+                }
+                Err(e) => {
+                    bad_frame(hub, peer, e.kind(), &e.to_string());
+                    return;
+                }
+            };
+            let id = match &sequence {
+                Some(seq) => {
+                    let at = frame.body.start + seq.offset;
+                    if at + seq.length > frame.body.end {
+                        bad_frame(hub, peer, "malformed", &format!(
+                            "a message of {} bytes is too short for its sequence id at bytes {}..{} of the body",
+                            frame.body.len(), seq.offset, seq.offset + seq.length
+                        ));
+                        return;
+                    }
+                    Some(at..at + seq.length)
+                }
+                None => None,
+            };
+            let bytes = rbuf.split_to(frame.len).freeze();
+            let msg = Message::new(bytes, id, me.clone(), next_index, last_activity);
+            if let Some(o) = &mut in_order {
+                o.slots.push_back(None);
+            }
+            next_index += 1;
+            in_flight += 1;
+            hub.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+            hub.messages.requests.fetch_add(1, Ordering::Relaxed);
+            hub.dispatch(msg);
+        }
+        // Done when the client sent its last message (or shutdown stopped reading) and every
+        // answer is written; messages still waiting in the buffer are taken first.
+        if eof && in_flight == 0 && (!parse || now.stopping) {
             break;
         }
         if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
@@ -153,7 +208,8 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 last_activity = Instant::now();
             }
-            r = stream.read_buf(&mut rbuf), if !eof && in_flight < limit => {
+            _ = flow.changed() => {}
+            r = stream.read_buf(&mut rbuf), if !eof && !parse && in_flight < limit && !now.congested => {
                 let n = match r {
                     Ok(n) => n,
                     Err(e) => {
@@ -170,40 +226,7 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 last_activity = Instant::now();
                 hub.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-                loop {
-                    let frame = match framer.parse(&rbuf, &mut scanned) {
-                        Ok(Some(frame)) => frame,
-                        Ok(None) => break,
-                        Err(e) => {
-                            bad_frame(hub, peer, e.kind(), &e.to_string());
-                            return;
-                        }
-                    };
-                    let id = match &sequence {
-                        Some(seq) => {
-                            let at = frame.body.start + seq.offset;
-                            if at + seq.length > frame.body.end {
-                                bad_frame(hub, peer, "malformed", &format!(
-                                    "a message of {} bytes is too short for its sequence id at bytes {}..{} of the body",
-                                    frame.body.len(), seq.offset, seq.offset + seq.length
-                                ));
-                                return;
-                            }
-                            Some(at..at + seq.length)
-                        }
-                        None => None,
-                    };
-                    let bytes = rbuf.split_to(frame.len).freeze();
-                    let msg = Message::new(bytes, id, me.clone(), next_index, last_activity);
-                    if let Some(o) = &mut in_order {
-                        o.slots.push_back(None);
-                    }
-                    next_index += 1;
-                    in_flight += 1;
-                    hub.stats.requests_total.fetch_add(1, Ordering::Relaxed);
-                    hub.messages.requests.fetch_add(1, Ordering::Relaxed);
-                    hub.dispatch(msg);
-                }
+                parse = true;
             }
             _ = &mut idle => {
                 let deadline = last_activity + idle_timeout;

@@ -194,6 +194,8 @@ pub struct MemberLinks {
     /// Messages scheduled on this member, waiting for a connection with room. A per-member lock
     /// held for a push or for taking a batch; links take as many as they have room for at once.
     queue: Mutex<VecDeque<Message>>,
+    /// The queue's length, for the scheduler and metrics without the lock.
+    queued: AtomicUsize,
     /// A message was queued: wakes one connected link with room.
     pub(crate) work: Notify,
     /// A message was scheduled here while no link was connected: wakes links in back-off.
@@ -214,6 +216,7 @@ impl MemberLinks {
             member,
             stats: MemberMessageStats::default(),
             queue: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
             work: Notify::new(),
             wanted: Notify::new(),
             closing: Notify::new(),
@@ -240,16 +243,36 @@ impl MemberLinks {
         self.retired.load(Ordering::SeqCst)
     }
 
+    /// Messages waiting for a connection of this member.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
     /// Moves up to `max` queued messages, oldest first, to `out`; returns whether more are left.
-    pub(crate) fn take(&self, max: usize, out: &mut Vec<Message>) -> bool {
-        let mut q = self.queue.lock();
-        let n = max.min(q.len());
-        out.extend(q.drain(..n));
-        !q.is_empty()
+    pub(crate) fn take(&self, max: usize, out: &mut Vec<Message>, hub: &Hub) -> bool {
+        let left = {
+            let mut q = self.queue.lock();
+            let n = max.min(q.len());
+            out.extend(q.drain(..n));
+            self.queued.store(q.len(), Ordering::Relaxed);
+            q.len()
+        };
+        if left < hub.queue_limit() / 2 {
+            hub.relieved();
+        }
+        left > 0
     }
 
     fn push(self: &Arc<Self>, msg: Message, hub: &Arc<Hub>) {
-        self.queue.lock().push_back(msg);
+        let len = {
+            let mut q = self.queue.lock();
+            q.push_back(msg);
+            self.queued.store(q.len(), Ordering::Relaxed);
+            q.len()
+        };
+        if len >= hub.queue_limit() {
+            hub.congested();
+        }
         self.work.notify_one();
         if self.ready() == 0 {
             self.wanted.notify_waiters();
@@ -269,6 +292,7 @@ impl MemberLinks {
     pub(crate) fn drain(&self, hub: &Arc<Hub>) {
         // Taken out first: rescheduling may queue on this very set again.
         let queued = std::mem::take(&mut *self.queue.lock());
+        self.queued.store(0, Ordering::Relaxed);
         for mut msg in queued {
             msg.bounces += 1;
             msg.avoid(self.member.address);
@@ -330,7 +354,7 @@ impl Dispatch {
     /// The member for a message: persistence first, then the pool's scheduler. Members whose
     /// connections are all down are passed over while another can take the message; members
     /// the message already failed on are avoided, unless no other member is left.
-    fn choose(&self, msg: &Message) -> Option<usize> {
+    fn choose(&self, msg: &Message, limit: usize) -> Option<usize> {
         let pool = &self.pool;
         let n = pool.members().len();
         let mut exclude: Vec<usize> = msg
@@ -355,14 +379,23 @@ impl Dispatch {
                 .flatten(),
         };
         let mut chosen = None;
+        let mut full = None;
         let mut fallback = None;
         while exclude.len() < n {
             let Some(p) = pool.pick(&ctx, &exclude) else {
                 break;
             };
-            if self.members[p.index].ready() > 0 {
+            let links = &self.members[p.index];
+            if links.ready() > 0 && links.queued() < limit {
                 chosen = Some(p.index);
                 break;
+            }
+            if links.ready() > 0 {
+                // Its queue is full: another member takes the message if one can; otherwise
+                // it is queued here anyway (it was read already) and the clients pause.
+                full.get_or_insert(p.index);
+                exclude.push(p.index);
+                continue;
             }
             // The member may take work but has no connection up (it just recovered, or just
             // joined): have its connections retry now instead of at the end of their back-off.
@@ -375,7 +408,7 @@ impl Dispatch {
             // re-send (a lone member that restarted).
             fallback = pool.pick(&ctx, &[]).map(|p| p.index);
         }
-        let chosen = chosen.or(fallback)?;
+        let chosen = chosen.or(full).or(fallback)?;
         if let (Some(p), Some(k)) = (&self.persistence, key) {
             let addr = self.members[chosen].member.address;
             if remembered != Some(addr) {
@@ -396,6 +429,23 @@ pub struct Hub {
     pub messages: Arc<MessageStats>,
     clients: AtomicUsize,
     registered: AtomicBool,
+    /// What client connections may do now: read new messages or pause (back-pressure), or stop
+    /// reading and finish what they carry (shutdown). A watch: no change is missed by a client
+    /// between its check and its wait.
+    flow: tokio::sync::watch::Sender<Flow>,
+    /// Mirrors `flow.congested`, so the hot path reads an atomic, not the watch's lock.
+    congested: AtomicBool,
+}
+
+/// See `Hub::flow`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Flow {
+    /// A message went to a member whose queue is at `member_queue` (no other member had room):
+    /// clients stop reading until that queue is half empty.
+    pub congested: bool,
+    /// The process is shutting down: clients read no new message, wait for the answers to the
+    /// ones in flight, write them and close.
+    pub stopping: bool,
 }
 
 impl std::fmt::Debug for Hub {
@@ -432,7 +482,47 @@ impl Hub {
             messages,
             clients: AtomicUsize::new(0),
             registered: AtomicBool::new(true),
+            flow: tokio::sync::watch::Sender::new(Flow::default()),
+            congested: AtomicBool::new(false),
         })
+    }
+
+    /// `member_queue`: messages waiting per member before clients are paused.
+    pub(crate) fn queue_limit(&self) -> usize {
+        self.settings.options.member_queue as usize
+    }
+
+    /// A member queue is at `member_queue`: client connections take no new message.
+    pub(crate) fn is_congested(&self) -> bool {
+        self.congested.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn flow(&self) -> tokio::sync::watch::Receiver<Flow> {
+        self.flow.subscribe()
+    }
+
+    fn congested(&self) {
+        if !self.congested.swap(true, Ordering::AcqRel) {
+            self.messages.paused.fetch_add(1, Ordering::Relaxed);
+            self.flow.send_modify(|f| f.congested = true);
+        }
+    }
+
+    fn relieved(&self) {
+        if self.congested.load(Ordering::Acquire) && self.congested.swap(false, Ordering::AcqRel) {
+            self.flow.send_modify(|f| f.congested = false);
+        }
+    }
+
+    /// At shutdown: client connections stop reading new messages, and close once the answers to
+    /// the messages they carry are written (the shutdown timeout bounds the wait).
+    pub fn stop_clients(&self) {
+        self.flow.send_modify(|f| f.stopping = true);
+    }
+
+    /// Messages waiting in the member queues.
+    pub fn queued(&self) -> usize {
+        self.current.load().members.iter().map(|l| l.queued()).sum()
     }
 
     /// Opens the member connections.
@@ -525,7 +615,7 @@ impl Hub {
             return self.fail(msg, FailReason::Timeout);
         }
         let d = self.current.load();
-        match d.choose(&msg) {
+        match d.choose(&msg, self.queue_limit()) {
             Some(i) => {
                 let links = d.members[i].clone();
                 drop(d);

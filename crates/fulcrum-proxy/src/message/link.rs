@@ -607,7 +607,7 @@ impl<'a> Session<'a> {
             return;
         }
         let mut batch = std::mem::take(&mut self.batch);
-        let more = self.links.take(room, &mut batch);
+        let more = self.links.take(room, &mut batch, self.hub);
         if !batch.is_empty() {
             let now = Instant::now();
             // Messages accepted before this instant are overdue (a comparison per message, not

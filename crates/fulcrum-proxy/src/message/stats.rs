@@ -92,6 +92,9 @@ pub struct MessageStats {
     failed: [AtomicU64; 3],
     /// Answers whose client connection had closed before they came back.
     pub client_gone: AtomicU64,
+    /// Times client connections were paused because a member queue reached `member_queue`
+    /// (back-pressure).
+    pub paused: AtomicU64,
     /// Client connections closed for a frame beyond max_message / with a malformed length.
     pub client_oversize: AtomicU64,
     pub client_malformed: AtomicU64,

@@ -89,6 +89,96 @@ pub struct UdpStats {
     pub radius_no_attribute: AtomicU64,
     /// RADIUS persistence: datagrams dropped by `malformed = "drop"`.
     pub radius_dropped: AtomicU64,
+    /// Datagrams dropped because their source had its share of one-way flows already.
+    pub source_limited: AtomicU64,
+    /// Flows that are not two-way sessions yet, over every socket of the service.
+    pub one_way: OneWayFlows,
+}
+
+/// Shards of the per-source counters: workers creating flows for different sources rarely
+/// meet on one lock.
+const SOURCE_SHARDS: usize = 16;
+
+/// The flows of a service that are not two-way sessions (yet), shared by the flow tables of all
+/// its listening sockets (one per worker, `SO_REUSEPORT`), in all and per source (an IPv4
+/// address, an IPv6 /64).
+///
+/// Each socket's table evicts on its own, and the kernel spreads sources over the sockets: a
+/// flood that lands on one socket used to make another socket's table — holding only real
+/// sessions — evict those to make room. With these counts, a table with no one-way flow of its
+/// own leaves its two-way sessions alone while one-way flows exist in another table (the new
+/// flow is refused instead, as the flood's flows expire or are evicted where they are), and no
+/// source may hold more than a quarter of `max_sessions` in one-way flows, whatever socket its
+/// datagrams reach.
+#[derive(Debug, Default)]
+pub struct OneWayFlows {
+    total: AtomicU64,
+    sources: [parking_lot::Mutex<HashMap<u128, u32>>; SOURCE_SHARDS],
+}
+
+impl OneWayFlows {
+    /// The key of a source: the address (IPv4, or IPv4-mapped IPv6), or an IPv6 /64.
+    fn key(ip: IpAddr) -> u128 {
+        match ip.to_canonical() {
+            IpAddr::V4(a) => u128::from(u32::from(a)) | (1 << 127),
+            IpAddr::V6(a) => u128::from(a) & !((1u128 << 64) - 1),
+        }
+    }
+
+    fn shard(&self, key: u128) -> &parking_lot::Mutex<HashMap<u128, u32>> {
+        let h = (key as u64 ^ (key >> 64) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.sources[(h >> 60) as usize % SOURCE_SHARDS]
+    }
+
+    /// One-way flows of the service now.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
+/// One-way flows one source may hold: a quarter of `max_sessions`, at least 16 (a small table
+/// is shared by few clients, often behind one address).
+fn per_source_limit(svc: &UdpService) -> u64 {
+    (svc.max_sessions / 4).max(16)
+}
+
+/// A flow counted as one-way for its source, until it becomes a two-way session or ends.
+struct OneWay {
+    udp: Arc<UdpStats>,
+    key: u128,
+}
+
+impl OneWay {
+    /// Counts a new flow from `ip`, unless its source has `limit` one-way flows already.
+    fn admit(udp: &Arc<UdpStats>, ip: IpAddr, limit: u64) -> Option<OneWay> {
+        let key = OneWayFlows::key(ip);
+        {
+            let mut m = udp.one_way.shard(key).lock();
+            let n = m.entry(key).or_insert(0);
+            if u64::from(*n) >= limit {
+                return None;
+            }
+            *n += 1;
+        }
+        udp.one_way.total.fetch_add(1, Ordering::Relaxed);
+        Some(OneWay {
+            udp: udp.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for OneWay {
+    fn drop(&mut self) {
+        self.udp.one_way.total.fetch_sub(1, Ordering::Relaxed);
+        let mut m = self.udp.one_way.shard(self.key).lock();
+        if let Some(n) = m.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// RADIUS attribute persistence of a udp service.
@@ -166,6 +256,8 @@ struct Flow {
     session: Option<(Arc<Member>, ConnectionGuard)>,
     _reply: AbortOnDrop,
     _counted: ServiceConnection,
+    /// Counted as one-way for its source until the client speaks after a member's answer.
+    one_way: Option<OneWay>,
 }
 
 /// Where a datagram goes.
@@ -240,8 +332,10 @@ fn expire(flows: &mut HashMap<SocketAddr, Flow>, svc: &UdpService, now: u64) {
     }
 }
 
-/// Makes room for one flow: expired ones first, then the longest-idle sixteenth of this
-/// socket's table. Returns whether there is room now.
+/// Makes room for one flow: expired ones first, then up to a sixteenth of this socket's table,
+/// one-way flows first and the longest idle among them. A table holding only two-way sessions
+/// evicts none while another socket's table holds one-way flows (see `OneWayFlows`). Returns
+/// whether there is room now.
 fn make_room(flows: &mut HashMap<SocketAddr, Flow>, svc: &UdpService, now: u64) -> bool {
     let full = || svc.stats.connections_active.load(Ordering::Relaxed) >= svc.max_sessions;
     if !full() {
@@ -265,7 +359,14 @@ fn make_room(flows: &mut HashMap<SocketAddr, Flow>, svc: &UdpService, now: u64) 
             )
         })
         .collect();
-    let n = (idle.len() / 16).max(1);
+    let one_way_here = idle.iter().filter(|(assured, _, _)| !assured).count();
+    let mut n = (idle.len() / 16).max(1);
+    if one_way_here > 0 {
+        n = n.min(one_way_here);
+    } else if svc.udp.one_way.total() > 1 {
+        // (One of them is the flow being made room for, admitted already.)
+        return false;
+    }
     idle.select_nth_unstable(n - 1);
     for (_, _, addr) in &idle[..n] {
         flows.remove(addr);
@@ -309,6 +410,10 @@ fn receive_batch(
                 forward_one(svc, flow, data, client, i, now, &mut plan);
                 continue;
             }
+            let Some(one_way) = OneWay::admit(&svc.udp, client.ip(), per_source_limit(svc)) else {
+                svc.udp.source_limited.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
             if svc.stats.connections_active.load(Ordering::Relaxed) >= svc.max_sessions {
                 // The plan names flow sockets by descriptor: send before any flow is evicted,
                 // so no descriptor is closed (and reused) under a planned datagram.
@@ -318,7 +423,7 @@ fn receive_batch(
                     continue;
                 }
             }
-            let mut flow = match new_flow(client, svc, listen, current, now) {
+            let mut flow = match new_flow(client, svc, listen, current, now, one_way) {
                 Ok(flow) => flow,
                 Err(e) => {
                     svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
@@ -379,8 +484,9 @@ fn forward_one(
     plan: &mut Vec<(i32, usize, SockAddr)>,
 ) {
     flow.shared.last_active.store(now, Ordering::Relaxed);
-    if flow.shared.replied.load(Ordering::Relaxed) {
+    if flow.one_way.is_some() && flow.shared.replied.load(Ordering::Relaxed) {
         flow.shared.assured.store(true, Ordering::Relaxed);
+        flow.one_way = None;
     }
     match route(svc, flow, data, client) {
         Route::To(member) => {
@@ -514,6 +620,7 @@ fn new_flow(
     listen: &Arc<AsyncFd<std::net::UdpSocket>>,
     current: &Arc<ArcSwap<UdpService>>,
     now: u64,
+    one_way: OneWay,
 ) -> io::Result<Flow> {
     let (socket, v6) = upstream_socket()?;
     let socket = Arc::new(register(socket)?);
@@ -537,6 +644,7 @@ fn new_flow(
         session: None,
         _reply: AbortOnDrop(reply),
         _counted: svc.stats.open(),
+        one_way: Some(one_way),
     })
 }
 
