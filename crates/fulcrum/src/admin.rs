@@ -153,7 +153,9 @@ pub fn cookie_secret_path(admin: &Admin) -> std::path::PathBuf {
 /// Gives every cookie_insert / cookie_rewrite profile without a `secret` the secrets of
 /// `cookie.secret` beside the token file (created at first need): cookies then survive
 /// restarts, and two instances sharing the file accept each other's cookies. Its first line
-/// signs; the others are still accepted (rotation).
+/// signs; the others are still accepted (rotation). With `ha.sync` the signing secret is
+/// derived from the sync key instead (the same on both nodes) and the file's lines are only
+/// accepted.
 pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), String> {
     use fulcrum_config::PersistenceKind::{CookieInsert, CookieRewrite};
     let needs = |p: &fulcrum_config::Persistence| {
@@ -163,8 +165,25 @@ pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), St
         return Ok(());
     }
     let path = cookie_secret_path(&config.admin);
-    let mut lines = secret_lines(&path, "persistence secret file")?;
-    let newest = lines.remove(0);
+    let (newest, lines) = match crate::ha::shared_secret(config, crate::ha::purpose::COOKIE) {
+        // An HA pair signs with the secret both nodes derive from ha.sync.key, so a cookie
+        // one node issued sticks on the other; cookies signed with this node's own file
+        // before are still honoured (and re-issued).
+        Some(shared) => {
+            let own = if path.exists() {
+                secret_lines(&path, "persistence secret file")?
+            } else {
+                Vec::new()
+            };
+            let hex: String = shared.iter().map(|b| format!("{b:02x}")).collect();
+            (hex, own)
+        }
+        None => {
+            let mut lines = secret_lines(&path, "persistence secret file")?;
+            let newest = lines.remove(0);
+            (newest, lines)
+        }
+    };
     for p in config.persistence.iter_mut().filter(|p| needs(p)) {
         p.secret = Some(newest.clone());
         p.previous_secrets = lines.clone();
