@@ -257,4 +257,40 @@ mod tests {
             generated
         );
     }
+
+    #[test]
+    fn with_ha_sync_both_nodes_sign_with_the_derived_secret_and_accept_their_own_file() {
+        let config = |dir: &Path, key: &str| {
+            format!(
+                "[admin]\ntoken_file = \"{}/admin.token\"\n\
+                 [ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"198.18.0.100/24\"]\n\
+                 sync = {{ listen = \"127.0.0.1:7500\", key = \"{key}\" }}\n\
+                 [[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\npersistence = \"c\"\n\
+                 [[pool]]\nname = \"p\"\n\
+                 [[persistence]]\nname = \"c\"\ntype = \"cookie_insert\"\n",
+                dir.display()
+            )
+        };
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // Node one had its own file before HA was configured; node two has none.
+        std::fs::write(one.path().join("cookie.secret"), "own-secret-0123456789\n").unwrap();
+        std::fs::set_permissions(
+            one.path().join("cookie.secret"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        let filled = |dir: &Path, key: &str| {
+            let mut c = fulcrum_config::parse(&config(dir, key), "t", dir).unwrap();
+            fill_cookie_secrets(&mut c).unwrap();
+            c.persistence.remove(0)
+        };
+        let a = filled(one.path(), "a-sync-key-0123456789");
+        let b = filled(two.path(), "a-sync-key-0123456789");
+        assert_eq!(a.secret, b.secret);
+        assert_eq!(a.previous_secrets, ["own-secret-0123456789"]);
+        assert!(b.previous_secrets.is_empty());
+        assert!(!two.path().join("cookie.secret").exists(), "no file made");
+        let other = filled(two.path(), "another-sync-key-0123");
+        assert_ne!(other.secret, a.secret);
+    }
 }

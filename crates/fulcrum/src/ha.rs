@@ -725,6 +725,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_reload_keeps_the_running_ha_and_everything_else_changes() {
+        let text = |prio: u8, key: &str, port: u16| {
+            format!(
+                "[ha]\ninterface = \"eth0\"\nvrid = 1\npriority = {prio}\nvips = [\"198.18.0.100/24\"]\n\
+                 sync = {{ listen = \"127.0.0.1:7500\", key = \"{key}\" }}\n\
+                 [[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:{port}\"\nprotocol = \"tcp\"\npool = \"p\"\n\
+                 [[pool]]\nname = \"p\"\n"
+            )
+        };
+        let dir = std::path::Path::new(".");
+        let running = fulcrum_config::parse(&text(100, "the-sync-key-0123456", 1), "t", dir)
+            .expect("running");
+        let mut new =
+            fulcrum_config::parse(&text(200, "a-new-sync-key-01234", 2), "t", dir).expect("new");
+        keep_running_ha(&mut new, &running);
+        assert_eq!(new.ha, running.ha);
+        assert_eq!(
+            new.virtual_services[0].listen,
+            ["127.0.0.1:2".parse().expect("addr")]
+        );
+        // Derived secrets follow the key the sync channel runs with.
+        assert_eq!(
+            shared_secret(&new, purpose::COOKIE),
+            shared_secret(&running, purpose::COOKIE)
+        );
+        assert_ne!(
+            shared_secret(&new, purpose::COOKIE),
+            shared_secret(&new, purpose::TICKETS)
+        );
+    }
+
+    #[test]
     fn persistence_keys_round_trip_and_garbage_is_refused() {
         let keys = [
             PersistKey::source("192.0.2.7".parse().expect("ip"), 32, 128),
