@@ -78,7 +78,8 @@ impl SharedTicketer {
         Some(key)
     }
 
-    fn seal(&self, period: u32, plain: &[u8]) -> Option<Vec<u8>> {
+    /// A ticket for `plain` under `period`'s key (`encrypt` at a given period).
+    pub fn seal(&self, period: u32, plain: &[u8]) -> Option<Vec<u8>> {
         let key = self.key(period)?;
         let mut nonce = [0u8; NONCE_LEN];
         self.rng.fill(&mut nonce).ok()?;
@@ -93,7 +94,9 @@ impl SharedTicketer {
         Some(out)
     }
 
-    fn open(&self, now: u32, cipher: &[u8]) -> Option<Vec<u8>> {
+    /// What a ticket holds, if it is authentic and of a period next to `now` (`decrypt` at a
+    /// given period). `cipher` comes from the client: any bytes are refused without a panic.
+    pub fn open(&self, now: u32, cipher: &[u8]) -> Option<Vec<u8>> {
         if cipher.len() < HEADER + AES_256_GCM.tag_len() {
             return None;
         }
