@@ -204,11 +204,22 @@ fn s_client(ns: &Ns, addr: SocketAddr, args: &[&str]) -> String {
     )
 }
 
-fn config(name: &str, prio: u8, me: &str, peer: &str, cert: &str, key: &str) -> String {
+/// A node's directory with its admin token file: `cookie.secret` (the cookie secret of a node
+/// without `ha.sync`) lives beside it, so each node has its own, as on two machines.
+fn node_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "lab-admin-token-0123456789\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    dir
+}
+
+fn config(dir: &std::path::Path, name: &str, prio: u8, me: &str, peer: &str, tls: &str) -> String {
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
-token = "lab-admin-token-0123456789"
+token_file = "{}/admin.token"
 
 [ha]
 node = "{name}"
@@ -245,7 +256,7 @@ name = "tls"
 listen = ["0.0.0.0:443"]
 protocol = "https"
 pool = "web"
-tls = [{{ cert = "{cert}", key = "{key}" }}]
+{tls}
 
 [[virtual_service]]
 name = "radius"
@@ -289,7 +300,8 @@ type = "cookie_insert"
 name = "by-user"
 type = "radius"
 attribute = "User-Name"
-"#
+"#,
+        dir.display()
     )
 }
 
@@ -349,18 +361,12 @@ fn persistence_of_every_kind_and_tls_resumption_hold_on_the_new_master() {
     let certs = tempfile::tempdir().unwrap();
     let (cert, key) = fulcrum_testkit::pki::self_signed(certs.path(), "vip", VIP, 2, None);
 
-    let fa = NsFulcrum::start(
-        &mut lab,
-        &a,
-        BIN,
-        &config("a", 150, "198.18.0.1", "198.18.0.2", &cert, &key),
-    );
-    let fb = NsFulcrum::start(
-        &mut lab,
-        &b,
-        BIN,
-        &config("b", 100, "198.18.0.2", "198.18.0.1", &cert, &key),
-    );
+    let tls = format!("tls = [{{ cert = \"{cert}\", key = \"{key}\" }}]");
+    let (dir_a, dir_b) = (node_dir(), node_dir());
+    let config_a = config(dir_a.path(), "a", 150, "198.18.0.1", "198.18.0.2", &tls);
+    let config_b = config(dir_b.path(), "b", 100, "198.18.0.2", "198.18.0.1", &tls);
+    let fa = NsFulcrum::start_in(&mut lab, &a, BIN, &config_a, dir_a);
+    let fb = NsFulcrum::start_in(&mut lab, &b, BIN, &config_b, dir_b);
     expect_role(&fa, "master");
     expect_role(&fb, "backup");
     assert!(wait_for(Duration::from_secs(5), || holds(&a, VIP)));
