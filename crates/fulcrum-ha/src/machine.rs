@@ -175,6 +175,25 @@ impl Machine {
         self.timer = Some(now + self.master_down_interval());
     }
 
+    /// New parameters from a reload (the VRID and local address stay). A master advertises
+    /// at once with its new priority and interval, so a backup that now outranks it (and
+    /// preempts) takes over, or one that no longer does stays back; a backup's next decision
+    /// (preemption, its master-down interval) uses them.
+    pub fn set_params(&mut self, now: Duration, p: Params) -> Vec<Action> {
+        self.p = Params {
+            vrid: self.p.vrid,
+            local: self.p.local,
+            ..p
+        };
+        let mut out = Vec::new();
+        if self.state == State::Master {
+            self.master_interval = self.p.advert_interval;
+            out.push(Action::Send(self.priority()));
+            self.timer = Some(now + self.p.advert_interval);
+        }
+        out
+    }
+
     /// Startup (RFC 5798 §6.4.1).
     pub fn start(&mut self, now: Duration) -> Vec<Action> {
         let mut out = Vec::new();

@@ -316,7 +316,7 @@ impl App {
         if config.admin.listen != before.config.admin.listen {
             tracing::warn!(from = %before.config.admin.listen, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
         }
-        crate::ha::keep_running_ha(&mut config, &before.config);
+        self.ha.reload(&mut config, &before.config);
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
                 from = before.config.global.workers,

@@ -36,44 +36,28 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
     errors
 }
 
-/// At a reload: `[ha]` runs as it started (VRRP and the sync channel are not rebuilt), so a
-/// changed `[ha]` is reported key by key and the running one kept in the new configuration —
-/// the secrets derived from `ha.sync.key` must follow the key the sync channel uses, and
-/// `GET /api/v1/config` should show what runs.
-pub fn keep_running_ha(new: &mut Config, running: &Config) {
-    if new.ha == running.ha {
-        return;
-    }
-    let changed: Vec<&str> = match (&new.ha, &running.ha) {
-        (Some(n), Some(r)) => [
-            ("mode", n.mode != r.mode),
-            ("node", n.node != r.node),
-            ("interface", n.interface != r.interface),
-            ("vrid", n.vrid != r.vrid),
-            ("priority", n.priority != r.priority),
-            ("advert_interval", n.advert_interval != r.advert_interval),
-            ("preempt", n.preempt != r.preempt),
-            ("preempt_delay", n.preempt_delay != r.preempt_delay),
-            ("peers", n.peers != r.peers),
-            ("vips", n.vips != r.vips),
-            ("track", n.track != r.track),
-            ("track_weight", n.track_weight != r.track_weight),
-            ("garp_repeat", n.garp_repeat != r.garp_repeat),
-            ("garp_interval", n.garp_interval != r.garp_interval),
-            ("sync", n.sync != r.sync),
-        ]
-        .into_iter()
-        .filter_map(|(k, changed)| changed.then_some(k))
-        .collect(),
-        (Some(_), None) => vec!["[ha] added"],
-        (None, Some(_)) => vec!["[ha] removed"],
-        (None, None) => Vec::new(),
-    };
-    tracing::warn!(
-        changed = %changed.join(", "),
-        "[ha] changes take effect at the next restart; this node runs on with its current [ha] (and the secrets derived from its ha.sync.key)"
-    );
-    new.ha = running.ha.clone();
+/// The keys of `[ha]` that differ between two configurations.
+fn changed_keys(n: &Ha, r: &Ha) -> Vec<&'static str> {
+    [
+        ("mode", n.mode != r.mode),
+        ("node", n.node != r.node),
+        ("interface", n.interface != r.interface),
+        ("vrid", n.vrid != r.vrid),
+        ("priority", n.priority != r.priority),
+        ("advert_interval", n.advert_interval != r.advert_interval),
+        ("preempt", n.preempt != r.preempt),
+        ("preempt_delay", n.preempt_delay != r.preempt_delay),
+        ("peers", n.peers != r.peers),
+        ("vips", n.vips != r.vips),
+        ("track", n.track != r.track),
+        ("track_weight", n.track_weight != r.track_weight),
+        ("garp_repeat", n.garp_repeat != r.garp_repeat),
+        ("garp_interval", n.garp_interval != r.garp_interval),
+        ("sync", n.sync != r.sync),
+    ]
+    .into_iter()
+    .filter_map(|(k, changed)| changed.then_some(k))
+    .collect()
 }
 
 #[derive(Default)]
@@ -275,6 +259,69 @@ impl HaPlane {
         let mut cfg = node_config(ha);
         cfg.maintenance = maintenance;
         let _ = self.node.set(Node::start(cfg, health));
+    }
+
+    /// At a reload: the VRRP node takes what can change while it runs (priority,
+    /// advert_interval, preempt, preempt_delay, track_weight, garp_repeat, garp_interval); every
+    /// other changed key is reported and the running value kept in the new configuration, so
+    /// it says what runs and the secrets derived from `ha.sync.key` follow the key the sync
+    /// channel uses.
+    pub fn reload(&self, new: &mut Config, running: &Config) {
+        if new.ha == running.ha {
+            return;
+        }
+        let (Some(n), Some(r)) = (&new.ha, &running.ha) else {
+            let what = if new.ha.is_some() { "added" } else { "removed" };
+            tracing::warn!(
+                "[ha] {what}: takes effect at the next restart; this node runs on as it started"
+            );
+            new.ha = running.ha.clone();
+            return;
+        };
+        let changed = changed_keys(n, r);
+        let live = [
+            "priority",
+            "advert_interval",
+            "preempt",
+            "preempt_delay",
+            "track_weight",
+            "garp_repeat",
+            "garp_interval",
+        ];
+        let mut kept = (*r).clone();
+        let applied: Vec<&str> = match self.node.get() {
+            Some(node) => {
+                node.reconfigure(&node_config(n));
+                kept.priority = n.priority;
+                kept.advert_interval = n.advert_interval;
+                kept.preempt = n.preempt;
+                kept.preempt_delay = n.preempt_delay;
+                kept.track_weight = n.track_weight;
+                kept.garp_repeat = n.garp_repeat;
+                kept.garp_interval = n.garp_interval;
+                changed
+                    .iter()
+                    .copied()
+                    .filter(|k| live.contains(k))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let pending: Vec<&str> = changed
+            .iter()
+            .copied()
+            .filter(|k| !applied.contains(k))
+            .collect();
+        if !applied.is_empty() {
+            tracing::info!(applied = %applied.join(", "), "[ha] changes applied by the reload");
+        }
+        if !pending.is_empty() {
+            tracing::warn!(
+                changed = %pending.join(", "),
+                "[ha] changes take effect at the next restart; this node runs on with the current values of these keys (and the secrets derived from its ha.sync.key)"
+            );
+        }
+        new.ha = Some(kept);
     }
 
     /// An operator change here: newer than anything this node has seen, even within one
@@ -739,8 +786,19 @@ mod tests {
             .expect("running");
         let mut new =
             fulcrum_config::parse(&text(200, "a-new-sync-key-01234", 2), "t", dir).expect("new");
-        keep_running_ha(&mut new, &running);
+        // Without a running VRRP node nothing of [ha] applies: the running one is kept.
+        HaPlane::default().reload(&mut new, &running);
         assert_eq!(new.ha, running.ha);
+        assert_eq!(
+            changed_keys(
+                &fulcrum_config::parse(&text(200, "a-new-sync-key-01234", 2), "t", dir)
+                    .expect("new")
+                    .ha
+                    .expect("ha"),
+                running.ha.as_ref().expect("ha")
+            ),
+            ["priority", "sync"]
+        );
         assert_eq!(
             new.virtual_services[0].listen,
             ["127.0.0.1:2".parse().expect("addr")]
