@@ -449,6 +449,28 @@ mod tests {
     }
 
     #[test]
+    fn new_params_reach_a_master_at_once() {
+        let mut m = Machine::new(params(100, [198, 18, 0, 1]));
+        m.start(Duration::ZERO);
+        run(&mut m, Duration::ZERO, 400 * MS);
+        assert_eq!(m.state(), State::Master);
+        let mut p = params(50, [203, 0, 113, 9]);
+        p.advert_interval = 200 * MS;
+        p.vrid = 99;
+        assert_eq!(m.set_params(400 * MS, p), [Action::Send(50)]);
+        // The VRID and local address stay; the interval is the new one.
+        assert_eq!(m.params().vrid, params(100, [198, 18, 0, 1]).vrid);
+        assert_eq!(m.params().local, IpAddr::from([198, 18, 0, 1]));
+        assert_eq!(m.master_interval(), 200 * MS);
+        assert_eq!(m.deadline(), Some(600 * MS));
+        // A backup only changes what it decides next.
+        let mut b = Machine::new(params(100, [198, 18, 0, 1]));
+        b.start(Duration::ZERO);
+        assert!(b.set_params(MS, params(200, [198, 18, 0, 1])).is_empty());
+        assert_eq!(b.priority(), 200);
+    }
+
+    #[test]
     fn adverts_from_a_better_master_hold_the_backup() {
         let mut m = Machine::new(params(100, [198, 18, 0, 1]));
         m.start(Duration::ZERO);
