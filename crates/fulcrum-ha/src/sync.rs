@@ -118,6 +118,9 @@ pub struct StateSync {
     shared: Arc<Shared>,
     doc: watch::Sender<Arc<Vec<u8>>>,
     batches: tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
+    /// The task that pushes to each peer (ended when a reload removes the peer).
+    dialers: Mutex<BTreeMap<SocketAddr, tokio::task::AbortHandle>>,
+    runtime: tokio::runtime::Handle,
 }
 
 fn now_ms() -> u64 {
@@ -139,20 +142,7 @@ impl StateSync {
         let shared = Arc::new(Shared {
             keys: fulcrum_frame::keys(secrets),
             listen,
-            peers: Mutex::new(
-                peers
-                    .iter()
-                    .map(|p| {
-                        (
-                            *p,
-                            PeerStatus {
-                                address: p.to_string(),
-                                ..PeerStatus::default()
-                            },
-                        )
-                    })
-                    .collect(),
-            ),
+            peers: Mutex::new(BTreeMap::new()),
             frames_received: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
             apply_errors: AtomicU64::new(0),
@@ -160,17 +150,52 @@ impl StateSync {
             on_receive,
             full_dump,
         });
-        let (doc, doc_rx) = watch::channel(Arc::new(Vec::new()));
+        let (doc, _) = watch::channel(Arc::new(Vec::new()));
         let (batches, _) = tokio::sync::broadcast::channel(QUEUE);
         tokio::spawn(accept(l, shared.clone()));
-        for p in peers {
-            tokio::spawn(dial(*p, shared.clone(), doc_rx.clone(), batches.clone()));
-        }
-        Ok(StateSync {
+        let sync = StateSync {
             shared,
             doc,
             batches,
-        })
+            dialers: Mutex::new(BTreeMap::new()),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        sync.set_peers(peers);
+        Ok(sync)
+    }
+
+    /// The peers to push to (a reload may change them): new ones are dialled, removed ones'
+    /// connections end. Callable from any thread.
+    pub fn set_peers(&self, peers: &[SocketAddr]) {
+        let mut dialers = self.dialers.lock();
+        dialers.retain(|p, task| {
+            let keep = peers.contains(p);
+            if !keep {
+                task.abort();
+                self.shared.peers.lock().remove(p);
+                tracing::info!(peer = %p, "HA sync: peer removed");
+            }
+            keep
+        });
+        for p in peers {
+            if dialers.contains_key(p) {
+                continue;
+            }
+            self.shared.peers.lock().insert(
+                *p,
+                PeerStatus {
+                    address: p.to_string(),
+                    ..PeerStatus::default()
+                },
+            );
+            let task = self.runtime.spawn(dial(
+                *p,
+                self.shared.clone(),
+                self.doc.subscribe(),
+                self.batches.clone(),
+            ));
+            dialers.insert(*p, task.abort_handle());
+        }
     }
 
     /// Queues a batch of persistence entries for every connected peer.
@@ -458,5 +483,21 @@ mod tests {
         }
         assert!(node_b.status().auth_failures >= 1);
         assert!(!got.lock()[before..].iter().any(|d| d == b"D{\"v\":666}"));
+
+        // A reload takes b out of a's peers, then puts it back: a dials again, b gets the
+        // document and the dump anew.
+        node_a.set_peers(&[]);
+        assert!(node_a.status().peers.is_empty());
+        got.lock().clear();
+        node_a.publish(b"{\"v\":3}".to_vec());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!has(b"D{\"v\":3}"), "no peer, nothing sent");
+        node_a.set_peers(&[b]);
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !(has(b"D{\"v\":3}") && has(b"Edump")) && std::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(has(b"D{\"v\":3}") && has(b"Edump"));
+        assert_eq!(node_a.status().peers.len(), 1);
     }
 }

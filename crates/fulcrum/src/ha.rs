@@ -262,7 +262,8 @@ impl HaPlane {
     }
 
     /// At a reload: the VRRP node takes what can change while it runs (priority,
-    /// advert_interval, preempt, preempt_delay, track_weight, garp_repeat, garp_interval); every
+    /// advert_interval, preempt, preempt_delay, track_weight, garp_repeat, garp_interval), the
+    /// sync channel its new `peers`; every
     /// other changed key is reported and the running value kept in the new configuration, so
     /// it says what runs and the secrets derived from `ha.sync.key` follow the key the sync
     /// channel uses.
@@ -289,7 +290,7 @@ impl HaPlane {
             "garp_interval",
         ];
         let mut kept = (*r).clone();
-        let applied: Vec<&str> = match self.node.get() {
+        let mut applied: Vec<&str> = match self.node.get() {
             Some(node) => {
                 node.reconfigure(&node_config(n));
                 kept.priority = n.priority;
@@ -307,11 +308,18 @@ impl HaPlane {
             }
             None => Vec::new(),
         };
-        let pending: Vec<&str> = changed
-            .iter()
-            .copied()
-            .filter(|k| !applied.contains(k))
-            .collect();
+        // ha.sync.peers: new peers are dialled, removed ones let go; listen and key stay.
+        if let (Some(sync), Some(ns), Some(rs)) = (self.sync.get(), &n.sync, &mut kept.sync) {
+            if ns.peers != rs.peers {
+                sync.set_peers(&ns.peers);
+                rs.peers = ns.peers.clone();
+                applied.push("sync.peers");
+            }
+        }
+        let still = |k: &&str| {
+            !applied.contains(k) && !(*k == "sync" && n.sync.as_ref() == kept.sync.as_ref())
+        };
+        let pending: Vec<&str> = changed.iter().copied().filter(still).collect();
         if !applied.is_empty() {
             tracing::info!(applied = %applied.join(", "), "[ha] changes applied by the reload");
         }
