@@ -317,7 +317,8 @@ impl HaPlane {
             }
         }
         let still = |k: &&str| {
-            !applied.contains(k) && !(*k == "sync" && n.sync.as_ref() == kept.sync.as_ref())
+            // `sync` is settled when its peers were its only change.
+            !applied.contains(k) && (*k != "sync" || n.sync.as_ref() != kept.sync.as_ref())
         };
         let pending: Vec<&str> = changed.iter().copied().filter(still).collect();
         if !applied.is_empty() {
