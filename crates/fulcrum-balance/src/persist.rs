@@ -58,20 +58,60 @@ impl PersistKey {
     }
 }
 
-/// The keyed hash of a table's byte keys: two SipHash-1-3 instances with independent random
-/// keys (std's `RandomState`, the HashDoS-resistant PRF of its HashMap), for 128 bits.
-#[derive(Clone, Default)]
-struct KeyHasher {
-    hi: std::collections::hash_map::RandomState,
-    lo: std::collections::hash_map::RandomState,
+/// The keyed hash of a table's byte keys, 128 bits.
+///
+/// - `Local`: two SipHash-1-3 instances with independent random keys (std's `RandomState`, the
+///   HashDoS-resistant PRF of its HashMap): meaningful in this process only.
+/// - `Shared`: HMAC-SHA256 under a key both HA nodes derive from `ha.sync.key`, cut to 128 bits:
+///   the same client value gives the same key on the peer, so `ha.sync` can carry header,
+///   cookie and RADIUS entries. Still keyed, so a client cannot aim keys at one bucket.
+#[derive(Clone)]
+enum KeyHasher {
+    Local {
+        hi: std::collections::hash_map::RandomState,
+        lo: std::collections::hash_map::RandomState,
+    },
+    Shared {
+        key: ring::hmac::Key,
+        /// The secret it was made from, to tell whether a reload changed it.
+        secret: [u8; 32],
+    },
 }
 
 impl KeyHasher {
+    fn new(secret: Option<[u8; 32]>) -> KeyHasher {
+        match secret {
+            Some(secret) => KeyHasher::Shared {
+                key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
+                secret,
+            },
+            None => KeyHasher::Local {
+                hi: Default::default(),
+                lo: Default::default(),
+            },
+        }
+    }
+
+    fn secret(&self) -> Option<[u8; 32]> {
+        match self {
+            KeyHasher::Shared { secret, .. } => Some(*secret),
+            KeyHasher::Local { .. } => None,
+        }
+    }
+
     fn hash(&self, bytes: &[u8]) -> u128 {
-        use std::hash::BuildHasher;
-        let hi = self.hi.hash_one(bytes);
-        let lo = self.lo.hash_one(bytes);
-        (u128::from(hi) << 64) | u128::from(lo)
+        match self {
+            KeyHasher::Local { hi, lo } => {
+                use std::hash::BuildHasher;
+                (u128::from(hi.hash_one(bytes)) << 64) | u128::from(lo.hash_one(bytes))
+            }
+            KeyHasher::Shared { key, .. } => {
+                let tag = ring::hmac::sign(key, bytes);
+                let mut b = [0u8; 16];
+                b.copy_from_slice(&tag.as_ref()[..16]);
+                u128::from_be_bytes(b)
+            }
+        }
     }
 }
 
@@ -98,8 +138,20 @@ impl std::fmt::Debug for PersistTable {
 }
 
 impl PersistTable {
+    /// A table whose byte keys hash with a key of this process only.
     pub fn new(spec: TableSpec) -> PersistTable {
-        Self::with_hasher(spec, KeyHasher::default())
+        Self::with_hasher(spec, KeyHasher::new(None))
+    }
+
+    /// A table whose byte keys hash under `secret` (shared by the HA nodes), or per process
+    /// without one.
+    pub fn with_key(spec: TableSpec, secret: Option<[u8; 32]>) -> PersistTable {
+        Self::with_hasher(spec, KeyHasher::new(secret))
+    }
+
+    /// Whether byte keys hash under a shared secret (so a peer can use them).
+    pub fn shared_hash(&self) -> bool {
+        self.hasher.secret().is_some()
     }
 
     fn with_hasher(spec: TableSpec, hasher: KeyHasher) -> PersistTable {
@@ -166,12 +218,34 @@ impl PersistTable {
 
     /// A table for `spec`: this one if it is the same, else a new one holding these entries.
     pub fn respec(self: &std::sync::Arc<Self>, spec: TableSpec) -> std::sync::Arc<PersistTable> {
-        if self.spec == spec {
+        self.respec_keyed(spec, self.hasher.secret())
+    }
+
+    /// As `respec`, with the byte-key hash under `secret` (see `with_key`). When the secret
+    /// changes, entries of byte keys cannot be found any more and are left behind; source
+    /// address entries move over.
+    pub fn respec_keyed(
+        self: &std::sync::Arc<Self>,
+        spec: TableSpec,
+        secret: Option<[u8; 32]>,
+    ) -> std::sync::Arc<PersistTable> {
+        let same_key = self.hasher.secret() == secret;
+        if self.spec == spec && same_key {
             return self.clone();
         }
-        let new = PersistTable::with_hasher(spec, self.hasher.clone());
+        let hasher = if same_key {
+            self.hasher.clone()
+        } else {
+            KeyHasher::new(secret)
+        };
+        let new = PersistTable::with_hasher(spec, hasher);
         for (k, v) in self.entries.iter() {
-            new.entries.insert((*k).clone(), v);
+            if same_key || matches!(*k, PersistKey::Ip(_)) {
+                new.entries.insert((*k).clone(), v);
+            }
+        }
+        if let Some(feed) = self.feed.load_full() {
+            new.feed.store(Some(feed));
         }
         std::sync::Arc::new(new)
     }
@@ -240,6 +314,35 @@ mod tests {
             ..spec
         });
         assert_eq!(respecced.get(&respecced.key(b"session-1")), Some(addr));
+    }
+
+    #[test]
+    fn tables_with_one_shared_secret_hash_alike() {
+        let spec = TableSpec {
+            idle_timeout: Duration::from_secs(60),
+            max_entries: 100,
+        };
+        let secret = [7u8; 32];
+        let a = std::sync::Arc::new(PersistTable::with_key(spec.clone(), Some(secret)));
+        let b = PersistTable::with_key(spec.clone(), Some(secret));
+        let c = PersistTable::with_key(spec.clone(), Some([8u8; 32]));
+        assert!(a.shared_hash() && !PersistTable::new(spec.clone()).shared_hash());
+        assert_eq!(a.key(b"JSESSIONID=42"), b.key(b"JSESSIONID=42"));
+        assert_ne!(a.key(b"JSESSIONID=42"), c.key(b"JSESSIONID=42"));
+        assert_ne!(a.key(b"a"), a.key(b"b"));
+        // A new secret at reload: byte-key entries are left behind, address entries move.
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let ip = PersistKey::source("192.0.2.1".parse().unwrap(), 32, 128);
+        a.insert(a.key(b"s"), addr);
+        a.insert(ip.clone(), addr);
+        let r = a.respec_keyed(spec.clone(), None);
+        assert!(!r.shared_hash());
+        assert_eq!(r.get(&ip), Some(addr));
+        assert_eq!(r.len(), 1);
+        assert!(std::sync::Arc::ptr_eq(
+            &a,
+            &a.respec_keyed(spec, Some(secret))
+        ));
     }
 }
 

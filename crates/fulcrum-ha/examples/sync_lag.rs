@@ -33,7 +33,7 @@ async fn main() {
     )));
     let l = lags.clone();
     // Each entry is the JSON the binary sends, with its creation time in place of the key.
-    let on_b: OnReceive = Arc::new(move |kind, bytes| {
+    let on_b: OnReceive = Arc::new(move |kind, _, bytes| {
         if kind != Kind::Entries {
             return Ok(());
         }
@@ -50,7 +50,7 @@ async fn main() {
         }
         Ok(())
     });
-    let none: OnReceive = Arc::new(|_, _| Ok(()));
+    let none: OnReceive = Arc::new(|_, _, _| Ok(()));
     let dump: FullDump = Arc::new(Vec::new);
     let _b = StateSync::start(b, &[], &key, on_b, dump.clone())
         .await

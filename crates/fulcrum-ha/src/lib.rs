@@ -152,7 +152,8 @@ pub struct Status {
 }
 
 struct Shared {
-    cfg: NodeConfig,
+    /// Replaced by `Node::reconfigure` (the keys a reload may change); read where used.
+    cfg: arc_swap::ArcSwap<NodeConfig>,
     counters: Counters,
     view: Mutex<View>,
 }
@@ -175,6 +176,8 @@ pub struct Node {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     maintenance: watch::Sender<bool>,
+    /// Bumped when `reconfigure` changed what the machine runs with.
+    params: watch::Sender<u64>,
     /// Fires when the VRRP thread has finished (after resigning).
     done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
 }
@@ -214,11 +217,12 @@ impl Node {
                 transitions: 0,
                 error: None,
             }),
-            cfg,
+            cfg: arc_swap::ArcSwap::from_pointee(cfg),
             counters: Counters::default(),
         });
         let (stop, stop_rx) = watch::channel(false);
-        let (maintenance, maintenance_rx) = watch::channel(shared.cfg.maintenance);
+        let (maintenance, maintenance_rx) = watch::channel(shared.cfg.load().maintenance);
+        let (params, params_rx) = watch::channel(0u64);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let s = shared.clone();
         // Its own thread and runtime, at a raised scheduling priority: a master whose adverts
@@ -232,7 +236,9 @@ impl Node {
                     .enable_all()
                     .build()
                     .map_err(|e| HaError::Socket("runtime", e))
-                    .and_then(|rt| rt.block_on(run(s.clone(), health, stop_rx, maintenance_rx)));
+                    .and_then(|rt| {
+                        rt.block_on(run(s.clone(), health, stop_rx, maintenance_rx, params_rx))
+                    });
                 if let Err(e) = result {
                     tracing::error!(error = %e, "HA: cannot run VRRP; this node holds no VIP");
                     s.view.lock().error = Some(e.to_string());
@@ -247,8 +253,52 @@ impl Node {
             shared,
             stop,
             maintenance,
+            params,
             done: Mutex::new(Some(done_rx)),
         }
+    }
+
+    /// A reload: applies what can change while running — priority, advert interval,
+    /// preemption and its delay, track weight, gratuitous ARP repeat and interval — and returns
+    /// the keys that differ but need a restart (node, interface, vrid, peers, vips: the
+    /// sockets and the addresses are set up with them).
+    pub fn reconfigure(&self, new: &NodeConfig) -> Vec<&'static str> {
+        let cur = self.shared.cfg.load_full();
+        let pending: Vec<&'static str> = [
+            ("node", new.node != cur.node),
+            ("interface", new.interface != cur.interface),
+            ("vrid", new.vrid != cur.vrid),
+            ("vrrp_version", new.vrrp_version != cur.vrrp_version),
+            ("peers", new.peers != cur.peers),
+            ("vips", new.vips != cur.vips),
+        ]
+        .into_iter()
+        .filter_map(|(k, differs)| differs.then_some(k))
+        .collect();
+        let mut next = (*cur).clone();
+        next.priority = new.priority;
+        // An interval checked against another VRRP version (VRRPv2 sends whole seconds) waits
+        // for the restart that changes the version.
+        if new.vrrp_version == cur.vrrp_version {
+            next.advert_interval = new.advert_interval;
+        }
+        next.preempt = new.preempt;
+        next.preempt_delay = new.preempt_delay;
+        next.track_weight = new.track_weight;
+        next.garp_repeat = new.garp_repeat;
+        next.garp_interval = new.garp_interval;
+        let live_changed = next.priority != cur.priority
+            || next.advert_interval != cur.advert_interval
+            || next.preempt != cur.preempt
+            || next.preempt_delay != cur.preempt_delay
+            || next.track_weight != cur.track_weight
+            || next.garp_repeat != cur.garp_repeat
+            || next.garp_interval != cur.garp_interval;
+        if live_changed {
+            self.shared.cfg.store(Arc::new(next));
+            self.params.send_modify(|g| *g += 1);
+        }
+        pending
     }
 
     /// Resigns mastership (priority 0 advert) and removes the VIPs, then returns.
@@ -268,7 +318,7 @@ impl Node {
     pub fn status(&self) -> Status {
         let c = &self.shared.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let cfg = &self.shared.cfg;
+        let cfg = self.shared.cfg.load_full();
         let v = self.shared.view.lock();
         Status {
             node: cfg.node.clone(),
@@ -328,7 +378,7 @@ struct Io {
 
 impl Io {
     fn advert(&self, priority: u8) -> Advert {
-        let cfg = &self.shared.cfg;
+        let cfg = self.shared.cfg.load_full();
         Advert {
             version: cfg.vrrp_version,
             vrid: cfg.vrid,
@@ -339,7 +389,7 @@ impl Io {
     }
 
     fn garp_burst(&self) {
-        let cfg = &self.shared.cfg;
+        let cfg = self.shared.cfg.load_full();
         let (announcer, term, shared) = (
             self.announcer.clone(),
             self.term.clone(),
@@ -386,7 +436,7 @@ impl Io {
                 Action::TakeVips => {
                     self.term.fetch_add(1, Ordering::AcqRel);
                     c.became_master.fetch_add(1, Ordering::Relaxed);
-                    for vip in &self.shared.cfg.vips {
+                    for vip in &self.shared.cfg.load_full().vips {
                         if let Err(e) = self.netlink.add(self.iface.index, *vip).await {
                             c.netlink_errors.fetch_add(1, Ordering::Relaxed);
                             tracing::error!(vip = %vip, error = %e, "HA: cannot add VIP");
@@ -411,7 +461,7 @@ impl Io {
     }
 
     async fn release(&self) {
-        for vip in &self.shared.cfg.vips {
+        for vip in &self.shared.cfg.load_full().vips {
             if let Err(e) = self.netlink.remove(self.iface.index, *vip).await {
                 self.shared
                     .counters
@@ -445,15 +495,16 @@ impl Io {
                 return Vec::new();
             }
         };
-        if p.advert.vrid != self.shared.cfg.vrid {
+        if p.advert.vrid != self.shared.cfg.load().vrid {
             c.other_vrid.fetch_add(1, Ordering::Relaxed);
             return Vec::new();
         }
-        if p.advert.version != self.shared.cfg.vrrp_version {
+        let ours = self.shared.cfg.load().vrrp_version;
+        if p.advert.version != ours {
             // A peer of the other version would never see this node's adverts either: both
             // would be master. Said loudly once, counted always.
             if c.dropped_version.fetch_add(1, Ordering::Relaxed) == 0 {
-                tracing::error!(from = %p.src, theirs = p.advert.version, ours = self.shared.cfg.vrrp_version,
+                tracing::error!(from = %p.src, theirs = p.advert.version, ours,
                     "HA: a peer of this VRID speaks another VRRP version; both nodes will be master until [ha] vrrp_version (or keepalived's vrrp_version) matches");
             }
             return Vec::new();
@@ -492,7 +543,7 @@ fn publish(shared: &Shared, m: &Machine, origin: (Instant, f64)) {
     if before != v.role {
         let reason = m.last_transition.map_or("", |t| t.reason);
         tracing::info!(
-            vrid = shared.cfg.vrid,
+            vrid = shared.cfg.load().vrid,
             from = before.as_str(),
             to = v.role.as_str(),
             reason,
@@ -507,8 +558,9 @@ async fn run(
     health: HealthView,
     mut stop: watch::Receiver<bool>,
     mut maintenance: watch::Receiver<bool>,
+    mut params: watch::Receiver<u64>,
 ) -> Result<(), HaError> {
-    let cfg = shared.cfg.clone();
+    let cfg = shared.cfg.load_full();
     let netlink = Netlink::open()?;
     let v6 = cfg.vips.first().is_some_and(|v| v.addr().is_ipv6());
     // The interface may not be ready yet (created later at boot, or its IPv6 link-local address
@@ -613,6 +665,23 @@ async fn run(
                     m.set_maintenance(now(), on)
                 }
                 // The sender lives as long as the Node; gone means the process is ending.
+                Err(_) => std::future::pending().await,
+            },
+            r = params.changed() => match r {
+                Ok(()) => {
+                    params.borrow_and_update();
+                    let c = shared.cfg.load_full();
+                    tracing::info!(priority = c.priority, advert_interval = ?c.advert_interval, preempt = c.preempt, "HA: reconfigured by a reload");
+                    m.set_params(now(), Params {
+                        vrid: c.vrid,
+                        priority: c.priority,
+                        advert_interval: c.advert_interval,
+                        preempt: c.preempt,
+                        preempt_delay: c.preempt_delay,
+                        local: m.params().local,
+                        track_weight: c.track_weight,
+                    })
+                }
                 Err(_) => std::future::pending().await,
             },
             _ = health_tick.tick() => {

@@ -175,6 +175,25 @@ impl Machine {
         self.timer = Some(now + self.master_down_interval());
     }
 
+    /// New parameters from a reload (the VRID and local address stay). A master advertises
+    /// at once with its new priority and interval, so a backup that now outranks it (and
+    /// preempts) takes over, or one that no longer does stays back; a backup's next decision
+    /// (preemption, its master-down interval) uses them.
+    pub fn set_params(&mut self, now: Duration, p: Params) -> Vec<Action> {
+        self.p = Params {
+            vrid: self.p.vrid,
+            local: self.p.local,
+            ..p
+        };
+        let mut out = Vec::new();
+        if self.state == State::Master {
+            self.master_interval = self.p.advert_interval;
+            out.push(Action::Send(self.priority()));
+            self.timer = Some(now + self.p.advert_interval);
+        }
+        out
+    }
+
     /// Startup (RFC 5798 §6.4.1).
     pub fn start(&mut self, now: Duration) -> Vec<Action> {
         let mut out = Vec::new();
@@ -428,6 +447,28 @@ mod tests {
         let more = run(&mut m, 401 * MS, 1000 * MS);
         assert_eq!(more.len(), 6, "{more:?}");
         assert_eq!(more[0].0, 461 * MS);
+    }
+
+    #[test]
+    fn new_params_reach_a_master_at_once() {
+        let mut m = Machine::new(params(100, [198, 18, 0, 1]));
+        m.start(Duration::ZERO);
+        run(&mut m, Duration::ZERO, 400 * MS);
+        assert_eq!(m.state(), State::Master);
+        let mut p = params(50, [203, 0, 113, 9]);
+        p.advert_interval = 200 * MS;
+        p.vrid = 99;
+        assert_eq!(m.set_params(400 * MS, p), [Action::Send(50)]);
+        // The VRID and local address stay; the interval is the new one.
+        assert_eq!(m.params().vrid, params(100, [198, 18, 0, 1]).vrid);
+        assert_eq!(m.params().local, IpAddr::from([198, 18, 0, 1]));
+        assert_eq!(m.master_interval(), 200 * MS);
+        assert_eq!(m.deadline(), Some(600 * MS));
+        // A backup only changes what it decides next.
+        let mut b = Machine::new(params(100, [198, 18, 0, 1]));
+        b.start(Duration::ZERO);
+        assert!(b.set_params(MS, params(200, [198, 18, 0, 1])).is_empty());
+        assert_eq!(b.priority(), 200);
     }
 
     #[test]

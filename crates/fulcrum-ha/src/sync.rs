@@ -35,6 +35,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// An acceptor hears at least a heartbeat a second; this much silence ends the connection.
 const IDLE: Duration = Duration::from_secs(5);
 
+/// A 32-byte secret for `purpose`, derived from the sync key: `HMAC-SHA256(key,
+/// "fulcrum-ha-derive-1" NUL purpose)`. Both nodes of a pair hold the same key, so they derive
+/// the same secrets without sending them: the persistence tables' hash key (header, cookie and
+/// RADIUS entries then mean the same on both), the persistence-cookie secret and the TLS
+/// session-ticket keys.
+pub fn derive_secret(sync_key: &str, purpose: &str) -> [u8; 32] {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, sync_key.as_bytes());
+    let mut label = b"fulcrum-ha-derive-1\0".to_vec();
+    label.extend_from_slice(purpose.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::hmac::sign(&key, &label).as_ref());
+    out
+}
+
 /// What a payload is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -51,8 +65,9 @@ impl Kind {
     }
 }
 
-/// What the receiving side does with a peer's payload; an error is logged and counted.
-pub type OnReceive = Arc<dyn Fn(Kind, &[u8]) -> Result<(), String> + Send + Sync>;
+/// What the receiving side does with a peer's payload (with the peer's wall-clock time of
+/// sending, Unix ms, for lag measures of its own); an error is logged and counted.
+pub type OnReceive = Arc<dyn Fn(Kind, u64, &[u8]) -> Result<(), String> + Send + Sync>;
 /// Every persistence entry as batches, for a peer that (re)connects or fell behind.
 pub type FullDump = Arc<dyn Fn() -> Vec<Vec<u8>> + Send + Sync>;
 
@@ -103,6 +118,9 @@ pub struct StateSync {
     shared: Arc<Shared>,
     doc: watch::Sender<Arc<Vec<u8>>>,
     batches: tokio::sync::broadcast::Sender<Arc<Vec<u8>>>,
+    /// The task that pushes to each peer (ended when a reload removes the peer).
+    dialers: Mutex<BTreeMap<SocketAddr, tokio::task::AbortHandle>>,
+    runtime: tokio::runtime::Handle,
 }
 
 fn now_ms() -> u64 {
@@ -124,20 +142,7 @@ impl StateSync {
         let shared = Arc::new(Shared {
             keys: fulcrum_frame::keys(secrets),
             listen,
-            peers: Mutex::new(
-                peers
-                    .iter()
-                    .map(|p| {
-                        (
-                            *p,
-                            PeerStatus {
-                                address: p.to_string(),
-                                ..PeerStatus::default()
-                            },
-                        )
-                    })
-                    .collect(),
-            ),
+            peers: Mutex::new(BTreeMap::new()),
             frames_received: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
             apply_errors: AtomicU64::new(0),
@@ -145,17 +150,52 @@ impl StateSync {
             on_receive,
             full_dump,
         });
-        let (doc, doc_rx) = watch::channel(Arc::new(Vec::new()));
+        let (doc, _) = watch::channel(Arc::new(Vec::new()));
         let (batches, _) = tokio::sync::broadcast::channel(QUEUE);
         tokio::spawn(accept(l, shared.clone()));
-        for p in peers {
-            tokio::spawn(dial(*p, shared.clone(), doc_rx.clone(), batches.clone()));
-        }
-        Ok(StateSync {
+        let sync = StateSync {
             shared,
             doc,
             batches,
-        })
+            dialers: Mutex::new(BTreeMap::new()),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        sync.set_peers(peers);
+        Ok(sync)
+    }
+
+    /// The peers to push to (a reload may change them): new ones are dialled, removed ones'
+    /// connections end. Callable from any thread.
+    pub fn set_peers(&self, peers: &[SocketAddr]) {
+        let mut dialers = self.dialers.lock();
+        dialers.retain(|p, task| {
+            let keep = peers.contains(p);
+            if !keep {
+                task.abort();
+                self.shared.peers.lock().remove(p);
+                tracing::info!(peer = %p, "HA sync: peer removed");
+            }
+            keep
+        });
+        for p in peers {
+            if dialers.contains_key(p) {
+                continue;
+            }
+            self.shared.peers.lock().insert(
+                *p,
+                PeerStatus {
+                    address: p.to_string(),
+                    ..PeerStatus::default()
+                },
+            );
+            let task = self.runtime.spawn(dial(
+                *p,
+                self.shared.clone(),
+                self.doc.subscribe(),
+                self.batches.clone(),
+            ));
+            dialers.insert(*p, task.abort_handle());
+        }
     }
 
     /// Queues a batch of persistence entries for every connected peer.
@@ -356,7 +396,7 @@ async fn receive(s: &Shared, mut c: TcpStream) -> Result<(), String> {
             b'E' => Kind::Entries,
             other => return Err(format!("unknown payload kind {other}")),
         };
-        match (s.on_receive)(kind, &payload[9..]) {
+        match (s.on_receive)(kind, sent, &payload[9..]) {
             Ok(()) => {
                 s.frames_received.fetch_add(1, Ordering::Relaxed);
                 let lag = now_ms().saturating_sub(sent) as f64;
@@ -378,6 +418,14 @@ async fn receive(s: &Shared, mut c: TcpStream) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn derived_secrets_depend_on_key_and_purpose() {
+        let a = derive_secret("a-shared-secret-0123", "tables");
+        assert_eq!(a, derive_secret("a-shared-secret-0123", "tables"));
+        assert_ne!(a, derive_secret("a-shared-secret-0124", "tables"));
+        assert_ne!(a, derive_secret("a-shared-secret-0123", "tickets"));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn documents_reach_the_peer_and_a_wrong_key_is_refused() {
         let got = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
@@ -389,13 +437,13 @@ mod tests {
             port(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
         );
         let key = vec!["a-shared-secret-0123".to_string()];
-        let on_b: OnReceive = Arc::new(move |k, d| {
+        let on_b: OnReceive = Arc::new(move |k, _, d| {
             let mut v = vec![k.byte()];
             v.extend_from_slice(d);
             g.lock().push(v);
             Ok(())
         });
-        let none: OnReceive = Arc::new(|_, _| Ok(()));
+        let none: OnReceive = Arc::new(|_, _, _| Ok(()));
         let dump: FullDump = Arc::new(|| vec![b"dump".to_vec()]);
         let node_b = StateSync::start(b, &[], &key, on_b, dump.clone())
             .await
@@ -435,5 +483,21 @@ mod tests {
         }
         assert!(node_b.status().auth_failures >= 1);
         assert!(!got.lock()[before..].iter().any(|d| d == b"D{\"v\":666}"));
+
+        // A reload takes b out of a's peers, then puts it back: a dials again, b gets the
+        // document and the dump anew.
+        node_a.set_peers(&[]);
+        assert!(node_a.status().peers.is_empty());
+        got.lock().clear();
+        node_a.publish(b"{\"v\":3}".to_vec());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!has(b"D{\"v\":3}"), "no peer, nothing sent");
+        node_a.set_peers(&[b]);
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !(has(b"D{\"v\":3}") && has(b"Edump")) && std::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(has(b"D{\"v\":3}") && has(b"Edump"));
+        assert_eq!(node_a.status().peers.len(), 1);
     }
 }

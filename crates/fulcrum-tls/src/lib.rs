@@ -9,6 +9,7 @@
 pub mod client;
 pub mod der;
 pub mod names;
+pub mod ticket;
 
 use std::io;
 use std::net::SocketAddr;
@@ -164,6 +165,9 @@ impl TlsStats {
 pub struct TlsShared {
     pub stats: Arc<TlsStats>,
     ticketer: Arc<dyn ProducesTickets>,
+    /// The secret of a `ticket::SharedTicketer` in use, if any (else the keys are this
+    /// process's own).
+    ticket_secret: Option<[u8; 32]>,
     cache: Option<(usize, Arc<ServerSessionMemoryCache>)>,
 }
 
@@ -179,8 +183,25 @@ impl TlsShared {
             stats: Arc::default(),
             ticketer: rustls::crypto::ring::Ticketer::new()
                 .map_err(|e| format!("cannot make session ticket keys: {e}"))?,
+            ticket_secret: None,
             cache: None,
         })
+    }
+
+    /// Ticket keys derived from `secret` (shared by HA nodes, see `ticket`), or this process's
+    /// own random ones with `None`. Unchanged while the secret stays the same, so tickets keep
+    /// resuming across reloads.
+    pub fn share_tickets(&mut self, secret: Option<[u8; 32]>, service: &str) -> Result<(), String> {
+        if self.ticket_secret == secret {
+            return Ok(());
+        }
+        self.ticketer = match &secret {
+            Some(s) => Arc::new(ticket::SharedTicketer::new(s, service)),
+            None => rustls::crypto::ring::Ticketer::new()
+                .map_err(|e| format!("cannot make session ticket keys: {e}"))?,
+        };
+        self.ticket_secret = secret;
+        Ok(())
     }
 
     /// The session cache for a service with `session_cache = size`: the current one while

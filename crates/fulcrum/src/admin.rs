@@ -153,7 +153,9 @@ pub fn cookie_secret_path(admin: &Admin) -> std::path::PathBuf {
 /// Gives every cookie_insert / cookie_rewrite profile without a `secret` the secrets of
 /// `cookie.secret` beside the token file (created at first need): cookies then survive
 /// restarts, and two instances sharing the file accept each other's cookies. Its first line
-/// signs; the others are still accepted (rotation).
+/// signs; the others are still accepted (rotation). With `ha.sync` the signing secret is
+/// derived from the sync key instead (the same on both nodes) and the file's lines are only
+/// accepted.
 pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), String> {
     use fulcrum_config::PersistenceKind::{CookieInsert, CookieRewrite};
     let needs = |p: &fulcrum_config::Persistence| {
@@ -163,8 +165,25 @@ pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), St
         return Ok(());
     }
     let path = cookie_secret_path(&config.admin);
-    let mut lines = secret_lines(&path, "persistence secret file")?;
-    let newest = lines.remove(0);
+    let (newest, lines) = match crate::ha::shared_secret(config, crate::ha::purpose::COOKIE) {
+        // An HA pair signs with the secret both nodes derive from ha.sync.key, so a cookie
+        // one node issued sticks on the other; cookies signed with this node's own file
+        // before are still honoured (and re-issued).
+        Some(shared) => {
+            let own = if path.exists() {
+                secret_lines(&path, "persistence secret file")?
+            } else {
+                Vec::new()
+            };
+            let hex: String = shared.iter().map(|b| format!("{b:02x}")).collect();
+            (hex, own)
+        }
+        None => {
+            let mut lines = secret_lines(&path, "persistence secret file")?;
+            let newest = lines.remove(0);
+            (newest, lines)
+        }
+    };
     for p in config.persistence.iter_mut().filter(|p| needs(p)) {
         p.secret = Some(newest.clone());
         p.previous_secrets = lines.clone();
@@ -313,5 +332,41 @@ mod tests {
                 .trim(),
             generated
         );
+    }
+
+    #[test]
+    fn with_ha_sync_both_nodes_sign_with_the_derived_secret_and_accept_their_own_file() {
+        let config = |dir: &Path, key: &str| {
+            format!(
+                "[admin]\ntoken_file = \"{}/admin.token\"\n\
+                 [ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"198.18.0.100/24\"]\n\
+                 sync = {{ listen = \"127.0.0.1:7500\", key = \"{key}\" }}\n\
+                 [[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\npersistence = \"c\"\n\
+                 [[pool]]\nname = \"p\"\n\
+                 [[persistence]]\nname = \"c\"\ntype = \"cookie_insert\"\n",
+                dir.display()
+            )
+        };
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // Node one had its own file before HA was configured; node two has none.
+        std::fs::write(one.path().join("cookie.secret"), "own-secret-0123456789\n").unwrap();
+        std::fs::set_permissions(
+            one.path().join("cookie.secret"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        let filled = |dir: &Path, key: &str| {
+            let mut c = fulcrum_config::parse(&config(dir, key), "t", dir).unwrap();
+            fill_cookie_secrets(&mut c).unwrap();
+            c.persistence.remove(0)
+        };
+        let a = filled(one.path(), "a-sync-key-0123456789");
+        let b = filled(two.path(), "a-sync-key-0123456789");
+        assert_eq!(a.secret, b.secret);
+        assert_eq!(a.previous_secrets, ["own-secret-0123456789"]);
+        assert!(b.previous_secrets.is_empty());
+        assert!(!two.path().join("cookie.secret").exists(), "no file made");
+        let other = filled(two.path(), "another-sync-key-0123");
+        assert_ne!(other.secret, a.secret);
     }
 }

@@ -311,7 +311,7 @@ impl App {
     }
 
     fn reload_now(&self) -> Result<u64, Vec<String>> {
-        let config = self.source.load()?;
+        let mut config = self.source.load()?;
         let before = self.snapshot.load();
         if config.admin.listen != before.config.admin.listen {
             tracing::warn!(from = %before.config.admin.listen, to = %config.admin.listen, "admin.listen changes take effect at the next restart");
@@ -321,9 +321,7 @@ impl App {
         {
             tracing::warn!("admin.socket and admin.tls changes take effect at the next restart");
         }
-        if config.ha != before.config.ha {
-            tracing::warn!("[ha] changes take effect at the next restart");
-        }
+        self.ha.reload(&mut config, &before.config);
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
                 from = before.config.global.workers,

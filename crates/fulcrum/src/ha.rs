@@ -36,6 +36,31 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
     errors
 }
 
+/// The keys of `[ha]` that differ between two configurations.
+fn changed_keys(n: &Ha, r: &Ha) -> Vec<&'static str> {
+    [
+        ("mode", n.mode != r.mode),
+        ("node", n.node != r.node),
+        ("interface", n.interface != r.interface),
+        ("vrid", n.vrid != r.vrid),
+        ("vrrp_version", n.vrrp_version != r.vrrp_version),
+        ("priority", n.priority != r.priority),
+        ("advert_interval", n.advert_interval != r.advert_interval),
+        ("preempt", n.preempt != r.preempt),
+        ("preempt_delay", n.preempt_delay != r.preempt_delay),
+        ("peers", n.peers != r.peers),
+        ("vips", n.vips != r.vips),
+        ("track", n.track != r.track),
+        ("track_weight", n.track_weight != r.track_weight),
+        ("garp_repeat", n.garp_repeat != r.garp_repeat),
+        ("garp_interval", n.garp_interval != r.garp_interval),
+        ("sync", n.sync != r.sync),
+    ]
+    .into_iter()
+    .filter_map(|(k, changed)| changed.then_some(k))
+    .collect()
+}
+
 #[derive(Default)]
 pub struct HaPlane {
     node: OnceLock<Node>,
@@ -48,6 +73,8 @@ pub struct HaPlane {
     entries: OnceLock<tokio::sync::mpsc::Sender<(Arc<str>, PersistKey, std::net::SocketAddr)>>,
     /// Entries dropped because the queue was full.
     entries_dropped: Arc<AtomicU64>,
+    /// Entries sent and received, and lags, by table.
+    per_table: PerTable,
     /// Whether the last peer document had the same pools fingerprint as this node.
     peer_config_matches: Arc<parking_lot::Mutex<Option<bool>>>,
     /// Unix ms of the last operator change of member or site state here, or of the peer's
@@ -60,50 +87,93 @@ const QUEUE: usize = 65_536;
 /// Entries per frame.
 const BATCH: usize = 1000;
 
-/// The wire form of a persistence key, or `None` for a key the peer could not use: byte keys
-/// (header, cookie, RADIUS) are stored as a hash keyed per process (see `PersistTable::key`), so
-/// the same client value hashes differently on the peer. Until the nodes share that hash key,
-/// only source-address entries are synchronised.
-fn key_text(k: &PersistKey) -> Option<String> {
+/// What `ha.sync` derives from its key (`fulcrum_ha::sync::derive_secret`) so that both nodes
+/// hold the same secret without sending it.
+pub mod purpose {
+    /// The keyed hash of persistence tables' byte keys (header, cookie_passive, RADIUS).
+    pub const TABLE_HASH: &str = "persistence-table-hash";
+    /// The persistence-cookie secret of profiles that set none (cookie_insert, cookie_rewrite).
+    pub const COOKIE: &str = "persistence-cookie-secret";
+    /// TLS session-ticket keys (`fulcrum_tls::ticket`).
+    pub const TICKETS: &str = "tls-session-tickets";
+}
+
+/// The secret for `purpose` shared by the HA pair, when the config has `ha.sync`.
+pub fn shared_secret(config: &Config, purpose: &str) -> Option<[u8; 32]> {
+    let key = &config.ha.as_ref()?.sync.as_ref()?.key;
+    Some(fulcrum_ha::sync::derive_secret(key, purpose))
+}
+
+/// The wire form of a persistence key: `i` and a masked address, or `h` and the keyed hash of
+/// client bytes (meaningful to the peer only when both hash under the secret derived from the
+/// sync key: see `PersistTable::with_key`; the feed and the dump send no others).
+fn key_text(k: &PersistKey) -> String {
     match k {
-        PersistKey::Ip(v) => Some(format!("i{v:032x}")),
-        PersistKey::Hashed(_) => None,
+        PersistKey::Ip(v) => format!("i{v:032x}"),
+        PersistKey::Hashed(v) => format!("h{v:032x}"),
     }
 }
 
 fn key_parse(s: &str) -> Option<PersistKey> {
-    let hex = s.strip_prefix('i')?;
-    if hex.len() > 32 {
+    let (kind, hex) = s.split_at_checked(1)?;
+    if hex.is_empty() || hex.len() > 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    u128::from_str_radix(hex, 16).ok().map(PersistKey::Ip)
+    let v = u128::from_str_radix(hex, 16).ok()?;
+    match kind {
+        "i" => Some(PersistKey::Ip(v)),
+        "h" => Some(PersistKey::Hashed(v)),
+        _ => None,
+    }
+}
+
+/// Whether a peer can use this table's entry for `k`.
+fn portable(table: &PersistTable, k: &PersistKey) -> bool {
+    matches!(k, PersistKey::Ip(_)) || table.shared_hash()
 }
 
 fn batch(entries: &[(Arc<str>, PersistKey, std::net::SocketAddr)]) -> Vec<u8> {
     let v: Vec<Value> = entries
         .iter()
-        .filter_map(|(t, k, m)| Some(json!({ "t": &**t, "k": key_text(k)?, "m": m.to_string() })))
+        .map(|(t, k, m)| json!({ "t": &**t, "k": key_text(k), "m": m.to_string() }))
         .collect();
     serde_json::to_vec(&v).unwrap_or_default()
 }
+
+/// Per table (by service name): entries sent and received, and the lag of received batches.
+#[derive(Default)]
+struct TableCounters {
+    sent: u64,
+    received: u64,
+    /// Lags (ms) of the last batches that carried entries of this table.
+    lags: std::collections::VecDeque<f64>,
+}
+
+type PerTable = Arc<parking_lot::Mutex<std::collections::BTreeMap<Arc<str>, TableCounters>>>;
+/// Batches whose lag a table remembers.
+const LAG_WINDOW: usize = 256;
 
 /// Stores a peer's batch of entries in the tables of the same services.
 fn apply_entries(
     bytes: &[u8],
     tables: &HashMap<String, Arc<PersistTable>>,
-) -> Result<usize, String> {
+) -> Result<HashMap<String, u64>, String> {
     let v: Vec<Value> = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-    let mut n = 0;
+    let mut n: HashMap<String, u64> = HashMap::new();
     for e in &v {
-        let (Some(t), Some(k), Some(m)) = (
-            e["t"].as_str().and_then(|t| tables.get(t)),
+        let (Some((name, t)), Some(k), Some(m)) = (
+            e["t"].as_str().and_then(|t| tables.get_key_value(t)),
             e["k"].as_str().and_then(key_parse),
             e["m"].as_str().and_then(|m| m.parse().ok()),
         ) else {
             continue;
         };
+        // A hash under another key (this node has no ha.sync secret for it) finds nothing.
+        if !portable(t, &k) {
+            continue;
+        }
         t.insert_synced(k, m);
-        n += 1;
+        *n.entry(name.clone()).or_default() += 1;
     }
     Ok(n)
 }
@@ -175,7 +245,7 @@ impl HaPlane {
             tracing::warn!("HA: starting in maintenance (saved in admin.state_file); PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
         }
         if ha.sync.is_some() {
-            tracing::warn!("ha.sync: member and site states set through the API and persistence tables are shared; connections and TLS ticket keys are not in this build");
+            tracing::info!("ha.sync: member and site states set through the API and persistence tables are shared; the table hash key, the persistence-cookie secret and TLS ticket keys are derived from ha.sync.key; connection tables of nat/dr services are not synchronised in this build");
         }
         let track = ha.track.clone();
         let health = Arc::new(move || {
@@ -191,6 +261,81 @@ impl HaPlane {
         let mut cfg = node_config(ha);
         cfg.maintenance = maintenance;
         let _ = self.node.set(Node::start(cfg, health));
+    }
+
+    /// At a reload: the VRRP node takes what can change while it runs (priority,
+    /// advert_interval, preempt, preempt_delay, track_weight, garp_repeat, garp_interval), the
+    /// sync channel its new `peers`; every
+    /// other changed key is reported and the running value kept in the new configuration, so
+    /// it says what runs and the secrets derived from `ha.sync.key` follow the key the sync
+    /// channel uses.
+    pub fn reload(&self, new: &mut Config, running: &Config) {
+        if new.ha == running.ha {
+            return;
+        }
+        let (Some(n), Some(r)) = (&new.ha, &running.ha) else {
+            let what = if new.ha.is_some() { "added" } else { "removed" };
+            tracing::warn!(
+                "[ha] {what}: takes effect at the next restart; this node runs on as it started"
+            );
+            new.ha = running.ha.clone();
+            return;
+        };
+        let changed = changed_keys(n, r);
+        let live = [
+            "priority",
+            "advert_interval",
+            "preempt",
+            "preempt_delay",
+            "track_weight",
+            "garp_repeat",
+            "garp_interval",
+        ];
+        let mut kept = (*r).clone();
+        let mut applied: Vec<&str> = match self.node.get() {
+            Some(node) => {
+                node.reconfigure(&node_config(n));
+                kept.priority = n.priority;
+                if n.vrrp_version == r.vrrp_version {
+                    kept.advert_interval = n.advert_interval;
+                }
+                kept.preempt = n.preempt;
+                kept.preempt_delay = n.preempt_delay;
+                kept.track_weight = n.track_weight;
+                kept.garp_repeat = n.garp_repeat;
+                kept.garp_interval = n.garp_interval;
+                changed
+                    .iter()
+                    .copied()
+                    .filter(|k| live.contains(k))
+                    .filter(|k| *k != "advert_interval" || n.vrrp_version == r.vrrp_version)
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        // ha.sync.peers: new peers are dialled, removed ones let go; listen and key stay.
+        if let (Some(sync), Some(ns), Some(rs)) = (self.sync.get(), &n.sync, &mut kept.sync) {
+            if ns.peers != rs.peers {
+                sync.set_peers(&ns.peers);
+                rs.peers = ns.peers.clone();
+                applied.push("sync.peers");
+            }
+        }
+        let still = |k: &&str| {
+            // `sync` is settled when its peers were its only change.
+            !applied.contains(k) && (*k != "sync" || n.sync.as_ref() != kept.sync.as_ref())
+        };
+        let pending: Vec<&str> = changed.iter().copied().filter(still).collect();
+        if !applied.is_empty() {
+            tracing::info!(applied = %applied.join(", "), "[ha] changes applied by the reload");
+        }
+        if !pending.is_empty() {
+            tracing::warn!(
+                changed = %pending.join(", "),
+                "[ha] changes take effect at the next restart; this node runs on with the current values of these keys (and the secrets derived from its ha.sync.key)"
+            );
+        }
+        new.ha = Some(kept);
     }
 
     /// An operator change here: newer than anything this node has seen, even within one
@@ -214,12 +359,16 @@ impl HaPlane {
     fn attach_feeds(&self) {
         let Some(tx) = self.entries.get() else { return };
         for (name, table) in self.tables.load().iter() {
-            let (tx, name, dropped) = (
+            let (tx, name, dropped, shared) = (
                 tx.clone(),
                 Arc::<str>::from(name.as_str()),
                 self.entries_dropped.clone(),
+                table.shared_hash(),
             );
             table.set_feed(Some(Box::new(move |k: &PersistKey, m| {
+                if !shared && matches!(k, PersistKey::Hashed(_)) {
+                    return;
+                }
                 if tx.try_send((name.clone(), k.clone(), m)).is_err() {
                     dropped.fetch_add(1, Ordering::Relaxed);
                 }
@@ -258,9 +407,21 @@ impl HaPlane {
         let (me, republish) = (node.clone(), self.sync.clone());
         let matches = self.peer_config_matches.clone();
         let tables = self.tables.clone();
-        let on_receive: OnReceive = Arc::new(move |kind: Kind, bytes: &[u8]| {
+        let per_table = self.per_table.clone();
+        let on_receive: OnReceive = Arc::new(move |kind: Kind, sent_ms: u64, bytes: &[u8]| {
             if kind == Kind::Entries {
-                return apply_entries(bytes, &tables.load()).map(drop);
+                let got = apply_entries(bytes, &tables.load())?;
+                let lag = now_ms().saturating_sub(sent_ms) as f64;
+                let mut pt = per_table.lock();
+                for (name, n) in got {
+                    let c = pt.entry(Arc::from(name.as_str())).or_default();
+                    c.received += n;
+                    if c.lags.len() == LAG_WINDOW {
+                        c.lags.pop_front();
+                    }
+                    c.lags.push_back(lag);
+                }
+                return Ok(());
             }
             let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
             let theirs = doc["changed_at_ms"].as_u64().ok_or("no changed_at_ms")?;
@@ -289,11 +450,17 @@ impl HaPlane {
         let all = self.tables.clone();
         let full_dump: FullDump = Arc::new(move || {
             let mut out = Vec::new();
+            // Services sharing one table (a RADIUS profile) send it once.
+            let mut seen = std::collections::HashSet::new();
             for (name, table) in all.load().iter() {
+                if !seen.insert(Arc::as_ptr(table)) {
+                    continue;
+                }
                 let name = Arc::<str>::from(name.as_str());
                 let entries: Vec<_> = table
                     .entries()
                     .into_iter()
+                    .filter(|(k, _)| portable(table, k))
                     .map(|(k, m)| (name.clone(), k, m))
                     .collect();
                 out.extend(entries.chunks(BATCH).map(batch));
@@ -315,11 +482,17 @@ impl HaPlane {
         let _ = self.entries.set(tx);
         self.attach_feeds();
         let sender = self.sync.clone();
+        let per_table = self.per_table.clone();
         tokio::spawn(async move {
-            let mut buf = Vec::with_capacity(BATCH);
+            let mut buf: Vec<(Arc<str>, PersistKey, std::net::SocketAddr)> =
+                Vec::with_capacity(BATCH);
             while rx.recv_many(&mut buf, BATCH).await > 0 {
                 if let Some(s) = sender.get() {
                     s.send_batch(batch(&buf));
+                    let mut pt = per_table.lock();
+                    for (name, _, _) in &buf {
+                        pt.entry(name.clone()).or_default().sent += 1;
+                    }
                 }
                 buf.clear();
             }
@@ -360,6 +533,7 @@ impl HaPlane {
                     s["sync"]["peer_config_matches"] = json!(*self.peer_config_matches.lock());
                     s["sync"]["entries_dropped"] =
                         json!(self.entries_dropped.load(Ordering::Relaxed));
+                    s["sync"]["tables"] = self.table_status();
                 }
                 (200, s)
             }
@@ -383,6 +557,32 @@ impl HaPlane {
             ),
             _ => (404, json!({ "error": "no such endpoint" })),
         }
+    }
+
+    /// `sync.tables` of `GET /api/v1/ha`: per persistence table (by service), what travels.
+    fn table_status(&self) -> Value {
+        let tables = self.tables.load();
+        let pt = self.per_table.lock();
+        let mut names: std::collections::BTreeSet<&str> =
+            tables.keys().map(String::as_str).collect();
+        names.extend(pt.keys().map(|k| &**k));
+        names
+            .into_iter()
+            .map(|name| {
+                let c = pt.get(name);
+                let t = tables.get(name);
+                json!({
+                    "service": name,
+                    "entries": t.map(|t| t.len()),
+                    // Byte keys (header, cookie_passive, RADIUS) hash under the shared secret.
+                    "shared_hash": t.map(|t| t.shared_hash()),
+                    "entries_sent": c.map_or(0, |c| c.sent),
+                    "entries_received": c.map_or(0, |c| c.received),
+                    "lag_ms": c.and_then(|c| c.lags.back().copied()),
+                    "lag_max_ms": c.and_then(|c| c.lags.iter().copied().reduce(f64::max)),
+                })
+            })
+            .collect()
     }
 
     pub fn metrics(&self, w: &mut MetricsWriter) {
@@ -514,6 +714,47 @@ impl HaPlane {
                 &l,
                 if mismatch { 1.0 } else { 0.0 },
             );
+            let pt = self.per_table.lock();
+            if !pt.is_empty() {
+                w.family(
+                    "fulcrum_ha_sync_entries_sent_total",
+                    "counter",
+                    "Persistence entries sent to the peers, by service table.",
+                );
+                for (name, c) in pt.iter() {
+                    w.sample(
+                        "fulcrum_ha_sync_entries_sent_total",
+                        &[("vrid", &vrid), ("vs", name)],
+                        c.sent as f64,
+                    );
+                }
+                w.family(
+                    "fulcrum_ha_sync_entries_received_total",
+                    "counter",
+                    "Persistence entries received from the peers and stored, by service table.",
+                );
+                for (name, c) in pt.iter() {
+                    w.sample(
+                        "fulcrum_ha_sync_entries_received_total",
+                        &[("vrid", &vrid), ("vs", name)],
+                        c.received as f64,
+                    );
+                }
+                w.family(
+                    "fulcrum_ha_sync_table_lag_seconds",
+                    "gauge",
+                    "Sync lag of the last batch of entries of this service table.",
+                );
+                for (name, c) in pt.iter() {
+                    if let Some(lag) = c.lags.back() {
+                        w.sample(
+                            "fulcrum_ha_sync_table_lag_seconds",
+                            &[("vrid", &vrid), ("vs", name)],
+                            lag / 1000.0,
+                        );
+                    }
+                }
+            }
         }
     }
 }
@@ -545,20 +786,65 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_reload_keeps_the_running_ha_and_everything_else_changes() {
+        let text = |prio: u8, key: &str, port: u16| {
+            format!(
+                "[ha]\ninterface = \"eth0\"\nvrid = 1\npriority = {prio}\nvips = [\"198.18.0.100/24\"]\n\
+                 sync = {{ listen = \"127.0.0.1:7500\", key = \"{key}\" }}\n\
+                 [[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:{port}\"\nprotocol = \"tcp\"\npool = \"p\"\n\
+                 [[pool]]\nname = \"p\"\n"
+            )
+        };
+        let dir = std::path::Path::new(".");
+        let running = fulcrum_config::parse(&text(100, "the-sync-key-0123456", 1), "t", dir)
+            .expect("running");
+        let mut new =
+            fulcrum_config::parse(&text(200, "a-new-sync-key-01234", 2), "t", dir).expect("new");
+        // Without a running VRRP node nothing of [ha] applies: the running one is kept.
+        HaPlane::default().reload(&mut new, &running);
+        assert_eq!(new.ha, running.ha);
+        assert_eq!(
+            changed_keys(
+                &fulcrum_config::parse(&text(200, "a-new-sync-key-01234", 2), "t", dir)
+                    .expect("new")
+                    .ha
+                    .expect("ha"),
+                running.ha.as_ref().expect("ha")
+            ),
+            ["priority", "sync"]
+        );
+        assert_eq!(
+            new.virtual_services[0].listen,
+            ["127.0.0.1:2".parse().expect("addr")]
+        );
+        // Derived secrets follow the key the sync channel runs with.
+        assert_eq!(
+            shared_secret(&new, purpose::COOKIE),
+            shared_secret(&running, purpose::COOKIE)
+        );
+        assert_ne!(
+            shared_secret(&new, purpose::COOKIE),
+            shared_secret(&new, purpose::TICKETS)
+        );
+    }
+
+    #[test]
     fn persistence_keys_round_trip_and_garbage_is_refused() {
         let keys = [
             PersistKey::source("192.0.2.7".parse().expect("ip"), 32, 128),
             PersistKey::source("2001:db8::1".parse().expect("ip"), 32, 64),
         ];
-        for k in keys {
-            assert_eq!(key_text(&k).and_then(|t| key_parse(&t)), Some(k));
+        for k in keys
+            .into_iter()
+            .chain([PersistKey::Hashed(7), PersistKey::Hashed(u128::MAX)])
+        {
+            assert_eq!(key_parse(&key_text(&k)), Some(k));
         }
-        assert_eq!(
-            key_text(&PersistKey::Hashed(7)),
-            None,
-            "per-process hashes stay home"
-        );
         for bad in [
+            "h",
+            "h+1",
+            "-1",
+            "i-1",
             "",
             "i",
             "ixyz",
@@ -577,11 +863,34 @@ mod tests {
         let tables = HashMap::from([("web".to_string(), t.clone())]);
         let k = PersistKey::source("192.0.2.9".parse().expect("ip"), 32, 128);
         let b = format!(
-            r#"[{{"t":"web","k":"{}","m":"198.18.0.21:8080"}},{{"t":"nope","k":"b00","m":"1.2.3.4:1"}},{{"t":"web","k":"b0","m":"x"}},7]"#,
-            key_text(&k).expect("ip key")
+            r#"[{{"t":"web","k":"{}","m":"198.18.0.21:8080"}},{{"t":"nope","k":"b00","m":"1.2.3.4:1"}},{{"t":"web","k":"b0","m":"x"}},{{"t":"web","k":"h01","m":"1.2.3.4:1"}},7]"#,
+            key_text(&k)
         );
-        assert_eq!(apply_entries(b.as_bytes(), &tables), Ok(1));
+        // The hashed entry is skipped: this table hashes per process.
+        assert_eq!(
+            apply_entries(b.as_bytes(), &tables),
+            Ok(HashMap::from([("web".to_string(), 1)]))
+        );
         assert_eq!(t.get(&k), Some("198.18.0.21:8080".parse().expect("addr")));
+        // A table under the shared secret takes hashed entries.
+        let shared = Arc::new(PersistTable::with_key(
+            fulcrum_balance::TableSpec {
+                idle_timeout: std::time::Duration::from_secs(60),
+                max_entries: 100,
+            },
+            Some([3; 32]),
+        ));
+        let tables = HashMap::from([("web".to_string(), shared.clone())]);
+        let h = shared.key(b"session=1");
+        let b = format!(
+            r#"[{{"t":"web","k":"{}","m":"198.18.0.22:80"}}]"#,
+            key_text(&h)
+        );
+        assert!(apply_entries(b.as_bytes(), &tables).is_ok());
+        assert_eq!(
+            shared.get(&h),
+            Some("198.18.0.22:80".parse().expect("addr"))
+        );
         assert!(apply_entries(b"{not json", &tables).is_err());
     }
 }

@@ -69,6 +69,11 @@ impl TlsAssembly {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(TlsShared::new()?),
         };
+        // With ha.sync, ticket keys both nodes derive: a client resumes on the new master.
+        shared.share_tickets(
+            crate::ha::shared_secret(config, crate::ha::purpose::TICKETS),
+            &vs.name,
+        )?;
         ServerTls::load(vs, &format!("virtual_service[{i}]"), shared)
             .map(Arc::new)
             .map_err(|errs| {

@@ -147,13 +147,15 @@ impl<'a> BuildCx<'a> {
             idle_timeout: profile.table_timeout(),
             max_entries: profile.max_entries,
         };
+        // With ha.sync, byte keys hash under the secret both nodes derive, so entries travel.
+        let secret = crate::ha::shared_secret(self.config, crate::ha::purpose::TABLE_HASH);
         let table = match self
             .tables
             .get(&vs.name)
             .or_else(|| self.old_tables.get(&vs.name))
         {
-            Some(t) => t.respec(spec),
-            None => Arc::new(PersistTable::new(spec)),
+            Some(t) => t.respec_keyed(spec, secret),
+            None => Arc::new(PersistTable::with_key(spec, secret)),
         };
         self.tables.insert(vs.name.clone(), table.clone());
         Some((table, profile))

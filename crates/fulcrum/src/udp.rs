@@ -111,13 +111,16 @@ impl DataPlane for Udp {
                     idle_timeout: p.table_timeout(),
                     max_entries: p.max_entries,
                 };
+                let secret = crate::ha::shared_secret(config, crate::ha::purpose::TABLE_HASH);
                 let table = next.radius.get(&p.name).cloned().unwrap_or_else(|| {
                     match state.radius.get(&p.name) {
-                        Some(t) => t.respec(spec),
-                        None => Arc::new(PersistTable::new(spec)),
+                        Some(t) => t.respec_keyed(spec, secret),
+                        None => Arc::new(PersistTable::with_key(spec, secret)),
                     }
                 });
                 next.radius.insert(p.name.clone(), table.clone());
+                // Among the service's tables: ha.sync streams its entries, metrics count them.
+                cx.tables.insert(vs.name.clone(), table.clone());
                 Some(RadiusPersistence {
                     table,
                     attribute,

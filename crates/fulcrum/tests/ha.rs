@@ -625,3 +625,62 @@ source_mask = 32
     let hb = fb.ha();
     assert_eq!(hb["sync"]["entries_dropped"], 0, "{hb}");
 }
+
+#[test]
+fn a_reload_changes_priority_at_once_and_reports_what_needs_a_restart() {
+    let p = pair("har");
+    let mut lab = p.lab;
+    let sync = |me: &str, peers: &str| {
+        format!("sync = {{ listen = \"{me}:7500\", peers = [{peers}], key = \"a-sync-key-for-the-test-0123\" }}")
+    };
+    let fa = NsFulcrum::start(
+        &mut lab,
+        &p.a,
+        BIN,
+        &node_config("a", 150, &sync("198.18.0.1", "")),
+    );
+    let fb = NsFulcrum::start(
+        &mut lab,
+        &p.b,
+        BIN,
+        &node_config("b", 100, &sync("198.18.0.2", "")),
+    );
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+
+    // b gets a higher priority and a new advert interval (both apply at once: b preempts a),
+    // a sync peer (dialled at once), and another VRID (needs a restart: b keeps running VRID
+    // 51, and says so).
+    let edited = node_config("b", 200, &sync("198.18.0.2", "\"198.18.0.1:7500\""))
+        .replace("vrid = 51", "vrid = 52")
+        .replace("advert_interval = \"100ms\"", "advert_interval = \"200ms\"");
+    std::fs::write(fb.dir.path().join("fulcrum.toml"), edited).unwrap();
+    let (status, body) = api_with(&p.b, "POST", "/api/v1/reload", "");
+    assert_eq!(status, 200, "{body}");
+    expect_role(&fb, "master", Duration::from_secs(5));
+    expect_role(&fa, "backup", Duration::from_secs(5));
+    assert!(wait_for(Duration::from_secs(5), || holds(&p.b, VIP)
+        && !holds(&p.a, VIP)));
+    let hb = fb.ha();
+    assert_eq!(hb["configured_priority"], 200, "{hb}");
+    assert_eq!(hb["advert_interval_ms"], 200.0, "{hb}");
+    assert_eq!(hb["vrid"], 51, "{hb}");
+    assert!(wait_for(Duration::from_secs(5), || fa.ha()["peer"]
+        ["priority"]
+        == 200));
+    assert!(wait_for(Duration::from_secs(5), || {
+        fa.ha()["sync"]["frames_received"].as_u64().unwrap_or(0) >= 1
+    }));
+    assert_eq!(fb.ha()["sync"]["peers"][0]["connected"], true);
+    let logs = fb.logs();
+    assert!(
+        logs.contains("[ha] changes applied by the reload")
+            && logs.contains("priority, advert_interval, sync.peers"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("take effect at the next restart") && logs.contains("changed=vrid"),
+        "{logs}"
+    );
+    drop((fa, fb, p.backend_a, p.backend_b));
+}
