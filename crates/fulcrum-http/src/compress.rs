@@ -573,23 +573,30 @@ impl Stream {
 /// bytes received from the member, whether the member is at fault).
 pub(crate) type Cut = (u64, u64, bool);
 
-async fn write_out<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    timer: &mut Timer,
-    out: &mut Vec<u8>,
-    idle: Duration,
-) -> io::Result<()> {
-    use tokio::io::AsyncWriteExt;
-    if out.is_empty() {
-        return Ok(());
+/// An HTTP/1 client connection as a response body is written to it: the stream, its write
+/// timer, the connection's write buffer, and how long a write may wait.
+pub(crate) struct H1Writer<'a, W> {
+    pub io: &'a mut W,
+    pub timer: &'a mut Timer,
+    pub out: &'a mut Vec<u8>,
+    pub idle: Duration,
+}
+
+impl<W: AsyncWrite + Unpin> H1Writer<'_, W> {
+    /// Writes what the buffer holds (within `idle`) and empties it.
+    async fn write_out(&mut self) -> io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.timer.set_after(self.idle);
+        let r = match self.timer.run(self.io.write_all(self.out)).await {
+            Some(r) => r,
+            None => Err(io::ErrorKind::TimedOut.into()),
+        };
+        self.out.clear();
+        r
     }
-    timer.set_after(idle);
-    let r = match timer.run(io.write_all(out)).await {
-        Some(r) => r,
-        None => Err(io::ErrorKind::TimedOut.into()),
-    };
-    out.clear();
-    r
 }
 
 /// The HTTP/1 client path's body relay for a compressed response: reads the member's body
@@ -598,15 +605,11 @@ async fn write_out<W: AsyncWrite + Unpin>(
 /// the member reach `member`'s counters in batches while they flow. Returns (body bytes to the
 /// client, bytes from the member not yet added to `member`, whether the member connection
 /// ended cleanly and may be reused).
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    timer: &mut Timer,
-    out: &mut Vec<u8>,
+    w: &mut H1Writer<'_, W>,
     conn: &mut UpstreamConn,
     mut framing: InFraming,
     chunked_out: bool,
-    idle: Duration,
     s: &mut Stream,
     member: &fulcrum_balance::MemberStats,
 ) -> Result<(u64, u64, bool), Cut> {
@@ -647,14 +650,14 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
             conn.buf.drain(..consumed);
         }
         if finished {
-            return finish_h1(io, timer, out, s, chunked_out, idle, to_client, received)
+            return finish_h1(w, s, chunked_out, to_client, received)
                 .await
                 // Bytes after the response: the member is out of step, do not reuse.
                 .map(|sent| (sent, received, conn.buf.is_empty()));
         }
         if s.pending() >= OUT_CHUNK {
-            to_client += s.drain_into(out, chunked_out) as u64;
-            write_out(io, timer, out, idle)
+            to_client += s.drain_into(w.out, chunked_out) as u64;
+            w.write_out()
                 .await
                 .map_err(|_| (to_client, received, false))?;
         }
@@ -663,12 +666,12 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // The member has nothing more for now: what was encoded goes to the client.
                 s.flush().map_err(|_| (to_client, received, false))?;
-                to_client += s.drain_into(out, chunked_out) as u64;
-                write_out(io, timer, out, idle)
+                to_client += s.drain_into(w.out, chunked_out) as u64;
+                w.write_out()
                     .await
                     .map_err(|_| (to_client, received, false))?;
-                timer.set_after(idle);
-                timer.run(conn.io.read_buf(&mut conn.buf)).await
+                w.timer.set_after(w.idle);
+                w.timer.run(conn.io.read_buf(&mut conn.buf)).await
             }
             r => {
                 eager += 1;
@@ -681,8 +684,7 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
         match read {
             Some(Ok(0)) => {
                 if let InFraming::Close = framing {
-                    let sent = finish_h1(io, timer, out, s, chunked_out, idle, to_client, received)
-                        .await?;
+                    let sent = finish_h1(w, s, chunked_out, to_client, received).await?;
                     return Ok((sent, received, false));
                 }
                 return Err((to_client, received, true));
@@ -696,23 +698,19 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn finish_h1<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    timer: &mut Timer,
-    out: &mut Vec<u8>,
+    w: &mut H1Writer<'_, W>,
     s: &mut Stream,
     chunked_out: bool,
-    idle: Duration,
     mut to_client: u64,
     received: u64,
 ) -> Result<u64, Cut> {
     s.finish().map_err(|_| (to_client, received, false))?;
-    to_client += s.drain_into(out, chunked_out) as u64;
+    to_client += s.drain_into(w.out, chunked_out) as u64;
     if chunked_out {
-        out.extend_from_slice(chunked::END);
+        w.out.extend_from_slice(chunked::END);
     }
-    write_out(io, timer, out, idle)
+    w.write_out()
         .await
         .map_err(|_| (to_client, received, false))?;
     Ok(to_client)

@@ -11,8 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fulcrum_balance::{clock, PickContext};
-use fulcrum_config::Reuse;
+use fulcrum_balance::clock;
 use http::{HeaderValue, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -24,12 +23,14 @@ use tokio::time::Instant;
 
 use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Relay, Release};
 use crate::chunked::{self, Decoder};
-use crate::fields::{self, MapSink, ReqFraming, RequestCtx, RespFraming, ResponseCtx};
+use crate::exchange::{self, Attempts, Failure, RespError, Route};
+use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
+use crate::plan::ResponsePlan;
+use crate::h2_upstream::Outgoing;
 use crate::head::{Method, RequestHead, ResponseHead, Version};
 use crate::rules::CompiledRule;
-use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Target};
-use crate::sticky::Lookup;
-use crate::upstream::{self, UpstreamConn};
+use crate::service::{Client, ConnInfo, HttpService, Local, Plan};
+use crate::upstream::UpstreamConn;
 
 /// Streams a client may have open at once.
 const MAX_STREAMS: u32 = 256;
@@ -373,7 +374,12 @@ async fn handle(
     let (response, status, member, rule) = match svc.plan(&head, &st.client) {
         Plan::Drop => {
             svc.http_stats.dropped.fetch_add(1, Ordering::Relaxed);
-            log(&svc, &st.client, &head, 0, 0, started, None, None);
+            let nothing = Outcome {
+                status: 0,
+                bytes: 0,
+                member: None,
+            };
+            log(&st, &head, nothing, started, None);
             return Err(Dropped);
         }
         Plan::Local(l, rule) => {
@@ -384,9 +390,15 @@ async fn handle(
         }
         Plan::Forward { target, rule } if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) => {
             let t = svc.targets[target].clone();
-            let reply = crate::cache::serve(&svc, &st.client, &t, target, rule, &head).await;
+            let route = Route {
+                svc: &svc,
+                target: &t,
+                index: target,
+                rule,
+            };
+            let reply = crate::cache::serve(route, &st.client, &head).await;
             let answer = match reply {
-                crate::cache::Reply::Bypass => forward(&st, &t, target, rule, &head, Some(body))
+                crate::cache::Reply::Bypass => forward(&st, route, &head, Some(body))
                     .await
                     .map(|(r, m)| (r, Some(m))),
                 crate::cache::Reply::Local(l) => Err(l),
@@ -406,7 +418,13 @@ async fn handle(
         }
         Plan::Forward { target, rule } => {
             let t = svc.targets[target].clone();
-            let fwd = forward(&st, &t, target, rule, &head, Some(body));
+            let route = Route {
+                svc: &svc,
+                target: &t,
+                index: target,
+                rule,
+            };
+            let fwd = forward(&st, route, &head, Some(body));
             let result = match svc.request_timeout {
                 Some(limit) => match tokio::time::timeout(limit, fwd).await {
                     Ok(r) => r,
@@ -448,106 +466,72 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    log(
-        &svc, &st.client, &head, status, bytes, started, member, rule,
-    );
+    let outcome = Outcome {
+        status,
+        bytes,
+        member,
+    };
+    log(&st, &head, outcome, started, rule);
     Ok(response)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn log(
-    svc: &HttpService,
-    client: &Client,
-    req: &RequestHead,
+/// How a stream ended, for the access log.
+struct Outcome {
     status: u16,
     bytes: u64,
-    started: Instant,
     member: Option<std::net::SocketAddr>,
+}
+
+fn log(
+    st: &State,
+    req: &RequestHead,
+    outcome: Outcome,
+    started: Instant,
     rule: Option<&CompiledRule>,
 ) {
-    if let Some(l) = &svc.access_log {
+    if let Some(l) = &st.svc.access_log {
         l.record(&crate::access_log::Entry {
-            client,
+            client: &st.client,
             req,
-            status,
-            bytes,
+            status: outcome.status,
+            bytes: outcome.bytes,
             duration: started.elapsed(),
-            member,
+            member: outcome.member,
             rule: rule.and_then(|r| r.name.as_deref()),
         });
     }
 }
 
-/// Forwards one stream to a member of `t`.
+/// Forwards one stream to a member of the route's pool.
 async fn forward(
     st: &State,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
+    route: Route<'_>,
     head: &RequestHead,
     body: Option<Incoming>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
-    let svc = &st.svc;
-    let mut lookup = match &svc.sticky {
-        Some(s) => s.lookup(head, st.client.ip, ti, &t.pool),
-        None => Lookup::default(),
-    };
-    let ctx = PickContext {
-        hash: request_hash(&t.pool, head, &st.client),
-    };
+    let (svc, t, ti, rule) = (route.svc, route.target, route.index, route.rule);
     let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
     let framing = match head.content_length {
         Some(n) if n > 0 => ReqFraming::Length(n),
         _ if has_body => ReqFraming::Chunked,
         _ => ReqFraming::None,
     };
+    let retryable = head.method.is_idempotent() && !has_body;
+    let mut attempts = Attempts::new(route, head, &st.client, retryable);
     if t.http2 {
-        let replay = (!has_body).then(Bytes::new);
-        let r = crate::h2_upstream::exchange(
-            svc,
-            t,
-            rule,
-            head,
-            &st.client,
-            &mut lookup,
-            ctx,
-            body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
-            replay,
+        let out = Outgoing {
+            body: body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
+            replay: (!has_body).then(Bytes::new),
             framing,
-        )
-        .await?;
+        };
+        let r = crate::h2_upstream::exchange(route, &mut attempts, head, &st.client, out).await?;
         let member = r.picked.member.clone();
         let (parts, inner) = r.response.into_parts();
         let resp = ResponseHead::from_h2(&parts);
-        t.observer.observe(&member, resp.status);
-        if let Some(s) = &svc.sticky {
-            s.remember(&mut lookup, member.address);
-        }
-        let (plan, encoder) =
-            crate::compress::prepare(svc, head, &resp, resp.bodiless(head.method));
-        let (insert_cookie, rewrite_id) =
-            crate::sticky::response_ids(svc, ti, r.picked.index, &lookup);
+        let mut plan = ResponsePlan::new(route, head, r.picked.index, attempts.lookup(), &resp);
         let mut sink = MapSink::default();
-        fields::write_response_fields(
-            &mut sink,
-            &resp,
-            &ResponseCtx {
-                svc,
-                target: t,
-                member: r.picked.index,
-                req: head,
-                rule,
-                insert_cookie,
-                rewrite_id,
-                framing: resp
-                    .content_length
-                    .filter(|_| encoder.is_none())
-                    .map_or(RespFraming::Chunked, RespFraming::Length),
-                close: false,
-                h2: true,
-                plan,
-            },
-        );
+        plan.write_fields(&mut sink, route, head, &resp, false);
+        let encoder = plan.encoder.take();
         let mut out = Response::new(DownBody::Relay(Box::new(Relay {
             inner,
             member: member.clone(),
@@ -569,95 +553,30 @@ async fn forward(
         return Ok((out, member.address));
     }
 
-    let retryable = head.method.is_idempotent() && !has_body;
     let mut body = body;
-    let mut tried: Vec<usize> = Vec::new();
-    let mut force_fresh = false;
-    let private = svc.proxy_protocol.is_some() || t.reuse == Reuse::Never;
+    let private = route.private_conns();
     loop {
-        let remembered = lookup
-            .member
-            .and_then(|addr| t.pool.persistent(addr, &tried));
-        let Some(picked) = remembered.or_else(|| t.pool.pick(&ctx, &tried)) else {
-            return Err(if tried.is_empty() {
-                svc.no_member(t, head, &st.client)
-            } else {
-                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                Local::error(502, "no member could be reached")
-            });
-        };
+        let picked = attempts.next(head, &st.client)?;
         let member = picked.member.clone();
-        let reused = if force_fresh {
-            None
-        } else if private {
+        let mine = if private {
             let mut p = st.private.lock();
             p.iter_mut()
-                .position(|(m, c)| std::sync::Arc::ptr_eq(m, &member) && c.is_idle_alive())
+                .position(|(m, c)| Arc::ptr_eq(m, &member) && c.is_idle_alive())
                 .map(|i| p.swap_remove(i).1)
         } else {
-            t.conns
-                .get(picked.index)
-                .and_then(|s| s.take(t.reuse == Reuse::Safe && !retryable))
+            None
         };
-        force_fresh = false;
-        let fresh = reused.is_none();
-        let mut conn = match reused {
-            Some(c) => c,
-            None => {
-                let started = Instant::now();
-                match upstream::connect(svc.snat.as_deref(), member.address, t.pool.connect_timeout)
-                    .await
-                {
-                    Ok(mut io) => {
-                        member.record_connect_success(started.elapsed());
-                        if let Some(v) = svc.proxy_protocol {
-                            let h = fulcrum_net::proxy_protocol::header(
-                                v,
-                                st.client.info.peer,
-                                st.client.info.local,
-                            );
-                            if let Err(e) = io.write_all(&h).await {
-                                member
-                                    .record_passive_failure(&format!("writing PROXY header: {e}"));
-                                return Err(Local::error(502, "the member broke the connection"));
-                            }
-                        }
-                        match upstream::secure(
-                            io,
-                            t.tls.as_deref(),
-                            member.address,
-                            t.pool.connect_timeout,
-                        )
-                        .await
-                        {
-                            Ok(io) => UpstreamConn::new(io),
-                            Err(e) => {
-                                member.record_connect_failure(&format!("connect: {e}"));
-                                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                                return Err(Local::error(502, "no member could be reached"));
-                            }
-                        }
-                    }
-                    Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
-                        svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                        return Err(crate::h1::snat_exhausted());
-                    }
-                    Err(e) => {
-                        member.record_connect_failure(&format!("connect: {e}"));
-                        tried.push(picked.index);
-                        if tried.len() > t.pool.retries as usize {
-                            svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                            return Err(Local::error(502, "no member could be reached"));
-                        }
-                        svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                }
+        let fresh_only = attempts.fresh_only();
+        let acquired =
+            exchange::acquire(route, &picked, &st.client.info, mine, fresh_only, retryable).await;
+        let (mut conn, fresh) = match acquired {
+            Ok(c) => c,
+            Err(e) => {
+                attempts.failed(&picked, Failure::Connect(e))?;
+                continue;
             }
         };
         let request_guard = member.open_request();
-        conn.guard = Some(member.use_connection(fresh));
-        conn.used += 1;
         let mut out = Vec::with_capacity(1024);
         fields::write_request_line(&mut out, head, rule);
         fields::write_request_fields(
@@ -690,7 +609,7 @@ async fn forward(
             Ok(()) => {
                 let mut timer = crate::timer::Timer::new();
                 timer.set(sent_at + t.response_timeout);
-                crate::h1::read_response_head(
+                exchange::read_response_head(
                     &mut conn,
                     &mut timer,
                     &mut tokio::io::sink(),
@@ -698,88 +617,26 @@ async fn forward(
                 )
                 .await
             }
-            Err(e) => Err(crate::h1::RespError::Io(e, false)),
+            Err(e) => Err(RespError::Io(e, false)),
         };
         let resp = match head_result {
             Ok(r) => r,
-            Err(crate::h1::RespError::Timeout) => {
-                svc.http_stats
-                    .response_timeouts
-                    .fetch_add(1, Ordering::Relaxed);
-                member.record_passive_failure(&format!(
-                    "no response within {:?}",
-                    t.response_timeout
-                ));
-                return Err(Local::error(504, "the member did not answer in time"));
-            }
-            Err(crate::h1::RespError::Bad(e)) => {
-                member.record_passive_failure(e.reason);
-                return Err(Local::error(502, e.reason));
-            }
-            Err(crate::h1::RespError::Client) => {
-                return Err(Local::error(502, "interrupted"));
-            }
-            Err(crate::h1::RespError::Io(e, got_bytes)) => {
-                if !fresh && !got_bytes && retryable {
-                    force_fresh = true;
-                    lookup.member = Some(member.address);
-                    continue;
-                }
-                member.record_passive_failure(&format!("reset before any response: {e}"));
-                if retryable && !got_bytes && tried.len() < t.pool.retries as usize {
-                    tried.push(picked.index);
-                    svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                return Err(Local::error(502, "the member broke the connection"));
+            Err(RespError::Client) => return Err(Local::error(502, "interrupted")),
+            Err(e) => {
+                attempts.failed(&picked, Failure::of_response(e, fresh))?;
+                continue;
             }
         };
-        member.stats.observe_response_time(sent_at.elapsed());
-        t.observer.observe(&member, resp.status);
-        if let Some(s) = &svc.sticky {
-            s.remember(&mut lookup, member.address);
-        }
+        attempts.answered(&picked, resp.status, sent_at.elapsed());
         if resp.status == 101 {
             member.record_passive_failure("101 Switching Protocols without an upgrade request");
             return Err(Local::error(502, "unexpected 101 from the member"));
         }
-        let bodiless = resp.bodiless(head.method);
-        let (plan, encoder) = crate::compress::prepare(svc, head, &resp, bodiless);
-        let in_framing = if bodiless {
-            InFraming::None
-        } else if resp.chunked {
-            InFraming::Chunked(Decoder::default())
-        } else if let Some(n) = resp.content_length {
-            InFraming::Length(n)
-        } else {
-            InFraming::Close
-        };
-        let out_framing = match in_framing {
-            InFraming::None => RespFraming::None,
-            InFraming::Length(n) if encoder.is_none() => RespFraming::Length(n),
-            _ => RespFraming::Chunked,
-        };
-        let (insert_cookie, rewrite_id) =
-            crate::sticky::response_ids(svc, ti, picked.index, &lookup);
+        let mut plan = ResponsePlan::new(route, head, picked.index, attempts.lookup(), &resp);
+        let in_framing = plan.member_framing(&resp);
         let mut sink = MapSink::default();
-        fields::write_response_fields(
-            &mut sink,
-            &resp,
-            &ResponseCtx {
-                svc,
-                target: t,
-                member: picked.index,
-                req: head,
-                rule,
-                insert_cookie,
-                rewrite_id,
-                framing: out_framing,
-                close: false,
-                h2: true,
-                plan,
-            },
-        );
+        plan.write_fields(&mut sink, route, head, &resp, false);
+        let encoder = plan.encoder.take();
         let status =
             http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
@@ -820,13 +677,11 @@ async fn forward(
 /// A bodiless request fetched from a member of `t` for the cache (HTTP/1 and HTTP/2 clients
 /// alike): the response with a streaming body.
 pub(crate) async fn fetch(
-    svc: &Arc<HttpService>,
+    route: Route<'_>,
     client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
     head: &RequestHead,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
+    let svc = route.svc;
     let st = State {
         svc: svc.clone(),
         client: client.clone(),
@@ -838,7 +693,7 @@ pub(crate) async fn fetch(
         flood: tokio::sync::Notify::new(),
         read: Arc::new(AtomicU64::new(0)),
     };
-    let fwd = forward(&st, t, ti, rule, head, None);
+    let fwd = forward(&st, route, head, None);
     match svc.request_timeout {
         Some(limit) => match tokio::time::timeout(limit, fwd).await {
             Ok(r) => r,

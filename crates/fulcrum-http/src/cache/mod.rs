@@ -36,9 +36,9 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::body::{BoxError, DownBody};
+use crate::exchange::Route;
 use crate::head::{FieldKind, Method, RequestHead, Version};
-use crate::rules::CompiledRule;
-use crate::service::{Client, HttpService, Local, Target};
+use crate::service::{Client, Local};
 use policy::{Directives, Usable};
 use store::Store;
 pub use store::{CacheStats, Entry};
@@ -366,14 +366,9 @@ fn find_variant(list: &[Arc<Entry>], head: &RequestHead) -> Option<Arc<Entry>> {
 }
 
 /// Serves a GET or HEAD through the cache of `svc`.
-pub(crate) async fn serve(
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
-    head: &RequestHead,
-) -> Reply {
+pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead) -> Reply {
+    let svc = route.svc;
+    let origin = Origin { route, client };
     let Some(cache) = svc.cache.clone() else {
         return Reply::Bypass;
     };
@@ -410,22 +405,18 @@ pub(crate) async fn serve(
                         && head.method == Method::Get
                     {
                         cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                        revalidate_in_background(&cache, svc, client, t, ti, rule, head, &key, &e);
+                        revalidate_in_background(&cache, origin, head, &key, &e);
                         return stored_reply(&req, e, age, Status::Stale);
                     }
                     if req.cc.only_if_cached {
                         return Reply::Local(Local::error(504, "only-if-cached: not fresh"));
                     }
                     if head.method != Method::Get {
-                        return head_update(&cache, svc, client, t, ti, rule, head, &req, &key, e)
-                            .await;
+                        return head_update(&cache, origin, head, &req, &key, e).await;
                     }
                     let bypass =
                         req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
-                    return revalidate(
-                        &cache, svc, client, t, ti, rule, head, &req, key, e, bypass,
-                    )
-                    .await;
+                    return revalidate(&cache, origin, head, &req, key, e, bypass).await;
                 }
             }
         }
@@ -478,21 +469,40 @@ pub(crate) async fn serve(
         };
         cache.stats.misses.fetch_add(1, Ordering::Relaxed);
         let request_time = now_secs();
-        return match crate::h2::fetch(svc, client, t, ti, rule, head).await {
-            Ok((resp, member)) => take_response(
-                &cache,
-                &req,
-                head,
-                key,
-                resp,
-                member,
-                status,
-                request_time,
-                leader,
-            ),
+        let fill = Filling {
+            key,
+            status,
+            request_time,
+            leader,
+        };
+        return match crate::h2::fetch(route, client, head).await {
+            Ok(fetched) => take_response(&cache, &req, head, fetched, fill),
             Err(l) => Reply::Local(l),
         };
     }
+}
+
+/// A request's way to a member when the cache asks one: its route and client.
+#[derive(Clone, Copy)]
+struct Origin<'a> {
+    route: Route<'a>,
+    client: &'a Client,
+}
+
+impl Origin<'_> {
+    /// The member's response to `head` (which may be the cache's own conditional request).
+    async fn fetch(&self, head: &RequestHead) -> Result<(Response<DownBody>, SocketAddr), Local> {
+        crate::h2::fetch(self.route, self.client, head).await
+    }
+}
+
+/// What a member's response is stored as, should it be storable.
+struct Filling {
+    key: Arc<str>,
+    status: Status,
+    request_time: i64,
+    /// The fetch other requests for the URL wait for, released once stored (or not).
+    leader: Option<Leader>,
 }
 
 fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> Reply {
@@ -508,21 +518,16 @@ fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> R
 /// validators updates the stored response's fields and freshness (RFC 9111 §4.3.5); the client
 /// is answered from the updated entry. Different validators mean the stored response is
 /// outdated: it is removed.
-#[allow(clippy::too_many_arguments)]
 async fn head_update(
     cache: &Arc<HttpCache>,
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
+    origin: Origin<'_>,
     head: &RequestHead,
     req: &Request,
     key: &Arc<str>,
     e: Arc<Entry>,
 ) -> Reply {
     let request_time = now_secs();
-    let (resp, member) = match crate::h2::fetch(svc, client, t, ti, rule, head).await {
+    let (resp, member) = match origin.fetch(head).await {
         Ok(r) => r,
         Err(l) => return Reply::Local(l),
     };
@@ -574,18 +579,20 @@ async fn head_update(
 
 /// Revalidates a stale entry in a task of its own while the stale copy is served
 /// (stale-while-revalidate); one at a time per URL.
-#[allow(clippy::too_many_arguments)]
 fn revalidate_in_background(
     cache: &Arc<HttpCache>,
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
+    origin: Origin<'_>,
     head: &RequestHead,
     key: &Arc<str>,
     e: &Arc<Entry>,
 ) {
+    let Route {
+        svc,
+        target: t,
+        index: ti,
+        rule,
+    } = origin.route;
+    let client = origin.client;
     let pending = {
         let mut map = cache.pending.lock();
         if map.contains_key(key) {
@@ -622,10 +629,17 @@ fn revalidate_in_background(
         let _leader = leader;
         let rule = rule_index.and_then(|i| svc.rules.get(i));
         let req = Request::of(&copy);
-        let reply = revalidate(
-            &cache, &svc, &client, &t, ti, rule, &copy, &req, key, e, false,
-        )
-        .await;
+        let route = Route {
+            svc: &svc,
+            target: &t,
+            index: ti,
+            rule,
+        };
+        let origin = Origin {
+            route,
+            client: &client,
+        };
+        let reply = revalidate(&cache, origin, &copy, &req, key, e, false).await;
         if let Reply::Member { resp, .. } = reply {
             // Reading the body to its end stores it.
             let _ = resp.into_body().collect().await;
@@ -682,14 +696,9 @@ fn conditional_head(
 }
 
 /// Validates a stored response with a member (§4.3) and answers from the result.
-#[allow(clippy::too_many_arguments)]
 async fn revalidate(
     cache: &Arc<HttpCache>,
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
+    origin: Origin<'_>,
     head: &RequestHead,
     req: &Request,
     key: Arc<str>,
@@ -698,13 +707,13 @@ async fn revalidate(
 ) -> Reply {
     let request_time = now_secs();
     let cond = if e.has_validator() {
-        conditional_head(head, Some(&e), &svc.limits)
+        conditional_head(head, Some(&e), &origin.route.svc.limits)
     } else {
         None
     };
     let fetched = match &cond {
-        Some(h) => crate::h2::fetch(svc, client, t, ti, rule, h).await,
-        None => crate::h2::fetch(svc, client, t, ti, rule, head).await,
+        Some(h) => origin.fetch(h).await,
+        None => origin.fetch(head).await,
     };
     let now = now_secs();
     let age = e.age(now);
@@ -770,17 +779,13 @@ async fn revalidate(
                     ));
                 }
             }
-            take_response(
-                cache,
-                req,
-                head,
+            let fill = Filling {
                 key,
-                resp,
-                member,
                 status,
                 request_time,
-                None,
-            )
+                leader: None,
+            };
+            take_response(cache, req, head, (resp, member), fill)
         }
     }
 }
@@ -790,18 +795,19 @@ fn age_header(h: &HeaderMap) -> u64 {
 }
 
 /// Decides whether a member's response is stored and wraps its body to store it as it streams.
-#[allow(clippy::too_many_arguments)]
 fn take_response(
     cache: &Arc<HttpCache>,
     req: &Request,
     head: &RequestHead,
-    key: Arc<str>,
-    resp: Response<DownBody>,
-    member: SocketAddr,
-    status: Status,
-    request_time: i64,
-    leader: Option<Leader>,
+    (resp, member): (Response<DownBody>, SocketAddr),
+    fill: Filling,
 ) -> Reply {
+    let Filling {
+        key,
+        status,
+        request_time,
+        leader,
+    } = fill;
     let code = resp.status().as_u16();
     let h = resp.headers();
     let cdn = policy::targeted(h.get_all("cdn-cache-control").iter().map(|v| v.as_bytes()));
