@@ -315,7 +315,7 @@ pub fn negotiate<'a>(
 /// Writes the response fields a compressed (or Vary-only) response needs instead of the
 /// member's. Called for each member field that `write_response_fields` is about to copy:
 /// returns true when this function took care of it (rewrote or dropped it).
-pub(crate) fn rewrite_field<S: crate::fields::Sink>(
+pub(crate) fn rewrite_field<S: crate::sink::Sink>(
     out: &mut S,
     plan: Plan,
     name: &[u8],
@@ -349,7 +349,7 @@ pub(crate) fn rewrite_field<S: crate::fields::Sink>(
 }
 
 /// Writes Content-Encoding and the merged Vary after the member's fields.
-pub(crate) fn write_added_fields<S: crate::fields::Sink>(
+pub(crate) fn write_added_fields<S: crate::sink::Sink>(
     out: &mut S,
     plan: Plan,
     resp: &ResponseHead,
@@ -480,20 +480,16 @@ impl Encoder {
 /// One response's encoder and its accounting.
 pub struct Stream {
     enc: Encoder,
-    stats: Arc<crate::service::HttpStats>,
+    stats: Arc<CompressStats>,
     /// Input fed since the last flush.
     unflushed: bool,
 }
 
 impl Stream {
     /// Starts encoding a response; counts it for its algorithm.
-    pub fn start(
-        c: Coding,
-        size: Option<u64>,
-        stats: Arc<crate::service::HttpStats>,
-    ) -> io::Result<Stream> {
+    pub fn start(c: Coding, size: Option<u64>, stats: Arc<CompressStats>) -> io::Result<Stream> {
         let enc = Encoder::new(c, size)?;
-        stats.compression.responses[index(c.algo)].fetch_add(1, Ordering::Relaxed);
+        stats.responses[index(c.algo)].fetch_add(1, Ordering::Relaxed);
         Ok(Stream {
             enc,
             stats,
@@ -507,7 +503,6 @@ impl Stream {
         }
         self.unflushed = true;
         self.stats
-            .compression
             .bytes_in
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         self.enc.write(data)
@@ -540,7 +535,6 @@ impl Stream {
             return 0;
         }
         self.stats
-            .compression
             .bytes_out
             .fetch_add(o.len() as u64, Ordering::Relaxed);
         let before = out.len();
@@ -560,7 +554,6 @@ impl Stream {
             return None;
         }
         self.stats
-            .compression
             .bytes_out
             .fetch_add(o.len() as u64, Ordering::Relaxed);
         let b = Bytes::copy_from_slice(o);
@@ -795,32 +788,6 @@ impl Body for CompressBody {
     }
 }
 
-/// The plan for a response and, when it is compressed, its encoder. The fast path: a service
-/// without `compression` costs one branch.
-#[inline]
-pub(crate) fn prepare(
-    svc: &crate::service::HttpService,
-    req: &RequestHead,
-    resp: &ResponseHead,
-    bodiless: bool,
-) -> (Plan, Option<Stream>) {
-    let Some(c) = &svc.compress else {
-        return (Plan::Identity, None);
-    };
-    match c.plan(req, resp, bodiless) {
-        Plan::Encode(coding) => {
-            match Stream::start(coding, resp.content_length, svc.http_stats.clone()) {
-                Ok(s) => (Plan::Encode(coding), Some(s)),
-                Err(e) => {
-                    tracing::warn!(service = %svc.name, error = %e, "cannot start a {} encoder; response sent uncompressed", coding.algo);
-                    (Plan::Vary, None)
-                }
-            }
-        }
-        p => (p, None),
-    }
-}
-
 /// The member fields as a compressed (or Vary-only) response rewrites them, then the added
 /// ones: for the fuzz target, which has no service to run the full field writer with.
 #[doc(hidden)]
@@ -828,7 +795,7 @@ pub fn write_fields_for_fuzzing(out: &mut Vec<u8>, plan: Plan, resp: &ResponseHe
     for f in &resp.fields {
         let (name, value) = (resp.name(f), resp.value(f));
         if !(plan.edits() && rewrite_field(out, plan, name, value)) {
-            crate::fields::Sink::field(out, name, value);
+            crate::sink::Sink::field(out, name, value);
         }
     }
     if plan.edits() {
@@ -991,7 +958,7 @@ mod tests {
         let mut out = Vec::new();
         for f in &r.fields {
             if !rewrite_field(&mut out, plan, r.name(f), r.value(f)) {
-                crate::fields::Sink::field(&mut out, r.name(f), r.value(f));
+                crate::sink::Sink::field(&mut out, r.name(f), r.value(f));
             }
         }
         write_added_fields(&mut out, plan, &r);
@@ -1061,7 +1028,7 @@ mod tests {
             .flat_map(|i| format!("<li>item {i} of the list</li>\n").into_bytes())
             .collect();
         for algo in ALGORITHMS {
-            let stats = Arc::new(crate::service::HttpStats::default());
+            let stats = Arc::new(CompressStats::default());
             let mut s = Stream::start(
                 Coding { algo, level: 3 },
                 Some(text.len() as u64),
@@ -1101,7 +1068,7 @@ mod tests {
             s.drain_into(&mut out, false);
             assert_eq!(decode(algo, &out), text, "{algo}");
             assert!(out.len() < text.len() / 5, "{algo}: {}", out.len());
-            let c = &stats.compression;
+            let c = &stats;
             assert_eq!(c.bytes_in.load(Ordering::Relaxed), text.len() as u64);
             assert_eq!(c.bytes_out.load(Ordering::Relaxed), out.len() as u64);
             assert_eq!(c.responses_of(algo), 1);

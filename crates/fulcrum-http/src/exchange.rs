@@ -24,9 +24,11 @@ use fulcrum_config::Reuse;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::client::{Client, ConnInfo};
 use crate::head::{Parse, RequestHead, ResponseHead, Version};
+use crate::local::Local;
 use crate::rules::CompiledRule;
-use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Target};
+use crate::service::{request_hash, HttpService, Target};
 use crate::sticky::Lookup;
 use crate::timer::Timer;
 use crate::upstream::{self, UpstreamConn};
@@ -339,71 +341,7 @@ pub(crate) async fn read_response_head<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A service on a pool of `members` loopback addresses nobody listens on, `retries` = 2.
-    fn service(members: usize, persistence: bool) -> Arc<HttpService> {
-        let mut text = String::from(
-            "[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\n",
-        );
-        if persistence {
-            text.push_str(
-                "persistence = \"s\"\n[[persistence]]\nname = \"s\"\ntype = \"source_ip\"\n",
-            );
-        }
-        text.push_str("[[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\nretries = 2\n");
-        for i in 0..members {
-            text.push_str(&format!(
-                "[[pool.member]]\naddress = \"127.0.0.1:{}\"\n",
-                2000 + i
-            ));
-        }
-        let cfg = fulcrum_config::parse(&text, "t", std::path::Path::new(".")).unwrap();
-        let pool = Arc::new(fulcrum_balance::Pool::new(&cfg.pools[0], &[], None));
-        let up = crate::Upstreams::new();
-        let table = persistence.then(|| {
-            Arc::new(fulcrum_balance::PersistTable::new(
-                fulcrum_balance::TableSpec {
-                    idle_timeout: Duration::from_secs(60),
-                    max_entries: 100,
-                },
-            ))
-        });
-        Arc::new(
-            HttpService::build(
-                &cfg.virtual_services[0],
-                crate::Parts {
-                    config: &cfg,
-                    pools: &[pool],
-                    upstreams: &up,
-                    table,
-                    stats: Default::default(),
-                    http_stats: Default::default(),
-                    tracker: Default::default(),
-                    no_member_hook: None,
-                    cache: None,
-                    snat: None,
-                },
-            )
-            .unwrap(),
-        )
-    }
-
-    fn request(text: &str) -> RequestHead {
-        let mut h = RequestHead::with_buffer(text.as_bytes().to_vec());
-        assert!(matches!(
-            h.parse(&crate::head::Limits::default()),
-            Ok(Parse::Complete)
-        ));
-        h
-    }
-
-    fn client() -> Client {
-        Client::new(ConnInfo {
-            peer: "127.0.0.9:5000".parse().unwrap(),
-            local: "127.0.0.1:80".parse().unwrap(),
-            alpn: crate::Alpn::Unknown,
-        })
-    }
+    use crate::testing::{client, request, service};
 
     fn route(svc: &Arc<HttpService>) -> Route<'_> {
         Route {
@@ -424,7 +362,7 @@ mod tests {
 
     #[test]
     fn connect_failures_move_on_to_other_members_then_answer_502() {
-        let svc = service(4, false);
+        let svc = service(4, "", "");
         let (req, c) = (request("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), client());
         let mut a = Attempts::new(route(&svc), &req, &c, true);
         let mut seen = Vec::new();
@@ -446,7 +384,7 @@ mod tests {
 
     #[test]
     fn a_reused_connection_closed_by_the_member_is_retried_fresh_on_the_same_member_once() {
-        let svc = service(3, false);
+        let svc = service(3, "", "");
         let (req, c) = (request("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), client());
         let mut a = Attempts::new(route(&svc), &req, &c, true);
         let p = a.next(&req, &c).unwrap();
@@ -467,7 +405,7 @@ mod tests {
 
     #[test]
     fn a_request_that_cannot_be_replayed_is_never_sent_twice() {
-        let svc = service(3, false);
+        let svc = service(3, "", "");
         let (req, c) = (request("POST / HTTP/1.1\r\nhost: a\r\n\r\n"), client());
         let mut a = Attempts::new(route(&svc), &req, &c, false);
         let p = a.next(&req, &c).unwrap();
@@ -478,7 +416,7 @@ mod tests {
 
     #[test]
     fn a_member_that_began_to_answer_is_not_asked_again() {
-        let svc = service(3, false);
+        let svc = service(3, "", "");
         let (req, c) = (request("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), client());
         let mut a = Attempts::new(route(&svc), &req, &c, true);
         let p = a.next(&req, &c).unwrap();
@@ -487,7 +425,7 @@ mod tests {
 
     #[test]
     fn timeouts_and_bad_heads_answer_at_once() {
-        let svc = service(3, false);
+        let svc = service(3, "", "");
         let (req, c) = (request("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), client());
         let mut a = Attempts::new(route(&svc), &req, &c, true);
         let p = a.next(&req, &c).unwrap();
@@ -499,7 +437,7 @@ mod tests {
 
     #[test]
     fn snat_exhaustion_answers_503_without_blaming_the_member() {
-        let svc = service(2, false);
+        let svc = service(2, "", "");
         let (req, c) = (request("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), client());
         let mut a = Attempts::new(route(&svc), &req, &c, true);
         let p = a.next(&req, &c).unwrap();
@@ -511,7 +449,7 @@ mod tests {
 
     #[test]
     fn an_answer_is_remembered_for_persistence_and_followed_next_time() {
-        let svc = service(3, true);
+        let svc = service(3, "persistence = \"s\"", "type = \"source_ip\"");
         let (req, c) = (request("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), client());
         let mut a = Attempts::new(route(&svc), &req, &c, true);
         let p = a.next(&req, &c).unwrap();

@@ -23,19 +23,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fulcrum_balance::{clock, Member, MemberStats, Picked};
-use fulcrum_config::Reuse;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::body::InFraming;
 use crate::chunked::{self, Decoder};
+use crate::client::{Client, ConnInfo};
 use crate::exchange::{self, read_response_head, Attempts, Failure, RespError, Route};
 use crate::fields::{self, ReqFraming, RequestCtx, RespFraming};
-use crate::plan::ResponsePlan;
 use crate::h2_upstream::Outgoing;
 use crate::head::{Parse, RequestHead, ResponseHead, Version};
+use crate::local::Local;
+use crate::plan::ResponsePlan;
 use crate::rules::CompiledRule;
-use crate::service::{Client, ConnInfo, HttpService, Local, Plan, Target};
+use crate::service::{HttpService, Plan};
 use crate::sticky::Lookup;
 use crate::timer::Timer;
 use crate::upstream::{self, UpstreamConn};
@@ -591,7 +592,7 @@ where
     /// Answers a GET/HEAD through the service's cache (`crate::cache`).
     async fn cached(&mut self, route: Route<'_>) -> Done {
         let (svc, rule) = (route.svc, route.rule);
-        let reply = crate::cache::serve(route, &self.client, &self.head).await;
+        let reply = crate::cached::serve(route, &self.client, &self.head).await;
         match reply {
             crate::cache::Reply::Bypass => self.forward(route).await,
             crate::cache::Reply::Local(l) => self.fail(l, rule).await,
@@ -786,7 +787,7 @@ where
             sent,
             early,
         } = a;
-        let (svc, t, ti, rule) = (route.svc, route.target, route.index, route.rule);
+        let (svc, rule) = (route.svc, route.rule);
         let picked = &picked;
         let member = &picked.member;
         let status = resp.status;
@@ -908,7 +909,7 @@ where
             .bytes_out
             .fetch_add(head_bytes + body_bytes, Ordering::Relaxed);
         if reusable && !member_close && !early && body_complete {
-            self.release(t, picked, conn);
+            self.release(route, picked, conn);
         }
         Done {
             status,
@@ -918,16 +919,16 @@ where
         }
     }
 
-    fn release(&mut self, t: &Target, picked: &Picked, mut conn: UpstreamConn) {
+    fn release(&mut self, route: Route<'_>, picked: &Picked, mut conn: UpstreamConn) {
         conn.guard = None;
-        if self.svc.proxy_protocol.is_some() || t.reuse == Reuse::Never {
+        if route.private_conns() {
             conn.last_ok_ms = clock::now_ms();
             conn.buf.clear();
             self.private = Some(Private {
                 member: picked.member.clone(),
                 conn,
             });
-        } else if let Some(store) = t.conns.get(picked.index) {
+        } else if let Some(store) = route.target.conns.get(picked.index) {
             store.put(conn);
         }
     }
@@ -1210,7 +1211,7 @@ where
 {
     /// Forwards to a pool that speaks HTTP/2 to its members.
     async fn forward_h2(&mut self, route: Route<'_>, mut attempts: Attempts<'_>) -> Done {
-        let (svc, t, ti, rule) = (route.svc, route.target, route.index, route.rule);
+        let (svc, rule) = (route.svc, route.rule);
         let body_buffered = self.body_buffered();
         let framing = match self.head.content_length {
             Some(n) if n > 0 => ReqFraming::Length(n),

@@ -10,27 +10,25 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use fulcrum_balance::clock;
 use http::{HeaderValue, Response};
-use http_body::Body as _;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Relay, Release};
-use crate::chunked::{self, Decoder};
-use crate::exchange::{self, Attempts, Failure, RespError, Route};
-use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
-use crate::plan::ResponsePlan;
-use crate::h2_upstream::Outgoing;
-use crate::head::{Method, RequestHead, ResponseHead, Version};
+use crate::body::{DownBody, PrivateConns};
+use crate::client::{Client, ConnInfo};
+use crate::exchange::Route;
+use crate::forward::{forward, forward_in_time, Downstream};
+use crate::head::{Method, RequestHead};
+use crate::local::Local;
 use crate::rules::CompiledRule;
-use crate::service::{Client, ConnInfo, HttpService, Local, Plan};
-use crate::upstream::UpstreamConn;
+use crate::service::{HttpService, Plan};
+
+/// The HTTP/2 connection preface a client speaking h2c by prior knowledge starts with.
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Streams a client may have open at once.
 const MAX_STREAMS: u32 = 256;
@@ -230,7 +228,7 @@ where
                 return;
             }
             _ = tokio::time::sleep_until(preface_by), if closing.is_none()
-                && state.read.load(Ordering::Relaxed) < crate::service::PREFACE.len() as u64 => {
+                && state.read.load(Ordering::Relaxed) < PREFACE.len() as u64 => {
                 svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -371,6 +369,10 @@ async fn handle(
             head.method,
         ));
     }
+    let down = Downstream {
+        client: &st.client,
+        private: &st.private,
+    };
     let (response, status, member, rule) = match svc.plan(&head, &st.client) {
         Plan::Drop => {
             svc.http_stats.dropped.fetch_add(1, Ordering::Relaxed);
@@ -396,9 +398,9 @@ async fn handle(
                 index: target,
                 rule,
             };
-            let reply = crate::cache::serve(route, &st.client, &head).await;
+            let reply = crate::cached::serve(route, &st.client, &head).await;
             let answer = match reply {
-                crate::cache::Reply::Bypass => forward(&st, route, &head, Some(body))
+                crate::cache::Reply::Bypass => forward(&down, route, &head, Some(body))
                     .await
                     .map(|(r, m)| (r, Some(m))),
                 crate::cache::Reply::Local(l) => Err(l),
@@ -424,19 +426,7 @@ async fn handle(
                 index: target,
                 rule,
             };
-            let fwd = forward(&st, route, &head, Some(body));
-            let result = match svc.request_timeout {
-                Some(limit) => match tokio::time::timeout(limit, fwd).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        svc.http_stats
-                            .response_timeouts
-                            .fetch_add(1, Ordering::Relaxed);
-                        Err(Local::error(504, "request_timeout"))
-                    }
-                },
-                None => fwd.await,
-            };
+            let result = forward_in_time(&down, route, &head, Some(body)).await;
             match result {
                 Ok((r, member)) => {
                     let status = r.status().as_u16();
@@ -500,253 +490,4 @@ fn log(
             rule: rule.and_then(|r| r.name.as_deref()),
         });
     }
-}
-
-/// Forwards one stream to a member of the route's pool.
-async fn forward(
-    st: &State,
-    route: Route<'_>,
-    head: &RequestHead,
-    body: Option<Incoming>,
-) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
-    let (svc, t, ti, rule) = (route.svc, route.target, route.index, route.rule);
-    let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
-    let framing = match head.content_length {
-        Some(n) if n > 0 => ReqFraming::Length(n),
-        _ if has_body => ReqFraming::Chunked,
-        _ => ReqFraming::None,
-    };
-    let retryable = head.method.is_idempotent() && !has_body;
-    let mut attempts = Attempts::new(route, head, &st.client, retryable);
-    if t.http2 {
-        let out = Outgoing {
-            body: body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
-            replay: (!has_body).then(Bytes::new),
-            framing,
-        };
-        let r = crate::h2_upstream::exchange(route, &mut attempts, head, &st.client, out).await?;
-        let member = r.picked.member.clone();
-        let (parts, inner) = r.response.into_parts();
-        let resp = ResponseHead::from_h2(&parts);
-        let mut plan = ResponsePlan::new(route, head, r.picked.index, attempts.lookup(), &resp);
-        let mut sink = MapSink::default();
-        plan.write_fields(&mut sink, route, head, &resp, false);
-        let encoder = plan.encoder.take();
-        let mut out = Response::new(DownBody::Relay(Box::new(Relay {
-            inner,
-            member: member.clone(),
-            svc: svc.clone(),
-            sent: r.sent,
-            received: 0,
-            reported: 0,
-            finished: false,
-            _request: r.request_guard,
-            _connection: r.connection_guard,
-        })));
-        if let Some(s) = encoder {
-            let inner = std::mem::replace(out.body_mut(), DownBody::Full(None));
-            *out.body_mut() =
-                DownBody::Compressed(Box::new(crate::compress::CompressBody::new(inner, s)));
-        }
-        *out.status_mut() = parts.status;
-        *out.headers_mut() = sink.map;
-        return Ok((out, member.address));
-    }
-
-    let mut body = body;
-    let private = route.private_conns();
-    loop {
-        let picked = attempts.next(head, &st.client)?;
-        let member = picked.member.clone();
-        let mine = if private {
-            let mut p = st.private.lock();
-            p.iter_mut()
-                .position(|(m, c)| Arc::ptr_eq(m, &member) && c.is_idle_alive())
-                .map(|i| p.swap_remove(i).1)
-        } else {
-            None
-        };
-        let fresh_only = attempts.fresh_only();
-        let acquired =
-            exchange::acquire(route, &picked, &st.client.info, mine, fresh_only, retryable).await;
-        let (mut conn, fresh) = match acquired {
-            Ok(c) => c,
-            Err(e) => {
-                attempts.failed(&picked, Failure::Connect(e))?;
-                continue;
-            }
-        };
-        let request_guard = member.open_request();
-        let mut out = Vec::with_capacity(1024);
-        fields::write_request_line(&mut out, head, rule);
-        fields::write_request_fields(
-            &mut out,
-            head,
-            &RequestCtx {
-                svc,
-                client: &st.client,
-                rule,
-                framing,
-                h2: false,
-            },
-        );
-        out.extend_from_slice(b"\r\n");
-        let mut sent = out.len() as u64;
-        let mut written = conn.io.write_all(&out).await;
-        if written.is_ok() {
-            if let Some(mut b) = body.take().filter(|_| has_body) {
-                match send_body(&mut b, &mut conn, framing, svc.idle_timeout).await {
-                    Ok(n) => sent += n,
-                    Err(BodyError::Client) => {
-                        return Err(Local::error(400, "the request body was cut short"));
-                    }
-                    Err(BodyError::Member(e)) => written = Err(e),
-                }
-            }
-        }
-        let sent_at = Instant::now();
-        let head_result = match written {
-            Ok(()) => {
-                let mut timer = crate::timer::Timer::new();
-                timer.set(sent_at + t.response_timeout);
-                exchange::read_response_head(
-                    &mut conn,
-                    &mut timer,
-                    &mut tokio::io::sink(),
-                    Version::Http2,
-                )
-                .await
-            }
-            Err(e) => Err(RespError::Io(e, false)),
-        };
-        let resp = match head_result {
-            Ok(r) => r,
-            Err(RespError::Client) => return Err(Local::error(502, "interrupted")),
-            Err(e) => {
-                attempts.failed(&picked, Failure::of_response(e, fresh))?;
-                continue;
-            }
-        };
-        attempts.answered(&picked, resp.status, sent_at.elapsed());
-        if resp.status == 101 {
-            member.record_passive_failure("101 Switching Protocols without an upgrade request");
-            return Err(Local::error(502, "unexpected 101 from the member"));
-        }
-        let mut plan = ResponsePlan::new(route, head, picked.index, attempts.lookup(), &resp);
-        let in_framing = plan.member_framing(&resp);
-        let mut sink = MapSink::default();
-        plan.write_fields(&mut sink, route, head, &resp, false);
-        let encoder = plan.encoder.take();
-        let status =
-            http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-        let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
-        let mut buf = std::mem::take(&mut conn.buf);
-        let mut rb = resp.buf;
-        rb.drain(..resp.head_len);
-        buf.clear();
-        conn.buf = rb;
-        drop(buf);
-        let body = MemberBody::new(
-            conn,
-            in_framing,
-            Release {
-                svc: svc.clone(),
-                target: t.clone(),
-                member_index: picked.index,
-                member: member.clone(),
-                private: private.then(|| st.private.clone()),
-                reusable,
-                sent,
-            },
-            svc.idle_timeout,
-            request_guard,
-        );
-        let mut out = Response::new(match encoder {
-            Some(s) => DownBody::Compressed(Box::new(crate::compress::CompressBody::new(
-                DownBody::Member(Box::new(body)),
-                s,
-            ))),
-            None => DownBody::Member(Box::new(body)),
-        });
-        *out.status_mut() = status;
-        *out.headers_mut() = sink.map;
-        return Ok((out, member.address));
-    }
-}
-
-/// A bodiless request fetched from a member of `t` for the cache (HTTP/1 and HTTP/2 clients
-/// alike): the response with a streaming body.
-pub(crate) async fn fetch(
-    route: Route<'_>,
-    client: &Client,
-    head: &RequestHead,
-) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
-    let svc = route.svc;
-    let st = State {
-        svc: svc.clone(),
-        client: client.clone(),
-        private: PrivateConns::default(),
-        active: AtomicUsize::new(0),
-        last: AtomicU64::new(0),
-        opened: AtomicU64::new(0),
-        cancelled: AtomicU64::new(0),
-        flood: tokio::sync::Notify::new(),
-        read: Arc::new(AtomicU64::new(0)),
-    };
-    let fwd = forward(&st, route, head, None);
-    match svc.request_timeout {
-        Some(limit) => match tokio::time::timeout(limit, fwd).await {
-            Ok(r) => r,
-            Err(_) => {
-                svc.http_stats
-                    .response_timeouts
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(Local::error(504, "request_timeout"))
-            }
-        },
-        None => fwd.await,
-    }
-}
-
-enum BodyError {
-    Client,
-    Member(io::Error),
-}
-
-/// Streams an HTTP/2 client's request body to an HTTP/1.1 member connection.
-async fn send_body(
-    body: &mut Incoming,
-    conn: &mut UpstreamConn,
-    framing: ReqFraming,
-    idle: Duration,
-) -> Result<u64, BodyError> {
-    let mut sent = 0u64;
-    let mut out = Vec::with_capacity(16 * 1024);
-    loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Ok(Some(Ok(f))) => f,
-            Ok(None) => break,
-            Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Client),
-        };
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        out.clear();
-        if framing == ReqFraming::Chunked {
-            chunked::encode_chunk(&mut out, &data);
-            conn.io.write_all(&out).await.map_err(BodyError::Member)?;
-            sent += out.len() as u64;
-        } else {
-            conn.io.write_all(&data).await.map_err(BodyError::Member)?;
-            sent += data.len() as u64;
-        }
-    }
-    if framing == ReqFraming::Chunked {
-        conn.io
-            .write_all(chunked::END)
-            .await
-            .map_err(BodyError::Member)?;
-        sent += chunked::END.len() as u64;
-    }
-    Ok(sent)
 }

@@ -1,93 +1,18 @@
-//! HTTP/2 to members (`http2 = true` on a pool): one multiplexed connection per member, shared
-//! by every client connection and worker thread, opened on first use and again when it closes.
-
-use std::io;
-use std::sync::Arc;
-use std::time::Duration;
+//! The HTTP/2 member session of an exchange (`http2 = true` on a pool): a request sent as a
+//! stream on the member's shared connection (`upstream::H2Member`), through the same attempts
+//! as every other request.
 
 use bytes::Bytes;
-use fulcrum_balance::{ConnectionGuard, Member, Picked, RequestGuard};
+use fulcrum_balance::{ConnectionGuard, Picked, RequestGuard};
 use hyper::body::Incoming;
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
-use crate::body::UpBody;
+use crate::client::Client;
 use crate::exchange::{Attempts, Failure, Route};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
 use crate::head::RequestHead;
-use crate::service::{Client, Local};
-use crate::upstream;
-
-/// The HTTP/2 connection to one member.
-pub struct H2Member {
-    pub member: Arc<Member>,
-    sender: parking_lot::Mutex<Option<SendRequest<UpBody>>>,
-    connecting: tokio::sync::Mutex<()>,
-}
-
-impl std::fmt::Debug for H2Member {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("H2Member")
-            .field("member", &self.member.address)
-            .finish()
-    }
-}
-
-impl H2Member {
-    pub fn new(member: Arc<Member>) -> H2Member {
-        H2Member {
-            member,
-            sender: parking_lot::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    fn current(&self) -> Option<SendRequest<UpBody>> {
-        let s = self.sender.lock();
-        s.as_ref().filter(|s| !s.is_closed()).cloned()
-    }
-
-    /// Forgets the shared connection (it failed); the next request opens another.
-    pub fn reset(&self) {
-        *self.sender.lock() = None;
-    }
-
-    /// A handle on the member's connection; `true` when it was opened for this request.
-    pub async fn sender(
-        &self,
-        connect_timeout: Duration,
-        tls: Option<&crate::tls::client::MemberTls>,
-        snat: Option<&fulcrum_net::Snat>,
-    ) -> io::Result<(SendRequest<UpBody>, bool)> {
-        if let Some(s) = self.current() {
-            return Ok((s, false));
-        }
-        let _one = self.connecting.lock().await;
-        if let Some(s) = self.current() {
-            return Ok((s, false));
-        }
-        let started = Instant::now();
-        let io = upstream::connect(snat, self.member.address, connect_timeout).await?;
-        let io = upstream::secure(io, tls, self.member.address, connect_timeout).await?;
-        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .handshake(TokioIo::new(io));
-        let (sender, conn) = tokio::time::timeout(connect_timeout, handshake)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "HTTP/2 handshake timed out"))?
-            .map_err(io::Error::other)?;
-        self.member.record_connect_success(started.elapsed());
-        let label = self.member.label.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(member = %label, error = %e, "HTTP/2 member connection ended");
-            }
-        });
-        *self.sender.lock() = Some(sender.clone());
-        Ok((sender, true))
-    }
-}
+use crate::local::Local;
+use crate::upstream::UpBody;
 
 /// A response from an HTTP/2 member, with what must live as long as its body.
 pub struct H2Response {
