@@ -19,7 +19,7 @@ pub struct Attempts<'p> {
     again: Option<SocketAddr>,
     /// Members that failed this client, by index; never chosen again.
     tried: Vec<usize>,
-    /// Whether the last member `next` gave came from persistence.
+    /// Whether the last member `next_member` gave came from persistence.
     persisted: bool,
 }
 
@@ -41,7 +41,7 @@ impl<'p> Attempts<'p> {
     /// The member to try now: the one named by `again`, or the remembered one, while it may
     /// still take this client and has not failed it; otherwise the scheduler's choice among the
     /// members not tried yet. `None`: no member is left (see `tried` for whether any was).
-    pub fn next(&mut self) -> Option<Picked> {
+    pub fn next_member(&mut self) -> Option<Picked> {
         let wanted = self.again.take().or(self.remembered);
         let remembered = wanted.and_then(|addr| self.pool.persistent(addr, &self.tried));
         self.persisted = remembered
@@ -76,7 +76,7 @@ impl<'p> Attempts<'p> {
         self.tried.len()
     }
 
-    /// Whether the member `next` gave last is the one persistence remembered.
+    /// Whether the member `next_member` gave last is the one persistence remembered.
     pub fn persisted(&self) -> bool {
         self.persisted
     }

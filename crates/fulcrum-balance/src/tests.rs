@@ -1283,7 +1283,7 @@ fn attempts_try_each_member_once_within_the_retry_budget() {
     let mut a = pool.attempts(PickContext::default(), None);
     let mut seen = Vec::new();
     loop {
-        let p = a.next().expect("a member");
+        let p = a.next_member().expect("a member");
         assert!(!seen.contains(&p.index), "member {} tried twice", p.index);
         seen.push(p.index);
         assert!(!a.persisted());
@@ -1299,12 +1299,12 @@ fn attempts_try_each_member_once_within_the_retry_budget() {
 fn attempts_start_with_the_remembered_member_and_leave_it_once_it_failed() {
     let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1]);
     let mut a = pool.attempts(PickContext::default(), Some(addr(2)));
-    let first = a.next().expect("a member");
+    let first = a.next_member().expect("a member");
     assert_eq!(first.index, 2);
     assert!(a.persisted());
     assert!(a.may_retry());
     assert!(a.failed(&first));
-    let second = a.next().expect("a member");
+    let second = a.next_member().expect("a member");
     assert_ne!(second.index, 2);
     assert!(!a.persisted());
 }
@@ -1314,7 +1314,7 @@ fn attempts_skip_a_remembered_member_that_is_down() {
     let pool = new_pool(Algorithm::RoundRobin, &[1, 1]);
     fail_checks(&pool.members()[1]);
     let mut a = pool.attempts(PickContext::default(), Some(addr(1)));
-    let p = a.next().expect("a member");
+    let p = a.next_member().expect("a member");
     assert_eq!(p.index, 0);
     assert!(!a.persisted());
 }
@@ -1323,13 +1323,13 @@ fn attempts_skip_a_remembered_member_that_is_down() {
 fn attempts_same_again_goes_back_to_the_member_without_counting_a_try() {
     let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1]);
     let mut a = pool.attempts(PickContext::default(), None);
-    let p = a.next().expect("a member");
+    let p = a.next_member().expect("a member");
     a.same_again(&p);
-    let q = a.next().expect("a member");
+    let q = a.next_member().expect("a member");
     assert_eq!(p.index, q.index);
     assert_eq!(a.tried(), 0);
     // Only once: the attempt after goes where the scheduler says.
-    let r = a.next().expect("a member");
+    let r = a.next_member().expect("a member");
     assert_ne!(r.index, q.index, "round robin moves on");
 }
 
@@ -1340,7 +1340,7 @@ fn attempts_with_no_member_available_say_so_before_any_try() {
         fail_checks(m);
     }
     let mut a = pool.attempts(PickContext::default(), Some(addr(0)));
-    assert!(a.next().is_none());
+    assert!(a.next_member().is_none());
     assert_eq!(a.tried(), 0);
 }
 
@@ -1350,10 +1350,10 @@ fn attempts_stop_when_every_member_failed_even_within_the_budget() {
     cfg.retries = 5;
     let pool = Pool::new(&cfg, &checks(), None);
     let mut a = pool.attempts(PickContext::default(), None);
-    let p = a.next().expect("a member");
+    let p = a.next_member().expect("a member");
     assert!(a.failed(&p));
-    let q = a.next().expect("a member");
+    let q = a.next_member().expect("a member");
     assert!(a.failed(&q));
-    assert!(a.next().is_none());
+    assert!(a.next_member().is_none());
     assert_eq!(a.tried(), 2);
 }

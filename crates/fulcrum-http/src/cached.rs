@@ -288,12 +288,7 @@ fn revalidate_in_background(
         let _leader = leader;
         let rule = rule_index.and_then(|i| svc.rules.get(i));
         let req = Request::of(&copy);
-        let route = Route {
-            svc: &svc,
-            target: &t,
-            index: ti,
-            rule,
-        };
+        let route = Route::new(&svc, &t, ti, rule);
         let origin = Origin {
             route,
             client: &client,
@@ -390,19 +385,9 @@ async fn revalidate(
         Err(l) => {
             // The member could not be reached (or failed before answering): a disconnected
             // cache may serve stale where the origin allows it (§4.2.4).
-            if policy::stale_on_error(&req.cc, &stored)
-                || (!client_asked && policy::stale_when_disconnected(&stored))
-            {
-                cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                return stored_reply(req, e, age, Status::Stale);
-            }
-            if policy::never_stale(&e.cc) {
-                return Reply::Local(Local::error(
-                    504,
-                    "the member could not validate the stored response",
-                ));
-            }
-            Reply::Local(l)
+            let stale = policy::stale_on_error(&req.cc, &stored)
+                || (!client_asked && policy::stale_when_disconnected(&stored));
+            unvalidated(cache, req, e, age, stale).unwrap_or(Reply::Local(l))
         }
         Ok((resp, member)) => {
             let code = resp.status().as_u16();
@@ -413,15 +398,9 @@ async fn revalidate(
                 return stored_reply(req, fresh, age, Status::Revalidated);
             }
             if code >= 500 {
-                if policy::stale_on_error(&req.cc, &stored) {
-                    cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                    return stored_reply(req, e, age, Status::Stale);
-                }
-                if policy::never_stale(&e.cc) {
-                    return Reply::Local(Local::error(
-                        504,
-                        "the member could not validate the stored response",
-                    ));
+                let stale = policy::stale_on_error(&req.cc, &stored);
+                if let Some(r) = unvalidated(cache, req, e, age, stale) {
+                    return r;
                 }
             }
             let fill = Filling {
@@ -461,6 +440,28 @@ async fn freshen(
     ));
     cache.store.replace(key, e, fresh.clone());
     fresh
+}
+
+/// A stored response the member could not validate (unreachable, or a 5xx): served stale
+/// when `stale` allows it, 504 when it must never be served stale, else `None` (the member's
+/// answer stands).
+fn unvalidated(
+    cache: &HttpCache,
+    req: &Request,
+    e: Arc<Entry>,
+    age: u64,
+    stale: bool,
+) -> Option<Reply> {
+    if stale {
+        cache.stats.stale.fetch_add(1, Ordering::Relaxed);
+        return Some(stored_reply(req, e, age, Status::Stale));
+    }
+    policy::never_stale(&e.cc).then(|| {
+        Reply::Local(Local::error(
+            504,
+            "the member could not validate the stored response",
+        ))
+    })
 }
 
 fn age_header(h: &HeaderMap) -> u64 {

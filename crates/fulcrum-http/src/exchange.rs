@@ -44,7 +44,21 @@ pub(crate) struct Route<'a> {
     pub rule: Option<&'a CompiledRule>,
 }
 
-impl Route<'_> {
+impl<'a> Route<'a> {
+    pub fn new(
+        svc: &'a Arc<HttpService>,
+        target: &'a Arc<Target>,
+        index: usize,
+        rule: Option<&'a CompiledRule>,
+    ) -> Route<'a> {
+        Route {
+            svc,
+            target,
+            index,
+            rule,
+        }
+    }
+
     /// Member connections are private to the client connection: the PROXY header describes
     /// one client, and `reuse = "never"` shares nothing.
     pub fn private_conns(&self) -> bool {
@@ -132,7 +146,7 @@ impl<'a> Attempts<'a> {
     /// The member for the next attempt, or the answer when there is none: the no-member answer
     /// (GSLB redirect or 503) before any try, 502 after.
     pub fn next(&mut self, req: &RequestHead, client: &Client) -> Result<Picked, Local> {
-        match self.pool.next() {
+        match self.pool.next_member() {
             Some(p) => Ok(p),
             None if self.pool.tried() == 0 => Err(self.svc.no_member(self.target, req, client)),
             None => Err(self.give_up(Local::error(502, "no member could be reached"))),

@@ -179,12 +179,7 @@ where
                     if svc.cache.as_ref().is_some_and(|c| c.applies(&self.head)) =>
                 {
                     let t = svc.targets[target].clone();
-                    let route = Route {
-                        svc: &svc,
-                        target: &t,
-                        index: target,
-                        rule,
-                    };
+                    let route = Route::new(&svc, &t, target, rule);
                     // Boxed: the cache's states would otherwise enlarge every connection's
                     // future, idle keep-alive ones included, on services without a cache too.
                     let d = Box::pin(self.cached(route)).await;
@@ -193,12 +188,7 @@ where
                 }
                 Plan::Forward { target, rule } => {
                     let t = svc.targets[target].clone();
-                    let route = Route {
-                        svc: &svc,
-                        target: &t,
-                        index: target,
-                        rule,
-                    };
+                    let route = Route::new(&svc, &t, target, rule);
                     let d = match svc.request_timeout {
                         Some(limit) => {
                             match tokio::time::timeout(limit, self.forward(route)).await {
@@ -793,7 +783,7 @@ where
         let status = resp.status;
         svc.http_stats.count_status(status);
         if let Some(c) = &svc.cache {
-            invalidate(c, &svc, &self.head, &resp);
+            invalidate(c, svc, &self.head, &resp);
         }
         let upgrade = status == 101;
         if upgrade && self.head.upgrade().is_none() {
@@ -1301,7 +1291,7 @@ where
         let status = resp.status;
         svc.http_stats.count_status(status);
         if let Some(c) = &svc.cache {
-            invalidate(c, &svc, &self.head, &resp);
+            invalidate(c, svc, &self.head, &resp);
         }
         let mut plan = ResponsePlan::new(route, &self.head, picked.index, attempts.lookup(), &resp);
         let out_framing = plan.framing;

@@ -392,12 +392,7 @@ async fn handle(
         }
         Plan::Forward { target, rule } if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) => {
             let t = svc.targets[target].clone();
-            let route = Route {
-                svc: &svc,
-                target: &t,
-                index: target,
-                rule,
-            };
+            let route = Route::new(&svc, &t, target, rule);
             let reply = crate::cached::serve(route, &st.client, &head).await;
             let answer = match reply {
                 crate::cache::Reply::Bypass => forward(&down, route, &head, Some(body))
@@ -420,12 +415,7 @@ async fn handle(
         }
         Plan::Forward { target, rule } => {
             let t = svc.targets[target].clone();
-            let route = Route {
-                svc: &svc,
-                target: &t,
-                index: target,
-                rule,
-            };
+            let route = Route::new(&svc, &t, target, rule);
             let result = forward_in_time(&down, route, &head, Some(body)).await;
             match result {
                 Ok((r, member)) => {

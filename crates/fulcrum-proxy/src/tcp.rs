@@ -299,7 +299,7 @@ impl TcpService {
     ) -> Option<(Picked, TcpStream, Duration)> {
         let pool = &self.pool;
         loop {
-            let Some(picked) = attempts.next() else {
+            let Some(picked) = attempts.next_member() else {
                 if attempts.tried() == 0 {
                     self.stats.no_member.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(service = %self.name, client = %peer, "no member available");
