@@ -8,9 +8,8 @@
 use std::sync::Arc;
 
 use fulcrum_config::{Compression, CompressionAlgorithm as A, CompressionLevels};
-use fulcrum_http::compress::{Compressor, Plan, Stream};
+use fulcrum_http::compress::{CompressStats, Compressor, Plan, Stream};
 use fulcrum_http::head::{Limits, Parse, RequestHead, ResponseHead};
-use fulcrum_http::HttpStats;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -49,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
     if let Plan::Encode(coding) = plan {
         assert!(text.contains(&format!("content-encoding: {}", coding.algo)));
         assert!(text.contains("vary: "));
-        let Ok(mut s) = Stream::start(coding, None, Arc::new(HttpStats::default())) else {
+        let Ok(mut s) = Stream::start(coding, None, Arc::new(CompressStats::default())) else {
             return;
         };
         let mut out = Vec::new();

@@ -3,6 +3,7 @@
 //! One library for every kind of member: the same weighted least connections picks a server, a
 //! link or a site. Data planes ask a `Pool` for a member, then report what happened to it.
 
+pub mod attempts;
 pub mod clock;
 pub mod hash;
 pub mod health;
@@ -12,6 +13,7 @@ pub mod pool;
 pub mod sched;
 pub mod shares;
 
+pub use attempts::Attempts;
 pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
 pub use member::{
     AgentState, ConnectionGuard, LiveBytes, Member, MemberStats, RequestGuard, LIVE_BATCH,

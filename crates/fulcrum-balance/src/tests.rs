@@ -1271,3 +1271,89 @@ fn removing_the_failing_monitor_brings_the_member_up_through_slow_start() {
     assert!(m.health.is_up());
     assert_eq!(m.slow_start_phase(crate::clock::now_ms()), "recovery");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Attempts: one client's tries at a pool
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn attempts_try_each_member_once_within_the_retry_budget() {
+    // retries = 2: the first member and two more, never one twice.
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1, 1]);
+    let mut a = pool.attempts(PickContext::default(), None);
+    let mut seen = Vec::new();
+    loop {
+        let p = a.next_member().expect("a member");
+        assert!(!seen.contains(&p.index), "member {} tried twice", p.index);
+        seen.push(p.index);
+        assert!(!a.persisted());
+        if !a.failed(&p) {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 3);
+    assert_eq!(a.tried(), 3);
+}
+
+#[test]
+fn attempts_start_with_the_remembered_member_and_leave_it_once_it_failed() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1]);
+    let mut a = pool.attempts(PickContext::default(), Some(addr(2)));
+    let first = a.next_member().expect("a member");
+    assert_eq!(first.index, 2);
+    assert!(a.persisted());
+    assert!(a.may_retry());
+    assert!(a.failed(&first));
+    let second = a.next_member().expect("a member");
+    assert_ne!(second.index, 2);
+    assert!(!a.persisted());
+}
+
+#[test]
+fn attempts_skip_a_remembered_member_that_is_down() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1]);
+    fail_checks(&pool.members()[1]);
+    let mut a = pool.attempts(PickContext::default(), Some(addr(1)));
+    let p = a.next_member().expect("a member");
+    assert_eq!(p.index, 0);
+    assert!(!a.persisted());
+}
+
+#[test]
+fn attempts_same_again_goes_back_to_the_member_without_counting_a_try() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1]);
+    let mut a = pool.attempts(PickContext::default(), None);
+    let p = a.next_member().expect("a member");
+    a.same_again(&p);
+    let q = a.next_member().expect("a member");
+    assert_eq!(p.index, q.index);
+    assert_eq!(a.tried(), 0);
+    // Only once: the attempt after goes where the scheduler says.
+    let r = a.next_member().expect("a member");
+    assert_ne!(r.index, q.index, "round robin moves on");
+}
+
+#[test]
+fn attempts_with_no_member_available_say_so_before_any_try() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1]);
+    for m in pool.members() {
+        fail_checks(m);
+    }
+    let mut a = pool.attempts(PickContext::default(), Some(addr(0)));
+    assert!(a.next_member().is_none());
+    assert_eq!(a.tried(), 0);
+}
+
+#[test]
+fn attempts_stop_when_every_member_failed_even_within_the_budget() {
+    let mut cfg = config(Algorithm::RoundRobin, &[1, 1]);
+    cfg.retries = 5;
+    let pool = Pool::new(&cfg, &checks(), None);
+    let mut a = pool.attempts(PickContext::default(), None);
+    let p = a.next_member().expect("a member");
+    assert!(a.failed(&p));
+    let q = a.next_member().expect("a member");
+    assert!(a.failed(&q));
+    assert!(a.next_member().is_none());
+    assert_eq!(a.tried(), 2);
+}

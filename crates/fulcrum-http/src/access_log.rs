@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use fulcrum_config::LogFormat;
 
+use crate::client::Client;
 use crate::date::Utc;
 use crate::head::RequestHead;
-use crate::service::Client;
 
 /// Lines waiting for the writer before new ones are dropped.
 const QUEUE: usize = 16 * 1024;

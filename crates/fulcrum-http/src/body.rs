@@ -12,17 +12,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fulcrum_balance::{clock, Member, RequestGuard};
+use fulcrum_net::ServiceStats;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
 use tokio::time::Sleep;
 
 use crate::chunked::Decoder;
-use crate::service::{HttpService, Target};
-use crate::upstream::UpstreamConn;
+use crate::upstream::{MemberConns, UpstreamConn};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::BoxError;
 
 /// How a member frames its response body.
 #[derive(Debug)]
@@ -33,63 +33,17 @@ pub enum InFraming {
     Close,
 }
 
-/// A request body for an HTTP/2 member.
-pub enum UpBody {
-    Empty,
-    Full(Option<Bytes>),
-    /// Fed by the task reading an HTTP/1.1 client's body.
-    Channel(mpsc::Receiver<Result<Bytes, BoxError>>),
-    /// An HTTP/2 client's body, passed through.
-    Incoming(Incoming),
-}
-
-impl Body for UpBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            UpBody::Empty => Poll::Ready(None),
-            UpBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            UpBody::Channel(rx) => match ready!(rx.poll_recv(cx)) {
-                Some(Ok(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                Some(Err(e)) => Poll::Ready(Some(Err(e))),
-                None => Poll::Ready(None),
-            },
-            UpBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            UpBody::Empty => true,
-            UpBody::Full(b) => b.is_none(),
-            UpBody::Channel(_) => false,
-            UpBody::Incoming(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            UpBody::Empty => SizeHint::with_exact(0),
-            UpBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            UpBody::Channel(_) => SizeHint::default(),
-            UpBody::Incoming(b) => b.size_hint(),
-        }
-    }
-}
+pub use crate::upstream::UpBody;
 
 /// Member connections private to one HTTP/2 client connection (`reuse = "never"`).
 pub type PrivateConns = Arc<Mutex<Vec<(Arc<Member>, UpstreamConn)>>>;
 
 /// Where a member connection goes when its response is complete.
 pub struct Release {
-    pub svc: Arc<HttpService>,
-    pub target: Arc<Target>,
-    pub member_index: usize,
+    /// The service's counters.
+    pub stats: Arc<ServiceStats>,
+    /// The member's shared idle store (when the connection is not private).
+    pub store: Option<Arc<MemberConns>>,
     pub member: Arc<Member>,
     pub private: Option<PrivateConns>,
     /// The response allows the connection to be reused.
@@ -139,9 +93,8 @@ impl MemberBody {
         };
         let r = &self.release;
         r.member.stats.add_bytes(r.sent, self.received);
-        r.svc.stats.bytes_in.fetch_add(r.sent, Ordering::Relaxed);
-        r.svc
-            .stats
+        r.stats.bytes_in.fetch_add(r.sent, Ordering::Relaxed);
+        r.stats
             .bytes_out
             .fetch_add(self.delivered, Ordering::Relaxed);
         if !clean {
@@ -157,7 +110,7 @@ impl MemberBody {
         match &r.private {
             Some(p) => p.lock().push((r.member.clone(), conn)),
             None => {
-                if let Some(store) = r.target.conns.get(r.member_index) {
+                if let Some(store) = &r.store {
                     store.put(conn);
                 }
             }
@@ -206,8 +159,7 @@ impl Drop for MemberBody {
         if self.conn.is_some() {
             let r = &self.release;
             r.member.stats.add_bytes(r.sent, self.received);
-            r.svc
-                .stats
+            r.stats
                 .bytes_out
                 .fetch_add(self.delivered, Ordering::Relaxed);
         }
@@ -300,7 +252,7 @@ impl Body for MemberBody {
 pub struct Relay {
     pub inner: Incoming,
     pub member: Arc<Member>,
-    pub svc: Arc<HttpService>,
+    pub stats: Arc<ServiceStats>,
     pub sent: u64,
     pub received: u64,
     /// Of `received`, the bytes already added to the member's counters while the body flowed.
@@ -317,8 +269,7 @@ impl Relay {
             self.member
                 .stats
                 .add_bytes(self.sent, self.received - self.reported);
-            self.svc
-                .stats
+            self.stats
                 .bytes_out
                 .fetch_add(self.received, Ordering::Relaxed);
         }
@@ -377,10 +328,19 @@ pub enum DownBody {
     Full(Option<Bytes>),
     Member(Box<MemberBody>),
     Relay(Box<Relay>),
-    /// From the cache, or from a member while being stored.
-    Cache(Box<crate::cache::CacheBody>),
-    /// Either of the above, compressed on the way (`compression`).
-    Compressed(Box<crate::compress::CompressBody>),
+    /// Any of the above through a body filter: the cache (a stored body, or a member's while
+    /// it is stored) and compression, written once for both client protocols.
+    Filtered(UnsyncBoxBody<Bytes, BoxError>),
+}
+
+impl DownBody {
+    /// `body` as a response body (a filter's output).
+    pub fn filtered<B>(body: B) -> DownBody
+    where
+        B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
+    {
+        DownBody::Filtered(UnsyncBoxBody::new(body))
+    }
 }
 
 impl Body for DownBody {
@@ -395,8 +355,7 @@ impl Body for DownBody {
             DownBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             DownBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx).map_err(Into::into),
             DownBody::Relay(r) => Pin::new(r.as_mut()).poll_frame(cx),
-            DownBody::Cache(c) => Pin::new(c.as_mut()).poll_frame(cx),
-            DownBody::Compressed(c) => Pin::new(c.as_mut()).poll_frame(cx),
+            DownBody::Filtered(f) => Pin::new(f).poll_frame(cx),
         }
     }
 
@@ -405,8 +364,7 @@ impl Body for DownBody {
             DownBody::Full(b) => b.is_none(),
             DownBody::Member(m) => m.is_end_stream(),
             DownBody::Relay(r) => r.is_end_stream(),
-            DownBody::Cache(c) => c.is_end_stream(),
-            DownBody::Compressed(c) => c.is_end_stream(),
+            DownBody::Filtered(f) => f.is_end_stream(),
         }
     }
 
@@ -415,8 +373,7 @@ impl Body for DownBody {
             DownBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             DownBody::Member(m) => m.size_hint(),
             DownBody::Relay(r) => r.size_hint(),
-            DownBody::Cache(c) => c.size_hint(),
-            DownBody::Compressed(c) => c.size_hint(),
+            DownBody::Filtered(f) => f.size_hint(),
         }
     }
 }

@@ -315,7 +315,7 @@ pub fn negotiate<'a>(
 /// Writes the response fields a compressed (or Vary-only) response needs instead of the
 /// member's. Called for each member field that `write_response_fields` is about to copy:
 /// returns true when this function took care of it (rewrote or dropped it).
-pub(crate) fn rewrite_field<S: crate::fields::Sink>(
+pub(crate) fn rewrite_field<S: crate::sink::Sink>(
     out: &mut S,
     plan: Plan,
     name: &[u8],
@@ -349,7 +349,7 @@ pub(crate) fn rewrite_field<S: crate::fields::Sink>(
 }
 
 /// Writes Content-Encoding and the merged Vary after the member's fields.
-pub(crate) fn write_added_fields<S: crate::fields::Sink>(
+pub(crate) fn write_added_fields<S: crate::sink::Sink>(
     out: &mut S,
     plan: Plan,
     resp: &ResponseHead,
@@ -480,20 +480,16 @@ impl Encoder {
 /// One response's encoder and its accounting.
 pub struct Stream {
     enc: Encoder,
-    stats: Arc<crate::service::HttpStats>,
+    stats: Arc<CompressStats>,
     /// Input fed since the last flush.
     unflushed: bool,
 }
 
 impl Stream {
     /// Starts encoding a response; counts it for its algorithm.
-    pub fn start(
-        c: Coding,
-        size: Option<u64>,
-        stats: Arc<crate::service::HttpStats>,
-    ) -> io::Result<Stream> {
+    pub fn start(c: Coding, size: Option<u64>, stats: Arc<CompressStats>) -> io::Result<Stream> {
         let enc = Encoder::new(c, size)?;
-        stats.compression.responses[index(c.algo)].fetch_add(1, Ordering::Relaxed);
+        stats.responses[index(c.algo)].fetch_add(1, Ordering::Relaxed);
         Ok(Stream {
             enc,
             stats,
@@ -507,7 +503,6 @@ impl Stream {
         }
         self.unflushed = true;
         self.stats
-            .compression
             .bytes_in
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         self.enc.write(data)
@@ -540,7 +535,6 @@ impl Stream {
             return 0;
         }
         self.stats
-            .compression
             .bytes_out
             .fetch_add(o.len() as u64, Ordering::Relaxed);
         let before = out.len();
@@ -560,7 +554,6 @@ impl Stream {
             return None;
         }
         self.stats
-            .compression
             .bytes_out
             .fetch_add(o.len() as u64, Ordering::Relaxed);
         let b = Bytes::copy_from_slice(o);
@@ -573,23 +566,30 @@ impl Stream {
 /// bytes received from the member, whether the member is at fault).
 pub(crate) type Cut = (u64, u64, bool);
 
-async fn write_out<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    timer: &mut Timer,
-    out: &mut Vec<u8>,
-    idle: Duration,
-) -> io::Result<()> {
-    use tokio::io::AsyncWriteExt;
-    if out.is_empty() {
-        return Ok(());
+/// An HTTP/1 client connection as a response body is written to it: the stream, its write
+/// timer, the connection's write buffer, and how long a write may wait.
+pub(crate) struct H1Writer<'a, W> {
+    pub io: &'a mut W,
+    pub timer: &'a mut Timer,
+    pub out: &'a mut Vec<u8>,
+    pub idle: Duration,
+}
+
+impl<W: AsyncWrite + Unpin> H1Writer<'_, W> {
+    /// Writes what the buffer holds (within `idle`) and empties it.
+    async fn write_out(&mut self) -> io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.timer.set_after(self.idle);
+        let r = match self.timer.run(self.io.write_all(self.out)).await {
+            Some(r) => r,
+            None => Err(io::ErrorKind::TimedOut.into()),
+        };
+        self.out.clear();
+        r
     }
-    timer.set_after(idle);
-    let r = match timer.run(io.write_all(out)).await {
-        Some(r) => r,
-        None => Err(io::ErrorKind::TimedOut.into()),
-    };
-    out.clear();
-    r
 }
 
 /// The HTTP/1 client path's body relay for a compressed response: reads the member's body
@@ -598,15 +598,11 @@ async fn write_out<W: AsyncWrite + Unpin>(
 /// the member reach `member`'s counters in batches while they flow. Returns (body bytes to the
 /// client, bytes from the member not yet added to `member`, whether the member connection
 /// ended cleanly and may be reused).
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    timer: &mut Timer,
-    out: &mut Vec<u8>,
+    w: &mut H1Writer<'_, W>,
     conn: &mut UpstreamConn,
     mut framing: InFraming,
     chunked_out: bool,
-    idle: Duration,
     s: &mut Stream,
     member: &fulcrum_balance::MemberStats,
 ) -> Result<(u64, u64, bool), Cut> {
@@ -647,14 +643,14 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
             conn.buf.drain(..consumed);
         }
         if finished {
-            return finish_h1(io, timer, out, s, chunked_out, idle, to_client, received)
+            return finish_h1(w, s, chunked_out, to_client, received)
                 .await
                 // Bytes after the response: the member is out of step, do not reuse.
                 .map(|sent| (sent, received, conn.buf.is_empty()));
         }
         if s.pending() >= OUT_CHUNK {
-            to_client += s.drain_into(out, chunked_out) as u64;
-            write_out(io, timer, out, idle)
+            to_client += s.drain_into(w.out, chunked_out) as u64;
+            w.write_out()
                 .await
                 .map_err(|_| (to_client, received, false))?;
         }
@@ -663,12 +659,12 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // The member has nothing more for now: what was encoded goes to the client.
                 s.flush().map_err(|_| (to_client, received, false))?;
-                to_client += s.drain_into(out, chunked_out) as u64;
-                write_out(io, timer, out, idle)
+                to_client += s.drain_into(w.out, chunked_out) as u64;
+                w.write_out()
                     .await
                     .map_err(|_| (to_client, received, false))?;
-                timer.set_after(idle);
-                timer.run(conn.io.read_buf(&mut conn.buf)).await
+                w.timer.set_after(w.idle);
+                w.timer.run(conn.io.read_buf(&mut conn.buf)).await
             }
             r => {
                 eager += 1;
@@ -681,8 +677,7 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
         match read {
             Some(Ok(0)) => {
                 if let InFraming::Close = framing {
-                    let sent = finish_h1(io, timer, out, s, chunked_out, idle, to_client, received)
-                        .await?;
+                    let sent = finish_h1(w, s, chunked_out, to_client, received).await?;
                     return Ok((sent, received, false));
                 }
                 return Err((to_client, received, true));
@@ -696,23 +691,19 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn finish_h1<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    timer: &mut Timer,
-    out: &mut Vec<u8>,
+    w: &mut H1Writer<'_, W>,
     s: &mut Stream,
     chunked_out: bool,
-    idle: Duration,
     mut to_client: u64,
     received: u64,
 ) -> Result<u64, Cut> {
     s.finish().map_err(|_| (to_client, received, false))?;
-    to_client += s.drain_into(out, chunked_out) as u64;
+    to_client += s.drain_into(w.out, chunked_out) as u64;
     if chunked_out {
-        out.extend_from_slice(chunked::END);
+        w.out.extend_from_slice(chunked::END);
     }
-    write_out(io, timer, out, idle)
+    w.write_out()
         .await
         .map_err(|_| (to_client, received, false))?;
     Ok(to_client)
@@ -797,32 +788,6 @@ impl Body for CompressBody {
     }
 }
 
-/// The plan for a response and, when it is compressed, its encoder. The fast path: a service
-/// without `compression` costs one branch.
-#[inline]
-pub(crate) fn prepare(
-    svc: &crate::service::HttpService,
-    req: &RequestHead,
-    resp: &ResponseHead,
-    bodiless: bool,
-) -> (Plan, Option<Stream>) {
-    let Some(c) = &svc.compress else {
-        return (Plan::Identity, None);
-    };
-    match c.plan(req, resp, bodiless) {
-        Plan::Encode(coding) => {
-            match Stream::start(coding, resp.content_length, svc.http_stats.clone()) {
-                Ok(s) => (Plan::Encode(coding), Some(s)),
-                Err(e) => {
-                    tracing::warn!(service = %svc.name, error = %e, "cannot start a {} encoder; response sent uncompressed", coding.algo);
-                    (Plan::Vary, None)
-                }
-            }
-        }
-        p => (p, None),
-    }
-}
-
 /// The member fields as a compressed (or Vary-only) response rewrites them, then the added
 /// ones: for the fuzz target, which has no service to run the full field writer with.
 #[doc(hidden)]
@@ -830,7 +795,7 @@ pub fn write_fields_for_fuzzing(out: &mut Vec<u8>, plan: Plan, resp: &ResponseHe
     for f in &resp.fields {
         let (name, value) = (resp.name(f), resp.value(f));
         if !(plan.edits() && rewrite_field(out, plan, name, value)) {
-            crate::fields::Sink::field(out, name, value);
+            crate::sink::Sink::field(out, name, value);
         }
     }
     if plan.edits() {
@@ -993,7 +958,7 @@ mod tests {
         let mut out = Vec::new();
         for f in &r.fields {
             if !rewrite_field(&mut out, plan, r.name(f), r.value(f)) {
-                crate::fields::Sink::field(&mut out, r.name(f), r.value(f));
+                crate::sink::Sink::field(&mut out, r.name(f), r.value(f));
             }
         }
         write_added_fields(&mut out, plan, &r);
@@ -1063,7 +1028,7 @@ mod tests {
             .flat_map(|i| format!("<li>item {i} of the list</li>\n").into_bytes())
             .collect();
         for algo in ALGORITHMS {
-            let stats = Arc::new(crate::service::HttpStats::default());
+            let stats = Arc::new(CompressStats::default());
             let mut s = Stream::start(
                 Coding { algo, level: 3 },
                 Some(text.len() as u64),
@@ -1103,7 +1068,7 @@ mod tests {
             s.drain_into(&mut out, false);
             assert_eq!(decode(algo, &out), text, "{algo}");
             assert!(out.len() < text.len() / 5, "{algo}: {}", out.len());
-            let c = &stats.compression;
+            let c = &stats;
             assert_eq!(c.bytes_in.load(Ordering::Relaxed), text.len() as u64);
             assert_eq!(c.bytes_out.load(Ordering::Relaxed), out.len() as u64);
             assert_eq!(c.responses_of(algo), 1);

@@ -22,17 +22,21 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fulcrum_balance::{clock, Member, MemberStats, PickContext, Picked};
-use fulcrum_config::Reuse;
+use fulcrum_balance::{clock, Member, MemberStats, Picked};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::body::InFraming;
 use crate::chunked::{self, Decoder};
-use crate::fields::{self, ReqFraming, RequestCtx, RespFraming, ResponseCtx};
+use crate::client::{Client, ConnInfo};
+use crate::exchange::{self, read_response_head, Attempts, Failure, RespError, Route};
+use crate::fields::{self, ReqFraming, RequestCtx, RespFraming};
+use crate::h2_upstream::Outgoing;
 use crate::head::{Parse, RequestHead, ResponseHead, Version};
+use crate::local::Local;
+use crate::plan::ResponsePlan;
 use crate::rules::CompiledRule;
-use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Successor, Target};
+use crate::service::{HttpService, Plan, Successor};
 use crate::sticky::Lookup;
 use crate::timer::Timer;
 use crate::upstream::{self, UpstreamConn};
@@ -66,6 +70,17 @@ struct Conn<S> {
     /// A reload changed the service while this connection was idle: its next response
     /// announces the close.
     announce_close: bool,
+}
+
+/// A member's response head in hand, with the connection it came on.
+struct Answer {
+    picked: Picked,
+    conn: UpstreamConn,
+    resp: ResponseHead,
+    /// Request bytes sent to the member.
+    sent: u64,
+    /// The member began to answer before the request body was complete.
+    early: bool,
 }
 
 /// How an exchange ended, for the access log and the keep-alive decision.
@@ -176,18 +191,19 @@ where
                     if svc.cache.as_ref().is_some_and(|c| c.applies(&self.head)) =>
                 {
                     let t = svc.targets[target].clone();
+                    let route = Route::new(&svc, &t, target, rule);
                     // Boxed: the cache's states would otherwise enlarge every connection's
                     // future, idle keep-alive ones included, on services without a cache too.
-                    let d = Box::pin(self.cached(&t, target, rule)).await;
+                    let d = Box::pin(self.cached(route)).await;
                     self.log(&d, started, rule);
                     d
                 }
                 Plan::Forward { target, rule } => {
                     let t = svc.targets[target].clone();
+                    let route = Route::new(&svc, &t, target, rule);
                     let d = match svc.request_timeout {
                         Some(limit) => {
-                            match tokio::time::timeout(limit, self.forward(&t, target, rule)).await
-                            {
+                            match tokio::time::timeout(limit, self.forward(route)).await {
                                 Ok(d) => d,
                                 Err(_) => {
                                     svc.http_stats
@@ -204,7 +220,7 @@ where
                                 }
                             }
                         }
-                        None => self.forward(&t, target, rule).await,
+                        None => self.forward(route).await,
                     };
                     self.log(&d, started, rule);
                     d
@@ -400,16 +416,10 @@ where
         self.fail(l, rule).await
     }
 
-    /// Forwards the request to a member of `t` and its response to the client.
-    async fn forward(&mut self, t: &Arc<Target>, ti: usize, rule: Option<&CompiledRule>) -> Done {
-        let svc = self.svc.clone();
-        let mut lookup = match &svc.sticky {
-            Some(s) => s.lookup(&self.head, self.client.ip, ti, &t.pool),
-            None => Lookup::default(),
-        };
-        let ctx = PickContext {
-            hash: request_hash(&t.pool, &self.head, &self.client),
-        };
+    /// Forwards the request to a member of the route's pool and its response to the client.
+    async fn forward(&mut self, route: Route<'_>) -> Done {
+        let svc = route.svc;
+        let rule = route.rule;
         if self.head.chunked {
             // Chunked framing that arrived with the head is checked before any member sees the
             // request: a malformed body is refused whole, not forwarded in part.
@@ -426,71 +436,63 @@ where
                 return self.too_large(rule).await;
             }
         }
-        if t.http2 {
-            return self.forward_h2(t, ti, rule, lookup, ctx).await;
-        }
         let body_buffered = self.body_buffered();
         let replayable = !self.head.has_body() || body_buffered;
         let retryable = self.head.method.is_idempotent() && replayable;
-        let mut tried: Vec<usize> = Vec::new();
-        let mut force_fresh = false;
+        let mut attempts = Attempts::new(route, &self.head, &self.client, retryable);
+        if route.target.http2 {
+            return self.forward_h2(route, attempts).await;
+        }
+        let t = route.target;
+        let framing = if self.head.chunked {
+            ReqFraming::Chunked
+        } else {
+            match self.head.content_length {
+                Some(n) if n > 0 => ReqFraming::Length(n),
+                _ => ReqFraming::None,
+            }
+        };
         loop {
-            // Choose a member: the persisted one if it may still take the client, else the
-            // scheduler's choice among those not tried yet.
-            let remembered = lookup
-                .member
-                .and_then(|addr| t.pool.persistent(addr, &tried));
-            let Some(picked) = remembered.or_else(|| t.pool.pick(&ctx, &tried)) else {
-                let local = if tried.is_empty() {
-                    svc.no_member(t, &self.head, &self.client)
-                } else {
-                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                    Local::error(502, "no member could be reached")
-                };
-                return self.fail(local, rule).await;
+            let picked = match attempts.next(&self.head, &self.client) {
+                Ok(p) => p,
+                Err(l) => return self.fail(l, rule).await,
             };
             let member = picked.member.clone();
-            let (mut conn, fresh) = match self.acquire(t, &picked, retryable, force_fresh).await {
+            let private = self
+                .private
+                .take()
+                .filter(|p| Arc::ptr_eq(&p.member, &member))
+                .and_then(|p| {
+                    let mut c = p.conn;
+                    c.is_idle_alive().then_some(c)
+                });
+            let fresh_only = attempts.fresh_only();
+            let acquired = exchange::acquire(
+                route,
+                &picked,
+                &self.client.info,
+                private,
+                fresh_only,
+                retryable,
+            )
+            .await;
+            let (mut conn, fresh) = match acquired {
                 Ok(c) => c,
-                Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
-                    // No source port left (`snat`): not the member's fault.
-                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                    return self.fail(snat_exhausted(), rule).await;
-                }
-                Err(e) => {
-                    member.record_connect_failure(&format!("connect: {e}"));
-                    tried.push(picked.index);
-                    if tried.len() > t.pool.retries as usize {
-                        svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                        return self
-                            .fail(Local::error(502, "no member could be reached"), rule)
-                            .await;
-                    }
-                    svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
+                Err(e) => match attempts.failed(&picked, Failure::Connect(e)) {
+                    Ok(()) => continue,
+                    Err(l) => return self.fail(l, rule).await,
+                },
             };
-            force_fresh = false;
             let _request = member.open_request();
-            conn.guard = Some(member.use_connection(fresh));
-            conn.used += 1;
 
-            // The head, and the body if it came with it, in one write.
-            let framing = if self.head.chunked {
-                ReqFraming::Chunked
-            } else {
-                match self.head.content_length {
-                    Some(n) if n > 0 => ReqFraming::Length(n),
-                    _ => ReqFraming::None,
-                }
-            };
+            // The head, and the body bytes that came with it, in one write.
             self.out.clear();
             fields::write_request_line(&mut self.out, &self.head, rule);
             fields::write_request_fields(
                 &mut self.out,
                 &self.head,
                 &RequestCtx {
-                    svc: &svc,
+                    svc,
                     client: &self.client,
                     rule,
                     framing,
@@ -498,7 +500,8 @@ where
                 },
             );
             self.out.extend_from_slice(b"\r\n");
-            let mut sent = self.out.len() as u64;
+            let head_len = self.out.len();
+            let mut sent = head_len as u64;
             if body_buffered {
                 if let ReqFraming::Length(n) = framing {
                     let body = &self.head.buf[self.head.head_len..self.head.head_len + n as usize];
@@ -508,10 +511,18 @@ where
                     self.body_read = true;
                 }
             }
-            let written = conn.io.write_all(&self.out).await;
+            // A streamed body: the head goes out with its first bytes (in `pump_body`), unless
+            // the client waits for 100 Continue, which it gets once the member has the head.
+            let wants_continue = self.head.expect_continue && self.head.version == Version::Http11;
+            let carry = !body_buffered && !wants_continue;
+            let written = if carry {
+                Ok(())
+            } else {
+                conn.io.write_all(&self.out).await
+            };
             let mut early = false;
             if written.is_ok() && !body_buffered {
-                if self.head.expect_continue && self.head.version == Version::Http11 {
+                if wants_continue {
                     // The member never saw the Expect: the proxy asks for the body itself.
                     if self
                         .io
@@ -522,49 +533,17 @@ where
                         return Done::default();
                     }
                 }
+                let carried = if carry { head_len } else { 0 };
                 match self
-                    .pump_body(&mut conn, t.pool.config.zero_window_timeout)
+                    .pump_body(&mut conn, t.pool.config.zero_window_timeout, carried)
                     .await
                 {
                     Ok((n, e)) => {
-                        sent += n;
+                        sent += n.saturating_sub(carried as u64);
                         early = e;
                         self.body_read = !e;
                     }
-                    Err(PumpError::Client) => return Done::default(),
-                    Err(PumpError::BadChunk(e)) => {
-                        // What went to the member is well-formed but incomplete; the member
-                        // connection is dropped with it.
-                        self.svc
-                            .http_stats
-                            .bad_requests
-                            .fetch_add(1, Ordering::Relaxed);
-                        let mut l = Local::error(400, e.0);
-                        l.close = true;
-                        return self.fail(l, rule).await;
-                    }
-                    Err(PumpError::Member(e)) => {
-                        // Body bytes already went out: never sent again.
-                        member.record_passive_failure(&format!("sending the request body: {e}"));
-                        return self
-                            .fail(Local::error(502, "the member broke the connection"), rule)
-                            .await;
-                    }
-                    Err(PumpError::Timeout) => {
-                        let mut l = Local::error(408, "request body timeout");
-                        l.close = true;
-                        return self.fail(l, rule).await;
-                    }
-                    Err(PumpError::TooSlow) => {
-                        self.svc
-                            .http_stats
-                            .slow_bodies
-                            .fetch_add(1, Ordering::Relaxed);
-                        let mut l = Local::error(408, "request body slower than min_body_rate");
-                        l.close = true;
-                        return self.fail(l, rule).await;
-                    }
-                    Err(PumpError::TooLarge) => return self.too_large(rule).await,
+                    Err(e) => return self.pump_failed(e, &member, rule).await,
                 }
             }
             let sent_at = Instant::now();
@@ -579,65 +558,81 @@ where
             let resp = match head {
                 Ok(r) => r,
                 Err(RespError::Client) => return Done::default(),
-                Err(RespError::Timeout) => {
-                    svc.http_stats
-                        .response_timeouts
-                        .fetch_add(1, Ordering::Relaxed);
-                    member.record_passive_failure(&format!(
-                        "no response within {:?}",
-                        t.response_timeout
-                    ));
-                    let mut l = Local::error(504, "the member did not answer in time");
-                    l.close = !self.body_done(early);
-                    return self.fail(l, rule).await;
-                }
-                Err(RespError::Bad(e)) => {
-                    member.record_passive_failure(e.reason);
-                    let mut l = Local::error(502, e.reason);
-                    l.close = !self.body_done(early);
-                    return self.fail(l, rule).await;
-                }
-                Err(RespError::Io(e, got_bytes)) => {
-                    if !fresh && !got_bytes && retryable {
-                        // A reused connection the member had just closed: not the member's
-                        // fault; send again over a new connection to the same member.
-                        force_fresh = true;
-                        lookup.member = Some(member.address);
+                Err(e) => match attempts.failed(&picked, Failure::of_response(e, fresh)) {
+                    Ok(()) => {
+                        // Sent again: the body is replayed from the buffer.
                         self.pos = self.head.head_len;
                         self.body_read = !self.head.has_body();
                         continue;
                     }
-                    member.record_passive_failure(&format!("reset before any response: {e}"));
-                    if retryable && !got_bytes && tried.len() < t.pool.retries as usize {
-                        tried.push(picked.index);
-                        svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
-                        self.pos = self.head.head_len;
-                        self.body_read = !self.head.has_body();
-                        continue;
+                    Err(mut l) => {
+                        l.close = !self.body_done(early);
+                        return self.fail(l, rule).await;
                     }
-                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                    let mut l = Local::error(502, "the member broke the connection");
-                    l.close = !self.body_done(early);
-                    return self.fail(l, rule).await;
-                }
+                },
             };
-            member.stats.observe_response_time(sent_at.elapsed());
-            t.observer.observe(&member, resp.status);
-            if let Some(s) = &svc.sticky {
-                s.remember(&mut lookup, member.address);
-            }
-            return self
-                .respond(t, ti, &picked, rule, &lookup, conn, resp, sent, early)
-                .await;
+            attempts.answered(&picked, resp.status, sent_at.elapsed());
+            let answer = Answer {
+                picked,
+                conn,
+                resp,
+                sent,
+                early,
+            };
+            return self.respond(route, attempts.lookup(), answer).await;
         }
     }
 
+    /// The answer when moving the request body to the member failed.
+    async fn pump_failed(
+        &mut self,
+        e: PumpError,
+        member: &Member,
+        rule: Option<&CompiledRule>,
+    ) -> Done {
+        let l = match e {
+            PumpError::Client => return Done::default(),
+            PumpError::BadChunk(e) => {
+                // What went to the member is well-formed but incomplete; the member connection
+                // is dropped with it.
+                self.svc
+                    .http_stats
+                    .bad_requests
+                    .fetch_add(1, Ordering::Relaxed);
+                let mut l = Local::error(400, e.0);
+                l.close = true;
+                l
+            }
+            PumpError::Member(e) => {
+                // Body bytes already went out: never sent again.
+                member.record_passive_failure(&format!("sending the request body: {e}"));
+                Local::error(502, "the member broke the connection")
+            }
+            PumpError::Timeout => {
+                let mut l = Local::error(408, "request body timeout");
+                l.close = true;
+                l
+            }
+            PumpError::TooSlow => {
+                self.svc
+                    .http_stats
+                    .slow_bodies
+                    .fetch_add(1, Ordering::Relaxed);
+                let mut l = Local::error(408, "request body slower than min_body_rate");
+                l.close = true;
+                l
+            }
+            PumpError::TooLarge => return self.too_large(rule).await,
+        };
+        self.fail(l, rule).await
+    }
+
     /// Answers a GET/HEAD through the service's cache (`crate::cache`).
-    async fn cached(&mut self, t: &Arc<Target>, ti: usize, rule: Option<&CompiledRule>) -> Done {
-        let svc = self.svc.clone();
-        let reply = crate::cache::serve(&svc, &self.client, t, ti, rule, &self.head).await;
+    async fn cached(&mut self, route: Route<'_>) -> Done {
+        let (svc, rule) = (route.svc, route.rule);
+        let reply = crate::cached::serve(route, &self.client, &self.head).await;
         match reply {
-            crate::cache::Reply::Bypass => self.forward(t, ti, rule).await,
+            crate::cache::Reply::Bypass => self.forward(route).await,
             crate::cache::Reply::Local(l) => self.fail(l, rule).await,
             r => {
                 let w = crate::cache::write_h1(
@@ -674,53 +669,8 @@ where
         d
     }
 
-    /// A member connection for this request: the private one, an idle one, or a new one.
-    async fn acquire(
-        &mut self,
-        t: &Target,
-        picked: &Picked,
-        retryable: bool,
-        force_fresh: bool,
-    ) -> io::Result<(UpstreamConn, bool)> {
-        let private = self.svc.proxy_protocol.is_some() || t.reuse == Reuse::Never;
-        if !force_fresh {
-            if private {
-                if let Some(mut p) = self.private.take() {
-                    if Arc::ptr_eq(&p.member, &picked.member) && p.conn.is_idle_alive() {
-                        return Ok((p.conn, false));
-                    }
-                }
-            } else if let Some(store) = t.conns.get(picked.index) {
-                let proven_only = t.reuse == Reuse::Safe && !retryable;
-                if let Some(c) = store.take(proven_only) {
-                    return Ok((c, false));
-                }
-            }
-        }
-        let member = &picked.member;
-        let started = Instant::now();
-        let mut io = upstream::connect(
-            self.svc.snat.as_deref(),
-            member.address,
-            t.pool.connect_timeout,
-        )
-        .await?;
-        member.record_connect_success(started.elapsed());
-        if let Some(v) = self.svc.proxy_protocol {
-            let header = fulcrum_net::proxy_protocol::header(
-                v,
-                self.client.info.peer,
-                self.client.info.local,
-            );
-            io.write_all(&header).await?;
-        }
-        let io =
-            upstream::secure(io, t.tls.as_deref(), member.address, t.pool.connect_timeout).await?;
-        Ok((UpstreamConn::new(io), true))
-    }
-
     /// Moves the request body from the client to the member, re-framed. Returns the bytes sent
-    /// and whether the member began to answer before the body was complete. With
+    /// (the `carried` ones included) and whether the member began to answer before the body was complete. With
     /// `zero_window` (the pool's `zero_window_timeout`), a plain-TCP member that takes none of
     /// the body for that long while its receive window is 0 fails the request (a passive
     /// failure, 502) instead of the client getting a 408 at the idle timeout.
@@ -728,6 +678,7 @@ where
         &mut self,
         conn: &mut UpstreamConn,
         zero_window: Option<Duration>,
+        carried: usize,
     ) -> Result<(u64, bool), PumpError> {
         let idle = self.svc.idle_timeout;
         let mut remaining = if self.head.chunked {
@@ -763,9 +714,13 @@ where
             }
             upstream::MemberIo::Tls(tls) => (None, &mut **tls),
         };
+        // `self.out` holds `carried` bytes (the request head) to go out with the first body
+        // bytes: one write for a small chunked upload, as for a Content-Length one.
+        let mut keep = carried;
         loop {
             // Encode what the buffer holds.
-            self.out.clear();
+            self.out.truncate(keep);
+            keep = 0;
             let avail = &self.head.buf[self.pos..];
             let mut finished = false;
             match &mut decoder {
@@ -862,25 +817,21 @@ where
     }
 
     /// Sends the response head and body to the client, then puts the member connection back.
-    #[allow(clippy::too_many_arguments)]
-    async fn respond(
-        &mut self,
-        t: &Arc<Target>,
-        ti: usize,
-        picked: &Picked,
-        rule: Option<&CompiledRule>,
-        lookup: &Lookup,
-        mut conn: UpstreamConn,
-        mut resp: ResponseHead,
-        sent: u64,
-        early: bool,
-    ) -> Done {
-        let svc = self.svc.clone();
+    async fn respond(&mut self, route: Route<'_>, lookup: &Lookup, a: Answer) -> Done {
+        let Answer {
+            picked,
+            mut conn,
+            mut resp,
+            sent,
+            early,
+        } = a;
+        let (svc, rule) = (route.svc, route.rule);
+        let picked = &picked;
         let member = &picked.member;
         let status = resp.status;
         svc.http_stats.count_status(status);
         if let Some(c) = &svc.cache {
-            invalidate(c, &svc, &self.head, &resp);
+            invalidate(c, svc, &self.head, &resp);
         }
         let upgrade = status == 101;
         if upgrade && self.head.upgrade().is_none() {
@@ -889,53 +840,15 @@ where
                 .fail(Local::error(502, "unexpected 101 from the member"), rule)
                 .await;
         }
-        let bodiless = resp.bodiless(self.head.method);
-        let (plan, mut encoder) = if upgrade {
-            (crate::compress::Plan::Identity, None)
-        } else {
-            crate::compress::prepare(&svc, &self.head, &resp, bodiless)
-        };
-        let in_framing = if bodiless || upgrade {
-            InFraming::None
-        } else if resp.chunked {
-            InFraming::Chunked(Decoder::default())
-        } else if let Some(n) = resp.content_length {
-            InFraming::Length(n)
-        } else {
-            InFraming::Close
-        };
-        let client_10 = self.head.version == Version::Http10;
-        let out_framing = match in_framing {
-            InFraming::None => RespFraming::None,
-            InFraming::Length(n) if encoder.is_none() => RespFraming::Length(n),
-            _ if client_10 => RespFraming::Close,
-            _ => RespFraming::Chunked,
-        };
+        let mut plan = ResponsePlan::new(route, &self.head, picked.index, lookup, &resp);
+        let in_framing = plan.member_framing(&resp);
+        let out_framing = plan.framing;
+        let mut encoder = plan.encoder.take();
         let body_complete = self.body_done(early);
         self.announce_retirement();
         let close = self.head.close || !body_complete || out_framing == RespFraming::Close;
-        let (insert_cookie, rewrite_id) =
-            crate::sticky::response_ids(&svc, ti, picked.index, lookup);
         self.out.clear();
-        fields::write_status_line(&mut self.out, status, resp.reason());
-        fields::write_response_fields(
-            &mut self.out,
-            &resp,
-            &ResponseCtx {
-                svc: &svc,
-                target: t,
-                member: picked.index,
-                req: &self.head,
-                rule,
-                insert_cookie,
-                rewrite_id,
-                framing: out_framing,
-                close: close && !upgrade,
-                h2: false,
-                plan,
-            },
-        );
-        self.out.extend_from_slice(b"\r\n");
+        plan.write_h1_head(&mut self.out, route, &self.head, &resp, close && !upgrade);
         let head_bytes = self.out.len() as u64;
         // The body bytes that came with the head follow in the same write.
         let mut body = std::mem::take(&mut resp.buf);
@@ -977,18 +890,24 @@ where
 
         let relayed = match &mut encoder {
             // Boxed for the same reason as the cache path: only compressed answers pay for it.
-            Some(s) => Box::pin(crate::compress::relay_h1(
-                &mut self.io,
-                &mut self.timer,
-                &mut self.out,
-                &mut conn,
-                in_framing,
-                out_framing == RespFraming::Chunked,
-                svc.idle_timeout,
-                s,
-                &member.stats,
-            ))
-            .await
+            Some(s) => {
+                let mut w = crate::compress::H1Writer {
+                    io: &mut self.io,
+                    timer: &mut self.timer,
+                    out: &mut self.out,
+                    idle: svc.idle_timeout,
+                };
+                let chunked_out = out_framing == RespFraming::Chunked;
+                Box::pin(crate::compress::relay_h1(
+                    &mut w,
+                    &mut conn,
+                    in_framing,
+                    chunked_out,
+                    s,
+                    &member.stats,
+                ))
+                .await
+            }
             .map_err(|(sent, received, member_fault)| Cut {
                 sent,
                 received,
@@ -1029,7 +948,7 @@ where
             .bytes_out
             .fetch_add(head_bytes + body_bytes, Ordering::Relaxed);
         if reusable && !member_close && !early && body_complete {
-            self.release(t, picked, conn);
+            self.release(route, picked, conn);
         }
         Done {
             status,
@@ -1039,16 +958,16 @@ where
         }
     }
 
-    fn release(&mut self, t: &Target, picked: &Picked, mut conn: UpstreamConn) {
+    fn release(&mut self, route: Route<'_>, picked: &Picked, mut conn: UpstreamConn) {
         conn.guard = None;
-        if self.svc.proxy_protocol.is_some() || t.reuse == Reuse::Never {
+        if route.private_conns() {
             conn.last_ok_ms = clock::now_ms();
             conn.buf.clear();
             self.private = Some(Private {
                 member: picked.member.clone(),
                 conn,
             });
-        } else if let Some(store) = t.conns.get(picked.index) {
+        } else if let Some(store) = route.target.conns.get(picked.index) {
             store.put(conn);
         }
     }
@@ -1254,61 +1173,6 @@ async fn readable(io: Option<&tokio::net::tcp::ReadHalf<'_>>) -> io::Result<()> 
     }
 }
 
-#[derive(Debug)]
-pub(crate) enum RespError {
-    /// The client broke the connection while interim responses were passed on.
-    Client,
-    Timeout,
-    Bad(crate::head::HeadError),
-    /// An I/O error or end of stream; `true` if any response byte had arrived.
-    Io(io::Error, bool),
-}
-
-/// Reads the member's response head within `deadline`. Interim 1xx responses (other than 101)
-/// are passed on to an HTTP/1.1 client as they come.
-pub(crate) async fn read_response_head<W: AsyncWrite + Unpin>(
-    conn: &mut UpstreamConn,
-    timer: &mut Timer,
-    client: &mut W,
-    client_version: Version,
-) -> Result<ResponseHead, RespError> {
-    let mut resp = ResponseHead::with_buffer(std::mem::take(&mut conn.buf));
-    let mut got_bytes = !resp.buf.is_empty();
-    loop {
-        if !resp.buf.is_empty() {
-            match resp.parse() {
-                Ok(Parse::Complete) => {
-                    if (100..200).contains(&resp.status) && resp.status != 101 {
-                        if client_version == Version::Http11 {
-                            client
-                                .write_all(&resp.buf[..resp.head_len])
-                                .await
-                                .map_err(|_| RespError::Client)?;
-                        }
-                        resp.buf.drain(..resp.head_len);
-                        continue;
-                    }
-                    return Ok(resp);
-                }
-                Ok(Parse::Partial) => {}
-                Err(e) => return Err(RespError::Bad(e)),
-            }
-        }
-        resp.buf.reserve(8192);
-        match timer.run(conn.io.read_buf(&mut resp.buf)).await {
-            Some(Ok(0)) => {
-                return Err(RespError::Io(
-                    io::ErrorKind::UnexpectedEof.into(),
-                    got_bytes,
-                ))
-            }
-            Some(Ok(_)) => got_bytes = true,
-            Some(Err(e)) => return Err(RespError::Io(e, got_bytes)),
-            None => return Err(RespError::Timeout),
-        }
-    }
-}
-
 /// Cache invalidation after an unsafe request (`crate::cache`, RFC 9111 §4.4).
 fn invalidate(
     cache: &crate::cache::HttpCache,
@@ -1385,15 +1249,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     /// Forwards to a pool that speaks HTTP/2 to its members.
-    async fn forward_h2(
-        &mut self,
-        t: &Arc<Target>,
-        ti: usize,
-        rule: Option<&CompiledRule>,
-        mut lookup: Lookup,
-        ctx: PickContext,
-    ) -> Done {
-        let svc = self.svc.clone();
+    async fn forward_h2(&mut self, route: Route<'_>, mut attempts: Attempts<'_>) -> Done {
+        let (svc, rule) = (route.svc, route.rule);
         let body_buffered = self.body_buffered();
         let framing = match self.head.content_length {
             Some(n) if n > 0 => ReqFraming::Length(n),
@@ -1409,19 +1266,12 @@ where
                 }
                 _ => bytes::Bytes::new(),
             };
-            crate::h2_upstream::exchange(
-                &svc,
-                t,
-                rule,
-                &self.head,
-                &self.client,
-                &mut lookup,
-                ctx,
-                None,
-                Some(replay),
+            let out = Outgoing {
+                body: None,
+                replay: Some(replay),
                 framing,
-            )
-            .await
+            };
+            crate::h2_upstream::exchange(route, &mut attempts, &self.head, &self.client, out).await
         } else {
             // Stream the body through a channel while the request is under way.
             let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -1447,22 +1297,16 @@ where
                 tx,
                 svc.idle_timeout,
             );
-            let send = crate::h2_upstream::exchange(
-                &svc,
-                t,
-                rule,
-                head,
-                client,
-                &mut lookup,
-                ctx,
-                Some(crate::body::UpBody::Channel(rx)),
-                None,
-                if head.chunked {
+            let out = Outgoing {
+                body: Some(crate::body::UpBody::Channel(rx)),
+                replay: None,
+                framing: if head.chunked {
                     ReqFraming::Chunked
                 } else {
                     framing
                 },
-            );
+            };
+            let send = crate::h2_upstream::exchange(route, &mut attempts, head, client, out);
             let (r, pumped) = tokio::join!(send, pump);
             match pumped {
                 Ok(leftover) => {
@@ -1493,51 +1337,18 @@ where
         let member = picked.member.clone();
         let (parts, mut body) = response.into_parts();
         let resp = ResponseHead::from_h2(&parts);
-        t.observer.observe(&member, resp.status);
-        if let Some(s) = &svc.sticky {
-            s.remember(&mut lookup, member.address);
-        }
         let status = resp.status;
         svc.http_stats.count_status(status);
         if let Some(c) = &svc.cache {
-            invalidate(c, &svc, &self.head, &resp);
+            invalidate(c, svc, &self.head, &resp);
         }
-        let bodiless = resp.bodiless(self.head.method);
-        let (plan, mut encoder) = crate::compress::prepare(&svc, &self.head, &resp, bodiless);
-        let client_10 = self.head.version == Version::Http10;
-        let out_framing = if bodiless {
-            RespFraming::None
-        } else if let Some(n) = resp.content_length.filter(|_| encoder.is_none()) {
-            RespFraming::Length(n)
-        } else if client_10 {
-            RespFraming::Close
-        } else {
-            RespFraming::Chunked
-        };
+        let mut plan = ResponsePlan::new(route, &self.head, picked.index, attempts.lookup(), &resp);
+        let out_framing = plan.framing;
+        let mut encoder = plan.encoder.take();
         self.announce_retirement();
         let close = self.head.close || out_framing == RespFraming::Close;
-        let (insert_cookie, rewrite_id) =
-            crate::sticky::response_ids(&svc, ti, picked.index, &lookup);
         self.out.clear();
-        fields::write_status_line(&mut self.out, status, resp.reason());
-        fields::write_response_fields(
-            &mut self.out,
-            &resp,
-            &ResponseCtx {
-                svc: &svc,
-                target: t,
-                member: picked.index,
-                req: &self.head,
-                rule,
-                insert_cookie,
-                rewrite_id,
-                framing: out_framing,
-                close,
-                h2: false,
-                plan,
-            },
-        );
-        self.out.extend_from_slice(b"\r\n");
+        plan.write_h1_head(&mut self.out, route, &self.head, &resp, close);
         let head_bytes = self.out.len() as u64;
         let idle = svc.idle_timeout;
         let mut delivered = 0u64;
@@ -1667,11 +1478,4 @@ async fn pump_to_channel<R: AsyncRead + Unpin>(
             }
         }
     }
-}
-
-/// The answer when the service's `snat` pool has no source port left towards the member.
-pub(crate) fn snat_exhausted() -> Local {
-    let mut l = Local::error(503, "no source address left for a member connection");
-    l.retry_after = true;
-    l
 }

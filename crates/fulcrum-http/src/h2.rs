@@ -10,26 +10,25 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use fulcrum_balance::{clock, PickContext};
-use fulcrum_config::Reuse;
+use fulcrum_balance::clock;
 use http::{HeaderValue, Response};
-use http_body::Body as _;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Relay, Release};
-use crate::chunked::{self, Decoder};
-use crate::fields::{self, MapSink, ReqFraming, RequestCtx, RespFraming, ResponseCtx};
-use crate::head::{Method, RequestHead, ResponseHead, Version};
+use crate::body::{DownBody, PrivateConns};
+use crate::client::{Client, ConnInfo};
+use crate::exchange::Route;
+use crate::forward::{forward, forward_in_time, Downstream};
+use crate::head::{Method, RequestHead};
+use crate::local::Local;
 use crate::rules::CompiledRule;
-use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Successor, Target};
-use crate::sticky::Lookup;
-use crate::upstream::{self, UpstreamConn};
+use crate::service::{HttpService, Plan, Successor};
+
+/// The HTTP/2 connection preface a client speaking h2c by prior knowledge starts with.
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Streams a client may have open at once.
 const MAX_STREAMS: u32 = 256;
@@ -231,7 +230,7 @@ where
                 return;
             }
             _ = tokio::time::sleep_until(preface_by), if closing.is_none()
-                && state.read.load(Ordering::Relaxed) < crate::service::PREFACE.len() as u64 => {
+                && state.read.load(Ordering::Relaxed) < PREFACE.len() as u64 => {
                 svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -388,10 +387,19 @@ async fn handle(
             head.method,
         ));
     }
+    let down = Downstream {
+        client: &st.client,
+        private: &st.private,
+    };
     let (response, status, member, rule) = match svc.plan(&head, &st.client) {
         Plan::Drop => {
             svc.http_stats.dropped.fetch_add(1, Ordering::Relaxed);
-            log(&svc, &st.client, &head, 0, 0, started, None, None);
+            let nothing = Outcome {
+                status: 0,
+                bytes: 0,
+                member: None,
+            };
+            log(&st, &svc, &head, nothing, started, None);
             return Err(Dropped);
         }
         Plan::Local(l, rule) => {
@@ -402,13 +410,12 @@ async fn handle(
         }
         Plan::Forward { target, rule } if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) => {
             let t = svc.targets[target].clone();
-            let reply = crate::cache::serve(&svc, &st.client, &t, target, rule, &head).await;
+            let route = Route::new(&svc, &t, target, rule);
+            let reply = crate::cached::serve(route, &st.client, &head).await;
             let answer = match reply {
-                crate::cache::Reply::Bypass => {
-                    forward(&st, &svc, &t, target, rule, &head, Some(body))
-                        .await
-                        .map(|(r, m)| (r, Some(m)))
-                }
+                crate::cache::Reply::Bypass => forward(&down, route, &head, Some(body))
+                    .await
+                    .map(|(r, m)| (r, Some(m))),
                 crate::cache::Reply::Local(l) => Err(l),
                 r => crate::cache::h2_response(r, head.method).ok_or_else(|| Local::error(502, "")),
             };
@@ -426,19 +433,8 @@ async fn handle(
         }
         Plan::Forward { target, rule } => {
             let t = svc.targets[target].clone();
-            let fwd = forward(&st, &svc, &t, target, rule, &head, Some(body));
-            let result = match svc.request_timeout {
-                Some(limit) => match tokio::time::timeout(limit, fwd).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        svc.http_stats
-                            .response_timeouts
-                            .fetch_add(1, Ordering::Relaxed);
-                        Err(Local::error(504, "request_timeout"))
-                    }
-                },
-                None => fwd.await,
-            };
+            let route = Route::new(&svc, &t, target, rule);
+            let result = forward_in_time(&down, route, &head, Some(body)).await;
             match result {
                 Ok((r, member)) => {
                     let status = r.status().as_u16();
@@ -468,450 +464,39 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    log(
-        &svc, &st.client, &head, status, bytes, started, member, rule,
-    );
+    let outcome = Outcome {
+        status,
+        bytes,
+        member,
+    };
+    log(&st, &svc, &head, outcome, started, rule);
     Ok(response)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn log(
-    svc: &HttpService,
-    client: &Client,
-    req: &RequestHead,
+/// How a stream ended, for the access log.
+struct Outcome {
     status: u16,
     bytes: u64,
-    started: Instant,
     member: Option<std::net::SocketAddr>,
+}
+
+fn log(
+    st: &State,
+    svc: &HttpService,
+    req: &RequestHead,
+    outcome: Outcome,
+    started: Instant,
     rule: Option<&CompiledRule>,
 ) {
     if let Some(l) = &svc.access_log {
         l.record(&crate::access_log::Entry {
-            client,
+            client: &st.client,
             req,
-            status,
-            bytes,
+            status: outcome.status,
+            bytes: outcome.bytes,
             duration: started.elapsed(),
-            member,
+            member: outcome.member,
             rule: rule.and_then(|r| r.name.as_deref()),
         });
     }
-}
-
-/// Forwards one stream to a member of `t`.
-async fn forward(
-    st: &State,
-    svc: &Arc<HttpService>,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
-    head: &RequestHead,
-    body: Option<Incoming>,
-) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
-    let mut lookup = match &svc.sticky {
-        Some(s) => s.lookup(head, st.client.ip, ti, &t.pool),
-        None => Lookup::default(),
-    };
-    let ctx = PickContext {
-        hash: request_hash(&t.pool, head, &st.client),
-    };
-    let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
-    let framing = match head.content_length {
-        Some(n) if n > 0 => ReqFraming::Length(n),
-        _ if has_body => ReqFraming::Chunked,
-        _ => ReqFraming::None,
-    };
-    if t.http2 {
-        let replay = (!has_body).then(Bytes::new);
-        let r = crate::h2_upstream::exchange(
-            svc,
-            t,
-            rule,
-            head,
-            &st.client,
-            &mut lookup,
-            ctx,
-            body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
-            replay,
-            framing,
-        )
-        .await?;
-        let member = r.picked.member.clone();
-        let (parts, inner) = r.response.into_parts();
-        let resp = ResponseHead::from_h2(&parts);
-        t.observer.observe(&member, resp.status);
-        if let Some(s) = &svc.sticky {
-            s.remember(&mut lookup, member.address);
-        }
-        let (plan, encoder) =
-            crate::compress::prepare(svc, head, &resp, resp.bodiless(head.method));
-        let (insert_cookie, rewrite_id) =
-            crate::sticky::response_ids(svc, ti, r.picked.index, &lookup);
-        let mut sink = MapSink::default();
-        fields::write_response_fields(
-            &mut sink,
-            &resp,
-            &ResponseCtx {
-                svc,
-                target: t,
-                member: r.picked.index,
-                req: head,
-                rule,
-                insert_cookie,
-                rewrite_id,
-                framing: resp
-                    .content_length
-                    .filter(|_| encoder.is_none())
-                    .map_or(RespFraming::Chunked, RespFraming::Length),
-                close: false,
-                h2: true,
-                plan,
-            },
-        );
-        let mut out = Response::new(DownBody::Relay(Box::new(Relay {
-            inner,
-            member: member.clone(),
-            svc: svc.clone(),
-            sent: r.sent,
-            received: 0,
-            reported: 0,
-            finished: false,
-            _request: r.request_guard,
-            _connection: r.connection_guard,
-        })));
-        if let Some(s) = encoder {
-            let inner = std::mem::replace(out.body_mut(), DownBody::Full(None));
-            *out.body_mut() =
-                DownBody::Compressed(Box::new(crate::compress::CompressBody::new(inner, s)));
-        }
-        *out.status_mut() = parts.status;
-        *out.headers_mut() = sink.map;
-        return Ok((out, member.address));
-    }
-
-    let retryable = head.method.is_idempotent() && !has_body;
-    let mut body = body;
-    let mut tried: Vec<usize> = Vec::new();
-    let mut force_fresh = false;
-    let private = svc.proxy_protocol.is_some() || t.reuse == Reuse::Never;
-    loop {
-        let remembered = lookup
-            .member
-            .and_then(|addr| t.pool.persistent(addr, &tried));
-        let Some(picked) = remembered.or_else(|| t.pool.pick(&ctx, &tried)) else {
-            return Err(if tried.is_empty() {
-                svc.no_member(t, head, &st.client)
-            } else {
-                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                Local::error(502, "no member could be reached")
-            });
-        };
-        let member = picked.member.clone();
-        let reused = if force_fresh {
-            None
-        } else if private {
-            let mut p = st.private.lock();
-            p.iter_mut()
-                .position(|(m, c)| std::sync::Arc::ptr_eq(m, &member) && c.is_idle_alive())
-                .map(|i| p.swap_remove(i).1)
-        } else {
-            t.conns
-                .get(picked.index)
-                .and_then(|s| s.take(t.reuse == Reuse::Safe && !retryable))
-        };
-        force_fresh = false;
-        let fresh = reused.is_none();
-        let mut conn = match reused {
-            Some(c) => c,
-            None => {
-                let started = Instant::now();
-                match upstream::connect(svc.snat.as_deref(), member.address, t.pool.connect_timeout)
-                    .await
-                {
-                    Ok(mut io) => {
-                        member.record_connect_success(started.elapsed());
-                        if let Some(v) = svc.proxy_protocol {
-                            let h = fulcrum_net::proxy_protocol::header(
-                                v,
-                                st.client.info.peer,
-                                st.client.info.local,
-                            );
-                            if let Err(e) = io.write_all(&h).await {
-                                member
-                                    .record_passive_failure(&format!("writing PROXY header: {e}"));
-                                return Err(Local::error(502, "the member broke the connection"));
-                            }
-                        }
-                        match upstream::secure(
-                            io,
-                            t.tls.as_deref(),
-                            member.address,
-                            t.pool.connect_timeout,
-                        )
-                        .await
-                        {
-                            Ok(io) => UpstreamConn::new(io),
-                            Err(e) => {
-                                member.record_connect_failure(&format!("connect: {e}"));
-                                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                                return Err(Local::error(502, "no member could be reached"));
-                            }
-                        }
-                    }
-                    Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
-                        svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                        return Err(crate::h1::snat_exhausted());
-                    }
-                    Err(e) => {
-                        member.record_connect_failure(&format!("connect: {e}"));
-                        tried.push(picked.index);
-                        if tried.len() > t.pool.retries as usize {
-                            svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                            return Err(Local::error(502, "no member could be reached"));
-                        }
-                        svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                }
-            }
-        };
-        let request_guard = member.open_request();
-        conn.guard = Some(member.use_connection(fresh));
-        conn.used += 1;
-        let mut out = Vec::with_capacity(1024);
-        fields::write_request_line(&mut out, head, rule);
-        fields::write_request_fields(
-            &mut out,
-            head,
-            &RequestCtx {
-                svc,
-                client: &st.client,
-                rule,
-                framing,
-                h2: false,
-            },
-        );
-        out.extend_from_slice(b"\r\n");
-        let mut sent = out.len() as u64;
-        let mut written = conn.io.write_all(&out).await;
-        if written.is_ok() {
-            if let Some(mut b) = body.take().filter(|_| has_body) {
-                match send_body(&mut b, &mut conn, framing, svc.idle_timeout).await {
-                    Ok(n) => sent += n,
-                    Err(BodyError::Client) => {
-                        return Err(Local::error(400, "the request body was cut short"));
-                    }
-                    Err(BodyError::Member(e)) => written = Err(e),
-                }
-            }
-        }
-        let sent_at = Instant::now();
-        let head_result = match written {
-            Ok(()) => {
-                let mut timer = crate::timer::Timer::new();
-                timer.set(sent_at + t.response_timeout);
-                crate::h1::read_response_head(
-                    &mut conn,
-                    &mut timer,
-                    &mut tokio::io::sink(),
-                    Version::Http2,
-                )
-                .await
-            }
-            Err(e) => Err(crate::h1::RespError::Io(e, false)),
-        };
-        let resp = match head_result {
-            Ok(r) => r,
-            Err(crate::h1::RespError::Timeout) => {
-                svc.http_stats
-                    .response_timeouts
-                    .fetch_add(1, Ordering::Relaxed);
-                member.record_passive_failure(&format!(
-                    "no response within {:?}",
-                    t.response_timeout
-                ));
-                return Err(Local::error(504, "the member did not answer in time"));
-            }
-            Err(crate::h1::RespError::Bad(e)) => {
-                member.record_passive_failure(e.reason);
-                return Err(Local::error(502, e.reason));
-            }
-            Err(crate::h1::RespError::Client) => {
-                return Err(Local::error(502, "interrupted"));
-            }
-            Err(crate::h1::RespError::Io(e, got_bytes)) => {
-                if !fresh && !got_bytes && retryable {
-                    force_fresh = true;
-                    lookup.member = Some(member.address);
-                    continue;
-                }
-                member.record_passive_failure(&format!("reset before any response: {e}"));
-                if retryable && !got_bytes && tried.len() < t.pool.retries as usize {
-                    tried.push(picked.index);
-                    svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                return Err(Local::error(502, "the member broke the connection"));
-            }
-        };
-        member.stats.observe_response_time(sent_at.elapsed());
-        t.observer.observe(&member, resp.status);
-        if let Some(s) = &svc.sticky {
-            s.remember(&mut lookup, member.address);
-        }
-        if resp.status == 101 {
-            member.record_passive_failure("101 Switching Protocols without an upgrade request");
-            return Err(Local::error(502, "unexpected 101 from the member"));
-        }
-        let bodiless = resp.bodiless(head.method);
-        let (plan, encoder) = crate::compress::prepare(svc, head, &resp, bodiless);
-        let in_framing = if bodiless {
-            InFraming::None
-        } else if resp.chunked {
-            InFraming::Chunked(Decoder::default())
-        } else if let Some(n) = resp.content_length {
-            InFraming::Length(n)
-        } else {
-            InFraming::Close
-        };
-        let out_framing = match in_framing {
-            InFraming::None => RespFraming::None,
-            InFraming::Length(n) if encoder.is_none() => RespFraming::Length(n),
-            _ => RespFraming::Chunked,
-        };
-        let (insert_cookie, rewrite_id) =
-            crate::sticky::response_ids(svc, ti, picked.index, &lookup);
-        let mut sink = MapSink::default();
-        fields::write_response_fields(
-            &mut sink,
-            &resp,
-            &ResponseCtx {
-                svc,
-                target: t,
-                member: picked.index,
-                req: head,
-                rule,
-                insert_cookie,
-                rewrite_id,
-                framing: out_framing,
-                close: false,
-                h2: true,
-                plan,
-            },
-        );
-        let status =
-            http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-        let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
-        let mut buf = std::mem::take(&mut conn.buf);
-        let mut rb = resp.buf;
-        rb.drain(..resp.head_len);
-        buf.clear();
-        conn.buf = rb;
-        drop(buf);
-        let body = MemberBody::new(
-            conn,
-            in_framing,
-            Release {
-                svc: svc.clone(),
-                target: t.clone(),
-                member_index: picked.index,
-                member: member.clone(),
-                private: private.then(|| st.private.clone()),
-                reusable,
-                sent,
-            },
-            svc.idle_timeout,
-            request_guard,
-        );
-        let mut out = Response::new(match encoder {
-            Some(s) => DownBody::Compressed(Box::new(crate::compress::CompressBody::new(
-                DownBody::Member(Box::new(body)),
-                s,
-            ))),
-            None => DownBody::Member(Box::new(body)),
-        });
-        *out.status_mut() = status;
-        *out.headers_mut() = sink.map;
-        return Ok((out, member.address));
-    }
-}
-
-/// A bodiless request fetched from a member of `t` for the cache (HTTP/1 and HTTP/2 clients
-/// alike): the response with a streaming body.
-pub(crate) async fn fetch(
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
-    head: &RequestHead,
-) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
-    let st = State {
-        svc: arc_swap::ArcSwap::new(svc.clone()),
-        client: client.clone(),
-        private: PrivateConns::default(),
-        active: AtomicUsize::new(0),
-        last: AtomicU64::new(0),
-        opened: AtomicU64::new(0),
-        cancelled: AtomicU64::new(0),
-        flood: tokio::sync::Notify::new(),
-        read: Arc::new(AtomicU64::new(0)),
-    };
-    let fwd = forward(&st, svc, t, ti, rule, head, None);
-    match svc.request_timeout {
-        Some(limit) => match tokio::time::timeout(limit, fwd).await {
-            Ok(r) => r,
-            Err(_) => {
-                svc.http_stats
-                    .response_timeouts
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(Local::error(504, "request_timeout"))
-            }
-        },
-        None => fwd.await,
-    }
-}
-
-enum BodyError {
-    Client,
-    Member(io::Error),
-}
-
-/// Streams an HTTP/2 client's request body to an HTTP/1.1 member connection.
-async fn send_body(
-    body: &mut Incoming,
-    conn: &mut UpstreamConn,
-    framing: ReqFraming,
-    idle: Duration,
-) -> Result<u64, BodyError> {
-    let mut sent = 0u64;
-    let mut out = Vec::with_capacity(16 * 1024);
-    loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Ok(Some(Ok(f))) => f,
-            Ok(None) => break,
-            Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Client),
-        };
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        out.clear();
-        if framing == ReqFraming::Chunked {
-            chunked::encode_chunk(&mut out, &data);
-            conn.io.write_all(&out).await.map_err(BodyError::Member)?;
-            sent += out.len() as u64;
-        } else {
-            conn.io.write_all(&data).await.map_err(BodyError::Member)?;
-            sent += data.len() as u64;
-        }
-    }
-    if framing == ReqFraming::Chunked {
-        conn.io
-            .write_all(chunked::END)
-            .await
-            .map_err(BodyError::Member)?;
-        sent += chunked::END.len() as u64;
-    }
-    Ok(sent)
 }

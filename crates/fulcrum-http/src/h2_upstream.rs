@@ -1,95 +1,18 @@
-//! HTTP/2 to members (`http2 = true` on a pool): one multiplexed connection per member, shared
-//! by every client connection and worker thread, opened on first use and again when it closes.
-
-use std::io;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Duration;
+//! The HTTP/2 member session of an exchange (`http2 = true` on a pool): a request sent as a
+//! stream on the member's shared connection (`upstream::H2Member`), through the same attempts
+//! as every other request.
 
 use bytes::Bytes;
-use fulcrum_balance::{ConnectionGuard, Member, PickContext, Picked, RequestGuard};
+use fulcrum_balance::{ConnectionGuard, Picked, RequestGuard};
 use hyper::body::Incoming;
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
-use crate::body::UpBody;
+use crate::client::Client;
+use crate::exchange::{Attempts, Failure, Route};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
 use crate::head::RequestHead;
-use crate::rules::CompiledRule;
-use crate::service::{Client, HttpService, Local, Target};
-use crate::sticky::Lookup;
-use crate::upstream;
-
-/// The HTTP/2 connection to one member.
-pub struct H2Member {
-    pub member: Arc<Member>,
-    sender: parking_lot::Mutex<Option<SendRequest<UpBody>>>,
-    connecting: tokio::sync::Mutex<()>,
-}
-
-impl std::fmt::Debug for H2Member {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("H2Member")
-            .field("member", &self.member.address)
-            .finish()
-    }
-}
-
-impl H2Member {
-    pub fn new(member: Arc<Member>) -> H2Member {
-        H2Member {
-            member,
-            sender: parking_lot::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    fn current(&self) -> Option<SendRequest<UpBody>> {
-        let s = self.sender.lock();
-        s.as_ref().filter(|s| !s.is_closed()).cloned()
-    }
-
-    /// Forgets the shared connection (it failed); the next request opens another.
-    pub fn reset(&self) {
-        *self.sender.lock() = None;
-    }
-
-    /// A handle on the member's connection; `true` when it was opened for this request.
-    pub async fn sender(
-        &self,
-        connect_timeout: Duration,
-        tls: Option<&crate::tls::client::MemberTls>,
-        snat: Option<&fulcrum_net::Snat>,
-    ) -> io::Result<(SendRequest<UpBody>, bool)> {
-        if let Some(s) = self.current() {
-            return Ok((s, false));
-        }
-        let _one = self.connecting.lock().await;
-        if let Some(s) = self.current() {
-            return Ok((s, false));
-        }
-        let started = Instant::now();
-        let io = upstream::connect(snat, self.member.address, connect_timeout).await?;
-        let io = upstream::secure(io, tls, self.member.address, connect_timeout).await?;
-        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .handshake(TokioIo::new(io));
-        let (sender, conn) = tokio::time::timeout(connect_timeout, handshake)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "HTTP/2 handshake timed out"))?
-            .map_err(io::Error::other)?;
-        self.member.record_connect_success(started.elapsed());
-        let label = self.member.label.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(member = %label, error = %e, "HTTP/2 member connection ended");
-            }
-        });
-        *self.sender.lock() = Some(sender.clone());
-        Ok((sender, true))
-    }
-}
+use crate::local::Local;
+use crate::upstream::UpBody;
 
 /// A response from an HTTP/2 member, with what must live as long as its body.
 pub struct H2Response {
@@ -100,41 +23,38 @@ pub struct H2Response {
     pub sent: u64,
 }
 
-/// Sends a request to an HTTP/2 member of `t`: persistence, scheduler, retries on connect
-/// failures, and on refused streams for requests that can be sent again. `body` is the request
-/// body; `replay` a copy of it when it may be sent again (no body or a buffered one).
-#[allow(clippy::too_many_arguments)]
-pub async fn exchange(
-    svc: &HttpService,
-    t: &Target,
-    rule: Option<&CompiledRule>,
+/// A request body for an HTTP/2 member: `body` to send, `replay` a copy of it when it may be
+/// sent again (no body or a buffered one), and its framing.
+pub struct Outgoing {
+    pub body: Option<UpBody>,
+    pub replay: Option<Bytes>,
+    pub framing: ReqFraming,
+}
+
+/// Sends a request to an HTTP/2 member of the route's pool through `attempts`: retries on
+/// connect failures, and on refused streams for requests that can be sent again.
+pub(crate) async fn exchange(
+    route: Route<'_>,
+    attempts: &mut Attempts<'_>,
     req: &RequestHead,
     client: &Client,
-    lookup: &mut Lookup,
-    ctx: PickContext,
-    mut body: Option<UpBody>,
-    replay: Option<Bytes>,
-    framing: ReqFraming,
+    out: Outgoing,
 ) -> Result<H2Response, Local> {
-    let retryable = req.method.is_idempotent() && replay.is_some();
-    let mut tried: Vec<usize> = Vec::new();
-    let mut reset_once = false;
+    let (svc, t, rule) = (&**route.svc, &**route.target, route.rule);
+    let Outgoing {
+        mut body,
+        replay,
+        framing,
+    } = out;
     loop {
-        let remembered = lookup
-            .member
-            .and_then(|addr| t.pool.persistent(addr, &tried));
-        let Some(picked) = remembered.or_else(|| t.pool.pick(&ctx, &tried)) else {
-            return Err(if tried.is_empty() {
-                svc.no_member(t, req, client)
-            } else {
-                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                Local::error(502, "no member could be reached")
-            });
-        };
+        let picked = attempts.next(req, client)?;
         let member = picked.member.clone();
         let Some(h2) = t.h2.get(picked.index) else {
             return Err(Local::error(502, "no HTTP/2 connection for the member"));
         };
+        if attempts.fresh_only() {
+            h2.reset();
+        }
         let (mut sender, fresh) = match h2
             .sender(
                 t.pool.connect_timeout,
@@ -144,18 +64,8 @@ pub async fn exchange(
             .await
         {
             Ok(s) => s,
-            Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
-                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                return Err(crate::h1::snat_exhausted());
-            }
             Err(e) => {
-                member.record_connect_failure(&format!("connect: {e}"));
-                tried.push(picked.index);
-                if tried.len() > t.pool.retries as usize {
-                    svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                    return Err(Local::error(502, "no member could be reached"));
-                }
-                svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
+                attempts.failed(&picked, Failure::Connect(e))?;
                 continue;
             }
         };
@@ -211,9 +121,9 @@ pub async fn exchange(
             sender.ready().await?;
             sender.send_request(request).await
         };
-        match tokio::time::timeout(t.response_timeout, result).await {
+        let failure = match tokio::time::timeout(t.response_timeout, result).await {
             Ok(Ok(response)) => {
-                member.stats.observe_response_time(sent_at.elapsed());
+                attempts.answered(&picked, response.status().as_u16(), sent_at.elapsed());
                 return Ok(H2Response {
                     picked,
                     response,
@@ -223,33 +133,17 @@ pub async fn exchange(
                 });
             }
             Ok(Err(e)) => {
-                if !fresh && retryable && !reset_once {
-                    // The shared connection had gone away: open another, same member.
-                    h2.reset();
-                    reset_once = true;
-                    lookup.member = Some(member.address);
-                    continue;
-                }
+                // The shared connection is gone or refused the stream: the next request opens
+                // another.
                 h2.reset();
-                member.record_passive_failure(&format!("HTTP/2 request: {e}"));
-                if retryable && tried.len() < t.pool.retries as usize {
-                    tried.push(picked.index);
-                    svc.http_stats.retries.fetch_add(1, Ordering::Relaxed);
-                    continue;
+                Failure::Broken {
+                    why: format!("HTTP/2 request: {e}"),
+                    answered: false,
+                    reused: !fresh,
                 }
-                svc.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                return Err(Local::error(502, "the member broke the connection"));
             }
-            Err(_) => {
-                svc.http_stats
-                    .response_timeouts
-                    .fetch_add(1, Ordering::Relaxed);
-                member.record_passive_failure(&format!(
-                    "no response within {:?}",
-                    t.response_timeout
-                ));
-                return Err(Local::error(504, "the member did not answer in time"));
-            }
-        }
+            Err(_) => Failure::Timeout,
+        };
+        attempts.failed(&picked, failure)?;
     }
 }

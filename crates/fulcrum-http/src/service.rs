@@ -2,7 +2,7 @@
 //! member connection stores), rules, persistence, limits and counters, and what it decides for
 //! each request before anything is forwarded.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +12,7 @@ use fulcrum_balance::hash::{hash_bytes, hash_ip, hash_socket_addr};
 use fulcrum_balance::{PersistTable, Pool};
 use fulcrum_config::{ForwardHeaders, HashKey, ProxyProtocol, Reuse, VirtualService};
 use fulcrum_health::StatusObserver;
-use fulcrum_net::{ServiceStats, StreamHandler, Tracker};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
+use fulcrum_net::{ServiceStats, Tracker};
 
 use crate::access_log::AccessLog;
 use crate::head::{Limits, RequestHead};
@@ -22,48 +20,8 @@ use crate::rules::{Action, CompiledRule, RuleSet};
 use crate::sticky::Sticky;
 use crate::upstream::{MemberConns, Upstreams};
 
-/// The scheme a client connection speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Alpn {
-    /// Plain TCP: HTTP/2 is recognised by its connection preface (prior knowledge, h2c).
-    Unknown,
-    /// TLS negotiated `http/1.1` (or no ALPN).
-    Http1,
-    /// TLS negotiated `h2`.
-    H2,
-}
-
-/// What is known about a client connection when it is handed to the HTTP data plane. A TLS
-/// acceptor in front (https) fills `alpn` from the handshake.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnInfo {
-    pub peer: SocketAddr,
-    pub local: SocketAddr,
-    pub alpn: Alpn,
-}
-
-/// The client of a connection, with the text forms forwarding headers need (made once).
-#[derive(Debug, Clone)]
-pub struct Client {
-    pub info: ConnInfo,
-    /// The client address; an IPv4-mapped IPv6 address as IPv4.
-    pub ip: IpAddr,
-    pub ip_text: String,
-}
-
-impl Client {
-    pub fn new(info: ConnInfo) -> Client {
-        let ip = match info.peer.ip() {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(info.peer.ip(), IpAddr::V4),
-            v4 => v4,
-        };
-        Client {
-            info,
-            ip,
-            ip_text: ip.to_string(),
-        }
-    }
-}
+pub use crate::client::{Alpn, Client, ConnInfo};
+pub use crate::local::Local;
 
 /// Consulted when a request finds no available member in its pool, before answering 503.
 ///
@@ -112,7 +70,7 @@ pub struct HttpStats {
     /// `header_timeout`, or because a client did not let a GOAWAY drain finish in time.
     pub h2_stalled: AtomicU64,
     /// Response compression (`compression`).
-    pub compression: crate::compress::CompressStats,
+    pub compression: Arc<crate::compress::CompressStats>,
 }
 
 impl HttpStats {
@@ -136,7 +94,7 @@ pub struct Target {
     /// absolute Location URLs.
     authorities: Vec<Vec<u8>>,
     /// HTTP/2 member connections (when `http2`), by member index.
-    pub h2: Vec<Arc<crate::h2_upstream::H2Member>>,
+    pub h2: Vec<Arc<crate::upstream::H2Member>>,
     /// TLS to the members (pool `tls`), set by `HttpService::build`.
     pub tls: Option<Arc<crate::tls::client::MemberTls>>,
 }
@@ -201,38 +159,6 @@ impl Target {
             .iter()
             .any(|a| a.eq_ignore_ascii_case(authority))
             .then(|| &rest[end..])
-    }
-}
-
-/// A local answer: a rule's redirect or respond, or an error.
-#[derive(Debug, Clone)]
-pub struct Local {
-    pub status: u16,
-    pub location: Option<Vec<u8>>,
-    pub body: Bytes,
-    pub retry_after: bool,
-    /// Close the client connection after the answer.
-    pub close: bool,
-}
-
-impl Local {
-    pub fn error(status: u16, text: &str) -> Local {
-        let reason = http::StatusCode::from_u16(status)
-            .ok()
-            .and_then(|s| s.canonical_reason())
-            .unwrap_or("Error");
-        let body = if text.is_empty() {
-            format!("{status} {reason}\n")
-        } else {
-            format!("{status} {reason}: {text}\n")
-        };
-        Local {
-            status,
-            location: None,
-            body: Bytes::from(body),
-            retry_after: false,
-            close: false,
-        }
     }
 }
 
@@ -617,160 +543,5 @@ pub fn request_hash(pool: &Pool, req: &RequestHead, client: &Client) -> Option<u
         }),
         HashKey::Header(name) => req.first_value_named(name.as_bytes()).map(hash_bytes),
         HashKey::Cookie(name) => req.cookie(name.as_bytes()).map(hash_bytes),
-    }
-}
-
-impl StreamHandler for HttpService {
-    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
-        if self.max_connections > 0
-            && self.stats.connections_active.load(Ordering::Relaxed)
-                >= u64::from(self.max_connections)
-        {
-            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let tracked = self.tracker.track();
-        let conn = self.stats.open();
-        // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
-        let local = stream.local_addr().unwrap_or(peer);
-        tokio::spawn(async move {
-            let mut info = ConnInfo {
-                peer,
-                local,
-                alpn: Alpn::Unknown,
-            };
-            match self.tls.clone() {
-                None => serve_connection(self, stream, info).await,
-                // Boxed: the handshake and the TLS stream would otherwise enlarge the task of
-                // every plain connection too.
-                Some(tls) => {
-                    Box::pin(async move {
-                        if let Some((stream, alpn)) = tls.accept(stream, &self.name, peer).await {
-                            info.alpn = match alpn.as_deref() {
-                                Some(b"h2") => Alpn::H2,
-                                _ => Alpn::Http1,
-                            };
-                            serve_connection(self, stream, info).await;
-                        }
-                    })
-                    .await
-                }
-            }
-            drop(conn);
-            drop(tracked);
-        });
-    }
-}
-
-/// The HTTP/2 connection preface a client speaking h2c by prior knowledge starts with.
-pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Serves one client connection: HTTP/1.1, or HTTP/2 when ALPN chose it or the client opens with
-/// the HTTP/2 preface. Generic over the byte stream so a TLS acceptor can sit in front.
-pub async fn serve_connection<S>(svc: Arc<HttpService>, mut io: S, info: ConnInfo)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    match info.alpn {
-        Alpn::H2 => crate::h2::serve(svc, io, info, Vec::new()).await,
-        Alpn::Http1 => crate::h1::serve(svc, io, info, Vec::with_capacity(1024)).await,
-        Alpn::Unknown => {
-            // Read until the bytes either differ from the preface or complete it; an HTTP/1
-            // request differs at its first byte, so this costs nothing for HTTP/1 clients.
-            // The buffer starts small (most request heads fit) and grows as needed.
-            let mut buf = Vec::with_capacity(1024);
-            let deadline = tokio::time::Instant::now() + svc.header_timeout;
-            loop {
-                let n = buf.len().min(PREFACE.len());
-                if buf[..n] != PREFACE[..n] {
-                    break;
-                }
-                if n == PREFACE.len() {
-                    return crate::h2::serve(svc, io, info, buf).await;
-                }
-                match tokio::time::timeout_at(
-                    deadline,
-                    tokio::io::AsyncReadExt::read_buf(&mut io, &mut buf),
-                )
-                .await
-                {
-                    Ok(Ok(0)) | Ok(Err(_)) => return,
-                    Ok(Ok(_)) => {}
-                    Err(_) => {
-                        if !buf.is_empty() {
-                            svc.http_stats
-                                .header_timeouts
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        return;
-                    }
-                }
-            }
-            crate::h1::serve(svc, io, info, buf).await
-        }
-    }
-}
-
-#[cfg(test)]
-mod size_tests {
-    #[test]
-    fn future_sizes() {
-        fn size<F: std::future::Future>(_: &F) -> usize {
-            std::mem::size_of::<F>()
-        }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let (a, _b) = tokio::io::duplex(64);
-            let svc: std::sync::Arc<super::HttpService> = unimplemented_service();
-            let info = super::ConnInfo {
-                peer: "127.0.0.1:1".parse().unwrap(),
-                local: "127.0.0.1:2".parse().unwrap(),
-                alpn: super::Alpn::Unknown,
-            };
-            let f = super::serve_connection(svc.clone(), a, info);
-            eprintln!("serve_connection future: {} bytes", size(&f));
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let s = tokio::net::TcpStream::connect(l.local_addr().unwrap())
-                .await
-                .unwrap();
-            let f = super::serve_connection(svc.clone(), s, info);
-            eprintln!("serve_connection::<TcpStream> future: {} bytes", size(&f));
-            eprintln!(
-                "TlsStream<TcpStream>: {} bytes",
-                std::mem::size_of::<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>()
-            );
-        });
-    }
-
-    fn unimplemented_service() -> std::sync::Arc<super::HttpService> {
-        let cfg = fulcrum_config::parse(
-            "[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"http\"\npool = \"p\"\n[[pool]]\nname = \"p\"\n",
-            "t",
-            std::path::Path::new("."),
-        )
-        .unwrap();
-        let pool = std::sync::Arc::new(fulcrum_balance::Pool::new(&cfg.pools[0], &[], None));
-        let up = super::Upstreams::new();
-        std::sync::Arc::new(
-            super::HttpService::build(
-                &cfg.virtual_services[0],
-                super::Parts {
-                    config: &cfg,
-                    pools: &[pool],
-                    upstreams: &up,
-                    table: None,
-                    stats: Default::default(),
-                    http_stats: Default::default(),
-                    tracker: Default::default(),
-                    no_member_hook: None,
-                    cache: None,
-                    snat: None,
-                },
-            )
-            .unwrap(),
-        )
     }
 }

@@ -345,12 +345,12 @@ pub fn cookie_fields(req: &RequestHead) -> usize {
 /// member cookie)`. cookie_insert sets its cookie only when the request did not already carry
 /// the cookie of the member that answered; cookie_rewrite always marks the member's cookie.
 pub(crate) fn response_ids<'a>(
-    svc: &'a crate::HttpService,
+    sticky: Option<&'a Sticky>,
     ti: usize,
     member: usize,
     lookup: &Lookup,
 ) -> (Option<&'a MemberId>, Option<&'a MemberId>) {
-    match &svc.sticky {
+    match sticky {
         Some(s) => {
             let id = s.id(ti, member);
             match s.kind {

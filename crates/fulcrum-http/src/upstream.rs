@@ -1,4 +1,4 @@
-//! Member connections and their reuse: one store of idle connections per member, shared by every
+//! Member connections and their reuse (HTTP/2 members: one shared `H2Member` connection each): one store of idle connections per member, shared by every
 //! worker thread (Pingora measured 87% → 99.9% reuse from sharing instead of per-thread pools).
 //!
 //! A store is a short stack behind a mutex of its own: the most recently used connection is taken
@@ -15,10 +15,19 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use fulcrum_balance::{clock, ConnectionGuard, Member, Pool};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::BoxError;
 use parking_lot::Mutex;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -312,11 +321,130 @@ impl MemberConns {
     }
 }
 
+/// The HTTP/2 connection to one member.
+pub struct H2Member {
+    pub member: Arc<Member>,
+    sender: parking_lot::Mutex<Option<SendRequest<UpBody>>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for H2Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("H2Member")
+            .field("member", &self.member.address)
+            .finish()
+    }
+}
+
+impl H2Member {
+    pub fn new(member: Arc<Member>) -> H2Member {
+        H2Member {
+            member,
+            sender: parking_lot::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn current(&self) -> Option<SendRequest<UpBody>> {
+        let s = self.sender.lock();
+        s.as_ref().filter(|s| !s.is_closed()).cloned()
+    }
+
+    /// Forgets the shared connection (it failed); the next request opens another.
+    pub fn reset(&self) {
+        *self.sender.lock() = None;
+    }
+
+    /// A handle on the member's connection; `true` when it was opened for this request.
+    pub async fn sender(
+        &self,
+        connect_timeout: Duration,
+        tls: Option<&crate::tls::client::MemberTls>,
+        snat: Option<&fulcrum_net::Snat>,
+    ) -> io::Result<(SendRequest<UpBody>, bool)> {
+        if let Some(s) = self.current() {
+            return Ok((s, false));
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(s) = self.current() {
+            return Ok((s, false));
+        }
+        let started = Instant::now();
+        let io = connect(snat, self.member.address, connect_timeout).await?;
+        let io = secure(io, tls, self.member.address, connect_timeout).await?;
+        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(TokioIo::new(io));
+        let (sender, conn) = tokio::time::timeout(connect_timeout, handshake)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "HTTP/2 handshake timed out"))?
+            .map_err(io::Error::other)?;
+        self.member.record_connect_success(started.elapsed());
+        let label = self.member.label.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(member = %label, error = %e, "HTTP/2 member connection ended");
+            }
+        });
+        *self.sender.lock() = Some(sender.clone());
+        Ok((sender, true))
+    }
+}
+
+/// A request body for an HTTP/2 member.
+pub enum UpBody {
+    Empty,
+    Full(Option<Bytes>),
+    /// Fed by the task reading an HTTP/1.1 client's body.
+    Channel(mpsc::Receiver<Result<Bytes, BoxError>>),
+    /// An HTTP/2 client's body, passed through.
+    Incoming(Incoming),
+}
+
+impl Body for UpBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpBody::Empty => Poll::Ready(None),
+            UpBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            UpBody::Channel(rx) => match ready!(rx.poll_recv(cx)) {
+                Some(Ok(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                Some(Err(e)) => Poll::Ready(Some(Err(e))),
+                None => Poll::Ready(None),
+            },
+            UpBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpBody::Empty => true,
+            UpBody::Full(b) => b.is_none(),
+            UpBody::Channel(_) => false,
+            UpBody::Incoming(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpBody::Empty => SizeHint::with_exact(0),
+            UpBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            UpBody::Channel(_) => SizeHint::default(),
+            UpBody::Incoming(b) => b.size_hint(),
+        }
+    }
+}
+
 /// Every member's idle connections, by (pool, member address); kept across reloads.
 #[derive(Default)]
 pub struct Upstreams {
     stores: Mutex<HashMap<MemberKey, Arc<MemberConns>>>,
-    h2: Mutex<HashMap<MemberKey, Arc<crate::h2_upstream::H2Member>>>,
+    h2: Mutex<HashMap<MemberKey, Arc<H2Member>>>,
 }
 
 /// A member's identity across reloads: pool name and address.
@@ -371,7 +499,7 @@ impl Upstreams {
     }
 
     /// The HTTP/2 connections of a pool's members (pools with `http2 = true`), in member order.
-    pub fn h2_for_pool(&self, pool: &Pool) -> Vec<Arc<crate::h2_upstream::H2Member>> {
+    pub fn h2_for_pool(&self, pool: &Pool) -> Vec<Arc<H2Member>> {
         let mut h2 = self.h2.lock();
         pool.members()
             .iter()
@@ -380,7 +508,7 @@ impl Upstreams {
                 match h2.get(&key) {
                     Some(s) if Arc::ptr_eq(&s.member, m) => s.clone(),
                     _ => {
-                        let s = Arc::new(crate::h2_upstream::H2Member::new(m.clone()));
+                        let s = Arc::new(H2Member::new(m.clone()));
                         h2.insert(key, s.clone());
                         s
                     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fulcrum_balance::hash::{hash_ip, hash_socket_addr};
-use fulcrum_balance::{PersistKey, PersistTable, PickContext, Picked, Pool};
+use fulcrum_balance::{Attempts, PersistKey, PersistTable, PickContext, Picked, Pool};
 use fulcrum_config::{HashKey, ProxyProtocol};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -97,10 +97,10 @@ impl TcpService {
             idle_timeout: self.idle_timeout,
             splice: self.splice,
         };
-        let mut tried: Vec<usize> = Vec::new();
+        let (mut attempts, key) = self.attempts(peer);
         loop {
             let Some((picked, mut member_stream, connect_time)) =
-                self.connect_member(peer, &mut tried).await
+                self.connect_member(peer, &mut attempts, key.as_ref()).await
             else {
                 return;
             };
@@ -113,8 +113,7 @@ impl TcpService {
                 let header = fulcrum_net::proxy_protocol::header(version, peer, local);
                 if let Err(e) = write_all(&member_stream, &header).await {
                     member.record_passive_failure(&format!("writing PROXY header: {e}"));
-                    tried.push(picked.index);
-                    if tried.len() <= self.pool.retries as usize {
+                    if attempts.failed(&picked) {
                         continue;
                     }
                     return;
@@ -166,8 +165,8 @@ impl TcpService {
                     member.record_passive_failure(&format!("reset before any reply: {e}"));
                     // Nothing was exchanged (e.g. the member died with this connection still in
                     // its accept queue): the client is as good as new, so give it another member.
-                    tried.push(picked.index);
-                    if outcome.upstream_taken == 0 && tried.len() <= self.pool.retries as usize {
+                    let more = attempts.failed(&picked);
+                    if outcome.upstream_taken == 0 && more {
                         continue;
                     }
                 }
@@ -198,25 +197,24 @@ impl TcpService {
             },
             None => Box::new(client),
         };
-        let mut tried: Vec<usize> = Vec::new();
+        let (mut attempts, key) = self.attempts(peer);
         loop {
             let Some((picked, member_stream, connect_time)) =
-                self.connect_member(peer, &mut tried).await
+                self.connect_member(peer, &mut attempts, key.as_ref()).await
             else {
                 return;
             };
             let member = &picked.member;
             let _connection = member.open_connection();
             let _request = member.open_request();
-            let retry = |tried: &mut Vec<usize>, why: String| {
+            let retry = |attempts: &mut Attempts<'_>, why: String| {
                 member.record_passive_failure(&why);
-                tried.push(picked.index);
-                tried.len() <= self.pool.retries as usize
+                attempts.failed(&picked)
             };
             if let Some(version) = self.proxy_protocol {
                 let header = fulcrum_net::proxy_protocol::header(version, peer, local);
                 if let Err(e) = write_all(&member_stream, &header).await {
-                    if retry(&mut tried, format!("writing PROXY header: {e}")) {
+                    if retry(&mut attempts, format!("writing PROXY header: {e}")) {
                         continue;
                     }
                     return;
@@ -228,7 +226,7 @@ impl TcpService {
                     match tokio::time::timeout(self.pool.connect_timeout, handshake).await {
                         Ok(Ok(s)) => Box::new(s),
                         Ok(Err(e)) => {
-                            if retry(&mut tried, format!("TLS handshake: {e}")) {
+                            if retry(&mut attempts, format!("TLS handshake: {e}")) {
                                 continue;
                             }
                             return;
@@ -238,7 +236,7 @@ impl TcpService {
                                 "TLS handshake not finished within {:?}",
                                 self.pool.connect_timeout
                             );
-                            if retry(&mut tried, why) {
+                            if retry(&mut attempts, why) {
                                 continue;
                             }
                             return;
@@ -277,30 +275,32 @@ impl TcpService {
         }
     }
 
-    /// Persistence first, then the scheduler; a failed connect is reported to the member and the
-    /// next member tried. `tried` holds the members this client already failed on; attempts stop
-    /// when it exceeds `retries`.
+    /// A client's attempts at the pool: the member its source persisted to first, then the
+    /// scheduler; with the persistence key to record the chosen member under.
+    fn attempts(&self, peer: SocketAddr) -> (Attempts<'_>, Option<PersistKey>) {
+        let ctx = PickContext {
+            hash: l4_hash(&self.pool.hash_key, peer),
+        };
+        let key = self.persistence.as_ref().map(|p| p.key(peer));
+        let remembered = match (&self.persistence, &key) {
+            (Some(p), Some(k)) => p.table.get(k),
+            _ => None,
+        };
+        (self.pool.attempts(ctx, remembered), key)
+    }
+
+    /// Connects to the next member of `attempts`; a failed connect is reported to the member and
+    /// the next member tried, until the pool's `retries` are spent.
     async fn connect_member(
         &self,
         peer: SocketAddr,
-        tried: &mut Vec<usize>,
+        attempts: &mut Attempts<'_>,
+        key: Option<&PersistKey>,
     ) -> Option<(Picked, TcpStream, Duration)> {
         let pool = &self.pool;
-        let ctx = PickContext {
-            hash: l4_hash(&pool.hash_key, peer),
-        };
-        let key = self.persistence.as_ref().map(|p| p.key(peer));
-        while tried.len() <= pool.retries as usize {
-            let remembered = match (&self.persistence, &key) {
-                (Some(p), Some(k)) => p
-                    .table
-                    .get(k)
-                    .and_then(|addr| pool.persistent(addr, tried.as_slice())),
-                _ => None,
-            };
-            let from_table = remembered.is_some();
-            let Some(picked) = remembered.or_else(|| pool.pick(&ctx, tried.as_slice())) else {
-                if tried.is_empty() {
+        loop {
+            let Some(picked) = attempts.next_member() else {
+                if attempts.tried() == 0 {
                     self.stats.no_member.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(service = %self.name, client = %peer, "no member available");
                 } else {
@@ -319,7 +319,9 @@ impl TcpService {
                 Ok(stream) => {
                     // The connect time is folded into the first-byte sample by the caller.
                     let connect_time = started.elapsed();
-                    if let (Some(p), Some(k), false) = (&self.persistence, &key, from_table) {
+                    if let (Some(p), Some(k), false) =
+                        (&self.persistence, key, attempts.persisted())
+                    {
                         p.table.insert(k.clone(), picked.member.address);
                     }
                     return Some((picked, stream, connect_time));
@@ -337,10 +339,11 @@ impl TcpService {
                         .record_connect_failure(&format!("connect: {e}"));
                 }
             }
-            tried.push(picked.index);
+            if !attempts.failed(&picked) {
+                self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(service = %self.name, client = %peer, attempts = attempts.tried(), "every connection attempt failed");
+                return None;
+            }
         }
-        self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(service = %self.name, client = %peer, attempts = tried.len(), "every connection attempt failed");
-        None
     }
 }

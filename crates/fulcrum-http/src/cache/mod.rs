@@ -13,9 +13,9 @@
 //!   and into the store together (abandoned past max_object)
 //! ```
 //!
-//! Member fetches go through the HTTP/2 client path's `forward` (which speaks to HTTP/1.1 and
-//! HTTP/2 members alike and yields a streaming body), so member choice, retries, health
-//! reporting and connection reuse are the ones every other request gets.
+//! The way of a request through it (the `cached` module) is written once for both client
+//! protocols; this module holds the cache itself, the stored and streaming bodies (a body
+//! filter) and the writers for each client protocol.
 
 pub mod policy;
 pub mod store;
@@ -36,31 +36,30 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::body::{BoxError, DownBody};
-use crate::head::{FieldKind, Method, RequestHead, Version};
-use crate::rules::CompiledRule;
-use crate::service::{Client, HttpService, Local, Target};
-use policy::{Directives, Usable};
+use crate::head::{Method, RequestHead, Version};
+use crate::local::Local;
+use policy::Directives;
 use store::Store;
 pub use store::{CacheStats, Entry};
 
 /// Longest a request waits for another request's fetch of the same URL before it asks a member
 /// itself.
-const COLLAPSE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const COLLAPSE_WAIT: Duration = Duration::from_secs(5);
 /// Bodies up to this size are kept as one contiguous buffer (one write per hit).
 const COALESCE: u64 = 1 << 20;
 
 /// A fetch in progress that other requests for the same URL wait for.
-struct Pending {
-    done: AtomicBool,
-    notify: tokio::sync::Notify,
+pub(crate) struct Pending {
+    pub(crate) done: AtomicBool,
+    pub(crate) notify: tokio::sync::Notify,
 }
 
 /// The cache of one virtual service, kept across reloads by service name.
 pub struct HttpCache {
-    store: Store,
+    pub(crate) store: Store,
     max_object: AtomicU64,
     pub stats: Arc<CacheStats>,
-    pending: Mutex<HashMap<Arc<str>, Arc<Pending>>>,
+    pub(crate) pending: Mutex<HashMap<Arc<str>, Arc<Pending>>>,
     /// Bytes held by responses being stored while they stream (fills in progress), together
     /// at most `size`: many concurrent large fills cannot hold more than the cache may.
     filling: AtomicU64,
@@ -75,10 +74,10 @@ impl std::fmt::Debug for HttpCache {
 }
 
 /// Releases a fetch's waiters when dropped (stored or not).
-struct Leader {
-    cache: Arc<HttpCache>,
-    key: Arc<str>,
-    pending: Arc<Pending>,
+pub(crate) struct Leader {
+    pub(crate) cache: Arc<HttpCache>,
+    pub(crate) key: Arc<str>,
+    pub(crate) pending: Arc<Pending>,
 }
 
 impl Drop for Leader {
@@ -146,7 +145,7 @@ pub(crate) enum Reply {
     Bypass,
 }
 
-fn now_secs() -> i64 {
+pub(crate) fn now_secs() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
@@ -336,17 +335,17 @@ fn same_origin_target(scheme: &str, host: &str, uri: &[u8]) -> Option<String> {
 }
 
 /// The request facts the cache decides on, parsed once.
-struct Request {
-    cc: Directives,
-    no_cache: bool,
-    authorization: bool,
+pub(crate) struct Request {
+    pub(crate) cc: Directives,
+    pub(crate) no_cache: bool,
+    pub(crate) authorization: bool,
     if_none_match: Vec<Vec<u8>>,
     if_modified_since: Option<i64>,
-    conditional: bool,
+    pub(crate) conditional: bool,
 }
 
 impl Request {
-    fn of(head: &RequestHead) -> Request {
+    pub(crate) fn of(head: &RequestHead) -> Request {
         let cc = Directives::parse(head.values_named(b"cache-control"));
         let pragma = !cc.present
             && head.values_named(b"pragma").any(|v| {
@@ -368,7 +367,7 @@ impl Request {
         }
     }
 
-    fn not_modified(&self, e: &Entry) -> bool {
+    pub(crate) fn not_modified(&self, e: &Entry) -> bool {
         if !self.conditional || !(200..300).contains(&e.status) {
             return false;
         }
@@ -383,551 +382,19 @@ impl Request {
     }
 }
 
-fn find_variant(list: &[Arc<Entry>], head: &RequestHead) -> Option<Arc<Entry>> {
-    list.iter()
-        .find(|e| e.matches(&|name| policy::vary_value(name, head.values_named(name.as_bytes()))))
-        .cloned()
-}
-
-/// Serves a GET or HEAD through the cache of `svc`.
-pub(crate) async fn serve(
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
-    head: &RequestHead,
-) -> Reply {
-    let Some(cache) = svc.cache.clone() else {
-        return Reply::Bypass;
-    };
-    let req = Request::of(head);
-    if req.cc.no_store && !req.cc.only_if_cached {
-        // Nothing of this exchange may be stored, and the client asks for a response the
-        // member makes for it.
-        return Reply::Bypass;
-    }
-    let key: Arc<str> = Arc::from(primary_key(svc.scheme(), head));
-    let mut waited = false;
-    loop {
-        let now = now_secs();
-        let variants = cache.store.get(&key);
-        let found = variants.as_deref().and_then(|l| find_variant(l, head));
-        if let Some(e) = found {
-            let age = e.age(now);
-            let stored = policy::Stored {
-                cc: &e.cc,
-                lifetime: e.lifetime,
-                age,
-            };
-            match policy::usable(&req.cc, req.no_cache, &stored) {
-                Usable::Fresh => {
-                    cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-                    return stored_reply(&req, e, age, Status::Hit);
-                }
-                Usable::StaleAllowed => {
-                    cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                    return stored_reply(&req, e, age, Status::Stale);
-                }
-                Usable::Validate => {
-                    if policy::stale_while_revalidate(&req.cc, req.no_cache, &stored)
-                        && head.method == Method::Get
-                    {
-                        cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                        revalidate_in_background(&cache, svc, client, t, ti, rule, head, &key, &e);
-                        return stored_reply(&req, e, age, Status::Stale);
-                    }
-                    if req.cc.only_if_cached {
-                        return Reply::Local(Local::error(504, "only-if-cached: not fresh"));
-                    }
-                    if head.method != Method::Get {
-                        return head_update(&cache, svc, client, t, ti, rule, head, &req, &key, e)
-                            .await;
-                    }
-                    let bypass =
-                        req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
-                    return revalidate(
-                        &cache, svc, client, t, ti, rule, head, &req, key, e, bypass,
-                    )
-                    .await;
-                }
-            }
-        }
-        if req.cc.only_if_cached {
-            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
-            return Reply::Local(Local::error(504, "only-if-cached: not in the cache"));
-        }
-        if head.method != Method::Get {
-            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
-            return Reply::Bypass;
-        }
-        let status = if variants.is_some() {
-            Status::VaryMiss
-        } else {
-            Status::Miss
-        };
-        // A client conditional is passed on; its 304 is not stored, and nobody waits for it.
-        let leader = if req.conditional || waited {
-            None
-        } else {
-            let (pending, lead) = {
-                let mut map = cache.pending.lock();
-                match map.get(&key) {
-                    Some(p) => (p.clone(), false),
-                    None => {
-                        let p = Arc::new(Pending {
-                            done: AtomicBool::new(false),
-                            notify: tokio::sync::Notify::new(),
-                        });
-                        map.insert(key.clone(), p.clone());
-                        (p, true)
-                    }
-                }
-            };
-            if !lead {
-                let notified = pending.notify.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if !pending.done.load(Ordering::Acquire) {
-                    let _ = tokio::time::timeout(COLLAPSE_WAIT, notified).await;
-                }
-                waited = true;
-                continue;
-            }
-            Some(Leader {
-                cache: cache.clone(),
-                key: key.clone(),
-                pending,
-            })
-        };
-        cache.stats.misses.fetch_add(1, Ordering::Relaxed);
-        let request_time = now_secs();
-        return match crate::h2::fetch(svc, client, t, ti, rule, head).await {
-            Ok((resp, member)) => take_response(
-                &cache,
-                &req,
-                head,
-                key,
-                resp,
-                member,
-                status,
-                request_time,
-                leader,
-            ),
-            Err(l) => Reply::Local(l),
-        };
-    }
-}
-
-fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> Reply {
-    Reply::Stored {
-        not_modified: req.not_modified(&entry),
-        entry,
-        age,
-        status,
-    }
-}
-
-/// A HEAD for a URL whose stored response is stale: forwarded, and a 200 with the same
-/// validators updates the stored response's fields and freshness (RFC 9111 §4.3.5); the client
-/// is answered from the updated entry. Different validators mean the stored response is
-/// outdated: it is removed.
-#[allow(clippy::too_many_arguments)]
-async fn head_update(
-    cache: &Arc<HttpCache>,
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
-    head: &RequestHead,
-    req: &Request,
-    key: &Arc<str>,
-    e: Arc<Entry>,
-) -> Reply {
-    let request_time = now_secs();
-    let (resp, member) = match crate::h2::fetch(svc, client, t, ti, rule, head).await {
-        Ok(r) => r,
-        Err(l) => return Reply::Local(l),
-    };
-    if resp.status().as_u16() != 200 {
-        return Reply::Member {
-            resp,
-            member,
-            status: Status::Bypass,
-            stored: false,
-        };
-    }
-    let etag = resp.headers().get(http::header::ETAG).map(|v| v.as_bytes());
-    let lm = resp
-        .headers()
-        .get(http::header::LAST_MODIFIED)
-        .and_then(|v| policy::http_date(v.as_bytes()));
-    let changed = match (etag, e.etag.as_deref()) {
-        (Some(a), Some(b)) => !policy::weak_match(a, b),
-        _ => lm.is_some() && e.last_modified.is_some() && lm != e.last_modified,
-    };
-    if changed {
-        cache.store.remove(key);
-        return Reply::Member {
-            resp,
-            member,
-            status: Status::Bypass,
-            stored: false,
-        };
-    }
-    let (parts, mut body) = resp.into_parts();
-    while let Some(Ok(_)) = body.frame().await {}
-    let mut headers = e.headers.clone();
-    policy::update_headers(&mut headers, &parts.headers);
-    let now = now_secs();
-    let fresh = Arc::new(Entry::new(
-        e.status,
-        headers,
-        e.body.clone(),
-        e.vary.clone(),
-        request_time,
-        now,
-        age_header(&parts.headers),
-    ));
-    cache.store.replace(key, &e, fresh.clone());
-    cache.stats.revalidated.fetch_add(1, Ordering::Relaxed);
-    let age = fresh.age(now);
-    stored_reply(req, fresh, age, Status::Revalidated)
-}
-
-/// Revalidates a stale entry in a task of its own while the stale copy is served
-/// (stale-while-revalidate); one at a time per URL.
-#[allow(clippy::too_many_arguments)]
-fn revalidate_in_background(
-    cache: &Arc<HttpCache>,
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
-    head: &RequestHead,
-    key: &Arc<str>,
-    e: &Arc<Entry>,
-) {
-    let pending = {
-        let mut map = cache.pending.lock();
-        if map.contains_key(key) {
-            return;
-        }
-        let p = Arc::new(Pending {
-            done: AtomicBool::new(false),
-            notify: tokio::sync::Notify::new(),
-        });
-        map.insert(key.clone(), p.clone());
-        p
-    };
-    let leader = Leader {
-        cache: cache.clone(),
-        key: key.clone(),
-        pending,
-    };
-    // The rule is found again by index in the task (it borrows from the service).
-    let rule_index = rule.and_then(|r| {
-        (0..svc.rules.len()).find(|&i| svc.rules.get(i).is_some_and(|x| std::ptr::eq(x, r)))
-    });
-    let Some(copy) = conditional_head(head, None, &svc.limits) else {
-        return;
-    };
-    let (cache, svc, client, t, key, e) = (
-        cache.clone(),
-        svc.clone(),
-        client.clone(),
-        t.clone(),
-        key.clone(),
-        e.clone(),
-    );
-    tokio::spawn(async move {
-        let _leader = leader;
-        let rule = rule_index.and_then(|i| svc.rules.get(i));
-        let req = Request::of(&copy);
-        let reply = revalidate(
-            &cache, &svc, &client, &t, ti, rule, &copy, &req, key, e, false,
-        )
-        .await;
-        if let Reply::Member { resp, .. } = reply {
-            // Reading the body to its end stores it.
-            let _ = resp.into_body().collect().await;
-        }
-    });
-}
-
-/// A copy of the client's request for a member, with the cache's validators (from `e`) instead
-/// of the client's conditionals.
-fn conditional_head(
-    head: &RequestHead,
-    e: Option<&Entry>,
-    limits: &crate::head::Limits,
-) -> Option<RequestHead> {
-    let mut h = HeaderMap::new();
-    for f in &head.fields {
-        let name = head.name(f);
-        if f.hop
-            || f.kind.is_hop_by_hop()
-            || f.kind == FieldKind::Host
-            || name.eq_ignore_ascii_case(b"if-none-match")
-            || name.eq_ignore_ascii_case(b"if-modified-since")
-        {
-            continue;
-        }
-        if let (Ok(n), Ok(v)) = (
-            http::HeaderName::from_bytes(name),
-            HeaderValue::from_bytes(head.value(f)),
-        ) {
-            h.append(n, v);
-        }
-    }
-    if let Some(e) = e {
-        if let Some(etag) = e
-            .etag
-            .as_ref()
-            .and_then(|t| HeaderValue::from_bytes(t).ok())
-        {
-            h.insert(http::header::IF_NONE_MATCH, etag);
-        }
-        if let Some(lm) = e.headers.get(http::header::LAST_MODIFIED) {
-            h.insert(http::header::IF_MODIFIED_SINCE, lm.clone());
-        }
-    }
-    let mut pq = head.path().to_vec();
-    if pq.is_empty() {
-        pq.push(b'/');
-    }
-    if let Some(q) = head.query() {
-        pq.push(b'?');
-        pq.extend_from_slice(q);
-    }
-    RequestHead::from_h2(b"GET", &pq, head.authority(), &h, limits).ok()
-}
-
-/// Validates a stored response with a member (§4.3) and answers from the result.
-#[allow(clippy::too_many_arguments)]
-async fn revalidate(
-    cache: &Arc<HttpCache>,
-    svc: &Arc<HttpService>,
-    client: &Client,
-    t: &Arc<Target>,
-    ti: usize,
-    rule: Option<&CompiledRule>,
-    head: &RequestHead,
-    req: &Request,
-    key: Arc<str>,
-    e: Arc<Entry>,
-    client_asked: bool,
-) -> Reply {
-    let request_time = now_secs();
-    let cond = if e.has_validator() {
-        conditional_head(head, Some(&e), &svc.limits)
-    } else {
-        None
-    };
-    let fetched = match &cond {
-        Some(h) => crate::h2::fetch(svc, client, t, ti, rule, h).await,
-        None => crate::h2::fetch(svc, client, t, ti, rule, head).await,
-    };
-    let now = now_secs();
-    let age = e.age(now);
-    let stored = policy::Stored {
-        cc: &e.cc,
-        lifetime: e.lifetime,
-        age,
-    };
-    let status = if client_asked {
-        Status::Request
-    } else {
-        Status::StaleRefetched
-    };
-    match fetched {
-        Err(l) => {
-            // The member could not be reached (or failed before answering): a disconnected
-            // cache may serve stale where the origin allows it (§4.2.4).
-            if policy::stale_on_error(&req.cc, &stored)
-                || (!client_asked && policy::stale_when_disconnected(&stored))
-            {
-                cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                return stored_reply(req, e, age, Status::Stale);
-            }
-            if policy::never_stale(&e.cc) {
-                return Reply::Local(Local::error(
-                    504,
-                    "the member could not validate the stored response",
-                ));
-            }
-            Reply::Local(l)
-        }
-        Ok((resp, member)) => {
-            let code = resp.status().as_u16();
-            if code == 304 && cond.is_some() {
-                let (parts, mut body) = resp.into_parts();
-                while let Some(Ok(_)) = body.frame().await {}
-                let mut headers = e.headers.clone();
-                policy::update_headers(&mut headers, &parts.headers);
-                let age_value = age_header(&parts.headers);
-                let fresh = Arc::new(Entry::new(
-                    e.status,
-                    headers,
-                    e.body.clone(),
-                    e.vary.clone(),
-                    request_time,
-                    now,
-                    age_value,
-                ));
-                cache.store.replace(&key, &e, fresh.clone());
-                cache.stats.revalidated.fetch_add(1, Ordering::Relaxed);
-                let age = fresh.age(now);
-                return stored_reply(req, fresh, age, Status::Revalidated);
-            }
-            if code >= 500 {
-                if policy::stale_on_error(&req.cc, &stored) {
-                    cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                    return stored_reply(req, e, age, Status::Stale);
-                }
-                if policy::never_stale(&e.cc) {
-                    return Reply::Local(Local::error(
-                        504,
-                        "the member could not validate the stored response",
-                    ));
-                }
-            }
-            take_response(
-                cache,
-                req,
-                head,
-                key,
-                resp,
-                member,
-                status,
-                request_time,
-                None,
-            )
-        }
-    }
-}
-
-fn age_header(h: &HeaderMap) -> u64 {
-    policy::age_value(h.get_all(http::header::AGE).iter().map(|v| v.as_bytes()))
-}
-
-/// Decides whether a member's response is stored and wraps its body to store it as it streams.
-#[allow(clippy::too_many_arguments)]
-fn take_response(
-    cache: &Arc<HttpCache>,
-    req: &Request,
-    head: &RequestHead,
-    key: Arc<str>,
-    resp: Response<DownBody>,
-    member: SocketAddr,
-    status: Status,
-    request_time: i64,
-    leader: Option<Leader>,
-) -> Reply {
-    let code = resp.status().as_u16();
-    let h = resp.headers();
-    let cdn = policy::targeted(h.get_all("cdn-cache-control").iter().map(|v| v.as_bytes()));
-    let has_expires = cdn.is_none() && h.contains_key(http::header::EXPIRES);
-    let cc = cdn.unwrap_or_else(|| {
-        Directives::parse(
-            h.get_all(http::header::CACHE_CONTROL)
-                .iter()
-                .map(|v| v.as_bytes()),
-        )
-    });
-    let vary = policy::vary_names(h.get_all(http::header::VARY).iter().map(|v| v.as_bytes()));
-    let facts = policy::ResponseFacts {
-        status: code,
-        cc: &cc,
-        has_expires,
-        vary_star: vary.is_none(),
-    };
-    let too_big = h
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > cache.max_object());
-    let ok = policy::storable(
-        head.method == Method::Get,
-        &req.cc,
-        req.authorization,
-        &facts,
-    )
-    .is_ok()
-        && !too_big;
-    if !ok {
-        return Reply::Member {
-            resp,
-            member,
-            status,
-            stored: false,
-        };
-    }
-    let vary = vary
-        .unwrap_or_default()
-        .into_iter()
-        .map(|n| {
-            let v = policy::vary_value(&n, head.values_named(n.as_bytes()));
-            (n, v)
-        })
-        .collect();
-    let (mut parts, inner) = resp.into_parts();
-    let age_value = age_header(&parts.headers);
-    // The response's age when it arrived (§4.2.3), told to the client as well.
-    let initial_age = policy::corrected_initial_age(&policy::AgeInputs {
-        age_value,
-        date: parts
-            .headers
-            .get(http::header::DATE)
-            .and_then(|v| policy::http_date(v.as_bytes())),
-        request_time,
-        response_time: now_secs(),
-    });
-    if initial_age > age_value {
-        parts
-            .headers
-            .insert(http::header::AGE, HeaderValue::from(initial_age));
-    }
-    let fill = Fill {
-        cache: cache.clone(),
-        key,
-        status: code,
-        headers: parts.headers.clone(),
-        vary,
-        request_time,
-        age_value,
-        chunks: Vec::new(),
-        len: 0,
-        max: cache.max_object(),
-        _leader: leader,
-    };
-    let body = DownBody::Cache(Box::new(CacheBody::Tee {
-        inner,
-        fill: Some(Box::new(fill)),
-    }));
-    Reply::Member {
-        resp: Response::from_parts(parts, body),
-        member,
-        status,
-        stored: true,
-    }
-}
-
 /// A response being stored while it streams to the client.
 pub struct Fill {
-    cache: Arc<HttpCache>,
-    key: Arc<str>,
-    status: u16,
-    headers: HeaderMap,
-    vary: Vec<(String, Option<Vec<u8>>)>,
-    request_time: i64,
-    age_value: u64,
-    chunks: Vec<Bytes>,
-    len: u64,
-    max: u64,
-    _leader: Option<Leader>,
+    pub(crate) cache: Arc<HttpCache>,
+    pub(crate) key: Arc<str>,
+    pub(crate) status: u16,
+    pub(crate) headers: HeaderMap,
+    pub(crate) vary: Vec<(String, Option<Vec<u8>>)>,
+    pub(crate) request_time: i64,
+    pub(crate) age_value: u64,
+    pub(crate) chunks: Vec<Bytes>,
+    pub(crate) len: u64,
+    pub(crate) max: u64,
+    pub(crate) _leader: Option<Leader>,
 }
 
 impl Drop for Fill {
@@ -1104,10 +571,10 @@ pub(crate) fn h2_response(
             } else if entry.body.len() == 1 {
                 DownBody::Full(Some(entry.body[0].clone()))
             } else {
-                DownBody::Cache(Box::new(CacheBody::Stored {
+                DownBody::filtered(CacheBody::Stored {
                     chunks: entry.body.clone(),
                     next: 0,
-                }))
+                })
             };
             let mut r = Response::new(body);
             *r.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::OK);
@@ -1164,7 +631,7 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
             not_modified,
         } => {
             let code = if not_modified { 304 } else { entry.status };
-            crate::fields::write_status_line(out, code, b"");
+            crate::sink::write_status_line(out, code, b"");
             if not_modified {
                 for n in NOT_MODIFIED_FIELDS {
                     for v in entry.headers.get_all(n) {
@@ -1229,7 +696,7 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
         } => {
             let (parts, mut body) = resp.into_parts();
             let code = parts.status.as_u16();
-            crate::fields::write_status_line(out, code, b"");
+            crate::sink::write_status_line(out, code, b"");
             let mut length = None;
             for (n, v) in &parts.headers {
                 if n == http::header::CONTENT_LENGTH {
@@ -1340,10 +807,10 @@ mod tests {
         let piece = Bytes::from(vec![b'x'; 100 * 1024]);
         let mut bodies: Vec<CacheBody> = (0..8)
             .map(|i| CacheBody::Tee {
-                inner: DownBody::Cache(Box::new(CacheBody::Stored {
+                inner: DownBody::filtered(CacheBody::Stored {
                     chunks: vec![piece.clone(); 6],
                     next: 0,
-                })),
+                }),
                 fill: Some(Box::new(Fill {
                     cache: cache.clone(),
                     key: Arc::from(format!("http://h/k{i}").as_str()),

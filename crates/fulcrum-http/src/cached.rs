@@ -1,0 +1,572 @@
+//! A request's way through the service's cache (RFC 9111), the same for HTTP/1 and HTTP/2
+//! clients:
+//!
+//! ```text
+//!   GET/HEAD ─▶ key (scheme, host, target) ─▶ variant (Vary) ─▶ fresh? ─▶ answer (Age,
+//!   Cache-Status; 304 to a matching conditional) │ stale ─▶ conditional GET to a member ─▶ 304:
+//!   freshen + answer │ 200: replace │ error: stale-if-error / 504 for must-revalidate
+//!   │ miss ─▶ one member fetch per key (others wait, bounded) ─▶ body streamed to the client
+//!   and into the store together (abandoned past max_object)
+//! ```
+//!
+//! Member fetches go through the `forward` module (HTTP/1.1 and HTTP/2 members alike, a streaming
+//! body), so member choice, retries, health reporting and connection reuse are the ones every
+//! other request gets.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Response};
+use http_body_util::BodyExt;
+
+use crate::body::DownBody;
+use crate::cache::policy::{self, Directives, Usable};
+use crate::cache::{
+    now_secs, primary_key, CacheBody, Entry, Fill, HttpCache, Leader, Pending, Reply, Request,
+    Status, COLLAPSE_WAIT,
+};
+use crate::client::Client;
+use crate::exchange::Route;
+use crate::head::{FieldKind, Method, RequestHead};
+use crate::local::Local;
+
+fn find_variant(list: &[Arc<Entry>], head: &RequestHead) -> Option<Arc<Entry>> {
+    list.iter()
+        .find(|e| e.matches(&|name| policy::vary_value(name, head.values_named(name.as_bytes()))))
+        .cloned()
+}
+
+/// Serves a GET or HEAD through the cache of `svc`.
+pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead) -> Reply {
+    let svc = route.svc;
+    let origin = Origin { route, client };
+    let Some(cache) = svc.cache.clone() else {
+        return Reply::Bypass;
+    };
+    let req = Request::of(head);
+    if req.cc.no_store && !req.cc.only_if_cached {
+        // Nothing of this exchange may be stored, and the client asks for a response the
+        // member makes for it.
+        return Reply::Bypass;
+    }
+    let key: Arc<str> = Arc::from(primary_key(svc.scheme(), head));
+    let mut waited = false;
+    loop {
+        let now = now_secs();
+        let variants = cache.store.get(&key);
+        let found = variants.as_deref().and_then(|l| find_variant(l, head));
+        if let Some(e) = found {
+            let age = e.age(now);
+            let stored = policy::Stored {
+                cc: &e.cc,
+                lifetime: e.lifetime,
+                age,
+            };
+            match policy::usable(&req.cc, req.no_cache, &stored) {
+                Usable::Fresh => {
+                    cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    return stored_reply(&req, e, age, Status::Hit);
+                }
+                Usable::StaleAllowed => {
+                    cache.stats.stale.fetch_add(1, Ordering::Relaxed);
+                    return stored_reply(&req, e, age, Status::Stale);
+                }
+                Usable::Validate => {
+                    if policy::stale_while_revalidate(&req.cc, req.no_cache, &stored)
+                        && head.method == Method::Get
+                    {
+                        cache.stats.stale.fetch_add(1, Ordering::Relaxed);
+                        revalidate_in_background(&cache, origin, head, &key, &e);
+                        return stored_reply(&req, e, age, Status::Stale);
+                    }
+                    if req.cc.only_if_cached {
+                        return Reply::Local(Local::error(504, "only-if-cached: not fresh"));
+                    }
+                    if head.method != Method::Get {
+                        return head_update(&cache, origin, head, &req, &key, e).await;
+                    }
+                    let bypass =
+                        req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
+                    return revalidate(&cache, origin, head, &req, key, e, bypass).await;
+                }
+            }
+        }
+        if req.cc.only_if_cached {
+            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+            return Reply::Local(Local::error(504, "only-if-cached: not in the cache"));
+        }
+        if head.method != Method::Get {
+            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+            return Reply::Bypass;
+        }
+        let status = if variants.is_some() {
+            Status::VaryMiss
+        } else {
+            Status::Miss
+        };
+        // A client conditional is passed on; its 304 is not stored, and nobody waits for it.
+        let leader = if req.conditional || waited {
+            None
+        } else {
+            let (pending, lead) = {
+                let mut map = cache.pending.lock();
+                match map.get(&key) {
+                    Some(p) => (p.clone(), false),
+                    None => {
+                        let p = Arc::new(Pending {
+                            done: AtomicBool::new(false),
+                            notify: tokio::sync::Notify::new(),
+                        });
+                        map.insert(key.clone(), p.clone());
+                        (p, true)
+                    }
+                }
+            };
+            if !lead {
+                let notified = pending.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if !pending.done.load(Ordering::Acquire) {
+                    let _ = tokio::time::timeout(COLLAPSE_WAIT, notified).await;
+                }
+                waited = true;
+                continue;
+            }
+            Some(Leader {
+                cache: cache.clone(),
+                key: key.clone(),
+                pending,
+            })
+        };
+        cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let request_time = now_secs();
+        let fill = Filling {
+            key,
+            status,
+            request_time,
+            leader,
+        };
+        return match crate::forward::fetch(route, client, head).await {
+            Ok(fetched) => take_response(&cache, &req, head, fetched, fill),
+            Err(l) => Reply::Local(l),
+        };
+    }
+}
+
+/// A request's way to a member when the cache asks one: its route and client.
+#[derive(Clone, Copy)]
+struct Origin<'a> {
+    route: Route<'a>,
+    client: &'a Client,
+}
+
+impl Origin<'_> {
+    /// The member's response to `head` (which may be the cache's own conditional request).
+    async fn fetch(&self, head: &RequestHead) -> Result<(Response<DownBody>, SocketAddr), Local> {
+        crate::forward::fetch(self.route, self.client, head).await
+    }
+}
+
+/// What a member's response is stored as, should it be storable.
+struct Filling {
+    key: Arc<str>,
+    status: Status,
+    request_time: i64,
+    /// The fetch other requests for the URL wait for, released once stored (or not).
+    leader: Option<Leader>,
+}
+
+fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> Reply {
+    Reply::Stored {
+        not_modified: req.not_modified(&entry),
+        entry,
+        age,
+        status,
+    }
+}
+
+/// A HEAD for a URL whose stored response is stale: forwarded, and a 200 with the same
+/// validators updates the stored response's fields and freshness (RFC 9111 §4.3.5); the client
+/// is answered from the updated entry. Different validators mean the stored response is
+/// outdated: it is removed.
+async fn head_update(
+    cache: &Arc<HttpCache>,
+    origin: Origin<'_>,
+    head: &RequestHead,
+    req: &Request,
+    key: &Arc<str>,
+    e: Arc<Entry>,
+) -> Reply {
+    let request_time = now_secs();
+    let (resp, member) = match origin.fetch(head).await {
+        Ok(r) => r,
+        Err(l) => return Reply::Local(l),
+    };
+    if resp.status().as_u16() != 200 {
+        return Reply::Member {
+            resp,
+            member,
+            status: Status::Bypass,
+            stored: false,
+        };
+    }
+    let etag = resp.headers().get(http::header::ETAG).map(|v| v.as_bytes());
+    let lm = resp
+        .headers()
+        .get(http::header::LAST_MODIFIED)
+        .and_then(|v| policy::http_date(v.as_bytes()));
+    let changed = match (etag, e.etag.as_deref()) {
+        (Some(a), Some(b)) => !policy::weak_match(a, b),
+        _ => lm.is_some() && e.last_modified.is_some() && lm != e.last_modified,
+    };
+    if changed {
+        cache.store.remove(key);
+        return Reply::Member {
+            resp,
+            member,
+            status: Status::Bypass,
+            stored: false,
+        };
+    }
+    let now = now_secs();
+    let fresh = freshen(cache, key, &e, resp, request_time, now).await;
+    cache.stats.revalidated.fetch_add(1, Ordering::Relaxed);
+    let age = fresh.age(now);
+    stored_reply(req, fresh, age, Status::Revalidated)
+}
+
+/// Revalidates a stale entry in a task of its own while the stale copy is served
+/// (stale-while-revalidate); one at a time per URL.
+fn revalidate_in_background(
+    cache: &Arc<HttpCache>,
+    origin: Origin<'_>,
+    head: &RequestHead,
+    key: &Arc<str>,
+    e: &Arc<Entry>,
+) {
+    let Route {
+        svc,
+        target: t,
+        index: ti,
+        rule,
+    } = origin.route;
+    let client = origin.client;
+    let pending = {
+        let mut map = cache.pending.lock();
+        if map.contains_key(key) {
+            return;
+        }
+        let p = Arc::new(Pending {
+            done: AtomicBool::new(false),
+            notify: tokio::sync::Notify::new(),
+        });
+        map.insert(key.clone(), p.clone());
+        p
+    };
+    let leader = Leader {
+        cache: cache.clone(),
+        key: key.clone(),
+        pending,
+    };
+    // The rule is found again by index in the task (it borrows from the service).
+    let rule_index = rule.and_then(|r| {
+        (0..svc.rules.len()).find(|&i| svc.rules.get(i).is_some_and(|x| std::ptr::eq(x, r)))
+    });
+    let Some(copy) = conditional_head(head, None, &svc.limits) else {
+        return;
+    };
+    let (cache, svc, client, t, key, e) = (
+        cache.clone(),
+        svc.clone(),
+        client.clone(),
+        t.clone(),
+        key.clone(),
+        e.clone(),
+    );
+    tokio::spawn(async move {
+        let _leader = leader;
+        let rule = rule_index.and_then(|i| svc.rules.get(i));
+        let req = Request::of(&copy);
+        let route = Route::new(&svc, &t, ti, rule);
+        let origin = Origin {
+            route,
+            client: &client,
+        };
+        let reply = revalidate(&cache, origin, &copy, &req, key, e, false).await;
+        if let Reply::Member { resp, .. } = reply {
+            // Reading the body to its end stores it.
+            let _ = resp.into_body().collect().await;
+        }
+    });
+}
+
+/// A copy of the client's request for a member, with the cache's validators (from `e`) instead
+/// of the client's conditionals.
+fn conditional_head(
+    head: &RequestHead,
+    e: Option<&Entry>,
+    limits: &crate::head::Limits,
+) -> Option<RequestHead> {
+    let mut h = HeaderMap::new();
+    for f in &head.fields {
+        let name = head.name(f);
+        if f.hop
+            || f.kind.is_hop_by_hop()
+            || f.kind == FieldKind::Host
+            || name.eq_ignore_ascii_case(b"if-none-match")
+            || name.eq_ignore_ascii_case(b"if-modified-since")
+        {
+            continue;
+        }
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(name),
+            HeaderValue::from_bytes(head.value(f)),
+        ) {
+            h.append(n, v);
+        }
+    }
+    if let Some(e) = e {
+        if let Some(etag) = e
+            .etag
+            .as_ref()
+            .and_then(|t| HeaderValue::from_bytes(t).ok())
+        {
+            h.insert(http::header::IF_NONE_MATCH, etag);
+        }
+        if let Some(lm) = e.headers.get(http::header::LAST_MODIFIED) {
+            h.insert(http::header::IF_MODIFIED_SINCE, lm.clone());
+        }
+    }
+    let mut pq = head.path().to_vec();
+    if pq.is_empty() {
+        pq.push(b'/');
+    }
+    if let Some(q) = head.query() {
+        pq.push(b'?');
+        pq.extend_from_slice(q);
+    }
+    RequestHead::from_h2(b"GET", &pq, head.authority(), &h, limits).ok()
+}
+
+/// Validates a stored response with a member (§4.3) and answers from the result.
+async fn revalidate(
+    cache: &Arc<HttpCache>,
+    origin: Origin<'_>,
+    head: &RequestHead,
+    req: &Request,
+    key: Arc<str>,
+    e: Arc<Entry>,
+    client_asked: bool,
+) -> Reply {
+    let request_time = now_secs();
+    let cond = if e.has_validator() {
+        conditional_head(head, Some(&e), &origin.route.svc.limits)
+    } else {
+        None
+    };
+    let fetched = match &cond {
+        Some(h) => origin.fetch(h).await,
+        None => origin.fetch(head).await,
+    };
+    let now = now_secs();
+    let age = e.age(now);
+    let stored = policy::Stored {
+        cc: &e.cc,
+        lifetime: e.lifetime,
+        age,
+    };
+    let status = if client_asked {
+        Status::Request
+    } else {
+        Status::StaleRefetched
+    };
+    match fetched {
+        Err(l) => {
+            // The member could not be reached (or failed before answering): a disconnected
+            // cache may serve stale where the origin allows it (§4.2.4).
+            let stale = policy::stale_on_error(&req.cc, &stored)
+                || (!client_asked && policy::stale_when_disconnected(&stored));
+            unvalidated(cache, req, e, age, stale).unwrap_or(Reply::Local(l))
+        }
+        Ok((resp, member)) => {
+            let code = resp.status().as_u16();
+            if code == 304 && cond.is_some() {
+                let fresh = freshen(cache, &key, &e, resp, request_time, now).await;
+                cache.stats.revalidated.fetch_add(1, Ordering::Relaxed);
+                let age = fresh.age(now);
+                return stored_reply(req, fresh, age, Status::Revalidated);
+            }
+            if code >= 500 {
+                let stale = policy::stale_on_error(&req.cc, &stored);
+                if let Some(r) = unvalidated(cache, req, e, age, stale) {
+                    return r;
+                }
+            }
+            let fill = Filling {
+                key,
+                status,
+                request_time,
+                leader: None,
+            };
+            take_response(cache, req, head, (resp, member), fill)
+        }
+    }
+}
+
+/// The stored response `e` updated with the fields of a member's 304 (or a HEAD's 200 with the
+/// same validators), fresh again from `request_time` (RFC 9111 §4.3.4), and stored in its
+/// place. The member's (empty) body is read to its end.
+async fn freshen(
+    cache: &HttpCache,
+    key: &str,
+    e: &Arc<Entry>,
+    resp: Response<DownBody>,
+    request_time: i64,
+    now: i64,
+) -> Arc<Entry> {
+    let (parts, mut body) = resp.into_parts();
+    while let Some(Ok(_)) = body.frame().await {}
+    let mut headers = e.headers.clone();
+    policy::update_headers(&mut headers, &parts.headers);
+    let fresh = Arc::new(Entry::new(
+        e.status,
+        headers,
+        e.body.clone(),
+        e.vary.clone(),
+        request_time,
+        now,
+        age_header(&parts.headers),
+    ));
+    cache.store.replace(key, e, fresh.clone());
+    fresh
+}
+
+/// A stored response the member could not validate (unreachable, or a 5xx): served stale
+/// when `stale` allows it, 504 when it must never be served stale, else `None` (the member's
+/// answer stands).
+fn unvalidated(
+    cache: &HttpCache,
+    req: &Request,
+    e: Arc<Entry>,
+    age: u64,
+    stale: bool,
+) -> Option<Reply> {
+    if stale {
+        cache.stats.stale.fetch_add(1, Ordering::Relaxed);
+        return Some(stored_reply(req, e, age, Status::Stale));
+    }
+    policy::never_stale(&e.cc).then(|| {
+        Reply::Local(Local::error(
+            504,
+            "the member could not validate the stored response",
+        ))
+    })
+}
+
+fn age_header(h: &HeaderMap) -> u64 {
+    policy::age_value(h.get_all(http::header::AGE).iter().map(|v| v.as_bytes()))
+}
+
+/// Decides whether a member's response is stored and wraps its body to store it as it streams.
+fn take_response(
+    cache: &Arc<HttpCache>,
+    req: &Request,
+    head: &RequestHead,
+    (resp, member): (Response<DownBody>, SocketAddr),
+    fill: Filling,
+) -> Reply {
+    let Filling {
+        key,
+        status,
+        request_time,
+        leader,
+    } = fill;
+    let code = resp.status().as_u16();
+    let h = resp.headers();
+    let cdn = policy::targeted(h.get_all("cdn-cache-control").iter().map(|v| v.as_bytes()));
+    let has_expires = cdn.is_none() && h.contains_key(http::header::EXPIRES);
+    let cc = cdn.unwrap_or_else(|| {
+        Directives::parse(
+            h.get_all(http::header::CACHE_CONTROL)
+                .iter()
+                .map(|v| v.as_bytes()),
+        )
+    });
+    let vary = policy::vary_names(h.get_all(http::header::VARY).iter().map(|v| v.as_bytes()));
+    let facts = policy::ResponseFacts {
+        status: code,
+        cc: &cc,
+        has_expires,
+        vary_star: vary.is_none(),
+    };
+    let too_big = h
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > cache.max_object());
+    let ok = policy::storable(
+        head.method == Method::Get,
+        &req.cc,
+        req.authorization,
+        &facts,
+    )
+    .is_ok()
+        && !too_big;
+    if !ok {
+        return Reply::Member {
+            resp,
+            member,
+            status,
+            stored: false,
+        };
+    }
+    let vary = vary
+        .unwrap_or_default()
+        .into_iter()
+        .map(|n| {
+            let v = policy::vary_value(&n, head.values_named(n.as_bytes()));
+            (n, v)
+        })
+        .collect();
+    let (mut parts, inner) = resp.into_parts();
+    let age_value = age_header(&parts.headers);
+    // The response's age when it arrived (§4.2.3), told to the client as well.
+    let initial_age = policy::corrected_initial_age(&policy::AgeInputs {
+        age_value,
+        date: parts
+            .headers
+            .get(http::header::DATE)
+            .and_then(|v| policy::http_date(v.as_bytes())),
+        request_time,
+        response_time: now_secs(),
+    });
+    if initial_age > age_value {
+        parts
+            .headers
+            .insert(http::header::AGE, HeaderValue::from(initial_age));
+    }
+    let fill = Fill {
+        cache: cache.clone(),
+        key,
+        status: code,
+        headers: parts.headers.clone(),
+        vary,
+        request_time,
+        age_value,
+        chunks: Vec::new(),
+        len: 0,
+        max: cache.max_object(),
+        _leader: leader,
+    };
+    let body = DownBody::filtered(CacheBody::Tee {
+        inner,
+        fill: Some(Box::new(fill)),
+    });
+    Reply::Member {
+        resp: Response::from_parts(parts, body),
+        member,
+        status,
+        stored: true,
+    }
+}

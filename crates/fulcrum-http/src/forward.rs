@@ -1,0 +1,295 @@
+//! Forwarding a request whose response streams as a body (`http::Response<DownBody>`): the
+//! HTTP/2 client adapter's streams, and the cache's member fetches for both client protocols.
+//! The member is HTTP/1.1 (its connection moves into the response body and goes back to its
+//! store when the body ends) or HTTP/2 (`h2_upstream`).
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Relay, Release};
+use crate::chunked;
+use crate::client::Client;
+use crate::exchange::{self, Attempts, Failure, RespError, Route};
+use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
+use crate::h2_upstream::Outgoing;
+use crate::head::{RequestHead, ResponseHead, Version};
+use crate::local::Local;
+use crate::plan::ResponsePlan;
+use crate::upstream::UpstreamConn;
+
+/// What forwarding needs of the client connection: the client, and the member connections
+/// private to it (`reuse = "never"`, PROXY protocol).
+pub(crate) struct Downstream<'a> {
+    pub client: &'a Client,
+    pub private: &'a PrivateConns,
+}
+
+/// Forwards one stream to a member of the route's pool.
+pub(crate) async fn forward(
+    down: &Downstream<'_>,
+    route: Route<'_>,
+    head: &RequestHead,
+    body: Option<Incoming>,
+) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
+    let (svc, t, rule) = (route.svc, route.target, route.rule);
+    let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
+    let framing = match head.content_length {
+        Some(n) if n > 0 => ReqFraming::Length(n),
+        _ if has_body => ReqFraming::Chunked,
+        _ => ReqFraming::None,
+    };
+    let retryable = head.method.is_idempotent() && !has_body;
+    let mut attempts = Attempts::new(route, head, down.client, retryable);
+    if t.http2 {
+        let out = Outgoing {
+            body: body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
+            replay: (!has_body).then(Bytes::new),
+            framing,
+        };
+        let r = crate::h2_upstream::exchange(route, &mut attempts, head, down.client, out).await?;
+        let member = r.picked.member.clone();
+        let (parts, inner) = r.response.into_parts();
+        let resp = ResponseHead::from_h2(&parts);
+        let mut plan = ResponsePlan::new(route, head, r.picked.index, attempts.lookup(), &resp);
+        let mut sink = MapSink::default();
+        plan.write_fields(&mut sink, route, head, &resp, false);
+        let encoder = plan.encoder.take();
+        let mut out = Response::new(DownBody::Relay(Box::new(Relay {
+            inner,
+            member: member.clone(),
+            stats: svc.stats.clone(),
+            sent: r.sent,
+            received: 0,
+            reported: 0,
+            finished: false,
+            _request: r.request_guard,
+            _connection: r.connection_guard,
+        })));
+        if let Some(s) = encoder {
+            let inner = std::mem::replace(out.body_mut(), DownBody::Full(None));
+            *out.body_mut() = DownBody::filtered(crate::compress::CompressBody::new(inner, s));
+        }
+        *out.status_mut() = parts.status;
+        *out.headers_mut() = sink.map;
+        return Ok((out, member.address));
+    }
+
+    let mut body = body;
+    let private = route.private_conns();
+    loop {
+        let picked = attempts.next(head, down.client)?;
+        let member = picked.member.clone();
+        let mine = if private {
+            let mut p = down.private.lock();
+            p.iter_mut()
+                .position(|(m, c)| Arc::ptr_eq(m, &member) && c.is_idle_alive())
+                .map(|i| p.swap_remove(i).1)
+        } else {
+            None
+        };
+        let fresh_only = attempts.fresh_only();
+        let acquired = exchange::acquire(
+            route,
+            &picked,
+            &down.client.info,
+            mine,
+            fresh_only,
+            retryable,
+        )
+        .await;
+        let (mut conn, fresh) = match acquired {
+            Ok(c) => c,
+            Err(e) => {
+                attempts.failed(&picked, Failure::Connect(e))?;
+                continue;
+            }
+        };
+        let request_guard = member.open_request();
+        let mut out = Vec::with_capacity(1024);
+        fields::write_request_line(&mut out, head, rule);
+        fields::write_request_fields(
+            &mut out,
+            head,
+            &RequestCtx {
+                svc,
+                client: down.client,
+                rule,
+                framing,
+                h2: false,
+            },
+        );
+        out.extend_from_slice(b"\r\n");
+        let mut sent = out.len() as u64;
+        let mut written = conn.io.write_all(&out).await;
+        if written.is_ok() {
+            if let Some(mut b) = body.take().filter(|_| has_body) {
+                match send_body(&mut b, &mut conn, framing, svc.idle_timeout).await {
+                    Ok(n) => sent += n,
+                    Err(BodyError::Client) => {
+                        return Err(Local::error(400, "the request body was cut short"));
+                    }
+                    Err(BodyError::Member(e)) => written = Err(e),
+                }
+            }
+        }
+        let sent_at = Instant::now();
+        let head_result = match written {
+            Ok(()) => {
+                let mut timer = crate::timer::Timer::new();
+                timer.set(sent_at + t.response_timeout);
+                exchange::read_response_head(
+                    &mut conn,
+                    &mut timer,
+                    &mut tokio::io::sink(),
+                    Version::Http2,
+                )
+                .await
+            }
+            Err(e) => Err(RespError::Io(e, false)),
+        };
+        let resp = match head_result {
+            Ok(r) => r,
+            Err(RespError::Client) => return Err(Local::error(502, "interrupted")),
+            Err(e) => {
+                attempts.failed(&picked, Failure::of_response(e, fresh))?;
+                continue;
+            }
+        };
+        attempts.answered(&picked, resp.status, sent_at.elapsed());
+        if resp.status == 101 {
+            member.record_passive_failure("101 Switching Protocols without an upgrade request");
+            return Err(Local::error(502, "unexpected 101 from the member"));
+        }
+        let mut plan = ResponsePlan::new(route, head, picked.index, attempts.lookup(), &resp);
+        let in_framing = plan.member_framing(&resp);
+        let mut sink = MapSink::default();
+        plan.write_fields(&mut sink, route, head, &resp, false);
+        let encoder = plan.encoder.take();
+        let status =
+            http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+        let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
+        let mut buf = std::mem::take(&mut conn.buf);
+        let mut rb = resp.buf;
+        rb.drain(..resp.head_len);
+        buf.clear();
+        conn.buf = rb;
+        drop(buf);
+        let body = MemberBody::new(
+            conn,
+            in_framing,
+            Release {
+                stats: svc.stats.clone(),
+                store: (!private)
+                    .then(|| t.conns.get(picked.index).cloned())
+                    .flatten(),
+                member: member.clone(),
+                private: private.then(|| down.private.clone()),
+                reusable,
+                sent,
+            },
+            svc.idle_timeout,
+            request_guard,
+        );
+        let mut out = Response::new(match encoder {
+            Some(s) => DownBody::filtered(crate::compress::CompressBody::new(
+                DownBody::Member(Box::new(body)),
+                s,
+            )),
+            None => DownBody::Member(Box::new(body)),
+        });
+        *out.status_mut() = status;
+        *out.headers_mut() = sink.map;
+        return Ok((out, member.address));
+    }
+}
+
+/// A bodiless request fetched from a member of `t` for the cache (HTTP/1 and HTTP/2 clients
+/// alike): the response with a streaming body.
+pub(crate) async fn fetch(
+    route: Route<'_>,
+    client: &Client,
+    head: &RequestHead,
+) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
+    let private = PrivateConns::default();
+    let down = Downstream {
+        client,
+        private: &private,
+    };
+    forward_in_time(&down, route, head, None).await
+}
+
+/// `forward` within the service's `request_timeout` (504 past it).
+pub(crate) async fn forward_in_time(
+    down: &Downstream<'_>,
+    route: Route<'_>,
+    head: &RequestHead,
+    body: Option<Incoming>,
+) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
+    let svc = route.svc;
+    let fwd = forward(down, route, head, body);
+    match svc.request_timeout {
+        Some(limit) => match tokio::time::timeout(limit, fwd).await {
+            Ok(r) => r,
+            Err(_) => {
+                svc.http_stats
+                    .response_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(Local::error(504, "request_timeout"))
+            }
+        },
+        None => fwd.await,
+    }
+}
+
+enum BodyError {
+    Client,
+    Member(io::Error),
+}
+
+/// Streams an HTTP/2 client's request body to an HTTP/1.1 member connection.
+async fn send_body(
+    body: &mut Incoming,
+    conn: &mut UpstreamConn,
+    framing: ReqFraming,
+    idle: Duration,
+) -> Result<u64, BodyError> {
+    let mut sent = 0u64;
+    let mut out = Vec::with_capacity(16 * 1024);
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(Ok(f))) => f,
+            Ok(None) => break,
+            Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Client),
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        out.clear();
+        if framing == ReqFraming::Chunked {
+            chunked::encode_chunk(&mut out, &data);
+            conn.io.write_all(&out).await.map_err(BodyError::Member)?;
+            sent += out.len() as u64;
+        } else {
+            conn.io.write_all(&data).await.map_err(BodyError::Member)?;
+            sent += data.len() as u64;
+        }
+    }
+    if framing == ReqFraming::Chunked {
+        conn.io
+            .write_all(chunked::END)
+            .await
+            .map_err(BodyError::Member)?;
+        sent += chunked::END.len() as u64;
+    }
+    Ok(sent)
+}
