@@ -6,6 +6,7 @@
 //! VIPs with mastership (adding them through rtnetlink and announcing them with gratuitous ARPs),
 //! follows the health view the binary gives it, and resigns on shutdown.
 
+pub mod bgp;
 pub mod machine;
 pub mod net;
 pub mod packet;

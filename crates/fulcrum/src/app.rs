@@ -319,6 +319,7 @@ impl App {
         if config.ha != before.config.ha {
             tracing::warn!("[ha] changes take effect at the next restart");
         }
+        crate::bgp::reload_warnings(before.config.bgp.as_ref(), config.bgp.as_ref());
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
                 from = before.config.global.workers,
@@ -465,6 +466,7 @@ where
         let admin_addr = config.admin.listen;
         let config_state_file = config.admin.state_file.clone();
         let ha = config.ha.clone();
+        let bgp = config.bgp.clone();
         let access = match crate::admin::access(&config.admin, admin_addr) {
             Ok(a) => a,
             Err(e) => {
@@ -485,6 +487,12 @@ where
             .unwrap_or_default();
         app.ha
             .start(ha.as_ref(), saved.maintenance, Arc::downgrade(&app));
+        app.ha.start_bgp(
+            bgp.as_ref(),
+            ha.as_ref(),
+            saved.maintenance,
+            Arc::downgrade(&app),
+        );
         if let Err(e) = app
             .ha
             .start_sync(ha.as_ref(), saved.changed_at_ms, config_state_file, Arc::downgrade(&app))
