@@ -248,17 +248,67 @@ mod tests {
 
     #[test]
     fn services_belong_to_the_prefixes_they_listen_in() {
-        let mut s = VirtualService {
-            name: "web".into(),
-            listen: vec!["198.51.100.10:80".parse().expect("addr")],
-            ..VirtualService::default()
+        let parse = |listen: &str| {
+            let text = SERVICE.replace("198.51.100.10:80", listen);
+            fulcrum_config::parse(&text, "t.toml", std::path::Path::new("/etc/fulcrum"))
+                .expect("parses")
+                .virtual_services
+                .remove(0)
         };
         let p32: IpNet = "198.51.100.10/32".parse().expect("prefix");
         let other: IpNet = "198.51.100.11/32".parse().expect("prefix");
         let v6: IpNet = "2001:db8::10/128".parse().expect("prefix");
+        let s = parse("198.51.100.10:80");
         assert!(listens_in(&s, &p32));
         assert!(!listens_in(&s, &other));
-        s.listen = vec!["0.0.0.0:80".parse().expect("addr")];
+        let s = parse("0.0.0.0:80");
         assert!(listens_in(&s, &other) && !listens_in(&s, &v6));
+        assert!(listens_in(&parse("[::]:80"), &v6));
+    }
+
+    fn check(text: &str) -> Vec<String> {
+        let c = fulcrum_config::parse(text, "t.toml", std::path::Path::new("/etc/fulcrum"))
+            .expect("parses");
+        checks(&c).iter().map(ToString::to_string).collect()
+    }
+
+    const SERVICE: &str = "[[virtual_service]]\nname = \"w\"\nlisten = [\"198.51.100.10:80\"]\nprotocol = \"tcp\"\npool = \"p\"\n[[pool]]\nname = \"p\"\n[[pool.member]]\naddress = \"10.0.0.1:80\"\n";
+
+    #[test]
+    fn checks_tie_bgp_to_active_active_services_and_bird() {
+        let bgp = |speaker: &str, prefix: &str| {
+            format!("[bgp]\nspeaker = \"{speaker}\"\ncontrol = \"/run/bird/bird.ctl\"\nannounce = [\"{prefix}\"]\n{SERVICE}")
+        };
+        assert_eq!(
+            check(&bgp("bird", "198.51.100.10/32")),
+            Vec::<String>::new()
+        );
+        let aa = "[ha]\nmode = \"active_active\"\n";
+        assert_eq!(
+            check(&format!("{aa}{}", bgp("bird", "198.51.100.0/24"))),
+            Vec::<String>::new()
+        );
+        let e = check(&bgp("gobgp", "198.51.100.11/32")).join("\n");
+        assert!(
+            e.contains("bgp.speaker: speaker = \"gobgp\" is not supported"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "bgp.announce[0]: 198.51.100.11/32 contains no virtual service's listen address"
+            ),
+            "{e}"
+        );
+        let e = check(&format!("{aa}{SERVICE}")).join("\n");
+        assert!(
+            e.contains("ha.mode: active_active announces the VIPs through BGP: add a [bgp] table"),
+            "{e}"
+        );
+        let vrrp = "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\n";
+        let e = check(&format!("{vrrp}{}", bgp("bird", "198.51.100.10/32"))).join("\n");
+        assert!(
+            e.contains("ha.mode: [bgp] makes every node serve the VIPs at once"),
+            "{e}"
+        );
     }
 }
