@@ -58,7 +58,7 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
     if bgp.speaker == BgpSpeaker::Gobgp {
         errors.push(config.locations.error(
             "bgp.speaker",
-            "speaker = \"gobgp\" is not supported by this build (its gRPC API needs GoBGP's .proto files compiled with protoc at build time); use speaker = \"bird\"",
+            "speaker = \"gobgp\" is not supported by this build (driving gobgpd through its gRPC API is not built yet); use speaker = \"bird\"",
         ));
     }
     for (i, prefix) in bgp.announce.iter().enumerate() {

@@ -470,6 +470,8 @@ fn ecmp_over_two_nodes_loses_a_node_that_stops_or_dies_and_flows_on_the_survivor
     signal(&n.lab, fa.index, libc::SIGTERM);
     let t = expect_hops(&n.r, &[B], Duration::from_secs(10), "after SIGTERM of a");
     eprintln!("SIGTERM of a: next hop withdrawn on the router after {t:?}");
+    // For bench/bgp.sh.
+    eprintln!("bench: sigterm_withdrawn_ms={:.1}", t.as_secs_f64() * 1e3);
     survivor
         .ping("after-sigterm")
         .expect("the flow on b continues");
@@ -490,9 +492,58 @@ fn ecmp_over_two_nodes_loses_a_node_that_stops_or_dies_and_flows_on_the_survivor
 
     // kill -9: Fulcrum cannot withdraw, but its liveness interface dies with it and BIRD
     // withdraws the route by itself.
+    // A client opens a new connection every 5 ms meanwhile: those that hash to a fail (a's
+    // kernel resets them) until the router drops a's next hop, then b serves them all.
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = client_loop(&n.c, web(), Duration::from_millis(5), 3000, stop.clone());
+    assert!(
+        wait_for(Duration::from_secs(2), || n
+            .a
+            .birdc("show route")
+            .contains(VIP)),
+        "a's BIRD lost the route before the kill"
+    );
+    let killed = Instant::now();
     n.lab.kill(fa.index);
     let t = expect_hops(&n.r, &[B], Duration::from_secs(10), "after kill -9 of a");
-    eprintln!("kill -9 of a: next hop withdrawn on the router after {t:?}");
+    let withdrawn = Instant::now();
+    let settle = Duration::from_millis(300);
+    wait_for(settle * 2, || withdrawn.elapsed() >= settle);
+    stop.store(true, Ordering::Relaxed);
+    let log = client.join().expect("client");
+    let after: Vec<_> = log.results.iter().filter(|(at, _)| *at >= killed).collect();
+    let failed: Vec<Duration> = after
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(at, _)| *at - killed)
+        .collect();
+    eprintln!(
+        "kill -9 of a: next hop withdrawn on the router {:?} after the kill ({t:?} after the process was reaped); {} of {} new connections failed, the last {:?} after the kill",
+        withdrawn - killed,
+        failed.len(),
+        after.len(),
+        failed.iter().max()
+    );
+    eprintln!(
+        "bench: kill9_withdrawn_ms={:.1} kill9_failed={} kill9_requests={} kill9_last_failure_ms={:.1}",
+        (withdrawn - killed).as_secs_f64() * 1e3,
+        failed.len(),
+        after.len(),
+        failed.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    );
+    // Once the route has lost a (plus one client timeout), every new connection is served by b.
+    let late: Vec<_> = after
+        .iter()
+        .filter(|(at, _)| *at > withdrawn + Duration::from_millis(250))
+        .collect();
+    assert!(!late.is_empty(), "the client stopped too early");
+    assert!(
+        late.iter().all(|(_, r)| r.as_deref() == Ok("b")),
+        "{:?}",
+        late.iter()
+            .filter(|(_, r)| r.as_deref() != Ok("b"))
+            .collect::<Vec<_>>()
+    );
     survivor
         .ping("after-kill")
         .expect("the flow on b continues");
