@@ -38,6 +38,7 @@ fn node_config(name: &str, dir: &Path) -> String {
         r#"[admin]
 listen = "127.0.0.1:9900"
 token = "{ADMIN_TOKEN}"
+state_file = "{d}/state.json"
 
 [ha]
 mode = "active_active"
@@ -611,6 +612,19 @@ fn a_node_withdraws_without_healthy_members_in_maintenance_and_reports_a_lost_bi
     assert!(metrics.contains("fulcrum_bgp_maintenance 1"), "{metrics}");
     let seen = answers(&n.c, 10);
     assert!(seen.iter().all(|r| r.as_deref() == Ok("a")), "{seen:?}");
+    // Maintenance is kept in admin.state_file: b killed and restarted stays out.
+    n.lab.kill(fb.index);
+    let fb = NsFulcrum::start(&mut n.lab, &n.b.ns, BIN, &n.b.config("b"));
+    assert!(
+        wait_for(Duration::from_secs(5), || ha(&fb)["bgp"]["reachable"]
+            == true),
+        "{}",
+        ha(&fb)
+    );
+    let h = ha(&fb);
+    assert_eq!(h["maintenance"], true, "{h}");
+    assert_eq!(h["bgp"]["announced"], serde_json::json!([]), "{h}");
+    assert_eq!(next_hops(&n.r), [A]);
     let (st, _) = api_with(
         &n.b.ns,
         "PUT",
