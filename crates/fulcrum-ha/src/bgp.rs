@@ -102,14 +102,23 @@ pub fn parse_line(line: &str) -> Result<Parsed, String> {
     if b.len() < 5 || !b[..4].iter().all(u8::is_ascii_digit) {
         return Err(format!("not a BIRD reply line: {:?}", truncate(line)));
     }
-    // Four ASCII digits: in range for u16 and valid UTF-8 boundaries.
+    // Four ASCII digits then an ASCII separator: in range for u16, and byte 5 is a character
+    // boundary (checked before slicing: the fuzzer found a multi-byte character there).
+    let more = match b[4] {
+        b'-' => true,
+        b' ' => false,
+        _ => return Err(format!("not a BIRD reply line: {:?}", truncate(line))),
+    };
     let code = line[..4].parse::<u16>().map_err(|e| e.to_string())?;
-    let text = line[5..].to_string();
-    match b[4] {
-        b'-' => Ok(Parsed::More(Line { code, text })),
-        b' ' => Ok(Parsed::Last(Line { code, text })),
-        _ => Err(format!("not a BIRD reply line: {:?}", truncate(line))),
-    }
+    let line = Line {
+        code,
+        text: line[5..].to_string(),
+    };
+    Ok(if more {
+        Parsed::More(line)
+    } else {
+        Parsed::Last(line)
+    })
 }
 
 fn truncate(s: &str) -> &str {
@@ -677,7 +686,16 @@ mod tests {
         assert!(err.is_error());
         assert_eq!(err.message(), "/etc/bird.conf, line 3: syntax error");
 
-        for bad in ["", "abc", "12345", "0001", "0001x", "é001 x", "00\u{e9} x"] {
+        for bad in [
+            "",
+            "abc",
+            "12345",
+            "0001",
+            "0001x",
+            "é001 x",
+            "00\u{e9} x",
+            "7739\u{fffd}0",
+        ] {
             assert!(ReplyReader::default().push(bad).is_err(), "{bad:?}");
         }
     }
