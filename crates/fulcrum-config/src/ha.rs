@@ -13,39 +13,6 @@ use crate::string_enum;
 use crate::types::read_table;
 
 string_enum! {
-    /// `bgp.speaker`.
-    BgpSpeaker {
-        Bird = "bird",
-        Gobgp = "gobgp",
-    }
-}
-
-/// `[bgp]`: announce the VIPs through a local BGP daemon (active_active). Read and checked;
-/// this build does not drive a speaker yet (the binary refuses the table with a clear error).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Bgp {
-    pub speaker: BgpSpeaker,
-    /// BIRD's control socket, or GoBGP's API address.
-    pub control: String,
-    pub announce: Vec<IpNet>,
-}
-
-impl FromNode for Bgp {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            let speaker = t.req(cx, "speaker");
-            let control = t.req(cx, "control");
-            let announce = t.opt(cx, "announce").unwrap_or_default();
-            Some(Bgp {
-                speaker: speaker?,
-                control: control?,
-                announce,
-            })
-        })
-    }
-}
-
-string_enum! {
     /// `ha.mode`.
     HaMode {
         ActiveStandby = "active_standby",
@@ -158,6 +125,9 @@ impl FromNode for Ha {
         read_table(node, cx, |t, cx| {
             let mode = t.opt(cx, "mode").unwrap_or(HaMode::ActiveStandby);
             let node_name = t.opt(cx, "node");
+            if mode == HaMode::ActiveActive {
+                return Some(active_active(t, cx, node_name));
+            }
             let interface = t.req(cx, "interface");
             let vrid: Option<u8> = t.req(cx, "vrid");
             if let (Some(0), Some(n)) = (vrid, t.node("vrid")) {
@@ -265,5 +235,58 @@ impl FromNode for Ha {
                 sync,
             })
         })
+    }
+}
+
+/// The `[ha]` keys that only VRRP (active_standby) uses.
+const VRRP_KEYS: &[&str] = &[
+    "interface",
+    "vrid",
+    "vrrp_version",
+    "priority",
+    "advert_interval",
+    "preempt",
+    "preempt_delay",
+    "peers",
+    "vips",
+    "track_weight",
+    "garp_repeat",
+    "garp_interval",
+    "track",
+];
+
+/// `mode = "active_active"`: every node serves the VIPs at once and `[bgp]` announces them
+/// (crate fulcrum-ha, `bgp`); there is no VRRP, so its keys are errors rather than ignored.
+/// The VRRP fields are left empty: the binary never starts a VRRP node in this mode.
+fn active_active(
+    t: &mut crate::reader::TableReader<'_>,
+    cx: &mut Cx<'_>,
+    node: Option<String>,
+) -> Ha {
+    for key in VRRP_KEYS {
+        if let Some(n) = t.node(key) {
+            cx.error(
+                &n,
+                format!("`{key}` is a VRRP key; with mode = \"active_active\" there is no VRRP: the VIPs are announced through [bgp] (remove it, or use mode = \"active_standby\")"),
+            );
+        }
+    }
+    Ha {
+        mode: HaMode::ActiveActive,
+        node,
+        interface: String::new(),
+        vrid: 0,
+        vrrp_version: 3,
+        priority: 0,
+        advert_interval: Duration::from_secs(1),
+        preempt: false,
+        preempt_delay: Duration::ZERO,
+        peers: Vec::new(),
+        vips: Vec::new(),
+        track: Vec::new(),
+        track_weight: None,
+        garp_repeat: 0,
+        garp_interval: Duration::ZERO,
+        sync: t.opt(cx, "sync"),
     }
 }

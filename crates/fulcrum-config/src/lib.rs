@@ -5,6 +5,7 @@ mod accel;
 mod access;
 mod admin;
 mod alert;
+mod bgp;
 mod error;
 mod forwarding;
 mod ha;
@@ -27,9 +28,10 @@ pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_T
 pub use access::AccessList;
 pub use admin::{token_problem, token_too_short, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use alert::{AlertEvent, AlertRule, Smtp};
+pub use bgp::{Bgp, BgpSpeaker, DEFAULT_BGP_INCLUDE, DEFAULT_BGP_INTERFACE};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
-pub use ha::{Bgp, BgpSpeaker, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
+pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
     StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,

@@ -29,8 +29,8 @@ pub struct Config {
     pub gslb: Gslb,
     /// `[ha]`: VRRP active/standby (crate fulcrum-ha).
     pub ha: Option<crate::ha::Ha>,
-    /// `[bgp]`: read and checked; not run by this build.
-    pub bgp: Option<crate::ha::Bgp>,
+    /// `[bgp]`: announce the VIPs through a local BGP speaker (active_active).
+    pub bgp: Option<crate::bgp::Bgp>,
     /// `[[alert]]` rules (crate::alert).
     pub alerts: Vec<crate::alert::AlertRule>,
     /// Link load balancing of flows leaving the LAN (`[[outbound]]`).

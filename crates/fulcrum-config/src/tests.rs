@@ -914,6 +914,29 @@ fn bgp_is_read_and_checked() {
     let e = errs("[bgp]\nspeaker = \"quagga\"\ncontrl = \"x\"\n");
     has(&e, "bgp.speaker");
     has(&e, "unknown key `contrl` (did you mean `control`?)");
+    assert_eq!(b.include, crate::DEFAULT_BGP_INCLUDE);
+    assert_eq!(b.interface, crate::DEFAULT_BGP_INTERFACE);
+    let e = errs("[bgp]\nspeaker = \"bird\"\ncontrol = \"\"\nannounce = []\ninclude = \"rel.conf\"\ninterface = \"much-too-long-name\"\n");
+    has(&e, "bgp.announce: list at least one prefix");
+    has(
+        &e,
+        "bgp.control: expected the path of BIRD's control socket",
+    );
+    has(&e, "bgp.include: expected an absolute path");
+    has(&e, "bgp.interface: expected an interface name of 1 to 15");
+    // active_active: no VRRP, so its keys are errors; `node` and `sync` stay.
+    let c = ok("[ha]\nmode = \"active_active\"\nnode = \"lb1\"\n");
+    let ha = c.ha.expect("[ha]");
+    assert_eq!(
+        (ha.mode, ha.node.as_deref()),
+        (HaMode::ActiveActive, Some("lb1"))
+    );
+    let e = errs("[ha]\nmode = \"active_active\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\n");
+    has(
+        &e,
+        "ha.vrid: `vrid` is a VRRP key; with mode = \"active_active\" there is no VRRP",
+    );
+    has(&e, "ha.vips: `vips` is a VRRP key");
 }
 
 #[test]

@@ -5,7 +5,11 @@
 //! `net` the sockets and netlink, and `Node` the task that joins them: it advertises, moves the
 //! VIPs with mastership (adding them through rtnetlink and announcing them with gratuitous ARPs),
 //! follows the health view the binary gives it, and resigns on shutdown.
+//!
+//! `bgp` is the other mode, scale-out (active-active): every node serves the VIPs and announces
+//! them through its local BIRD while it can serve them.
 
+pub mod bgp;
 pub mod machine;
 pub mod net;
 pub mod packet;

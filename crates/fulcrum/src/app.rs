@@ -322,6 +322,7 @@ impl App {
             tracing::warn!("admin.socket and admin.tls changes take effect at the next restart");
         }
         self.ha.reload(&mut config, &before.config);
+        crate::bgp::reload_warnings(before.config.bgp.as_ref(), config.bgp.as_ref());
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
                 from = before.config.global.workers,
@@ -469,6 +470,7 @@ where
         let admin_config = config.admin.clone();
         let config_state_file = config.admin.state_file.clone();
         let ha = config.ha.clone();
+        let bgp = config.bgp.clone();
         let access = match crate::admin::access(&config.admin, admin_addr) {
             Ok(a) => a,
             Err(e) => {
@@ -489,6 +491,12 @@ where
             .unwrap_or_default();
         app.ha
             .start(ha.as_ref(), saved.maintenance, Arc::downgrade(&app));
+        app.ha.start_bgp(
+            bgp.as_ref(),
+            ha.as_ref(),
+            saved.maintenance,
+            Arc::downgrade(&app),
+        );
         if let Err(e) = app
             .ha
             .start_sync(ha.as_ref(), saved.changed_at_ms, config_state_file, Arc::downgrade(&app))

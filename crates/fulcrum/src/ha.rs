@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use fulcrum_admin::{Control, MetricsWriter};
-use fulcrum_config::{Config, ConfigError, Ha, HaMode};
+use fulcrum_config::{Bgp, Config, ConfigError, Ha, HaMode};
 use fulcrum_ha::machine::State;
 use std::collections::HashMap;
 
@@ -16,24 +16,9 @@ use fulcrum_ha::sync::{FullDump, Kind, OnReceive, StateSync};
 use fulcrum_ha::{Node, NodeConfig};
 use serde_json::{json, Value};
 
-/// What the config asks that this build cannot do yet is an error, not a silent no-op.
+/// `[ha]` and `[bgp]` together (active_active): crate::bgp.
 pub fn checks(config: &Config) -> Vec<ConfigError> {
-    let mut errors = Vec::new();
-    if config.bgp.is_some() {
-        errors.push(config.locations.error(
-            "bgp",
-            "[bgp] (announcing the VIPs through BIRD or GoBGP) is not implemented in this build",
-        ));
-    }
-    if let Some(ha) = &config.ha {
-        if ha.mode == HaMode::ActiveActive {
-            errors.push(config.locations.error(
-                "ha.mode",
-                "active_active (BGP announcement of the VIPs) is not implemented in this build; use active_standby",
-            ));
-        }
-    }
-    errors
+    crate::bgp::checks(config)
 }
 
 /// The keys of `[ha]` that differ between two configurations.
@@ -80,6 +65,8 @@ pub struct HaPlane {
     /// Unix ms of the last operator change of member or site state here, or of the peer's
     /// state this node took over: `ha.sync` keeps the newest.
     changed_at: Arc<AtomicU64>,
+    /// Active-active: the BGP announcer (`[bgp]`, crate::bgp) instead of a VRRP node.
+    bgp: OnceLock<fulcrum_ha::bgp::Announcer>,
 }
 
 /// New persistence entries waiting to be sent; beyond this the newest are dropped and counted.
@@ -240,7 +227,10 @@ impl HaPlane {
     /// Starts the node when the config has `[ha]`. `control` gives the health view: the node
     /// can serve while every tracked pool (`ha.track`, or every pool) has a member that is up.
     pub fn start<C: Control>(&self, ha: Option<&Ha>, maintenance: bool, control: Weak<C>) {
-        let Some(ha) = ha else { return };
+        // Active-active runs no VRRP: `start_bgp` announces the VIPs instead.
+        let Some(ha) = ha.filter(|h| h.mode != HaMode::ActiveActive) else {
+            return;
+        };
         if maintenance {
             tracing::warn!("HA: starting in maintenance (saved in admin.state_file); PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
         }
@@ -336,6 +326,20 @@ impl HaPlane {
             );
         }
         new.ha = Some(kept);
+    }
+
+    /// Starts announcing when the config has `[bgp]` (active-active: no VRRP node runs).
+    pub fn start_bgp<C: Control>(
+        &self,
+        bgp: Option<&Bgp>,
+        ha: Option<&Ha>,
+        maintenance: bool,
+        control: Weak<C>,
+    ) {
+        let Some(bgp) = bgp else { return };
+        let node = ha.and_then(|h| h.node.clone()).unwrap_or_else(host_name);
+        let _ = self.node_name.set(node);
+        let _ = self.bgp.set(crate::bgp::start(bgp, maintenance, control));
     }
 
     /// An operator change here: newer than anything this node has seen, even within one
@@ -507,6 +511,9 @@ impl HaPlane {
     /// Resigns mastership and removes the VIPs (before connections drain, so the peer takes
     /// over at once).
     pub async fn shutdown(&self) {
+        if let Some(b) = self.bgp.get() {
+            b.shutdown().await;
+        }
         if let Some(n) = self.node.get() {
             n.shutdown().await;
         }
@@ -514,6 +521,10 @@ impl HaPlane {
 
     /// `/api/v1/ha`: `GET` the node's status; `PUT maintenance` with `{"maintenance": bool}`.
     pub fn api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
+        if let Some(b) = self.bgp.get() {
+            let node = self.node_name.get().map_or("", String::as_str);
+            return crate::bgp::api(b, node, method, path, body);
+        }
         let Some(n) = self.node.get() else {
             return (
                 404,
@@ -586,6 +597,9 @@ impl HaPlane {
     }
 
     pub fn metrics(&self, w: &mut MetricsWriter) {
+        if let Some(b) = self.bgp.get() {
+            crate::bgp::metrics(b, w);
+        }
         let Some(n) = self.node.get() else { return };
         let s = n.status();
         let vrid = s.vrid.to_string();

@@ -3,6 +3,7 @@
 mod access;
 mod admin;
 mod app;
+mod bgp;
 mod cli;
 mod compression;
 mod demo;

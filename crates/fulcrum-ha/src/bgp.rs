@@ -1,0 +1,752 @@
+//! Scale-out (active-active): announce the VIP prefixes through a local BIRD 2 while this node
+//! can serve them, and withdraw them when it cannot, when it is put in maintenance, and when it
+//! stops — however it stops.
+//!
+//! The design, and why:
+//! - Fulcrum owns one BIRD configuration fragment (`bgp.include`), which the operator's
+//!   bird.conf includes once: a `protocol static fulcrum4` (and `fulcrum6`) listing the prefixes
+//!   announced now. A change rewrites the file atomically and sends `configure`; BIRD compares
+//!   the old and new config and only the static protocol's routes change (BGP sessions stay up).
+//!   The file is the truth: a BIRD that restarts reads the current decision at start.
+//! - Every route points at a TUN interface (`bgp.interface`) that this process creates and
+//!   holds open. The kernel deletes a non-persistent TUN when its last descriptor closes, which
+//!   happens however the process ends (SIGTERM, panic, kill -9, OOM killer). BIRD's static route
+//!   through a vanished interface is unreachable, so BIRD withdraws the prefix at once, without
+//!   Fulcrum's help and without waiting for a hold timer. A Fulcrum that is alive but wedged
+//!   (not dead) keeps its routes: that failure mode is what BFD/hold timers and the health of
+//!   the node itself do not cover either (docs/operations.md "Scale-out").
+//! - The control socket is spoken directly (a Unix stream, replies of lines with 4-digit codes;
+//!   BIRD's doc/reply_codes) rather than by running `birdc`: one persistent connection, no
+//!   process spawned from a multi-threaded server per change, the reply codes as they are (no
+//!   scraping of a human-oriented tool's output), and no dependency on birdc being in PATH.
+//!   No maintained Rust crate speaks this protocol; the subset needed is small.
+//!
+//! Nothing here blocks a data plane: the announcer is one task with timeouts on every exchange;
+//! a BIRD that is down is reported (`reachable`, `last_error`), retried every interval, and its
+//! configuration file is still kept current so it starts with the right prefixes.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ipnet::IpNet;
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::Notify;
+
+/// How long one exchange with BIRD may take before the connection is dropped and retried.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the BGP sessions' states are read for the API.
+const SESSIONS_EVERY: Duration = Duration::from_secs(2);
+/// A reply longer than this is refused (BIRD's longest replies are route dumps we never ask for).
+const MAX_REPLY_LINES: usize = 10_000;
+
+/// The static protocols in the fragment, by family (the operator's BGP export filters name them).
+pub const PROTOCOL_V4: &str = "fulcrum4";
+pub const PROTOCOL_V6: &str = "fulcrum6";
+
+/// One line of a BIRD control-socket reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub code: u16,
+    pub text: String,
+}
+
+/// A whole reply: its lines, and the code of the last one, which says how the command went
+/// (0xxx done, 1xxx/2xxx data, 8xxx run-time error, 9xxx parse error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub code: u16,
+    pub lines: Vec<Line>,
+}
+
+impl Reply {
+    pub fn is_error(&self) -> bool {
+        self.code >= 8000
+    }
+
+    /// The text of the final line (BIRD's message).
+    pub fn message(&self) -> &str {
+        self.lines.last().map_or("", |l| l.text.as_str())
+    }
+}
+
+/// What one line of a reply is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    /// `DDDD-text`: more lines follow.
+    More(Line),
+    /// `DDDD text`: the reply ends here.
+    Last(Line),
+    /// ` text`: continues the previous line's code.
+    Continued(String),
+    /// `+text`: an asynchronous message (only with `echo`), not part of a reply.
+    Async,
+}
+
+/// Parses one line of the control-socket protocol (without its newline).
+pub fn parse_line(line: &str) -> Result<Parsed, String> {
+    if let Some(rest) = line.strip_prefix(' ') {
+        return Ok(Parsed::Continued(rest.to_string()));
+    }
+    if line.starts_with('+') {
+        return Ok(Parsed::Async);
+    }
+    let b = line.as_bytes();
+    if b.len() < 5 || !b[..4].iter().all(u8::is_ascii_digit) {
+        return Err(format!("not a BIRD reply line: {:?}", truncate(line)));
+    }
+    // Four ASCII digits then an ASCII separator: in range for u16, and byte 5 is a character
+    // boundary (checked before slicing: the fuzzer found a multi-byte character there).
+    let more = match b[4] {
+        b'-' => true,
+        b' ' => false,
+        _ => return Err(format!("not a BIRD reply line: {:?}", truncate(line))),
+    };
+    let code = line[..4].parse::<u16>().map_err(|e| e.to_string())?;
+    let line = Line {
+        code,
+        text: line[5..].to_string(),
+    };
+    Ok(if more {
+        Parsed::More(line)
+    } else {
+        Parsed::Last(line)
+    })
+}
+
+fn truncate(s: &str) -> &str {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// Feeds lines until a reply is complete: `Some(reply)` when it is.
+#[derive(Default)]
+pub struct ReplyReader {
+    lines: Vec<Line>,
+    last_code: u16,
+}
+
+impl ReplyReader {
+    pub fn push(&mut self, line: &str) -> Result<Option<Reply>, String> {
+        if self.lines.len() >= MAX_REPLY_LINES {
+            return Err("reply too long".into());
+        }
+        match parse_line(line)? {
+            Parsed::More(l) => {
+                self.last_code = l.code;
+                self.lines.push(l);
+                Ok(None)
+            }
+            Parsed::Continued(text) => {
+                self.lines.push(Line {
+                    code: self.last_code,
+                    text,
+                });
+                Ok(None)
+            }
+            Parsed::Async => Ok(None),
+            Parsed::Last(l) => {
+                let code = l.code;
+                self.lines.push(l);
+                self.last_code = 0;
+                Ok(Some(Reply {
+                    code,
+                    lines: std::mem::take(&mut self.lines),
+                }))
+            }
+        }
+    }
+}
+
+/// A connection to BIRD's control socket.
+pub struct BirdClient {
+    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+    /// From the greeting (`0001 BIRD 2.0.12 ready.`).
+    pub version: String,
+}
+
+impl BirdClient {
+    pub async fn connect(path: &Path) -> Result<BirdClient, String> {
+        let stream = tokio::time::timeout(EXCHANGE_TIMEOUT, UnixStream::connect(path))
+            .await
+            .map_err(|_| format!("{}: connect timed out", path.display()))?
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let (r, writer) = stream.into_split();
+        let mut c = BirdClient {
+            reader: BufReader::new(r),
+            writer,
+            version: String::new(),
+        };
+        let hello = c.read_reply().await?;
+        if hello.code != 1 {
+            return Err(format!(
+                "{}: unexpected greeting {} {}",
+                path.display(),
+                hello.code,
+                hello.message()
+            ));
+        }
+        c.version = hello
+            .message()
+            .trim_end_matches(" ready.")
+            .trim()
+            .to_string();
+        Ok(c)
+    }
+
+    async fn read_reply(&mut self) -> Result<Reply, String> {
+        let mut rr = ReplyReader::default();
+        let mut line = String::new();
+        let read = async {
+            loop {
+                line.clear();
+                let n = self
+                    .reader
+                    .read_line(&mut line)
+                    .await
+                    .map_err(|e| format!("read: {e}"))?;
+                if n == 0 {
+                    return Err("BIRD closed the control connection".to_string());
+                }
+                if let Some(reply) = rr.push(line.trim_end_matches(['\n', '\r']))? {
+                    return Ok(reply);
+                }
+            }
+        };
+        tokio::time::timeout(EXCHANGE_TIMEOUT, read)
+            .await
+            .map_err(|_| "BIRD did not answer in time".to_string())?
+    }
+
+    /// Sends one command and reads its reply (an error reply is returned, not an `Err`).
+    pub async fn command(&mut self, cmd: &str) -> Result<Reply, String> {
+        let mut bytes = cmd.as_bytes().to_vec();
+        bytes.push(b'\n');
+        tokio::time::timeout(EXCHANGE_TIMEOUT, self.writer.write_all(&bytes))
+            .await
+            .map_err(|_| "write to BIRD timed out".to_string())?
+            .map_err(|e| format!("write: {e}"))?;
+        self.read_reply().await
+    }
+}
+
+/// The configuration fragment announcing `prefixes` through `interface`.
+pub fn render(interface: &str, prefixes: &BTreeSet<IpNet>) -> String {
+    let mut out = String::from(
+        "# Written by Fulcrum ([bgp]): the prefixes it announces now. Do not edit; it is\n\
+         # rewritten on every change. Routes point at Fulcrum's liveness interface, so they\n\
+         # vanish when the Fulcrum process ends.\n",
+    );
+    for (name, family, v6) in [(PROTOCOL_V4, "ipv4", false), (PROTOCOL_V6, "ipv6", true)] {
+        out.push_str(&format!("protocol static {name} {{\n  {family};\n"));
+        for p in prefixes.iter().filter(|p| p.addr().is_ipv6() == v6) {
+            out.push_str(&format!("  route {} via \"{interface}\";\n", p.trunc()));
+        }
+        out.push_str("}\n");
+    }
+    out
+}
+
+/// Writes `text` to `path` atomically (a temporary file beside it, fsync, rename).
+fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map_or("bird-announce".into(), |n| n.to_string_lossy())
+    ));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    // BIRD usually runs as its own user: it must be able to read the file.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A TUN interface held open by this process: the kernel deletes it when the process ends.
+pub struct LivenessLink {
+    _fd: OwnedFd,
+    pub name: String,
+}
+
+impl LivenessLink {
+    pub fn create(name: &str) -> io::Result<LivenessLink> {
+        if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "interface name must be 1 to 15 bytes",
+            ));
+        }
+        // SAFETY: open(2) with a NUL-terminated literal path; the result is checked below.
+        let raw = unsafe {
+            libc::open(
+                c"/dev/net/tun".as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor we just opened and own exclusively.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut req = ifreq(name);
+        req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+        // SAFETY: TUNSETIFF reads (and writes back the name into) the ifreq we own, which lives
+        // across the call; the descriptor is a valid /dev/net/tun handle.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        set_up(name)?;
+        Ok(LivenessLink {
+            _fd: fd,
+            name: name.to_string(),
+        })
+    }
+}
+
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data (a name array and a union of integers); all-zero is a
+    // valid value of it.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    req
+}
+
+/// Sets IFF_UP on `name` (SIOCGIFFLAGS / SIOCSIFFLAGS on a throwaway datagram socket).
+fn set_up(name: &str) -> io::Result<()> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    let mut req = ifreq(name);
+    // SAFETY: SIOCGIFFLAGS fills the flags of the ifreq we own; the socket is valid.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: reading the union member SIOCGIFFLAGS just wrote.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we own; the socket is valid.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// What the announcer runs with (from `[bgp]`).
+#[derive(Debug, Clone)]
+pub struct BgpConfig {
+    /// BIRD's control socket.
+    pub control: PathBuf,
+    /// The fragment Fulcrum writes.
+    pub include: PathBuf,
+    /// The liveness interface.
+    pub interface: String,
+    /// How often health is evaluated (and a lost BIRD retried).
+    pub interval: Duration,
+}
+
+/// Each configured prefix and whether this node can serve it now (the binary's health view).
+pub type Desired = Arc<dyn Fn() -> Vec<(IpNet, bool)> + Send + Sync>;
+
+/// A BGP session of the local BIRD, from `show protocols`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Session {
+    pub name: String,
+    pub state: String,
+    pub info: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefixStatus {
+    pub prefix: String,
+    /// Its services have a healthy member here.
+    pub healthy: bool,
+    /// In the fragment BIRD has accepted.
+    pub announced: bool,
+}
+
+/// `GET /api/v1/ha` → `bgp`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct BgpStatus {
+    pub speaker: &'static str,
+    pub control: String,
+    pub include: String,
+    /// The control socket answers.
+    pub reachable: bool,
+    pub bird_version: Option<String>,
+    /// Whether the liveness interface exists (routes are only active while it does).
+    pub liveness_interface: Option<String>,
+    /// The prefixes BIRD has been told to announce (its `configure` succeeded).
+    pub announced: Vec<String>,
+    pub prefixes: Vec<PrefixStatus>,
+    pub sessions: Vec<Session>,
+    pub last_error: Option<String>,
+    pub last_error_at_ms: Option<u64>,
+    /// Successful changes of the announced set.
+    pub changes: u64,
+    pub errors: u64,
+}
+
+struct Shared {
+    status: Mutex<BgpStatus>,
+    maintenance: AtomicBool,
+    stopping: AtomicBool,
+    wake: Notify,
+}
+
+/// The running announcer.
+pub struct Announcer {
+    shared: Arc<Shared>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Announcer {
+    /// Starts the announcer task on the current tokio runtime.
+    pub fn start(config: BgpConfig, desired: Desired, maintenance: bool) -> Announcer {
+        let shared = Arc::new(Shared {
+            status: Mutex::new(BgpStatus {
+                speaker: "bird",
+                control: config.control.display().to_string(),
+                include: config.include.display().to_string(),
+                ..BgpStatus::default()
+            }),
+            maintenance: AtomicBool::new(maintenance),
+            stopping: AtomicBool::new(false),
+            wake: Notify::new(),
+        });
+        let task = tokio::spawn(run(config, desired, shared.clone()));
+        Announcer {
+            shared,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    pub fn status(&self) -> BgpStatus {
+        self.shared.status.lock().clone()
+    }
+
+    pub fn maintenance(&self) -> bool {
+        self.shared.maintenance.load(Ordering::Acquire)
+    }
+
+    /// In maintenance every prefix is withdrawn (at once: the task wakes up).
+    pub fn set_maintenance(&self, on: bool) {
+        self.shared.maintenance.store(on, Ordering::Release);
+        self.shared.wake.notify_one();
+    }
+
+    /// Withdraws every prefix (tells BIRD, then closes the liveness interface), waiting at most
+    /// a few seconds for BIRD.
+    pub async fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+        let task = self.task.lock().take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT * 3, task).await;
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Shared {
+    fn error(&self, e: String) {
+        let mut s = self.status.lock();
+        if s.last_error.as_deref() != Some(e.as_str()) {
+            tracing::warn!(error = %e, "BGP (BIRD)");
+        }
+        s.last_error = Some(e);
+        s.last_error_at_ms = Some(now_ms());
+        s.errors += 1;
+    }
+}
+
+/// The BGP sessions in a `show protocols` reply (lines 1002: name, proto, table, state, since,
+/// info; `since` may be one or two words depending on BIRD's timeformat).
+pub fn sessions(reply: &Reply) -> Vec<Session> {
+    reply
+        .lines
+        .iter()
+        .filter(|l| l.code == 1002)
+        .filter_map(|l| {
+            let w: Vec<&str> = l.text.split_whitespace().collect();
+            if w.len() < 4 || w[1] != "BGP" {
+                return None;
+            }
+            let info_at = w
+                .iter()
+                .enumerate()
+                .skip(4)
+                .find(|(_, t)| !t.starts_with(|c: char| c.is_ascii_digit()))
+                .map_or(w.len(), |(i, _)| i);
+            Some(Session {
+                name: w[0].to_string(),
+                state: w[3].to_string(),
+                info: w[info_at..].join(" "),
+            })
+        })
+        .collect()
+}
+
+/// Why `configure` failed.
+enum ConfigureError {
+    /// The connection broke or timed out: drop it and reconnect.
+    Connection(String),
+    /// BIRD answered with an error (the operator's config does not parse, …): the connection
+    /// is fine, the announced set is unchanged in BIRD.
+    Refused(String),
+}
+
+/// Tells BIRD to re-read its configuration (and so the fragment).
+async fn configure(client: &mut BirdClient) -> Result<(), ConfigureError> {
+    let r = client
+        .command("configure")
+        .await
+        .map_err(ConfigureError::Connection)?;
+    // 0003 reconfigured, 0004 in progress, 0005 queued behind one in progress, 0019 nothing to do.
+    if r.is_error() || !matches!(r.code, 3 | 4 | 5 | 19) {
+        return Err(ConfigureError::Refused(format!(
+            "BIRD refused `configure`: {} {}",
+            r.code,
+            r.message()
+        )));
+    }
+    Ok(())
+}
+
+async fn run(config: BgpConfig, desired: Desired, shared: Arc<Shared>) {
+    let mut client: Option<BirdClient> = None;
+    let mut link: Option<LivenessLink> = None;
+    // What BIRD has accepted; `None` until the first successful configure on a connection.
+    let mut applied: Option<BTreeSet<IpNet>> = None;
+    // What the file says.
+    let mut written: Option<BTreeSet<IpNet>> = None;
+    let mut sessions_at = tokio::time::Instant::now();
+    loop {
+        let stopping = shared.stopping.load(Ordering::Acquire);
+        let maintenance = shared.maintenance.load(Ordering::Acquire);
+        let view = desired();
+        let want: BTreeSet<IpNet> = if stopping || maintenance {
+            BTreeSet::new()
+        } else {
+            view.iter().filter(|(_, h)| *h).map(|(p, _)| *p).collect()
+        };
+        if written.as_ref() != Some(&want) {
+            match write_atomically(&config.include, &render(&config.interface, &want)) {
+                Ok(()) => written = Some(want.clone()),
+                Err(e) => shared.error(format!("cannot write {}: {e}", config.include.display())),
+            }
+        }
+        if client.is_none() {
+            match BirdClient::connect(&config.control).await {
+                Ok(c) => {
+                    tracing::info!(control = %config.control.display(), version = %c.version, "BGP: connected to BIRD");
+                    shared.status.lock().bird_version = Some(c.version.clone());
+                    client = Some(c);
+                    applied = None;
+                }
+                Err(e) => {
+                    shared.status.lock().reachable = false;
+                    shared.error(format!("BIRD control socket {e}"));
+                }
+            }
+        }
+        if let Some(c) = client.as_mut() {
+            let mut ok = true;
+            if written.as_ref() == Some(&want) && applied.as_ref() != Some(&want) {
+                match configure(c).await {
+                    Ok(()) => {
+                        let mut s = shared.status.lock();
+                        if applied.is_some() {
+                            s.changes += 1;
+                        }
+                        tracing::info!(announced = ?want.iter().map(ToString::to_string).collect::<Vec<_>>(), "BGP: announced prefixes changed");
+                        applied = Some(want.clone());
+                    }
+                    Err(ConfigureError::Refused(e)) => shared.error(e),
+                    Err(ConfigureError::Connection(e)) => {
+                        ok = false;
+                        shared.error(e);
+                    }
+                }
+            }
+            if ok && !stopping && sessions_at.elapsed() >= SESSIONS_EVERY {
+                sessions_at = tokio::time::Instant::now();
+                match c.command("show protocols").await {
+                    Ok(r) => shared.status.lock().sessions = sessions(&r),
+                    Err(e) => {
+                        ok = false;
+                        shared.error(e);
+                    }
+                }
+            }
+            let mut s = shared.status.lock();
+            s.reachable = ok;
+            if !ok {
+                // What BIRD said about its sessions is no longer known.
+                s.sessions.clear();
+                client = None;
+            }
+        }
+        // The liveness interface comes after the first decision is written: a fragment left by
+        // an earlier process must not come back to life before this one has judged it.
+        if link.is_none() && !stopping && written.is_some() {
+            match LivenessLink::create(&config.interface) {
+                Ok(l) => {
+                    shared.status.lock().liveness_interface = Some(l.name.clone());
+                    link = Some(l);
+                }
+                Err(e) => shared.error(format!(
+                    "cannot create the liveness interface {} (TUN): {e}",
+                    config.interface
+                )),
+            }
+        }
+        {
+            let mut s = shared.status.lock();
+            s.announced = applied.iter().flatten().map(ToString::to_string).collect();
+            s.prefixes = view
+                .iter()
+                .map(|(p, h)| PrefixStatus {
+                    prefix: p.to_string(),
+                    healthy: *h,
+                    announced: applied.as_ref().is_some_and(|a| a.contains(p)),
+                })
+                .collect();
+        }
+        if stopping {
+            // Withdrawn in BIRD (when it answered); closing the interface withdraws anyway.
+            drop(link.take());
+            shared.status.lock().liveness_interface = None;
+            tracing::info!("BGP: prefixes withdrawn for shutdown");
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.interval) => {}
+            _ = shared.wake.notified() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_lines_parse_and_group() {
+        let mut r = ReplyReader::default();
+        assert_eq!(
+            r.push("0002-Reading configuration from /etc/bird.conf"),
+            Ok(None)
+        );
+        let reply = r.push("0003 Reconfigured").expect("ok").expect("complete");
+        assert_eq!(reply.code, 3);
+        assert_eq!(reply.lines.len(), 2);
+        assert!(!reply.is_error());
+
+        let mut r = ReplyReader::default();
+        assert_eq!(
+            r.push("1002-device1    Device     ---        up     18:02:14.503  "),
+            Ok(None)
+        );
+        assert_eq!(r.push(" continued"), Ok(None));
+        assert_eq!(r.push("+async log line"), Ok(None));
+        let reply = r.push("0000 ").expect("ok").expect("complete");
+        assert_eq!(
+            reply.lines[1],
+            Line {
+                code: 1002,
+                text: "continued".into()
+            }
+        );
+        assert_eq!(reply.lines.len(), 3);
+
+        let err = ReplyReader::default()
+            .push("8002 /etc/bird.conf, line 3: syntax error")
+            .expect("ok")
+            .expect("complete");
+        assert!(err.is_error());
+        assert_eq!(err.message(), "/etc/bird.conf, line 3: syntax error");
+
+        for bad in [
+            "",
+            "abc",
+            "12345",
+            "0001",
+            "0001x",
+            "é001 x",
+            "00\u{e9} x",
+            "7739\u{fffd}0",
+        ] {
+            assert!(ReplyReader::default().push(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bgp_sessions_come_from_show_protocols() {
+        let reply = Reply {
+            code: 0,
+            lines: vec![
+                Line { code: 2002, text: "Name       Proto      Table      State  Since         Info".into() },
+                Line { code: 1002, text: "device1    Device     ---        up     18:02:14.503  ".into() },
+                Line { code: 1002, text: "router     BGP        ---        up     18:02:16.000  Established   ".into() },
+                Line { code: 1002, text: "backup     BGP        ---        start  2026-12-01 18:02:16  Active        Socket: Connection refused".into() },
+            ],
+        };
+        assert_eq!(
+            sessions(&reply),
+            vec![
+                Session {
+                    name: "router".into(),
+                    state: "up".into(),
+                    info: "Established".into()
+                },
+                Session {
+                    name: "backup".into(),
+                    state: "start".into(),
+                    info: "Active Socket: Connection refused".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_fragment_lists_each_family_in_its_protocol() {
+        let set: BTreeSet<IpNet> = ["198.51.100.10/32", "2001:db8::10/128", "203.0.113.0/24"]
+            .iter()
+            .map(|s| s.parse().expect("prefix"))
+            .collect();
+        let text = render("fulcrum-bgp", &set);
+        let v4 = text
+            .split("protocol static fulcrum6")
+            .next()
+            .expect("v4 part");
+        assert!(v4.contains("protocol static fulcrum4 {\n  ipv4;\n"));
+        assert!(v4.contains("  route 198.51.100.10/32 via \"fulcrum-bgp\";\n"));
+        assert!(v4.contains("  route 203.0.113.0/24 via \"fulcrum-bgp\";\n"));
+        assert!(!v4.contains("2001:db8"));
+        assert!(text.contains("protocol static fulcrum6 {\n  ipv6;\n  route 2001:db8::10/128 via \"fulcrum-bgp\";\n}\n"));
+        // Nothing announced: both protocols stay (the operator's filters name them), empty.
+        let empty = render("x", &BTreeSet::new());
+        assert!(empty.contains("protocol static fulcrum4 {\n  ipv4;\n}\n"));
+        assert!(empty.contains("protocol static fulcrum6 {\n  ipv6;\n}\n"));
+    }
+}

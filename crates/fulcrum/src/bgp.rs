@@ -1,0 +1,314 @@
+//! `[bgp]`: scale-out (active-active). Runs fulcrum-ha's BIRD announcer with this node's view of
+//! which prefixes it can serve: a prefix is announced while one of the virtual services listening
+//! in it (on an address inside it, or on the wildcard of its family; XDP services included, they
+//! are virtual services with a `listen` too) has a member that takes new clients. Part of the HA
+//! plane: `GET /api/v1/ha`, `PUT /api/v1/ha/maintenance` and shutdown go through it.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use fulcrum_admin::{Control, MetricsWriter};
+use fulcrum_config::{Bgp, BgpSpeaker, Config, ConfigError, HaMode, RuleAction, VirtualService};
+use fulcrum_ha::bgp::{Announcer, BgpConfig, Desired};
+use ipnet::IpNet;
+use serde_json::{json, Value};
+
+/// How often the health view is re-evaluated (and a BIRD that is down retried).
+const INTERVAL: Duration = Duration::from_millis(200);
+
+/// Whether `service` listens inside `prefix` (or on the wildcard address of its family).
+fn listens_in(service: &VirtualService, prefix: &IpNet) -> bool {
+    service.listen.iter().any(|a| {
+        let ip = a.ip();
+        prefix.contains(&ip) || (ip.is_unspecified() && ip.is_ipv6() == prefix.addr().is_ipv6())
+    })
+}
+
+fn service_pools(service: &VirtualService) -> impl Iterator<Item = &str> {
+    service
+        .pool
+        .as_deref()
+        .into_iter()
+        .chain(service.rules.iter().filter_map(|r| match &r.action {
+            RuleAction::Pool(p) => Some(p.as_str()),
+            _ => None,
+        }))
+}
+
+/// The configuration problems of `[bgp]` and `ha.mode = "active_active"`.
+pub fn checks(config: &Config) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    let mode = config.ha.as_ref().map(|h| h.mode);
+    let Some(bgp) = &config.bgp else {
+        if mode == Some(HaMode::ActiveActive) {
+            errors.push(config.locations.error(
+                "ha.mode",
+                "active_active announces the VIPs through BGP: add a [bgp] table (speaker, control, announce)",
+            ));
+        }
+        return errors;
+    };
+    if mode == Some(HaMode::ActiveStandby) {
+        errors.push(config.locations.error(
+            "ha.mode",
+            "[bgp] makes every node serve the VIPs at once: set mode = \"active_active\" (VRRP active_standby and BGP announcement do not combine in this build)",
+        ));
+    }
+    if bgp.speaker == BgpSpeaker::Gobgp {
+        errors.push(config.locations.error(
+            "bgp.speaker",
+            "speaker = \"gobgp\" is not supported by this build (driving gobgpd through its gRPC API is not built yet); use speaker = \"bird\"",
+        ));
+    }
+    for (i, prefix) in bgp.announce.iter().enumerate() {
+        if !config
+            .virtual_services
+            .iter()
+            .any(|s| listens_in(s, prefix))
+        {
+            errors.push(config.locations.error(
+                &format!("bgp.announce[{i}]"),
+                format!("{prefix} contains no virtual service's listen address: a prefix is announced while the services listening in it have a healthy member"),
+            ));
+        }
+    }
+    errors
+}
+
+/// `[bgp]` settings that need a restart (the announced prefixes follow a reload).
+pub fn reload_warnings(before: Option<&Bgp>, after: Option<&Bgp>) {
+    let key = |b: Option<&Bgp>| {
+        b.map(|b| {
+            (
+                b.speaker,
+                b.control.clone(),
+                b.include.clone(),
+                b.interface.clone(),
+            )
+        })
+    };
+    if key(before) != key(after) {
+        tracing::warn!("[bgp] speaker, control, include and interface changes take effect at the next restart (announce follows the reload)");
+    }
+}
+
+/// Each prefix of the configuration in force and whether a service listening in it can take a
+/// new client here.
+fn desired<C: Control>(control: Weak<C>) -> Desired {
+    Arc::new(move || {
+        let Some(c) = control.upgrade() else {
+            return Vec::new();
+        };
+        let Some(config) = c.config() else {
+            return Vec::new();
+        };
+        let Some(bgp) = &config.bgp else {
+            return Vec::new();
+        };
+        let pools = c.pools();
+        let pool_ok = |name: &str| {
+            pools
+                .iter()
+                .find(|p| &*p.name == name)
+                .is_some_and(|p| p.available() > 0)
+        };
+        bgp.announce
+            .iter()
+            .map(|prefix| {
+                let healthy = config
+                    .virtual_services
+                    .iter()
+                    .filter(|s| listens_in(s, prefix))
+                    .any(|s| {
+                        let mut names = service_pools(s).peekable();
+                        // A service without a pool (fixed responses, DNS) serves by itself.
+                        names.peek().is_none() || names.any(pool_ok)
+                    });
+                (*prefix, healthy)
+            })
+            .collect()
+    })
+}
+
+pub fn start<C: Control>(bgp: &Bgp, maintenance: bool, control: Weak<C>) -> Announcer {
+    if maintenance {
+        tracing::warn!("BGP: starting in maintenance (saved in admin.state_file): nothing is announced; PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
+    }
+    let config = BgpConfig {
+        control: PathBuf::from(&bgp.control),
+        include: PathBuf::from(&bgp.include),
+        interface: bgp.interface.clone(),
+        interval: INTERVAL,
+    };
+    Announcer::start(config, desired(control), maintenance)
+}
+
+/// `/api/v1/ha` of an active-active node.
+pub fn api(a: &Announcer, node: &str, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
+    let status = || {
+        json!({
+            "mode": "active_active",
+            "node": node,
+            "maintenance": a.maintenance(),
+            "bgp": serde_json::to_value(a.status()).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+        })
+    };
+    match (method, path) {
+        ("GET", []) => (200, status()),
+        ("PUT", ["maintenance"]) => {
+            let on = serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|v| v.get("maintenance").and_then(Value::as_bool));
+            let Some(on) = on else {
+                return (
+                    400,
+                    json!({ "error": "the body must be {\"maintenance\": true | false}" }),
+                );
+            };
+            // The announcer wakes and withdraws (or announces again) within a moment.
+            a.set_maintenance(on);
+            (200, status())
+        }
+        (_, [] | ["maintenance"]) => (
+            405,
+            json!({ "error": format!("{method} is not allowed here") }),
+        ),
+        _ => (404, json!({ "error": "no such endpoint" })),
+    }
+}
+
+pub fn metrics(a: &Announcer, w: &mut MetricsWriter) {
+    let s = a.status();
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    w.family(
+        "fulcrum_bgp_speaker_up",
+        "gauge",
+        "1 while the BGP speaker's control socket (BIRD) answers.",
+    );
+    w.sample("fulcrum_bgp_speaker_up", &[], flag(s.reachable));
+    w.family(
+        "fulcrum_bgp_maintenance",
+        "gauge",
+        "1 while this node is in maintenance (every prefix withdrawn).",
+    );
+    w.sample("fulcrum_bgp_maintenance", &[], flag(a.maintenance()));
+    w.family(
+        "fulcrum_bgp_prefix_announced",
+        "gauge",
+        "1 while the prefix is announced (BIRD accepted the configuration).",
+    );
+    for p in &s.prefixes {
+        w.sample(
+            "fulcrum_bgp_prefix_announced",
+            &[("prefix", &p.prefix)],
+            flag(p.announced),
+        );
+    }
+    w.family(
+        "fulcrum_bgp_prefix_healthy",
+        "gauge",
+        "1 while a service listening in the prefix has a member that takes new clients.",
+    );
+    for p in &s.prefixes {
+        w.sample(
+            "fulcrum_bgp_prefix_healthy",
+            &[("prefix", &p.prefix)],
+            flag(p.healthy),
+        );
+    }
+    w.family(
+        "fulcrum_bgp_sessions_established",
+        "gauge",
+        "BGP sessions of the local speaker in the Established state.",
+    );
+    let up = s
+        .sessions
+        .iter()
+        .filter(|x| x.info.starts_with("Established"))
+        .count();
+    w.sample("fulcrum_bgp_sessions_established", &[], up as f64);
+    w.family(
+        "fulcrum_bgp_announce_changes_total",
+        "counter",
+        "Changes of the announced prefix set that the speaker accepted.",
+    );
+    w.sample("fulcrum_bgp_announce_changes_total", &[], s.changes as f64);
+    w.family(
+        "fulcrum_bgp_errors_total",
+        "counter",
+        "Failed exchanges with the speaker (unreachable, refused configuration, file errors).",
+    );
+    w.sample("fulcrum_bgp_errors_total", &[], s.errors as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn services_belong_to_the_prefixes_they_listen_in() {
+        let parse = |listen: &str| {
+            let text = SERVICE.replace("198.51.100.10:80", listen);
+            fulcrum_config::parse(&text, "t.toml", std::path::Path::new("/etc/fulcrum"))
+                .expect("parses")
+                .virtual_services
+                .remove(0)
+        };
+        let p32: IpNet = "198.51.100.10/32".parse().expect("prefix");
+        let other: IpNet = "198.51.100.11/32".parse().expect("prefix");
+        let v6: IpNet = "2001:db8::10/128".parse().expect("prefix");
+        let s = parse("198.51.100.10:80");
+        assert!(listens_in(&s, &p32));
+        assert!(!listens_in(&s, &other));
+        let s = parse("0.0.0.0:80");
+        assert!(listens_in(&s, &other) && !listens_in(&s, &v6));
+        assert!(listens_in(&parse("[::]:80"), &v6));
+    }
+
+    fn check(text: &str) -> Vec<String> {
+        let c = fulcrum_config::parse(text, "t.toml", std::path::Path::new("/etc/fulcrum"))
+            .expect("parses");
+        checks(&c).iter().map(ToString::to_string).collect()
+    }
+
+    const SERVICE: &str = "[[virtual_service]]\nname = \"w\"\nlisten = [\"198.51.100.10:80\"]\nprotocol = \"tcp\"\npool = \"p\"\n[[pool]]\nname = \"p\"\n[[pool.member]]\naddress = \"10.0.0.1:80\"\n";
+
+    #[test]
+    fn checks_tie_bgp_to_active_active_services_and_bird() {
+        let bgp = |speaker: &str, prefix: &str| {
+            format!("[bgp]\nspeaker = \"{speaker}\"\ncontrol = \"/run/bird/bird.ctl\"\nannounce = [\"{prefix}\"]\n{SERVICE}")
+        };
+        assert_eq!(
+            check(&bgp("bird", "198.51.100.10/32")),
+            Vec::<String>::new()
+        );
+        let aa = "[ha]\nmode = \"active_active\"\n";
+        assert_eq!(
+            check(&format!("{aa}{}", bgp("bird", "198.51.100.0/24"))),
+            Vec::<String>::new()
+        );
+        let e = check(&bgp("gobgp", "198.51.100.11/32")).join("\n");
+        assert!(
+            e.contains("bgp.speaker: speaker = \"gobgp\" is not supported"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "bgp.announce[0]: 198.51.100.11/32 contains no virtual service's listen address"
+            ),
+            "{e}"
+        );
+        let e = check(&format!("{aa}{SERVICE}")).join("\n");
+        assert!(
+            e.contains("ha.mode: active_active announces the VIPs through BGP: add a [bgp] table"),
+            "{e}"
+        );
+        let vrrp = "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\n";
+        let e = check(&format!("{vrrp}{}", bgp("bird", "198.51.100.10/32"))).join("\n");
+        assert!(
+            e.contains("ha.mode: [bgp] makes every node serve the VIPs at once"),
+            "{e}"
+        );
+    }
+}

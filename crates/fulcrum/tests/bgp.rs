@@ -1,0 +1,673 @@
+//! Scale-out (active-active): two Fulcrum nodes each drive their own BIRD, which peers over eBGP
+//! with a router namespace running BIRD with ECMP (`merge paths`) into its kernel table; a client
+//! sits behind the router. The VIP is a /32 on each node's loopback. Everything runs inside
+//! namespaces the tests create (198.18.0.0/15).
+//!
+//!   c (198.18.3.2) ── r ──┬── a (198.18.1.2, VIP on lo, BIRD AS 65001 + Fulcrum)
+//!                         └── b (198.18.2.2, VIP on lo, BIRD AS 65001 + Fulcrum)
+
+#[path = "common/lab.rs"]
+mod lab;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fulcrum_testkit::netns::{Lab, Ns};
+use lab::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
+const VIP: &str = "198.18.100.1";
+
+fn web() -> SocketAddr {
+    SocketAddr::from(([198, 18, 100, 1], 80))
+}
+
+fn echo_addr() -> SocketAddr {
+    SocketAddr::from(([198, 18, 100, 1], 7000))
+}
+
+/// A node's Fulcrum: an HTTP service and a TCP service on the VIP, each in front of a local
+/// backend checked every 100 ms.
+fn node_config(name: &str, dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"[admin]
+listen = "127.0.0.1:9900"
+token = "{ADMIN_TOKEN}"
+state_file = "{d}/state.json"
+
+[ha]
+mode = "active_active"
+node = "{name}"
+
+[bgp]
+speaker = "bird"
+control = "{d}/bird.ctl"
+include = "{d}/announce.conf"
+announce = ["{VIP}/32"]
+
+[[virtual_service]]
+name = "web"
+listen = ["{VIP}:80"]
+protocol = "http"
+pool = "local"
+
+[[virtual_service]]
+name = "echo"
+listen = ["{VIP}:7000"]
+protocol = "tcp"
+pool = "echo"
+
+[[pool]]
+name = "local"
+monitors = ["up"]
+reuse = "never"
+[[pool.member]]
+address = "127.0.0.1:8080"
+
+[[pool]]
+name = "echo"
+monitors = ["up"]
+[[pool.member]]
+address = "127.0.0.1:7001"
+
+[[monitor]]
+name = "up"
+type = "tcp"
+interval = "100ms"
+timeout = "100ms"
+fall = 2
+rise = 2
+"#
+    )
+}
+
+/// BIRD on a node: a BGP session to the router exporting only Fulcrum's static protocol.
+fn node_bird(router_id: &str, router: &str, include: &Path) -> String {
+    format!(
+        r#"router id {router_id};
+protocol device {{ scan time 10; }}
+include "{}";
+protocol bgp uplink {{
+  local as 65001;
+  neighbor {router} as 65000;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 5;
+  ipv4 {{ import none; export where proto = "fulcrum4"; next hop self; }};
+}}
+"#,
+        include.display()
+    )
+}
+
+/// BIRD on the router: sessions to both nodes, equal-cost paths merged into one kernel route.
+const ROUTER_BIRD: &str = r#"router id 198.18.3.1;
+protocol device { scan time 10; }
+protocol kernel {
+  merge paths yes;
+  ipv4 { import none; export all; };
+}
+template bgp node {
+  local as 65000;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 5;
+  ipv4 { import all; export none; };
+}
+protocol bgp a from node { neighbor 198.18.1.2 as 65001; }
+protocol bgp b from node { neighbor 198.18.2.2 as 65001; }
+"#;
+
+/// A TCP server on 127.0.0.1:7001 inside a namespace: says its name, then echoes lines.
+struct Echo {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Echo {
+    fn start(ns: &Ns, name: &str) -> Echo {
+        let stop = Arc::new(AtomicBool::new(false));
+        let path = format!("/var/run/netns/{}", ns.name);
+        let (s, name) = (stop.clone(), name.to_string());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            enter(&path);
+            let l = TcpListener::bind("127.0.0.1:7001").expect("echo bind");
+            l.set_nonblocking(true).expect("nonblocking");
+            let _ = tx.send(());
+            while !s.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut c, _)) => {
+                        let name = name.clone();
+                        std::thread::spawn(move || {
+                            let _ = c.set_nonblocking(false);
+                            let _ = writeln!(c, "{name}");
+                            let mut r = BufReader::new(c.try_clone().expect("clone"));
+                            let mut line = String::new();
+                            while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                                if c.write_all(line.as_bytes()).is_err() {
+                                    return;
+                                }
+                                line.clear();
+                            }
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(5)).expect("echo ready");
+        Echo {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A long-lived TCP connection from the client namespace through the VIP's TCP service.
+struct Flow {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+    /// The node whose backend answered.
+    node: String,
+}
+
+impl Flow {
+    fn open(c: &Ns) -> Result<Flow, String> {
+        let stream = in_ns(c, || {
+            TcpStream::connect_timeout(&echo_addr(), Duration::from_millis(500))
+        })
+        .map_err(|e| format!("connect: {e}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+        let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+        let mut node = String::new();
+        reader
+            .read_line(&mut node)
+            .map_err(|e| format!("greeting: {e}"))?;
+        Ok(Flow {
+            stream,
+            reader,
+            node: node.trim().to_string(),
+        })
+    }
+
+    /// One echoed line.
+    fn ping(&mut self, text: &str) -> Result<(), String> {
+        writeln!(self.stream, "{text}").map_err(|e| format!("write: {e}"))?;
+        let mut line = String::new();
+        self.reader
+            .read_line(&mut line)
+            .map_err(|e| format!("read: {e}"))?;
+        if line.trim() == text {
+            Ok(())
+        } else {
+            Err(format!("echoed {line:?}"))
+        }
+    }
+}
+
+struct Node {
+    ns: Ns,
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+    bird: usize,
+    backend: Option<Backend>,
+    echo: Option<Echo>,
+}
+
+impl Node {
+    fn config(&self, name: &str) -> String {
+        node_config(name, &self.dir)
+    }
+
+    fn birdc(&self, cmd: &str) -> String {
+        let sock = self.dir.join("bird.ctl");
+        let out = std::process::Command::new("birdc")
+            .args(["-s", &sock.display().to_string(), cmd])
+            .output()
+            .expect("birdc");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    fn start_bird(&mut self, lab: &mut Lab, router_id: &str, router: &str) {
+        let conf = self.dir.join("bird.conf");
+        std::fs::write(
+            &conf,
+            node_bird(router_id, router, &self.dir.join("announce.conf")),
+        )
+        .expect("bird.conf");
+        let sock = self.dir.join("bird.ctl");
+        let _ = std::fs::remove_file(&sock);
+        self.bird = lab
+            .spawn(
+                &self.ns,
+                "bird",
+                &[
+                    "-f",
+                    "-c",
+                    &conf.display().to_string(),
+                    "-s",
+                    &sock.display().to_string(),
+                    "-P",
+                    &self.dir.join("bird.pid").display().to_string(),
+                ],
+            )
+            .expect("bird");
+        assert!(
+            wait_for(Duration::from_secs(5), || sock.exists()),
+            "BIRD in {} did not start",
+            self.ns.name
+        );
+    }
+}
+
+struct Net {
+    lab: Lab,
+    r: Ns,
+    c: Ns,
+    a: Node,
+    b: Node,
+}
+
+fn net(tag: &str) -> Net {
+    let mut lab = Lab::new(tag);
+    let r = lab.ns("r").expect("ns r");
+    let c = lab.ns("c").expect("ns c");
+    r.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
+    // Spread flows by ports too (not only addresses): one client, many flows.
+    r.sysctl("net.ipv4.fib_multipath_hash_policy", "1")
+        .expect("hash policy");
+    lab.veth(&r, "ethc", &c, "eth0").expect("veth c");
+    r.addr("ethc", "198.18.3.1/24").expect("addr");
+    c.addr("eth0", "198.18.3.2/24").expect("addr");
+    c.route(&["default", "via", "198.18.3.1"]).expect("route");
+    let mut nodes = Vec::new();
+    for (name, net) in [("a", 1), ("b", 2)] {
+        let ns = lab.ns(name).expect("ns");
+        let rif = format!("eth{name}");
+        lab.veth(&r, &rif, &ns, "eth0").expect("veth");
+        r.addr(&rif, &format!("198.18.{net}.1/24")).expect("addr");
+        ns.addr("eth0", &format!("198.18.{net}.2/24"))
+            .expect("addr");
+        ns.route(&["default", "via", &format!("198.18.{net}.1")])
+            .expect("route");
+        ns.addr("lo", &format!("{VIP}/32")).expect("vip");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        // BIRD includes the fragment at start: Fulcrum has not written it yet.
+        std::fs::write(dir.join("announce.conf"), "").expect("fragment");
+        let local = SocketAddr::from(([127, 0, 0, 1], 8080));
+        let mut node = Node {
+            backend: Some(Backend::start(&ns, local, name)),
+            echo: Some(Echo::start(&ns, name)),
+            ns,
+            dir,
+            _tmp: tmp,
+            bird: 0,
+        };
+        node.start_bird(
+            &mut lab,
+            &format!("198.18.{net}.2"),
+            &format!("198.18.{net}.1"),
+        );
+        nodes.push(node);
+    }
+    let conf = tempfile::NamedTempFile::new().expect("router conf");
+    std::fs::write(conf.path(), ROUTER_BIRD).expect("router conf");
+    let rdir = tempfile::tempdir().expect("router dir");
+    let sock = rdir.path().join("bird.ctl");
+    lab.spawn(
+        &r,
+        "bird",
+        &[
+            "-f",
+            "-c",
+            &conf.path().display().to_string(),
+            "-s",
+            &sock.display().to_string(),
+            "-P",
+            &rdir.path().join("pid").display().to_string(),
+        ],
+    )
+    .expect("router bird");
+    assert!(wait_for(Duration::from_secs(5), || sock.exists()));
+    // BIRD read its config at start; the files can go with the test.
+    std::mem::forget(rdir);
+    drop(conf);
+    let b = nodes.pop().expect("b");
+    let a = nodes.pop().expect("a");
+    Net { lab, r, c, a, b }
+}
+
+/// The router's next hops for the VIP.
+fn next_hops(r: &Ns) -> Vec<String> {
+    let out = r
+        .ip(&["-4", "route", "show", "exact", &format!("{VIP}/32")])
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let mut hops: Vec<String> = words
+        .windows(2)
+        .filter(|w| w[0] == "via")
+        .map(|w| w[1].to_string())
+        .collect();
+    hops.sort();
+    hops
+}
+
+fn expect_hops(r: &Ns, want: &[&str], within: Duration, why: &str) -> Duration {
+    let start = Instant::now();
+    let ok = wait_for(within, || next_hops(r) == want);
+    assert!(
+        ok,
+        "{why}: the router's route to {VIP} has next hops {:?}, expected {want:?}",
+        next_hops(r)
+    );
+    start.elapsed()
+}
+
+const A: &str = "198.18.1.2";
+const B: &str = "198.18.2.2";
+
+/// Who answers `n` new connections from the client (each its own source port).
+fn answers(c: &Ns, n: usize) -> Vec<Result<String, String>> {
+    in_ns(c, move || {
+        (0..n)
+            .map(|_| http_get(web(), Duration::from_millis(500)))
+            .collect()
+    })
+}
+
+fn ha(f: &NsFulcrum) -> serde_json::Value {
+    f.ha()
+}
+
+fn signal(lab: &Lab, index: usize, sig: i32) {
+    let pid = lab.pid(index).expect("pid") as i32;
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+#[test]
+fn ecmp_over_two_nodes_loses_a_node_that_stops_or_dies_and_flows_on_the_survivor_continue() {
+    let mut n = net("bgpe");
+    let fa = NsFulcrum::start(&mut n.lab, &n.a.ns, BIN, &n.a.config("a"));
+    let fb = NsFulcrum::start(&mut n.lab, &n.b.ns, BIN, &n.b.config("b"));
+    let t = expect_hops(&n.r, &[A, B], Duration::from_secs(20), "both nodes up");
+    eprintln!("ECMP route with both next hops after {t:?}");
+    let h = ha(&fa);
+    assert_eq!(h["mode"], "active_active", "{h}");
+    assert_eq!(h["bgp"]["reachable"], true, "{h}");
+    assert_eq!(
+        h["bgp"]["announced"],
+        serde_json::json!([format!("{VIP}/32")])
+    );
+    assert_eq!(h["bgp"]["liveness_interface"], "fulcrum-bgp");
+    assert!(
+        wait_for(Duration::from_secs(5), || ha(&fa)["bgp"]["sessions"][0]
+            ["info"]
+            == "Established"),
+        "{}",
+        ha(&fa)
+    );
+    let (_, metrics) = api_raw(&n.a.ns, "GET", "/metrics", "");
+    assert!(metrics.contains("fulcrum_bgp_speaker_up 1"), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "fulcrum_bgp_prefix_announced{{prefix=\"{VIP}/32\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("fulcrum_bgp_sessions_established 1"));
+    // BIRD on the node holds the route through Fulcrum's liveness interface.
+    assert!(n.a.birdc("show route").contains("fulcrum-bgp"));
+
+    // New connections spread over both nodes.
+    let seen = answers(&n.c, 40);
+    let (on_a, on_b) = (
+        seen.iter().filter(|r| r.as_deref() == Ok("a")).count(),
+        seen.iter().filter(|r| r.as_deref() == Ok("b")).count(),
+    );
+    assert_eq!(on_a + on_b, 40, "failures: {seen:?}");
+    assert!(on_a > 0 && on_b > 0, "a {on_a}, b {on_b}");
+
+    // Long-lived flows through the VIP: keep one that hashes to b.
+    let mut flows = Vec::new();
+    for _ in 0..40 {
+        let f = Flow::open(&n.c).expect("flow");
+        let on_b = f.node == "b";
+        flows.push(f);
+        if on_b {
+            break;
+        }
+    }
+    let mut survivor = flows.pop().expect("a flow");
+    assert_eq!(survivor.node, "b", "no flow hashed to b in 40 tries");
+    survivor.ping("before").expect("echo before");
+
+    // SIGTERM: a withdraws first, then drains.
+    signal(&n.lab, fa.index, libc::SIGTERM);
+    let t = expect_hops(&n.r, &[B], Duration::from_secs(10), "after SIGTERM of a");
+    eprintln!("SIGTERM of a: next hop withdrawn on the router after {t:?}");
+    // For bench/bgp.sh.
+    eprintln!("bench: sigterm_withdrawn_ms={:.1}", t.as_secs_f64() * 1e3);
+    survivor
+        .ping("after-sigterm")
+        .expect("the flow on b continues");
+    let seen = answers(&n.c, 20);
+    assert!(seen.iter().all(|r| r.as_deref() == Ok("b")), "{seen:?}");
+    assert!(
+        !n.a.birdc("show route").contains(VIP),
+        "{}",
+        n.a.birdc("show route")
+    );
+    // Its drain would wait for the flows still open to it: cut it short.
+    n.lab.kill(fa.index);
+
+    // a comes back: both next hops again.
+    let fa = NsFulcrum::start(&mut n.lab, &n.a.ns, BIN, &n.a.config("a"));
+    expect_hops(&n.r, &[A, B], Duration::from_secs(10), "a restarted");
+    survivor.ping("a-back").expect("the flow on b continues");
+
+    // kill -9: Fulcrum cannot withdraw, but its liveness interface dies with it and BIRD
+    // withdraws the route by itself.
+    // A client opens a new connection every 5 ms meanwhile: those that hash to a fail (a's
+    // kernel resets them) until the router drops a's next hop, then b serves them all.
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = client_loop(&n.c, web(), Duration::from_millis(5), 3000, stop.clone());
+    assert!(
+        wait_for(Duration::from_secs(2), || n
+            .a
+            .birdc("show route")
+            .contains(VIP)),
+        "a's BIRD lost the route before the kill"
+    );
+    let killed = Instant::now();
+    n.lab.kill(fa.index);
+    let t = expect_hops(&n.r, &[B], Duration::from_secs(10), "after kill -9 of a");
+    let withdrawn = Instant::now();
+    let settle = Duration::from_millis(300);
+    wait_for(settle * 2, || withdrawn.elapsed() >= settle);
+    stop.store(true, Ordering::Relaxed);
+    let log = client.join().expect("client");
+    let after: Vec<_> = log.results.iter().filter(|(at, _)| *at >= killed).collect();
+    let failed: Vec<Duration> = after
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(at, _)| *at - killed)
+        .collect();
+    eprintln!(
+        "kill -9 of a: next hop withdrawn on the router {:?} after the kill ({t:?} after the process was reaped); {} of {} new connections failed, the last {:?} after the kill",
+        withdrawn - killed,
+        failed.len(),
+        after.len(),
+        failed.iter().max()
+    );
+    eprintln!(
+        "bench: kill9_withdrawn_ms={:.1} kill9_failed={} kill9_requests={} kill9_last_failure_ms={:.1}",
+        (withdrawn - killed).as_secs_f64() * 1e3,
+        failed.len(),
+        after.len(),
+        failed.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    );
+    // Once the route has lost a (plus one client timeout), every new connection is served by b.
+    let late: Vec<_> = after
+        .iter()
+        .filter(|(at, _)| *at > withdrawn + Duration::from_millis(250))
+        .collect();
+    assert!(!late.is_empty(), "the client stopped too early");
+    assert!(
+        late.iter().all(|(_, r)| r.as_deref() == Ok("b")),
+        "{:?}",
+        late.iter()
+            .filter(|(_, r)| r.as_deref() != Ok("b"))
+            .collect::<Vec<_>>()
+    );
+    survivor
+        .ping("after-kill")
+        .expect("the flow on b continues");
+    let seen = answers(&n.c, 20);
+    assert!(seen.iter().all(|r| r.as_deref() == Ok("b")), "{seen:?}");
+    // BIRD in a still has the static protocol, with the route unreachable (not announced).
+    assert!(n.a.birdc("show route").lines().all(|l| !l.contains(VIP)));
+    drop(fb);
+}
+
+#[test]
+fn a_node_withdraws_without_healthy_members_in_maintenance_and_reports_a_lost_bird() {
+    let mut n = net("bgpw");
+    let fa = NsFulcrum::start(&mut n.lab, &n.a.ns, BIN, &n.a.config("a"));
+    let fb = NsFulcrum::start(&mut n.lab, &n.b.ns, BIN, &n.b.config("b"));
+    expect_hops(&n.r, &[A, B], Duration::from_secs(20), "both nodes up");
+
+    // a's HTTP backend stops: the TCP service on the VIP still has a member, so a stays.
+    if let Some(mut b) = n.a.backend.take() {
+        b.stop();
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || api(
+            &n.a.ns,
+            "GET",
+            "/api/v1/pools/local"
+        )
+        .1["members"][0]["health"]
+            == "down"),
+        "the HTTP member of a never went down"
+    );
+    let h = ha(&fa);
+    assert_eq!(h["bgp"]["prefixes"][0]["healthy"], true, "{h}");
+    assert_eq!(next_hops(&n.r), [A, B]);
+    // Its TCP backend stops too: no service of the VIP has a healthy member, so a withdraws.
+    if let Some(mut e) = n.a.echo.take() {
+        e.stop();
+    }
+    let t = expect_hops(&n.r, &[B], Duration::from_secs(10), "a without members");
+    eprintln!("a's members down: next hop withdrawn after {t:?} (checks every 100 ms, fall 2)");
+    let h = ha(&fa);
+    assert_eq!(h["bgp"]["announced"], serde_json::json!([]), "{h}");
+    assert_eq!(h["bgp"]["prefixes"][0]["healthy"], false);
+    let seen = answers(&n.c, 10);
+    assert!(seen.iter().all(|r| r.as_deref() == Ok("b")), "{seen:?}");
+    // Members back: announced again.
+    n.a.backend = Some(Backend::start(
+        &n.a.ns,
+        SocketAddr::from(([127, 0, 0, 1], 8080)),
+        "a",
+    ));
+    expect_hops(&n.r, &[A, B], Duration::from_secs(10), "a's members back");
+
+    // Maintenance withdraws b; ending it announces again (and it is saved through the API).
+    let (st, body) = api_with(
+        &n.b.ns,
+        "PUT",
+        "/api/v1/ha/maintenance",
+        r#"{"maintenance":true}"#,
+    );
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(body["maintenance"], true);
+    expect_hops(&n.r, &[A], Duration::from_secs(10), "b in maintenance");
+    let (_, metrics) = api_raw(&n.b.ns, "GET", "/metrics", "");
+    assert!(metrics.contains("fulcrum_bgp_maintenance 1"), "{metrics}");
+    let seen = answers(&n.c, 10);
+    assert!(seen.iter().all(|r| r.as_deref() == Ok("a")), "{seen:?}");
+    // Maintenance is kept in admin.state_file: b killed and restarted stays out.
+    n.lab.kill(fb.index);
+    let fb = NsFulcrum::start(&mut n.lab, &n.b.ns, BIN, &n.b.config("b"));
+    assert!(
+        wait_for(Duration::from_secs(5), || ha(&fb)["bgp"]["reachable"]
+            == true),
+        "{}",
+        ha(&fb)
+    );
+    let h = ha(&fb);
+    assert_eq!(h["maintenance"], true, "{h}");
+    assert_eq!(h["bgp"]["announced"], serde_json::json!([]), "{h}");
+    assert_eq!(next_hops(&n.r), [A]);
+    let (st, _) = api_with(
+        &n.b.ns,
+        "PUT",
+        "/api/v1/ha/maintenance",
+        r#"{"maintenance":false}"#,
+    );
+    assert_eq!(st, 200);
+    expect_hops(
+        &n.r,
+        &[A, B],
+        Duration::from_secs(10),
+        "b out of maintenance",
+    );
+    let (st, _) = api_with(&n.b.ns, "PUT", "/api/v1/ha/maintenance", r#"{"on":1}"#);
+    assert_eq!(st, 400);
+
+    // BIRD on b dies: Fulcrum reports it, keeps serving, and when BIRD is back (reading the
+    // fragment Fulcrum keeps) the prefix is announced again and Fulcrum reconnects.
+    n.lab.kill(n.b.bird);
+    assert!(
+        wait_for(Duration::from_secs(5), || ha(&fb)["bgp"]["reachable"]
+            == false),
+        "{}",
+        ha(&fb)
+    );
+    // The broken connection first, then the failed reconnections name the socket.
+    assert!(
+        wait_for(Duration::from_secs(5), || ha(&fb)["bgp"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("bird.ctl"))),
+        "{}",
+        ha(&fb)
+    );
+    assert_eq!(ha(&fb)["bgp"]["sessions"], serde_json::json!([]));
+    let (_, metrics) = api_raw(&n.b.ns, "GET", "/metrics", "");
+    assert!(metrics.contains("fulcrum_bgp_speaker_up 0"), "{metrics}");
+    assert_eq!(api(&n.b.ns, "GET", "/api/v1/status").0, 200);
+    n.b.start_bird(&mut n.lab, B, "198.18.2.1");
+    expect_hops(&n.r, &[A, B], Duration::from_secs(15), "b's BIRD restarted");
+    assert!(
+        wait_for(Duration::from_secs(5), || ha(&fb)["bgp"]["reachable"]
+            == true),
+        "{}",
+        ha(&fb)
+    );
+}
