@@ -4,6 +4,7 @@
 //! link or a site. Data planes ask a `Pool` for a member, then report what happened to it.
 
 pub mod clock;
+pub mod elastic;
 pub mod hash;
 pub mod health;
 pub mod member;
@@ -12,6 +13,7 @@ pub mod pool;
 pub mod sched;
 pub mod shares;
 
+pub use elastic::{ElasticAction, ElasticEvent, ElasticState};
 pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
 pub use member::{
     AgentState, ConnectionGuard, LiveBytes, Member, MemberStats, RequestGuard, LIVE_BATCH,

@@ -59,6 +59,7 @@ fn member_cfg(i: usize, weight: u32) -> fulcrum_config::Member {
         weight,
         priority: 0,
         max_connections: 0,
+        standby: false,
         state: AdminState::Enabled,
     }
 }
@@ -85,6 +86,7 @@ fn config(algorithm: Algorithm, weights: &[u32]) -> fulcrum_config::Pool {
         links: vec![],
         gateways: vec![],
         busy: None,
+        elastic: None,
         tls: None,
     }
 }
@@ -1270,4 +1272,153 @@ fn removing_the_failing_monitor_brings_the_member_up_through_slow_start() {
     assert_eq!(m.configure_checks(&[]), Some(true));
     assert!(m.health.is_up());
     assert_eq!(m.slow_start_phase(crate::clock::now_ms()), "recovery");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elastic pools
+// ---------------------------------------------------------------------------------------------
+
+/// Two serving members of 10 connections each and two standby members; joins at 80 %, leaves
+/// below 40 % held for 5 s.
+fn elastic_pool() -> Pool {
+    let mut cfg = config(Algorithm::LeastConnections, &[1, 1, 1, 1]);
+    for (i, m) in cfg.members.iter_mut().enumerate() {
+        m.max_connections = 10;
+        m.standby = i >= 2;
+    }
+    cfg.elastic = Some(fulcrum_config::Elastic {
+        on: fulcrum_config::ElasticOn::Connections,
+        join: 0.8,
+        leave: 0.4,
+        join_after: Duration::ZERO,
+        leave_after: Duration::from_secs(5),
+        target: None,
+        hook: vec![],
+        hook_timeout: Duration::from_secs(1),
+    });
+    Pool::new(&cfg, &checks(), None)
+}
+
+#[test]
+fn standby_members_get_no_clients_until_they_join() {
+    let pool = elastic_pool();
+    let ctx = PickContext::default();
+    for _ in 0..100 {
+        let p = pool.pick(&ctx, &[]).expect("a member");
+        assert!(p.index < 2, "standby member {} picked", p.index);
+    }
+    assert_eq!(pool.available(), 2);
+    // Below the threshold nothing happens.
+    assert!(pool.elastic_tick(T0).is_none());
+}
+
+#[test]
+fn elastic_joins_above_threshold_and_leaves_after_hysteresis() {
+    let pool = elastic_pool();
+    let ctx = PickContext::default();
+    // 16 of 20 connections: 80 %.
+    let mut held: Vec<_> = (0..16)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    let ev = pool.elastic_tick(T0).expect("a join");
+    assert_eq!(ev.action, crate::ElasticAction::Join);
+    assert_eq!(&*ev.member, "10.0.0.3:80");
+    assert!((ev.utilisation - 0.8).abs() < 1e-9);
+    assert_eq!((ev.joined, ev.standby), (1, 2));
+    // 16 of 30: below join, above leave: nothing moves.
+    assert!(pool.elastic_tick(T0 + 200).is_none());
+    // The new member takes the next clients (least connections).
+    let p = pool.pick(&ctx, &[]).expect("member");
+    assert_eq!(p.index, 2);
+    held.push(p.member.open_connection());
+    // Load falls to 3 of 30 (10 %): the member leaves only after 5 s below 40 %.
+    held.truncate(3);
+    assert!(pool.elastic_tick(T0 + 1_000).is_none());
+    assert!(pool.elastic_tick(T0 + 5_000).is_none());
+    // A bounce above `leave` restarts the hold.
+    let bounce: Vec<_> = (0..10)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    assert!(pool.elastic_tick(T0 + 5_500).is_none());
+    drop(bounce);
+    assert!(pool.elastic_tick(T0 + 6_000).is_none());
+    assert!(pool.elastic_tick(T0 + 10_999).is_none());
+    let ev = pool.elastic_tick(T0 + 11_000).expect("a leave");
+    assert_eq!(ev.action, crate::ElasticAction::Leave);
+    assert_eq!(&*ev.member, "10.0.0.3:80");
+    assert_eq!(ev.joined, 0);
+    for _ in 0..50 {
+        assert!(pool.pick(&ctx, &[]).expect("member").index < 2);
+    }
+    let e = pool.elastic.as_ref().expect("elastic");
+    assert_eq!(e.joins.load(Ordering::Relaxed), 1);
+    assert_eq!(e.leaves.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn elastic_joins_one_at_a_time_and_skips_down_standby_members() {
+    let pool = elastic_pool();
+    fail_checks(&pool.members()[2]);
+    let ctx = PickContext::default();
+    let _held: Vec<_> = (0..20)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    let ev = pool.elastic_tick(T0).expect("a join");
+    assert_eq!(
+        &*ev.member, "10.0.0.4:80",
+        "the down standby member is skipped"
+    );
+    // 20 of 20 still (the joined member has none yet) but nothing is left to join.
+    assert!(pool.elastic_tick(T0 + 200).is_none());
+}
+
+#[test]
+fn elastic_does_not_leave_when_the_rest_would_cross_join_again() {
+    let mut pool = elastic_pool();
+    // Join at 50 %, leave below 40 %.
+    let mut cfg = pool.config.clone();
+    if let Some(e) = cfg.elastic.as_mut() {
+        e.join = 0.5;
+    }
+    pool = Pool::new(&cfg, &checks(), Some(&pool));
+    let ctx = PickContext::default();
+    let mut held: Vec<_> = (0..10)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    assert!(pool.elastic_tick(T0).is_some());
+    held.extend((0..1).map(|_| {
+        pool.pick(&ctx, &[])
+            .expect("member")
+            .member
+            .open_connection()
+    }));
+    // 11 of 30 = 37 % is below `leave`, but without the joined member 11 of 20 = 55 % would
+    // be above `join` again: it stays.
+    assert!(pool.elastic_tick(T0 + 1).is_none());
+    assert!(pool.elastic_tick(T0 + 60_000).is_none());
+    // At 7 of 30 (7 of 20 = 35 % without it) it goes: the pool has been below `leave` since
+    // T0 + 1, longer than `leave_after`.
+    held.truncate(7);
+    let ev = pool.elastic_tick(T0 + 60_001).expect("a leave");
+    assert_eq!(ev.action, crate::ElasticAction::Leave);
 }

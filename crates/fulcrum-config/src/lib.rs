@@ -5,6 +5,7 @@ mod accel;
 mod access;
 mod admin;
 mod alert;
+mod elastic;
 mod error;
 mod forwarding;
 mod ha;
@@ -27,6 +28,7 @@ pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_T
 pub use access::AccessList;
 pub use admin::{token_problem, token_too_short, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use alert::{AlertEvent, AlertRule, Smtp};
+pub use elastic::{Elastic, ElasticOn};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use ha::{Bgp, BgpSpeaker, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
@@ -42,7 +44,7 @@ pub use link::{
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
-pub use snmp::{parse_oid, SnmpOptions};
+pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
 pub use tls::{ClientAuth, TlsOptions, TlsVersion, ALPN_PROTOCOLS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
