@@ -1422,3 +1422,45 @@ fn elastic_does_not_leave_when_the_rest_would_cross_join_again() {
     let ev = pool.elastic_tick(T0 + 60_001).expect("a leave");
     assert_eq!(ev.action, crate::ElasticAction::Leave);
 }
+
+#[test]
+fn elastic_on_response_time_joins_when_slow_and_counts_an_idle_pool_as_zero() {
+    let mut cfg = config(Algorithm::RoundRobin, &[1, 1, 1]);
+    cfg.members[2].standby = true;
+    cfg.elastic = Some(fulcrum_config::Elastic {
+        on: fulcrum_config::ElasticOn::ResponseTime,
+        join: 1.0,
+        leave: 0.5,
+        join_after: Duration::from_millis(400),
+        leave_after: Duration::from_secs(1),
+        target: Some(Duration::from_millis(100)),
+        hook: vec![],
+        hook_timeout: Duration::from_secs(1),
+    });
+    let pool = Pool::new(&cfg, &checks(), None);
+    let ctx = PickContext::default();
+    let traffic = |ms: u64| {
+        for _ in 0..4 {
+            let p = pool.pick(&ctx, &[]).expect("member");
+            drop(p.member.open_request());
+            p.member
+                .stats
+                .observe_response_time(Duration::from_millis(ms));
+        }
+    };
+    // 150 ms against a 100 ms target: 1.5, held for join_after before the join.
+    traffic(150);
+    assert!(pool.elastic_tick(T0).is_none());
+    traffic(150);
+    assert!(pool.elastic_tick(T0 + 200).is_none());
+    traffic(150);
+    let ev = pool.elastic_tick(T0 + 400).expect("a join");
+    assert!(ev.utilisation > 1.0, "{ev:?}");
+    assert_eq!(ev.on, "response_time");
+    // No traffic at all: the stale averages do not keep it in; it leaves after leave_after.
+    // The first idle tick still sees the last requests; the next ones see none.
+    let _ = pool.elastic_tick(T0 + 600);
+    assert!(pool.elastic_tick(T0 + 800).is_none());
+    let ev = pool.elastic_tick(T0 + 1_700).expect("a leave");
+    assert_eq!(ev.action, crate::ElasticAction::Leave);
+}
