@@ -85,6 +85,26 @@ syslog = "{}"
     assert!(joined, "{pool}\n{}", f.logs());
     assert_eq!(pool["elastic"]["joins"], 1, "{pool}");
     assert_eq!(pool["elastic"]["joined"], 1, "{pool}");
+    // The CLI shows it too.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "pools",
+            "app",
+            "--admin",
+            &f.admin.to_string(),
+            "--token-file",
+        ])
+        .arg(f.token_file())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("elastic connections: ")
+            && text.contains("% (join 75%, leave 25%), 1 of 1 standby joined")
+            && text.contains("enabled (standby, joined)"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The next client goes to the member that joined.
     load.push(hold(vs).await);
     assert_eq!(load[3].1, "m1");
