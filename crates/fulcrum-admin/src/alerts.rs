@@ -126,6 +126,7 @@ fn alertname(e: AlertEvent) -> &'static str {
         AlertEvent::LinkDown => "FulcrumLinkDown",
         AlertEvent::Failover => "FulcrumFailover",
         AlertEvent::CertExpiry => "FulcrumCertificateExpiry",
+        AlertEvent::ElasticJoined => "FulcrumElasticMemberJoined",
     }
 }
 
@@ -312,6 +313,27 @@ impl Alerts {
                             ("member", &addr),
                         ]),
                         summary: format!("member {addr} of pool {} is down: {reason}", p.name),
+                    });
+                }
+            }
+        }
+        if wants(AlertEvent::ElasticJoined) {
+            for p in pools.iter().filter(|p| p.elastic.is_some()) {
+                for m in p.members().iter().filter(|m| m.is_joined()) {
+                    let addr = m.label.to_string();
+                    out.push(Condition {
+                        event: AlertEvent::ElasticJoined,
+                        labels: labels(&[
+                            ("alertname", alertname(AlertEvent::ElasticJoined)),
+                            ("event", "elastic_joined"),
+                            ("severity", "info"),
+                            ("pool", &p.name),
+                            ("member", &addr),
+                        ]),
+                        summary: format!(
+                            "standby member {addr} joined pool {}: utilisation reached its `join` threshold",
+                            p.name
+                        ),
                     });
                 }
             }
@@ -644,7 +666,11 @@ async fn send(sink: &str, rule: &AlertRule, n: &Notification, host: &str) -> Res
             } else {
                 webhook_v4(rule, n, host)
             };
-            crate::deliver::http_post(url, &body).await
+            let tls = crate::deliver::WebhookTls {
+                verify: rule.webhook_verify,
+                ca: rule.webhook_ca.as_deref(),
+            };
+            crate::deliver::http_post(url, &body, &tls).await
         }
         "syslog" => match rule.syslog {
             Some(addr) => crate::deliver::syslog(addr, &rfc5424(rule, n, host)).await,
@@ -848,6 +874,8 @@ mod tests {
                 name: "ops".into(),
                 on,
                 webhook: None,
+                webhook_ca: None,
+                webhook_verify: true,
                 syslog: None,
                 smtp: None,
                 repeat: Duration::ZERO,
@@ -915,6 +943,8 @@ mod tests {
             name: "ops".into(),
             on: vec![AlertEvent::MemberDown],
             webhook: None,
+            webhook_ca: None,
+            webhook_verify: true,
             syslog: None,
             smtp: None,
             repeat: Duration::ZERO,

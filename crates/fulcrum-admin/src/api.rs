@@ -32,6 +32,17 @@ pub struct Status {
     pub version: &'static str,
     pub generation: u64,
     pub virtual_services: Vec<ServiceStatus>,
+    /// Which optional planes the configuration uses, so a client (the dashboard) asks
+    /// `/api/v1/ha` and `/api/v1/links` only when they have something to say.
+    pub configured: Configured,
+}
+
+#[derive(Serialize, Default)]
+pub struct Configured {
+    /// `[ha]` is present.
+    pub ha: bool,
+    /// `[[outbound]]` or `[[gateway_service]]` (link or gateway pools) are present.
+    pub links: bool,
 }
 
 #[derive(Serialize)]
@@ -49,6 +60,10 @@ pub struct ServiceStatus {
     pub upstream_failures: u64,
     /// Connections (udp: datagrams) refused by `allow` / `deny`.
     pub denied: u64,
+    /// http and https services: responses sent to clients by status class, `{"1xx": n, …,
+    /// "5xx": n}` (from the http plane, `GET /api/v1/http/responses`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responses: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -66,7 +81,41 @@ pub struct PoolStatus {
     pub connections_total: u64,
     pub requests_total: u64,
     pub connections_reused: u64,
+    /// Elastic pools only: utilisation, thresholds and joins/leaves so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticStatus>,
     pub members: Vec<MemberStatus>,
+}
+
+#[derive(Serialize)]
+pub struct ElasticStatus {
+    pub on: &'static str,
+    pub utilisation: f64,
+    pub join: f64,
+    pub leave: f64,
+    pub standby: usize,
+    pub joined: usize,
+    pub joins: u64,
+    pub leaves: u64,
+    pub hook_runs: u64,
+    pub hook_failures: u64,
+}
+
+fn elastic_status(p: &Pool) -> Option<ElasticStatus> {
+    let e = p.elastic.as_ref()?;
+    let members = p.members();
+    Some(ElasticStatus {
+        on: e.on(),
+        utilisation: (e.utilisation() * 1000.0).round() / 1000.0,
+        join: e.config.join,
+        leave: e.config.leave,
+        standby: members.iter().filter(|m| m.is_standby()).count(),
+        joined: members.iter().filter(|m| m.is_joined()).count(),
+        joins: e.joins.load(Ordering::Relaxed),
+        leaves: e.leaves.load(Ordering::Relaxed),
+        hook_runs: e.hook_runs.load(Ordering::Relaxed),
+        hook_failures: e.hook_failures.load(Ordering::Relaxed),
+    })
 }
 
 #[derive(Serialize)]
@@ -102,6 +151,12 @@ pub struct MemberStatus {
     /// Open connections waiting idle for reuse (HTTP).
     pub connections_idle: u64,
     pub response_time_ms: f64,
+    /// An elastic pool's standby member (absent otherwise), and whether it has joined:
+    /// `"elastic": "joined"` or `"standby"`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub standby: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<&'static str>,
     pub agent: AgentStatus,
     pub checks: Vec<CheckState>,
     pub transitions: Vec<Transition>,
@@ -131,6 +186,10 @@ pub fn member_status(m: &Member) -> MemberStatus {
         connections_reused: s.connections_reused.load(Ordering::Relaxed),
         connections_idle: s.connections_idle.load(Ordering::Relaxed),
         response_time_ms: (s.response_time_us() / 10.0).round() / 100.0,
+        standby: m.is_standby(),
+        elastic: m
+            .is_standby()
+            .then_some(if m.is_joined() { "joined" } else { "standby" }),
         agent: AgentStatus {
             state: m.agent_state(),
             weight_percent: m.agent_weight_pct(),
@@ -156,6 +215,7 @@ pub fn pool_status(p: &Pool) -> PoolStatus {
         connections_total: sum(|s| &s.connections_total),
         requests_total: sum(|s| &s.requests_total),
         connections_reused: sum(|s| &s.connections_reused),
+        elastic: elastic_status(p),
         members: p.members().iter().map(|m| member_status(m)).collect(),
     }
 }
@@ -175,6 +235,7 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
         over_limit: st.over_limit.load(Ordering::Relaxed),
         upstream_failures: st.upstream_failures.load(Ordering::Relaxed),
         denied: st.denied.load(Ordering::Relaxed),
+        responses: None,
     }
 }
 
@@ -511,7 +572,7 @@ async fn index() -> Json<Value> {
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
                       "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
-                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/ha", "/api/v1/ha/maintenance", "/api/v1/links",
+                      "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/http/responses", "/api/v1/ha", "/api/v1/ha/maintenance", "/api/v1/links",
                       "/api/v1/history", "/api/v1/audit", "/api/v1/alerts", "/api/v1/certificates", "/metrics", "/ui/"],
     }))
 }
@@ -520,7 +581,26 @@ async fn status(State(app): State<App>) -> Json<Status> {
     Json(Status {
         version: env!("CARGO_PKG_VERSION"),
         generation: app.control.generation(),
-        virtual_services: app.control.services().iter().map(service_status).collect(),
+        configured: app
+            .control
+            .config()
+            .map(|c| Configured {
+                ha: c.ha.is_some(),
+                links: !c.outbound.is_empty() || !c.gateway_services.is_empty(),
+            })
+            .unwrap_or_default(),
+        virtual_services: {
+            let mut list: Vec<ServiceStatus> =
+                app.control.services().iter().map(service_status).collect();
+            // Only an http plane answers this; without http services it is a 404 and skipped.
+            let (code, by_class) = app.control.plane_get(&["http", "responses"], &[]);
+            if code == 200 {
+                for s in &mut list {
+                    s.responses = by_class["services"].get(&s.name).cloned();
+                }
+            }
+            list
+        },
     })
 }
 

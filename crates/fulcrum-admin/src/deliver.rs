@@ -8,19 +8,46 @@ use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-/// POSTs `body` as JSON to an `http://host:port/path` URL; a 2xx answer is success.
-pub async fn http_post(url: &str, body: &serde_json::Value) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
+/// How an https webhook's certificate is checked.
+#[derive(Debug, Clone, Copy)]
+pub struct WebhookTls<'a> {
+    /// false: any certificate (the handshake signature is still checked).
+    pub verify: bool,
+    /// A PEM bundle to trust instead of the Mozilla roots.
+    pub ca: Option<&'a std::path::Path>,
+}
+
+/// The host of an authority ("[::1]:8443" → "::1", "alerts.example.org" → itself), the name
+/// an https receiver's certificate must carry.
+fn host_of(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+}
+
+/// POSTs `body` as JSON to an `http://` or `https://host:port/path` URL; a 2xx answer is
+/// success. https goes through fulcrum-tls's client (the one pools re-encrypt with): the
+/// receiver's certificate must name the URL's host and chain to `tls.ca` or the Mozilla roots.
+pub async fn http_post(
+    url: &str,
+    body: &serde_json::Value,
+    tls: &WebhookTls<'_>,
+) -> Result<(), String> {
+    let (rest, https) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(r), _) => (r, false),
+        (_, Some(r)) => (r, true),
+        _ => return Err(format!("{url}: not an http:// or https:// URL")),
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
+    let default_port = if https { 443 } else { 80 };
     let addr = tokio::net::lookup_host(if authority.contains(':') && !authority.ends_with(']') {
         authority.to_string()
     } else {
-        format!("{authority}:80")
+        format!("{authority}:{default_port}")
     })
     .await
     .map_err(|e| format!("{authority}: {e}"))?
@@ -29,11 +56,35 @@ pub async fn http_post(url: &str, body: &serde_json::Value) -> Result<(), String
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect {addr}: {e}"))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+    let mut sender = if https {
+        let client = fulcrum_tls::client::MemberTls::load_with_alpn(
+            &fulcrum_config::UpstreamTls {
+                verify: tls.verify,
+                ca: tls.ca.map(Into::into),
+                sni: Some(host_of(authority).to_string()),
+            },
+            vec![b"http/1.1".to_vec()],
+            "alert.webhook",
+        )
+        .map_err(|(key, e)| format!("{key}: {e}"))?;
+        let stream = client
+            .connect(stream, addr)
             .await
-            .map_err(|e| format!("{addr}: {e}"))?;
-    tokio::spawn(conn);
+            .map_err(|e| format!("TLS with {authority}: {e}"))?;
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+        tokio::spawn(conn);
+        sender
+    } else {
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+        tokio::spawn(conn);
+        sender
+    };
     let req = http::Request::post(path)
         .header(http::header::HOST, authority)
         .header(http::header::CONTENT_TYPE, "application/json")

@@ -166,6 +166,66 @@ pub fn render(control: &dyn Control) -> String {
         );
     }
 
+    let elastic: Vec<_> = pools
+        .iter()
+        .filter_map(|p| p.elastic.as_ref().map(|e| (p, e)))
+        .collect();
+    if !elastic.is_empty() {
+        type ElasticField = fn(&fulcrum_balance::ElasticState) -> f64;
+        let families: [(&str, &str, &str, ElasticField); 5] = [
+            (
+                "fulcrum_pool_utilisation",
+                "gauge",
+                "Elastic pool utilisation (1 = the members' limits or the response-time target).",
+                |e| e.utilisation(),
+            ),
+            (
+                "fulcrum_pool_elastic_joins_total",
+                "counter",
+                "Standby members that joined an elastic pool.",
+                |e| e.joins.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "fulcrum_pool_elastic_leaves_total",
+                "counter",
+                "Standby members that left an elastic pool.",
+                |e| e.leaves.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "fulcrum_pool_elastic_hook_runs_total",
+                "counter",
+                "Elastic hook commands run.",
+                |e| e.hook_runs.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "fulcrum_pool_elastic_hook_failures_total",
+                "counter",
+                "Elastic hook commands that failed (exit status, timeout, could not start).",
+                |e| e.hook_failures.load(Ordering::Relaxed) as f64,
+            ),
+        ];
+        for (name, kind, help, get) in families {
+            w.family(name, kind, help);
+            for (p, e) in &elastic {
+                w.sample(name, &[("pool", &p.name)], get(e));
+            }
+        }
+        w.family(
+            "fulcrum_member_standby_joined",
+            "gauge",
+            "Standby members of elastic pools: 1 while joined.",
+        );
+        for (p, _) in &elastic {
+            for m in p.members().iter().filter(|m| m.is_standby()) {
+                w.sample(
+                    "fulcrum_member_standby_joined",
+                    &[("pool", &p.name), ("member", &m.label)],
+                    f64::from(u8::from(m.is_joined())),
+                );
+            }
+        }
+    }
+
     type MemberField = fn(&fulcrum_balance::Member) -> f64;
     let member_families: [(&str, &str, &str, MemberField); 14] = [
         (

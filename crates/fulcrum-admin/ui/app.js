@@ -20,6 +20,8 @@ const state = {
   history: [],          // samples from /api/v1/history, oldest first
   lastT: 0,
   gslb: true,           // false once /api/v1/gslb answered 404 (a build without GSLB)
+  links: false,         // link or gateway pools configured (from /api/v1/status)
+  ha: false,            // [ha] configured (from /api/v1/status)
   lastOk: 0,
   certs: null,          // /api/v1/certificates, re-read every 30 s
   certsAt: 0,
@@ -240,12 +242,13 @@ function renderServices(status) {
     const s = bySample.get(v.name) || {};
     rps += s.requests_per_s || 0; cps += s.connections_per_s || 0; eps += s.errors_per_s || 0;
     active += v.connections_active;
-    const rec = row(tbody, "svc:" + v.name, 13, (rec) => {
+    const rec = row(tbody, "svc:" + v.name, 14, (rec) => {
       rec.tds[3].className = rec.tds[4].className = rec.tds[5].className = rec.tds[6].className = "num";
-      for (let i = 7; i <= 11; i++) rec.tds[i].className = "num";
+      for (let i = 7; i <= 12; i++) rec.tds[i].className = "num";
       rec.tds[2].className = "addr";
+      rec.tds[11].classList.add("classes");
       rec.canvas = el("canvas", { class: "spark" });
-      rec.tds[12].append(rec.canvas);
+      rec.tds[13].append(rec.canvas);
     });
     const t = rec.tds;
     setText(t[0], v.name); setText(t[1], v.protocol); setText(t[2], v.listen.join(", "));
@@ -253,7 +256,10 @@ function renderServices(status) {
     setText(t[5], fmt(s.errors_per_s)); setText(t[6], fmt(v.connections_active));
     setText(t[7], fmt(v.connections_total)); setText(t[8], fmt(v.no_member));
     setText(t[9], fmt(v.over_limit)); setText(t[10], fmt(v.upstream_failures));
-    setText(t[11], s.cache_hit_ratio === undefined ? "–" : (s.cache_hit_ratio * 100).toFixed(1) + " %");
+    const r = v.responses;
+    setText(t[11], r ? ["1xx", "2xx", "3xx", "4xx", "5xx"].map((c) => fmt(r[c])).join(" / ") : "–");
+    t[11].classList.toggle("bad", !!(r && r["5xx"] > 0));
+    setText(t[12], s.cache_hit_ratio === undefined ? "–" : (s.cache_hit_ratio * 100).toFixed(1) + " %");
     const i = names.indexOf(v.name);
     spark(rec.canvas, state.history.slice(-120).map((h) => {
       const x = h.services.find((y) => y.name === v.name);
@@ -261,7 +267,7 @@ function renderServices(status) {
     }), COLORS[i % COLORS.length]);
   }
   prune(tbody);
-  if (!status.virtual_services.length) tbody.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: "13" }, "No virtual services configured.")));
+  if (!status.virtual_services.length) tbody.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: "14" }, "No virtual services configured.")));
   setText($("t-rps"), fmt(rps)); setText($("t-cps"), fmt(cps));
   setText($("t-eps"), fmt(eps)); $("t-eps").className = eps > 0 ? "bad" : "";
   setText($("t-active"), fmt(active));
@@ -302,7 +308,9 @@ function renderPools(data) {
     up += upHere; total += members;
     if (upHere < members) degraded++;
     setText(card.title, "Pool " + p.name);
-    setText(card.tag, `${p.algorithm} · ${p.available}/${members} available · ${fmt(p.no_member)} turned away`);
+    const el_ = p.elastic;
+    setText(card.tag, `${p.algorithm} · ${p.available}/${members} available · ${fmt(p.no_member)} turned away` +
+      (el_ ? ` · elastic ${el_.on}: ${Math.round(el_.utilisation * 100)} % (join ${Math.round(el_.join * 100)} %, leave ${Math.round(el_.leave * 100)} %), ${el_.joined}/${el_.standby} standby joined` : ""));
     for (const m of p.members) {
       const key = `m:${p.name}/${m.address}`;
       const rec = row(card.tbody, key, 11, (rec) => {
@@ -323,7 +331,7 @@ function renderPools(data) {
       });
       rec.pool = p.name; rec.address = m.address; rec.weight = m.weight;
       const t = rec.tds;
-      setText(t[0], m.address);
+      setText(t[0], m.address + (m.elastic ? ` (standby, ${m.elastic === "joined" ? "joined" : "out"})` : ""));
       pill(t[1], m.health, m.health);
       const reason = memberReason(m);
       setText(rec.reason, reason.text); rec.reason.title = reason.text;
@@ -366,6 +374,50 @@ function renderGslb(data) {
   }
   prune(tbody);
   renderShares(data.names || []);
+}
+
+// Shown only when this node runs VRRP ([ha]); the API answers 404 otherwise.
+function renderHa(data) {
+  const panel = $("ha-panel");
+  if (!data || !data.role) { panel.classList.add("hidden"); return; }
+  panel.classList.remove("hidden");
+  const tbody = $("ha").tBodies[0];
+  const rec = row(tbody, "ha", 9, (rec) => { rec.tds[4].className = "num"; rec.tds[7].className = "addr"; });
+  const t = rec.tds;
+  setText(t[0], data.node || "–");
+  pill(t[1], data.role + (data.maintenance ? " (maintenance)" : ""), data.role === "master" ? "up" : data.role === "backup" ? "drain" : "down");
+  setText(t[2], String(data.vrid)); setText(t[3], data.interface || "–");
+  setText(t[4], data.priority === data.configured_priority ? String(data.priority) : `${data.priority} (of ${data.configured_priority})`);
+  pill(t[5], data.healthy ? "yes" : "no", data.healthy ? "up" : "down");
+  setText(t[6], data.peer ? `${data.peer.address} (priority ${data.peer.priority})` : "–");
+  setText(t[7], (data.vips || []).join(", ") || "–");
+  const lt = data.last_transition;
+  setText(t[8], lt ? `${lt.from} → ${lt.to} (${lt.reason}) ${ago(lt.at)}` : "–");
+  setText($("ha-tag"), `${data.transitions || 0} transitions`);
+}
+
+// Shown only when link or gateway pools are configured.
+function renderLinks(data) {
+  const panel = $("links-panel");
+  if (!data || !data.links || !data.links.length) { panel.classList.add("hidden"); return; }
+  panel.classList.remove("hidden");
+  const tbody = $("links").tBodies[0];
+  for (const l of data.links) {
+    const group = l.outbound || l.gateway_service || "";
+    const rec = row(tbody, "link:" + group + ":" + l.name, 13, (rec) => {
+      for (const i of [7, 8, 9, 10, 11]) rec.tds[i].className = "num";
+      rec.tds[4].className = "addr";
+    });
+    const t = rec.tds;
+    setText(t[0], l.name); setText(t[1], l.kind); setText(t[2], group);
+    setText(t[3], l.interface || "–"); setText(t[4], l.gateway || "–");
+    pill(t[5], l.health, l.health); pill(t[6], l.state, l.state);
+    setText(t[7], String(l.weight)); setText(t[8], fmt(l.share));
+    setText(t[9], fmt(l.rate_up_bps)); setText(t[10], fmt(l.rate_down_bps));
+    setText(t[11], l.flows_active === null || l.flows_active === undefined ? fmt(l.flows_total) : `${fmt(l.flows_active)} / ${fmt(l.flows_total)}`);
+    setText(t[12], (l.targets || []).map((x) => `${x.target || x.monitor}: ${x.rtt_ms === null ? "–" : x.rtt_ms + " ms"}${x.loss === null ? "" : ", " + Math.round(x.loss * 100) + " % loss"}`).join("; ") || "–");
+  }
+  prune(tbody);
 }
 
 // One bar per region: each site's share of the answers, in the site's colour.
@@ -502,7 +554,7 @@ async function refresh() {
   clearTimeout(timer);
   try {
     const wantCerts = Date.now() - state.certsAt > 30000;
-    const [status, pools, hist, audit, gslb, alerts, certs] = await Promise.all([
+    const [status, pools, hist, audit, gslb, alerts, certs, links, ha] = await Promise.all([
       api("GET", "/api/v1/status"),
       api("GET", "/api/v1/pools"),
       api("GET", "/api/v1/history?member_window=130&since=" + state.lastT),
@@ -510,7 +562,12 @@ async function refresh() {
       state.gslb ? api("GET", "/api/v1/gslb").catch((e) => { if (e.status === 404) state.gslb = false; return null; }) : null,
       api("GET", "/api/v1/alerts"),
       wantCerts ? api("GET", "/api/v1/certificates") : null,
+      // Only what the configuration has (as of the last refresh: /api/v1/status says).
+      state.links ? api("GET", "/api/v1/links").catch(() => null) : null,
+      state.ha ? api("GET", "/api/v1/ha").catch(() => null) : null,
     ]);
+    state.links = !!(status.configured && status.configured.links);
+    state.ha = !!(status.configured && status.configured.ha);
     if (certs) { state.certs = certs; state.certsAt = Date.now(); }
     for (const s of hist.samples) state.history.push(s);
     if (hist.samples.length) state.lastT = hist.samples[hist.samples.length - 1].t;
@@ -520,6 +577,8 @@ async function refresh() {
     renderServices(status);
     renderPools(pools);
     renderGslb(gslb);
+    renderLinks(links);
+    renderHa(ha);
     renderAudit(audit);
     renderAlerts(alerts);
     renderCerts(state.certs);

@@ -5,6 +5,7 @@
 
 pub mod attempts;
 pub mod clock;
+pub mod elastic;
 pub mod hash;
 pub mod health;
 pub mod member;
@@ -14,6 +15,7 @@ pub mod sched;
 pub mod shares;
 
 pub use attempts::Attempts;
+pub use elastic::{ElasticAction, ElasticEvent, ElasticState};
 pub use health::{CheckSpec, CheckState, HealthMachine, HealthReport, Transition};
 pub use member::{
     AgentState, ConnectionGuard, LiveBytes, Member, MemberStats, RequestGuard, LIVE_BATCH,

@@ -3,7 +3,7 @@
 //! across reloads, so all of this survives one.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,6 +179,10 @@ pub struct Member {
     warm_ms: AtomicU64,
     /// When the current slow start began (0 = none).
     ramp_start_ms: AtomicU64,
+    /// An elastic pool's standby member: it takes new clients only while joined.
+    standby: AtomicBool,
+    /// When a standby member joined (0 = it has not; see `crate::elastic`).
+    joined_ms: AtomicU64,
     pub stats: MemberStats,
 }
 
@@ -222,6 +226,8 @@ impl Member {
             recovery_ms: AtomicU64::new(0),
             warm_ms: AtomicU64::new(0),
             ramp_start_ms: AtomicU64::new(0),
+            standby: AtomicBool::new(cfg.standby),
+            joined_ms: AtomicU64::new(0),
             stats: MemberStats::default(),
         }
     }
@@ -239,6 +245,37 @@ impl Member {
         self.priority.store(cfg.priority, Ordering::Relaxed);
         self.max_connections
             .store(cfg.max_connections, Ordering::Relaxed);
+        // A member that joined keeps serving across a reload; one no longer standby is simply
+        // a member.
+        self.standby.store(cfg.standby, Ordering::Relaxed);
+        if !cfg.standby {
+            self.joined_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the member is an elastic pool's standby member (joined or not).
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(Ordering::Relaxed)
+    }
+
+    /// Whether a standby member has joined (always false for other members).
+    pub fn is_joined(&self) -> bool {
+        self.joined_ms.load(Ordering::Relaxed) != 0
+    }
+
+    /// When the member joined (0 = not joined), so the last to join leaves first.
+    pub(crate) fn joined_ms(&self) -> u64 {
+        self.joined_ms.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_joined(&self, at_ms: u64) {
+        self.joined_ms.store(at_ms, Ordering::Relaxed);
+    }
+
+    /// A standby member that has not joined: out of the scheduling, like weight 0.
+    #[inline]
+    pub fn benched(&self) -> bool {
+        self.standby.load(Ordering::Relaxed) && self.joined_ms.load(Ordering::Relaxed) == 0
     }
 
     pub fn set_slow_start(&self, recovery: Duration, warm: Duration) {
@@ -357,6 +394,7 @@ impl Member {
             && self.effective_state() == AdminState::Enabled
             && self.weight() > 0
             && self.agent_weight_pct() > 0
+            && !self.benched()
             && self.below_max_connections()
             && (now_ms == 0 || !self.recovering(now_ms))
     }

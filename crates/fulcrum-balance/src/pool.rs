@@ -33,6 +33,8 @@ pub struct Pool {
     last_input: Mutex<Option<RebuildInput>>,
     /// Requests that found no member, for the API and metrics.
     pub no_member: AtomicU64,
+    /// Standby members joining on utilisation (`elastic` table), if configured.
+    pub elastic: Option<crate::elastic::ElasticState>,
     /// Whether only datagram (UDP) services use the pool, so reachability probes must not be
     /// TCP connects.
     datagram: AtomicBool,
@@ -125,6 +127,9 @@ impl Pool {
             by_addr,
             last_input: Mutex::new(None),
             no_member: AtomicU64::new(0),
+            elastic: cfg.elastic.clone().map(|e| {
+                crate::elastic::ElasticState::new(e, previous.and_then(|p| p.elastic.as_ref()))
+            }),
             datagram: AtomicBool::new(false),
         };
         pool.refresh_at(now_ms());
@@ -221,7 +226,8 @@ impl Pool {
                     u64::from(w) * u64::from(WEIGHT_SCALE) * u64::from(m.agent_weight_pct()) / 100;
                 // An agent at 1% of weight 1 still leaves the member one unit; an API weight or an
                 // agent percentage far beyond the config's range saturates instead of wrapping.
-                if w > 0 && m.agent_weight_pct() > 0 {
+                // A standby member out of the pool has no share (hash tables, weighted rings).
+                if w > 0 && m.agent_weight_pct() > 0 && !m.benched() {
                     u32::try_from(scaled).unwrap_or(u32::MAX).max(1)
                 } else {
                     0

@@ -220,6 +220,7 @@ mod tests {
                         weight: w,
                         priority: if i == 0 { 10 } else { 0 },
                         max_connections: 0,
+                        standby: false,
                         state: AdminState::Enabled,
                     },
                 ))

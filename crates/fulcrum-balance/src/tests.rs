@@ -59,6 +59,7 @@ fn member_cfg(i: usize, weight: u32) -> fulcrum_config::Member {
         weight,
         priority: 0,
         max_connections: 0,
+        standby: false,
         state: AdminState::Enabled,
     }
 }
@@ -85,6 +86,7 @@ fn config(algorithm: Algorithm, weights: &[u32]) -> fulcrum_config::Pool {
         links: vec![],
         gateways: vec![],
         busy: None,
+        elastic: None,
         tls: None,
     }
 }
@@ -1356,4 +1358,195 @@ fn attempts_stop_when_every_member_failed_even_within_the_budget() {
     assert!(a.failed(&q));
     assert!(a.next_member().is_none());
     assert_eq!(a.tried(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elastic pools
+// ---------------------------------------------------------------------------------------------
+
+/// Two serving members of 10 connections each and two standby members; joins at 80 %, leaves
+/// below 40 % held for 5 s.
+fn elastic_pool() -> Pool {
+    let mut cfg = config(Algorithm::LeastConnections, &[1, 1, 1, 1]);
+    for (i, m) in cfg.members.iter_mut().enumerate() {
+        m.max_connections = 10;
+        m.standby = i >= 2;
+    }
+    cfg.elastic = Some(fulcrum_config::Elastic {
+        on: fulcrum_config::ElasticOn::Connections,
+        join: 0.8,
+        leave: 0.4,
+        join_after: Duration::ZERO,
+        leave_after: Duration::from_secs(5),
+        target: None,
+        hook: vec![],
+        hook_timeout: Duration::from_secs(1),
+    });
+    Pool::new(&cfg, &checks(), None)
+}
+
+#[test]
+fn standby_members_get_no_clients_until_they_join() {
+    let pool = elastic_pool();
+    let ctx = PickContext::default();
+    for _ in 0..100 {
+        let p = pool.pick(&ctx, &[]).expect("a member");
+        assert!(p.index < 2, "standby member {} picked", p.index);
+    }
+    assert_eq!(pool.available(), 2);
+    // Below the threshold nothing happens.
+    assert!(pool.elastic_tick(T0).is_none());
+}
+
+#[test]
+fn elastic_joins_above_threshold_and_leaves_after_hysteresis() {
+    let pool = elastic_pool();
+    let ctx = PickContext::default();
+    // 16 of 20 connections: 80 %.
+    let mut held: Vec<_> = (0..16)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    let ev = pool.elastic_tick(T0).expect("a join");
+    assert_eq!(ev.action, crate::ElasticAction::Join);
+    assert_eq!(&*ev.member, "10.0.0.3:80");
+    assert!((ev.utilisation - 0.8).abs() < 1e-9);
+    assert_eq!((ev.joined, ev.standby), (1, 2));
+    // 16 of 30: below join, above leave: nothing moves.
+    assert!(pool.elastic_tick(T0 + 200).is_none());
+    // The new member takes the next clients (least connections).
+    let p = pool.pick(&ctx, &[]).expect("member");
+    assert_eq!(p.index, 2);
+    held.push(p.member.open_connection());
+    // Load falls to 3 of 30 (10 %): the member leaves only after 5 s below 40 %.
+    held.truncate(3);
+    assert!(pool.elastic_tick(T0 + 1_000).is_none());
+    assert!(pool.elastic_tick(T0 + 5_000).is_none());
+    // A bounce above `leave` restarts the hold.
+    let bounce: Vec<_> = (0..10)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    assert!(pool.elastic_tick(T0 + 5_500).is_none());
+    drop(bounce);
+    assert!(pool.elastic_tick(T0 + 6_000).is_none());
+    assert!(pool.elastic_tick(T0 + 10_999).is_none());
+    let ev = pool.elastic_tick(T0 + 11_000).expect("a leave");
+    assert_eq!(ev.action, crate::ElasticAction::Leave);
+    assert_eq!(&*ev.member, "10.0.0.3:80");
+    assert_eq!(ev.joined, 0);
+    for _ in 0..50 {
+        assert!(pool.pick(&ctx, &[]).expect("member").index < 2);
+    }
+    let e = pool.elastic.as_ref().expect("elastic");
+    assert_eq!(e.joins.load(Ordering::Relaxed), 1);
+    assert_eq!(e.leaves.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn elastic_joins_one_at_a_time_and_skips_down_standby_members() {
+    let pool = elastic_pool();
+    fail_checks(&pool.members()[2]);
+    let ctx = PickContext::default();
+    let _held: Vec<_> = (0..20)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    let ev = pool.elastic_tick(T0).expect("a join");
+    assert_eq!(
+        &*ev.member, "10.0.0.4:80",
+        "the down standby member is skipped"
+    );
+    // 20 of 20 still (the joined member has none yet) but nothing is left to join.
+    assert!(pool.elastic_tick(T0 + 200).is_none());
+}
+
+#[test]
+fn elastic_does_not_leave_when_the_rest_would_cross_join_again() {
+    let mut pool = elastic_pool();
+    // Join at 50 %, leave below 40 %.
+    let mut cfg = pool.config.clone();
+    if let Some(e) = cfg.elastic.as_mut() {
+        e.join = 0.5;
+    }
+    pool = Pool::new(&cfg, &checks(), Some(&pool));
+    let ctx = PickContext::default();
+    let mut held: Vec<_> = (0..10)
+        .map(|_| {
+            pool.pick(&ctx, &[])
+                .expect("member")
+                .member
+                .open_connection()
+        })
+        .collect();
+    assert!(pool.elastic_tick(T0).is_some());
+    held.extend((0..1).map(|_| {
+        pool.pick(&ctx, &[])
+            .expect("member")
+            .member
+            .open_connection()
+    }));
+    // 11 of 30 = 37 % is below `leave`, but without the joined member 11 of 20 = 55 % would
+    // be above `join` again: it stays.
+    assert!(pool.elastic_tick(T0 + 1).is_none());
+    assert!(pool.elastic_tick(T0 + 60_000).is_none());
+    // At 7 of 30 (7 of 20 = 35 % without it) it goes: the pool has been below `leave` since
+    // T0 + 1, longer than `leave_after`.
+    held.truncate(7);
+    let ev = pool.elastic_tick(T0 + 60_001).expect("a leave");
+    assert_eq!(ev.action, crate::ElasticAction::Leave);
+}
+
+#[test]
+fn elastic_on_response_time_joins_when_slow_and_counts_an_idle_pool_as_zero() {
+    let mut cfg = config(Algorithm::RoundRobin, &[1, 1, 1]);
+    cfg.members[2].standby = true;
+    cfg.elastic = Some(fulcrum_config::Elastic {
+        on: fulcrum_config::ElasticOn::ResponseTime,
+        join: 1.0,
+        leave: 0.5,
+        join_after: Duration::from_millis(400),
+        leave_after: Duration::from_secs(1),
+        target: Some(Duration::from_millis(100)),
+        hook: vec![],
+        hook_timeout: Duration::from_secs(1),
+    });
+    let pool = Pool::new(&cfg, &checks(), None);
+    let ctx = PickContext::default();
+    let traffic = |ms: u64| {
+        for _ in 0..4 {
+            let p = pool.pick(&ctx, &[]).expect("member");
+            drop(p.member.open_request());
+            p.member
+                .stats
+                .observe_response_time(Duration::from_millis(ms));
+        }
+    };
+    // 150 ms against a 100 ms target: 1.5, held for join_after before the join.
+    traffic(150);
+    assert!(pool.elastic_tick(T0).is_none());
+    traffic(150);
+    assert!(pool.elastic_tick(T0 + 200).is_none());
+    traffic(150);
+    let ev = pool.elastic_tick(T0 + 400).expect("a join");
+    assert!(ev.utilisation > 1.0, "{ev:?}");
+    assert_eq!(ev.on, "response_time");
+    // No traffic at all: the stale averages do not keep it in; it leaves after leave_after.
+    // The first idle tick still sees the last requests; the next ones see none.
+    let _ = pool.elastic_tick(T0 + 600);
+    assert!(pool.elastic_tick(T0 + 800).is_none());
+    let ev = pool.elastic_tick(T0 + 1_700).expect("a leave");
+    assert_eq!(ev.action, crate::ElasticAction::Leave);
 }

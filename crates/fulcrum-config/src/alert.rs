@@ -26,6 +26,8 @@ string_enum!(
         Failover = "failover",
         /// An https certificate's notAfter is within `cert_expiry`.
         CertExpiry = "cert_expiry",
+        /// A standby member of an elastic pool joined; resolves when it leaves.
+        ElasticJoined = "elastic_joined",
     }
 );
 
@@ -41,9 +43,13 @@ pub struct Smtp {
 pub struct AlertRule {
     pub name: String,
     pub on: Vec<AlertEvent>,
-    /// `http://` URL: the Alertmanager v2 API when the path ends in `/api/v2/alerts`, otherwise
-    /// any receiver of the Alertmanager v4 webhook JSON.
+    /// `http://` or `https://` URL: the Alertmanager v2 API when the path ends in
+    /// `/api/v2/alerts`, otherwise any receiver of the Alertmanager v4 webhook JSON.
     pub webhook: Option<String>,
+    /// https webhooks: trust this PEM bundle instead of the Mozilla roots (Fulcrum addition).
+    pub webhook_ca: Option<std::path::PathBuf>,
+    /// https webhooks: check the receiver's certificate (default true; Fulcrum addition).
+    pub webhook_verify: bool,
     /// RFC 5424 messages over UDP to this address.
     pub syslog: Option<SocketAddr>,
     pub smtp: Option<Smtp>,
@@ -114,15 +120,37 @@ impl FromNode for AlertRule {
             if let Some(w) = &webhook {
                 let ok = w
                     .strip_prefix("http://")
+                    .or_else(|| w.strip_prefix("https://"))
                     .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'));
                 if !ok {
                     if let Some(n) = t.node("webhook") {
                         cx.error(
                             &n,
-                            format!("{w:?}: expected an http:// URL, e.g. \"http://127.0.0.1:9093/api/v2/alerts\""),
+                            format!("{w:?}: expected an http:// or https:// URL, e.g. \"http://127.0.0.1:9093/api/v2/alerts\""),
                         );
                     }
                     return None;
+                }
+            }
+            let webhook_ca: Option<std::path::PathBuf> =
+                t.opt::<String>(cx, "webhook_ca").map(Into::into);
+            let webhook_verify: bool = t.opt(cx, "webhook_verify").unwrap_or(true);
+            let https = webhook
+                .as_deref()
+                .is_some_and(|w| w.starts_with("https://"));
+            for (key, set) in [
+                ("webhook_ca", webhook_ca.is_some()),
+                ("webhook_verify", !webhook_verify),
+            ] {
+                if set && !https {
+                    if let Some(n) = t.node(key) {
+                        cx.error(&n, "only with an https:// `webhook`");
+                    }
+                }
+            }
+            if let (Some(ca), Some(n)) = (&webhook_ca, t.node("webhook_ca")) {
+                if let Err(e) = std::fs::metadata(ca) {
+                    cx.error(&n, format!("{}: {e}", ca.display()));
                 }
             }
             let syslog = t.opt(cx, "syslog");
@@ -153,6 +181,8 @@ impl FromNode for AlertRule {
                 name: name?,
                 on,
                 webhook,
+                webhook_ca,
+                webhook_verify,
                 syslog,
                 smtp,
                 repeat,

@@ -6,6 +6,7 @@ mod access;
 mod admin;
 mod alert;
 mod bgp;
+mod elastic;
 mod error;
 mod forwarding;
 mod ha;
@@ -29,6 +30,7 @@ pub use access::AccessList;
 pub use admin::{token_problem, token_too_short, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use alert::{AlertEvent, AlertRule, Smtp};
 pub use bgp::{Bgp, BgpSpeaker, DEFAULT_BGP_INCLUDE, DEFAULT_BGP_INTERFACE};
+pub use elastic::{Elastic, ElasticOn};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
@@ -44,7 +46,7 @@ pub use link::{
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
-pub use snmp::{parse_oid, SnmpOptions};
+pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
 pub use tls::{ClientAuth, TlsOptions, TlsVersion, ALPN_PROTOCOLS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,

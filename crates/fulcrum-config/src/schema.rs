@@ -612,6 +612,8 @@ pub struct Pool {
     pub gateways: Vec<crate::link::GatewayMember>,
     /// Link pools: a link above this share of its bandwidth takes no new flows.
     pub busy: Option<f64>,
+    /// Standby members joining on utilisation (crate::elastic; Fulcrum addition).
+    pub elastic: Option<crate::elastic::Elastic>,
 }
 
 impl FromNode for Pool {
@@ -627,10 +629,14 @@ impl FromNode for Pool {
                     gateways = t.opt(cx, "member").unwrap_or_default()
                 }
             }
+            let elastic = t.opt(cx, "elastic");
+            let path = t.path().to_string();
+            crate::elastic::check_pool(elastic.as_ref(), &members, node, &path, cx);
             Some(Pool {
                 kind,
                 links,
                 gateways,
+                elastic,
                 busy: t.opt(cx, "busy"),
                 algorithm: t.opt(cx, "algorithm").unwrap_or(Algorithm::RoundRobin),
                 hash_key: t.opt(cx, "hash_key").unwrap_or(HashKey::SourceIp),
@@ -704,6 +710,8 @@ pub struct Member {
     pub priority: i32,
     pub max_connections: u32,
     pub state: AdminState,
+    /// Takes traffic only while its pool's `elastic` utilisation asks for it (Fulcrum addition).
+    pub standby: bool,
 }
 
 /// The largest weight a member may have (F5's ratio range); big enough for capacity ratios.
@@ -726,6 +734,7 @@ impl FromNode for Member {
                 priority: t.opt(cx, "priority").unwrap_or(0),
                 max_connections: t.opt(cx, "max_connections").unwrap_or(0),
                 state: t.opt(cx, "state").unwrap_or(AdminState::Enabled),
+                standby: t.opt(cx, "standby").unwrap_or(false),
                 address: address?,
             })
         })

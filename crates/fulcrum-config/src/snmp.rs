@@ -1,14 +1,43 @@
-//! Keys of `type = "snmp"` monitors (Fulcrum addition): an SNMP v2c GET of one OID, used as a
-//! health check and, with `max`, as the source of a member's dynamic weight (the agentless
-//! CPU/load feedback of the hardware ADCs).
+//! Keys of `type = "snmp"` monitors (Fulcrum addition): an SNMP v2c or v3 (USM) GET of one
+//! OID, used as a health check and, with `max`, as the source of a member's dynamic weight (the
+//! agentless CPU/load feedback of the hardware ADCs).
 
 use crate::reader::{Cx, TableReader};
+
+use crate::string_enum;
+
+string_enum!(
+    /// USM authentication (RFC 3414 HMAC-SHA-96, RFC 7860 HMAC-SHA-256-192).
+    SnmpAuth {
+        Sha1 = "sha1",
+        Sha256 = "sha256",
+    }
+);
+
+string_enum!(
+    /// USM privacy (RFC 3826 AES-128-CFB).
+    SnmpPriv {
+        Aes128 = "aes128",
+    }
+);
+
+/// SNMPv3 with the User-based Security Model: authNoPriv without `priv_password`, authPriv
+/// with it (noAuthNoPriv is not offered: a health signal anyone can forge is no signal).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnmpV3 {
+    pub user: String,
+    pub auth: SnmpAuth,
+    pub auth_password: String,
+    pub privacy: Option<(SnmpPriv, String)>,
+}
 
 /// What an snmp monitor reads and how its value becomes a weight.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SnmpOptions {
     /// The v2c community (default "public").
     pub community: String,
+    /// `version = "3"`: USM user and keys instead of the community.
+    pub v3: Option<SnmpV3>,
     /// The OID read, as numbers: "1.3.6.1.4.1.2021.10.1.5.1" (UCD-SNMP-MIB laLoadInt.1).
     pub oid: Option<Vec<u32>>,
     /// With `max`, the value sets the member's weight percentage:
@@ -56,10 +85,75 @@ impl SnmpOptions {
                 }
             }
         }
+        let v3 = Self::read_v3(t, cx);
         SnmpOptions {
             community,
+            v3,
             oid,
             max: max.filter(|m| m.is_finite() && *m > 0.0),
+        }
+    }
+
+    fn read_v3(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> Option<SnmpV3> {
+        let version = t.opt::<String>(cx, "version");
+        let user = t.opt::<String>(cx, "user");
+        let auth = t.opt::<SnmpAuth>(cx, "auth_protocol");
+        let auth_password = t.opt::<String>(cx, "auth_password");
+        let privacy = t.opt::<SnmpPriv>(cx, "priv_protocol");
+        let priv_password = t.opt::<String>(cx, "priv_password");
+        let v3 = match version.as_deref() {
+            None | Some("2c") => false,
+            Some("3") => true,
+            Some(v) => {
+                if let Some(n) = t.node("version") {
+                    cx.error(&n, format!("{v:?}: expected \"2c\" or \"3\""));
+                }
+                return None;
+            }
+        };
+        let mut bad = |key: &'static str, msg: &str| {
+            if let Some(n) = t.node(key) {
+                cx.error(&n, msg.to_string());
+            }
+        };
+        if !v3 {
+            for key in [
+                "user",
+                "auth_protocol",
+                "auth_password",
+                "priv_protocol",
+                "priv_password",
+            ] {
+                bad(key, "only with `version = \"3\"`");
+            }
+            return None;
+        }
+        // RFC 3414 §11.2: passwords shorter than 8 characters are refused by agents.
+        for (key, p) in [
+            ("auth_password", &auth_password),
+            ("priv_password", &priv_password),
+        ] {
+            if p.as_ref().is_some_and(|p| p.len() < 8) {
+                bad(key, "must be at least 8 characters (RFC 3414)");
+            }
+        }
+        if privacy.is_some() && priv_password.is_none() {
+            bad("priv_protocol", "needs `priv_password`");
+        }
+        match (user, auth_password) {
+            (Some(user), Some(auth_password)) if !user.is_empty() => Some(SnmpV3 {
+                user,
+                auth: auth.unwrap_or(SnmpAuth::Sha256),
+                auth_password,
+                privacy: priv_password.map(|p| (privacy.unwrap_or(SnmpPriv::Aes128), p)),
+            }),
+            _ => {
+                bad(
+                    "version",
+                    "`version = \"3\"` needs `user` and `auth_password` (authNoPriv; add `priv_password` for authPriv)",
+                );
+                None
+            }
         }
     }
 }

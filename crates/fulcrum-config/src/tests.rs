@@ -975,9 +975,15 @@ fn alert_rule_errors_name_the_key() {
     has(&e, "member_down");
     let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\n");
     has(&e, "webhook, syslog or smtp");
-    let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\nwebhook = \"https://am/\"\n");
+    let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\nwebhook = \"ftp://am/\"\n");
     has(&e, "alert[0].webhook");
-    has(&e, "http:// URL");
+    has(&e, "http:// or https:// URL");
+    let c = ok("[[alert]]\nname = \"x\"\non = [\"member_down\"]\nwebhook = \"https://am.example/hook\"\nwebhook_verify = false\n");
+    assert!(!c.alerts[0].webhook_verify);
+    let e = errs("[[alert]]\nname = \"x\"\non = [\"member_down\"]\nwebhook = \"http://am/\"\nwebhook_ca = \"/nonexistent.pem\"\n");
+    has(&e, "alert[0].webhook_ca");
+    has(&e, "only with an https:// `webhook`");
+    has(&e, "/nonexistent.pem");
     let e = errs(
         "[[alert]]\nname = \"x\"\non = [\"member_down\"]\nsmtp = { server = \"127.0.0.1:25\", from = \"a@b.c\", to = [\"nobody\"] }\n",
     );
@@ -996,6 +1002,26 @@ fn snmp_monitor_keys() {
     assert_eq!(c.monitors[0].snmp.max, Some(400.0));
     let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\n");
     has(&e, "type snmp needs `oid`");
+    let c = ok("[[monitor]]\nname = \"v3\"\ntype = \"snmp\"\nversion = \"3\"\nuser = \"u\"\nauth_password = \"12345678\"\npriv_password = \"abcdefgh\"\noid = \"1.3.6.1.2.1.1.3.0\"\n");
+    let v3 = c.monitors[0].snmp.v3.as_ref().expect("v3");
+    assert_eq!(v3.auth, crate::SnmpAuth::Sha256);
+    assert_eq!(
+        v3.privacy.as_ref().map(|p| p.0),
+        Some(crate::SnmpPriv::Aes128)
+    );
+    let e = errs("[[monitor]]\nname = \"v3\"\ntype = \"snmp\"\nversion = \"3\"\nauth_password = \"short\"\npriv_protocol = \"aes128\"\noid = \"1.3.6.1.2.1.1.3.0\"\n");
+    has(
+        &e,
+        "monitor[0].auth_password: must be at least 8 characters",
+    );
+    has(&e, "monitor[0].priv_protocol: needs `priv_password`");
+    has(&e, "needs `user` and `auth_password`");
+    let e = errs(
+        "[[monitor]]\nname = \"v2\"\ntype = \"snmp\"\nuser = \"u\"\noid = \"1.3.6.1.2.1.1.3.0\"\n",
+    );
+    has(&e, "monitor[0].user: only with `version = \"3\"`");
+    let e = errs("[[monitor]]\nname = \"v\"\ntype = \"snmp\"\nversion = \"1\"\noid = \"1.3.6.1.2.1.1.3.0\"\n");
+    has(&e, "expected \"2c\" or \"3\"");
     let e = errs("[[monitor]]\nname = \"load\"\ntype = \"snmp\"\noid = \"laLoadInt.1\"\n");
     has(&e, "monitor[0].oid");
     has(&e, "not a numeric OID");

@@ -286,6 +286,7 @@ impl GslbState {
                                 weight: 1,
                                 priority: 0,
                                 max_connections: 0,
+                                standby: false,
                                 state: AdminState::Enabled,
                             })
                             .collect(),
@@ -296,6 +297,7 @@ impl GslbState {
                         links: vec![],
                         gateways: vec![],
                         busy: None,
+                        elastic: None,
                     };
                     let checks = [CheckSpec {
                         monitor: m.name.clone(),
@@ -364,6 +366,7 @@ impl GslbState {
                                 weight: sites[s].weight,
                                 priority: 0,
                                 max_connections: 0,
+                                standby: false,
                                 state: AdminState::Enabled,
                             })
                             .collect(),
@@ -374,6 +377,7 @@ impl GslbState {
                         links: vec![],
                         gateways: vec![],
                         busy: None,
+                        elastic: None,
                     };
                     let labels: Vec<Arc<str>> =
                         idx.iter().map(|&s| sites[s].name.clone()).collect();

@@ -27,7 +27,10 @@ mod testutil;
 use fulcrum_balance::CheckSpec;
 use fulcrum_config::Monitor;
 
-pub use check::{parse_agent_reply, parse_snmp_response, AgentReply, SnmpValue, Via};
+pub use check::{
+    parse_agent_reply, parse_snmp_response, parse_v3_response, AgentReply, Engine, LocalKeys,
+    SnmpValue, UsmUser, V3Reply, Via,
+};
 pub use passive::StatusObserver;
 pub use service::HealthService;
 

@@ -164,6 +164,7 @@ fn balance_pool(o: &plan::OutboundPlan, previous: Option<&Pool>) -> Pool {
             weight: l.config.weight,
             priority: l.config.priority,
             max_connections: 0,
+            standby: false,
             state: l.config.state,
         })
         .collect();
@@ -184,6 +185,7 @@ fn balance_pool(o: &plan::OutboundPlan, previous: Option<&Pool>) -> Pool {
         links: vec![],
         gateways: vec![],
         busy: o.busy,
+        elastic: None,
         zero_window_timeout: None,
     };
     let labels: Vec<Arc<str>> = o.links.iter().map(|l| Arc::from(l.name.as_str())).collect();

@@ -344,6 +344,7 @@ impl App {
         for p in &snapshot.pools {
             p.refresh();
         }
+        crate::elastic::tick(&snapshot.pools);
         for plane in &self.planes {
             plane.refresh(&snapshot.config);
         }

@@ -427,10 +427,11 @@ pub fn members_table(pool: &Value) -> String {
         t.row(vec![
             num(&m["address"]),
             num(&m["health"]),
-            if effective != state {
-                format!("{state} ({effective})")
-            } else {
-                state.to_string()
+            match (effective != state, m["elastic"].as_str()) {
+                // An elastic pool's standby member: out until it joins.
+                (_, Some(e)) if effective == state => format!("{state} (standby, {e})"),
+                (true, _) => format!("{state} ({effective})"),
+                _ => state.to_string(),
             },
             num(&m["weight"]),
             m["effective_weight"]
@@ -462,7 +463,20 @@ fn pool_heading(p: &Value) -> String {
         members,
         num(&p["available"]),
         num(&p["no_member"]),
-    )
+    ) + &p["elastic"]
+        .as_object()
+        .map(|e| {
+            format!(
+                "  elastic {}: {:.0}% (join {:.0}%, leave {:.0}%), {} of {} standby joined",
+                e.get("on").and_then(Value::as_str).unwrap_or("?"),
+                e.get("utilisation").and_then(Value::as_f64).unwrap_or(0.0) * 100.0,
+                e.get("join").and_then(Value::as_f64).unwrap_or(0.0) * 100.0,
+                e.get("leave").and_then(Value::as_f64).unwrap_or(0.0) * 100.0,
+                e.get("joined").and_then(Value::as_u64).unwrap_or(0),
+                e.get("standby").and_then(Value::as_u64).unwrap_or(0),
+            )
+        })
+        .unwrap_or_default()
 }
 
 pub fn status(t: &Target) -> Result<(), Failure> {

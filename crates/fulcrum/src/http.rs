@@ -41,6 +41,32 @@ struct HttpBuild {
 }
 
 impl HttpAssembly {
+    /// `/api/v1/http/responses`: responses sent to clients per http(s) service by status class
+    /// (the counters behind `fulcrum_http_responses_total`); `/api/v1/status` merges them into
+    /// its entries as `responses`.
+    fn responses(&self) -> serde_json::Value {
+        let services: serde_json::Map<String, serde_json::Value> = self
+            .stats
+            .lock()
+            .iter()
+            .map(|(name, s)| {
+                let classes: serde_json::Map<String, serde_json::Value> =
+                    ["1xx", "2xx", "3xx", "4xx", "5xx"]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| {
+                            (
+                                c.to_string(),
+                                s.responses[i + 1].load(Ordering::Relaxed).into(),
+                            )
+                        })
+                        .collect();
+                (name.clone(), classes.into())
+            })
+            .collect();
+        serde_json::json!({ "services": services })
+    }
+
     /// Needs a tokio runtime (the idle-connection sweeper starts here).
     pub fn new(dns: Arc<crate::dns::Dns>, tls: Arc<crate::https::TlsAssembly>) -> HttpAssembly {
         HttpAssembly {
@@ -164,6 +190,7 @@ impl DataPlane for HttpAssembly {
     fn api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {
         match request.path {
             ["cache", service] => Some(self.cache_api(request.method, service, request.query)),
+            ["http", "responses"] if request.method == "GET" => Some((200, self.responses())),
             _ => None,
         }
     }

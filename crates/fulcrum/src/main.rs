@@ -8,6 +8,7 @@ mod cli;
 mod compression;
 mod demo;
 mod dns;
+mod elastic;
 mod ha;
 mod http;
 mod https;

@@ -25,6 +25,29 @@ struct Receiver {
 
 impl Receiver {
     async fn start() -> Receiver {
+        Self::start_with(None).await
+    }
+
+    /// The receiver behind TLS with this certificate and key (PEM files).
+    async fn start_tls(cert: &str, key: &str) -> Receiver {
+        use rustls::pki_types::pem::PemObject;
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        Self::start_with(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let got = Arc::new(Mutex::new(Vec::new()));
@@ -32,6 +55,7 @@ impl Receiver {
         tokio::spawn(async move {
             while let Ok((s, _)) = listener.accept().await {
                 let g = g.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(
                         move |req: hyper::Request<hyper::body::Incoming>| {
@@ -52,9 +76,22 @@ impl Receiver {
                             }
                         },
                     );
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http
+                                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                                .await;
+                        }
+                        Some(acceptor) => {
+                            // A client that refuses the certificate ends the handshake here.
+                            if let Ok(s) = acceptor.accept(s).await {
+                                let _ = http
+                                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                                    .await;
+                            }
+                        }
+                    }
                 });
             }
         });
@@ -374,6 +411,90 @@ async fn flaps_shorter_than_hold_are_damped_and_a_dead_receiver_is_retried_and_c
     assert_eq!(v["delivery"]["lost"]["sinks"]["webhook"]["sent"], 0, "{v}");
     let r = fulcrum_testkit::http_get(vs, "/").await.unwrap();
     assert_eq!(r.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_webhook_is_verified_against_its_ca_and_refused_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // Self-signed, and not a CA (webpki refuses a CA certificate as a server's own).
+    let (cert, key) = (
+        dir.path().join("hook.crt").display().to_string(),
+        dir.path().join("hook.key").display().to_string(),
+    );
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-subj", "/CN=alerts.test", "-days", "10"])
+        .args(["-keyout", &key, "-out", &cert])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hook = Receiver::start_tls(&cert, &key).await;
+    let a = HttpBackend::start(free_addr(), "a").await.unwrap();
+    let b = HttpBackend::start(free_addr(), "b").await.unwrap();
+    let vs = free_addr();
+    let alert = format!(
+        "[[alert]]\nname = \"tls\"\non = [\"member_down\"]\nwebhook = \"https://{0}/hook\"\nwebhook_ca = \"{cert}\"\nhold = \"0s\"\n\n\
+         [[alert]]\nname = \"untrusted\"\non = [\"member_down\"]\nwebhook = \"https://{0}/hook\"\nhold = \"0s\"\n",
+        hook.addr
+    );
+    let f = start(&pool_config(vs, &[&a, &b], &alert)).await;
+    let aa = a.addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("web", &aa).await["health"] == "up"
+        })
+        .await
+    );
+    a.set_healthy(false);
+    // Trusted through `webhook_ca`: delivered over TLS.
+    let ok = wait_until(Duration::from_secs(10), || async {
+        hook.bodies()
+            .iter()
+            .any(|v| v["receiver"] == "tls" && v["status"] == "firing")
+    })
+    .await;
+    assert!(ok, "{:?}\n{}", hook.bodies(), f.logs());
+    // The same self-signed receiver without `webhook_ca`: the Mozilla roots do not trust it,
+    // so every attempt fails and is counted; nothing reaches the receiver from that rule.
+    let ok = wait_until(Duration::from_secs(20), || async {
+        let v = f.get_json("/api/v1/alerts").await;
+        v["delivery"]["untrusted"]["sinks"]["webhook"]["failed"].as_u64() >= Some(1)
+    })
+    .await;
+    let v = f.get_json("/api/v1/alerts").await;
+    assert!(ok, "{v}");
+    assert_eq!(
+        v["delivery"]["untrusted"]["sinks"]["webhook"]["sent"], 0,
+        "{v}"
+    );
+    assert_eq!(v["delivery"]["tls"]["sinks"]["webhook"]["failed"], 0, "{v}");
+    println!(
+        "https webhook: decision to acknowledgement {} ms (new TCP + TLS 1.3 handshake per delivery)",
+        v["delivery"]["tls"]["sinks"]["webhook"]["last_latency_ms"]
+    );
+    assert!(
+        !hook.bodies().iter().any(|v| v["receiver"] == "untrusted"),
+        "{:?}",
+        hook.bodies()
+    );
+    assert!(
+        f.logs().contains("certificate") || f.logs().contains("UnknownIssuer"),
+        "the failure names the certificate: {}",
+        f.logs()
+    );
 }
 
 /// Debian's prometheus-alertmanager on loopback, with its own storage and no clustering.

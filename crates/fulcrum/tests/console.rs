@@ -146,6 +146,19 @@ hold = "0s"
             Duration::from_secs(10),
         )
         .expect("a request rate is shown");
+        // Responses by status class on the service's row: 2xx counted.
+        let classes = b
+            .wait_for(
+                "(() => { const r = document.querySelector('tr[data-key=\"svc:shop\"]'); const t = r && r.cells[11].textContent; return t && /^\\d+ \\/ [1-9]/.test(t) && t; })()",
+                Duration::from_secs(10),
+            )
+            .expect("the 1xx/2xx/3xx/4xx/5xx cell counts the responses");
+        assert_eq!(classes.as_str().unwrap_or("").split(" / ").count(), 5, "{classes}");
+        // Links and HA are not configured here: their panels stay hidden.
+        let hidden = b
+            .eval("['links-panel', 'ha-panel'].every((id) => document.getElementById(id).classList.contains('hidden'))")
+            .unwrap();
+        assert_eq!(hidden, true, "link / HA panels shown without links or [ha]");
         // Drain the first member: a click opens the confirmation, a click on Confirm acts.
         let target = &addrs2[0];
         let row = format!("tr[data-key=\"m:web/{target}\"]");
@@ -211,6 +224,19 @@ hold = "0s"
     assert_eq!(page["stored"], TOKEN);
     assert_eq!(page["cookie"], "");
     assert!(errors.is_empty(), "console errors: {errors:#?}");
+    // /api/v1/status carries the same counters per service.
+    let status = f.get_json("/api/v1/status").await;
+    let shop = status["virtual_services"]
+        .as_array()
+        .and_then(|v| v.iter().find(|s| s["name"] == "shop"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        shop["responses"]["2xx"].as_u64().unwrap_or(0) >= 60
+            && shop["responses"]["5xx"].is_u64()
+            && shop["responses"]["1xx"].is_u64(),
+        "{shop}"
+    );
     // The API agrees: the click changed the member's state.
     let m = f.member("web", &addrs[0]).await;
     assert_eq!(m["state"], "drain", "{m}");

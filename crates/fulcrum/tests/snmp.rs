@@ -195,3 +195,191 @@ fall = 1
         "{text}"
     );
 }
+
+/// snmpd on `addr` with two SNMPv3 users (created by `createUser` in its own config and
+/// persistent directory): `fulcrumpriv` (SHA-256 + AES-128, authPriv required) and
+/// `fulcrumauth` (SHA-1, authNoPriv), and `extend load` reading `load_file`.
+fn snmpd_v3(dir: &Path, addr: SocketAddr, load_file: &Path) -> Snmpd {
+    let conf = dir.join("snmpd-v3.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "createUser fulcrumpriv SHA-256 \"authpass-256\" AES \"privpass-aes\"\n\
+             createUser fulcrumauth SHA \"authpass-sha1\"\n\
+             rouser fulcrumpriv priv\n\
+             rouser fulcrumauth auth\n\
+             extend load /bin/cat {}\n",
+            load_file.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("snmpd")
+        .args(["-f", "-Ln", "-C", "-c"])
+        .arg(&conf)
+        .arg("-p")
+        .arg(dir.join("snmpd-v3.pid"))
+        .arg(format!("udp:{addr}"))
+        .env("SNMP_PERSISTENT_DIR", dir.join("state-v3"))
+        .env("MIBS", "")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("snmpd is installed by scripts/test.sh");
+    Snmpd(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snmp_v3_auth_priv_drives_weights_and_auth_no_priv_checks_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = udp_port_on_both();
+    let load = dir.path().join("load");
+    std::fs::write(&load, "100\n").unwrap();
+    let _agent = snmpd_v3(dir.path(), SocketAddr::from(([127, 0, 0, 1], port)), &load);
+    let m1 = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 1]), "m1")
+        .await
+        .unwrap();
+    let m2 = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 1]), "m2")
+        .await
+        .unwrap();
+    let vs = free_addr();
+    let f = start(&format!(
+        r#"[[virtual_service]]
+name = "web"
+listen = ["{vs}"]
+protocol = "http"
+pool = "app"
+
+[[pool]]
+name = "app"
+algorithm = "dynamic_feedback"
+monitors = ["load-v3", "auth-only"]
+[[pool.member]]
+address = "{}"
+weight = 10
+
+[[pool]]
+name = "wrong"
+monitors = ["bad-auth", "bad-priv", "no-such-user"]
+[[pool.member]]
+address = "{}"
+
+[[monitor]]
+name = "load-v3"
+type = "snmp"
+version = "3"
+port = {port}
+user = "fulcrumpriv"
+auth_protocol = "sha256"
+auth_password = "authpass-256"
+priv_protocol = "aes128"
+priv_password = "privpass-aes"
+oid = "{LOAD_OID}"
+max = 400
+interval = "500ms"
+timeout = "400ms"
+rise = 1
+fall = 1
+
+[[monitor]]
+name = "auth-only"
+type = "snmp"
+version = "3"
+port = {port}
+user = "fulcrumauth"
+auth_protocol = "sha1"
+auth_password = "authpass-sha1"
+oid = "1.3.6.1.2.1.1.3.0"
+interval = "500ms"
+timeout = "400ms"
+rise = 1
+fall = 1
+
+[[monitor]]
+name = "bad-auth"
+type = "snmp"
+version = "3"
+port = {port}
+user = "fulcrumauth"
+auth_protocol = "sha1"
+auth_password = "not-the-password"
+oid = "1.3.6.1.2.1.1.3.0"
+interval = "500ms"
+timeout = "400ms"
+rise = 1
+fall = 1
+
+[[monitor]]
+name = "bad-priv"
+type = "snmp"
+version = "3"
+port = {port}
+user = "fulcrumpriv"
+auth_protocol = "sha256"
+auth_password = "authpass-256"
+priv_password = "not-the-priv-password"
+oid = "1.3.6.1.2.1.1.3.0"
+interval = "500ms"
+timeout = "400ms"
+rise = 1
+fall = 1
+
+[[monitor]]
+name = "no-such-user"
+type = "snmp"
+version = "3"
+port = {port}
+user = "nobody-here"
+auth_password = "whatever-password"
+oid = "1.3.6.1.2.1.1.3.0"
+interval = "500ms"
+timeout = "400ms"
+rise = 1
+fall = 1
+"#,
+        m1.addr, m2.addr
+    ))
+    .await;
+    let a1 = m1.addr.to_string();
+    // authPriv with SHA-256 + AES-128: load 100 of 400 → weight 75 %; authNoPriv SHA-1 passes.
+    let ok = wait_until(Duration::from_secs(15), || async {
+        let m = f.member("app", &a1).await;
+        m["agent"]["weight_percent"] == 75 && m["health"] == "up"
+    })
+    .await;
+    let m = f.member("app", &a1).await;
+    assert!(ok, "{m}\n{}", f.logs());
+    let checks = m["checks"].to_string();
+    assert!(checks.contains("100 of 400 -> weight 75%"), "{checks}");
+    assert!(checks.contains("snmp 1.3.6.1.2.1.1.3.0: "), "{checks}");
+    // The value moves; so does the weight (every check discovers the engine afresh).
+    std::fs::write(&load, "300\n").unwrap();
+    let ok = wait_until(Duration::from_secs(10), || async {
+        f.member("app", &a1).await["agent"]["weight_percent"] == 25
+    })
+    .await;
+    assert!(ok, "{}", f.member("app", &a1).await);
+    // A wrong auth password, a wrong priv password and an unknown user fail, each with the
+    // agent's reason.
+    let b = m2.addr.to_string();
+    let ok = wait_until(Duration::from_secs(15), || async {
+        let m = f.member("wrong", &b).await;
+        m["health"] == "down"
+            && m["checks"]
+                .as_array()
+                .is_some_and(|c| c.len() == 3 && c.iter().all(|c| c["up"] == false))
+    })
+    .await;
+    let m = f.member("wrong", &b).await;
+    assert!(ok, "{m}");
+    let text = m["checks"].to_string();
+    println!("v3 failures: {text}");
+    assert!(text.contains("unknown user name"), "{text}");
+    assert!(
+        text.contains("wrong digest") || text.contains("authentication failed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("decryption") || text.contains("timed out") || text.contains("user, keys"),
+        "{text}"
+    );
+}

@@ -13,6 +13,7 @@ mod icmp;
 mod radius;
 mod send_expect;
 mod snmp;
+mod snmp_v3;
 mod tcp;
 mod tls;
 
@@ -27,6 +28,7 @@ use tokio::time::Instant;
 
 pub use agent::{parse_agent_reply, AgentReply};
 pub use snmp::{parse_snmp_response, SnmpValue};
+pub use snmp_v3::{parse_v3_response, Engine, LocalKeys, UsmUser, V3Reply};
 
 use crate::text;
 

@@ -4,8 +4,12 @@
 //! through the same path as an agent's `NN%`, so `algorithm = "dynamic_feedback"` follows the
 //! member's load without an agent on it.
 //!
-//! The message is a few nested BER TLVs; an SNMP library would bring MIB handling and v3
-//! crypto this check does not use, so the encoding and the bounded parser are written here.
+//! With `version = "3"` the same GET goes through USM (snmp_v3.rs): discovery of the agent's
+//! engine, then an authenticated (and optionally encrypted) request.
+//!
+//! The message is a few nested BER TLVs; an SNMP library would bring MIB handling, sessions and
+//! its own BER stack this check does not use, so the encoding and the bounded parser are
+//! written here.
 
 use std::net::SocketAddr;
 
@@ -19,17 +23,17 @@ const SNMP_PORT: u16 = 161;
 /// Largest datagram read: a GetResponse with one varbind fits easily.
 const MAX_RESPONSE: usize = 4096;
 
-const INTEGER: u8 = 0x02;
-const OCTET_STRING: u8 = 0x04;
-const NULL: u8 = 0x05;
-const OID: u8 = 0x06;
-const SEQUENCE: u8 = 0x30;
+pub(crate) const INTEGER: u8 = 0x02;
+pub(crate) const OCTET_STRING: u8 = 0x04;
+pub(crate) const NULL: u8 = 0x05;
+pub(crate) const OID: u8 = 0x06;
+pub(crate) const SEQUENCE: u8 = 0x30;
 const IP_ADDRESS: u8 = 0x40;
 const COUNTER32: u8 = 0x41;
 const GAUGE32: u8 = 0x42;
 const TIMETICKS: u8 = 0x43;
 const COUNTER64: u8 = 0x46;
-const GET_REQUEST: u8 = 0xa0;
+pub(crate) const GET_REQUEST: u8 = 0xa0;
 const GET_RESPONSE: u8 = 0xa2;
 const NO_SUCH_OBJECT: u8 = 0x80;
 const NO_SUCH_INSTANCE: u8 = 0x81;
@@ -48,6 +52,7 @@ pub enum SnmpValue {
 #[derive(Debug)]
 pub(crate) struct SnmpCheck {
     community: Vec<u8>,
+    v3: Option<super::snmp_v3::UsmUser>,
     oid: Vec<u32>,
     oid_text: String,
     max: Option<f64>,
@@ -65,14 +70,14 @@ fn push_len(out: &mut Vec<u8>, len: usize) {
     }
 }
 
-fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+pub(crate) fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
     let mut out = vec![tag];
     push_len(&mut out, content.len());
     out.extend_from_slice(content);
     out
 }
 
-fn integer(v: i64) -> Vec<u8> {
+pub(crate) fn integer(v: i64) -> Vec<u8> {
     let bytes = v.to_be_bytes();
     // Minimal two's complement: drop leading bytes that only repeat the sign.
     let mut start = 0;
@@ -85,7 +90,7 @@ fn integer(v: i64) -> Vec<u8> {
     tlv(INTEGER, &bytes[start..])
 }
 
-fn oid_bytes(oid: &[u32]) -> Vec<u8> {
+pub(crate) fn oid_bytes(oid: &[u32]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut arcs = oid.iter().copied();
     let first = arcs.next().unwrap_or(0);
@@ -131,7 +136,7 @@ pub(crate) fn get_request(community: &[u8], request_id: i32, oid: &[u32]) -> Vec
     )
 }
 
-fn expect<'a>(b: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
+pub(crate) fn expect<'a>(b: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
     let (t, v, rest) = fulcrum_tls::der::element(b).map_err(|e| format!("{what}: {e}"))?;
     if t != tag {
         return Err(format!("{what}: tag 0x{t:02x}, expected 0x{tag:02x}"));
@@ -139,7 +144,7 @@ fn expect<'a>(b: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), 
     Ok((v, rest))
 }
 
-fn int_value(v: &[u8]) -> Result<i64, String> {
+pub(crate) fn int_value(v: &[u8]) -> Result<i64, String> {
     if v.is_empty() || v.len() > 8 {
         return Err("bad integer".into());
     }
@@ -168,7 +173,18 @@ pub fn parse_snmp_response(bytes: &[u8], request_id: i32) -> Result<SnmpValue, S
         return Err(bad("not version 2c".into()));
     }
     let (_community, rest) = expect(rest, OCTET_STRING, "community").map_err(bad)?;
-    let (pdu, _) = expect(rest, GET_RESPONSE, "pdu").map_err(bad)?;
+    let (tag, pdu, _) = fulcrum_tls::der::element(rest).map_err(|e| bad(format!("pdu: {e}")))?;
+    parse_pdu(tag, pdu, request_id)
+}
+
+/// A GetResponse PDU's (tag and contents) first value, v2c and v3 alike.
+pub(crate) fn parse_pdu(tag: u8, pdu: &[u8], request_id: i32) -> Result<SnmpValue, String> {
+    let bad = |e: String| format!("not an SNMP response: {e}");
+    if tag != GET_RESPONSE {
+        return Err(bad(format!(
+            "pdu: tag 0x{tag:02x}, expected 0x{GET_RESPONSE:02x}"
+        )));
+    }
     let (id, rest) = expect(pdu, INTEGER, "request-id").map_err(bad)?;
     if int_value(id).map_err(bad)? != i64::from(request_id) {
         return Err("a response to another request".into());
@@ -232,6 +248,7 @@ impl SnmpCheck {
         let oid = monitor.snmp.oid.clone().unwrap_or_default();
         SnmpCheck {
             community: monitor.snmp.community.clone().into_bytes(),
+            v3: monitor.snmp.v3.as_ref().map(super::snmp_v3::UsmUser::new),
             oid_text: oid.iter().map(u32::to_string).collect::<Vec<_>>().join("."),
             oid,
             max: monitor.snmp.max,
@@ -256,54 +273,125 @@ impl SnmpCheck {
         if let Err(e) = sock.connect(addr).await {
             return Verdict::fail(format!("snmp: {}", text::io_error(&e)));
         }
-        let id = (fastrand_id() & 0x7fff_ffff) as i32;
-        let req = get_request(&self.community, id, &self.oid);
-        if let Err(e) = sock.send(&req).await {
-            return Verdict::fail(format!("snmp: send: {}", text::io_error(&e)));
+        let value = match &self.v3 {
+            None => self.get_v2c(&sock, probe).await,
+            Some(user) => self.get_v3(user, &sock, probe).await,
+        };
+        match value {
+            Err(e) => Verdict::fail(e),
+            Ok(SnmpValue::Number(v)) => match self.max {
+                Some(max) => {
+                    let pct = weight_pct(v, max);
+                    Verdict::Agent {
+                        reply: AgentReply {
+                            health: Some(true),
+                            weight_pct: Some(pct),
+                            ..AgentReply::default()
+                        },
+                        detail: format!("snmp {}: {v} of {max} -> weight {pct}%", self.oid_text),
+                    }
+                }
+                None => Verdict::pass(format!("snmp {}: {v}", self.oid_text)),
+            },
+            Ok(SnmpValue::Text(t)) if self.max.is_some() => Verdict::fail(format!(
+                "snmp {}: {t:?} is not a number (max is set)",
+                self.oid_text
+            )),
+            Ok(SnmpValue::Text(t)) => Verdict::pass(format!("snmp {}: {t:?}", self.oid_text)),
         }
+    }
+
+    /// Sends `req` and returns the first datagram `accept` takes (`None`: not ours, keep
+    /// waiting), within the probe's deadline.
+    async fn exchange<T>(
+        &self,
+        sock: &UdpSocket,
+        probe: &Probe,
+        req: &[u8],
+        timeout_hint: &str,
+        mut accept: impl FnMut(&[u8]) -> Option<Result<T, String>>,
+    ) -> Result<T, String> {
+        sock.send(req)
+            .await
+            .map_err(|e| format!("snmp: send: {}", text::io_error(&e)))?;
         let mut buf = vec![0u8; MAX_RESPONSE];
         loop {
             let n = match tokio::time::timeout_at(probe.deadline, sock.recv(&mut buf)).await {
                 Ok(Ok(n)) => n,
-                Ok(Err(e)) => return Verdict::fail(format!("snmp: {}", text::io_error(&e))),
-                // A wrong community gets no answer at all from net-snmp.
-                Err(_) => {
-                    return Verdict::fail(format!("snmp: {} (community?)", probe.timed_out()))
-                }
+                Ok(Err(e)) => return Err(format!("snmp: {}", text::io_error(&e))),
+                Err(_) => return Err(format!("snmp: {} ({timeout_hint})", probe.timed_out())),
             };
-            match parse_snmp_response(&buf[..n], id) {
-                Err(e) if e == "a response to another request" => continue,
-                Err(e) => return Verdict::fail(format!("snmp {}: {e}", self.oid_text)),
-                Ok(SnmpValue::Number(v)) => {
-                    return match self.max {
-                        Some(max) => {
-                            let pct = weight_pct(v, max);
-                            Verdict::Agent {
-                                reply: AgentReply {
-                                    health: Some(true),
-                                    weight_pct: Some(pct),
-                                    ..AgentReply::default()
-                                },
-                                detail: format!(
-                                    "snmp {}: {v} of {max} -> weight {pct}%",
-                                    self.oid_text
-                                ),
-                            }
-                        }
-                        None => Verdict::pass(format!("snmp {}: {v}", self.oid_text)),
-                    }
-                }
-                Ok(SnmpValue::Text(t)) if self.max.is_some() => {
-                    return Verdict::fail(format!(
-                        "snmp {}: {t:?} is not a number (max is set)",
-                        self.oid_text
-                    ))
-                }
-                Ok(SnmpValue::Text(t)) => {
-                    return Verdict::pass(format!("snmp {}: {t:?}", self.oid_text))
-                }
+            if let Some(r) = accept(&buf[..n]) {
+                return r;
             }
         }
+    }
+
+    async fn get_v2c(&self, sock: &UdpSocket, probe: &Probe) -> Result<SnmpValue, String> {
+        let id = (fastrand_id() & 0x7fff_ffff) as i32;
+        let req = get_request(&self.community, id, &self.oid);
+        // A wrong community gets no answer at all from net-snmp.
+        self.exchange(
+            sock,
+            probe,
+            &req,
+            "community?",
+            |b| match parse_snmp_response(b, id) {
+                Err(e) if e == "a response to another request" => None,
+                Err(e) => Some(Err(format!("snmp {}: {e}", self.oid_text))),
+                Ok(v) => Some(Ok(v)),
+            },
+        )
+        .await
+    }
+
+    /// Discovery (the agent's engine ID, boots and time, from a Report), then the GET with
+    /// keys localised to that engine. Discovering at every check costs one more datagram and
+    /// keeps the engine clock exact, so the time window (RFC 3414 §3.2 step 7) never bites.
+    async fn get_v3(
+        &self,
+        user: &super::snmp_v3::UsmUser,
+        sock: &UdpSocket,
+        probe: &Probe,
+    ) -> Result<SnmpValue, String> {
+        use super::snmp_v3::{describe_report, discovery_request, parse_v3_response, V3Reply};
+        let id = || (fastrand_id() & 0x7fff_ffff) as i32;
+        let (msg_id, req_id) = (id(), id());
+        let fail = |e: String| format!("snmp {}: {e}", self.oid_text);
+        let engine = self
+            .exchange(
+                sock,
+                probe,
+                &discovery_request(msg_id, req_id),
+                "no engine discovery answer",
+                |b| match parse_v3_response(b, msg_id, req_id, None) {
+                    Err(e) if e == "a response to another request" => None,
+                    Err(e) => Some(Err(fail(format!("discovery: {e}")))),
+                    Ok(V3Reply::Report { engine, .. }) if !engine.id.is_empty() => Some(Ok(engine)),
+                    Ok(_) => Some(Err(fail("discovery: no engine ID in the answer".into()))),
+                },
+            )
+            .await?;
+        let keys = user.localize(&engine.id);
+        let (msg_id, req_id) = (id(), id());
+        let req = super::snmp_v3::get_request(
+            user,
+            &keys,
+            &engine,
+            msg_id,
+            req_id,
+            &self.oid,
+            u64::from(fastrand_id()) << 32 | u64::from(fastrand_id()),
+        );
+        self.exchange(sock, probe, &req, "user, keys or security level?", |b| {
+            match parse_v3_response(b, msg_id, req_id, Some(&keys)) {
+                Err(e) if e == "a response to another request" => None,
+                Err(e) => Some(Err(fail(e))),
+                Ok(V3Reply::Report { oid, .. }) => Some(Err(fail(describe_report(&oid)))),
+                Ok(V3Reply::Value(v)) => Some(v.map_err(fail)),
+            }
+        })
+        .await
     }
 }
 

@@ -34,6 +34,7 @@ fn pool_config(name: &str, members: &[SocketAddr], monitors: &[&str]) -> fulcrum
                 weight: 1,
                 priority: 0,
                 max_connections: 0,
+                standby: false,
                 state: AdminState::Enabled,
             })
             .collect(),
@@ -43,6 +44,7 @@ fn pool_config(name: &str, members: &[SocketAddr], monitors: &[&str]) -> fulcrum
         links: vec![],
         gateways: vec![],
         busy: None,
+        elastic: None,
         tls: None,
     }
 }
