@@ -27,6 +27,8 @@ mod testutil;
 use fulcrum_balance::CheckSpec;
 use fulcrum_config::Monitor;
 
+#[doc(hidden)]
+pub use check::fuzzing;
 pub use check::{parse_agent_reply, parse_snmp_response, AgentReply, SnmpValue, Via};
 pub use passive::StatusObserver;
 pub use service::HealthService;

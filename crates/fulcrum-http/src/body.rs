@@ -41,6 +41,8 @@ pub enum UpBody {
     Channel(mpsc::Receiver<Result<Bytes, BoxError>>),
     /// An HTTP/2 client's body, passed through.
     Incoming(Incoming),
+    /// An HTTP/2 client's body under `max_body_size` and `min_body_rate`.
+    Limited(Box<crate::h2guard::Limited>),
 }
 
 impl Body for UpBody {
@@ -60,6 +62,7 @@ impl Body for UpBody {
                 None => Poll::Ready(None),
             },
             UpBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpBody::Limited(b) => Pin::new(b.as_mut()).poll_frame(cx),
         }
     }
 
@@ -69,6 +72,7 @@ impl Body for UpBody {
             UpBody::Full(b) => b.is_none(),
             UpBody::Channel(_) => false,
             UpBody::Incoming(b) => b.is_end_stream(),
+            UpBody::Limited(b) => b.is_end_stream(),
         }
     }
 
@@ -78,6 +82,7 @@ impl Body for UpBody {
             UpBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             UpBody::Channel(_) => SizeHint::default(),
             UpBody::Incoming(b) => b.size_hint(),
+            UpBody::Limited(b) => b.size_hint(),
         }
     }
 }
@@ -381,6 +386,8 @@ pub enum DownBody {
     Cache(Box<crate::cache::CacheBody>),
     /// Either of the above, compressed on the way (`compression`).
     Compressed(Box<crate::compress::CompressBody>),
+    /// Any of the above under the HTTP/2 progress watchdog.
+    Watched(Box<crate::h2guard::Watched>),
 }
 
 impl Body for DownBody {
@@ -397,6 +404,7 @@ impl Body for DownBody {
             DownBody::Relay(r) => Pin::new(r.as_mut()).poll_frame(cx),
             DownBody::Cache(c) => Pin::new(c.as_mut()).poll_frame(cx),
             DownBody::Compressed(c) => Pin::new(c.as_mut()).poll_frame(cx),
+            DownBody::Watched(w) => Pin::new(w.as_mut()).poll_frame(cx),
         }
     }
 
@@ -407,6 +415,7 @@ impl Body for DownBody {
             DownBody::Relay(r) => r.is_end_stream(),
             DownBody::Cache(c) => c.is_end_stream(),
             DownBody::Compressed(c) => c.is_end_stream(),
+            DownBody::Watched(w) => w.is_end_stream(),
         }
     }
 
@@ -417,6 +426,7 @@ impl Body for DownBody {
             DownBody::Relay(r) => r.size_hint(),
             DownBody::Cache(c) => c.size_hint(),
             DownBody::Compressed(c) => c.size_hint(),
+            DownBody::Watched(w) => w.size_hint(),
         }
     }
 }

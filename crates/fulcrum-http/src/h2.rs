@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Relay, Release};
 use crate::chunked::{self, Decoder};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx, RespFraming, ResponseCtx};
+use crate::h2guard::{Limited, Verdict, VerdictHandle, Watchdog};
 use crate::head::{Method, RequestHead, ResponseHead, Version};
 use crate::rules::CompiledRule;
 use crate::service::{request_hash, Client, ConnInfo, HttpService, Local, Plan, Target};
@@ -67,6 +68,8 @@ struct State {
     flood: tokio::sync::Notify,
     /// Bytes read from the client (the sniffed preface included).
     read: Arc<AtomicU64>,
+    /// Response bodies in flight, watched for progress.
+    watchdog: Watchdog,
 }
 
 /// Counts a stream whose handler was dropped before it returned: hyper drops it when the
@@ -174,6 +177,7 @@ where
         cancelled: AtomicU64::new(0),
         flood: tokio::sync::Notify::new(),
         read: read.clone(),
+        watchdog: Watchdog::default(),
     });
     let st = state.clone();
     let service = hyper::service::service_fn(move |req| {
@@ -238,6 +242,24 @@ where
                 closing = Some(Instant::now());
             }
             _ = tokio::time::sleep(check) => {
+                // A response body that made no progress for `idle` (a client holding its
+                // window at zero is never polled for more) gives its member connection back;
+                // the client is told to go away.
+                let sweep = state.watchdog.sweep(idle);
+                if sweep.stalled > 0 {
+                    svc.http_stats.h2_stalled_streams.fetch_add(sweep.stalled as u64, Ordering::Relaxed);
+                    tracing::info!(service = %svc.name, client = %info.peer, streams = sweep.stalled,
+                        "HTTP/2 response made no progress within idle_timeout; member connection released");
+                    if closing.is_none() {
+                        conn.as_mut().graceful_shutdown();
+                        closing = Some(Instant::now());
+                    }
+                }
+                // Bodies still flowing keep the connection busy: neither idle nor drained.
+                if sweep.live > 0 {
+                    state.last.fetch_max(sweep.newest, Ordering::Relaxed);
+                    continue;
+                }
                 if state.active.load(Ordering::Relaxed) > 0 {
                     continue;
                 }
@@ -442,6 +464,7 @@ async fn handle(
             }
         }
     };
+    let response = response.map(|b| st.watchdog.watch(b));
     let bytes = response
         .headers()
         .get(http::header::CONTENT_LENGTH)
@@ -495,6 +518,9 @@ async fn forward(
     let ctx = PickContext {
         hash: request_hash(&t.pool, head, &st.client),
     };
+    let body =
+        body.map(|b| Limited::new(b, svc.max_body_size, svc.min_body_rate, svc.header_timeout));
+    let verdict = body.as_ref().map(Limited::verdict_handle);
     let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
     let framing = match head.content_length {
         Some(n) if n > 0 => ReqFraming::Length(n),
@@ -511,11 +537,13 @@ async fn forward(
             &st.client,
             &mut lookup,
             ctx,
-            body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
+            body.filter(|_| has_body)
+                .map(|b| crate::body::UpBody::Limited(Box::new(b))),
             replay,
             framing,
         )
-        .await?;
+        .await
+        .map_err(|l| body_cut(svc, verdict.as_ref()).unwrap_or(l))?;
         let member = r.picked.member.clone();
         let (parts, inner) = r.response.into_parts();
         let resp = ResponseHead::from_h2(&parts);
@@ -679,7 +707,9 @@ async fn forward(
                 match send_body(&mut b, &mut conn, framing, svc.idle_timeout).await {
                     Ok(n) => sent += n,
                     Err(BodyError::Client) => {
-                        return Err(Local::error(400, "the request body was cut short"));
+                        return Err(body_cut(svc, verdict.as_ref()).unwrap_or_else(|| {
+                            Local::error(400, "the request body was cut short")
+                        }));
                     }
                     Err(BodyError::Member(e)) => written = Err(e),
                 }
@@ -837,6 +867,7 @@ pub(crate) async fn fetch(
         cancelled: AtomicU64::new(0),
         flood: tokio::sync::Notify::new(),
         read: Arc::new(AtomicU64::new(0)),
+        watchdog: Watchdog::default(),
     };
     let fwd = forward(&st, t, ti, rule, head, None);
     match svc.request_timeout {
@@ -858,9 +889,26 @@ enum BodyError {
     Member(io::Error),
 }
 
+/// The answer to a request body cut by its limits, counted; `None` when the body was not cut.
+fn body_cut(svc: &HttpService, verdict: Option<&VerdictHandle>) -> Option<Local> {
+    match verdict?.get() {
+        Verdict::TooLarge => {
+            svc.http_stats
+                .bodies_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            Some(Local::error(413, "request body larger than max_body_size"))
+        }
+        Verdict::TooSlow => {
+            svc.http_stats.slow_bodies.fetch_add(1, Ordering::Relaxed);
+            Some(Local::error(408, "request body slower than min_body_rate"))
+        }
+        Verdict::Ok => None,
+    }
+}
+
 /// Streams an HTTP/2 client's request body to an HTTP/1.1 member connection.
 async fn send_body(
-    body: &mut Incoming,
+    body: &mut Limited,
     conn: &mut UpstreamConn,
     framing: ReqFraming,
     idle: Duration,

@@ -33,6 +33,7 @@ pub mod fields;
 mod h1;
 mod h2;
 mod h2_upstream;
+mod h2guard;
 pub mod head;
 pub mod rules;
 pub mod service;
