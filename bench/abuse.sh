@@ -193,7 +193,8 @@ for a in $ATTACKS; do
       sleep 0.5
     done
     read -r ok p99 n <"$work/legit"
-    wait "$apid" 2>/dev/null || true
+    # The attack runs in a subshell's background (not our child): let it finish and report.
+    for _ in $(seq 100); do kill -0 "$apid" 2>/dev/null || break; sleep 0.1; done
     kill "$apid" 2>/dev/null || true
     grow=$(awk -v a="$peak" -v b="$before" 'BEGIN { printf "%.1f", (a - b) / 1024 }')
     note=""

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 DURATION=${1:-180} RELOADS=${2:-100}
-need nginx; need wrk; need h2load nghttp2-client
+need nginx; need wrk; need nghttp2-client h2load
 FULCRUM=${FULCRUM:-target/release/fulcrum}
 [ "$FULCRUM" = target/release/fulcrum ] && cargo build --release -q -p fulcrum
 MEMBER=${MEMBER:-target/debug/chaos-member}
