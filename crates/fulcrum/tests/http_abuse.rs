@@ -286,10 +286,7 @@ async fn big_body_member() -> (
                 let body = vec![b'b'; 4 << 20];
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
-                'conn: loop {
-                    let Ok(n) = s.read(&mut chunk).await else {
-                        break;
-                    };
+                'conn: while let Ok(n) = s.read(&mut chunk).await {
                     if n == 0 {
                         break;
                     }

@@ -204,28 +204,6 @@ fn hide_password(password: &[u8], secret: &[u8], auth: &[u8; 16]) -> Vec<u8> {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc2865_password_hiding_round_trips() {
-        let auth = [7u8; 16];
-        let hidden = hide_password(b"a password longer than sixteen", b"s3cret", &auth);
-        assert_eq!(hidden.len(), 32);
-        // Un-hide: each block XOR MD5(secret + previous ciphertext block).
-        let mut prev = auth.to_vec();
-        let mut plain = Vec::new();
-        for block in hidden.chunks(16) {
-            let key = md5(&[b"s3cret", &prev]);
-            plain.extend(block.iter().zip(key).map(|(b, k)| b ^ k));
-            prev = block.to_vec();
-        }
-        assert!(plain.starts_with(b"a password longer than sixteen"));
-        assert_eq!(hide_password(b"", b"s", &auth).len(), 16);
-    }
-}
-
 /// For the fuzz target `health_replies`: `reply` judged as the answer to request `reply[1]`
 /// made with a known secret (with a login when `login`). With `sign`, the reply's Response
 /// Authenticator is first set to the right value for its bytes, so the fuzzer reaches what
@@ -247,4 +225,26 @@ pub fn fuzz_judge(reply: &mut [u8], login: bool, sign: bool) -> Result<bool, Str
     let id = reply.get(1).copied().unwrap_or(0);
     let v = check.judge(reply, id, &auth)?;
     Ok(matches!(v, Verdict::Health { ok: true, .. }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc2865_password_hiding_round_trips() {
+        let auth = [7u8; 16];
+        let hidden = hide_password(b"a password longer than sixteen", b"s3cret", &auth);
+        assert_eq!(hidden.len(), 32);
+        // Un-hide: each block XOR MD5(secret + previous ciphertext block).
+        let mut prev = auth.to_vec();
+        let mut plain = Vec::new();
+        for block in hidden.chunks(16) {
+            let key = md5(&[b"s3cret", &prev]);
+            plain.extend(block.iter().zip(key).map(|(b, k)| b ^ k));
+            prev = block.to_vec();
+        }
+        assert!(plain.starts_with(b"a password longer than sixteen"));
+        assert_eq!(hide_password(b"", b"s", &auth).len(), 16);
+    }
 }
