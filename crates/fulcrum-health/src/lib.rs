@@ -27,6 +27,8 @@ mod testutil;
 use fulcrum_balance::CheckSpec;
 use fulcrum_config::Monitor;
 
+#[doc(hidden)]
+pub use check::fuzzing;
 pub use check::{
     parse_agent_reply, parse_snmp_response, parse_v3_response, AgentReply, Engine, LocalKeys,
     SnmpValue, UsmUser, V3Reply, Via,

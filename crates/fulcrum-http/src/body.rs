@@ -331,6 +331,8 @@ pub enum DownBody {
     /// Any of the above through a body filter: the cache (a stored body, or a member's while
     /// it is stored) and compression, written once for both client protocols.
     Filtered(UnsyncBoxBody<Bytes, BoxError>),
+    /// Any of the above under the HTTP/2 progress watchdog.
+    Watched(Box<crate::h2guard::Watched>),
 }
 
 impl DownBody {
@@ -356,6 +358,7 @@ impl Body for DownBody {
             DownBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx).map_err(Into::into),
             DownBody::Relay(r) => Pin::new(r.as_mut()).poll_frame(cx),
             DownBody::Filtered(f) => Pin::new(f).poll_frame(cx),
+            DownBody::Watched(w) => Pin::new(w.as_mut()).poll_frame(cx),
         }
     }
 
@@ -365,6 +368,7 @@ impl Body for DownBody {
             DownBody::Member(m) => m.is_end_stream(),
             DownBody::Relay(r) => r.is_end_stream(),
             DownBody::Filtered(f) => f.is_end_stream(),
+            DownBody::Watched(w) => w.is_end_stream(),
         }
     }
 
@@ -374,6 +378,7 @@ impl Body for DownBody {
             DownBody::Member(m) => m.size_hint(),
             DownBody::Relay(r) => r.size_hint(),
             DownBody::Filtered(f) => f.size_hint(),
+            DownBody::Watched(w) => w.size_hint(),
         }
     }
 }

@@ -22,9 +22,11 @@ use crate::client::Client;
 use crate::exchange::{self, Attempts, Failure, RespError, Route};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
 use crate::h2_upstream::Outgoing;
+use crate::h2guard::{Limited, Verdict, VerdictHandle};
 use crate::head::{RequestHead, ResponseHead, Version};
 use crate::local::Local;
 use crate::plan::ResponsePlan;
+use crate::service::HttpService;
 use crate::upstream::UpstreamConn;
 
 /// What forwarding needs of the client connection: the client, and the member connections
@@ -42,6 +44,10 @@ pub(crate) async fn forward(
     body: Option<Incoming>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
     let (svc, t, rule) = (route.svc, route.target, route.rule);
+    // Bodies with or without a length are held to max_body_size and min_body_rate.
+    let body =
+        body.map(|b| Limited::new(b, svc.max_body_size, svc.min_body_rate, svc.header_timeout));
+    let verdict = body.as_ref().map(Limited::verdict_handle);
     let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
     let framing = match head.content_length {
         Some(n) if n > 0 => ReqFraming::Length(n),
@@ -52,11 +58,15 @@ pub(crate) async fn forward(
     let mut attempts = Attempts::new(route, head, down.client, retryable);
     if t.http2 {
         let out = Outgoing {
-            body: body.filter(|_| has_body).map(crate::body::UpBody::Incoming),
+            body: body
+                .filter(|_| has_body)
+                .map(|b| crate::body::UpBody::Limited(Box::new(b))),
             replay: (!has_body).then(Bytes::new),
             framing,
         };
-        let r = crate::h2_upstream::exchange(route, &mut attempts, head, down.client, out).await?;
+        let r = crate::h2_upstream::exchange(route, &mut attempts, head, down.client, out)
+            .await
+            .map_err(|l| body_cut(svc, verdict.as_ref()).unwrap_or(l))?;
         let member = r.picked.member.clone();
         let (parts, inner) = r.response.into_parts();
         let resp = ResponseHead::from_h2(&parts);
@@ -136,7 +146,9 @@ pub(crate) async fn forward(
                 match send_body(&mut b, &mut conn, framing, svc.idle_timeout).await {
                     Ok(n) => sent += n,
                     Err(BodyError::Client) => {
-                        return Err(Local::error(400, "the request body was cut short"));
+                        return Err(body_cut(svc, verdict.as_ref()).unwrap_or_else(|| {
+                            Local::error(400, "the request body was cut short")
+                        }));
                     }
                     Err(BodyError::Member(e)) => written = Err(e),
                 }
@@ -251,6 +263,23 @@ pub(crate) async fn forward_in_time(
     }
 }
 
+/// The answer to a request body cut by its limits, counted; `None` when the body was not cut.
+fn body_cut(svc: &HttpService, verdict: Option<&VerdictHandle>) -> Option<Local> {
+    match verdict?.get() {
+        Verdict::TooLarge => {
+            svc.http_stats
+                .bodies_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            Some(Local::error(413, "request body larger than max_body_size"))
+        }
+        Verdict::TooSlow => {
+            svc.http_stats.slow_bodies.fetch_add(1, Ordering::Relaxed);
+            Some(Local::error(408, "request body slower than min_body_rate"))
+        }
+        Verdict::Ok => None,
+    }
+}
+
 enum BodyError {
     Client,
     Member(io::Error),
@@ -258,7 +287,7 @@ enum BodyError {
 
 /// Streams an HTTP/2 client's request body to an HTTP/1.1 member connection.
 async fn send_body(
-    body: &mut Incoming,
+    body: &mut Limited,
     conn: &mut UpstreamConn,
     framing: ReqFraming,
     idle: Duration,

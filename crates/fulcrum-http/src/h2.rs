@@ -22,6 +22,7 @@ use crate::body::{DownBody, PrivateConns};
 use crate::client::{Client, ConnInfo};
 use crate::exchange::Route;
 use crate::forward::{forward, forward_in_time, Downstream};
+use crate::h2guard::Watchdog;
 use crate::head::{Method, RequestHead};
 use crate::local::Local;
 use crate::rules::CompiledRule;
@@ -68,6 +69,8 @@ struct State {
     flood: tokio::sync::Notify,
     /// Bytes read from the client (the sniffed preface included).
     read: Arc<AtomicU64>,
+    /// Response bodies in flight, watched for progress.
+    watchdog: Watchdog,
 }
 
 /// Counts a stream whose handler was dropped before it returned: hyper drops it when the
@@ -175,6 +178,7 @@ where
         cancelled: AtomicU64::new(0),
         flood: tokio::sync::Notify::new(),
         read: read.clone(),
+        watchdog: Watchdog::default(),
     });
     let st = state.clone();
     let service = hyper::service::service_fn(move |req| {
@@ -255,6 +259,24 @@ where
                 }
             }
             _ = tokio::time::sleep(check) => {
+                // A response body that made no progress for `idle` (a client holding its
+                // window at zero is never polled for more) gives its member connection back;
+                // the client is told to go away.
+                let sweep = state.watchdog.sweep(idle);
+                if sweep.stalled > 0 {
+                    svc.http_stats.h2_stalled_streams.fetch_add(sweep.stalled as u64, Ordering::Relaxed);
+                    tracing::info!(service = %svc.name, client = %info.peer, streams = sweep.stalled,
+                        "HTTP/2 response made no progress within idle_timeout; member connection released");
+                    if closing.is_none() {
+                        conn.as_mut().graceful_shutdown();
+                        closing = Some(Instant::now());
+                    }
+                }
+                // Bodies still flowing keep the connection busy: neither idle nor drained.
+                if sweep.live > 0 {
+                    state.last.fetch_max(sweep.newest, Ordering::Relaxed);
+                    continue;
+                }
                 if state.active.load(Ordering::Relaxed) > 0 {
                     continue;
                 }
@@ -458,6 +480,7 @@ async fn handle(
             }
         }
     };
+    let response = response.map(|b| st.watchdog.watch(b));
     let bytes = response
         .headers()
         .get(http::header::CONTENT_LENGTH)

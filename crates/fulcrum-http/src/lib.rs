@@ -50,6 +50,7 @@ mod forward;
 mod h1;
 mod h2;
 mod h2_upstream;
+mod h2guard;
 pub mod head;
 pub mod local;
 mod plan;

@@ -69,6 +69,9 @@ pub struct HttpStats {
     /// HTTP/2 connections closed because the preface (TLS with ALPN h2) did not come within
     /// `header_timeout`, or because a client did not let a GOAWAY drain finish in time.
     pub h2_stalled: AtomicU64,
+    /// HTTP/2 response bodies dropped (with their member connection) for making no progress
+    /// within `idle_timeout`, typically a client holding its flow-control window at zero.
+    pub h2_stalled_streams: AtomicU64,
     /// Response compression (`compression`).
     pub compression: Arc<crate::compress::CompressStats>,
 }

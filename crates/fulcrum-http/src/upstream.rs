@@ -399,6 +399,8 @@ pub enum UpBody {
     Channel(mpsc::Receiver<Result<Bytes, BoxError>>),
     /// An HTTP/2 client's body, passed through.
     Incoming(Incoming),
+    /// An HTTP/2 client's body under `max_body_size` and `min_body_rate`.
+    Limited(Box<crate::h2guard::Limited>),
 }
 
 impl Body for UpBody {
@@ -418,6 +420,7 @@ impl Body for UpBody {
                 None => Poll::Ready(None),
             },
             UpBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpBody::Limited(b) => Pin::new(b.as_mut()).poll_frame(cx),
         }
     }
 
@@ -427,6 +430,7 @@ impl Body for UpBody {
             UpBody::Full(b) => b.is_none(),
             UpBody::Channel(_) => false,
             UpBody::Incoming(b) => b.is_end_stream(),
+            UpBody::Limited(b) => b.is_end_stream(),
         }
     }
 
@@ -436,6 +440,7 @@ impl Body for UpBody {
             UpBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             UpBody::Channel(_) => SizeHint::default(),
             UpBody::Incoming(b) => b.size_hint(),
+            UpBody::Limited(b) => b.size_hint(),
         }
     }
 }

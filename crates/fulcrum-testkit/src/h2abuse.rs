@@ -142,3 +142,148 @@ pub async fn h2c_status(
         .await
         .map_err(|_| "no answer within 10 s".to_string())?
 }
+
+/// What a zero-window holder saw.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Holder {
+    /// Status of the held response (its head arrives; its body never can).
+    pub status: u16,
+    /// Keep-alive requests answered while holding.
+    pub keepalives: usize,
+    /// When the server reset the held stream or closed the connection, if it did.
+    pub released_after: Option<Duration>,
+}
+
+/// A client that holds its HTTP/2 flow-control window at zero: SETTINGS_INITIAL_WINDOW_SIZE 0
+/// and never a WINDOW_UPDATE, so no DATA of `path`'s response can be sent to it. While it holds
+/// (at most `hold`), it sends a bodiless `HEAD /` every `keepalive` on the same connection, so a
+/// server's idle timer on the connection alone never fires. Returns when the server resets the
+/// held stream or closes the connection, or after `hold`.
+pub async fn zero_window_holder(
+    addr: SocketAddr,
+    path: &str,
+    hold: Duration,
+    keepalive: Option<Duration>,
+) -> Result<Holder, String> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .map_err(|e| format!("h2 handshake: {e}"))?;
+    let mut conn = tokio::spawn(conn);
+    let started = tokio::time::Instant::now();
+    let mut client = client.ready().await.map_err(|e| e.to_string())?;
+    let req = http::Request::builder()
+        .method("GET")
+        .uri(format!("http://{addr}{path}"))
+        .body(())
+        .map_err(|e| e.to_string())?;
+    let (resp, _stream) = client.send_request(req, true).map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .map_err(|_| "no response head within 10 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    let mut out = Holder {
+        status: resp.status().as_u16(),
+        ..Holder::default()
+    };
+    // Never read: the body's data would be released and the window reopened.
+    let mut body = resp.into_body();
+    let deadline = started + hold;
+    let tick = keepalive.unwrap_or(hold);
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Ok(out);
+        }
+        let wait = tick.min(deadline - now);
+        tokio::select! {
+            // The held stream ends (reset) or the connection goes away.
+            r = body.data() => {
+                match r {
+                    // Data can only arrive if the server ignores the window.
+                    Some(Ok(_)) => return Err("DATA past a zero window".into()),
+                    _ => {
+                        out.released_after = Some(started.elapsed());
+                        return Ok(out);
+                    }
+                }
+            }
+            _ = &mut conn => {
+                out.released_after = Some(started.elapsed());
+                return Ok(out);
+            }
+            _ = tokio::time::sleep(wait) => {
+                if keepalive.is_none() {
+                    continue;
+                }
+                let Ok(c) = client.clone().ready().await else {
+                    continue;
+                };
+                client = c;
+                let req = http::Request::builder()
+                    .method("HEAD")
+                    .uri(format!("http://{addr}/"))
+                    .body(())
+                    .map_err(|e| e.to_string())?;
+                if let Ok((r, _)) = client.send_request(req, true) {
+                    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), r).await {
+                        out.keepalives += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Uploads `chunks` pieces of `chunk` bytes as an HTTP/2 request body WITHOUT content-length
+/// (h2c), one piece every `every`; returns the status of the response (which may come before
+/// the upload is over). Bounded by `chunks` and by 30 seconds.
+pub async fn h2c_upload(
+    addr: SocketAddr,
+    path: &str,
+    chunk: usize,
+    chunks: usize,
+    every: Duration,
+) -> Result<u16, String> {
+    let work = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (client, conn) = h2::client::handshake(tcp)
+            .await
+            .map_err(|e| format!("h2 handshake: {e}"))?;
+        tokio::spawn(conn);
+        let mut client = client.ready().await.map_err(|e| e.to_string())?;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}{path}"))
+            .body(())
+            .map_err(|e| e.to_string())?;
+        let (resp, mut stream) = client.send_request(req, false).map_err(|e| e.to_string())?;
+        tokio::pin!(resp);
+        let piece = bytes::Bytes::from(vec![b'u'; chunk]);
+        for i in 0..chunks {
+            let last = i + 1 == chunks;
+            if stream.send_data(piece.clone(), last).is_err() {
+                break;
+            }
+            if !last {
+                tokio::select! {
+                    r = &mut resp => {
+                        return r.map(|r| r.status().as_u16()).map_err(|e| e.to_string());
+                    }
+                    _ = tokio::time::sleep(every) => {}
+                }
+            }
+        }
+        let r = resp.await.map_err(|e| e.to_string())?;
+        Ok(r.status().as_u16())
+    };
+    tokio::time::timeout(Duration::from_secs(30), work)
+        .await
+        .map_err(|_| "no answer within 30 s".to_string())?
+}

@@ -403,7 +403,7 @@ impl HttpAssembly {
             }
         }
         type Field = fn(&HttpStats) -> u64;
-        let families: [(&str, &str, Field); 9] = [
+        let families: [(&str, &str, Field); 10] = [
             (
                 "fulcrum_http_bad_requests_total",
                 "Requests refused as malformed or ambiguous (400, 414, 431, 505), connection closed.",
@@ -448,6 +448,11 @@ impl HttpAssembly {
                 "fulcrum_http_h2_stalled_total",
                 "HTTP/2 connections closed: no preface within header_timeout, or no drain after GOAWAY.",
                 |s| s.h2_stalled.load(Ordering::Relaxed),
+            ),
+            (
+                "fulcrum_http_h2_stalled_streams_total",
+                "HTTP/2 response bodies dropped with their member connection for making no progress within idle_timeout (a client holding its window at zero).",
+                |s| s.h2_stalled_streams.load(Ordering::Relaxed),
             ),
         ];
         for (family, help, get) in families {

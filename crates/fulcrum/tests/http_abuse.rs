@@ -266,3 +266,178 @@ async fn a_slow_upload_is_cut_at_min_body_rate() {
         1.0
     );
 }
+
+/// A member answering every request with a 4 MiB body, counting the connections it has open
+/// (a connection counts until Fulcrum closes it).
+async fn big_body_member() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let open = std::sync::Arc::new(AtomicUsize::new(0));
+    let o = open.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let o = o.clone();
+            o.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let body = vec![b'b'; 4 << 20];
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                'conn: while let Ok(n) = s.read(&mut chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        buf.drain(..end + 4);
+                        let is_head = head.starts_with("HEAD ");
+                        let resp =
+                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                        if s.write_all(resp.as_bytes()).await.is_err() {
+                            break 'conn;
+                        }
+                        if !is_head && s.write_all(&body).await.is_err() {
+                            break 'conn;
+                        }
+                    }
+                }
+                o.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, open)
+}
+
+/// A client holding its HTTP/2 window at zero is never polled for more of its response body,
+/// so the body's own idle timer never runs: without the progress watchdog, the member
+/// connection stays taken for as long as the client keeps its connection busy (here with a
+/// HEAD every 300 ms). With `max_connections = 1` on the member, everyone else gets 503 all
+/// that time. The watchdog drops the body after `idle_timeout` without progress, the member
+/// connection is closed, and others are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_window_holder_loses_its_member_connection_at_the_idle_timeout() {
+    use std::sync::atomic::Ordering;
+    let (member, open) = big_body_member().await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "[[virtual_service]]\nname = \"web\"\nlisten = \"{vs}\"\nprotocol = \"http\"\npool = \"p\"\n\
+         idle_timeout = \"1s\"\n\n\
+         [[pool]]\nname = \"p\"\nmonitors = []\nretries = 0\n\
+         [[pool.member]]\naddress = \"{member}\"\nmax_connections = 1\n"
+    ))
+    .await;
+    let holder = tokio::spawn(fulcrum_testkit::h2abuse::zero_window_holder(
+        vs,
+        "/big",
+        Duration::from_secs(12),
+        Some(Duration::from_millis(300)),
+    ));
+    // The holder has the member's only connection.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        open.load(Ordering::SeqCst),
+        1,
+        "the holder never got a response"
+    );
+    let held_at = Instant::now();
+    let r = fulcrum_testkit::http_get(vs, "/other").await.unwrap();
+    assert_eq!(r.status, 503, "the member's only connection is held");
+    // Released within idle_timeout (1 s) plus the sweep interval, well before the 12 s hold.
+    let deadline = held_at + Duration::from_secs(6);
+    while open.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let released = held_at.elapsed();
+    assert_eq!(
+        open.load(Ordering::SeqCst),
+        0,
+        "the member connection is still held after {released:?}"
+    );
+    eprintln!("member connection released {released:?} after the holder took it");
+    // Others are served (a member connection of their own, the body read whole).
+    let r = fulcrum_testkit::http_get(vs, "/other").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        metric(&f, "fulcrum_http_h2_stalled_streams_total{vs=\"web\"}").await,
+        1.0
+    );
+    // The holder's connection is told to go away and closed.
+    let run = holder.await.unwrap().unwrap();
+    eprintln!("holder: {run:?}");
+    assert_eq!(run.status, 200);
+    assert!(
+        run.released_after
+            .is_some_and(|d| d < Duration::from_secs(10)),
+        "{run:?}"
+    );
+}
+
+/// Request bodies without content-length (HTTP/2 DATA, HTTP/1 chunked) are held to
+/// `max_body_size` and `min_body_rate` like bodies that declare their length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_without_a_length_are_held_to_the_size_and_rate_limits() {
+    use fulcrum_testkit::h2abuse::h2c_upload;
+    let (member, answered) = body_reader().await;
+    let vs = free_addr();
+    let f = start(&http_config(
+        vs,
+        member,
+        "max_body_size = \"1KiB\"\nheader_timeout = \"1s\"\nmin_body_rate = \"64B\"",
+    ))
+    .await;
+    // HTTP/2, no content-length, 2000 bytes in 4 pieces: 413.
+    let status = h2c_upload(vs, "/up", 500, 4, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(status, 413);
+    // Within the limit: served.
+    let status = h2c_upload(vs, "/up", 200, 4, Duration::from_millis(20))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(answered.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // HTTP/2, 1 byte every 300 ms (3 B/s against 64 B/s after 1 s of grace): 408, long
+    // before the 30 pieces (9 s) are sent.
+    let started = Instant::now();
+    let status = h2c_upload(vs, "/up", 1, 30, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(status, 408);
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    // HTTP/1 chunked, one 1-byte chunk every 300 ms: 408 too.
+    let mut s = tokio::net::TcpStream::connect(vs).await.unwrap();
+    s.write_all(b"POST /up HTTP/1.1\r\nHost: vs\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for _ in 0..30 {
+        if s.write_all(b"1\r\nx\r\n").await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        metric(&f, "fulcrum_http_bodies_too_large_total{vs=\"web\"}").await,
+        1.0
+    );
+    assert_eq!(
+        metric(&f, "fulcrum_http_slow_bodies_total{vs=\"web\"}").await,
+        2.0
+    );
+}

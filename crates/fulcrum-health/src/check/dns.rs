@@ -203,3 +203,21 @@ impl DnsCheck {
         }
     }
 }
+
+/// For the fuzz target `health_replies`: `reply` judged as the answer to an `A www.example.`
+/// check expecting `192.0.2.1`; true when it passes, `None` when it is not a DNS message.
+#[doc(hidden)]
+pub fn fuzz_judge(reply: &[u8]) -> Option<bool> {
+    let answer = Message::from_vec(reply).ok()?;
+    let query = Query::query(Name::from_ascii("www.example.").ok()?, RecordType::A);
+    let check = DnsCheck {
+        query: Ok(query.clone()),
+        rcode: 0,
+        rcode_name: "NOERROR".into(),
+        expect_answer: Some("192.0.2.1".into()),
+    };
+    Some(matches!(
+        check.judge(&answer, &query),
+        Verdict::Health { ok: true, .. }
+    ))
+}

@@ -363,6 +363,37 @@ impl Chunked {
     }
 }
 
+/// For the fuzz target `health_replies`: a member's reply to an HTTP check, parsed as `run`
+/// parses it, its body decoded by its framing twice (the raw body whole, and growing in two
+/// pieces cut at `split`); both decodings must agree. Returns the status code when the head
+/// is complete.
+#[doc(hidden)]
+pub fn fuzz_reply(reply: &[u8], head_request: bool, split: usize) -> Option<u16> {
+    let Head::Complete { code, len, framing } = parse_head(reply, head_request) else {
+        return None;
+    };
+    let body = &reply[len..];
+    if matches!(framing, Framing::Chunked) {
+        let mut whole = Vec::new();
+        let a = Chunked::default().advance(body, &mut whole);
+        let mut pieces = Vec::new();
+        let mut c = Chunked::default();
+        let cut = split.min(body.len());
+        let first = c.advance(&body[..cut], &mut pieces);
+        let b = match first {
+            Ok(true) => Ok(true),
+            Ok(false) => c.advance(body, &mut pieces),
+            Err(e) => Err(e),
+        };
+        assert_eq!(a.is_ok(), b.is_ok(), "split at {cut}: {a:?} vs {b:?}");
+        if let (Ok(x), Ok(y)) = (a, b) {
+            assert_eq!(x, y, "split at {cut}");
+            assert_eq!(whole, pieces, "split at {cut}");
+        }
+    }
+    Some(code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,14 @@ pub use agent::{parse_agent_reply, AgentReply};
 pub use snmp::{parse_snmp_response, SnmpValue};
 pub use snmp_v3::{parse_v3_response, Engine, LocalKeys, UsmUser, V3Reply};
 
+/// Entry points for the fuzz targets (fuzz/): the health checks' readers of member replies.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::dns::fuzz_judge as dns_reply;
+    pub use super::http::fuzz_reply as http_reply;
+    pub use super::radius::fuzz_judge as radius_reply;
+}
+
 use crate::text;
 
 /// Slack past the deadline before the backstop gives up on a kind: the kinds time out on

@@ -204,6 +204,29 @@ fn hide_password(password: &[u8], secret: &[u8], auth: &[u8; 16]) -> Vec<u8> {
     out
 }
 
+/// For the fuzz target `health_replies`: `reply` judged as the answer to request `reply[1]`
+/// made with a known secret (with a login when `login`). With `sign`, the reply's Response
+/// Authenticator is first set to the right value for its bytes, so the fuzzer reaches what
+/// follows the authentication. Returns whether the check passes.
+#[doc(hidden)]
+pub fn fuzz_judge(reply: &mut [u8], login: bool, sign: bool) -> Result<bool, String> {
+    let check = RadiusCheck {
+        secret: b"fuzzing-secret".to_vec(),
+        login: login.then(|| (b"user".to_vec(), b"password".to_vec())),
+    };
+    let auth = [7u8; 16];
+    if sign && reply.len() >= 20 {
+        let len = usize::from(u16::from_be_bytes([reply[2], reply[3]]));
+        if (20..=reply.len()).contains(&len) {
+            let sum = md5(&[&reply[..4], &auth, &reply[20..len], &check.secret]);
+            reply[4..20].copy_from_slice(&sum);
+        }
+    }
+    let id = reply.get(1).copied().unwrap_or(0);
+    let v = check.judge(reply, id, &auth)?;
+    Ok(matches!(v, Verdict::Health { ok: true, .. }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

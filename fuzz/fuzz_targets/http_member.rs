@@ -1,0 +1,191 @@
+//! The member side of the HTTP proxy: whatever a member answers (response heads, 1xx interim
+//! responses, content-length / chunked / close-delimited bodies, garbage), relayed through the
+//! whole HTTP/1 handler to a client, with the response cache in front (so fills and stored
+//! responses are built from it), and to an HTTP/2 client (the HTTP/2 response body path). The
+//! member is a loopback listener inside the process that sends the fuzz input and closes.
+//! The first input byte picks the client's request.
+#![no_main]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use fulcrum_http::{Alpn, ConnInfo, HttpCache, HttpService, Parts, Upstreams};
+use libfuzzer_sys::fuzz_target;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct World {
+    rt: tokio::runtime::Runtime,
+    svc: Arc<HttpService>,
+    reply: Arc<Mutex<Vec<u8>>>,
+}
+
+fn world() -> &'static World {
+    static W: OnceLock<World> = OnceLock::new();
+    W.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let reply = Arc::new(Mutex::new(Vec::new()));
+        let svc = rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a loopback member");
+            let member = l.local_addr().expect("its address");
+            let r = reply.clone();
+            // The member: reads what the proxy sends (a moment), answers with the input, closes.
+            tokio::spawn(async move {
+                while let Ok((mut s, _)) = l.accept().await {
+                    let bytes = r.lock().expect("reply").clone();
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        let _ =
+                            tokio::time::timeout(Duration::from_millis(5), s.read(&mut buf)).await;
+                        let _ = s.write_all(&bytes).await;
+                        let _ = s.shutdown().await;
+                    });
+                }
+            });
+            let config = format!(
+                r#"
+[[virtual_service]]
+name = "f"
+listen = "127.0.0.1:1"
+protocol = "http"
+pool = "p"
+header_timeout = "100ms"
+idle_timeout = "100ms"
+compression = {{ types = ["text/plain"], min_size = "1B" }}
+cache = {{ size = "1MiB", max_object = "64KiB" }}
+[[pool]]
+name = "p"
+monitors = []
+retries = 0
+response_timeout = "100ms"
+[[pool.member]]
+address = "{member}"
+"#
+            );
+            let cfg = fulcrum_config::parse(&config, "fuzz.toml", std::path::Path::new("."))
+                .expect("the fuzz config is valid");
+            let pool = Arc::new(fulcrum_balance::Pool::new(&cfg.pools[0], &[], None));
+            let upstreams = Upstreams::new();
+            Arc::new(
+                HttpService::build(
+                    &cfg.virtual_services[0],
+                    Parts {
+                        config: &cfg,
+                        pools: &[pool],
+                        upstreams: &upstreams,
+                        table: None,
+                        stats: Default::default(),
+                        http_stats: Default::default(),
+                        tracker: Default::default(),
+                        no_member_hook: None,
+                        cache: Some(HttpCache::new(1 << 20, 64 << 10)),
+                        snat: None,
+                    },
+                )
+                .expect("the fuzz service builds"),
+            )
+        });
+        World { rt, svc, reply }
+    })
+}
+
+/// The HTTP/2 client's request: prior-knowledge preface, empty SETTINGS, HEADERS for
+/// `GET http://f/h2` (HPACK literals without indexing), END_STREAM | END_HEADERS.
+fn h2_request() -> Vec<u8> {
+    let mut block = Vec::new();
+    for (n, v) in [
+        (&b":method"[..], &b"GET"[..]),
+        (b":scheme", b"http"),
+        (b":path", b"/h2"),
+        (b":authority", b"f"),
+        (b"accept-encoding", b"gzip"),
+    ] {
+        block.push(0);
+        block.push(n.len() as u8);
+        block.extend_from_slice(n);
+        block.push(v.len() as u8);
+        block.extend_from_slice(v);
+    }
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let len = block.len() as u32;
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.extend_from_slice(&[1, 0x5, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    out
+}
+
+/// Reads until the response is over: the connection closes (HTTP/1, `Connection: close`), or
+/// for HTTP/2, stream 1 ends (END_STREAM, RST_STREAM) or the server sends GOAWAY.
+async fn read_response(client: &mut tokio::io::DuplexStream, h2: bool) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match client.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if !h2 {
+            continue;
+        }
+        let mut at = 0;
+        while buf.len() >= at + 9 {
+            let len = usize::from(buf[at]) << 16
+                | usize::from(buf[at + 1]) << 8
+                | usize::from(buf[at + 2]);
+            let (kind, flags) = (buf[at + 3], buf[at + 4]);
+            let stream = u32::from_be_bytes([buf[at + 5], buf[at + 6], buf[at + 7], buf[at + 8]])
+                & 0x7fff_ffff;
+            if buf.len() < at + 9 + len {
+                break;
+            }
+            let ends = stream == 1 && matches!(kind, 0 | 1) && flags & 1 != 0;
+            if ends || (stream == 1 && kind == 3) || kind == 7 {
+                return;
+            }
+            at += 9 + len;
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, reply)) = data.split_first() else {
+        return;
+    };
+    let w = world();
+    *w.reply.lock().expect("reply") = reply.to_vec();
+    let request: Vec<u8> = match sel % 4 {
+        // Cacheable: the cache fills from the member's response, then serves it (stored).
+        // The last request of each asks for the close, so the handler ends with the response.
+        0 => b"GET /c HTTP/1.1\r\nHost: f\r\n\r\nGET /c HTTP/1.1\r\nHost: f\r\nConnection: close\r\n\r\n"
+            .to_vec(),
+        1 => b"HEAD /h HTTP/1.1\r\nHost: f\r\nConnection: close\r\n\r\n".to_vec(),
+        2 => b"POST /p HTTP/1.1\r\nHost: f\r\nAccept-Encoding: gzip\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"
+            .to_vec(),
+        _ => h2_request(),
+    };
+    w.rt.block_on(async {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let info = ConnInfo {
+            peer: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 5000),
+            local: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 80),
+            alpn: Alpn::Unknown,
+        };
+        let handler = tokio::spawn(fulcrum_http::serve_connection(w.svc.clone(), server, info));
+        let _ = client.write_all(&request).await;
+        let h2 = sel % 4 == 3;
+        let _ =
+            tokio::time::timeout(Duration::from_millis(500), read_response(&mut client, h2)).await;
+        drop(client);
+        let _ = tokio::time::timeout(Duration::from_secs(2), handler).await;
+    });
+    // Keep the cache from carrying one input's entry into the next.
+    if let Some(c) = &w.svc.cache {
+        c.purge(|_, _| true);
+    }
+});
