@@ -95,18 +95,24 @@ fn read_secret(path: &Path, key: &str) -> Result<Vec<String>, String> {
     Ok(lines)
 }
 
-/// Writes a new secret beside `path` and links it into place, so a concurrent start (or a
-/// reader) never sees a half-written file; if another process won the race, its secret is used.
-fn create_secret(path: &Path, key: &str) -> Result<Vec<String>, String> {
+/// The directory `path` goes in, created with `mode` when missing (errors name `key`).
+fn parent_dir<'a>(path: &'a Path, mode: u32, key: &str) -> Result<&'a Path, String> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o700)
+        .mode(mode)
         .create(dir)
         .map_err(|e| format!("{key}: cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Writes a new secret beside `path` and links it into place, so a concurrent start (or a
+/// reader) never sees a half-written file; if another process won the race, its secret is used.
+fn create_secret(path: &Path, key: &str) -> Result<Vec<String>, String> {
+    let dir = parent_dir(path, 0o700, key)?;
     let secret = random_hex()?;
     let staging = dir.join(format!(
         ".{}.{}.new",
@@ -221,15 +227,7 @@ pub async fn listeners(admin: &Admin) -> Result<fulcrum_admin::Listeners, String
 fn bind_socket(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, String> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let shown = path.display();
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .map_err(|e| format!("admin.socket: cannot create {}: {e}", dir.display()))?;
+    let dir = parent_dir(path, 0o755, "admin.socket")?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {

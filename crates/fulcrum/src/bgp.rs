@@ -156,25 +156,15 @@ pub fn api(a: &Announcer, node: &str, method: &str, path: &[&str], body: &[u8]) 
     };
     match (method, path) {
         ("GET", []) => (200, status()),
-        ("PUT", ["maintenance"]) => {
-            let on = serde_json::from_slice::<Value>(body)
-                .ok()
-                .and_then(|v| v.get("maintenance").and_then(Value::as_bool));
-            let Some(on) = on else {
-                return (
-                    400,
-                    json!({ "error": "the body must be {\"maintenance\": true | false}" }),
-                );
-            };
-            // The announcer wakes and withdraws (or announces again) within a moment.
-            a.set_maintenance(on);
-            (200, status())
-        }
-        (_, [] | ["maintenance"]) => (
-            405,
-            json!({ "error": format!("{method} is not allowed here") }),
-        ),
-        _ => (404, json!({ "error": "no such endpoint" })),
+        ("PUT", ["maintenance"]) => match crate::ha::maintenance_body(body) {
+            Ok(on) => {
+                // The announcer wakes and withdraws (or announces again) within a moment.
+                a.set_maintenance(on);
+                (200, status())
+            }
+            Err(e) => e,
+        },
+        _ => crate::ha::other_route(method, path),
     }
 }
 

@@ -548,25 +548,15 @@ impl HaPlane {
                 }
                 (200, s)
             }
-            ("PUT", ["maintenance"]) => {
-                let on = serde_json::from_slice::<Value>(body)
-                    .ok()
-                    .and_then(|v| v.get("maintenance").and_then(Value::as_bool));
-                let Some(on) = on else {
-                    return (
-                        400,
-                        json!({ "error": "the body must be {\"maintenance\": true | false}" }),
-                    );
-                };
-                // The node's thread applies it within a moment (a master resigns at once).
-                n.set_maintenance(on);
-                (200, status())
-            }
-            (_, [] | ["maintenance"]) => (
-                405,
-                json!({ "error": format!("{method} is not allowed here") }),
-            ),
-            _ => (404, json!({ "error": "no such endpoint" })),
+            ("PUT", ["maintenance"]) => match maintenance_body(body) {
+                Ok(on) => {
+                    // The node's thread applies it within a moment (a master resigns at once).
+                    n.set_maintenance(on);
+                    (200, status())
+                }
+                Err(e) => e,
+            },
+            _ => other_route(method, path),
         }
     }
 
@@ -792,6 +782,30 @@ impl crate::plane::DataPlane for HaPlane {
             ["ha", rest @ ..] => Some(HaPlane::api(self, request.method, rest, request.body)),
             _ => None,
         }
+    }
+}
+
+/// The body of `PUT /api/v1/ha/maintenance`, or the 400 answer to a body that is not one.
+pub(crate) fn maintenance_body(body: &[u8]) -> Result<bool, (u16, Value)> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("maintenance").and_then(Value::as_bool))
+        .ok_or_else(|| {
+            (
+                400,
+                json!({ "error": "the body must be {\"maintenance\": true | false}" }),
+            )
+        })
+}
+
+/// The answer under `/api/v1/ha` to a method or path that is not a route.
+pub(crate) fn other_route(method: &str, path: &[&str]) -> (u16, Value) {
+    match path {
+        [] | ["maintenance"] => (
+            405,
+            json!({ "error": format!("{method} is not allowed here") }),
+        ),
+        _ => (404, json!({ "error": "no such endpoint" })),
     }
 }
 
