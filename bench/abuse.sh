@@ -6,7 +6,7 @@
 # timeouts counted as failures), their p99 latency, and the proxy's peak RSS growth over the
 # attack (sampled every 0.5 s).
 #
-#   bench/abuse.sh [SECS=15]           FULCRUM=path/to/fulcrum (default target/release/fulcrum)
+#   bench/abuse.sh [SECS=15]           FULCRUM=path/to/fulcrum (default target/$PROFILE/fulcrum, see bench/lib.sh)
 #                                      ATTACKS="none slowloris ..." (default: all, in the order below)
 #
 # Attacks (all bounded by SECS):
@@ -30,8 +30,8 @@ cd "$(dirname "$0")/.."
 SECS=${1:-15}
 ATTACKS=${ATTACKS:-none slowloris slowpost rapid zerowindow flood}
 need haproxy; need nginx; need wrk; need slowhttptest
-FULCRUM=${FULCRUM:-target/release/fulcrum}
-[ "$FULCRUM" = target/release/fulcrum ] && cargo build --release -q -p fulcrum
+FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}
+[ "$FULCRUM" = "$BUILD_DIR/fulcrum" ] && bench_build -p fulcrum
 H2ABUSE=${H2ABUSE:-target/debug/h2abuse}
 [ "$H2ABUSE" = target/debug/h2abuse ] && [[ "$ATTACKS" =~ rapid|zerowindow ]] && cargo build -q -p fulcrum-testkit --bin h2abuse
 ulimit -n "$(ulimit -Hn)"

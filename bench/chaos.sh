@@ -11,14 +11,14 @@
 # failed + errored), Fulcrum's own retry and reset counters, its descriptors (/proc/PID/fd)
 # and RSS before the load, at the end of the load, and after 10 s of quiet.
 #
-#   bench/chaos.sh [DURATION=180] [RELOADS=100]   FULCRUM=path (default target/release/fulcrum)
+#   bench/chaos.sh [DURATION=180] [RELOADS=100]   FULCRUM=path (default $BUILD_DIR/fulcrum: target/$PROFILE, see bench/lib.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 DURATION=${1:-180} RELOADS=${2:-100}
 need nginx; need wrk; need nghttp2-client h2load
-FULCRUM=${FULCRUM:-target/release/fulcrum}
-[ "$FULCRUM" = target/release/fulcrum ] && cargo build --release -q -p fulcrum
+FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}
+[ "$FULCRUM" = "$BUILD_DIR/fulcrum" ] && bench_build -p fulcrum
 MEMBER=${MEMBER:-target/debug/chaos-member}
 [ "$MEMBER" = target/debug/chaos-member ] && cargo build -q -p fulcrum-testkit --bin chaos-member
 ulimit -n "$(ulimit -Hn)"
