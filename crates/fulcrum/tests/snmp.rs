@@ -343,7 +343,10 @@ fall = 1
     // authPriv with SHA-256 + AES-128: load 100 of 400 → weight 75 %; authNoPriv SHA-1 passes.
     let ok = wait_until(Duration::from_secs(15), || async {
         let m = f.member("app", &a1).await;
-        m["agent"]["weight_percent"] == 75 && m["health"] == "up"
+        // Both monitors have run (the authNoPriv one may come a moment after the other).
+        m["agent"]["weight_percent"] == 75
+            && m["health"] == "up"
+            && m["checks"].to_string().contains("snmp 1.3.6.1.2.1.1.3.0: ")
     })
     .await;
     let m = f.member("app", &a1).await;
