@@ -23,10 +23,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 # One self-signed ECDSA P-256 certificate for both proxies.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -keyout "$work/site.key" -out "$work/site.crt" -subj /CN=bench.test \
-  -addext subjectAltName=DNS:bench.test,IP:127.0.0.1 2>/dev/null
-cat "$work/site.crt" "$work/site.key" >"$work/site.pem"
+bench_cert "$work"
 
 cat >"$work/members.conf" <<CONF
 worker_processes 1;

@@ -10,6 +10,13 @@ CLK_TCK=$(getconf CLK_TCK)
 # cores; use it while iterating and say so next to any figure it produced.
 PROFILE=${PROFILE:-release}
 BUILD_DIR=target/$PROFILE
+bench_cert() {  # bench_cert DIR: self-signed ECDSA P-256 site.key, site.crt, site.pem (bench.test, 127.0.0.1)
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -keyout "$1/site.key" -out "$1/site.crt" -subj /CN=bench.test \
+    -addext subjectAltName=DNS:bench.test,IP:127.0.0.1 2>/dev/null
+  cat "$1/site.crt" "$1/site.key" >"$1/site.pem"
+}
+
 bench_build() {  # bench_build CARGO_BUILD_ARGS...: builds in $PROFILE
   cargo build --profile "$PROFILE" -q "$@"
 }
