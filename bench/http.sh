@@ -6,7 +6,7 @@
 # new connection per request), req/s, p99, memory per idle client connection, and Fulcrum's
 # member connections opened per request; medians of ROUNDS runs of SECS seconds, alternating
 # peers. Also runs Fulcrum with 300 content-switching rules (the match near the end) and, with
-# HYPER=1, the plain hyper proxy DESIGN §7 describes (crates/fulcrum-http/examples).
+# HYPER=1, the plain hyper proxy measured as a baseline (crates/fulcrum-http/examples).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh

@@ -1,4 +1,4 @@
-//! The admin REST API of DESIGN §5 and the Prometheus `/metrics` endpoint.
+//! The admin REST API (docs/operations.md) and the Prometheus `/metrics` endpoint.
 //!
 //! The API reads live state through the `Control` trait, which the binary implements over its
 //! current configuration snapshot, so this crate knows nothing of how data planes are assembled.
@@ -24,7 +24,7 @@ pub use api::{
 };
 pub use metrics::{render as render_metrics, MetricsWriter};
 
-/// How the API is locked (DESIGN §5). Mutating calls always need the bearer token.
+/// How the API is locked. Mutating calls always need the bearer token.
 #[derive(Clone)]
 pub struct Access {
     /// The bearer token: configured, or generated into a root-only file at first start.

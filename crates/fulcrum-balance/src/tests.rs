@@ -1,6 +1,6 @@
-//! Pool-level proofs that every scheduling algorithm and member state behaves as DESIGN §4
-//! specifies: exact counts where the scheduler is deterministic, tolerances of a percent or two
-//! where it is random (and then with a seeded generator, so a run is reproducible).
+//! Pool-level proofs that every scheduling algorithm and member state behaves as
+//! docs/configuration.md specifies: exact counts where the scheduler is deterministic, tolerances
+//! of a percent or two where it is random (and then with a seeded generator, so a run is reproducible).
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

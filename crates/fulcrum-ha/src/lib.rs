@@ -149,7 +149,7 @@ pub struct Status {
     pub dropped: Dropped,
     pub garps_sent: u64,
     pub netlink_errors: u64,
-    /// DESIGN §5's sync lag; the binary fills it in from `sync::StateSync` (null without it).
+    /// The API's sync lag; the binary fills it in from `sync::StateSync` (null without it).
     pub sync_lag_ms: Option<f64>,
     /// Set when the node could not start (no interface, no raw socket permission).
     pub error: Option<String>,

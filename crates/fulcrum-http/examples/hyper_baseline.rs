@@ -1,4 +1,4 @@
-//! The straightforward hyper proxy DESIGN §7 measured (hyper 1.x server, hyper-util's pooled
+//! The straightforward hyper proxy the project measured first (hyper 1.x server, hyper-util's pooled
 //! client shared by all threads, mimalloc, `Connection` stripped), kept as the baseline that
 //! `bench/http.sh` compares Fulcrum's own HTTP/1 path with.
 //!

@@ -1,4 +1,4 @@
-//! The admin plane's lock (DESIGN §5): the bearer token, configured or generated at first start
+//! The admin plane's lock: the bearer token, configured or generated at first start
 //! into a root-only file, and the rule that an API bound off loopback needs a configured token.
 //!
 //! The address the API is bound to changes only at restart, so reloads are checked against

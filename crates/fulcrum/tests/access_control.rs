@@ -1,4 +1,4 @@
-//! `allow` / `deny` per virtual service (DESIGN §4, Phase 2; issue #11) for every protocol
+//! `allow` / `deny` per virtual service (issue #11) for every protocol
 //! through the real binary: sources on 127.0.0.0/8, deny wins, refusals counted in the API and
 //! in `/metrics`, and a reload that adds a `deny` stops a udp flow already open.
 

@@ -1,4 +1,4 @@
-//! The admin plane's lock (DESIGN §5, issue #11) through the real binary: a generated root-only
+//! The admin plane's lock (issue #11) through the real binary: a generated root-only
 //! token for mutating calls, the Host check against DNS rebinding, the JSON Content-Type
 //! against cross-site form posts, token length at `fulcrum check`, `/metrics` behind the token
 //! on request, and reloads checked against the address actually bound.
