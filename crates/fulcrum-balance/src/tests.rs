@@ -464,7 +464,10 @@ fn one_member_up_means_no_panic() {
     fail_passively(&pool.members()[0]);
     assert!(!pool.in_panic());
     assert_eq!(count(&pool, 20), [0, 20]);
-    assert!(pool.pick(&PickContext::default(), &[1]).is_none(), "the up member failed this client");
+    assert!(
+        pool.pick(&PickContext::default(), &[1]).is_none(),
+        "the up member failed this client"
+    );
     assert_eq!(pool.panic_picks.load(Ordering::Relaxed), 0);
 }
 
