@@ -171,7 +171,7 @@ pub(crate) async fn forward(
             &mut out,
             head,
             &RequestCtx {
-                svc,
+                settings: svc.field_settings(),
                 client: down.client,
                 rule,
                 framing,

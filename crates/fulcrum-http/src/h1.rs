@@ -492,7 +492,7 @@ where
                 &mut self.out,
                 &self.head,
                 &RequestCtx {
-                    svc,
+                    settings: svc.field_settings(),
                     client: &self.client,
                     rule,
                     framing,
