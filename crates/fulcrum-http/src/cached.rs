@@ -182,11 +182,22 @@ pub(crate) async fn serve(
                 }
                 continue;
             }
-            Some(Leader {
+            let leader = Leader {
                 cache: cache.clone(),
                 key: collapse,
                 pending,
-            })
+            };
+            // A fetch that finished between the lookup above and taking the lead stored what
+            // this request wants: answered from that.
+            let stored = cache.store.get(&key);
+            if stored
+                .as_deref()
+                .is_some_and(|l| find_variant(l, head).is_some())
+            {
+                drop(leader);
+                continue;
+            }
+            Some(leader)
         };
         cache.stats.misses.fetch_add(1, Ordering::Relaxed);
         let request_time = now_secs();

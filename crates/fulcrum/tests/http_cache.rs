@@ -822,9 +822,7 @@ async fn concurrent_misses_collapse_per_variant_not_per_url() {
             &format!("{lang}-{n}"),
             &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
         );
-        if lang == "fr" {
-            r.delay = Duration::from_secs(3);
-        }
+        r.delay = Duration::from_millis(if lang == "fr" { 3000 } else { 200 });
         r
     })
     .await;
