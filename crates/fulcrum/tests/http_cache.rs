@@ -725,7 +725,9 @@ async fn ranges_are_cut_from_stored_responses_and_misses_forward_the_range() {
     })
     .await;
     assert_eq!(get(s.vs, "/r").await.text(), "0123456789");
-    let cases: [(&[(&str, &str)], u16, &str, Option<&str>); 7] = [
+    /// Request fields, then the status, body and Content-Range expected.
+    type Case<'a> = (&'a [(&'a str, &'a str)], u16, &'a str, Option<&'a str>);
+    let cases: [Case; 7] = [
         (&[("range", "bytes=2-4")], 206, "234", Some("bytes 2-4/10")),
         (&[("range", "bytes=-3")], 206, "789", Some("bytes 7-9/10")),
         (&[("range", "bytes=8-")], 206, "89", Some("bytes 8-9/10")),
