@@ -861,6 +861,45 @@ async fn concurrent_misses_collapse_per_variant_not_per_url() {
     assert_eq!(s.origin.count(), 4);
 }
 
+/// With nothing stored yet, a miss waiting for another request's fetch learns that fetch's
+/// Vary from its response head and, being another variant, goes to the member itself instead
+/// of waiting for the slow body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_miss_of_another_variant_leaves_at_the_fetchs_head() {
+    let s = setup(|req, n| {
+        let lang = req.header("accept-language").unwrap_or("none").to_string();
+        let mut r = Reply::ok(
+            &format!("{lang}-{n}"),
+            &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+        );
+        if lang == "fr" {
+            r.body_delay = Duration::from_secs(3);
+        }
+        r
+    })
+    .await;
+    let vs = s.vs;
+    let slow = tokio::spawn(async move { get_with(vs, "/w", &[("accept-language", "fr")]).await });
+    assert!(
+        wait_until(Duration::from_secs(5), || async { s.origin.count() == 1 }).await,
+        "the slow fetch reached the member"
+    );
+    let de = get_with(s.vs, "/w", &[("accept-language", "de")]).await;
+    assert_eq!(de.text(), "de-1");
+    assert!(
+        !slow.is_finished(),
+        "the other variant did not wait for the slow body"
+    );
+    assert_eq!(slow.await.unwrap().text(), "fr-0");
+    assert_eq!(
+        get_with(s.vs, "/w", &[("accept-language", "fr")])
+            .await
+            .text(),
+        "fr-0"
+    );
+    assert_eq!(s.origin.count(), 2);
+}
+
 /// Interim responses (103 Early Hints) a member sends before its final answer reach an
 /// HTTP/1.1 client on the cached path too, and are not stored: a hit has none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
