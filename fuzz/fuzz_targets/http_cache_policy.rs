@@ -1,6 +1,7 @@
-//! The HTTP cache's parsers of member and client fields: Cache-Control (and CDN-Cache-Control),
-//! HTTP dates, Age, Vary names and values, entity-tag lists and the conditional evaluation,
-//! with arbitrary bytes. Checks the freshness and age arithmetic never panics or overflows.
+//! The HTTP cache's parsers of member and client fields: Cache-Control (and CDN-Cache-Control,
+//! with the field lists of `no-cache="…"` and `private="…"`), HTTP dates, Age, Vary names and
+//! values, entity-tag lists and the conditional evaluation, Range and If-Range, with arbitrary
+//! bytes. Checks the freshness and age arithmetic never panics or overflows.
 #![no_main]
 
 use fulcrum_http::cache::policy;
@@ -40,6 +41,17 @@ fuzz_target!(|data: &[u8]| {
     let _ = policy::vary_value("accept-language", parts.iter().copied());
     let inm: Vec<&[u8]> = parts.iter().take(2).copied().collect();
     let _ = policy::not_modified(&inm, lm, parts.last().copied(), lm, date);
+    let len = u64::from(data.len() as u32);
+    for p in &parts {
+        match policy::byte_range(p, len) {
+            policy::ByteRange::Part { first, last } => assert!(first <= last && last < len),
+            policy::ByteRange::Whole | policy::ByteRange::Unsatisfiable => {}
+        }
+        let _ = policy::if_range_holds(p, parts.first().copied(), lm);
+    }
+    for name in cc.no_cache_fields.iter().chain(&cc.private_fields) {
+        assert!(!name.is_empty() && name.bytes().all(|b| !b.is_ascii_uppercase()));
+    }
     let _ = policy::storable(
         true,
         &cc,

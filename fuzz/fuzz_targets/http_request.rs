@@ -111,7 +111,7 @@ fuzz_target!(|data: &[u8]| {
         &mut out,
         &head,
         &fulcrum_http::fields::RequestCtx {
-            svc,
+            settings: svc.field_settings(),
             client: &client,
             rule,
             framing: if head.chunked {

@@ -73,6 +73,10 @@ pub struct PoolStatus {
     /// Members that can take a new client now.
     pub available: usize,
     pub no_member: u64,
+    /// Panic mode: no member is up and some are down by passive observation alone, so they
+    /// keep taking clients (`panic_picks` counts them) instead of nobody.
+    pub panic: bool,
+    pub panic_picks: u64,
     /// HTTP connection reuse (`never`, `safe`, `always`).
     pub reuse: String,
     /// Over the members: connections opened, requests sent, and requests that reused an open
@@ -211,6 +215,8 @@ pub fn pool_status(p: &Pool) -> PoolStatus {
         algorithm: p.algorithm.to_string(),
         available: p.available(),
         no_member: p.no_member.load(Ordering::Relaxed),
+        panic: p.in_panic(),
+        panic_picks: p.panic_picks.load(Ordering::Relaxed),
         reuse: p.config.reuse.to_string(),
         connections_total: sum(|s| &s.connections_total),
         requests_total: sum(|s| &s.requests_total),

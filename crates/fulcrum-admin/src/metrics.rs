@@ -165,6 +165,30 @@ pub fn render(control: &dyn Control) -> String {
             p.no_member.load(Ordering::Relaxed) as f64,
         );
     }
+    w.family(
+        "fulcrum_pool_panic",
+        "gauge",
+        "1 while the pool is in panic mode: no member up, passively failed members still used.",
+    );
+    for p in &pools {
+        w.sample(
+            "fulcrum_pool_panic",
+            &[("pool", &p.name)],
+            if p.in_panic() { 1.0 } else { 0.0 },
+        );
+    }
+    w.family(
+        "fulcrum_pool_panic_picks_total",
+        "counter",
+        "Picks made in panic mode.",
+    );
+    for p in &pools {
+        w.sample(
+            "fulcrum_pool_panic_picks_total",
+            &[("pool", &p.name)],
+            p.panic_picks.load(Ordering::Relaxed) as f64,
+        );
+    }
 
     let elastic: Vec<_> = pools
         .iter()

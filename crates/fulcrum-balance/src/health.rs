@@ -87,6 +87,9 @@ pub struct CheckSpec {
 #[derive(Debug)]
 pub struct HealthMachine {
     up: AtomicBool,
+    /// Down by passive observation alone: every monitor (if any) says up. Such a member may
+    /// still be used when nothing else in its pool is up (panic mode, `Pool::pick`).
+    passive_only: AtomicBool,
     /// Consecutive passive failures; a separate atomic so a successful connection can clear it
     /// without taking the lock (the common case on the hot path).
     passive_failures: AtomicU32,
@@ -100,6 +103,7 @@ impl Default for HealthMachine {
     fn default() -> Self {
         HealthMachine {
             up: AtomicBool::new(true),
+            passive_only: AtomicBool::new(false),
             passive_failures: AtomicU32::new(0),
             inner: Mutex::new(Inner {
                 checks: Vec::new(),
@@ -151,6 +155,13 @@ impl HealthMachine {
         inner.passive_fall = specs.iter().map(|s| s.fall).max().unwrap_or(DEFAULT_FALL);
         inner.passive_rise = specs.iter().map(|s| s.rise).max().unwrap_or(DEFAULT_RISE);
         self.settle(&mut inner, "monitors reconfigured")
+    }
+
+    /// Whether the member is down by passive observation alone (connection failures, counted
+    /// statuses) while no monitor says it is down.
+    #[inline]
+    pub fn down_only_passively(&self) -> bool {
+        self.passive_only.load(Ordering::Acquire)
     }
 
     pub fn has_monitors(&self) -> bool {
@@ -226,7 +237,10 @@ impl HealthMachine {
     }
 
     fn settle(&self, inner: &mut Inner, reason: &str) -> Changed {
-        let up = !inner.passive_down && inner.checks.iter().all(|c| c.up);
+        let checks_up = inner.checks.iter().all(|c| c.up);
+        let up = !inner.passive_down && checks_up;
+        self.passive_only
+            .store(inner.passive_down && checks_up, Ordering::Release);
         if up == self.up.load(Ordering::Acquire) {
             return None;
         }
@@ -348,6 +362,33 @@ mod tests {
         assert!(h.needs_probe());
         assert_eq!(h.record_probe(true, "connected"), Some(true));
         assert!(!h.needs_probe());
+    }
+
+    #[test]
+    fn down_only_passively_is_told_apart_from_a_monitor_saying_down() {
+        let h = HealthMachine::default();
+        h.configure(&spec(1, 1));
+        for _ in 0..3 {
+            h.record_passive_failure("HTTP 503");
+        }
+        assert!(!h.is_up());
+        assert!(h.down_only_passively(), "every monitor still says up");
+        h.record_check("m", false, "refused");
+        assert!(
+            !h.down_only_passively(),
+            "a monitor saying down is not passive alone"
+        );
+        h.record_check("m", true, "ok");
+        assert!(h.is_up(), "rise 1: the check brings it back");
+        assert!(!h.down_only_passively());
+        let none = HealthMachine::default();
+        none.configure(&[]);
+        for _ in 0..DEFAULT_FALL {
+            none.record_passive_failure("refused");
+        }
+        assert!(none.down_only_passively(), "no monitors: passive alone");
+        none.record_probe(true, "connected");
+        assert!(!none.down_only_passively());
     }
 
     #[test]

@@ -399,6 +399,26 @@ impl Member {
             && (now_ms == 0 || !self.recovering(now_ms))
     }
 
+    /// May take a new client in panic mode (no member of its pool is up): down by passive
+    /// observation alone, and otherwise as `accepts_new` asks. A member a monitor says is
+    /// down, or one the operator or an agent took out, never does.
+    #[inline]
+    pub fn accepts_in_panic(&self, now_ms: u64) -> bool {
+        self.health.down_only_passively()
+            && self.effective_state() == AdminState::Enabled
+            && self.weight() > 0
+            && self.agent_weight_pct() > 0
+            && !self.benched()
+            && self.below_max_connections()
+            && (now_ms == 0 || !self.recovering(now_ms))
+    }
+
+    /// Whether the member counts as serving for panic mode: up, and neither disabled by the
+    /// operator or an agent nor a standby out of the pool.
+    pub(crate) fn serving(&self) -> bool {
+        self.health.is_up() && self.effective_state() == AdminState::Enabled && !self.benched()
+    }
+
     /// May take a client that persistence maps to it: drain and weight 0 still honour existing
     /// clients; disabled and down do not.
     #[inline]

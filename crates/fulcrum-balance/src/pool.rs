@@ -33,6 +33,9 @@ pub struct Pool {
     last_input: Mutex<Option<RebuildInput>>,
     /// Requests that found no member, for the API and metrics.
     pub no_member: AtomicU64,
+    /// Picks made in panic mode (every member down, some only by passive observation: those
+    /// are used rather than refusing the client), for the API and metrics.
+    pub panic_picks: AtomicU64,
     /// Standby members joining on utilisation (`elastic` table), if configured.
     pub elastic: Option<crate::elastic::ElasticState>,
     /// Whether only datagram (UDP) services use the pool, so reachability probes must not be
@@ -127,6 +130,7 @@ impl Pool {
             by_addr,
             last_input: Mutex::new(None),
             no_member: AtomicU64::new(0),
+            panic_picks: AtomicU64::new(0),
             elastic: cfg.elastic.clone().map(|e| {
                 crate::elastic::ElasticState::new(e, previous.and_then(|p| p.elastic.as_ref()))
             }),
@@ -175,7 +179,20 @@ impl Pool {
     /// check), so slow start can be driven by hand.
     pub fn pick_at(&self, ctx: &PickContext, exclude: &[usize], now: u64) -> Option<Picked> {
         let ok = |i: usize| !exclude.contains(&i) && self.members[i].accepts_new(now);
-        match self.scheduler.pick(&self.members, ctx, &ok) {
+        let mut found = self.scheduler.pick(&self.members, ctx, &ok);
+        if found.is_none() && self.in_panic() {
+            // Panic mode: nothing in the pool is up, and passive observation alone (failed
+            // connections, counted statuses) holds some members down. Refusing every client
+            // until a probe brings one back turns one member's bad minute into an outage;
+            // nginx never marks an upstream's only server down and Envoy routes to all
+            // members below its panic threshold. Members a monitor says are down stay out.
+            let panic = |i: usize| !exclude.contains(&i) && self.members[i].accepts_in_panic(now);
+            found = self.scheduler.pick(&self.members, ctx, &panic);
+            if found.is_some() {
+                self.panic_picks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        match found {
             Some(index) => Some(Picked {
                 index,
                 member: self.members[index].clone(),
@@ -185,6 +202,13 @@ impl Pool {
                 None
             }
         }
+    }
+
+    /// Whether the pool is in panic mode: no member is serving (up and enabled), and at least
+    /// one is down by passive observation alone, so picks use those.
+    pub fn in_panic(&self) -> bool {
+        !self.members.iter().any(|m| m.serving())
+            && self.members.iter().any(|m| m.health.down_only_passively())
     }
 
     /// The member persistence points at, if it may still take this client (drain does; down,

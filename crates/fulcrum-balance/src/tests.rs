@@ -395,6 +395,82 @@ fn no_member_available_counts_and_returns_none() {
     }
 }
 
+fn fail_passively(m: &Member) {
+    for _ in 0..3 {
+        m.record_passive_failure("HTTP 503");
+    }
+    assert!(!m.health.is_up());
+    assert!(m.health.down_only_passively());
+}
+
+/// Panic mode: when every member is down and some only by passive observation, those keep
+/// taking clients (spread by the pool's own algorithm), counted, rather than nobody.
+#[test]
+fn every_member_down_passively_is_panic_mode_and_still_serves() {
+    for algorithm in ALL {
+        let pool = new_pool(algorithm, &[1, 1, 1]);
+        for m in pool.members() {
+            fail_passively(m);
+        }
+        assert!(pool.in_panic(), "{algorithm}");
+        assert_eq!(pool.available(), 0, "{algorithm}: none is up");
+        let counts = count_keyed(&pool, 300);
+        assert_eq!(counts.iter().sum::<usize>(), 300, "{algorithm}: {counts:?}");
+        if algorithm != Algorithm::FirstAvailable {
+            assert!(counts.iter().all(|&c| c > 0), "{algorithm}: {counts:?}");
+        }
+        assert_eq!(pool.panic_picks.load(Ordering::Relaxed), 300, "{algorithm}");
+        assert_eq!(pool.no_member.load(Ordering::Relaxed), 0, "{algorithm}");
+        // A retry still goes to a member the client has not failed on, then there is none.
+        let first = pool.pick(&keyed(7), &[]).expect("a member").index;
+        assert!(pool.pick(&keyed(7), &[first]).is_some(), "{algorithm}");
+        assert!(pool.pick(&keyed(7), &[0, 1, 2]).is_none(), "{algorithm}");
+        // One member back up ends panic mode: it alone takes the clients.
+        pass_checks(&pool.members()[2]);
+        assert!(!pool.in_panic(), "{algorithm}");
+        assert_eq!(count(&pool, 30), [0, 0, 30], "{algorithm}");
+    }
+}
+
+/// A member an active monitor says is down never takes clients, panic or not; a member taken
+/// out by the operator neither.
+#[test]
+fn panic_mode_skips_members_a_monitor_or_the_operator_took_out() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1]);
+    fail_checks(&pool.members()[0]);
+    fail_passively(&pool.members()[1]);
+    fail_passively(&pool.members()[2]);
+    pool.members()[2].set_state(AdminState::Disabled);
+    assert!(pool.in_panic());
+    assert_eq!(count(&pool, 30), [0, 30, 0]);
+    // Every member down by its monitor: no panic, no member.
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1]);
+    for m in pool.members() {
+        fail_passively(m);
+        fail_checks(m);
+        assert!(!m.health.down_only_passively());
+    }
+    assert!(!pool.in_panic());
+    assert!(pool.pick(&PickContext::default(), &[]).is_none());
+    assert_eq!(pool.panic_picks.load(Ordering::Relaxed), 0);
+    assert_eq!(pool.no_member.load(Ordering::Relaxed), 1);
+}
+
+/// While one member is up, passively failed members get nothing: panic mode is only for a
+/// pool with nothing up.
+#[test]
+fn one_member_up_means_no_panic() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1]);
+    fail_passively(&pool.members()[0]);
+    assert!(!pool.in_panic());
+    assert_eq!(count(&pool, 20), [0, 20]);
+    assert!(
+        pool.pick(&PickContext::default(), &[1]).is_none(),
+        "the up member failed this client"
+    );
+    assert_eq!(pool.panic_picks.load(Ordering::Relaxed), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Persistence
 // ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
 //! other request gets.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Response};
@@ -23,11 +23,12 @@ use http_body_util::BodyExt;
 use crate::body::DownBody;
 use crate::cache::policy::{self, Directives, Usable};
 use crate::cache::{
-    now_secs, primary_key, CacheBody, Entry, Fill, HttpCache, Leader, Pending, Reply, Request,
-    Status, COLLAPSE_WAIT,
+    collapse_key, now_secs, primary_key, CacheBody, Entry, Fill, HttpCache, Leader, Pending, Reply,
+    Request, Status, COLLAPSE_WAIT,
 };
 use crate::client::Client;
 use crate::exchange::Route;
+use crate::forward::Interim;
 use crate::head::{FieldKind, Method, RequestHead};
 use crate::local::Local;
 
@@ -37,10 +38,20 @@ fn find_variant(list: &[Arc<Entry>], head: &RequestHead) -> Option<Arc<Entry>> {
         .cloned()
 }
 
-/// Serves a GET or HEAD through the cache of `svc`.
-pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead) -> Reply {
+/// Serves a GET or HEAD through the cache of `svc`. Interim responses of the member fetches
+/// made for this client go to `interim` (never stored).
+pub(crate) async fn serve(
+    route: Route<'_>,
+    client: &Client,
+    head: &RequestHead,
+    interim: Option<&Interim>,
+) -> Reply {
     let svc = route.svc;
-    let origin = Origin { route, client };
+    let origin = Origin {
+        route,
+        client,
+        interim,
+    };
     let Some(cache) = svc.cache.clone() else {
         return Reply::Bypass;
     };
@@ -52,6 +63,8 @@ pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead)
     }
     let key: Arc<str> = Arc::from(primary_key(svc.scheme(), head));
     let mut waited = false;
+    // The Vary fields learned from another variant's fetch in progress.
+    let mut learned: Option<Vec<String>> = None;
     loop {
         let now = now_secs();
         let variants = cache.store.get(&key);
@@ -86,6 +99,10 @@ pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead)
                     if head.method != Method::Get {
                         return head_update(&cache, origin, head, &req, &key, e).await;
                     }
+                    if req.range.is_some() && !e.has_validator() {
+                        // Nothing to validate with: the Range goes to the member as it is.
+                        return Reply::Bypass;
+                    }
                     let bypass =
                         req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
                     return revalidate(&cache, origin, head, &req, key, e, bypass).await;
@@ -96,7 +113,9 @@ pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead)
             cache.stats.misses.fetch_add(1, Ordering::Relaxed);
             return Reply::Local(Local::error(504, "only-if-cached: not in the cache"));
         }
-        if head.method != Method::Get {
+        if head.method != Method::Get || req.range.is_some() {
+            // A Range miss is forwarded with its Range (the member's 206 is not stored: a
+            // part is not the response), so the client waits for its bytes only.
             cache.stats.misses.fetch_add(1, Ordering::Relaxed);
             return Reply::Bypass;
         }
@@ -109,35 +128,76 @@ pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead)
         let leader = if req.conditional || waited {
             None
         } else {
+            // Misses collapse per variant: on the URL and the values of the fields its
+            // stored responses vary on (or those a fetch in progress announced).
+            let names = learned.clone().or_else(|| {
+                variants
+                    .as_deref()
+                    .and_then(|l| l.first())
+                    .map(|e| e.vary.iter().map(|(n, _)| n.clone()).collect())
+            });
+            let collapse: Arc<str> = match names.as_deref() {
+                Some(n) if !n.is_empty() => Arc::from(collapse_key(&key, n, head)),
+                _ => key.clone(),
+            };
             let (pending, lead) = {
                 let mut map = cache.pending.lock();
-                match map.get(&key) {
+                match map.get(&collapse) {
                     Some(p) => (p.clone(), false),
                     None => {
-                        let p = Arc::new(Pending {
-                            done: AtomicBool::new(false),
-                            notify: tokio::sync::Notify::new(),
-                        });
-                        map.insert(key.clone(), p.clone());
+                        let p = Pending::new();
+                        map.insert(collapse.clone(), p.clone());
                         (p, true)
                     }
                 }
             };
             if !lead {
-                let notified = pending.notify.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if !pending.done.load(Ordering::Acquire) {
-                    let _ = tokio::time::timeout(COLLAPSE_WAIT, notified).await;
+                let other = |v: &Vec<(String, Option<Vec<u8>>)>| {
+                    !v.iter().all(|(n, val)| {
+                        policy::vary_value(n, head.values_named(n.as_bytes())) == *val
+                    })
+                };
+                let deadline = tokio::time::Instant::now() + COLLAPSE_WAIT;
+                let mut elsewhere = None;
+                loop {
+                    let notified = pending.notify.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    if pending.done.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Some(v) = pending.variant.get().filter(|v| other(v)) {
+                        elsewhere = Some(v.iter().map(|(n, _)| n.clone()).collect());
+                        break;
+                    }
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        break;
+                    }
                 }
-                waited = true;
+                if elsewhere.is_some() && learned.is_none() {
+                    // Another variant is being fetched: this one collapses on its own key.
+                    learned = elsewhere;
+                } else {
+                    waited = true;
+                }
                 continue;
             }
-            Some(Leader {
+            let leader = Leader {
                 cache: cache.clone(),
-                key: key.clone(),
+                key: collapse,
                 pending,
-            })
+            };
+            // A fetch that finished between the lookup above and taking the lead stored what
+            // this request wants: answered from that.
+            let stored = cache.store.get(&key);
+            if stored
+                .as_deref()
+                .is_some_and(|l| find_variant(l, head).is_some())
+            {
+                drop(leader);
+                continue;
+            }
+            Some(leader)
         };
         cache.stats.misses.fetch_add(1, Ordering::Relaxed);
         let request_time = now_secs();
@@ -147,7 +207,7 @@ pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead)
             request_time,
             leader,
         };
-        return match crate::forward::fetch(route, client, head).await {
+        return match origin.fetch(head).await {
             Ok(fetched) => take_response(&cache, &req, head, fetched, fill),
             Err(l) => Reply::Local(l),
         };
@@ -159,12 +219,14 @@ pub(crate) async fn serve(route: Route<'_>, client: &Client, head: &RequestHead)
 struct Origin<'a> {
     route: Route<'a>,
     client: &'a Client,
+    /// The client's interim responses (HTTP/1.1 clients waiting for this answer).
+    interim: Option<&'a Interim>,
 }
 
 impl Origin<'_> {
     /// The member's response to `head` (which may be the cache's own conditional request).
     async fn fetch(&self, head: &RequestHead) -> Result<(Response<DownBody>, SocketAddr), Local> {
-        crate::forward::fetch(self.route, self.client, head).await
+        crate::forward::fetch(self.route, self.client, head, self.interim).await
     }
 }
 
@@ -178,8 +240,14 @@ struct Filling {
 }
 
 fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> Reply {
+    let not_modified = req.not_modified(&entry);
     Reply::Stored {
-        not_modified: req.not_modified(&entry),
+        part: if not_modified {
+            policy::ByteRange::Whole
+        } else {
+            req.part(&entry)
+        },
+        not_modified,
         entry,
         age,
         status,
@@ -257,10 +325,7 @@ fn revalidate_in_background(
         if map.contains_key(key) {
             return;
         }
-        let p = Arc::new(Pending {
-            done: AtomicBool::new(false),
-            notify: tokio::sync::Notify::new(),
-        });
+        let p = Pending::new();
         map.insert(key.clone(), p.clone());
         p
     };
@@ -289,9 +354,11 @@ fn revalidate_in_background(
         let rule = rule_index.and_then(|i| svc.rules.get(i));
         let req = Request::of(&copy);
         let route = Route::new(&svc, &t, ti, rule);
+        // Nobody waits for this answer: no interim responses.
         let origin = Origin {
             route,
             client: &client,
+            interim: None,
         };
         let reply = revalidate(&cache, origin, &copy, &req, key, e, false).await;
         if let Reply::Member { resp, .. } = reply {
@@ -302,7 +369,8 @@ fn revalidate_in_background(
 }
 
 /// A copy of the client's request for a member, with the cache's validators (from `e`) instead
-/// of the client's conditionals.
+/// of the client's conditionals, and without Range (the stored response is validated whole;
+/// the client's range is cut from it).
 fn conditional_head(
     head: &RequestHead,
     e: Option<&Entry>,
@@ -316,6 +384,8 @@ fn conditional_head(
             || f.kind == FieldKind::Host
             || name.eq_ignore_ascii_case(b"if-none-match")
             || name.eq_ignore_ascii_case(b"if-modified-since")
+            || name.eq_ignore_ascii_case(b"range")
+            || name.eq_ignore_ascii_case(b"if-range")
         {
             continue;
         }
@@ -521,7 +591,7 @@ fn take_response(
             stored: false,
         };
     }
-    let vary = vary
+    let vary: Vec<(String, Option<Vec<u8>>)> = vary
         .unwrap_or_default()
         .into_iter()
         .map(|n| {
@@ -529,6 +599,9 @@ fn take_response(
             (n, v)
         })
         .collect();
+    if let Some(l) = &leader {
+        l.pending.publish(vary.clone());
+    }
     let (mut parts, inner) = resp.into_parts();
     let age_value = age_header(&parts.headers);
     // The response's age when it arrived (§4.2.3), told to the client as well.

@@ -10,7 +10,6 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::client::Client;
 use crate::head::{FieldKind, RequestHead, ResponseHead, Version};
 use crate::rules::{CompiledRule, Edits};
-use crate::service::{HttpService, Target};
 use crate::sticky::{MemberId, Sticky};
 
 pub use crate::sink::{write_status_line, Sink};
@@ -102,9 +101,41 @@ pub fn write_target(out: &mut Vec<u8>, req: &RequestHead, rule: Option<&Compiled
     }
 }
 
+/// What the field writers need of their service, and nothing more: the forwarding headers it
+/// adds, its persistence (cookies to strip, learn and rewrite), whether clients reach it over
+/// TLS, and the authorities its members answer as (a `Location` naming one is rewritten).
+#[derive(Clone, Copy)]
+pub struct Settings<'a> {
+    pub forward: fulcrum_config::ForwardHeaders,
+    pub sticky: Option<&'a Sticky>,
+    pub https: bool,
+}
+
+/// For a Location value that points at one of `authorities` (`http://10.0.0.1:8080/x`), the
+/// part after the authority (`/x`).
+pub fn member_location_rest<'v>(authorities: &[Vec<u8>], location: &'v [u8]) -> Option<&'v [u8]> {
+    let lower = location.get(..8)?.to_ascii_lowercase();
+    let rest = if lower.starts_with(b"http://") {
+        &location[7..]
+    } else if lower.starts_with(b"https://") {
+        &location[8..]
+    } else {
+        return None;
+    };
+    let end = rest
+        .iter()
+        .position(|b| matches!(b, b'/' | b'?' | b'#'))
+        .unwrap_or(rest.len());
+    let authority = &rest[..end];
+    authorities
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(authority))
+        .then(|| &rest[end..])
+}
+
 /// Everything the request field writer needs besides the request.
 pub struct RequestCtx<'a> {
-    pub svc: &'a HttpService,
+    pub settings: Settings<'a>,
     pub client: &'a Client,
     pub rule: Option<&'a CompiledRule>,
     pub framing: ReqFraming,
@@ -114,9 +145,9 @@ pub struct RequestCtx<'a> {
 
 /// Writes the request fields for the member (without the request line or final CRLF).
 pub fn write_request_fields<S: Sink>(out: &mut S, req: &RequestHead, cx: &RequestCtx<'_>) {
-    let fwd = cx.svc.forward;
+    let fwd = cx.settings.forward;
     let edits = cx.rule.and_then(|r| r.request_headers.as_ref());
-    let sticky = cx.svc.sticky.as_ref();
+    let sticky = cx.settings.sticky;
     let join_cookies =
         crate::sticky::cookie_fields(req) > 1 || sticky.is_some_and(Sticky::strips_request_cookie);
     let mut cookies_done = false;
@@ -179,7 +210,7 @@ pub fn write_request_fields<S: Sink>(out: &mut S, req: &RequestHead, cx: &Reques
     }
     write_edits(out, edits);
 
-    let scheme: &[u8] = if cx.svc.https { b"https" } else { b"http" };
+    let scheme: &[u8] = if cx.settings.https { b"https" } else { b"http" };
     let mut scratch = Vec::new();
     if fwd.x_forwarded_for && !edits_drop(edits, b"x-forwarded-for") {
         out.begin(b"x-forwarded-for");
@@ -330,9 +361,11 @@ pub enum RespFraming {
 
 /// Everything the response field writer needs besides the response.
 pub struct ResponseCtx<'a> {
-    pub svc: &'a HttpService,
-    pub target: &'a Target,
-    pub member: usize,
+    pub settings: Settings<'a>,
+    /// The authorities the target's members answer as (`Location` rewriting).
+    pub authorities: &'a [Vec<u8>],
+    /// The member that answered.
+    pub member: Option<std::net::SocketAddr>,
     pub req: &'a RequestHead,
     pub rule: Option<&'a CompiledRule>,
     /// The member id to set in an inserted cookie (cookie_insert, when the request did not
@@ -352,9 +385,9 @@ pub struct ResponseCtx<'a> {
 /// Writes the response fields for the client (without status line or final CRLF).
 pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &ResponseCtx<'_>) {
     let edits = cx.rule.and_then(|r| r.response_headers.as_ref());
-    let sticky = cx.svc.sticky.as_ref();
-    let member_addr = cx.target.pool.members().get(cx.member).map(|m| m.address);
-    let fwd = cx.svc.forward;
+    let sticky = cx.settings.sticky;
+    let member_addr = cx.member;
+    let fwd = cx.settings.forward;
     let mut via_seen = false;
     let mut scratch = Vec::new();
     let switching = resp.status == 101;
@@ -385,9 +418,9 @@ pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &Res
         }
         match f.kind {
             FieldKind::Location => {
-                if let Some(rest) = cx.target.member_location_rest(value) {
+                if let Some(rest) = member_location_rest(cx.authorities, value) {
                     scratch.clear();
-                    scratch.extend_from_slice(if cx.svc.https {
+                    scratch.extend_from_slice(if cx.settings.https {
                         b"https://"
                     } else {
                         b"http://"

@@ -29,11 +29,51 @@ use crate::plan::ResponsePlan;
 use crate::service::HttpService;
 use crate::upstream::UpstreamConn;
 
-/// What forwarding needs of the client connection: the client, and the member connections
-/// private to it (`reuse = "never"`, PROXY protocol).
+/// What forwarding needs of the client connection: the client, the member connections
+/// private to it (`reuse = "never"`, PROXY protocol), and where interim (1xx) responses go.
 pub(crate) struct Downstream<'a> {
     pub client: &'a Client,
     pub private: &'a PrivateConns,
+    pub interim: Option<&'a Interim>,
+}
+
+/// Interim response heads (103 Early Hints, 102, 100) from an HTTP/1.1 member, sent on as they
+/// come while the final response is awaited: the HTTP/1.1 client adapter writes them to its
+/// client when it fetches for the cache. Bounded: a member flooding 1xx heads faster than the
+/// client reads them loses the excess (it is bounded in time by `response_timeout` as well).
+pub(crate) type Interim = tokio::sync::mpsc::Sender<Bytes>;
+
+/// How many interim heads may wait for the client.
+pub(crate) const INTERIM_QUEUE: usize = 16;
+
+/// `read_response_head`'s writer for interim heads: into the `Interim` queue, or nowhere.
+struct InterimWriter<'a>(Option<&'a Interim>);
+
+impl tokio::io::AsyncWrite for InterimWriter<'_> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        if let Some(tx) = self.0 {
+            let _ = tx.try_send(Bytes::copy_from_slice(buf));
+        }
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 /// Forwards one stream to a member of the route's pool.
@@ -131,7 +171,7 @@ pub(crate) async fn forward(
             &mut out,
             head,
             &RequestCtx {
-                svc,
+                settings: svc.field_settings(),
                 client: down.client,
                 rule,
                 framing,
@@ -159,11 +199,18 @@ pub(crate) async fn forward(
             Ok(()) => {
                 let mut timer = crate::timer::Timer::new();
                 timer.set(sent_at + t.response_timeout);
+                // Interim heads reach an HTTP/1.1 client only (HTTP/2 clients: hyper's server
+                // sends none; HTTP/1.0 has none).
+                let interim = down.interim;
                 exchange::read_response_head(
                     &mut conn,
                     &mut timer,
-                    &mut tokio::io::sink(),
-                    Version::Http2,
+                    &mut InterimWriter(interim),
+                    if interim.is_some() {
+                        Version::Http11
+                    } else {
+                        Version::Http2
+                    },
                 )
                 .await
             }
@@ -226,16 +273,18 @@ pub(crate) async fn forward(
 }
 
 /// A bodiless request fetched from a member of `t` for the cache (HTTP/1 and HTTP/2 clients
-/// alike): the response with a streaming body.
+/// alike): the response with a streaming body; interim heads go to `interim`.
 pub(crate) async fn fetch(
     route: Route<'_>,
     client: &Client,
     head: &RequestHead,
+    interim: Option<&Interim>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
     let private = PrivateConns::default();
     let down = Downstream {
         client,
         private: &private,
+        interim,
     };
     forward_in_time(&down, route, head, None).await
 }

@@ -492,7 +492,7 @@ where
                 &mut self.out,
                 &self.head,
                 &RequestCtx {
-                    svc,
+                    settings: svc.field_settings(),
                     client: &self.client,
                     rule,
                     framing,
@@ -630,7 +630,28 @@ where
     /// Answers a GET/HEAD through the service's cache (`crate::cache`).
     async fn cached(&mut self, route: Route<'_>) -> Done {
         let (svc, rule) = (route.svc, route.rule);
-        let reply = crate::cached::serve(route, &self.client, &self.head).await;
+        let reply = if self.head.version == Version::Http11 {
+            // The member's interim responses (103 Early Hints, …) reach the client as they
+            // come, before the final answer; none is stored.
+            let (tx, mut rx) = tokio::sync::mpsc::channel(crate::forward::INTERIM_QUEUE);
+            let serve = crate::cached::serve(route, &self.client, &self.head, Some(&tx));
+            tokio::pin!(serve);
+            let mut client_ok = true;
+            let reply = loop {
+                tokio::select! {
+                    r = &mut serve => break r,
+                    Some(b) = rx.recv() => {
+                        client_ok = client_ok && write_within(&mut self.io, &b, svc.idle_timeout).await;
+                    }
+                }
+            };
+            while let Ok(b) = rx.try_recv() {
+                client_ok = client_ok && write_within(&mut self.io, &b, svc.idle_timeout).await;
+            }
+            reply
+        } else {
+            crate::cached::serve(route, &self.client, &self.head, None).await
+        };
         match reply {
             crate::cache::Reply::Bypass => self.forward(route).await,
             crate::cache::Reply::Local(l) => self.fail(l, rule).await,
@@ -1171,6 +1192,14 @@ async fn readable(io: Option<&tokio::net::tcp::ReadHalf<'_>>) -> io::Result<()> 
         Some(r) => r.as_ref().readable().await,
         None => std::future::pending().await,
     }
+}
+
+/// Writes `buf` to the client within `idle`; false when it could not.
+async fn write_within<W: AsyncWrite + Unpin>(io: &mut W, buf: &[u8], idle: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(idle, io.write_all(buf)).await,
+        Ok(Ok(()))
+    )
 }
 
 /// Cache invalidation after an unsafe request (`crate::cache`, RFC 9111 §4.4).

@@ -412,6 +412,7 @@ async fn handle(
     let down = Downstream {
         client: &st.client,
         private: &st.private,
+        interim: None,
     };
     let (response, status, member, rule) = match svc.plan(&head, &st.client) {
         Plan::Drop => {
@@ -433,7 +434,7 @@ async fn handle(
         Plan::Forward { target, rule } if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) => {
             let t = svc.targets[target].clone();
             let route = Route::new(&svc, &t, target, rule);
-            let reply = crate::cached::serve(route, &st.client, &head).await;
+            let reply = crate::cached::serve(route, &st.client, &head, None).await;
             let answer = match reply {
                 crate::cache::Reply::Bypass => forward(&down, route, &head, Some(body))
                     .await

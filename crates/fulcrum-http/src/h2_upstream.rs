@@ -77,7 +77,7 @@ pub(crate) async fn exchange(
             &mut sink,
             req,
             &RequestCtx {
-                svc,
+                settings: svc.field_settings(),
                 client,
                 rule,
                 framing,

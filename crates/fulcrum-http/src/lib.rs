@@ -28,7 +28,8 @@
 //! - `access_log`, `date`; the Upgrade/WebSocket tunnel is `fulcrum_net::relay`.
 //!
 //! Layers: the feature modules (`cache`, `compress`, `body`, `upstream`, `sticky`, `rules`,
-//! `access_log`, `head`) never import `service`; the service imports them; the exchange core
+//! `access_log`, `head`, `fields`: the service hands it `fields::Settings`) never import
+//! `service`; the service imports them; the exchange core
 //! and the adapters import both. No module imports one that imports it back.
 //!
 //! Connections are served by [`serve_connection`], generic over the byte stream: a TLS acceptor

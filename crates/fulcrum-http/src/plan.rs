@@ -90,9 +90,14 @@ impl<'s> ResponsePlan<'s> {
         close: bool,
     ) {
         let cx = ResponseCtx {
-            svc: route.svc,
-            target: route.target,
-            member: self.member,
+            settings: route.svc.field_settings(),
+            authorities: route.target.authorities(),
+            member: route
+                .target
+                .pool
+                .members()
+                .get(self.member)
+                .map(|m| m.address),
             req,
             rule: route.rule,
             insert_cookie: self.insert_cookie,

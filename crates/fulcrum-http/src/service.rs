@@ -142,26 +142,10 @@ impl Target {
         }
     }
 
-    /// For a Location value that points at one of the members (`http://10.0.0.1:8080/x`), the
-    /// part after the authority (`/x`).
-    pub fn member_location_rest<'v>(&self, location: &'v [u8]) -> Option<&'v [u8]> {
-        let lower = location.get(..8)?.to_ascii_lowercase();
-        let rest = if lower.starts_with(b"http://") {
-            &location[7..]
-        } else if lower.starts_with(b"https://") {
-            &location[8..]
-        } else {
-            return None;
-        };
-        let end = rest
-            .iter()
-            .position(|b| matches!(b, b'/' | b'?' | b'#'))
-            .unwrap_or(rest.len());
-        let authority = &rest[..end];
-        self.authorities
-            .iter()
-            .any(|a| a.eq_ignore_ascii_case(authority))
-            .then(|| &rest[end..])
+    /// The authorities the members answer as (`host:port`, and `host` alone for the scheme's
+    /// default port), for `Location` rewriting.
+    pub fn authorities(&self) -> &[Vec<u8>] {
+        &self.authorities
     }
 }
 
@@ -421,6 +405,15 @@ impl HttpService {
                 return;
             }
             notified.await;
+        }
+    }
+
+    /// What the field writers (`fields`) need of this service.
+    pub fn field_settings(&self) -> crate::fields::Settings<'_> {
+        crate::fields::Settings {
+            forward: self.forward,
+            sticky: self.sticky.as_ref(),
+            https: self.https,
         }
     }
 

@@ -42,6 +42,8 @@ pub struct Reply {
     pub body: Vec<u8>,
     /// Wait this long before answering.
     pub delay: Duration,
+    /// Wait this long between the head and the body (the head goes out at once).
+    pub body_delay: Duration,
     /// Send the body chunked (no Content-Length), in pieces of 1000 bytes.
     pub chunked: bool,
 }
@@ -61,6 +63,7 @@ impl Reply {
                 .collect(),
             body: body.as_bytes().to_vec(),
             delay: Duration::ZERO,
+            body_delay: Duration::ZERO,
             chunked: false,
         }
     }
@@ -154,7 +157,13 @@ impl Origin {
                                 Pieces(std::iter::once(Bytes::from(reply.body)).collect())
                             };
                             let chunked = reply.chunked;
-                            let mut r = Response::new(OriginBody { body, chunked });
+                            let wait = (!reply.body_delay.is_zero())
+                                .then(|| Box::pin(tokio::time::sleep(reply.body_delay)));
+                            let mut r = Response::new(OriginBody {
+                                body,
+                                chunked,
+                                wait,
+                            });
                             *r.status_mut() = hyper::StatusCode::from_u16(reply.status)
                                 .unwrap_or(hyper::StatusCode::OK);
                             for (k, v) in &reply.headers {
@@ -209,6 +218,8 @@ struct Pieces(std::collections::VecDeque<Bytes>);
 struct OriginBody {
     body: Pieces,
     chunked: bool,
+    /// `Reply::body_delay` still to wait before the first piece.
+    wait: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Body for OriginBody {
@@ -217,8 +228,12 @@ impl Body for OriginBody {
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
+        cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(wait) = self.wait.as_mut() {
+            std::task::ready!(std::future::Future::poll(wait.as_mut(), cx));
+            self.wait = None;
+        }
         std::task::Poll::Ready(self.body.0.pop_front().map(|b| Ok(Frame::data(b))))
     }
 

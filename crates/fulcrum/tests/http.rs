@@ -673,6 +673,71 @@ async fn passive_health_ejects_members_by_response_status() {
     assert_eq!(member(&f, "q", b404[1].addr).await["health"], "up");
 }
 
+/// Panic mode (`fulcrum-balance`): the only member of a default pool answers 503 until passive
+/// health takes it down. Fulcrum keeps forwarding to it rather than answering its own 503 until
+/// a back-off probe (nginx never marks an upstream's only server down; Envoy has a panic
+/// threshold), so its first 200 reaches the client at once; the pool shows panic mode in the
+/// API and metrics. A member an active monitor says is down stays out: Fulcrum's own 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_down_only_passively_keeps_serving_in_panic_mode() {
+    let (b, watched) = (backends(1).await, backends(1).await);
+    let (vs, vs2) = (free_addr(), free_addr());
+    let f = start(&format!(
+        "{}{}\n[[virtual_service]]\nname = \"watched\"\nlisten = [\"{vs2}\"]\nprotocol = \"http\"\npool = \"q\"\n{}\n\
+         [[monitor]]\nname = \"h\"\ntype = \"http\"\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n",
+        service(vs, ""),
+        pool("p", &addrs(&b), ""),
+        pool("q", &addrs(&watched), "monitors = [\"h\"]")
+    ))
+    .await;
+    b[0].set_status(503);
+    for _ in 0..4 {
+        assert_eq!(get(vs, "/").await.status, 503);
+    }
+    let m = member(&f, "p", b[0].addr).await;
+    assert_eq!(m["health"], "down", "{m}");
+    let p = f.get_json("/api/v1/pools/p").await;
+    assert_eq!(p["panic"], true, "{p}");
+    assert_eq!(p["available"], 0, "{p}");
+    // Still down (a back-off probe comes a second or more later), yet the member gets the
+    // requests: its answers, not Fulcrum's.
+    let before = b[0].requests();
+    for _ in 0..3 {
+        let r = get(vs, "/").await;
+        assert_eq!((r.status, who(&r).as_str()), (503, "m0"));
+    }
+    assert_eq!(b[0].requests(), before + 3);
+    let p = f.get_json("/api/v1/pools/p").await;
+    assert!(p["panic_picks"].as_u64().unwrap() >= 4, "{p}");
+    // The member recovers: its first 200 reaches the client, no probe waited for.
+    b[0].set_status(0);
+    assert_eq!(who(&get(vs, "/").await), "m0");
+    let metrics = f.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(
+        metrics.contains("fulcrum_pool_panic_picks_total{pool=\"p\"}"),
+        "{metrics}"
+    );
+    // A member whose monitor says down is not used, panic or not.
+    watched[0].set_status(503);
+    for _ in 0..4 {
+        get(vs2, "/").await;
+    }
+    watched[0].set_healthy(false);
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            member(&f, "q", watched[0].addr).await["checks"][0]["up"] == false
+        })
+        .await
+    );
+    watched[0].set_status(0);
+    let before = watched[0].requests();
+    let r = get(vs2, "/").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), Some("5"), "Fulcrum's own 503");
+    assert_eq!(watched[0].requests(), before);
+    assert_eq!(f.get_json("/api/v1/pools/q").await["panic"], false);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_timeouts_slowloris_and_keep_alive_idle() {
     let b = backends(1).await;

@@ -698,3 +698,276 @@ async fn cache_and_compression_keep_one_variant_per_accept_encoding() {
     assert_eq!(plain_again.text(), page);
     assert_eq!(origin.count(), 2, "one member fetch per variant");
 }
+
+/// Range requests are answered from a stored 200 (RFC 9110 §14): one range is a 206 cut from
+/// the stored body, an unsatisfiable one a 416 with `Content-Range: bytes */len`, several
+/// ranges or an If-Range naming another validator the whole 200. A Range miss is forwarded with
+/// its Range, and the member's 206 is not stored as the response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_are_cut_from_stored_responses_and_misses_forward_the_range() {
+    let s = setup(|req, _| match req.header("range") {
+        Some(_) => Reply::status(
+            206,
+            "01",
+            &[
+                ("cache-control", "max-age=60"),
+                ("content-range", "bytes 0-1/10"),
+            ],
+        ),
+        None => Reply::ok(
+            "0123456789",
+            &[
+                ("cache-control", "max-age=60"),
+                ("etag", "\"e1\""),
+                ("content-type", "text/plain"),
+            ],
+        ),
+    })
+    .await;
+    assert_eq!(get(s.vs, "/r").await.text(), "0123456789");
+    /// Request fields, then the status, body and Content-Range expected.
+    type Case<'a> = (&'a [(&'a str, &'a str)], u16, &'a str, Option<&'a str>);
+    let cases: [Case; 7] = [
+        (&[("range", "bytes=2-4")], 206, "234", Some("bytes 2-4/10")),
+        (&[("range", "bytes=-3")], 206, "789", Some("bytes 7-9/10")),
+        (&[("range", "bytes=8-")], 206, "89", Some("bytes 8-9/10")),
+        (&[("range", "bytes=20-")], 416, "", Some("bytes */10")),
+        (&[("range", "bytes=0-1, 5-6")], 200, "0123456789", None),
+        (
+            &[("range", "bytes=0-0"), ("if-range", "\"e1\"")],
+            206,
+            "0",
+            Some("bytes 0-0/10"),
+        ),
+        (
+            &[("range", "bytes=0-0"), ("if-range", "\"changed\"")],
+            200,
+            "0123456789",
+            None,
+        ),
+    ];
+    for (fields, status, body, range) in cases {
+        let r = get_with(s.vs, "/r", fields).await;
+        assert_eq!((r.status, r.text().as_str()), (status, body), "{fields:?}");
+        assert_eq!(r.header("content-range"), range, "{fields:?}");
+        assert_eq!(status_of(&r), "fulcrum; hit", "{fields:?}");
+        if status == 206 {
+            assert_eq!(r.header("content-type"), Some("text/plain"));
+            assert_eq!(r.header("content-length"), Some(&*body.len().to_string()));
+        }
+    }
+    assert_eq!(s.origin.count(), 1, "every range came from the cache");
+    // HTTP/2 clients get the same.
+    let url = format!("http://{}/r", s.vs);
+    let (ok, out, err) = curl(&["-i", "--http2-prior-knowledge", "-r", "3-5", &url]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("HTTP/2 206"), "{out}");
+    assert!(out.contains("content-range: bytes 3-5/10"), "{out}");
+    assert!(out.ends_with("345"), "{out}");
+    // A miss: the Range goes to the member, its 206 to the client, and nothing is stored.
+    let r = get_with(s.vs, "/m", &[("range", "bytes=0-1")]).await;
+    assert_eq!((r.status, r.text().as_str()), (206, "01"));
+    assert_eq!(s.origin.seen()[1].header("range"), Some("bytes=0-1"));
+    let r = get(s.vs, "/m").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "0123456789"));
+    assert_eq!(status_of(&r), "fulcrum; fwd=uri-miss; stored");
+    assert_eq!(s.origin.count(), 3);
+}
+
+/// `no-cache="field"` and `private="field"` (RFC 9111 §5.2.2.4, §5.2.2.7): the response is
+/// stored and reused without the named fields, instead of being revalidated every time or not
+/// stored at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qualified_no_cache_and_private_store_the_response_without_the_named_fields() {
+    let s = setup(|_, n| {
+        Reply::ok(
+            &numbered(n),
+            &[
+                (
+                    "cache-control",
+                    "no-cache=\"x-secret, X-Token\", max-age=60",
+                ),
+                ("cache-control", "private=\"set-cookie\""),
+                ("x-secret", "s"),
+                ("x-token", "t"),
+                ("set-cookie", "id=1"),
+                ("x-other", "o"),
+            ],
+        )
+    })
+    .await;
+    let first = get(s.vs, "/q").await;
+    assert_eq!(
+        first.header("x-secret"),
+        Some("s"),
+        "the member's answer is whole"
+    );
+    assert_eq!(first.header("set-cookie"), Some("id=1"));
+    let r = get(s.vs, "/q").await;
+    assert_eq!(r.text(), "v0");
+    assert_eq!(status_of(&r), "fulcrum; hit");
+    assert_eq!(r.header("x-other"), Some("o"));
+    for name in ["x-secret", "x-token", "set-cookie"] {
+        assert_eq!(r.header(name), None, "{name} is not reused");
+    }
+    assert_eq!(s.origin.count(), 1);
+}
+
+/// Concurrent misses collapse per variant: while a slow fetch of one variant is under way,
+/// a request for another variant of the same URL goes to the member at once instead of
+/// waiting for it, and each gets its own variant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_collapse_per_variant_not_per_url() {
+    let s = setup(|req, n| {
+        let lang = req.header("accept-language").unwrap_or("none").to_string();
+        let mut r = Reply::ok(
+            &format!("{lang}-{n}"),
+            &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+        );
+        r.delay = Duration::from_millis(if lang == "fr" { 3000 } else { 200 });
+        r
+    })
+    .await;
+    // One stored variant tells the cache what the URL varies on.
+    assert_eq!(
+        get_with(s.vs, "/v", &[("accept-language", "en")])
+            .await
+            .text(),
+        "en-0"
+    );
+    let vs = s.vs;
+    let slow = tokio::spawn(async move { get_with(vs, "/v", &[("accept-language", "fr")]).await });
+    assert!(
+        wait_until(Duration::from_secs(5), || async { s.origin.count() == 2 }).await,
+        "the slow fetch reached the member"
+    );
+    let de = get_with(s.vs, "/v", &[("accept-language", "de")]).await;
+    assert_eq!(de.text(), "de-2");
+    assert!(
+        !slow.is_finished(),
+        "the other variant did not wait for the slow fetch"
+    );
+    assert_eq!(slow.await.unwrap().text(), "fr-1");
+    // Requests for the same variant still collapse into one fetch.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        tasks.push(tokio::spawn(async move {
+            get_with(vs, "/v", &[("accept-language", "it")]).await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().text(), "it-3");
+    }
+    assert_eq!(s.origin.count(), 4);
+}
+
+/// With nothing stored yet, a miss waiting for another request's fetch learns that fetch's
+/// Vary from its response head and, being another variant, goes to the member itself instead
+/// of waiting for the slow body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_miss_of_another_variant_leaves_at_the_fetchs_head() {
+    let s = setup(|req, n| {
+        let lang = req.header("accept-language").unwrap_or("none").to_string();
+        let mut r = Reply::ok(
+            &format!("{lang}-{n}"),
+            &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+        );
+        if lang == "fr" {
+            r.body_delay = Duration::from_secs(3);
+        }
+        r
+    })
+    .await;
+    let vs = s.vs;
+    let slow = tokio::spawn(async move { get_with(vs, "/w", &[("accept-language", "fr")]).await });
+    assert!(
+        wait_until(Duration::from_secs(5), || async { s.origin.count() == 1 }).await,
+        "the slow fetch reached the member"
+    );
+    let de = get_with(s.vs, "/w", &[("accept-language", "de")]).await;
+    assert_eq!(de.text(), "de-1");
+    assert!(
+        !slow.is_finished(),
+        "the other variant did not wait for the slow body"
+    );
+    assert_eq!(slow.await.unwrap().text(), "fr-0");
+    assert_eq!(
+        get_with(s.vs, "/w", &[("accept-language", "fr")])
+            .await
+            .text(),
+        "fr-0"
+    );
+    assert_eq!(s.origin.count(), 2);
+}
+
+/// Interim responses (103 Early Hints) a member sends before its final answer reach an
+/// HTTP/1.1 client on the cached path too, and are not stored: a hit has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interim_responses_pass_through_on_a_miss_and_are_not_stored() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
+    let member = listener.local_addr().unwrap();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = served.clone();
+    let origin = tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let _ = c
+                            .write_all(
+                                b"HTTP/1.1 103 Early Hints\r\nlink: </s.css>; rel=preload\r\n\r\n",
+                            )
+                            .await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let _ = c
+                            .write_all(
+                                b"HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\n\
+                                  content-length: 2\r\n\r\nok",
+                            )
+                            .await;
+                    }
+                    match c.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let vs = free_addr();
+    let _f = start(&format!(
+        "{}{}",
+        service(vs, "cache = { size = \"1MiB\" }"),
+        pool("p", &[member], "")
+    ))
+    .await;
+    let ask = || async move {
+        let mut s = tokio::net::TcpStream::connect(vs).await.unwrap();
+        s.write_all(b"GET /e HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let miss = ask().await;
+    assert!(
+        miss.starts_with(
+            "HTTP/1.1 103 Early Hints\r\nlink: </s.css>; rel=preload\r\n\r\nHTTP/1.1 200"
+        ),
+        "{miss}"
+    );
+    assert!(miss.ends_with("ok"), "{miss}");
+    let hit = ask().await;
+    assert!(hit.starts_with("HTTP/1.1 200"), "{hit}");
+    assert!(hit.contains("cache-status: fulcrum; hit"), "{hit}");
+    assert!(!hit.contains("link:"), "{hit}");
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 1);
+    origin.abort();
+}

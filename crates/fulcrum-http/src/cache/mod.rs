@@ -38,7 +38,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use crate::body::{BoxError, DownBody};
 use crate::head::{Method, RequestHead, Version};
 use crate::local::Local;
-use policy::Directives;
+use policy::{ByteRange, Directives};
 use store::Store;
 pub use store::{CacheStats, Entry};
 
@@ -48,10 +48,50 @@ pub(crate) const COLLAPSE_WAIT: Duration = Duration::from_secs(5);
 /// Bodies up to this size are kept as one contiguous buffer (one write per hit).
 const COALESCE: u64 = 1 << 20;
 
-/// A fetch in progress that other requests for the same URL wait for.
+/// A fetch in progress that other requests for the same variant wait for.
 pub(crate) struct Pending {
     pub(crate) done: AtomicBool,
+    /// The variant being stored (the Vary fields and the leading request's values), known
+    /// once the member's response head is in: waiters of another variant stop waiting then.
+    pub(crate) variant: std::sync::OnceLock<Vec<(String, Option<Vec<u8>>)>>,
     pub(crate) notify: tokio::sync::Notify,
+}
+
+impl Pending {
+    pub(crate) fn new() -> Arc<Pending> {
+        Arc::new(Pending {
+            done: AtomicBool::new(false),
+            variant: std::sync::OnceLock::new(),
+            notify: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Tells the waiters which variant this fetch stores.
+    pub(crate) fn publish(&self, variant: Vec<(String, Option<Vec<u8>>)>) {
+        if self.variant.set(variant).is_ok() {
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+/// The key concurrent misses collapse on: the URL, and the request's values of the fields its
+/// stored responses vary on (`names`), so requests for different variants do not wait for each
+/// other. Values are only compared, never parsed: a lossy UTF-8 reading at worst collapses two
+/// variants, which the lookup after the wait tells apart.
+pub(crate) fn collapse_key(key: &str, names: &[String], head: &RequestHead) -> String {
+    let mut k = String::from(key);
+    for n in names {
+        k.push('\n');
+        k.push_str(n);
+        match policy::vary_value(n, head.values_named(n.as_bytes())) {
+            Some(v) => {
+                k.push('=');
+                k.push_str(&String::from_utf8_lossy(&v));
+            }
+            None => k.push('!'),
+        }
+    }
+    k
 }
 
 /// The cache of one virtual service, kept across reloads by service name.
@@ -126,12 +166,14 @@ impl Status {
 
 /// How the cache answers a request.
 pub(crate) enum Reply {
-    /// From a stored response; `not_modified` answers a client conditional with 304.
+    /// From a stored response; `not_modified` answers a client conditional with 304, `part`
+    /// a Range request with 206 or 416.
     Stored {
         entry: Arc<Entry>,
         age: u64,
         status: Status,
         not_modified: bool,
+        part: ByteRange,
     },
     /// The member's response (being stored while it streams, when `stored`).
     Member {
@@ -151,13 +193,10 @@ pub(crate) fn now_secs() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Request fields that make a GET/HEAD go around the cache (range and precondition requests
-/// are forwarded as they are).
+/// Request fields that make a GET/HEAD go around the cache (precondition requests are
+/// forwarded as they are; Range and If-Range are answered from stored responses).
 fn bypassed_field(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(b"range")
-        || name.eq_ignore_ascii_case(b"if-match")
-        || name.eq_ignore_ascii_case(b"if-unmodified-since")
-        || name.eq_ignore_ascii_case(b"if-range")
+    name.eq_ignore_ascii_case(b"if-match") || name.eq_ignore_ascii_case(b"if-unmodified-since")
 }
 
 impl HttpCache {
@@ -212,8 +251,8 @@ impl HttpCache {
         self.filling.fetch_sub(n, Ordering::AcqRel);
     }
 
-    /// Whether a request goes through the cache at all (GET and HEAD without a body, ranges or
-    /// preconditions).
+    /// Whether a request goes through the cache at all (GET and HEAD without a body or
+    /// preconditions other than the validators and If-Range).
     pub fn applies(&self, head: &RequestHead) -> bool {
         matches!(head.method, Method::Get | Method::Head)
             && !head.has_body()
@@ -342,6 +381,9 @@ pub(crate) struct Request {
     if_none_match: Vec<Vec<u8>>,
     if_modified_since: Option<i64>,
     pub(crate) conditional: bool,
+    /// A GET's Range value (range handling is defined for GET only, RFC 9110 §14.2).
+    pub(crate) range: Option<Vec<u8>>,
+    if_range: Option<Vec<u8>>,
 }
 
 impl Request {
@@ -364,7 +406,28 @@ impl Request {
             conditional: !if_none_match.is_empty() || ims.is_some(),
             if_modified_since: ims.and_then(policy::http_date),
             if_none_match,
+            range: (head.method == Method::Get)
+                .then(|| head.first_value_named(b"range").map(<[u8]>::to_vec))
+                .flatten(),
+            if_range: head.first_value_named(b"if-range").map(<[u8]>::to_vec),
         }
+    }
+
+    /// The part of the stored response `e` this request asks for: a Range applies to a 200
+    /// whose validator If-Range (if any) names.
+    pub(crate) fn part(&self, e: &Entry) -> ByteRange {
+        let Some(range) = &self.range else {
+            return ByteRange::Whole;
+        };
+        if e.status != 200
+            || self
+                .if_range
+                .as_ref()
+                .is_some_and(|v| !policy::if_range_holds(v, e.etag.as_deref(), e.last_modified))
+        {
+            return ByteRange::Whole;
+        }
+        policy::byte_range(range, e.body_len)
     }
 
     pub(crate) fn not_modified(&self, e: &Entry) -> bool {
@@ -518,6 +581,70 @@ impl Body for CacheBody {
     }
 }
 
+/// What of a stored response goes to the client: the status, the Content-Range value (206,
+/// 416) and the body pieces (for 206, slices of the stored ones: no copy).
+struct Selected {
+    code: u16,
+    content_range: Option<String>,
+    part: Option<Vec<Bytes>>,
+    len: u64,
+}
+
+impl Selected {
+    fn of(entry: &Entry, not_modified: bool, part: ByteRange) -> Selected {
+        let whole = |code| Selected {
+            code,
+            content_range: None,
+            part: None,
+            len: entry.body_len,
+        };
+        if not_modified {
+            return whole(304);
+        }
+        match part {
+            ByteRange::Whole => whole(entry.status),
+            ByteRange::Unsatisfiable => Selected {
+                code: 416,
+                content_range: Some(format!("bytes */{}", entry.body_len)),
+                part: Some(Vec::new()),
+                len: 0,
+            },
+            ByteRange::Part { first, last } => Selected {
+                code: 206,
+                content_range: Some(format!("bytes {first}-{last}/{}", entry.body_len)),
+                part: Some(slice(&entry.body, first, last)),
+                len: last - first + 1,
+            },
+        }
+    }
+
+    fn body<'a>(&'a self, entry: &'a Entry) -> &'a [Bytes] {
+        self.part.as_deref().unwrap_or(&entry.body)
+    }
+
+    /// A 416 carries only its Content-Range of the stored fields.
+    fn stored_fields(&self) -> bool {
+        self.code != 416
+    }
+}
+
+/// Bytes `first..=last` of a body kept in pieces.
+fn slice(body: &[Bytes], first: u64, last: u64) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for piece in body {
+        let (start, end) = (at, at + piece.len() as u64);
+        at = end;
+        if end <= first || start > last {
+            continue;
+        }
+        let from = first.saturating_sub(start) as usize;
+        let to = ((last + 1).min(end) - start) as usize;
+        out.push(piece.slice(from..to));
+    }
+    out
+}
+
 /// Fields a 304 carries from the stored response (RFC 9110 §15.4.5).
 const NOT_MODIFIED_FIELDS: [&str; 7] = [
     "cache-control",
@@ -540,9 +667,13 @@ pub(crate) fn h2_response(
             age,
             status,
             not_modified,
+            part,
         } => {
-            let code = if not_modified { 304 } else { entry.status };
-            let mut headers = if not_modified {
+            let sel = Selected::of(&entry, not_modified, part);
+            let code = sel.code;
+            let mut headers = if !sel.stored_fields() {
+                HeaderMap::new()
+            } else if not_modified {
                 let mut h = HeaderMap::new();
                 for n in NOT_MODIFIED_FIELDS {
                     for v in entry.headers.get_all(n) {
@@ -558,21 +689,28 @@ pub(crate) fn h2_response(
                 "cache-status",
                 HeaderValue::from_static(status.header(false)),
             );
-            let bodiless =
-                not_modified || method == Method::Head || matches!(entry.status, 204 | 304);
-            if !not_modified && entry.status != 204 {
-                headers.insert(
-                    http::header::CONTENT_LENGTH,
-                    HeaderValue::from(entry.body_len),
-                );
+            if let Some(cr) = sel
+                .content_range
+                .as_deref()
+                .and_then(|v| HeaderValue::from_str(v).ok())
+            {
+                headers.insert(http::header::CONTENT_RANGE, cr);
             }
+            let bodiless = not_modified
+                || method == Method::Head
+                || matches!(entry.status, 204 | 304)
+                || sel.len == 0;
+            if !not_modified && entry.status != 204 {
+                headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(sel.len));
+            }
+            let pieces = sel.body(&entry);
             let body = if bodiless {
                 DownBody::Full(None)
-            } else if entry.body.len() == 1 {
-                DownBody::Full(Some(entry.body[0].clone()))
+            } else if pieces.len() == 1 {
+                DownBody::Full(Some(pieces[0].clone()))
             } else {
                 DownBody::filtered(CacheBody::Stored {
-                    chunks: entry.body.clone(),
+                    chunks: pieces.to_vec(),
                     next: 0,
                 })
             };
@@ -629,9 +767,16 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
             age,
             status,
             not_modified,
+            part,
         } => {
-            let code = if not_modified { 304 } else { entry.status };
+            let sel = Selected::of(&entry, not_modified, part);
+            let code = sel.code;
             crate::sink::write_status_line(out, code, b"");
+            if let Some(cr) = &sel.content_range {
+                out.extend_from_slice(b"content-range: ");
+                out.extend_from_slice(cr.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
             if not_modified {
                 for n in NOT_MODIFIED_FIELDS {
                     for v in entry.headers.get_all(n) {
@@ -641,7 +786,7 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
                         out.extend_from_slice(b"\r\n");
                     }
                 }
-            } else {
+            } else if sel.stored_fields() {
                 out.extend_from_slice(&entry.h1_fields);
             }
             out.extend_from_slice(b"age: ");
@@ -651,23 +796,25 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
             out.extend_from_slice(b"\r\n");
             if !not_modified && entry.status != 204 {
                 out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(entry.body_len).as_bytes());
+                out.extend_from_slice(itoa::Buffer::new().format(sel.len).as_bytes());
                 out.extend_from_slice(b"\r\n");
             }
             connection_fields(out, head, false);
             out.extend_from_slice(b"\r\n");
-            let with_body = !not_modified && head.method != Method::Head && entry.status != 204;
+            let with_body =
+                !not_modified && head.method != Method::Head && entry.status != 204 && sel.len > 0;
             let ok;
             let mut bytes = 0;
             if with_body {
-                if entry.body_len as usize + out.len() <= 64 * 1024 {
-                    for c in &entry.body {
+                let pieces = sel.body(&entry);
+                if sel.len as usize + out.len() <= 64 * 1024 {
+                    for c in pieces {
                         out.extend_from_slice(c);
                     }
                     ok = write_idle(io, out, idle).await;
                 } else {
                     let mut good = write_idle(io, out, idle).await;
-                    for c in &entry.body {
+                    for c in pieces {
                         if !good {
                             break;
                         }
@@ -676,7 +823,7 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
                     ok = good;
                 }
                 if ok {
-                    bytes = entry.body_len;
+                    bytes = sel.len;
                 }
             } else {
                 ok = write_idle(io, out, idle).await;
@@ -874,6 +1021,21 @@ mod tests {
             None
         );
         assert_eq!(same_origin_target("http", "a.test", b"//a.test/z"), None);
+    }
+
+    #[test]
+    fn ranges_slice_the_stored_pieces() {
+        let body = [
+            Bytes::from_static(b"0123"),
+            Bytes::from_static(b"4567"),
+            Bytes::from_static(b"89"),
+        ];
+        let join = |v: Vec<Bytes>| v.iter().flat_map(|b| b.to_vec()).collect::<Vec<u8>>();
+        assert_eq!(join(slice(&body, 0, 9)), b"0123456789");
+        assert_eq!(join(slice(&body, 3, 4)), b"34");
+        assert_eq!(join(slice(&body, 4, 7)), b"4567");
+        assert_eq!(join(slice(&body, 9, 9)), b"9");
+        assert_eq!(slice(&body, 5, 6).len(), 1, "within one piece: one slice");
     }
 
     #[test]

@@ -30,8 +30,45 @@ pub struct Directives {
     pub min_fresh: Option<u64>,
     pub stale_if_error: Option<u64>,
     pub stale_while_revalidate: Option<u64>,
+    /// The field names of `no-cache="a, b"` (§5.2.2.4), lower case: the response is stored
+    /// and reused without these fields (a stored field the origin named may not be reused
+    /// without revalidation; leaving it out is what the RFC allows for the rest of the
+    /// response).
+    pub no_cache_fields: Vec<String>,
+    /// The field names of `private="a, b"` (§5.2.2.7), lower case: a shared cache may store
+    /// the response, but not these fields.
+    pub private_fields: Vec<String>,
     /// Any directive was present.
     pub present: bool,
+}
+
+/// The field names of a qualified `no-cache`/`private` argument: a quoted (or, leniently,
+/// bare) comma-separated list of field names, lower-cased; `None` when the argument lists
+/// no valid name (the directive then reads as the unqualified one).
+fn field_names(arg: &[u8]) -> Option<Vec<String>> {
+    let inner = arg
+        .strip_prefix(b"\"")
+        .and_then(|v| v.strip_suffix(b"\""))
+        .unwrap_or(arg);
+    let mut names = Vec::new();
+    for n in inner.split(|&b| b == b',') {
+        let n = n.trim_ascii();
+        if n.is_empty() {
+            continue;
+        }
+        // A field name is a token (RFC 9110 §5.1).
+        if !n
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
+        {
+            return None;
+        }
+        let n = String::from_utf8_lossy(n).to_ascii_lowercase();
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    (!names.is_empty()).then_some(names)
 }
 
 /// A delta-seconds argument (§1.2.2): its leading digits (so `3600.5` and `3600a` read as
@@ -114,11 +151,18 @@ impl Directives {
                 if name.eq_ignore_ascii_case(b"no-store") {
                     d.no_store = true;
                 } else if name.eq_ignore_ascii_case(b"no-cache") {
-                    // The field-name form (§5.2.2.4) is treated as the unqualified one:
-                    // the response is revalidated before every use.
-                    d.no_cache = true;
+                    // The field-name form (§5.2.2.4) names fields that may not be reused
+                    // without revalidation: they are left out of the stored response. An
+                    // argument that lists no valid name reads as the unqualified directive.
+                    match arg.and_then(field_names) {
+                        Some(names) => d.no_cache_fields.extend(names),
+                        None => d.no_cache = true,
+                    }
                 } else if name.eq_ignore_ascii_case(b"private") {
-                    d.private = true;
+                    match arg.and_then(field_names) {
+                        Some(names) => d.private_fields.extend(names),
+                        None => d.private = true,
+                    }
                 } else if name.eq_ignore_ascii_case(b"public") {
                     d.public = true;
                 } else if name.eq_ignore_ascii_case(b"must-revalidate") {
@@ -510,6 +554,91 @@ pub fn not_modified(
     }
 }
 
+/// What a stored response of `len` bytes answers a `Range` request with (RFC 9110 §14.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteRange {
+    /// The whole response (200): no valid single byte range, or several ranges (a server
+    /// may ignore Range; one range is what clients ask of a cache in practice).
+    Whole,
+    /// Bytes `first..=last` (206).
+    Part { first: u64, last: u64 },
+    /// No satisfiable range (416 with `Content-Range: bytes */len`).
+    Unsatisfiable,
+}
+
+/// Evaluates a `Range` field value against a representation of `len` bytes. Syntax errors
+/// (another unit, `5-2`, garbage) make the field ignored, as §14.2 asks.
+pub fn byte_range(value: &[u8], len: u64) -> ByteRange {
+    let value = value.trim_ascii();
+    let Some(eq) = value.iter().position(|&b| b == b'=') else {
+        return ByteRange::Whole;
+    };
+    if !value[..eq].trim_ascii().eq_ignore_ascii_case(b"bytes") {
+        return ByteRange::Whole;
+    }
+    let number = |v: &[u8]| -> Option<u64> {
+        if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(v).ok()?.parse().ok()
+    };
+    let mut specs = Vec::new();
+    for spec in value[eq + 1..].split(|&b| b == b',') {
+        let spec = spec.trim_ascii();
+        if spec.is_empty() {
+            continue;
+        }
+        let Some(dash) = spec.iter().position(|&b| b == b'-') else {
+            return ByteRange::Whole;
+        };
+        let (a, b) = (spec[..dash].trim_ascii(), spec[dash + 1..].trim_ascii());
+        let r = if a.is_empty() {
+            // suffix-range: the last b bytes.
+            let Some(n) = number(b) else {
+                return ByteRange::Whole;
+            };
+            (n > 0 && len > 0).then(|| (len.saturating_sub(n), len - 1))
+        } else {
+            let Some(first) = number(a) else {
+                return ByteRange::Whole;
+            };
+            let last = if b.is_empty() {
+                None
+            } else {
+                match number(b) {
+                    Some(l) if l >= first => Some(l),
+                    _ => return ByteRange::Whole,
+                }
+            };
+            (first < len).then(|| (first, last.map_or(len - 1, |l| l.min(len - 1))))
+        };
+        specs.push(r);
+    }
+    match specs.as_slice() {
+        [] => ByteRange::Whole,
+        [Some((first, last))] => ByteRange::Part {
+            first: *first,
+            last: *last,
+        },
+        s if s.iter().all(Option::is_none) => ByteRange::Unsatisfiable,
+        _ => ByteRange::Whole,
+    }
+}
+
+/// Whether an `If-Range` value lets the Range apply to a stored response (RFC 9110 §13.1.5):
+/// an entity tag must match the stored one by strong comparison (a weak tag never does); a
+/// date must equal the stored Last-Modified exactly.
+pub fn if_range_holds(value: &[u8], etag: Option<&[u8]>, last_modified: Option<i64>) -> bool {
+    let v = value.trim_ascii();
+    if v.starts_with(b"\"") || v.starts_with(b"W/") {
+        return !v.starts_with(b"W/") && etag.is_some_and(|e| e.trim_ascii() == v);
+    }
+    match (http_date(v), last_modified) {
+        (Some(d), Some(lm)) => d == lm,
+        _ => false,
+    }
+}
+
 /// Normalises a request's values of one field for Vary matching (§4.1): list members are
 /// trimmed and joined with "," so whitespace and field-line splitting do not matter; the
 /// content-negotiation fields, whose tokens are case-insensitive, are lower-cased.
@@ -630,6 +759,60 @@ mod tests {
         Directives::parse(std::iter::once(v.as_bytes()))
     }
 
+    #[test]
+    fn qualified_no_cache_and_private_name_fields_to_leave_out() {
+        let d = cc("no-cache=\"A, b\", max-age=60, private=\"Set-Cookie\"");
+        assert!(!d.no_cache && !d.private);
+        assert_eq!(d.no_cache_fields, ["a", "b"]);
+        assert_eq!(d.private_fields, ["set-cookie"]);
+        assert_eq!(d.max_age, Some(60));
+        let bare = cc("no-cache=x");
+        assert_eq!(bare.no_cache_fields, ["x"]);
+        // An argument naming nothing valid is the unqualified directive.
+        assert!(cc("no-cache=\"\"").no_cache);
+        assert!(cc("private=\"a b\"").private);
+        assert!(cc("no-cache").no_cache && cc("no-cache").no_cache_fields.is_empty());
+    }
+
+    #[test]
+    fn byte_ranges_against_a_length() {
+        use ByteRange::*;
+        let r = |v: &str, len| byte_range(v.as_bytes(), len);
+        assert_eq!(r("bytes=0-1", 11), Part { first: 0, last: 1 });
+        assert_eq!(r("bytes=1-", 11), Part { first: 1, last: 10 });
+        assert_eq!(
+            r("bytes=-1", 11),
+            Part {
+                first: 10,
+                last: 10
+            }
+        );
+        assert_eq!(r("bytes=-50", 11), Part { first: 0, last: 10 });
+        assert_eq!(r("BYTES = 5-500", 11), Part { first: 5, last: 10 });
+        assert_eq!(r("bytes=11-", 11), Unsatisfiable);
+        assert_eq!(r("bytes=-0", 11), Unsatisfiable);
+        assert_eq!(r("bytes=20-30, 40-", 11), Unsatisfiable);
+        assert_eq!(r("bytes=0-", 0), Unsatisfiable);
+        assert_eq!(r("bytes=0-1,3-4", 11), Whole, "several ranges: the whole");
+        assert_eq!(r("bytes=5-2", 11), Whole, "invalid: ignored");
+        assert_eq!(r("items=0-1", 11), Whole);
+        assert_eq!(r("bytes=a-b", 11), Whole);
+        assert_eq!(r("bytes=99999999999999999999-", 11), Whole);
+        assert_eq!(r("bytes", 11), Whole);
+    }
+
+    #[test]
+    fn if_range_is_strong_or_an_exact_date() {
+        let lm = http_date(b"Sun, 06 Nov 1994 08:49:37 GMT");
+        assert!(if_range_holds(b"\"a\"", Some(b"\"a\""), None));
+        assert!(!if_range_holds(b"\"a\"", Some(b"\"b\""), None));
+        assert!(!if_range_holds(b"W/\"a\"", Some(b"W/\"a\""), None));
+        assert!(!if_range_holds(b"\"a\"", Some(b"W/\"a\""), None));
+        assert!(if_range_holds(b"Sun, 06 Nov 1994 08:49:37 GMT", None, lm));
+        assert!(!if_range_holds(b"Sun, 06 Nov 1994 08:49:38 GMT", None, lm));
+        assert!(!if_range_holds(b"garbage", Some(b"\"a\""), lm));
+    }
+
     fn facts(status: u16, d: &Directives) -> ResponseFacts<'_> {
         ResponseFacts {
             status,
@@ -645,7 +828,8 @@ mod tests {
         let d = cc("Max-Age=60, s-maxage=\"30\", no-cache=\"a, b\", PUBLIC, max-stale");
         assert_eq!(d.max_age, Some(60));
         assert_eq!(d.s_maxage, Some(30));
-        assert!(d.no_cache && d.public);
+        assert!(!d.no_cache && d.public, "the qualified form names fields");
+        assert_eq!(d.no_cache_fields, ["a", "b"]);
         assert_eq!(d.max_stale, Some(None));
         let d = cc("max-stale=10, min-fresh=5, only-if-cached, no-store");
         assert_eq!(d.max_stale, Some(Some(10)));
@@ -711,9 +895,10 @@ mod tests {
             storable(true, &none, false, &facts(200, &cc("private, max-age=10"))),
             Err(NotStored::Private)
         );
+        // The qualified form: stored, without the named fields.
         assert_eq!(
             storable(true, &none, false, &facts(200, &cc("private=\"x\""))),
-            Err(NotStored::Private)
+            Ok(())
         );
     }
 
@@ -900,11 +1085,9 @@ mod tests {
         let none = Directives::default();
         let nc = cc("no-cache, max-age=100");
         assert_eq!(usable(&none, false, &stored(&nc, 100, 1)), Usable::Validate);
+        // The qualified form: reused while fresh, without the named fields (`Entry::new`).
         let ncf = cc("no-cache=\"set-cookie\", max-age=100");
-        assert_eq!(
-            usable(&none, false, &stored(&ncf, 100, 1)),
-            Usable::Validate
-        );
+        assert_eq!(usable(&none, false, &stored(&ncf, 100, 1)), Usable::Fresh);
         for d in ["must-revalidate", "proxy-revalidate", "s-maxage=1"] {
             let d = cc(d);
             assert_eq!(

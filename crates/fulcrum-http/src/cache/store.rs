@@ -72,6 +72,11 @@ impl Entry {
                     .map(|v| v.as_bytes()),
             )
         });
+        // Fields the origin named in `no-cache="…"` or `private="…"` are not kept (§5.2.2.4,
+        // §5.2.2.7): the stored response is reused without them.
+        for name in cc.no_cache_fields.iter().chain(&cc.private_fields) {
+            headers.remove(name.as_str());
+        }
         let date = headers
             .get("date")
             .and_then(|v| policy::http_date(v.as_bytes()));
