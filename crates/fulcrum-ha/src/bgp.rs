@@ -646,83 +646,77 @@ impl Bird {
 impl SpeakerOps for Bird {
     const NAME: &'static str = "bird";
 
-    fn announce(
+    async fn announce(
         &mut self,
         want: &BTreeSet<IpNet>,
         _configured: &[IpNet],
         report: Report<'_>,
-    ) -> impl Future<Output = ()> + Send {
-        async move {
-            if self.written.as_ref() != Some(want) {
-                match write_atomically(&self.include, &render(&self.interface, want)) {
-                    Ok(()) => self.written = Some(want.clone()),
-                    Err(e) => report(format!("cannot write {}: {e}", self.include.display())),
-                }
-            }
-            if self.client.is_none() {
-                match BirdClient::connect(&self.control).await {
-                    Ok(c) => {
-                        tracing::info!(control = %self.control.display(), version = %c.version, "BGP: connected to BIRD");
-                        self.version = Some(c.version.clone());
-                        self.client = Some(c);
-                        self.applied = None;
-                    }
-                    Err(e) => {
-                        self.reachable = false;
-                        report(format!("BIRD control socket {e}"));
-                    }
-                }
-            }
-            if let Some(c) = self.client.as_mut() {
-                self.reachable = true;
-                if self.written.as_ref() == Some(want) && self.applied.as_ref() != Some(want) {
-                    match configure(c).await {
-                        Ok(()) => self.applied = Some(want.clone()),
-                        Err(ConfigureError::Refused(e)) => report(e),
-                        Err(ConfigureError::Connection(e)) => {
-                            report(e);
-                            self.reachable = false;
-                            self.client = None;
-                        }
-                    }
-                }
-            }
-            // The liveness interface comes after the first decision is written: a fragment
-            // left by an earlier process must not come back to life before this one has
-            // judged it.
-            if self.link.is_none() && self.written.is_some() {
-                match LivenessLink::create(&self.interface) {
-                    Ok(l) => self.link = Some(l),
-                    Err(e) => report(format!(
-                        "cannot create the liveness interface {} (TUN): {e}",
-                        self.interface
-                    )),
-                }
+    ) {
+        if self.written.as_ref() != Some(want) {
+            match write_atomically(&self.include, &render(&self.interface, want)) {
+                Ok(()) => self.written = Some(want.clone()),
+                Err(e) => report(format!("cannot write {}: {e}", self.include.display())),
             }
         }
-    }
-
-    fn sessions(&mut self) -> impl Future<Output = Result<Vec<Session>, String>> + Send {
-        async move {
-            let Some(c) = self.client.as_mut() else {
-                return Err("BIRD not connected".to_string());
-            };
-            match c.command("show protocols").await {
-                Ok(r) => Ok(sessions(&r)),
+        if self.client.is_none() {
+            match BirdClient::connect(&self.control).await {
+                Ok(c) => {
+                    tracing::info!(control = %self.control.display(), version = %c.version, "BGP: connected to BIRD");
+                    self.version = Some(c.version.clone());
+                    self.client = Some(c);
+                    self.applied = None;
+                }
                 Err(e) => {
                     self.reachable = false;
-                    self.client = None;
-                    Err(e)
+                    report(format!("BIRD control socket {e}"));
                 }
+            }
+        }
+        if let Some(c) = self.client.as_mut() {
+            self.reachable = true;
+            if self.written.as_ref() == Some(want) && self.applied.as_ref() != Some(want) {
+                match configure(c).await {
+                    Ok(()) => self.applied = Some(want.clone()),
+                    Err(ConfigureError::Refused(e)) => report(e),
+                    Err(ConfigureError::Connection(e)) => {
+                        report(e);
+                        self.reachable = false;
+                        self.client = None;
+                    }
+                }
+            }
+        }
+        // The liveness interface comes after the first decision is written: a fragment
+        // left by an earlier process must not come back to life before this one has
+        // judged it.
+        if self.link.is_none() && self.written.is_some() {
+            match LivenessLink::create(&self.interface) {
+                Ok(l) => self.link = Some(l),
+                Err(e) => report(format!(
+                    "cannot create the liveness interface {} (TUN): {e}",
+                    self.interface
+                )),
             }
         }
     }
 
-    fn shutdown(&mut self, _report: Report<'_>) -> impl Future<Output = ()> + Send {
-        async move {
-            // Withdrawn in BIRD (when it answered); closing the interface withdraws anyway.
-            drop(self.link.take());
+    async fn sessions(&mut self) -> Result<Vec<Session>, String> {
+        let Some(c) = self.client.as_mut() else {
+            return Err("BIRD not connected".to_string());
+        };
+        match c.command("show protocols").await {
+            Ok(r) => Ok(sessions(&r)),
+            Err(e) => {
+                self.reachable = false;
+                self.client = None;
+                Err(e)
+            }
         }
+    }
+
+    async fn shutdown(&mut self, _report: Report<'_>) {
+        // Withdrawn in BIRD (when it answered); closing the interface withdraws anyway.
+        drop(self.link.take());
     }
 
     fn announced(&self) -> Option<BTreeSet<IpNet>> {

@@ -32,7 +32,6 @@
 //!   added again, the unwanted ones (of the configured prefixes only) deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
@@ -540,15 +539,10 @@ pub async fn watchdog<R: tokio::io::AsyncBufRead + Unpin>(
     let mut client = GobgpClient::new(address)?;
     let mut lines = input.lines();
     let mut uuids: Vec<Vec<u8>> = Vec::new();
-    loop {
-        match lines.next_line().await {
-            Ok(Some(line)) => {
-                if let Some(u) = parse_watchdog_line(&line) {
-                    uuids = u;
-                }
-            }
-            // EOF, or the pipe broke: either way the writer is gone.
-            Ok(None) | Err(_) => break,
+    // Until EOF, or the pipe broke: either way the writer is gone.
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(u) = parse_watchdog_line(&line) {
+            uuids = u;
         }
     }
     if uuids.is_empty() {
@@ -718,134 +712,123 @@ impl Gobgp {
 impl SpeakerOps for Gobgp {
     const NAME: &'static str = "gobgp";
 
-    fn announce(
-        &mut self,
-        want: &BTreeSet<IpNet>,
-        configured: &[IpNet],
-        report: Report<'_>,
-    ) -> impl Future<Output = ()> + Send {
-        async move {
-            let watched = self.ensure_watchdog(report);
-            if self.client.is_none() {
-                match GobgpClient::new(&self.address) {
-                    Ok(c) => self.client = Some(c),
-                    Err(e) => return self.lost(report, e),
-                }
+    async fn announce(&mut self, want: &BTreeSet<IpNet>, configured: &[IpNet], report: Report<'_>) {
+        let watched = self.ensure_watchdog(report);
+        if self.client.is_none() {
+            match GobgpClient::new(&self.address) {
+                Ok(c) => self.client = Some(c),
+                Err(e) => return self.lost(report, e),
             }
-            let Some(mut client) = self.client.clone() else {
-                return;
+        }
+        let Some(mut client) = self.client.clone() else {
+            return;
+        };
+        let due = self
+            .verified_at
+            .is_none_or(|t| t.elapsed() >= SESSIONS_EVERY);
+        if !self.known || due {
+            let present = match client.local_prefixes().await {
+                Ok(p) => p,
+                Err(e) => return self.lost(report, e),
             };
-            let due = self
-                .verified_at
-                .is_none_or(|t| t.elapsed() >= SESSIONS_EVERY);
-            if !self.known || due {
-                let present = match client.local_prefixes().await {
-                    Ok(p) => p,
-                    Err(e) => return self.lost(report, e),
-                };
-                self.verified_at = Some(tokio::time::Instant::now());
-                let missing: Vec<IpNet> = self
-                    .paths
-                    .keys()
-                    .filter(|p| !present.contains(&p.trunc()))
-                    .copied()
-                    .collect();
-                for p in missing {
-                    if self.known {
-                        report(format!(
-                            "gobgpd lost the path of {p} (restarted?): adding it again"
-                        ));
-                    }
-                    self.paths.remove(&p);
-                }
-                // Paths of configured prefixes nobody here added: left by an earlier Fulcrum
-                // (whose watchdog died with it) or added by hand. Fulcrum owns these prefixes.
-                for p in configured {
-                    if present.contains(&p.trunc()) && !self.paths.contains_key(p) {
-                        if let Err(e) = client.delete(p).await {
-                            return self.lost(report, e);
-                        }
-                        tracing::info!(prefix = %p, "BGP: deleted a path of a configured prefix that this process had not added");
-                    }
-                }
-                self.known = true;
-            }
-            self.reachable = true;
-            let want: BTreeSet<IpNet> = if watched {
-                want.clone()
-            } else {
-                BTreeSet::new()
-            };
-            let stale: Vec<IpNet> = self
+            self.verified_at = Some(tokio::time::Instant::now());
+            let missing: Vec<IpNet> = self
                 .paths
                 .keys()
-                .filter(|p| !want.contains(p))
+                .filter(|p| !present.contains(&p.trunc()))
                 .copied()
                 .collect();
-            for p in stale {
-                if let Err(e) = client.delete(&p).await {
-                    return self.lost(report, e);
+            for p in missing {
+                if self.known {
+                    report(format!(
+                        "gobgpd lost the path of {p} (restarted?): adding it again"
+                    ));
                 }
                 self.paths.remove(&p);
             }
-            // The watchdog hears about removals before additions and additions right after:
-            // at any moment it knows every path that could outlive this process.
-            let new: Vec<IpNet> = want
-                .iter()
-                .filter(|p| !self.paths.contains_key(p))
-                .copied()
-                .collect();
-            for p in new {
-                match client.add(&p).await {
-                    Ok(uuid) => {
-                        self.paths.insert(p, uuid);
-                    }
-                    Err(e) => {
-                        self.tell_watchdog(report).await;
+            // Paths of configured prefixes nobody here added: left by an earlier Fulcrum
+            // (whose watchdog died with it) or added by hand. Fulcrum owns these prefixes.
+            for p in configured {
+                if present.contains(&p.trunc()) && !self.paths.contains_key(p) {
+                    if let Err(e) = client.delete(p).await {
                         return self.lost(report, e);
                     }
+                    tracing::info!(prefix = %p, "BGP: deleted a path of a configured prefix that this process had not added");
                 }
             }
-            self.tell_watchdog(report).await;
+            self.known = true;
         }
-    }
-
-    fn sessions(&mut self) -> impl Future<Output = Result<Vec<Session>, String>> + Send {
-        async move {
-            let Some(mut client) = self.client.clone() else {
-                return Err("gobgpd not connected".to_string());
-            };
-            let r = client.sessions().await;
-            if r.is_err() {
-                self.reachable = false;
-                self.known = false;
+        self.reachable = true;
+        let want: BTreeSet<IpNet> = if watched {
+            want.clone()
+        } else {
+            BTreeSet::new()
+        };
+        let stale: Vec<IpNet> = self
+            .paths
+            .keys()
+            .filter(|p| !want.contains(p))
+            .copied()
+            .collect();
+        for p in stale {
+            if let Err(e) = client.delete(&p).await {
+                return self.lost(report, e);
             }
-            r
+            self.paths.remove(&p);
         }
+        // The watchdog hears about removals before additions and additions right after:
+        // at any moment it knows every path that could outlive this process.
+        let new: Vec<IpNet> = want
+            .iter()
+            .filter(|p| !self.paths.contains_key(p))
+            .copied()
+            .collect();
+        for p in new {
+            match client.add(&p).await {
+                Ok(uuid) => {
+                    self.paths.insert(p, uuid);
+                }
+                Err(e) => {
+                    self.tell_watchdog(report).await;
+                    return self.lost(report, e);
+                }
+            }
+        }
+        self.tell_watchdog(report).await;
     }
 
-    fn shutdown(&mut self, report: Report<'_>) -> impl Future<Output = ()> + Send {
-        async move {
-            if !self.paths.is_empty() {
-                if let Some(mut client) = self.client.clone() {
-                    let all: Vec<IpNet> = self.paths.keys().copied().collect();
-                    for p in all {
-                        match client.delete(&p).await {
-                            Ok(()) => {
-                                self.paths.remove(&p);
-                            }
-                            Err(e) => report(e),
+    async fn sessions(&mut self) -> Result<Vec<Session>, String> {
+        let Some(mut client) = self.client.clone() else {
+            return Err("gobgpd not connected".to_string());
+        };
+        let r = client.sessions().await;
+        if r.is_err() {
+            self.reachable = false;
+            self.known = false;
+        }
+        r
+    }
+
+    async fn shutdown(&mut self, report: Report<'_>) {
+        if !self.paths.is_empty() {
+            if let Some(mut client) = self.client.clone() {
+                let all: Vec<IpNet> = self.paths.keys().copied().collect();
+                for p in all {
+                    match client.delete(&p).await {
+                        Ok(()) => {
+                            self.paths.remove(&p);
                         }
+                        Err(e) => report(e),
                     }
                 }
             }
-            // What is left the watchdog withdraws once its stdin closes (below).
-            if let Some(w) = self.watchdog.as_mut() {
-                let line = watchdog_line(self.paths.values());
-                let _ = w.tell(&line).await;
-            }
-            self.watchdog = None;
         }
+        // What is left the watchdog withdraws once its stdin closes (below).
+        if let Some(w) = self.watchdog.as_mut() {
+            let line = watchdog_line(self.paths.values());
+            let _ = w.tell(&line).await;
+        }
+        self.watchdog = None;
     }
 
     fn announced(&self) -> Option<BTreeSet<IpNet>> {
