@@ -160,13 +160,16 @@ pub fn start<C: Control>(bgp: &Bgp, maintenance: bool, control: Weak<C>) -> Anno
 /// `fulcrum bgp-watchdog` (started by the GoBGP speaker, fulcrum_ha::bgp::gobgp): reads the
 /// UUID lines on stdin and withdraws them from gobgpd when stdin ends.
 pub fn run_watchdog(address: &str) -> std::process::ExitCode {
-    // Signals that would end it before the parent is gone: the parent's death (stdin EOF) is
-    // what it waits for. A terminal's SIGINT does not reach it (own process group); SIGTERM
-    // from a service manager stopping everything still ends it, after the parent withdrew.
-    // SAFETY: setting a signal's disposition to SIG_IGN has no handler to be unsound.
+    // It ends when its work is done, not on a signal: when Fulcrum dies under systemd, the unit
+    // stops and systemd sends SIGTERM to what is left of its cgroup — this process, which must
+    // withdraw first (it then exits by itself within WATCHDOG_PATIENCE, well inside the unit's
+    // stop timeout). A terminal's SIGINT does not reach it anyway (own process group).
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler; nothing else in
+    // this process has touched signal dispositions yet (no runtime exists).
     unsafe {
-        libc::signal(libc::SIGHUP, libc::SIG_IGN);
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
     }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

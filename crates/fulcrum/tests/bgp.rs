@@ -893,6 +893,11 @@ fn a_node_withdraws_without_healthy_members_in_maintenance_and_reports_a_lost_bi
     );
 }
 
+/// Whether process `pid` exists and is not a zombie.
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
 const A6: &str = "2001:db8:1::2";
 const B6: &str = "2001:db8:2::2";
 
@@ -1024,6 +1029,17 @@ fn gobgp_announces_both_families_withdraws_on_maintenance_and_kill_and_re_adds_a
     // pipe close and deletes them. Meanwhile a client opens a new IPv6 connection every 5 ms.
     let stop = Arc::new(AtomicBool::new(false));
     let client = client_loop(&n.c, web6(), Duration::from_millis(5), 3000, stop.clone());
+    let watchdog = ha(&fa)["bgp"]["watchdog_pid"]
+        .as_u64()
+        .expect("watchdog pid") as i32;
+    // As systemd does when the main process of a unit dies, SIGTERM reaches the rest of the
+    // cgroup (here even first): the watchdog ignores it and withdraws anyway.
+    // SAFETY: kill(2) on the watchdog this test's Fulcrum started (its pid from the API).
+    unsafe {
+        libc::kill(watchdog, libc::SIGTERM);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(running(watchdog), "SIGTERM ended the watchdog");
     let killed = Instant::now();
     n.lab.kill(fa.index);
     let t = expect_both(
@@ -1077,6 +1093,11 @@ fn gobgp_announces_both_families_withdraws_on_maintenance_and_kill_and_re_adds_a
         !n.a.gobgp_rib("ipv6").contains(VIP6),
         "{}",
         n.a.gobgp_rib("ipv6")
+    );
+    // Its work done, the watchdog has exited (a zombie at most: it was Fulcrum's child).
+    assert!(
+        wait_for(Duration::from_secs(5), || !running(watchdog)),
+        "the watchdog {watchdog} is still running"
     );
 
     // a comes back.
