@@ -43,13 +43,23 @@ fn echo6() -> SocketAddr {
 /// Which daemon each node's Fulcrum drives.
 #[derive(Clone, Copy, PartialEq)]
 enum Speaker {
+    /// BIRD, IPv4 only.
     Bird,
+    /// BIRD with an IPv4 and an IPv6 session and VIP.
+    BirdDual,
+    /// gobgpd with an IPv4 and an IPv6 session and VIP.
     Gobgp,
 }
 
-/// A node's Fulcrum with gobgpd as its speaker: both VIPs, each with an HTTP and a TCP service.
-fn gobgp_node_config(name: &str, dir: &Path) -> String {
+/// A node's Fulcrum with both VIPs, each with an HTTP and a TCP service, announced through
+/// gobgpd or (`bird`) BIRD.
+fn dual_node_config(name: &str, dir: &Path, bird: bool) -> String {
     let d = dir.display();
+    let speaker = if bird {
+        format!("speaker = \"bird\"\ncontrol = \"{d}/bird.ctl\"\ninclude = \"{d}/announce.conf\"")
+    } else {
+        "speaker = \"gobgp\"\ncontrol = \"127.0.0.1:50051\"".to_string()
+    };
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
@@ -61,8 +71,7 @@ mode = "active_active"
 node = "{name}"
 
 [bgp]
-speaker = "gobgp"
-control = "127.0.0.1:50051"
+{speaker}
 announce = ["{VIP}/32", "{VIP6}/128"]
 
 [[virtual_service]]
@@ -189,8 +198,21 @@ rise = 2
 }
 
 /// BIRD on a node: a BGP session to the router exporting only Fulcrum's static protocol.
-fn node_bird(router_id: &str, router: &str, include: &Path) -> String {
-    format!(
+fn node_bird(router_id: &str, router: &str, include: &Path, router6: Option<&str>) -> String {
+    let v6 = router6.map_or(String::new(), |r6| {
+        format!(
+            r#"protocol bgp uplink6 {{
+  local as 65001;
+  neighbor {r6} as 65000;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 5;
+  ipv6 {{ import none; export where proto = "fulcrum6"; next hop self; }};
+}}
+"#
+        )
+    });
+    let v4 = format!(
         r#"router id {router_id};
 protocol device {{ scan time 10; }}
 include "{}";
@@ -204,10 +226,11 @@ protocol bgp uplink {{
 }}
 "#,
         include.display()
-    )
+    );
+    v4 + &v6
 }
 
-/// BIRD on the router: sessions to both nodes (IPv4; and IPv6 when the nodes run gobgpd),
+/// BIRD on the router: sessions to both nodes (IPv4; and IPv6 for dual-stack nodes),
 /// equal-cost paths merged into one kernel route per family.
 fn router_bird(v6: bool) -> String {
     let mut conf = String::from(
@@ -369,7 +392,8 @@ impl Node {
     fn config(&self, name: &str) -> String {
         match self.speaker {
             Speaker::Bird => node_config(name, &self.dir),
-            Speaker::Gobgp => gobgp_node_config(name, &self.dir),
+            Speaker::BirdDual => dual_node_config(name, &self.dir, true),
+            Speaker::Gobgp => dual_node_config(name, &self.dir, false),
         }
     }
 
@@ -427,7 +451,7 @@ impl Node {
     fn start_daemon(&mut self, lab: &mut Lab, net: u8) {
         let (id, router) = (format!("198.18.{net}.2"), format!("198.18.{net}.1"));
         match self.speaker {
-            Speaker::Bird => self.start_bird(lab, &id, &router),
+            Speaker::Bird | Speaker::BirdDual => self.start_bird(lab, &id, &router),
             Speaker::Gobgp => self.start_gobgp(lab, &id, net),
         }
     }
@@ -445,7 +469,15 @@ impl Node {
         let conf = self.dir.join("bird.conf");
         std::fs::write(
             &conf,
-            node_bird(router_id, router, &self.dir.join("announce.conf")),
+            node_bird(
+                router_id,
+                router,
+                &self.dir.join("announce.conf"),
+                // 198.18.N.1 → 2001:db8:N::1
+                (self.speaker == Speaker::BirdDual)
+                    .then(|| format!("2001:db8:{}::1", router.split('.').nth(2).unwrap_or("0")))
+                    .as_deref(),
+            ),
         )
         .expect("bird.conf");
         let sock = self.dir.join("bird.ctl");
@@ -544,7 +576,7 @@ fn net(tag: &str, speaker: Speaker) -> Net {
         nodes.push(node);
     }
     let conf = tempfile::NamedTempFile::new().expect("router conf");
-    std::fs::write(conf.path(), router_bird(speaker == Speaker::Gobgp)).expect("router conf");
+    std::fs::write(conf.path(), router_bird(speaker != Speaker::Bird)).expect("router conf");
     let rdir = tempfile::tempdir().expect("router dir");
     let sock = rdir.path().join("bird.ctl");
     lab.spawn(
@@ -1152,4 +1184,66 @@ fn gobgp_announces_both_families_withdraws_on_maintenance_and_kill_and_re_adds_a
     eprintln!("gobgp: SIGTERM of a: withdrawn after {t:?}");
     n.lab.kill(fa.index);
     drop(fb);
+}
+
+#[test]
+fn bird_announces_an_ipv6_vip_and_a_killed_node_is_withdrawn_while_ipv6_flows_on_the_survivor_continue(
+) {
+    let mut n = net("bgp6", Speaker::BirdDual);
+    let fa = NsFulcrum::start(&mut n.lab, &n.a.ns, BIN, &n.a.config("a"));
+    let _fb = NsFulcrum::start(&mut n.lab, &n.b.ns, BIN, &n.b.config("b"));
+    let t = expect_both(
+        &n.r,
+        &[A, B],
+        &[A6, B6],
+        Duration::from_secs(30),
+        "both nodes up",
+    );
+    eprintln!("BIRD: ECMP routes (IPv4 and IPv6) with both next hops after {t:?}");
+    let h = ha(&fa);
+    assert_eq!(
+        h["bgp"]["announced"],
+        serde_json::json!([format!("{VIP}/32"), format!("{VIP6}/128")]),
+        "{h}"
+    );
+    // BIRD holds the IPv6 route in Fulcrum's fulcrum6 protocol, through the liveness interface.
+    let routes = n.a.birdc("show route protocol fulcrum6");
+    assert!(
+        routes.contains(&format!("{VIP6}/128")) && routes.contains("fulcrum-bgp"),
+        "{routes}"
+    );
+    let seen = answers6(&n.c, 40);
+    let on_a = seen.iter().filter(|r| r.as_deref() == Ok("a")).count();
+    let on_b = seen.iter().filter(|r| r.as_deref() == Ok("b")).count();
+    assert_eq!(on_a + on_b, 40, "failures: {seen:?}");
+    assert!(on_a > 0 && on_b > 0, "a {on_a}, b {on_b}");
+    let mut flows = Vec::new();
+    for _ in 0..40 {
+        let f = Flow::open_to(&n.c, echo6()).expect("flow");
+        let on_b = f.node == "b";
+        flows.push(f);
+        if on_b {
+            break;
+        }
+    }
+    let mut survivor = flows.pop().expect("a flow");
+    assert_eq!(survivor.node, "b", "no IPv6 flow hashed to b in 40 tries");
+    survivor.ping("before").expect("echo before");
+    // kill -9: the TUN interface goes with the process, BIRD withdraws both families.
+    n.lab.kill(fa.index);
+    let t = expect_both(
+        &n.r,
+        &[B],
+        &[B6],
+        Duration::from_secs(10),
+        "after kill -9 of a",
+    );
+    eprintln!(
+        "BIRD: kill -9 of a: IPv4 and IPv6 next hops withdrawn {t:?} after the process was reaped"
+    );
+    survivor
+        .ping("after-kill")
+        .expect("the IPv6 flow on b continues");
+    let seen = answers6(&n.c, 20);
+    assert!(seen.iter().all(|r| r.as_deref() == Ok("b")), "{seen:?}");
 }
