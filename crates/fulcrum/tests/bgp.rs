@@ -578,7 +578,7 @@ fn net(tag: &str, speaker: Speaker) -> Net {
     let conf = tempfile::NamedTempFile::new().expect("router conf");
     std::fs::write(conf.path(), router_bird(speaker != Speaker::Bird)).expect("router conf");
     let rdir = tempfile::tempdir().expect("router dir");
-    let sock = rdir.path().join("bird.ctl");
+    let sock = router_ctl(&r);
     lab.spawn(
         &r,
         "bird",
@@ -600,6 +600,26 @@ fn net(tag: &str, speaker: Speaker) -> Net {
     let b = nodes.pop().expect("b");
     let a = nodes.pop().expect("a");
     Net { lab, r, c, a, b }
+}
+
+/// The router's BIRD control socket (named after its namespace, which is unique per run).
+fn router_ctl(r: &Ns) -> PathBuf {
+    std::env::temp_dir().join(format!("{}-bird.ctl", r.name))
+}
+
+/// What the router's BIRD says about its sessions and routes (for failure messages).
+fn router_state(r: &Ns) -> String {
+    ["show protocols", "show route"]
+        .iter()
+        .map(|cmd| {
+            std::process::Command::new("birdc")
+                .args(["-s", &router_ctl(r).display().to_string(), cmd])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                .unwrap_or_else(|e| e.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The router's next hops for the VIP.
@@ -633,8 +653,9 @@ fn expect_hops_of(r: &Ns, prefix: &str, want: &[&str], within: Duration, why: &s
     let ok = wait_for(within, || next_hops_of(r, prefix) == want);
     assert!(
         ok,
-        "{why}: the router's route to {prefix} has next hops {:?}, expected {want:?}",
-        next_hops_of(r, prefix)
+        "{why}: the router's route to {prefix} has next hops {:?}, expected {want:?}; router's BIRD:\n{}",
+        next_hops_of(r, prefix),
+        router_state(r)
     );
     start.elapsed()
 }
@@ -1030,6 +1051,42 @@ fn gobgp_announces_both_families_withdraws_on_maintenance_and_kill_and_re_adds_a
         "{}",
         n.a.gobgp_rib("ipv4")
     );
+    // Fulcrum owns its announce prefixes in gobgpd: a path of one that it did not add (left by
+    // an earlier instance whose watchdog died with it; here added by hand) is deleted.
+    let added =
+        n.a.ns
+            .exec(
+                "gobgp",
+                &[
+                    "-u",
+                    "127.0.0.1",
+                    "-p",
+                    "50051",
+                    "global",
+                    "rib",
+                    "add",
+                    "-a",
+                    "ipv4",
+                    &format!("{VIP}/32"),
+                ],
+            )
+            .expect("gobgp rib add");
+    assert!(added.status.success(), "{added:?}");
+    assert!(
+        wait_for(Duration::from_secs(6), || !n
+            .a
+            .gobgp_rib("ipv4")
+            .contains(VIP)),
+        "the stray path stayed: {}",
+        n.a.gobgp_rib("ipv4")
+    );
+    expect_both(
+        &n.r,
+        &[B],
+        &[B6],
+        Duration::from_secs(5),
+        "stray path deleted",
+    );
     let (st, _) = api_with(
         &n.a.ns,
         "PUT",
@@ -1189,7 +1246,34 @@ fn gobgp_announces_both_families_withdraws_on_maintenance_and_kill_and_re_adds_a
         t.as_secs_f64() * 1e3
     );
     n.lab.kill(fa.index);
-    drop(fb);
+
+    // b's watchdog dies: b starts another and tells it its paths, which it then withdraws when
+    // b is killed.
+    let first = ha(&fb)["bgp"]["watchdog_pid"]
+        .as_u64()
+        .expect("watchdog pid") as i32;
+    // SAFETY: kill(2) on the watchdog b's Fulcrum started (its pid from the API).
+    unsafe {
+        libc::kill(first, libc::SIGKILL);
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || ha(&fb)["bgp"]["watchdog_pid"]
+            .as_u64()
+            .is_some_and(|p| p as i32 != first)),
+        "{}",
+        ha(&fb)
+    );
+    assert_eq!(next_hops(&n.r), [B]);
+    // The API shows the new pid only after the announcer's round that started it, which also
+    // wrote it the UUID line.
+    n.lab.kill(fb.index);
+    expect_both(
+        &n.r,
+        &[],
+        &[],
+        Duration::from_secs(10),
+        "b killed after a new watchdog",
+    );
 }
 
 #[test]
