@@ -1,8 +1,9 @@
-//! Scale-out (active-active): announce the VIP prefixes through a local BIRD 2 while this node
-//! can serve them, and withdraw them when it cannot, when it is put in maintenance, and when it
-//! stops — however it stops.
+//! Scale-out (active-active): announce the VIP prefixes through a local BIRD 2 (this file) or
+//! GoBGP (gobgp.rs) while this node can serve them, and withdraw them when it cannot, when it
+//! is put in maintenance, and when it stops — however it stops. One announcer loop (`run`)
+//! decides; a `SpeakerOps` per daemon makes its daemon agree.
 //!
-//! The design, and why:
+//! The BIRD design, and why:
 //! - Fulcrum owns one BIRD configuration fragment (`bgp.include`), which the operator's
 //!   bird.conf includes once: a `protocol static fulcrum4` (and `fulcrum6`) listing the prefixes
 //!   announced now. A change rewrites the file atomically and sends `configure`; BIRD compares

@@ -844,12 +844,6 @@ impl SpeakerOps for Gobgp {
     }
 }
 
-/// Watchdog input from a byte slice (tests).
-#[doc(hidden)]
-pub fn watchdog_input(bytes: &[u8]) -> tokio::io::BufReader<&[u8]> {
-    tokio::io::BufReader::new(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -945,7 +939,8 @@ mod tests {
     #[tokio::test]
     async fn a_watchdog_without_paths_exits_at_once() {
         // Nothing was announced: nothing to delete, no gobgpd needed.
-        let r = watchdog("127.0.0.1:1", watchdog_input(b"uuids\n")).await;
+        let input: &[u8] = b"uuids\n";
+        let r = watchdog("127.0.0.1:1", tokio::io::BufReader::new(input)).await;
         assert_eq!(r, Ok(()));
     }
 }
