@@ -22,12 +22,33 @@ pub const DEFAULT_BGP_INCLUDE: &str = "/var/lib/fulcrum/bird-announce.conf";
 /// The interface whose life is the Fulcrum process's: BIRD's routes for the prefixes point at it,
 /// so they vanish when the process dies, however it dies.
 pub const DEFAULT_BGP_INTERFACE: &str = "fulcrum-bgp";
+/// gobgpd's gRPC API address when `control` is not given (gobgpd's own default `--api-hosts`).
+pub const DEFAULT_GOBGP_API: &str = "127.0.0.1:50051";
+
+/// `host:port` with a port number (an IPv6 host in brackets).
+fn is_host_port(s: &str) -> bool {
+    if s.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty()
+                && !host.contains(':')
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        }
+        None => false,
+    }
+}
 
 /// `[bgp]`: announce the VIPs through a local BGP daemon.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bgp {
     pub speaker: BgpSpeaker,
-    /// BIRD's control socket (a path), or GoBGP's API address.
+    /// BIRD's control socket (a path), or gobgpd's gRPC API address (host:port, default
+    /// 127.0.0.1:50051).
     pub control: String,
     /// The prefixes announced while their services have a healthy member.
     pub announce: Vec<IpNet>,
@@ -40,8 +61,17 @@ pub struct Bgp {
 impl FromNode for Bgp {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
-            let speaker = t.req(cx, "speaker");
-            let control: Option<String> = t.req(cx, "control");
+            let speaker: Option<BgpSpeaker> = t.req(cx, "speaker");
+            // gobgpd's API has a well-known default address; BIRD's socket path has none that
+            // fits every distribution, so BIRD's must be given.
+            let control: Option<String> = if speaker == Some(BgpSpeaker::Gobgp) {
+                Some(
+                    t.opt(cx, "control")
+                        .unwrap_or_else(|| DEFAULT_GOBGP_API.to_string()),
+                )
+            } else {
+                t.req(cx, "control")
+            };
             let announce: Option<Vec<IpNet>> = t.req(cx, "announce");
             if let Some(n) = t.node("announce") {
                 if matches!(n.shape(), Shape::Array(items) if items.is_empty()) {
@@ -52,8 +82,26 @@ impl FromNode for Bgp {
                 }
             }
             if let (Some(c), Some(n)) = (&control, t.node("control")) {
-                if c.trim().is_empty() {
-                    cx.error(&n, "expected the path of BIRD's control socket, such as \"/run/bird/bird.ctl\"");
+                match speaker {
+                    Some(BgpSpeaker::Gobgp) if !is_host_port(c) => cx.error(
+                        &n,
+                        "expected gobgpd's gRPC API address as host:port, such as \"127.0.0.1:50051\"",
+                    ),
+                    Some(BgpSpeaker::Bird) if c.trim().is_empty() => cx.error(
+                        &n,
+                        "expected the path of BIRD's control socket, such as \"/run/bird/bird.ctl\"",
+                    ),
+                    _ => {}
+                }
+            }
+            if speaker == Some(BgpSpeaker::Gobgp) {
+                for key in ["include", "interface"] {
+                    if let Some(n) = t.node(key) {
+                        cx.error(
+                            &n,
+                            "only for speaker = \"bird\" (GoBGP's paths are added through its API; a watchdog process withdraws them if Fulcrum dies)",
+                        );
+                    }
                 }
             }
             let include: String = t
@@ -91,5 +139,56 @@ impl FromNode for Bgp {
                 interface,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<crate::Config, Vec<String>> {
+        crate::parse(text, "t.toml", std::path::Path::new("/etc/fulcrum")).map_err(|e| e.messages())
+    }
+
+    #[test]
+    fn gobgp_takes_an_api_address_with_a_default() {
+        let c = parse("[bgp]\nspeaker = \"gobgp\"\nannounce = [\"2001:db8::10/128\"]\n")
+            .expect("parses");
+        let b = c.bgp.expect("[bgp]");
+        assert_eq!(
+            (b.speaker, b.control.as_str()),
+            (BgpSpeaker::Gobgp, "127.0.0.1:50051")
+        );
+        for ok in ["[::1]:50051", "localhost:50051", "10.0.0.1:1"] {
+            let text = format!(
+                "[bgp]\nspeaker = \"gobgp\"\ncontrol = \"{ok}\"\nannounce = [\"10.0.0.1/32\"]\n"
+            );
+            assert_eq!(parse(&text).expect(ok).bgp.expect("bgp").control, ok);
+        }
+        for bad in ["/run/gobgpd.sock", "127.0.0.1", "::1:50051", "host:0", ""] {
+            let text = format!(
+                "[bgp]\nspeaker = \"gobgp\"\ncontrol = \"{bad}\"\nannounce = [\"10.0.0.1/32\"]\n"
+            );
+            let e = parse(&text).expect_err(bad).join("\n");
+            assert!(
+                e.contains(
+                    "t.toml:3:1: bgp.control: expected gobgpd's gRPC API address as host:port"
+                ),
+                "{bad}: {e}"
+            );
+        }
+        let e =
+            parse("[bgp]\nspeaker = \"gobgp\"\nannounce = [\"10.0.0.1/32\"]\ninterface = \"x\"\n")
+                .expect_err("interface")
+                .join("\n");
+        assert!(
+            e.contains("bgp.interface: only for speaker = \"bird\""),
+            "{e}"
+        );
+        // BIRD's socket has no default.
+        let e = parse("[bgp]\nspeaker = \"bird\"\nannounce = [\"10.0.0.1/32\"]\n")
+            .expect_err("no control")
+            .join("\n");
+        assert!(e.contains("bgp: missing required key `control`"), "{e}");
     }
 }

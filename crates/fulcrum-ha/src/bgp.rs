@@ -1,8 +1,9 @@
-//! Scale-out (active-active): announce the VIP prefixes through a local BIRD 2 while this node
-//! can serve them, and withdraw them when it cannot, when it is put in maintenance, and when it
-//! stops — however it stops.
+//! Scale-out (active-active): announce the VIP prefixes through a local BIRD 2 (this file) or
+//! GoBGP (gobgp.rs) while this node can serve them, and withdraw them when it cannot, when it
+//! is put in maintenance, and when it stops — however it stops. One announcer loop (`run`)
+//! decides; a `SpeakerOps` per daemon makes its daemon agree.
 //!
-//! The design, and why:
+//! The BIRD design, and why:
 //! - Fulcrum owns one BIRD configuration fragment (`bgp.include`), which the operator's
 //!   bird.conf includes once: a `protocol static fulcrum4` (and `fulcrum6`) listing the prefixes
 //!   announced now. A change rewrites the file atomically and sends `configure`; BIRD compares
@@ -26,6 +27,7 @@
 //! configuration file is still kept current so it starts with the right prefixes.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -43,7 +45,7 @@ use tokio::sync::Notify;
 /// How long one exchange with BIRD may take before the connection is dropped and retried.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the BGP sessions' states are read for the API.
-const SESSIONS_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const SESSIONS_EVERY: Duration = Duration::from_secs(2);
 /// A reply longer than this is refused (BIRD's longest replies are route dumps we never ask for).
 const MAX_REPLY_LINES: usize = 10_000;
 
@@ -346,23 +348,68 @@ fn set_up(name: &str) -> io::Result<()> {
     Ok(())
 }
 
+pub mod gobgp;
+
+/// Which daemon announces, and how to reach it (from `[bgp]`).
+#[derive(Debug, Clone)]
+pub enum SpeakerConfig {
+    Bird {
+        /// BIRD's control socket.
+        control: PathBuf,
+        /// The fragment Fulcrum writes.
+        include: PathBuf,
+        /// The liveness interface.
+        interface: String,
+    },
+    Gobgp {
+        /// gobgpd's gRPC API (host:port).
+        address: String,
+        /// The process that withdraws the paths if Fulcrum dies (gobgp.rs).
+        watchdog: Option<gobgp::WatchdogCommand>,
+    },
+}
+
 /// What the announcer runs with (from `[bgp]`).
 #[derive(Debug, Clone)]
 pub struct BgpConfig {
-    /// BIRD's control socket.
-    pub control: PathBuf,
-    /// The fragment Fulcrum writes.
-    pub include: PathBuf,
-    /// The liveness interface.
-    pub interface: String,
-    /// How often health is evaluated (and a lost BIRD retried).
+    pub speaker: SpeakerConfig,
+    /// How often health is evaluated (and a lost speaker retried).
     pub interval: Duration,
 }
 
 /// Each configured prefix and whether this node can serve it now (the binary's health view).
 pub type Desired = Arc<dyn Fn() -> Vec<(IpNet, bool)> + Send + Sync>;
 
-/// A BGP session of the local BIRD, from `show protocols`.
+/// Where a speaker reports a problem (logged once per distinct message, counted, shown).
+pub(crate) type Report<'a> = &'a (dyn Fn(String) + Sync);
+
+/// A local BGP daemon that announces prefixes on Fulcrum's behalf (BIRD, GoBGP). The announcer
+/// loop is the same for every daemon: what to announce is decided here, the speaker only makes
+/// its daemon agree, and tells what it has accepted and who its peers are.
+pub(crate) trait SpeakerOps: Send + 'static {
+    /// `speaker` in the API.
+    const NAME: &'static str;
+    /// Makes the daemon announce exactly `want` (a subset of `configured`), connecting first
+    /// when needed; called every interval, so a daemon that was down catches up.
+    fn announce(
+        &mut self,
+        want: &BTreeSet<IpNet>,
+        configured: &[IpNet],
+        report: Report<'_>,
+    ) -> impl Future<Output = ()> + Send;
+    /// The daemon's BGP sessions (an error drops what was known of them).
+    fn sessions(&mut self) -> impl Future<Output = Result<Vec<Session>, String>> + Send;
+    /// Withdraws everything, for shutdown (the announce of an empty set has been tried first).
+    fn shutdown(&mut self, report: Report<'_>) -> impl Future<Output = ()> + Send;
+    /// What the daemon has accepted (`None` until it is known).
+    fn announced(&self) -> Option<BTreeSet<IpNet>>;
+    /// The last exchange with the daemon worked.
+    fn reachable(&self) -> bool;
+    /// Fills the speaker's own fields of the status.
+    fn describe(&self, status: &mut BgpStatus);
+}
+
+/// A BGP session of the local speaker (BIRD's `show protocols`, GoBGP's ListPeer).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Session {
     pub name: String,
@@ -375,22 +422,29 @@ pub struct PrefixStatus {
     pub prefix: String,
     /// Its services have a healthy member here.
     pub healthy: bool,
-    /// In the fragment BIRD has accepted.
+    /// Accepted by the speaker (in the fragment BIRD has loaded, in gobgpd's RIB).
     pub announced: bool,
 }
 
 /// `GET /api/v1/ha` → `bgp`.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct BgpStatus {
+    /// "bird" or "gobgp".
     pub speaker: &'static str,
+    /// BIRD's control socket or gobgpd's API address.
     pub control: String,
-    pub include: String,
-    /// The control socket answers.
+    /// BIRD: the fragment Fulcrum writes (absent for GoBGP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub include: Option<String>,
+    /// The speaker answers.
     pub reachable: bool,
     pub bird_version: Option<String>,
-    /// Whether the liveness interface exists (routes are only active while it does).
+    /// BIRD: whether the liveness interface exists (routes are only active while it does).
     pub liveness_interface: Option<String>,
-    /// The prefixes BIRD has been told to announce (its `configure` succeeded).
+    /// GoBGP: the process that withdraws the paths if this one dies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog_pid: Option<u32>,
+    /// The prefixes the speaker has accepted to announce.
     pub announced: Vec<String>,
     pub prefixes: Vec<PrefixStatus>,
     pub sessions: Vec<Session>,
@@ -417,18 +471,45 @@ pub struct Announcer {
 impl Announcer {
     /// Starts the announcer task on the current tokio runtime.
     pub fn start(config: BgpConfig, desired: Desired, maintenance: bool) -> Announcer {
+        let (speaker, control, include) = match &config.speaker {
+            SpeakerConfig::Bird {
+                control, include, ..
+            } => (
+                "bird",
+                control.display().to_string(),
+                Some(include.display().to_string()),
+            ),
+            SpeakerConfig::Gobgp { address, .. } => ("gobgp", address.clone(), None),
+        };
         let shared = Arc::new(Shared {
             status: Mutex::new(BgpStatus {
-                speaker: "bird",
-                control: config.control.display().to_string(),
-                include: config.include.display().to_string(),
+                speaker,
+                control,
+                include,
                 ..BgpStatus::default()
             }),
             maintenance: AtomicBool::new(maintenance),
             stopping: AtomicBool::new(false),
             wake: Notify::new(),
         });
-        let task = tokio::spawn(run(config, desired, shared.clone()));
+        let task = match config.speaker {
+            SpeakerConfig::Bird {
+                control,
+                include,
+                interface,
+            } => tokio::spawn(run(
+                Bird::new(control, include, interface),
+                config.interval,
+                desired,
+                shared.clone(),
+            )),
+            SpeakerConfig::Gobgp { address, watchdog } => tokio::spawn(run(
+                gobgp::Gobgp::new(address, watchdog),
+                config.interval,
+                desired,
+                shared.clone(),
+            )),
+        };
         Announcer {
             shared,
             task: Mutex::new(Some(task)),
@@ -449,8 +530,8 @@ impl Announcer {
         self.shared.wake.notify_one();
     }
 
-    /// Withdraws every prefix (tells BIRD, then closes the liveness interface), waiting at most
-    /// a few seconds for BIRD.
+    /// Withdraws every prefix (tells the speaker, then lets go of the liveness interface or
+    /// watchdog), waiting at most a few seconds for the daemon.
     pub async fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::Release);
         self.shared.wake.notify_one();
@@ -471,7 +552,7 @@ impl Shared {
     fn error(&self, e: String) {
         let mut s = self.status.lock();
         if s.last_error.as_deref() != Some(e.as_str()) {
-            tracing::warn!(error = %e, "BGP (BIRD)");
+            tracing::warn!(error = %e, speaker = s.speaker, "BGP");
         }
         s.last_error = Some(e);
         s.last_error_at_ms = Some(now_ms());
@@ -532,115 +613,194 @@ async fn configure(client: &mut BirdClient) -> Result<(), ConfigureError> {
     Ok(())
 }
 
-async fn run(config: BgpConfig, desired: Desired, shared: Arc<Shared>) {
-    let mut client: Option<BirdClient> = None;
-    let mut link: Option<LivenessLink> = None;
-    // What BIRD has accepted; `None` until the first successful configure on a connection.
-    let mut applied: Option<BTreeSet<IpNet>> = None;
-    // What the file says.
-    let mut written: Option<BTreeSet<IpNet>> = None;
+/// The BIRD speaker: the fragment, the control connection, the liveness interface.
+struct Bird {
+    control: PathBuf,
+    include: PathBuf,
+    interface: String,
+    client: Option<BirdClient>,
+    version: Option<String>,
+    link: Option<LivenessLink>,
+    /// What BIRD has accepted; `None` until the first successful configure on a connection.
+    applied: Option<BTreeSet<IpNet>>,
+    /// What the file says.
+    written: Option<BTreeSet<IpNet>>,
+    reachable: bool,
+}
+
+impl Bird {
+    fn new(control: PathBuf, include: PathBuf, interface: String) -> Bird {
+        Bird {
+            control,
+            include,
+            interface,
+            client: None,
+            version: None,
+            link: None,
+            applied: None,
+            written: None,
+            reachable: false,
+        }
+    }
+}
+
+impl SpeakerOps for Bird {
+    const NAME: &'static str = "bird";
+
+    async fn announce(
+        &mut self,
+        want: &BTreeSet<IpNet>,
+        _configured: &[IpNet],
+        report: Report<'_>,
+    ) {
+        if self.written.as_ref() != Some(want) {
+            match write_atomically(&self.include, &render(&self.interface, want)) {
+                Ok(()) => self.written = Some(want.clone()),
+                Err(e) => report(format!("cannot write {}: {e}", self.include.display())),
+            }
+        }
+        if self.client.is_none() {
+            match BirdClient::connect(&self.control).await {
+                Ok(c) => {
+                    tracing::info!(control = %self.control.display(), version = %c.version, "BGP: connected to BIRD");
+                    self.version = Some(c.version.clone());
+                    self.client = Some(c);
+                    self.applied = None;
+                }
+                Err(e) => {
+                    self.reachable = false;
+                    report(format!("BIRD control socket {e}"));
+                }
+            }
+        }
+        if let Some(c) = self.client.as_mut() {
+            self.reachable = true;
+            if self.written.as_ref() == Some(want) && self.applied.as_ref() != Some(want) {
+                match configure(c).await {
+                    Ok(()) => self.applied = Some(want.clone()),
+                    Err(ConfigureError::Refused(e)) => report(e),
+                    Err(ConfigureError::Connection(e)) => {
+                        report(e);
+                        self.reachable = false;
+                        self.client = None;
+                    }
+                }
+            }
+        }
+        // The liveness interface comes after the first decision is written: a fragment
+        // left by an earlier process must not come back to life before this one has
+        // judged it.
+        if self.link.is_none() && self.written.is_some() {
+            match LivenessLink::create(&self.interface) {
+                Ok(l) => self.link = Some(l),
+                Err(e) => report(format!(
+                    "cannot create the liveness interface {} (TUN): {e}",
+                    self.interface
+                )),
+            }
+        }
+    }
+
+    async fn sessions(&mut self) -> Result<Vec<Session>, String> {
+        let Some(c) = self.client.as_mut() else {
+            return Err("BIRD not connected".to_string());
+        };
+        match c.command("show protocols").await {
+            Ok(r) => Ok(sessions(&r)),
+            Err(e) => {
+                self.reachable = false;
+                self.client = None;
+                Err(e)
+            }
+        }
+    }
+
+    async fn shutdown(&mut self, _report: Report<'_>) {
+        // Withdrawn in BIRD (when it answered); closing the interface withdraws anyway.
+        drop(self.link.take());
+    }
+
+    fn announced(&self) -> Option<BTreeSet<IpNet>> {
+        self.applied.clone()
+    }
+
+    fn reachable(&self) -> bool {
+        self.reachable
+    }
+
+    fn describe(&self, status: &mut BgpStatus) {
+        status.bird_version = self.version.clone();
+        status.liveness_interface = self.link.as_ref().map(|l| l.name.clone());
+    }
+}
+
+async fn run<S: SpeakerOps>(
+    mut speaker: S,
+    interval: Duration,
+    desired: Desired,
+    shared: Arc<Shared>,
+) {
+    let report = |e: String| shared.error(e);
     let mut sessions_at = tokio::time::Instant::now();
+    let mut last: Option<BTreeSet<IpNet>> = None;
     loop {
         let stopping = shared.stopping.load(Ordering::Acquire);
         let maintenance = shared.maintenance.load(Ordering::Acquire);
         let view = desired();
+        let configured: Vec<IpNet> = view.iter().map(|(p, _)| *p).collect();
         let want: BTreeSet<IpNet> = if stopping || maintenance {
             BTreeSet::new()
         } else {
             view.iter().filter(|(_, h)| *h).map(|(p, _)| *p).collect()
         };
-        if written.as_ref() != Some(&want) {
-            match write_atomically(&config.include, &render(&config.interface, &want)) {
-                Ok(()) => written = Some(want.clone()),
-                Err(e) => shared.error(format!("cannot write {}: {e}", config.include.display())),
+        speaker.announce(&want, &configured, &report).await;
+        if speaker.reachable() && !stopping && sessions_at.elapsed() >= SESSIONS_EVERY {
+            sessions_at = tokio::time::Instant::now();
+            match speaker.sessions().await {
+                Ok(s) => shared.status.lock().sessions = s,
+                Err(e) => shared.error(e),
             }
         }
-        if client.is_none() {
-            match BirdClient::connect(&config.control).await {
-                Ok(c) => {
-                    tracing::info!(control = %config.control.display(), version = %c.version, "BGP: connected to BIRD");
-                    shared.status.lock().bird_version = Some(c.version.clone());
-                    client = Some(c);
-                    applied = None;
-                }
-                Err(e) => {
-                    shared.status.lock().reachable = false;
-                    shared.error(format!("BIRD control socket {e}"));
-                }
+        let announced = speaker.announced();
+        if let (Some(before), Some(now)) = (&last, &announced) {
+            if before != now {
+                shared.status.lock().changes += 1;
             }
         }
-        if let Some(c) = client.as_mut() {
-            let mut ok = true;
-            if written.as_ref() == Some(&want) && applied.as_ref() != Some(&want) {
-                match configure(c).await {
-                    Ok(()) => {
-                        let mut s = shared.status.lock();
-                        if applied.is_some() {
-                            s.changes += 1;
-                        }
-                        tracing::info!(announced = ?want.iter().map(ToString::to_string).collect::<Vec<_>>(), "BGP: announced prefixes changed");
-                        applied = Some(want.clone());
-                    }
-                    Err(ConfigureError::Refused(e)) => shared.error(e),
-                    Err(ConfigureError::Connection(e)) => {
-                        ok = false;
-                        shared.error(e);
-                    }
-                }
-            }
-            if ok && !stopping && sessions_at.elapsed() >= SESSIONS_EVERY {
-                sessions_at = tokio::time::Instant::now();
-                match c.command("show protocols").await {
-                    Ok(r) => shared.status.lock().sessions = sessions(&r),
-                    Err(e) => {
-                        ok = false;
-                        shared.error(e);
-                    }
-                }
-            }
-            let mut s = shared.status.lock();
-            s.reachable = ok;
-            if !ok {
-                // What BIRD said about its sessions is no longer known.
-                s.sessions.clear();
-                client = None;
-            }
-        }
-        // The liveness interface comes after the first decision is written: a fragment left by
-        // an earlier process must not come back to life before this one has judged it.
-        if link.is_none() && !stopping && written.is_some() {
-            match LivenessLink::create(&config.interface) {
-                Ok(l) => {
-                    shared.status.lock().liveness_interface = Some(l.name.clone());
-                    link = Some(l);
-                }
-                Err(e) => shared.error(format!(
-                    "cannot create the liveness interface {} (TUN): {e}",
-                    config.interface
-                )),
-            }
+        if announced.is_some() && announced != last {
+            tracing::info!(speaker = S::NAME, announced = ?announced.iter().flatten().map(ToString::to_string).collect::<Vec<_>>(), "BGP: announced prefixes changed");
+            last = announced.clone();
         }
         {
             let mut s = shared.status.lock();
-            s.announced = applied.iter().flatten().map(ToString::to_string).collect();
+            s.reachable = speaker.reachable();
+            if !s.reachable {
+                // What the speaker said about its sessions is no longer known.
+                s.sessions.clear();
+            }
+            speaker.describe(&mut s);
+            s.announced = announced
+                .iter()
+                .flatten()
+                .map(ToString::to_string)
+                .collect();
             s.prefixes = view
                 .iter()
                 .map(|(p, h)| PrefixStatus {
                     prefix: p.to_string(),
                     healthy: *h,
-                    announced: applied.as_ref().is_some_and(|a| a.contains(p)),
+                    announced: announced.as_ref().is_some_and(|a| a.contains(p)),
                 })
                 .collect();
         }
         if stopping {
-            // Withdrawn in BIRD (when it answered); closing the interface withdraws anyway.
-            drop(link.take());
-            shared.status.lock().liveness_interface = None;
-            tracing::info!("BGP: prefixes withdrawn for shutdown");
+            speaker.shutdown(&report).await;
+            speaker.describe(&mut shared.status.lock());
+            tracing::info!(speaker = S::NAME, "BGP: prefixes withdrawn for shutdown");
             return;
         }
         tokio::select! {
-            _ = tokio::time::sleep(config.interval) => {}
+            _ = tokio::time::sleep(interval) => {}
             _ = shared.wake.notified() => {}
         }
     }

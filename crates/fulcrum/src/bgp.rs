@@ -1,4 +1,4 @@
-//! `[bgp]`: scale-out (active-active). Runs fulcrum-ha's BIRD announcer with this node's view of
+//! `[bgp]`: scale-out (active-active). Runs fulcrum-ha's announcer (BIRD or GoBGP) with this node's view of
 //! which prefixes it can serve: a prefix is announced while one of the virtual services listening
 //! in it (on an address inside it, or on the wildcard of its family; XDP services included, they
 //! are virtual services with a `listen` too) has a member that takes new clients. Part of the HA
@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use fulcrum_admin::{Control, MetricsWriter};
 use fulcrum_config::{Bgp, BgpSpeaker, Config, ConfigError, HaMode, RuleAction, VirtualService};
-use fulcrum_ha::bgp::{Announcer, BgpConfig, Desired};
+use fulcrum_ha::bgp::gobgp::WatchdogCommand;
+use fulcrum_ha::bgp::{Announcer, BgpConfig, Desired, SpeakerConfig};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
@@ -53,12 +54,6 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
         errors.push(config.locations.error(
             "ha.mode",
             "[bgp] makes every node serve the VIPs at once: set mode = \"active_active\" (VRRP active_standby and BGP announcement do not combine in this build)",
-        ));
-    }
-    if bgp.speaker == BgpSpeaker::Gobgp {
-        errors.push(config.locations.error(
-            "bgp.speaker",
-            "speaker = \"gobgp\" is not supported by this build (driving gobgpd through its gRPC API is not built yet); use speaker = \"bird\"",
         ));
     }
     for (i, prefix) in bgp.announce.iter().enumerate() {
@@ -135,13 +130,65 @@ pub fn start<C: Control>(bgp: &Bgp, maintenance: bool, control: Weak<C>) -> Anno
     if maintenance {
         tracing::warn!("BGP: starting in maintenance (saved in admin.state_file): nothing is announced; PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
     }
+    let speaker = match bgp.speaker {
+        BgpSpeaker::Bird => SpeakerConfig::Bird {
+            control: PathBuf::from(&bgp.control),
+            include: PathBuf::from(&bgp.include),
+            interface: bgp.interface.clone(),
+        },
+        BgpSpeaker::Gobgp => SpeakerConfig::Gobgp {
+            address: bgp.control.clone(),
+            // This binary again (through /proc/self/exe: still this build after a package
+            // upgrade replaced the file), as `fulcrum bgp-watchdog` (main.rs).
+            watchdog: Some(WatchdogCommand {
+                program: PathBuf::from("/proc/self/exe"),
+                args: vec![
+                    "bgp-watchdog".into(),
+                    "--address".into(),
+                    bgp.control.clone(),
+                ],
+            }),
+        },
+    };
     let config = BgpConfig {
-        control: PathBuf::from(&bgp.control),
-        include: PathBuf::from(&bgp.include),
-        interface: bgp.interface.clone(),
+        speaker,
         interval: INTERVAL,
     };
     Announcer::start(config, desired(control), maintenance)
+}
+
+/// `fulcrum bgp-watchdog` (started by the GoBGP speaker, fulcrum_ha::bgp::gobgp): reads the
+/// UUID lines on stdin and withdraws them from gobgpd when stdin ends.
+pub fn run_watchdog(address: &str) -> std::process::ExitCode {
+    // It ends when its work is done, not on a signal: when Fulcrum dies under systemd, the unit
+    // stops and systemd sends SIGTERM to what is left of its cgroup — this process, which must
+    // withdraw first (it then exits by itself within WATCHDOG_PATIENCE, well inside the unit's
+    // stop timeout). A terminal's SIGINT does not reach it anyway (own process group).
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler; nothing else in
+    // this process has touched signal dispositions yet (no runtime exists).
+    unsafe {
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bgp-watchdog: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    match rt.block_on(fulcrum_ha::bgp::gobgp::watchdog(address, stdin)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "BGP watchdog: Fulcrum is gone but its paths could not be withdrawn");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// `/api/v1/ha` of an active-active node.
@@ -174,7 +221,7 @@ pub fn metrics(a: &Announcer, w: &mut MetricsWriter) {
     w.family(
         "fulcrum_bgp_speaker_up",
         "gauge",
-        "1 while the BGP speaker's control socket (BIRD) answers.",
+        "1 while the BGP speaker answers (BIRD's control socket, gobgpd's gRPC API).",
     );
     w.sample("fulcrum_bgp_speaker_up", &[], flag(s.reachable));
     w.family(
@@ -186,7 +233,7 @@ pub fn metrics(a: &Announcer, w: &mut MetricsWriter) {
     w.family(
         "fulcrum_bgp_prefix_announced",
         "gauge",
-        "1 while the prefix is announced (BIRD accepted the configuration).",
+        "1 while the prefix is announced (BIRD accepted the configuration, the path is in gobgpd's RIB).",
     );
     for p in &s.prefixes {
         w.sample(
@@ -265,7 +312,7 @@ mod tests {
     const SERVICE: &str = "[[virtual_service]]\nname = \"w\"\nlisten = [\"198.51.100.10:80\"]\nprotocol = \"tcp\"\npool = \"p\"\n[[pool]]\nname = \"p\"\n[[pool.member]]\naddress = \"10.0.0.1:80\"\n";
 
     #[test]
-    fn checks_tie_bgp_to_active_active_services_and_bird() {
+    fn checks_tie_bgp_to_active_active_services_and_a_speaker() {
         let bgp = |speaker: &str, prefix: &str| {
             format!("[bgp]\nspeaker = \"{speaker}\"\ncontrol = \"/run/bird/bird.ctl\"\nannounce = [\"{prefix}\"]\n{SERVICE}")
         };
@@ -278,11 +325,14 @@ mod tests {
             check(&format!("{aa}{}", bgp("bird", "198.51.100.0/24"))),
             Vec::<String>::new()
         );
-        let e = check(&bgp("gobgp", "198.51.100.11/32")).join("\n");
-        assert!(
-            e.contains("bgp.speaker: speaker = \"gobgp\" is not supported"),
-            "{e}"
+        // GoBGP: control defaults to gobgpd's API address.
+        assert_eq!(
+            check(&format!(
+                "[bgp]\nspeaker = \"gobgp\"\nannounce = [\"198.51.100.10/32\"]\n{SERVICE}"
+            )),
+            Vec::<String>::new()
         );
+        let e = check(&bgp("bird", "198.51.100.11/32")).join("\n");
         assert!(
             e.contains(
                 "bgp.announce[0]: 198.51.100.11/32 contains no virtual service's listen address"

@@ -101,6 +101,13 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
+    /// Started by `fulcrum run` with `[bgp] speaker = "gobgp"`: withdraws the paths named on
+    /// stdin from gobgpd when stdin closes (the parent is gone). Not for interactive use.
+    #[command(hide = true)]
+    BgpWatchdog {
+        #[arg(long)]
+        address: String,
+    },
 }
 
 fn init_logging() {
@@ -155,5 +162,9 @@ fn main() -> ExitCode {
         Command::Member { action, target } => cli::report(cli::member(&target, &action)),
         Command::Reload { target } => cli::report(cli::reload(&target)),
         Command::Top { target } => cli::report(top::run(&target)),
+        Command::BgpWatchdog { address } => {
+            init_logging();
+            bgp::run_watchdog(&address)
+        }
     }
 }
