@@ -15,9 +15,12 @@ mod link;
 mod message;
 mod reader;
 mod schema;
+mod service;
 mod snmp;
+mod tcp;
 mod tls;
 mod types;
+mod udp;
 mod validate;
 
 pub use validate::{DNS_QUERY_TYPES, DNS_RCODES};
@@ -35,8 +38,8 @@ pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
-    AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
-    StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,
+    AccessLog, ForwardHeaders, GslbRedirect, HttpOptions, HttpPoolOptions, HttpSection, LogFormat,
+    SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS, HTTP_SECTION_KEYS,
 };
 pub use link::{
     parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
@@ -46,11 +49,14 @@ pub use link::{
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
+pub use service::{ServiceKind, StreamOptions, VirtualService, STREAM_KEYS};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
-pub use tls::{ClientAuth, TlsOptions, TlsVersion, ALPN_PROTOCOLS};
+pub use tcp::TcpSection;
+pub use tls::{ClientAuth, TlsOptions, TlsTermination, TlsVersion, ALPN_PROTOCOLS, TLS_KEYS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };
+pub use udp::{UdpMode, UdpSection, DEFAULT_MAX_SESSIONS, UDP_KEYS};
 pub use validate::{site_monitor_port, CONTINENTS};
 
 /// Reads, parses and validates a configuration file.
@@ -122,18 +128,22 @@ fn resolve_paths(config: &mut Config, base: &Path) {
     };
     fix(&mut config.admin.token_file);
     for vs in &mut config.virtual_services {
-        if let Some(log) = &mut vs.http.access_log {
-            fix(&mut log.path);
-        }
-        for t in &mut vs.tls {
-            fix(&mut t.cert);
-            fix(&mut t.key);
-            if let Some(o) = &mut t.ocsp {
-                fix(o);
+        if let ServiceKind::Http(h) = &mut vs.kind {
+            if let Some(log) = &mut h.options.access_log {
+                fix(&mut log.path);
             }
         }
-        if let Some(ca) = &mut vs.tls_options.client_ca {
-            fix(ca);
+        if let Some(tls) = vs.tls_mut() {
+            for t in &mut tls.certs {
+                fix(&mut t.cert);
+                fix(&mut t.key);
+                if let Some(o) = &mut t.ocsp {
+                    fix(o);
+                }
+            }
+            if let Some(ca) = &mut tls.options.client_ca {
+                fix(ca);
+            }
         }
     }
     for pool in &mut config.pools {

@@ -100,6 +100,18 @@ impl<'s> Cx<'s> {
         self.error_at(node.span.clone(), &node.path, message);
     }
 
+    /// An error at a key path read earlier, placed where that key (or its closest read
+    /// ancestor) stands: for the checks a section runs once its keys are read.
+    pub fn error_path(&mut self, path: &str, message: impl Into<String>) {
+        let e = self.locations.error(path, message);
+        self.errors.push(e);
+    }
+
+    /// Whether the key path was written in the file (and read so far).
+    pub fn written(&self, path: &str) -> bool {
+        self.locations.contains(path)
+    }
+
     fn locate(&mut self, node: &Node<'_>) {
         if let Some(span) = &node.span {
             let pos = self.position(span.start);
@@ -270,6 +282,25 @@ impl<'a> TableReader<'a> {
 
     pub fn has(&self, key: &str) -> bool {
         self.entries.iter().any(|(k, _)| *k == key)
+    }
+
+    /// Whether a reader asked for the key (read it, or declared it known).
+    pub fn asked(&self, key: &str) -> bool {
+        self.asked.contains(&key)
+    }
+
+    /// Declares a key known without reading it, so that `finish` does not call it unknown and
+    /// suggests it for near misses (e.g. the keys of a variant that failed to read).
+    pub fn known(&mut self, key: &'static str) {
+        self.asked.push(key);
+    }
+
+    /// Refuses a key that belongs to another variant of the table (e.g. a key of another
+    /// protocol in a virtual service): the error stands at the key, and `finish` leaves it be.
+    pub fn reject(&mut self, cx: &mut Cx<'_>, key: &'static str, message: impl Into<String>) {
+        if let Some(node) = self.node(key) {
+            cx.error(&node, message);
+        }
     }
 
     /// The raw node of a key, for values whose type depends on their shape.

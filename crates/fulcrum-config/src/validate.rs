@@ -1,5 +1,6 @@
-//! Checks that need the whole config: references between sections, duplicates, and keys that only
-//! make sense for some protocols.
+//! Checks that need the whole config: references between sections, duplicates, shared listening
+//! addresses, and which protocols use a pool or a persistence profile. What a single section can
+//! check is checked where it is read.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -60,37 +61,6 @@ impl Checker<'_> {
                 );
             }
         }
-    }
-
-    /// A key only some protocols use, written for a service of another protocol.
-    fn only_for(&mut self, vs: usize, key: &str, protocol: Protocol, allowed: &[Protocol]) {
-        let path = format!("virtual_service[{vs}].{key}");
-        if self.loc.contains(&path) && !allowed.contains(&protocol) {
-            let names: Vec<&str> = allowed.iter().map(|p| p.as_str()).collect();
-            self.err(
-                &path,
-                format!(
-                    "`{key}` applies to protocol {}; this service is {protocol}",
-                    names.join(" / ")
-                ),
-            );
-        }
-    }
-}
-
-fn regex_ok(c: &mut Checker<'_>, path: &str, pattern: &str) {
-    if let Err(e) = regex::Regex::new(pattern) {
-        let first = e
-            .to_string()
-            .lines()
-            .last()
-            .unwrap_or("invalid")
-            .trim()
-            .to_string();
-        c.err(
-            path,
-            format!("invalid regular expression {pattern:?}: {first}"),
-        );
     }
 }
 
@@ -208,11 +178,9 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
 
     for (i, vs) in cfg.virtual_services.iter().enumerate() {
         let at = |k: &str| format!("virtual_service[{i}].{k}");
-        if vs.listen.is_empty() {
-            c.err(&at("listen"), "at least one address is required");
-        }
+        let protocol = vs.protocol();
         for (j, addr) in vs.listen.iter().enumerate() {
-            let owners = if vs.protocol.is_datagram() {
+            let owners = if protocol.is_datagram() {
                 &mut dgram_owner
             } else {
                 &mut stream_owner
@@ -225,19 +193,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 );
             }
         }
-        match &vs.pool {
-            Some(p) => {
-                c.reference(&at("pool"), "pool", "pool", p, pool_names.clone());
-                protocols_of_pool
-                    .entry(p.as_str())
-                    .or_default()
-                    .push(vs.protocol);
-            }
-            None if !vs.protocol.is_http() => c.err(
-                &format!("virtual_service[{i}]"),
-                format!("missing required key `pool` (protocol {})", vs.protocol),
-            ),
-            None => {}
+        if let Some(p) = &vs.pool {
+            c.reference(&at("pool"), "pool", "pool", p, pool_names.clone());
+            protocols_of_pool
+                .entry(p.as_str())
+                .or_default()
+                .push(protocol);
         }
         if let Some(p) = &vs.persistence {
             c.reference(
@@ -253,160 +214,28 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                     PersistenceKind::CookieInsert
                     | PersistenceKind::CookiePassive
                     | PersistenceKind::CookieRewrite
-                    | PersistenceKind::Header => vs.protocol.is_http(),
-                    PersistenceKind::Radius => vs.protocol == Protocol::Udp,
+                    | PersistenceKind::Header => protocol.is_http(),
+                    PersistenceKind::Radius => protocol == Protocol::Udp,
                 };
                 if !ok {
                     c.err(
                         &at("persistence"),
                         format!(
-                            "persistence {p:?} is of type {}, which does not apply to protocol {}",
-                            prof.kind, vs.protocol
+                            "persistence {p:?} is of type {}, which does not apply to protocol {protocol}",
+                            prof.kind
                         ),
                     );
                 }
             }
         }
-        use Protocol::*;
-        c.only_for(i, "rule", vs.protocol, &[Http, Https]);
-        c.only_for(i, "compression", vs.protocol, &[Http, Https]);
-        c.only_for(i, "cache", vs.protocol, &[Http, Https]);
-        c.only_for(i, "tcp", vs.protocol, &[Tcp, Http, Https, Message]);
-        c.only_for(i, "tls", vs.protocol, &[Https, Tcp, Message]);
-        c.only_for(i, "tls_options", vs.protocol, &[Https, Tcp, Message]);
-        if vs.protocol.is_http() {
-            for (j, p) in vs.tls_options.alpn.iter().enumerate() {
-                if !crate::tls::ALPN_PROTOCOLS.contains(&p.as_str()) {
-                    c.err(
-                        &at(&format!("tls_options.alpn[{j}]")),
-                        format!("unknown ALPN protocol {p:?}; expected h2 or http/1.1"),
-                    );
-                }
-            }
-        }
-        if matches!(vs.protocol, Tcp | Message)
-            && vs.tls.is_empty()
-            && cfg.locations.contains(&at("tls_options"))
-        {
-            c.err(
-                &at("tls_options"),
-                format!(
-                    "`tls_options` needs `tls` (the certificates) on a {} service",
-                    vs.protocol
-                ),
-            );
-        }
-        c.only_for(
-            i,
-            "proxy_protocol",
-            vs.protocol,
-            &[Tcp, Message, Http, Https],
-        );
-        c.only_for(i, "udp_mode", vs.protocol, &[Udp]);
-        c.only_for(i, "session_timeout", vs.protocol, &[Udp]);
-        c.only_for(i, "max_sessions", vs.protocol, &[Udp]);
-        if vs.max_sessions == 0 {
-            c.err(&at("max_sessions"), "must be at least 1");
-        }
-        if vs.protocol == Udp && vs.session_timeout.is_zero() {
-            c.err(&at("session_timeout"), "must be longer than 0s");
-        }
-        c.only_for(i, "framing", vs.protocol, &[Message]);
-        c.only_for(i, "message_mode", vs.protocol, &[Message]);
-        c.only_for(i, "sequence", vs.protocol, &[Message]);
-        for key in crate::http::HTTP_SERVICE_KEYS {
-            c.only_for(i, key, vs.protocol, &[Http, Https]);
-        }
-        for key in crate::forwarding::FORWARDING_KEYS {
-            c.only_for(i, key, vs.protocol, &[Tcp, Udp]);
-        }
-        if matches!(vs.protocol, Tcp | Udp) {
-            let mut errs = Vec::new();
-            let has_interfaces = c.loc.contains(&at("interfaces"));
-            crate::forwarding::check_service(
-                &format!("virtual_service[{i}]"),
-                &vs.forwarding,
-                has_interfaces,
-                &mut errs,
-            );
-            for (path, msg) in errs {
-                c.err(&path, msg);
-            }
-        }
-        if vs.protocol.is_http() {
-            let mut errs = Vec::new();
-            crate::http::check_service(&format!("virtual_service[{i}]"), &vs.http, &mut errs);
-            for (path, msg) in errs {
-                c.err(&path, msg);
-            }
-        }
-        if vs.protocol == Https && vs.tls.is_empty() {
-            c.err(
-                &format!("virtual_service[{i}]"),
-                "protocol https needs `tls` with at least one certificate",
-            );
-        }
-        if vs.sequence.is_some() && vs.message_mode == crate::MessageMode::Sync {
-            c.err(
-                &at("sequence"),
-                "`sequence` pairs pipelined responses: it needs message_mode = \"async\"",
-            );
-        }
-        if vs.idle_timeout.is_zero() {
-            c.err(&at("idle_timeout"), "must be longer than 0s");
-        }
-        for (r, rule) in vs.rules.iter().enumerate() {
-            let rp = |k: &str| format!("virtual_service[{i}].rule[{r}].{k}");
+        for (r, rule) in vs.rules().iter().enumerate() {
             if let RuleAction::Pool(p) = &rule.action {
-                c.reference(&rp("pool"), "pool", "pool", p, pool_names.clone());
+                let path = format!("virtual_service[{i}].rule[{r}].pool");
+                c.reference(&path, "pool", "pool", p, pool_names.clone());
                 protocols_of_pool
                     .entry(p.as_str())
                     .or_default()
-                    .push(vs.protocol);
-            }
-            if let Some(re) = &rule.path_regex {
-                regex_ok(&mut c, &rp("path_regex"), re);
-            }
-            if let Some(re) = &rule.user_agent {
-                regex_ok(&mut c, &rp("user_agent"), re);
-            }
-            for (key, map) in [
-                ("header", &rule.header),
-                ("cookie", &rule.cookie),
-                ("query", &rule.query),
-            ] {
-                for (name, re) in &map.0 {
-                    regex_ok(&mut c, &format!("{}.{name}", rp(key)), re);
-                }
-            }
-            if let Some(rw) = &rule.rewrite_path {
-                regex_ok(&mut c, &rp("rewrite_path.regex"), &rw.regex);
-            }
-            let mut errs = Vec::new();
-            crate::http::check_rule_edits(
-                &format!("virtual_service[{i}].rule[{r}]"),
-                rule,
-                &mut errs,
-            );
-            for (path, msg) in errs {
-                c.err(&path, msg);
-            }
-            if let Some(h) = &rule.host {
-                let bare = h.strip_prefix("*.").unwrap_or(h);
-                if bare.is_empty() || bare.contains(['*', '/', ' ']) {
-                    c.err(
-                        &rp("host"),
-                        format!("{h:?} is not a host name or a \"*.domain\" wildcard"),
-                    );
-                }
-            }
-            for m in &rule.method {
-                if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase() || b == b'-') {
-                    c.err(
-                        &rp("method"),
-                        format!("{m:?} is not an HTTP method (upper case, e.g. \"GET\")"),
-                    );
-                }
+                    .push(protocol);
             }
         }
     }
@@ -840,49 +669,9 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
     }
     let gslb_names = cfg.gslb.names.iter().map(|n| n.fqdn.as_str());
     for (i, vs) in cfg.virtual_services.iter().enumerate() {
-        let at = format!("virtual_service[{i}].gslb_redirect");
-        if let Some(name) = &vs.gslb_redirect {
-            if !vs.protocol.is_http() {
-                c.err(
-                    &at,
-                    format!(
-                        "`gslb_redirect` applies to protocol http / https; this service is {}",
-                        vs.protocol
-                    ),
-                );
-            }
-            c.reference(&at, "gslb.name", "gslb.name", name, gslb_names.clone());
-        } else if vs.gslb_redirect_threshold.is_some() {
-            c.err(
-                &format!("virtual_service[{i}].gslb_redirect_threshold"),
-                "`gslb_redirect_threshold` needs `gslb_redirect`",
-            );
-        }
-    }
-
-    for (i, vs) in cfg.virtual_services.iter().enumerate() {
-        let at = format!("virtual_service[{i}].snat");
-        if vs.snat.is_empty() {
-            continue;
-        }
-        if vs.protocol.is_datagram() {
-            c.err(
-                &at,
-                format!(
-                    "`snat` applies to protocol tcp, http, https and message; this service is {}",
-                    vs.protocol
-                ),
-            );
-        }
-        for (j, ip) in vs.snat.iter().enumerate() {
-            if ip.is_unspecified() || ip.is_multicast() {
-                c.err(
-                    &format!("{at}[{j}]"),
-                    format!("{ip} cannot be a source address; expected an address of this host"),
-                );
-            } else if vs.snat[..j].contains(ip) {
-                c.err(&format!("{at}[{j}]"), format!("{ip} is listed twice"));
-            }
+        if let Some(r) = vs.as_http().and_then(|h| h.gslb_redirect.as_ref()) {
+            let at = format!("virtual_service[{i}].gslb_redirect");
+            c.reference(&at, "gslb.name", "gslb.name", &r.name, gslb_names.clone());
         }
     }
 
