@@ -446,18 +446,15 @@ fn regex_ok(cx: &mut Cx<'_>, path: &str, pattern: &str) {
     }
 }
 
-pub(crate) fn check_pool(path: &str, o: &HttpPoolOptions, errors: &mut Vec<(String, String)>) {
+pub(crate) fn check_pool(path: &str, o: &HttpPoolOptions, cx: &mut Cx<'_>) {
     if o.response_timeout.is_zero() {
-        errors.push((
-            format!("{path}.response_timeout"),
-            "must be longer than 0s".into(),
-        ));
+        cx.error_path(
+            &format!("{path}.response_timeout"),
+            "must be longer than 0s",
+        );
     }
     if o.idle_timeout.is_zero() {
-        errors.push((
-            format!("{path}.idle_timeout"),
-            "must be longer than 0s".into(),
-        ));
+        cx.error_path(&format!("{path}.idle_timeout"), "must be longer than 0s");
     }
 }
 

@@ -9,10 +9,15 @@ mod bgp;
 mod elastic;
 mod error;
 mod forwarding;
+mod gslb;
 mod ha;
 mod http;
+mod iptable;
 mod link;
 mod message;
+mod monitor;
+mod persistence;
+mod pool;
 mod reader;
 mod schema;
 mod service;
@@ -23,7 +28,7 @@ mod types;
 mod udp;
 mod validate;
 
-pub use validate::{DNS_QUERY_TYPES, DNS_RCODES};
+pub use monitor::{DNS_QUERY_TYPES, DNS_RCODES};
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -41,6 +46,7 @@ pub use http::{
     AccessLog, ForwardHeaders, GslbRedirect, HttpOptions, HttpPoolOptions, HttpSection, LogFormat,
     SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS, HTTP_SECTION_KEYS,
 };
+pub use iptable::CONTINENTS;
 pub use link::{
     parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
     LinkTarget, Outbound, OutboundPersistence, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
@@ -57,7 +63,7 @@ pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };
 pub use udp::{UdpMode, UdpSection, DEFAULT_MAX_SESSIONS, UDP_KEYS};
-pub use validate::{site_monitor_port, CONTINENTS};
+pub use validate::site_monitor_port;
 
 /// Reads, parses and validates a configuration file.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {

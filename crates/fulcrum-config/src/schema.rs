@@ -508,7 +508,7 @@ impl FromNode for Pool {
             let elastic = t.opt(cx, "elastic");
             let path = t.path().to_string();
             crate::elastic::check_pool(elastic.as_ref(), &members, node, &path, cx);
-            Some(Pool {
+            let value = Pool {
                 kind,
                 links,
                 gateways,
@@ -529,7 +529,9 @@ impl FromNode for Pool {
                 tls: t.opt(cx, "tls"),
                 http: crate::http::HttpPoolOptions::read(t, cx),
                 name: name?,
-            })
+            };
+            crate::pool::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -715,7 +717,7 @@ impl FromNode for Monitor {
                     );
                 }
             }
-            Some(Monitor {
+            let value = Monitor {
                 interval: t.opt(cx, "interval").unwrap_or(Duration::from_secs(2)),
                 timeout: t.opt(cx, "timeout").unwrap_or(Duration::from_secs(1)),
                 rise,
@@ -743,7 +745,9 @@ impl FromNode for Monitor {
                 link: crate::link::LinkProbe::read(t, cx),
                 name: name?,
                 kind: kind?,
-            })
+            };
+            crate::monitor::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -850,7 +854,7 @@ impl FromNode for Persistence {
                 );
             }
             let secrets: Option<OneOrMany<String>> = t.opt(cx, "secret");
-            Some(Persistence {
+            let value = Persistence {
                 timeout: t.opt(cx, "timeout"),
                 cookie: t.opt(cx, "cookie").unwrap_or_else(|| "FULCRUM".to_string()),
                 header: t.opt(cx, "header"),
@@ -866,7 +870,9 @@ impl FromNode for Persistence {
                 same_site: t.opt(cx, "same_site"),
                 name: name?,
                 kind: kind?,
-            })
+            };
+            crate::persistence::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -959,12 +965,26 @@ impl FromNode for Zone {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let origin = t.req(cx, "origin");
-            Some(Zone {
+            let value = Zone {
                 file: t.opt::<String>(cx, "file").map(PathBuf::from),
                 records: t.opt(cx, "records").unwrap_or_default(),
                 origin: origin?,
-            })
+            };
+            check_zone(t.path(), &value, cx);
+            Some(value)
         })
+    }
+}
+
+fn check_zone(at: &str, zone: &Zone, cx: &mut Cx<'_>) {
+    if !zone.origin.ends_with('.') {
+        cx.error_path(
+            &format!("{at}.origin"),
+            format!(
+                "{:?} must be fully qualified, ending in a dot: \"{}.\"",
+                zone.origin, zone.origin
+            ),
+        );
     }
 }
 
@@ -985,14 +1005,16 @@ impl FromNode for IpTable {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
-            Some(IpTable {
+            let value = IpTable {
                 cidrs: t.opt(cx, "cidrs").unwrap_or_default(),
                 file: t.opt::<String>(cx, "file").map(PathBuf::from),
                 geoip: t.opt::<String>(cx, "geoip").map(PathBuf::from),
                 countries: t.opt(cx, "countries").unwrap_or_default(),
                 continents: t.opt(cx, "continents").unwrap_or_default(),
                 name: name?,
-            })
+            };
+            crate::iptable::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -1038,7 +1060,7 @@ impl FromNode for Gslb {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let d = Gslb::default();
-            Some(Gslb {
+            let value = Gslb {
                 sites: t.opt(cx, "site").unwrap_or_default(),
                 names: t.opt(cx, "name").unwrap_or_default(),
                 local_site: t.opt(cx, "local_site"),
@@ -1049,7 +1071,9 @@ impl FromNode for Gslb {
                     .unwrap_or_default(),
                 interval: t.opt(cx, "interval").unwrap_or(d.interval),
                 stale_after: t.opt(cx, "stale_after").unwrap_or(d.stale_after),
-            })
+            };
+            crate::gslb::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -1075,7 +1099,7 @@ impl FromNode for Site {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
             let addresses = t.req(cx, "addresses");
-            Some(Site {
+            let value = Site {
                 regions: t.opt(cx, "regions").unwrap_or_default(),
                 monitor: t.opt(cx, "monitor"),
                 weight: t.opt(cx, "weight").unwrap_or(1),
@@ -1084,7 +1108,9 @@ impl FromNode for Site {
                 link: t.opt(cx, "link"),
                 name: name?,
                 addresses: addresses?,
-            })
+            };
+            crate::gslb::check_site(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -1114,14 +1140,16 @@ impl FromNode for GslbName {
         read_table(node, cx, |t, cx| {
             let fqdn = t.req(cx, "fqdn");
             let sites = t.req(cx, "sites");
-            Some(GslbName {
+            let value = GslbName {
                 algorithm: t.opt(cx, "algorithm").unwrap_or(GslbAlgorithm::Topology),
                 fallback: t.opt(cx, "fallback").unwrap_or(GslbAlgorithm::RoundRobin),
                 ttl: t.opt(cx, "ttl").unwrap_or(30),
                 answers: t.opt(cx, "answers").unwrap_or(1),
                 fqdn: fqdn?,
                 sites: sites?,
-            })
+            };
+            crate::gslb::check_name(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
