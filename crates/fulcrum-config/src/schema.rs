@@ -1,6 +1,8 @@
 //! The typed configuration (DESIGN.md §4) and how each table is read.
 //!
-//! Defaults live here, next to the key they belong to; docs/configuration.md mirrors them.
+//! Defaults live here, next to the key they belong to; docs/configuration.md mirrors them. A
+//! virtual service is read by section: service.rs and the protocol modules (tcp.rs, udp.rs,
+//! http.rs, message.rs).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -10,6 +12,7 @@ use ipnet::IpNet;
 
 use crate::admin::Admin;
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::service::VirtualService;
 use crate::string_enum;
 use crate::types::{read_table, ByteSize, KeyValues, OneOrMany};
 use crate::Locations;
@@ -93,7 +96,6 @@ impl Protocol {
 
 string_enum!(ProxyProtocol { V1 = "v1", V2 = "v2" });
 
-pub use crate::service::VirtualService;
 /// One L7 content-switching rule: conditions (all must match) and exactly one action.
 #[derive(Debug, Clone, Default)]
 pub struct Rule {

@@ -139,14 +139,14 @@ impl ServiceKind {
         t: &mut TableReader<'_>,
         cx: &mut Cx<'_>,
         node: &Node<'_>,
-    ) -> Option<ServiceKind> {
-        Some(match protocol {
+    ) -> ServiceKind {
+        match protocol {
             Protocol::Tcp => ServiceKind::Tcp(TcpSection::read(t, cx, node)),
             Protocol::Udp => ServiceKind::Udp(UdpSection::read(t, cx)),
             Protocol::Http => ServiceKind::Http(HttpSection::read(t, cx, node, false)),
             Protocol::Https => ServiceKind::Http(HttpSection::read(t, cx, node, true)),
             Protocol::Message => ServiceKind::Message(MessageSection::read(t, cx, node)),
-        })
+        }
     }
 }
 
@@ -161,9 +161,9 @@ impl FromNode for VirtualService {
             let idle_timeout: Option<Duration> = t.opt(cx, "idle_timeout");
             let max_connections = t.opt(cx, "max_connections").unwrap_or(0);
             let access = AccessList::read(t, cx);
-            let kind = protocol.and_then(|p| ServiceKind::read(p, t, cx, node));
+            let kind = protocol.map(|p| ServiceKind::read(p, t, cx, node));
             refuse_other_protocols(t, cx, protocol);
-            let protocol = protocol?;
+            let (protocol, kind) = (protocol?, kind?);
             let at = t.path().to_string();
             if listen.as_ref().is_some_and(|l| l.0.is_empty()) {
                 cx.error_path(&format!("{at}.listen"), "at least one address is required");
@@ -190,7 +190,7 @@ impl FromNode for VirtualService {
                 idle_timeout: idle_timeout.unwrap_or(default_idle),
                 max_connections,
                 access,
-                kind: kind?,
+                kind,
             })
         })
     }
