@@ -30,7 +30,6 @@ mod validate;
 
 pub use monitor::{DNS_QUERY_TYPES, DNS_RCODES};
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
@@ -101,8 +100,10 @@ pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigEr
         return Err(ConfigErrors(errors));
     };
     config.locations = cx.locations;
-    let broken = broken_sections(&errors);
-    errors.extend(validate::validate(&config, &broken));
+    // References into a section with an element that could not be read at all (no name, wrong
+    // type) are not reported: the missing target may be that element. A section whose elements
+    // were read but failed their own checks still has every name.
+    errors.extend(validate::validate(&config, &cx.failed));
     if !errors.is_empty() {
         errors.sort_by_key(|e| (e.line, e.column));
         errors.dedup();
@@ -110,20 +111,6 @@ pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigEr
     }
     resolve_paths(&mut config, base_dir);
     Ok(config)
-}
-
-/// Sections with an element that could not be read at all (no name, wrong type): references to
-/// them are not reported, because the missing target may be that element.
-fn broken_sections(errors: &[ConfigError]) -> HashSet<String> {
-    errors
-        .iter()
-        .filter_map(|e| {
-            let key = e.key.strip_suffix(".name").unwrap_or(&e.key);
-            let open = key.rfind('[')?;
-            (key.ends_with(']') && key[open + 1..key.len() - 1].parse::<usize>().is_ok())
-                .then(|| key[..open].to_string())
-        })
-        .collect()
 }
 
 fn resolve_paths(config: &mut Config, base: &Path) {

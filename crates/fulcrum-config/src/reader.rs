@@ -4,7 +4,7 @@
 //! operator fixing a config wants every problem at once, each with file:line:col and the key path.
 //! So the typed config is read by hand-written `FromNode` impls that record errors and keep going.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use toml_edit::{Item, Table, Value};
@@ -18,6 +18,8 @@ pub struct Cx<'s> {
     src: &'s str,
     pub(crate) errors: Vec<ConfigError>,
     pub(crate) locations: Locations,
+    /// Arrays (by key path, such as `pool`) with an element that could not be read at all.
+    pub(crate) failed: HashSet<String>,
 }
 
 /// Where each key path of a parsed config stands in its file, for errors found after parsing.
@@ -72,6 +74,7 @@ impl<'s> Cx<'s> {
                 file: file.to_string(),
                 map: HashMap::new(),
             },
+            failed: HashSet::new(),
         }
     }
 

@@ -1197,3 +1197,22 @@ fn pool_tls_reencrypts_for_message_services_but_not_udp() {
         "pool[0].tls: `tls` applies to pools of http, https, tcp and message services; this pool serves udp",
     );
 }
+
+/// A section whose elements were read but failed their own checks still has every name, so
+/// references into it are still checked; one whose element could not be read at all does not.
+#[test]
+fn references_into_sections_with_errors() {
+    let monitors = "[[monitor]]\nname = \"d\"\ntype = \"dns\"\n";
+    let e = errs(&format!(
+        "{}\n{monitors}",
+        TCP.replace("monitors = [\"tcp\"]", "monitors = [\"dnss\"]")
+    ));
+    has(&e, "monitor[1]: type dns needs `query`");
+    has(&e, "pool[0].monitors[0]: no monitor named \"dnss\"");
+    let e = errs(&format!(
+        "{}\n[[monitor]]\nname = 7\ntype = \"tcp\"\n",
+        TCP.replace("monitors = [\"tcp\"]", "monitors = [\"seven\"]")
+    ));
+    has(&e, "monitor[1].name: expected a string");
+    assert!(!e.iter().any(|m| m.contains("no monitor named")), "{e:?}");
+}
