@@ -304,3 +304,77 @@ impl VirtualService {
         self.as_http().map_or(&[], |h| &h.rules)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key a protocol declares is read by its section (never "unknown"), and every other
+    /// protocol's key is refused with the protocols that take it.
+    #[test]
+    fn declared_keys_match_what_the_sections_read() {
+        let all: Vec<&str> = protocols().flat_map(keys_of).collect();
+        for p in protocols() {
+            let mine = keys_of(p);
+            let mut text = format!(
+                "[[virtual_service]]\nname = \"s\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"{p}\"\npool = \"p\"\n"
+            );
+            for key in &all {
+                if !text.contains(&format!("\n{key} = ")) {
+                    text.push_str(&format!("{key} = 0\n"));
+                }
+            }
+            text.push_str("[[pool]]\nname = \"p\"\n");
+            let errors = crate::parse(&text, "t.toml", std::path::Path::new("."))
+                .expect_err("values of the wrong type")
+                .messages();
+            for key in &all {
+                let at = format!("virtual_service[0].{key}: ");
+                let unknown = errors
+                    .iter()
+                    .any(|e| e.contains(&format!("unknown key `{key}`")));
+                let refused = errors
+                    .iter()
+                    .any(|e| e.contains(&at) && e.contains("applies to protocol"));
+                assert!(!unknown, "{p}: `{key}` is unknown: {errors:#?}");
+                assert_eq!(
+                    refused,
+                    !mine.contains(key),
+                    "{p}: `{key}` refused = {refused}: {errors:#?}"
+                );
+            }
+            // And no section reads a key it does not declare: the keys known in the table are
+            // the common ones and the declared ones.
+            let text = format!(
+                "[[virtual_service]]\nname = \"s\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"{p}\"\npool = \"p\"\nqqqqqqqqqqqq = 1\n[[pool]]\nname = \"p\"\n"
+            );
+            let errors = crate::parse(&text, "t.toml", std::path::Path::new("."))
+                .expect_err("unknown key")
+                .messages();
+            let known = errors
+                .iter()
+                .find_map(|e| {
+                    e.split_once("known keys here: ")
+                        .map(|(_, k)| k.to_string())
+                })
+                .expect("the known keys");
+            let common = [
+                "name",
+                "listen",
+                "protocol",
+                "pool",
+                "persistence",
+                "idle_timeout",
+                "max_connections",
+                "allow",
+                "deny",
+            ];
+            for key in known.split(", ") {
+                assert!(
+                    common.contains(&key) || all.contains(&key),
+                    "{p} reads `{key}` without declaring it"
+                );
+            }
+        }
+    }
+}
