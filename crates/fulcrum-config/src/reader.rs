@@ -300,10 +300,17 @@ impl<'a> TableReader<'a> {
 
     /// Refuses a key that belongs to another variant of the table (e.g. a key of another
     /// protocol in a virtual service): the error stands at the key, and `finish` leaves it be.
-    pub fn reject(&mut self, cx: &mut Cx<'_>, key: &'static str, message: impl Into<String>) {
-        if let Some(node) = self.node(key) {
-            cx.error(&node, message);
-        }
+    /// Returns the key's value, for checks that hold whatever the variant.
+    pub fn reject(
+        &mut self,
+        cx: &mut Cx<'_>,
+        key: &'static str,
+        message: impl Into<String>,
+    ) -> Option<Node<'a>> {
+        let node = self.node(key)?;
+        cx.locate(&node);
+        cx.error(&node, message);
+        Some(node)
     }
 
     /// The raw node of a key, for values whose type depends on their shape.

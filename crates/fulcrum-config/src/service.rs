@@ -64,26 +64,35 @@ pub const STREAM_KEYS: &[&str] = &["tcp", "proxy_protocol", "snat"];
 
 impl StreamOptions {
     pub(crate) fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> StreamOptions {
-        let o = StreamOptions {
+        StreamOptions {
             tcp: t.opt(cx, "tcp"),
             proxy_protocol: t.opt(cx, "proxy_protocol"),
             snat: t
-                .opt::<OneOrMany<IpAddr>>(cx, "snat")
+                .opt::<SourceAddresses>(cx, "snat")
                 .map(|s| s.0)
                 .unwrap_or_default(),
-        };
-        let at = format!("{}.snat", t.path());
-        for (j, ip) in o.snat.iter().enumerate() {
+        }
+    }
+}
+
+/// `snat`: one address or many, each one this host can send from, none twice.
+struct SourceAddresses(Vec<IpAddr>);
+
+impl FromNode for SourceAddresses {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        let list = OneOrMany::<IpAddr>::from_node(node, cx)?.0;
+        for (j, ip) in list.iter().enumerate() {
+            let at = format!("{}[{j}]", node.path);
             if ip.is_unspecified() || ip.is_multicast() {
                 cx.error_path(
-                    &format!("{at}[{j}]"),
+                    &at,
                     format!("{ip} cannot be a source address; expected an address of this host"),
                 );
-            } else if o.snat[..j].contains(ip) {
-                cx.error_path(&format!("{at}[{j}]"), format!("{ip} is listed twice"));
+            } else if list[..j].contains(ip) {
+                cx.error_path(&at, format!("{ip} is listed twice"));
             }
         }
-        o
+        Some(SourceAddresses(list))
     }
 }
 
@@ -119,7 +128,7 @@ fn refuse_other_protocols(t: &mut TableReader<'_>, cx: &mut Cx<'_>, this: Option
                     .filter(|q| keys_of(*q).contains(&key))
                     .map(Protocol::as_str)
                     .collect();
-                t.reject(
+                let value = t.reject(
                     cx,
                     key,
                     format!(
@@ -127,6 +136,11 @@ fn refuse_other_protocols(t: &mut TableReader<'_>, cx: &mut Cx<'_>, this: Option
                         takers.join(" / ")
                     ),
                 );
+                // A refused value is still checked where the check holds for every protocol,
+                // so one run reports all that is wrong with it.
+                if let (Some(node), "snat") = (value, key) {
+                    let _ = SourceAddresses::from_node(&node, cx);
+                }
             }
             _ => t.known(key),
         }

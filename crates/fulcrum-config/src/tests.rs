@@ -239,11 +239,13 @@ fn sections_refuse_other_protocols_keys_at_their_position() {
         &e,
         "t.toml:6:1: virtual_service[0].tls: `tls` applies to protocol tcp / https / message; this service is http",
     );
-    let e = errs(&with("udp", "snat = \"127.0.0.1\""));
+    let e = errs(&with("udp", "snat = [\"127.0.0.1\", \"127.0.0.1\"]"));
     has(
         &e,
         "t.toml:6:1: virtual_service[0].snat: `snat` applies to protocol tcp / http / https / message; this service is udp",
     );
+    // The refused value is still checked.
+    has(&e, "virtual_service[0].snat[1]: 127.0.0.1 is listed twice");
     let e = errs(&with("udp", "framing = { length_bytes = 4 }"));
     has(
         &e,
