@@ -471,7 +471,7 @@ impl Alerts {
             cache.read_at = Some(Instant::now());
             cache.certs.clear();
             for vs in &config.virtual_services {
-                for c in &vs.tls {
+                for c in vs.tls().map_or(&[][..], |t| &t.certs) {
                     let file = c.cert.display().to_string();
                     match std::fs::read(&c.cert)
                         .map_err(|e| e.to_string())

@@ -288,7 +288,13 @@ mod tests {
             Path::new("."),
         )
         .unwrap();
-        let l = c.virtual_services[0].compression.as_ref().unwrap().levels;
+        let l = c.virtual_services[0]
+            .as_http()
+            .unwrap()
+            .compression
+            .as_ref()
+            .unwrap()
+            .levels;
         assert_eq!((l.gzip, l.deflate, l.br, l.zstd), (1, 6, 11, 3));
     }
 
@@ -313,7 +319,7 @@ mod tests {
             Path::new("."),
         )
         .unwrap();
-        let t = c.virtual_services[0].tcp.clone().unwrap();
+        let t = c.virtual_services[0].tcp_tuning().cloned().unwrap();
         assert_eq!(t.congestion.as_deref(), Some("bbr"));
         assert_eq!(t.nodelay, Some(true));
         assert_eq!(t.notsent_lowat, Some(16384));
@@ -332,7 +338,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c.virtual_services[0].tcp.as_ref().unwrap().keepalive,
+            c.virtual_services[0].tcp_tuning().unwrap().keepalive,
             Some(None)
         );
     }

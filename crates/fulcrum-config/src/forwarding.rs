@@ -47,50 +47,45 @@ impl Default for ForwardingOptions {
     }
 }
 
-/// Keys read here, for the protocol checks in validate.rs.
+/// Keys read here (tcp and udp services take them).
 pub const FORWARDING_KEYS: &[&str] = &["forwarding", "interfaces", "xdp_mode"];
 
 impl ForwardingOptions {
-    pub fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> ForwardingOptions {
-        ForwardingOptions {
+    /// Reads and checks the forwarding keys of a tcp or udp service's table.
+    pub(crate) fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> ForwardingOptions {
+        let f = ForwardingOptions {
             forwarding: t.opt(cx, "forwarding").unwrap_or(Forwarding::Proxy),
             interfaces: t.opt(cx, "interfaces").unwrap_or_default(),
             xdp_mode: t.opt(cx, "xdp_mode").unwrap_or(XdpMode::Auto),
+        };
+        let at = t.path().to_string();
+        if f.forwarding.in_kernel() && f.interfaces.is_empty() {
+            cx.error_path(
+                &format!("{at}.forwarding"),
+                format!(
+                    "forwarding = \"{}\" needs `interfaces` (where the XDP program attaches, e.g. [\"eth0\"])",
+                    f.forwarding
+                ),
+            );
         }
-    }
-}
-
-/// Checks of one service's forwarding keys: (key path, message) for each problem.
-pub fn check_service(
-    at: &str,
-    f: &ForwardingOptions,
-    has_interfaces_key: bool,
-    errs: &mut Vec<(String, String)>,
-) {
-    if f.forwarding.in_kernel() && f.interfaces.is_empty() {
-        errs.push((
-            format!("{at}.forwarding"),
-            format!(
-                "forwarding = \"{}\" needs `interfaces` (where the XDP program attaches, e.g. [\"eth0\"])",
-                f.forwarding
-            ),
-        ));
-    }
-    if !f.forwarding.in_kernel() && has_interfaces_key {
-        errs.push((
-            format!("{at}.interfaces"),
-            "`interfaces` applies to forwarding = \"nat\" / \"dr\" / \"tunnel\"; this service proxies"
-                .to_string(),
-        ));
-    }
-    for (i, name) in f.interfaces.iter().enumerate() {
-        // IFNAMSIZ is 16 including the terminating NUL.
-        if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', '\0']) {
-            errs.push((
-                format!("{at}.interfaces[{i}]"),
-                format!("{name:?} is not an interface name (1 to 15 characters, no '/' or spaces)"),
-            ));
+        if !f.forwarding.in_kernel() && t.has("interfaces") {
+            cx.error_path(
+                &format!("{at}.interfaces"),
+                "`interfaces` applies to forwarding = \"nat\" / \"dr\" / \"tunnel\"; this service proxies",
+            );
         }
+        for (i, name) in f.interfaces.iter().enumerate() {
+            // IFNAMSIZ is 16 including the terminating NUL.
+            if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', '\0']) {
+                cx.error_path(
+                    &format!("{at}.interfaces[{i}]"),
+                    format!(
+                        "{name:?} is not an interface name (1 to 15 characters, no '/' or spaces)"
+                    ),
+                );
+            }
+        }
+        f
     }
 }
 
@@ -138,7 +133,7 @@ address = "198.18.1.1:80"
     fn proxy_is_the_default_and_modes_parse() {
         let c = parse(&service("", "tcp"), "f.toml", Path::new("/")).expect("valid");
         assert_eq!(
-            c.virtual_services[0].forwarding.forwarding,
+            c.virtual_services[0].forwarding().forwarding,
             Forwarding::Proxy
         );
         for (mode, want) in [
@@ -152,7 +147,7 @@ address = "198.18.1.1:80"
                     proto,
                 );
                 let c = parse(&text, "f.toml", Path::new("/")).expect("valid");
-                let f = &c.virtual_services[0].forwarding;
+                let f = c.virtual_services[0].forwarding();
                 assert_eq!(f.forwarding, want);
                 assert_eq!(f.interfaces, ["eth0", "eth1"]);
             }

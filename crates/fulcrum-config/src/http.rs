@@ -9,8 +9,102 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::schema::{Cache, Compression, Protocol, Rule};
+use crate::service::StreamOptions;
 use crate::string_enum;
+use crate::tls::TlsTermination;
 use crate::types::{read_table, ByteSize};
+
+/// The section of an http or https virtual service.
+#[derive(Debug, Clone)]
+pub struct HttpSection {
+    pub stream: StreamOptions,
+    /// https: the certificates and handshake options; `None`: plain http.
+    pub tls: Option<TlsTermination>,
+    /// Content-switching rules, first match wins; no match: the service's `pool`.
+    pub rules: Vec<Rule>,
+    pub compression: Option<Compression>,
+    pub cache: Option<Cache>,
+    /// Sends clients to another GSLB site when this one cannot serve them.
+    pub gslb_redirect: Option<GslbRedirect>,
+    /// Timeouts, limits, forwarding headers and access log (Fulcrum additions).
+    pub options: HttpOptions,
+}
+
+/// `gslb_redirect`: a `gslb.name` whose best other site a client is redirected to (302) when
+/// the service's pool has no available member or is over `threshold`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GslbRedirect {
+    pub name: String,
+    /// `gslb_redirect_threshold`: active connections of the service above which it redirects.
+    pub threshold: Option<u64>,
+}
+
+/// The keys an http / https section reads besides the stream and TLS keys.
+pub const HTTP_SECTION_KEYS: &[&str] = &[
+    "rule",
+    "compression",
+    "cache",
+    "gslb_redirect",
+    "gslb_redirect_threshold",
+    "header_timeout",
+    "request_timeout",
+    "max_header_size",
+    "max_headers",
+    "max_uri_length",
+    "max_body_size",
+    "min_body_rate",
+    "forward_headers",
+    "access_log",
+];
+
+impl HttpSection {
+    /// Reads and checks the section of an http (`https = false`) or https service.
+    pub(crate) fn read(
+        t: &mut TableReader<'_>,
+        cx: &mut Cx<'_>,
+        node: &Node<'_>,
+        https: bool,
+    ) -> HttpSection {
+        let protocol = if https {
+            Protocol::Https
+        } else {
+            Protocol::Http
+        };
+        let stream = StreamOptions::read(t, cx);
+        let tls = if https {
+            TlsTermination::read(t, cx, node, protocol)
+        } else {
+            None
+        };
+        let rules: Vec<Rule> = t.opt(cx, "rule").unwrap_or_default();
+        let compression = t.opt(cx, "compression");
+        let cache = t.opt(cx, "cache");
+        let redirect: Option<String> = t.opt(cx, "gslb_redirect");
+        let threshold = t.opt(cx, "gslb_redirect_threshold");
+        let options = HttpOptions::read(t, cx);
+        let at = t.path().to_string();
+        if redirect.is_none() && threshold.is_some() {
+            cx.error_path(
+                &format!("{at}.gslb_redirect_threshold"),
+                "`gslb_redirect_threshold` needs `gslb_redirect`",
+            );
+        }
+        check_options(&at, &options, cx);
+        for (r, rule) in rules.iter().enumerate() {
+            check_rule(&format!("{at}.rule[{r}]"), rule, cx);
+        }
+        HttpSection {
+            stream,
+            tls,
+            rules,
+            compression,
+            cache,
+            gslb_redirect: redirect.map(|name| GslbRedirect { name, threshold }),
+            options,
+        }
+    }
+}
 
 /// HTTP options of a virtual service (http / https).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,22 +144,9 @@ impl Default for HttpOptions {
     }
 }
 
-/// The keys `HttpOptions` reads from a virtual service table.
-pub const HTTP_SERVICE_KEYS: &[&str] = &[
-    "header_timeout",
-    "request_timeout",
-    "max_header_size",
-    "max_headers",
-    "max_uri_length",
-    "max_body_size",
-    "min_body_rate",
-    "forward_headers",
-    "access_log",
-];
-
 impl HttpOptions {
     /// Reads the HTTP keys of a `[[virtual_service]]` table.
-    pub fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> HttpOptions {
+    pub(crate) fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> HttpOptions {
         let d = HttpOptions::default();
         HttpOptions {
             header_timeout: t.opt(cx, "header_timeout").unwrap_or(d.header_timeout),
@@ -272,9 +353,9 @@ string_enum!(
     }
 );
 
-/// Cross-checks of the HTTP keys, for `validate`; each error is (key path, message).
-pub(crate) fn check_service(path: &str, o: &HttpOptions, errors: &mut Vec<(String, String)>) {
-    let mut err = |k: &str, m: String| errors.push((format!("{path}.{k}"), m));
+/// Checks of the HTTP options, once read.
+fn check_options(path: &str, o: &HttpOptions, cx: &mut Cx<'_>) {
+    let mut err = |k: &str, m: String| cx.error_path(&format!("{path}.{k}"), m);
     if o.header_timeout.is_zero() {
         err("header_timeout", "must be longer than 0s".into());
     }
@@ -307,23 +388,78 @@ pub(crate) fn check_service(path: &str, o: &HttpOptions, errors: &mut Vec<(Strin
     }
 }
 
-pub(crate) fn check_pool(path: &str, o: &HttpPoolOptions, errors: &mut Vec<(String, String)>) {
+/// Checks of one rule of an http section: patterns compile, names and values are well-formed.
+/// Its pool is a reference, checked by `validate`.
+fn check_rule(at: &str, rule: &Rule, cx: &mut Cx<'_>) {
+    let rp = |k: &str| format!("{at}.{k}");
+    if let Some(re) = &rule.path_regex {
+        regex_ok(cx, &rp("path_regex"), re);
+    }
+    if let Some(re) = &rule.user_agent {
+        regex_ok(cx, &rp("user_agent"), re);
+    }
+    for (key, map) in [
+        ("header", &rule.header),
+        ("cookie", &rule.cookie),
+        ("query", &rule.query),
+    ] {
+        for (name, re) in &map.0 {
+            regex_ok(cx, &format!("{}.{name}", rp(key)), re);
+        }
+    }
+    if let Some(rw) = &rule.rewrite_path {
+        regex_ok(cx, &rp("rewrite_path.regex"), &rw.regex);
+    }
+    check_rule_edits(at, rule, cx);
+    if let Some(h) = &rule.host {
+        let bare = h.strip_prefix("*.").unwrap_or(h);
+        if bare.is_empty() || bare.contains(['*', '/', ' ']) {
+            cx.error_path(
+                &rp("host"),
+                format!("{h:?} is not a host name or a \"*.domain\" wildcard"),
+            );
+        }
+    }
+    for m in &rule.method {
+        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase() || b == b'-') {
+            cx.error_path(
+                &rp("method"),
+                format!("{m:?} is not an HTTP method (upper case, e.g. \"GET\")"),
+            );
+        }
+    }
+}
+
+fn regex_ok(cx: &mut Cx<'_>, path: &str, pattern: &str) {
+    if let Err(e) = regex::Regex::new(pattern) {
+        let first = e
+            .to_string()
+            .lines()
+            .last()
+            .unwrap_or("invalid")
+            .trim()
+            .to_string();
+        cx.error_path(
+            path,
+            format!("invalid regular expression {pattern:?}: {first}"),
+        );
+    }
+}
+
+pub(crate) fn check_pool(path: &str, o: &HttpPoolOptions, cx: &mut Cx<'_>) {
     if o.response_timeout.is_zero() {
-        errors.push((
-            format!("{path}.response_timeout"),
-            "must be longer than 0s".into(),
-        ));
+        cx.error_path(
+            &format!("{path}.response_timeout"),
+            "must be longer than 0s",
+        );
     }
     if o.idle_timeout.is_zero() {
-        errors.push((
-            format!("{path}.idle_timeout"),
-            "must be longer than 0s".into(),
-        ));
+        cx.error_path(&format!("{path}.idle_timeout"), "must be longer than 0s");
     }
 }
 
 /// Header edits of a rule: names must be field names (tokens), values visible characters.
-pub(crate) fn check_rule_edits(path: &str, rule: &crate::Rule, errors: &mut Vec<(String, String)>) {
+fn check_rule_edits(path: &str, rule: &Rule, cx: &mut Cx<'_>) {
     let token = |n: &str| {
         !n.is_empty()
             && n.bytes()
@@ -342,19 +478,19 @@ pub(crate) fn check_rule_edits(path: &str, rule: &crate::Rule, errors: &mut Vec<
             for (n, v) in &map.0 {
                 let at = format!("{path}.{key}.{part}.{n}");
                 if !token(n) {
-                    errors.push((at.clone(), format!("{n:?} is not a header field name")));
+                    cx.error_path(&at, format!("{n:?} is not a header field name"));
                 }
                 if !value_ok(v) {
-                    errors.push((at, format!("{v:?} contains control characters")));
+                    cx.error_path(&at, format!("{v:?} contains control characters"));
                 }
             }
         }
         for (j, n) in e.remove.iter().enumerate() {
             if !token(n) {
-                errors.push((
-                    format!("{path}.{key}.remove[{j}]"),
+                cx.error_path(
+                    &format!("{path}.{key}.remove[{j}]"),
                     format!("{n:?} is not a header field name"),
-                ));
+                );
             }
         }
     }
@@ -375,7 +511,7 @@ mod tests {
             std::path::Path::new("/etc/f"),
         )
         .unwrap();
-        let vs = &ok.virtual_services[0].http;
+        let vs = &ok.virtual_services[0].as_http().unwrap().options;
         assert_eq!(vs.header_timeout, Duration::from_secs(2));
         assert_eq!(vs.max_uri_length, 1024);
         assert!(!vs.forward_headers.via && vs.forward_headers.x_forwarded_for);

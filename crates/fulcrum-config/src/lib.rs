@@ -9,20 +9,27 @@ mod bgp;
 mod elastic;
 mod error;
 mod forwarding;
+mod gslb;
 mod ha;
 mod http;
+mod iptable;
 mod link;
 mod message;
+mod monitor;
+mod persistence;
+mod pool;
 mod reader;
 mod schema;
+mod service;
 mod snmp;
+mod tcp;
 mod tls;
 mod types;
+mod udp;
 mod validate;
 
-pub use validate::{DNS_QUERY_TYPES, DNS_RCODES};
+pub use monitor::{DNS_QUERY_TYPES, DNS_RCODES};
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_TUNING_KEYS};
@@ -35,9 +42,10 @@ pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
-    AccessLog, ForwardHeaders, HttpOptions, HttpPoolOptions, LogFormat, SameSite, StatusMatch,
-    StatusSet, HTTP_POOL_KEYS, HTTP_SERVICE_KEYS,
+    AccessLog, ForwardHeaders, GslbRedirect, HttpOptions, HttpPoolOptions, HttpSection, LogFormat,
+    SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS, HTTP_SECTION_KEYS,
 };
+pub use iptable::CONTINENTS;
 pub use link::{
     parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
     LinkTarget, Outbound, OutboundPersistence, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
@@ -46,12 +54,15 @@ pub use link::{
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use schema::*;
+pub use service::{ServiceKind, StreamOptions, VirtualService, STREAM_KEYS};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
-pub use tls::{ClientAuth, TlsOptions, TlsVersion, ALPN_PROTOCOLS};
+pub use tcp::TcpSection;
+pub use tls::{ClientAuth, TlsOptions, TlsTermination, TlsVersion, ALPN_PROTOCOLS, TLS_KEYS};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };
-pub use validate::{site_monitor_port, CONTINENTS};
+pub use udp::{UdpMode, UdpSection, DEFAULT_MAX_SESSIONS, UDP_KEYS};
+pub use validate::site_monitor_port;
 
 /// Reads, parses and validates a configuration file.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
@@ -89,8 +100,10 @@ pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigEr
         return Err(ConfigErrors(errors));
     };
     config.locations = cx.locations;
-    let broken = broken_sections(&errors);
-    errors.extend(validate::validate(&config, &broken));
+    // References into a section with an element that could not be read at all (no name, wrong
+    // type) are not reported: the missing target may be that element. A section whose elements
+    // were read but failed their own checks still has every name.
+    errors.extend(validate::validate(&config, &cx.failed));
     if !errors.is_empty() {
         errors.sort_by_key(|e| (e.line, e.column));
         errors.dedup();
@@ -98,20 +111,6 @@ pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigEr
     }
     resolve_paths(&mut config, base_dir);
     Ok(config)
-}
-
-/// Sections with an element that could not be read at all (no name, wrong type): references to
-/// them are not reported, because the missing target may be that element.
-fn broken_sections(errors: &[ConfigError]) -> HashSet<String> {
-    errors
-        .iter()
-        .filter_map(|e| {
-            let key = e.key.strip_suffix(".name").unwrap_or(&e.key);
-            let open = key.rfind('[')?;
-            (key.ends_with(']') && key[open + 1..key.len() - 1].parse::<usize>().is_ok())
-                .then(|| key[..open].to_string())
-        })
-        .collect()
 }
 
 fn resolve_paths(config: &mut Config, base: &Path) {
@@ -122,18 +121,22 @@ fn resolve_paths(config: &mut Config, base: &Path) {
     };
     fix(&mut config.admin.token_file);
     for vs in &mut config.virtual_services {
-        if let Some(log) = &mut vs.http.access_log {
-            fix(&mut log.path);
-        }
-        for t in &mut vs.tls {
-            fix(&mut t.cert);
-            fix(&mut t.key);
-            if let Some(o) = &mut t.ocsp {
-                fix(o);
+        if let ServiceKind::Http(h) = &mut vs.kind {
+            if let Some(log) = &mut h.options.access_log {
+                fix(&mut log.path);
             }
         }
-        if let Some(ca) = &mut vs.tls_options.client_ca {
-            fix(ca);
+        if let Some(tls) = vs.tls_mut() {
+            for t in &mut tls.certs {
+                fix(&mut t.cert);
+                fix(&mut t.key);
+                if let Some(o) = &mut t.ocsp {
+                    fix(o);
+                }
+            }
+            if let Some(ca) = &mut tls.options.client_ca {
+                fix(ca);
+            }
         }
     }
     for pool in &mut config.pools {

@@ -10,10 +10,86 @@ use std::ops::Range;
 use std::time::Duration;
 
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
-use crate::schema::{Config, MessageMode, Protocol};
+use crate::schema::{Config, Protocol};
+use crate::service::StreamOptions;
 use crate::string_enum;
+use crate::tls::TlsTermination;
 use crate::types::{read_table, ByteSize};
 use crate::ConfigError;
+
+string_enum!(MessageMode { Sync = "sync", Async = "async" });
+
+/// The section of a `protocol = "message"` virtual service.
+#[derive(Debug, Clone)]
+pub struct MessageSection {
+    pub stream: StreamOptions,
+    /// TLS terminated in front of the members (`tls`).
+    pub tls: Option<TlsTermination>,
+    /// How the byte stream is cut into messages (the defaults when `framing` is not written).
+    pub framing: Framing,
+    pub mode: MessageMode,
+    pub sequence: Option<Sequence>,
+    /// Member connections and delivery (Fulcrum additions).
+    pub options: MessageOptions,
+}
+
+/// The keys a message section reads besides the stream and TLS keys.
+pub const MESSAGE_SECTION_KEYS: &[&str] = &[
+    "framing",
+    "message_mode",
+    "sequence",
+    "member_connections",
+    "max_pending",
+    "client_max_pending",
+    "member_queue",
+    "message_timeout",
+    "delivery",
+    "max_attempts",
+];
+
+impl MessageSection {
+    /// Reads and checks the section of a message service.
+    pub(crate) fn read(
+        t: &mut TableReader<'_>,
+        cx: &mut Cx<'_>,
+        node: &Node<'_>,
+    ) -> MessageSection {
+        let stream = StreamOptions::read(t, cx);
+        let tls = TlsTermination::read(t, cx, node, Protocol::Message);
+        let framing: Framing = t.opt(cx, "framing").unwrap_or_default();
+        let mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
+        let sequence: Option<Sequence> = t.opt(cx, "sequence");
+        let options = MessageOptions::read(t, cx, node, mode);
+        let at = format!("{}.sequence", t.path());
+        if let Some(seq) = &sequence {
+            if mode == MessageMode::Sync {
+                cx.error_path(
+                    &at,
+                    "`sequence` pairs pipelined responses: it needs message_mode = \"async\"",
+                );
+            }
+            if seq.offset.saturating_add(seq.length) > framing.max_message {
+                cx.error_path(
+                    &at,
+                    format!(
+                        "the id at bytes {}..{} of the body lies beyond max_message ({} bytes)",
+                        seq.offset,
+                        seq.offset.saturating_add(seq.length),
+                        framing.max_message
+                    ),
+                );
+            }
+        }
+        MessageSection {
+            stream,
+            tls,
+            framing,
+            mode,
+            sequence,
+            options,
+        }
+    }
+}
 
 string_enum!(
     /// How the length field of a length-prefixed frame is written.
@@ -399,50 +475,13 @@ impl MessageOptions {
     }
 }
 
-/// The message keys a virtual service of another protocol may not have.
-pub(crate) const MESSAGE_KEYS: &[&str] = &[
-    "member_connections",
-    "max_pending",
-    "client_max_pending",
-    "member_queue",
-    "message_timeout",
-    "delivery",
-    "max_attempts",
-];
-
-/// Cross-checks of message services that need the whole config.
+/// Message services' checks that need other sections: the pools they use.
 pub(crate) fn validate(cfg: &Config) -> Vec<ConfigError> {
     let loc = &cfg.locations;
     let mut errors = Vec::new();
-    for (i, vs) in cfg.virtual_services.iter().enumerate() {
-        let at = |k: &str| format!("virtual_service[{i}].{k}");
-        if vs.protocol != Protocol::Message {
-            for key in MESSAGE_KEYS {
-                if loc.contains(&at(key)) {
-                    errors.push(loc.error(
-                        &at(key),
-                        format!(
-                            "`{key}` applies to protocol message; this service is {}",
-                            vs.protocol
-                        ),
-                    ));
-                }
-            }
+    for vs in &cfg.virtual_services {
+        if vs.as_message().is_none() {
             continue;
-        }
-        let framing = vs.framing.clone().unwrap_or_default();
-        if let Some(seq) = &vs.sequence {
-            if seq.offset.saturating_add(seq.length) > framing.max_message {
-                errors.push(loc.error(
-                    &at("sequence"),
-                    format!(
-                        "the id at bytes {}..{} of the body lies beyond max_message ({} bytes)",
-                        seq.offset,
-                        seq.offset.saturating_add(seq.length),
-                        framing.max_message
-                    ),
-                ));
-            }
         }
         // Member connections of a message service are Fulcrum's own long-lived ones, counted in
         // the member's active connections: a per-member connection cap would stop every message

@@ -4,7 +4,7 @@
 //! operator fixing a config wants every problem at once, each with file:line:col and the key path.
 //! So the typed config is read by hand-written `FromNode` impls that record errors and keep going.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use toml_edit::{Item, Table, Value};
@@ -18,6 +18,8 @@ pub struct Cx<'s> {
     src: &'s str,
     pub(crate) errors: Vec<ConfigError>,
     pub(crate) locations: Locations,
+    /// Arrays (by key path, such as `pool`) with an element that could not be read at all.
+    pub(crate) failed: HashSet<String>,
 }
 
 /// Where each key path of a parsed config stands in its file, for errors found after parsing.
@@ -72,6 +74,7 @@ impl<'s> Cx<'s> {
                 file: file.to_string(),
                 map: HashMap::new(),
             },
+            failed: HashSet::new(),
         }
     }
 
@@ -98,6 +101,18 @@ impl<'s> Cx<'s> {
 
     pub fn error(&mut self, node: &Node<'_>, message: impl Into<String>) {
         self.error_at(node.span.clone(), &node.path, message);
+    }
+
+    /// An error at a key path read earlier, placed where that key (or its closest read
+    /// ancestor) stands: for the checks a section runs once its keys are read.
+    pub fn error_path(&mut self, path: &str, message: impl Into<String>) {
+        let e = self.locations.error(path, message);
+        self.errors.push(e);
+    }
+
+    /// Whether the key path was written in the file (and read so far).
+    pub fn written(&self, path: &str) -> bool {
+        self.locations.contains(path)
     }
 
     fn locate(&mut self, node: &Node<'_>) {
@@ -270,6 +285,32 @@ impl<'a> TableReader<'a> {
 
     pub fn has(&self, key: &str) -> bool {
         self.entries.iter().any(|(k, _)| *k == key)
+    }
+
+    /// Whether a reader asked for the key (read it, or declared it known).
+    pub fn asked(&self, key: &str) -> bool {
+        self.asked.contains(&key)
+    }
+
+    /// Declares a key known without reading it, so that `finish` does not call it unknown and
+    /// suggests it for near misses (e.g. the keys of a variant that failed to read).
+    pub fn known(&mut self, key: &'static str) {
+        self.asked.push(key);
+    }
+
+    /// Refuses a key that belongs to another variant of the table (e.g. a key of another
+    /// protocol in a virtual service): the error stands at the key, and `finish` leaves it be.
+    /// Returns the key's value, for checks that hold whatever the variant.
+    pub fn reject(
+        &mut self,
+        cx: &mut Cx<'_>,
+        key: &'static str,
+        message: impl Into<String>,
+    ) -> Option<Node<'a>> {
+        let node = self.node(key)?;
+        cx.locate(&node);
+        cx.error(&node, message);
+        Some(node)
     }
 
     /// The raw node of a key, for values whose type depends on their shape.

@@ -1,6 +1,8 @@
 //! The typed configuration (DESIGN.md §4) and how each table is read.
 //!
-//! Defaults live here, next to the key they belong to; docs/configuration.md mirrors them.
+//! Defaults live here, next to the key they belong to; docs/configuration.md mirrors them. A
+//! virtual service is read by section: service.rs and the protocol modules (tcp.rs, udp.rs,
+//! http.rs, message.rs).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -9,8 +11,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use crate::admin::Admin;
-use crate::message::{Framing, MessageOptions, Sequence};
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::service::VirtualService;
 use crate::string_enum;
 use crate::types::{read_table, ByteSize, KeyValues, OneOrMany};
 use crate::Locations;
@@ -93,130 +95,6 @@ impl Protocol {
 }
 
 string_enum!(ProxyProtocol { V1 = "v1", V2 = "v2" });
-string_enum!(UdpMode {
-    Session = "session",
-    PerPacket = "per_packet",
-});
-string_enum!(MessageMode { Sync = "sync", Async = "async" });
-
-/// Default bound on a udp service's flow table. Each flow holds one upstream socket (a file
-/// descriptor), so the process's descriptor limit must allow this many.
-pub const DEFAULT_MAX_SESSIONS: u64 = 65536;
-
-#[derive(Debug, Clone)]
-pub struct VirtualService {
-    pub name: String,
-    pub listen: Vec<SocketAddr>,
-    pub protocol: Protocol,
-    pub pool: Option<String>,
-    pub persistence: Option<String>,
-    /// Close a connection after this long with no bytes in either direction.
-    pub idle_timeout: Duration,
-    /// Concurrent client connections accepted; 0 = unlimited.
-    pub max_connections: u32,
-    pub rules: Vec<Rule>,
-    pub tls: Vec<TlsCert>,
-    /// https: versions, ciphers, resumption, client certificates (Fulcrum additions).
-    pub tls_options: crate::tls::TlsOptions,
-    pub compression: Option<Compression>,
-    pub cache: Option<Cache>,
-    /// Client-side TCP options (Fulcrum addition): tcp, http, https, message.
-    pub tcp: Option<crate::accel::TcpTuning>,
-    pub proxy_protocol: Option<ProxyProtocol>,
-    pub udp_mode: UdpMode,
-    pub session_timeout: Duration,
-    /// udp: bound on the flow table (client address → upstream socket); idle flows go first.
-    pub max_sessions: u64,
-    pub framing: Option<Framing>,
-    pub message_mode: MessageMode,
-    pub sequence: Option<Sequence>,
-    /// http/https: a `gslb.name` whose best other site a client is redirected to (302) when
-    /// the service's pool has no available member or is over `gslb_redirect_threshold`.
-    pub gslb_redirect: Option<String>,
-    /// Active connections of the service above which it redirects to another site.
-    pub gslb_redirect_threshold: Option<u64>,
-    /// Member connections and delivery of a message service (Fulcrum additions).
-    pub message: MessageOptions,
-    /// HTTP timeouts, limits, forwarding headers and access log (Fulcrum additions).
-    pub http: crate::http::HttpOptions,
-    /// tcp / udp: proxy (default) or in-kernel nat / dr / tunnel, and where XDP attaches.
-    pub forwarding: crate::forwarding::ForwardingOptions,
-    /// `allow` / `deny`: source prefixes, checked first (DESIGN §4, Phase 2).
-    pub access: crate::access::AccessList,
-    /// Source addresses of member connections (tcp, http, https, message), one per connection
-    /// in turn; empty = the host's choice.
-    pub snat: Vec<IpAddr>,
-}
-
-impl FromNode for VirtualService {
-    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        read_table(node, cx, |t, cx| {
-            let name = t.req(cx, "name");
-            let listen: Option<OneOrMany<SocketAddr>> = t.req(cx, "listen");
-            let protocol = t.req(cx, "protocol");
-            let pool = t.opt(cx, "pool");
-            let persistence = t.opt(cx, "persistence");
-            let idle_timeout = t.opt(cx, "idle_timeout");
-            let max_connections = t.opt(cx, "max_connections").unwrap_or(0);
-            let rules = t.opt(cx, "rule").unwrap_or_default();
-            let tls = t.opt(cx, "tls").unwrap_or_default();
-            let tls_options = t.opt(cx, "tls_options").unwrap_or_default();
-            let compression = t.opt(cx, "compression");
-            let cache = t.opt(cx, "cache");
-            let tcp = t.opt(cx, "tcp");
-            let proxy_protocol = t.opt(cx, "proxy_protocol");
-            let udp_mode = t.opt(cx, "udp_mode").unwrap_or(UdpMode::Session);
-            let session_timeout = t
-                .opt(cx, "session_timeout")
-                .unwrap_or(Duration::from_secs(30));
-            let max_sessions = t.opt(cx, "max_sessions").unwrap_or(DEFAULT_MAX_SESSIONS);
-            let framing = t.opt(cx, "framing");
-            let message_mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
-            let sequence = t.opt(cx, "sequence");
-            let gslb_redirect = t.opt(cx, "gslb_redirect");
-            let gslb_redirect_threshold = t.opt(cx, "gslb_redirect_threshold");
-            let message = MessageOptions::read(t, cx, node, message_mode);
-            let http = crate::http::HttpOptions::read(t, cx);
-            let forwarding = crate::forwarding::ForwardingOptions::read(t, cx);
-            let access = crate::access::AccessList::read(t, cx);
-            let snat = t.opt::<OneOrMany<IpAddr>>(cx, "snat").map(|s| s.0);
-            let protocol: Protocol = protocol?;
-            let default_idle = match protocol {
-                Protocol::Http | Protocol::Https => Duration::from_secs(60),
-                _ => Duration::from_secs(300),
-            };
-            Some(VirtualService {
-                name: name?,
-                listen: listen?.0,
-                protocol,
-                pool,
-                persistence,
-                idle_timeout: idle_timeout.unwrap_or(default_idle),
-                max_connections,
-                rules,
-                tls,
-                tls_options,
-                compression,
-                cache,
-                tcp,
-                proxy_protocol,
-                udp_mode,
-                session_timeout,
-                max_sessions,
-                framing,
-                message_mode,
-                sequence,
-                gslb_redirect,
-                gslb_redirect_threshold,
-                message,
-                http,
-                forwarding,
-                access,
-                snat: snat.unwrap_or_default(),
-            })
-        })
-    }
-}
 
 /// One L7 content-switching rule: conditions (all must match) and exactly one action.
 #[derive(Debug, Clone, Default)]
@@ -632,7 +510,7 @@ impl FromNode for Pool {
             let elastic = t.opt(cx, "elastic");
             let path = t.path().to_string();
             crate::elastic::check_pool(elastic.as_ref(), &members, node, &path, cx);
-            Some(Pool {
+            let value = Pool {
                 kind,
                 links,
                 gateways,
@@ -653,7 +531,9 @@ impl FromNode for Pool {
                 tls: t.opt(cx, "tls"),
                 http: crate::http::HttpPoolOptions::read(t, cx),
                 name: name?,
-            })
+            };
+            crate::pool::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -839,7 +719,7 @@ impl FromNode for Monitor {
                     );
                 }
             }
-            Some(Monitor {
+            let value = Monitor {
                 interval: t.opt(cx, "interval").unwrap_or(Duration::from_secs(2)),
                 timeout: t.opt(cx, "timeout").unwrap_or(Duration::from_secs(1)),
                 rise,
@@ -867,7 +747,9 @@ impl FromNode for Monitor {
                 link: crate::link::LinkProbe::read(t, cx),
                 name: name?,
                 kind: kind?,
-            })
+            };
+            crate::monitor::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -974,7 +856,7 @@ impl FromNode for Persistence {
                 );
             }
             let secrets: Option<OneOrMany<String>> = t.opt(cx, "secret");
-            Some(Persistence {
+            let value = Persistence {
                 timeout: t.opt(cx, "timeout"),
                 cookie: t.opt(cx, "cookie").unwrap_or_else(|| "FULCRUM".to_string()),
                 header: t.opt(cx, "header"),
@@ -990,7 +872,9 @@ impl FromNode for Persistence {
                 same_site: t.opt(cx, "same_site"),
                 name: name?,
                 kind: kind?,
-            })
+            };
+            crate::persistence::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -1083,12 +967,26 @@ impl FromNode for Zone {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let origin = t.req(cx, "origin");
-            Some(Zone {
+            let value = Zone {
                 file: t.opt::<String>(cx, "file").map(PathBuf::from),
                 records: t.opt(cx, "records").unwrap_or_default(),
                 origin: origin?,
-            })
+            };
+            check_zone(t.path(), &value, cx);
+            Some(value)
         })
+    }
+}
+
+fn check_zone(at: &str, zone: &Zone, cx: &mut Cx<'_>) {
+    if !zone.origin.ends_with('.') {
+        cx.error_path(
+            &format!("{at}.origin"),
+            format!(
+                "{:?} must be fully qualified, ending in a dot: \"{}.\"",
+                zone.origin, zone.origin
+            ),
+        );
     }
 }
 
@@ -1109,14 +1007,16 @@ impl FromNode for IpTable {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
-            Some(IpTable {
+            let value = IpTable {
                 cidrs: t.opt(cx, "cidrs").unwrap_or_default(),
                 file: t.opt::<String>(cx, "file").map(PathBuf::from),
                 geoip: t.opt::<String>(cx, "geoip").map(PathBuf::from),
                 countries: t.opt(cx, "countries").unwrap_or_default(),
                 continents: t.opt(cx, "continents").unwrap_or_default(),
                 name: name?,
-            })
+            };
+            crate::iptable::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -1162,7 +1062,7 @@ impl FromNode for Gslb {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let d = Gslb::default();
-            Some(Gslb {
+            let value = Gslb {
                 sites: t.opt(cx, "site").unwrap_or_default(),
                 names: t.opt(cx, "name").unwrap_or_default(),
                 local_site: t.opt(cx, "local_site"),
@@ -1173,7 +1073,9 @@ impl FromNode for Gslb {
                     .unwrap_or_default(),
                 interval: t.opt(cx, "interval").unwrap_or(d.interval),
                 stale_after: t.opt(cx, "stale_after").unwrap_or(d.stale_after),
-            })
+            };
+            crate::gslb::check(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -1199,7 +1101,7 @@ impl FromNode for Site {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
             let addresses = t.req(cx, "addresses");
-            Some(Site {
+            let value = Site {
                 regions: t.opt(cx, "regions").unwrap_or_default(),
                 monitor: t.opt(cx, "monitor"),
                 weight: t.opt(cx, "weight").unwrap_or(1),
@@ -1208,7 +1110,9 @@ impl FromNode for Site {
                 link: t.opt(cx, "link"),
                 name: name?,
                 addresses: addresses?,
-            })
+            };
+            crate::gslb::check_site(t.path(), &value, cx);
+            Some(value)
         })
     }
 }
@@ -1238,14 +1142,16 @@ impl FromNode for GslbName {
         read_table(node, cx, |t, cx| {
             let fqdn = t.req(cx, "fqdn");
             let sites = t.req(cx, "sites");
-            Some(GslbName {
+            let value = GslbName {
                 algorithm: t.opt(cx, "algorithm").unwrap_or(GslbAlgorithm::Topology),
                 fallback: t.opt(cx, "fallback").unwrap_or(GslbAlgorithm::RoundRobin),
                 ttl: t.opt(cx, "ttl").unwrap_or(30),
                 answers: t.opt(cx, "answers").unwrap_or(1),
                 fqdn: fqdn?,
                 sites: sites?,
-            })
+            };
+            crate::gslb::check_name(t.path(), &value, cx);
+            Some(value)
         })
     }
 }

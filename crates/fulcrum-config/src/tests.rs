@@ -63,7 +63,7 @@ fn reads_the_tcp_contract_with_defaults() {
     assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9900");
     let vs = &c.virtual_services[0];
     assert_eq!(vs.listen.len(), 1);
-    assert_eq!(vs.protocol, Protocol::Tcp);
+    assert_eq!(vs.protocol(), Protocol::Tcp);
     assert_eq!(vs.idle_timeout, Duration::from_secs(300));
     let p = &c.pools[0];
     assert_eq!(p.algorithm, Algorithm::WeightedRoundRobin);
@@ -83,10 +83,10 @@ fn reads_the_whole_design_example() {
     let c = ok(include_str!("../tests/design_example.toml"));
     assert_eq!(c.virtual_services.len(), 4);
     let vs = &c.virtual_services[0];
-    assert_eq!(vs.rules.len(), 1);
-    assert_eq!(vs.rules[0].action, RuleAction::Pool("web".into()));
+    assert_eq!(vs.rules().len(), 1);
+    assert_eq!(vs.rules()[0].action, RuleAction::Pool("web".into()));
     assert_eq!(
-        vs.rules[0].header.0[0],
+        vs.rules()[0].header.0[0],
         ("X-Env".to_string(), "^canary$".to_string())
     );
     assert_eq!(c.gslb.names[0].algorithm, GslbAlgorithm::Topology);
@@ -218,6 +218,123 @@ fn protocol_specific_keys() {
     );
     let e = errs(&TCP.replace("protocol = \"tcp\"", "protocol = \"https\""));
     has(&e, "protocol https needs `tls`");
+}
+
+/// Each protocol's section takes only its own keys: the others are refused where they are
+/// written, with the protocols that take them, and a typo still gets its suggestion.
+#[test]
+fn sections_refuse_other_protocols_keys_at_their_position() {
+    let with = |protocol: &str, extra: &str| {
+        TCP.replace(
+            "protocol = \"tcp\"",
+            &format!("protocol = \"{protocol}\"\n{extra}"),
+        )
+    };
+    // Line 6 is the first line after `protocol`.
+    let e = errs(&with(
+        "http",
+        "tls = [{ cert = \"c.pem\", key = \"k.pem\" }]",
+    ));
+    has(
+        &e,
+        "t.toml:6:1: virtual_service[0].tls: `tls` applies to protocol tcp / https / message; this service is http",
+    );
+    let e = errs(&with("udp", "snat = [\"127.0.0.1\", \"127.0.0.1\"]"));
+    has(
+        &e,
+        "t.toml:6:1: virtual_service[0].snat: `snat` applies to protocol tcp / http / https / message; this service is udp",
+    );
+    // The refused value is still checked.
+    has(&e, "virtual_service[0].snat[1]: 127.0.0.1 is listed twice");
+    let e = errs(&with("udp", "framing = { length_bytes = 4 }"));
+    has(
+        &e,
+        "virtual_service[0].framing: `framing` applies to protocol message; this service is udp",
+    );
+    let e = errs(&with("message", "forwarding = \"dr\""));
+    has(
+        &e,
+        "virtual_service[0].forwarding: `forwarding` applies to protocol tcp / udp; this service is message",
+    );
+    let e = errs(&with("tcp", "rule = [{ path = \"/\", pool = \"db\" }]"));
+    has(
+        &e,
+        "virtual_service[0].rule: `rule` applies to protocol http / https; this service is tcp",
+    );
+    // A near miss of another protocol's key is still suggested.
+    let e = errs(&with("tcp", "session_timeot = \"5s\""));
+    has(
+        &e,
+        "unknown key `session_timeot` (did you mean `session_timeout`?)",
+    );
+    // A protocol that fails to read does not turn its keys into unknown ones.
+    let e = errs(&with("htp", "max_headers = 10"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    has(&e, "virtual_service[0].protocol: unknown value \"htp\"");
+}
+
+#[test]
+fn sections_check_their_own_keys() {
+    let with = |protocol: &str, extra: &str| {
+        TCP.replace(
+            "protocol = \"tcp\"",
+            &format!("protocol = \"{protocol}\"\n{extra}"),
+        )
+        .replace("persistence = \"src\"\n", "")
+    };
+    let e = errs(&with("http", "gslb_redirect_threshold = 10"));
+    has(
+        &e,
+        "virtual_service[0].gslb_redirect_threshold: `gslb_redirect_threshold` needs `gslb_redirect`",
+    );
+    let e = errs(&with("tcp", "tls_options = { min_version = \"1.3\" }"));
+    has(
+        &e,
+        "virtual_service[0].tls_options: `tls_options` needs `tls` (the certificates) on a tcp service",
+    );
+    let e = errs(&with(
+        "tcp",
+        "snat = [\"127.0.0.2\", \"0.0.0.0\", \"127.0.0.2\"]",
+    ));
+    has(
+        &e,
+        "virtual_service[0].snat[1]: 0.0.0.0 cannot be a source address",
+    );
+    has(&e, "virtual_service[0].snat[2]: 127.0.0.2 is listed twice");
+    let e = errs(&with("udp", "session_timeout = \"0s\""));
+    has(
+        &e,
+        "virtual_service[0].session_timeout: must be longer than 0s",
+    );
+    let e = errs(&with(
+        "message",
+        "message_mode = \"sync\"\nsequence = { offset = 0, length = 4 }",
+    ));
+    has(
+        &e,
+        "virtual_service[0].sequence: `sequence` pairs pipelined responses",
+    );
+    let e = errs(&with("tcp", "idle_timeout = \"0s\""));
+    has(
+        &e,
+        "virtual_service[0].idle_timeout: must be longer than 0s",
+    );
+
+    // The kind carries the protocol: https is the http section with TLS.
+    let c = ok(&with(
+        "https",
+        "tls = [{ cert = \"c.pem\", key = \"k.pem\" }]\nproxy_protocol = \"v2\"",
+    ));
+    let vs = &c.virtual_services[0];
+    assert_eq!(vs.protocol(), Protocol::Https);
+    let http = vs.as_http().expect("http section");
+    let tls = http.tls.as_ref().expect("tls");
+    assert_eq!(tls.certs[0].cert, Path::new("/etc/fulcrum/c.pem"));
+    assert_eq!(vs.proxy_protocol(), Some(ProxyProtocol::V2));
+    assert!(!vs.in_kernel());
+    let c = ok(&with("udp", ""));
+    assert!(c.virtual_services[0].stream().is_none());
+    assert!(c.virtual_services[0].snat().is_empty());
 }
 
 #[test]
@@ -409,8 +526,8 @@ malformed = "drop"
 #[test]
 fn reads_udp_service_radius_persistence_and_protocol_monitors() {
     let c = ok(UDP);
-    let vs = &c.virtual_services[0];
-    assert_eq!(vs.udp_mode, UdpMode::PerPacket);
+    let vs = c.virtual_services[0].as_udp().unwrap();
+    assert_eq!(vs.mode, UdpMode::PerPacket);
     assert_eq!(vs.max_sessions, 1000);
     assert_eq!(vs.session_timeout, Duration::from_secs(10));
     let p = &c.persistence[0];
@@ -428,9 +545,12 @@ fn reads_udp_service_radius_persistence_and_protocol_monitors() {
     let defaults = ok(&UDP
         .replace("udp_mode = \"per_packet\"\n", "")
         .replace("max_sessions = 1000\n", ""));
-    assert_eq!(defaults.virtual_services[0].udp_mode, UdpMode::Session);
     assert_eq!(
-        defaults.virtual_services[0].max_sessions,
+        defaults.virtual_services[0].as_udp().unwrap().mode,
+        UdpMode::Session
+    );
+    assert_eq!(
+        defaults.virtual_services[0].as_udp().unwrap().max_sessions,
         DEFAULT_MAX_SESSIONS
     );
 }
@@ -590,6 +710,10 @@ fn gslb_redirect_needs_an_http_service_and_a_name() {
         &e,
         "`gslb_redirect` applies to protocol http / https; this service is tcp",
     );
+    // A tcp service has no redirect to check the name of; an http service does.
+    let e = errs(&format!(
+        "{GSLB}\n[[virtual_service]]\nname = \"t\"\nlisten = \"127.0.0.1:81\"\nprotocol = \"http\"\npool = \"p\"\ngslb_redirect = \"ap.example.com.\"\ngslb_redirect_threshold = 5\n[[pool]]\nname = \"p\"\n"
+    ));
     has(
         &e,
         "no gslb.name named \"ap.example.com.\" (did you mean \"app.example.com.\"?)",
@@ -597,11 +721,18 @@ fn gslb_redirect_needs_an_http_service_and_a_name() {
     let c = ok(&format!(
         "{GSLB}\n[[virtual_service]]\nname = \"w\"\nlisten = \"127.0.0.1:80\"\nprotocol = \"http\"\npool = \"p\"\ngslb_redirect = \"app.example.com.\"\ngslb_redirect_threshold = 5000\n[[pool]]\nname = \"p\"\n"
     ));
+    let r = c.virtual_services[0]
+        .as_http()
+        .unwrap()
+        .gslb_redirect
+        .clone();
     assert_eq!(
-        c.virtual_services[0].gslb_redirect.as_deref(),
-        Some("app.example.com.")
+        r,
+        Some(crate::GslbRedirect {
+            name: "app.example.com.".into(),
+            threshold: Some(5000)
+        })
     );
-    assert_eq!(c.virtual_services[0].gslb_redirect_threshold, Some(5000));
 }
 const MESSAGE: &str = r#"
 [[virtual_service]]
@@ -629,21 +760,28 @@ fn message_with(extra: &str) -> String {
 #[test]
 fn message_defaults() {
     let c = ok(MESSAGE);
-    let vs = &c.virtual_services[0];
-    assert!(vs.framing.is_none());
-    let f = vs.framing.clone().unwrap_or_default();
+    let vs = c.virtual_services[0].as_message().unwrap();
+    assert_eq!(vs.framing, Framing::default());
+    let f = vs.framing.clone();
     assert_eq!(f.length_bytes, 2);
     assert!(f.big_endian);
     assert_eq!(f.max_message, 65536);
     assert_eq!(f.length_encoding, LengthEncoding::Binary);
     assert_eq!(f.header_len(), 2);
-    assert_eq!(vs.message.member_connections, 2);
-    assert_eq!(vs.message.max_pending, 256);
-    assert_eq!(vs.message.delivery, Delivery::AtLeastOnce);
-    assert_eq!(vs.message.max_attempts, 3);
-    assert_eq!(vs.message.message_timeout, Duration::from_secs(30));
+    assert_eq!(vs.options.member_connections, 2);
+    assert_eq!(vs.options.max_pending, 256);
+    assert_eq!(vs.options.delivery, Delivery::AtLeastOnce);
+    assert_eq!(vs.options.max_attempts, 3);
+    assert_eq!(vs.options.message_timeout, Duration::from_secs(30));
     let c = ok(&MESSAGE.replace("\"async\"", "\"sync\""));
-    assert_eq!(c.virtual_services[0].message.member_connections, 8);
+    assert_eq!(
+        c.virtual_services[0]
+            .as_message()
+            .unwrap()
+            .options
+            .member_connections,
+        8
+    );
 }
 
 #[test]
@@ -651,17 +789,22 @@ fn message_framing_variants() {
     let c = ok(&message_with(
         "framing = { length_encoding = \"ascii\", length_bytes = 4, length_offset = 3, max_message = \"8KiB\" }",
     ));
-    let f = c.virtual_services[0].framing.clone().unwrap();
+    let f = c.virtual_services[0].as_message().unwrap().framing.clone();
     assert_eq!(f.length_encoding, LengthEncoding::Ascii);
     assert_eq!(f.header_len(), 7);
     assert_eq!(f.max_message, 8192);
     let c = ok(&message_with("framing = { delimiter = \"\\r\\n\" }"));
-    let f = c.virtual_services[0].framing.clone().unwrap();
+    let f = c.virtual_services[0].as_message().unwrap().framing.clone();
     assert_eq!(f.delimiter.as_deref(), Some(&b"\r\n"[..]));
     assert_eq!(f.header_len(), 0);
     let c = ok(&message_with("framing = { delimiter = [0x03, 255] }"));
     assert_eq!(
-        c.virtual_services[0].framing.clone().unwrap().delimiter,
+        c.virtual_services[0]
+            .as_message()
+            .unwrap()
+            .framing
+            .clone()
+            .delimiter,
         Some(vec![3, 255])
     );
     ok(&message_with(
@@ -735,7 +878,14 @@ fn message_sequence_and_delivery_errors() {
         "virtual_service[0].max_attempts: delivery = \"at_most_once\" never sends a message twice",
     );
     let c = ok(&message_with("delivery = \"at_most_once\""));
-    assert_eq!(c.virtual_services[0].message.max_attempts, 1);
+    assert_eq!(
+        c.virtual_services[0]
+            .as_message()
+            .unwrap()
+            .options
+            .max_attempts,
+        1
+    );
     let e = errs(&message_with(
         "member_connections = 0\nmessage_timeout = \"0s\"",
     ));
@@ -1048,4 +1198,23 @@ fn pool_tls_reencrypts_for_message_services_but_not_udp() {
         &e,
         "pool[0].tls: `tls` applies to pools of http, https, tcp and message services; this pool serves udp",
     );
+}
+
+/// A section whose elements were read but failed their own checks still has every name, so
+/// references into it are still checked; one whose element could not be read at all does not.
+#[test]
+fn references_into_sections_with_errors() {
+    let monitors = "[[monitor]]\nname = \"d\"\ntype = \"dns\"\n";
+    let e = errs(&format!(
+        "{}\n{monitors}",
+        TCP.replace("monitors = [\"tcp\"]", "monitors = [\"dnss\"]")
+    ));
+    has(&e, "monitor[1]: type dns needs `query`");
+    has(&e, "pool[0].monitors[0]: no monitor named \"dnss\"");
+    let e = errs(&format!(
+        "{}\n[[monitor]]\nname = 7\ntype = \"tcp\"\n",
+        TCP.replace("monitors = [\"tcp\"]", "monitors = [\"seven\"]")
+    ));
+    has(&e, "monitor[1].name: expected a string");
+    assert!(!e.iter().any(|m| m.contains("no monitor named")), "{e:?}");
 }

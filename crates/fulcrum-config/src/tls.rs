@@ -8,9 +8,64 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::reader::{Cx, FromNode, Node};
+use crate::reader::{Cx, FromNode, Node, TableReader};
+use crate::schema::{Protocol, TlsCert};
 use crate::string_enum;
 use crate::types::read_table;
+
+/// TLS a virtual service terminates: https, and tcp / message services with `tls`.
+#[derive(Debug, Clone)]
+pub struct TlsTermination {
+    /// The certificate chains and keys (`tls`), at least one.
+    pub certs: Vec<TlsCert>,
+    /// `tls_options` (Fulcrum additions).
+    pub options: TlsOptions,
+}
+
+/// The keys `TlsTermination` reads from a virtual service.
+pub const TLS_KEYS: &[&str] = &["tls", "tls_options"];
+
+impl TlsTermination {
+    /// Reads `tls` and `tls_options` of a service of `protocol`; `None` without certificates
+    /// (an error for https, and for `tls_options` alone).
+    pub(crate) fn read(
+        t: &mut TableReader<'_>,
+        cx: &mut Cx<'_>,
+        node: &Node<'_>,
+        protocol: Protocol,
+    ) -> Option<TlsTermination> {
+        let certs: Vec<TlsCert> = t.opt(cx, "tls").unwrap_or_default();
+        let options: Option<TlsOptions> = t.opt(cx, "tls_options");
+        let at = t.path().to_string();
+        if certs.is_empty() {
+            if protocol == Protocol::Https {
+                cx.error_at(
+                    node.span.clone(),
+                    &at,
+                    "protocol https needs `tls` with at least one certificate",
+                );
+            } else if t.has("tls_options") {
+                cx.error_path(
+                    &format!("{at}.tls_options"),
+                    format!("`tls_options` needs `tls` (the certificates) on a {protocol} service"),
+                );
+            }
+            return None;
+        }
+        let options = options.unwrap_or_default();
+        if protocol.is_http() {
+            for (j, p) in options.alpn.iter().enumerate() {
+                if !ALPN_PROTOCOLS.contains(&p.as_str()) {
+                    cx.error_path(
+                        &format!("{at}.tls_options.alpn[{j}]"),
+                        format!("unknown ALPN protocol {p:?}; expected h2 or http/1.1"),
+                    );
+                }
+            }
+        }
+        Some(TlsTermination { certs, options })
+    }
+}
 
 string_enum!(
     /// Lowest TLS version a client may negotiate.

@@ -85,12 +85,14 @@ impl<T: FromNode> FromNode for Vec<T> {
             Shape::Array(items) => {
                 // Keep the elements that were read: the failed ones have their errors recorded, and
                 // the rest still get their own checks, so one mistake does not hide the others.
-                Some(
-                    items
-                        .iter()
-                        .filter_map(|item| T::from_node(item, cx))
-                        .collect(),
-                )
+                let read: Vec<T> = items
+                    .iter()
+                    .filter_map(|item| T::from_node(item, cx))
+                    .collect();
+                if read.len() < items.len() {
+                    cx.failed.insert(node.path.clone());
+                }
+                Some(read)
             }
             _ => {
                 cx.error(

@@ -1,14 +1,12 @@
-//! Checks that need the whole config: references between sections, duplicates, and keys that only
-//! make sense for some protocols.
+//! Checks that need the whole config: references between sections, duplicates, shared listening
+//! addresses, and which protocols use a pool or a persistence profile. What a single section can
+//! check is checked where it is read.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use crate::error::{did_you_mean, ConfigError};
-use crate::schema::{
-    radius_attribute, Config, MonitorKind, PersistenceKind, Protocol, RuleAction,
-    MONITOR_KIND_KEYS, RADIUS_ATTRIBUTES,
-};
+use crate::schema::{Config, MonitorKind, PersistenceKind, Protocol, RuleAction};
 use crate::Locations;
 
 struct Checker<'a> {
@@ -61,68 +59,6 @@ impl Checker<'_> {
             }
         }
     }
-
-    /// A key only some protocols use, written for a service of another protocol.
-    fn only_for(&mut self, vs: usize, key: &str, protocol: Protocol, allowed: &[Protocol]) {
-        let path = format!("virtual_service[{vs}].{key}");
-        if self.loc.contains(&path) && !allowed.contains(&protocol) {
-            let names: Vec<&str> = allowed.iter().map(|p| p.as_str()).collect();
-            self.err(
-                &path,
-                format!(
-                    "`{key}` applies to protocol {}; this service is {protocol}",
-                    names.join(" / ")
-                ),
-            );
-        }
-    }
-}
-
-fn regex_ok(c: &mut Checker<'_>, path: &str, pattern: &str) {
-    if let Err(e) = regex::Regex::new(pattern) {
-        let first = e
-            .to_string()
-            .lines()
-            .last()
-            .unwrap_or("invalid")
-            .trim()
-            .to_string();
-        c.err(
-            path,
-            format!("invalid regular expression {pattern:?}: {first}"),
-        );
-    }
-}
-
-/// Continent codes of the MaxMind databases.
-pub const CONTINENTS: [&str; 7] = ["AF", "AN", "AS", "EU", "NA", "OC", "SA"];
-
-/// Checks a `redirect_host`: a DNS host name (letters, digits, `-`, dots; labels of 1–63
-/// characters) optionally followed by `:port`. It becomes the authority of a `Location` header,
-/// so nothing else may pass.
-fn check_redirect_host(h: &str) -> Result<(), String> {
-    let expected = "expected a host name with an optional port, like \"eu.app.example.com\" or \"eu.app.example.com:8443\"";
-    let (host, port) = match h.rsplit_once(':') {
-        Some((host, port)) => (host, Some(port)),
-        None => (h, None),
-    };
-    if let Some(p) = port {
-        if p.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(format!("{h:?}: bad port {p:?}; {expected}"));
-        }
-    }
-    let host = host.strip_suffix('.').unwrap_or(host);
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    };
-    if host.is_empty() || host.len() > 253 || !host.split('.').all(label_ok) {
-        return Err(format!("{h:?} is not a host name; {expected}"));
-    }
-    Ok(())
 }
 
 /// The port a site monitor probes when it names none: the well-known port of its kind, if it
@@ -208,11 +144,9 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
 
     for (i, vs) in cfg.virtual_services.iter().enumerate() {
         let at = |k: &str| format!("virtual_service[{i}].{k}");
-        if vs.listen.is_empty() {
-            c.err(&at("listen"), "at least one address is required");
-        }
+        let protocol = vs.protocol();
         for (j, addr) in vs.listen.iter().enumerate() {
-            let owners = if vs.protocol.is_datagram() {
+            let owners = if protocol.is_datagram() {
                 &mut dgram_owner
             } else {
                 &mut stream_owner
@@ -225,19 +159,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 );
             }
         }
-        match &vs.pool {
-            Some(p) => {
-                c.reference(&at("pool"), "pool", "pool", p, pool_names.clone());
-                protocols_of_pool
-                    .entry(p.as_str())
-                    .or_default()
-                    .push(vs.protocol);
-            }
-            None if !vs.protocol.is_http() => c.err(
-                &format!("virtual_service[{i}]"),
-                format!("missing required key `pool` (protocol {})", vs.protocol),
-            ),
-            None => {}
+        if let Some(p) = &vs.pool {
+            c.reference(&at("pool"), "pool", "pool", p, pool_names.clone());
+            protocols_of_pool
+                .entry(p.as_str())
+                .or_default()
+                .push(protocol);
         }
         if let Some(p) = &vs.persistence {
             c.reference(
@@ -253,178 +180,34 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                     PersistenceKind::CookieInsert
                     | PersistenceKind::CookiePassive
                     | PersistenceKind::CookieRewrite
-                    | PersistenceKind::Header => vs.protocol.is_http(),
-                    PersistenceKind::Radius => vs.protocol == Protocol::Udp,
+                    | PersistenceKind::Header => protocol.is_http(),
+                    PersistenceKind::Radius => protocol == Protocol::Udp,
                 };
                 if !ok {
                     c.err(
                         &at("persistence"),
                         format!(
-                            "persistence {p:?} is of type {}, which does not apply to protocol {}",
-                            prof.kind, vs.protocol
+                            "persistence {p:?} is of type {}, which does not apply to protocol {protocol}",
+                            prof.kind
                         ),
                     );
                 }
             }
         }
-        use Protocol::*;
-        c.only_for(i, "rule", vs.protocol, &[Http, Https]);
-        c.only_for(i, "compression", vs.protocol, &[Http, Https]);
-        c.only_for(i, "cache", vs.protocol, &[Http, Https]);
-        c.only_for(i, "tcp", vs.protocol, &[Tcp, Http, Https, Message]);
-        c.only_for(i, "tls", vs.protocol, &[Https, Tcp, Message]);
-        c.only_for(i, "tls_options", vs.protocol, &[Https, Tcp, Message]);
-        if vs.protocol.is_http() {
-            for (j, p) in vs.tls_options.alpn.iter().enumerate() {
-                if !crate::tls::ALPN_PROTOCOLS.contains(&p.as_str()) {
-                    c.err(
-                        &at(&format!("tls_options.alpn[{j}]")),
-                        format!("unknown ALPN protocol {p:?}; expected h2 or http/1.1"),
-                    );
-                }
-            }
-        }
-        if matches!(vs.protocol, Tcp | Message)
-            && vs.tls.is_empty()
-            && cfg.locations.contains(&at("tls_options"))
-        {
-            c.err(
-                &at("tls_options"),
-                format!(
-                    "`tls_options` needs `tls` (the certificates) on a {} service",
-                    vs.protocol
-                ),
-            );
-        }
-        c.only_for(
-            i,
-            "proxy_protocol",
-            vs.protocol,
-            &[Tcp, Message, Http, Https],
-        );
-        c.only_for(i, "udp_mode", vs.protocol, &[Udp]);
-        c.only_for(i, "session_timeout", vs.protocol, &[Udp]);
-        c.only_for(i, "max_sessions", vs.protocol, &[Udp]);
-        if vs.max_sessions == 0 {
-            c.err(&at("max_sessions"), "must be at least 1");
-        }
-        if vs.protocol == Udp && vs.session_timeout.is_zero() {
-            c.err(&at("session_timeout"), "must be longer than 0s");
-        }
-        c.only_for(i, "framing", vs.protocol, &[Message]);
-        c.only_for(i, "message_mode", vs.protocol, &[Message]);
-        c.only_for(i, "sequence", vs.protocol, &[Message]);
-        for key in crate::http::HTTP_SERVICE_KEYS {
-            c.only_for(i, key, vs.protocol, &[Http, Https]);
-        }
-        for key in crate::forwarding::FORWARDING_KEYS {
-            c.only_for(i, key, vs.protocol, &[Tcp, Udp]);
-        }
-        if matches!(vs.protocol, Tcp | Udp) {
-            let mut errs = Vec::new();
-            let has_interfaces = c.loc.contains(&at("interfaces"));
-            crate::forwarding::check_service(
-                &format!("virtual_service[{i}]"),
-                &vs.forwarding,
-                has_interfaces,
-                &mut errs,
-            );
-            for (path, msg) in errs {
-                c.err(&path, msg);
-            }
-        }
-        if vs.protocol.is_http() {
-            let mut errs = Vec::new();
-            crate::http::check_service(&format!("virtual_service[{i}]"), &vs.http, &mut errs);
-            for (path, msg) in errs {
-                c.err(&path, msg);
-            }
-        }
-        if vs.protocol == Https && vs.tls.is_empty() {
-            c.err(
-                &format!("virtual_service[{i}]"),
-                "protocol https needs `tls` with at least one certificate",
-            );
-        }
-        if vs.sequence.is_some() && vs.message_mode == crate::MessageMode::Sync {
-            c.err(
-                &at("sequence"),
-                "`sequence` pairs pipelined responses: it needs message_mode = \"async\"",
-            );
-        }
-        if vs.idle_timeout.is_zero() {
-            c.err(&at("idle_timeout"), "must be longer than 0s");
-        }
-        for (r, rule) in vs.rules.iter().enumerate() {
-            let rp = |k: &str| format!("virtual_service[{i}].rule[{r}].{k}");
+        for (r, rule) in vs.rules().iter().enumerate() {
             if let RuleAction::Pool(p) = &rule.action {
-                c.reference(&rp("pool"), "pool", "pool", p, pool_names.clone());
+                let path = format!("virtual_service[{i}].rule[{r}].pool");
+                c.reference(&path, "pool", "pool", p, pool_names.clone());
                 protocols_of_pool
                     .entry(p.as_str())
                     .or_default()
-                    .push(vs.protocol);
-            }
-            if let Some(re) = &rule.path_regex {
-                regex_ok(&mut c, &rp("path_regex"), re);
-            }
-            if let Some(re) = &rule.user_agent {
-                regex_ok(&mut c, &rp("user_agent"), re);
-            }
-            for (key, map) in [
-                ("header", &rule.header),
-                ("cookie", &rule.cookie),
-                ("query", &rule.query),
-            ] {
-                for (name, re) in &map.0 {
-                    regex_ok(&mut c, &format!("{}.{name}", rp(key)), re);
-                }
-            }
-            if let Some(rw) = &rule.rewrite_path {
-                regex_ok(&mut c, &rp("rewrite_path.regex"), &rw.regex);
-            }
-            let mut errs = Vec::new();
-            crate::http::check_rule_edits(
-                &format!("virtual_service[{i}].rule[{r}]"),
-                rule,
-                &mut errs,
-            );
-            for (path, msg) in errs {
-                c.err(&path, msg);
-            }
-            if let Some(h) = &rule.host {
-                let bare = h.strip_prefix("*.").unwrap_or(h);
-                if bare.is_empty() || bare.contains(['*', '/', ' ']) {
-                    c.err(
-                        &rp("host"),
-                        format!("{h:?} is not a host name or a \"*.domain\" wildcard"),
-                    );
-                }
-            }
-            for m in &rule.method {
-                if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase() || b == b'-') {
-                    c.err(
-                        &rp("method"),
-                        format!("{m:?} is not an HTTP method (upper case, e.g. \"GET\")"),
-                    );
-                }
+                    .push(protocol);
             }
         }
     }
 
     for (i, pool) in cfg.pools.iter().enumerate() {
         let at = |k: &str| format!("pool[{i}].{k}");
-        let mut seen = HashMap::new();
-        for (j, m) in pool.members.iter().enumerate() {
-            if let Some(first) = seen.insert(m.address, j) {
-                c.err(
-                    &format!("pool[{i}].member[{j}].address"),
-                    format!(
-                        "duplicate member {}: already pool[{i}].member[{first}]",
-                        m.address
-                    ),
-                );
-            }
-        }
         for (j, m) in pool.monitors.iter().enumerate() {
             c.reference(
                 &format!("{}[{j}]", at("monitors")),
@@ -476,156 +259,12 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 }
             }
         }
-        if pool.name.starts_with("gslb:") || pool.name.starts_with("gslb-site:") {
-            c.err(
-                &at("name"),
-                format!("{:?}: pool names starting with \"gslb:\" or \"gslb-site:\" are reserved for GSLB's own pools", pool.name),
-            );
-        }
-        let mut errs = Vec::new();
-        crate::http::check_pool(&format!("pool[{i}]"), &pool.http, &mut errs);
-        for (path, msg) in errs {
-            c.err(&path, msg);
-        }
-        if pool.min_active == 0 {
-            c.err(&at("min_active"), "must be at least 1");
-        }
-        if pool.connect_timeout.is_zero() {
-            c.err(&at("connect_timeout"), "must be longer than 0s");
-        }
-        if pool.zero_window_timeout.is_some_and(|d| d.is_zero()) {
-            c.err(
-                &at("zero_window_timeout"),
-                "must be longer than 0s (leave it out to not watch zero windows)",
-            );
-        }
     }
 
     let mut errs = Vec::new();
     crate::link::check(cfg, &mut errs);
     for (path, msg) in errs {
         c.err(&path, msg);
-    }
-
-    for (i, m) in cfg.monitors.iter().enumerate() {
-        let at = |k: &str| format!("monitor[{i}].{k}");
-        if m.interval.is_zero() {
-            c.err(&at("interval"), "must be longer than 0s");
-        }
-        if m.timeout.is_zero() {
-            c.err(&at("timeout"), "must be longer than 0s");
-        } else if m.timeout > m.interval {
-            c.err(
-                &at("timeout"),
-                format!(
-                    "{} is longer than the interval ({}): a check would still run when the next starts",
-                    humantime::format_duration(m.timeout),
-                    humantime::format_duration(m.interval)
-                ),
-            );
-        }
-        for s in &m.expect_status {
-            if !(100..=599).contains(s) {
-                c.err(
-                    &at("expect_status"),
-                    format!("{s} is not an HTTP status (100 to 599)"),
-                );
-            }
-        }
-        if m.kind == MonitorKind::SendExpect && m.expect.is_none() {
-            c.err(
-                &format!("monitor[{i}]"),
-                "type send_expect needs `expect` (and usually `send`)",
-            );
-        }
-        if m.port == Some(0) {
-            c.err(&at("port"), "0 is not a port");
-        }
-        check_protocol_monitor(&mut c, &cfg.locations, i, m);
-    }
-
-    for (i, p) in cfg.persistence.iter().enumerate() {
-        let at = format!("persistence[{i}]");
-        match p.kind {
-            PersistenceKind::Header if p.header.is_none() => c.err(
-                &at,
-                "type header needs `header`: the request header to route by",
-            ),
-            PersistenceKind::Radius if p.attribute.is_none() => {
-                c.err(&at, "type radius needs `attribute`, e.g. \"User-Name\"")
-            }
-            _ => {}
-        }
-        if let Some(a) = p.attribute.as_deref() {
-            if p.kind == PersistenceKind::Radius && radius_attribute(a).is_none() {
-                let names: Vec<&str> = RADIUS_ATTRIBUTES.iter().map(|(n, _)| *n).collect();
-                let hint = did_you_mean(a, names.iter().copied())
-                    .map(|m| format!(" (did you mean {m:?}?)"))
-                    .unwrap_or_default();
-                c.err(
-                    &format!("{at}.attribute"),
-                    format!(
-                        "unknown RADIUS attribute {a:?}{hint}; expected one of {} or a type number from 1 to 255",
-                        names.join(", ")
-                    ),
-                );
-            }
-        }
-        if p.kind != PersistenceKind::Radius && cfg.locations.contains(&format!("{at}.malformed")) {
-            c.err(
-                &format!("{at}.malformed"),
-                format!(
-                    "`malformed` applies to type radius; this profile is {}",
-                    p.kind
-                ),
-            );
-        }
-        if p.cookie.is_empty()
-            || !p
-                .cookie
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.!#$%&'*+^`|~".contains(&b))
-        {
-            c.err(
-                &format!("{at}.cookie"),
-                format!("{:?} is not a valid cookie name", p.cookie),
-            );
-        }
-        let cookie_kind = matches!(
-            p.kind,
-            PersistenceKind::CookieInsert | PersistenceKind::CookieRewrite
-        );
-        if p.secret.is_some() && !cookie_kind {
-            c.err(
-                &format!("{at}.secret"),
-                format!(
-                    "`secret` signs cookie_insert and cookie_rewrite cookies; this profile is {}",
-                    p.kind
-                ),
-            );
-        }
-        if p.secret
-            .iter()
-            .chain(&p.previous_secrets)
-            .any(|s| s.len() < 16)
-        {
-            c.err(
-                &format!("{at}.secret"),
-                "too short: use at least 16 characters (e.g. `openssl rand -hex 32`)",
-            );
-        }
-        if p.same_site.is_some() && p.kind != PersistenceKind::CookieInsert {
-            c.err(
-                &format!("{at}.same_site"),
-                format!(
-                    "`same_site` applies to cookie_insert; this profile is {}",
-                    p.kind
-                ),
-            );
-        }
-        if p.max_entries == 0 {
-            c.err(&format!("{at}.max_entries"), "must be at least 1");
-        }
     }
 
     if let Some(dns) = &cfg.dns {
@@ -639,60 +278,9 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 }
             }
         }
-        for (z, zone) in dns.zones.iter().enumerate() {
-            if !zone.origin.ends_with('.') {
-                c.err(
-                    &format!("dns.zone[{z}].origin"),
-                    format!(
-                        "{:?} must be fully qualified, ending in a dot: \"{}.\"",
-                        zone.origin, zone.origin
-                    ),
-                );
-            }
-        }
     }
 
     let table_names = cfg.ip_tables.iter().map(|t| t.name.as_str());
-    for (i, t) in cfg.ip_tables.iter().enumerate() {
-        let geo = !t.countries.is_empty() || !t.continents.is_empty();
-        if t.cidrs.is_empty() && t.file.is_none() && !geo {
-            c.err(
-                &format!("ip_table[{i}]"),
-                "needs `cidrs`, `file`, or `geoip` with `countries`/`continents`",
-            );
-        }
-        if geo && t.geoip.is_none() {
-            c.err(
-                &format!("ip_table[{i}]"),
-                "`countries` and `continents` need `geoip`: the MaxMind database to look clients up in",
-            );
-        }
-        if t.geoip.is_some() && !geo {
-            c.err(
-                &format!("ip_table[{i}].geoip"),
-                "`geoip` needs `countries` or `continents` to say which clients belong to the table",
-            );
-        }
-        for (j, code) in t.countries.iter().enumerate() {
-            if code.len() != 2 || !code.bytes().all(|b| b.is_ascii_uppercase()) {
-                c.err(
-                    &format!("ip_table[{i}].countries[{j}]"),
-                    format!("{code:?} is not an ISO 3166-1 country code (two upper-case letters, e.g. \"CN\")"),
-                );
-            }
-        }
-        for (j, code) in t.continents.iter().enumerate() {
-            if !CONTINENTS.contains(&code.as_str()) {
-                c.err(
-                    &format!("ip_table[{i}].continents[{j}]"),
-                    format!(
-                        "{code:?} is not a continent code; expected one of: {}",
-                        CONTINENTS.join(", ")
-                    ),
-                );
-            }
-        }
-    }
     let site_names = cfg.gslb.sites.iter().map(|s| s.name.as_str());
     for (i, s) in cfg.gslb.sites.iter().enumerate() {
         for (j, r) in s.regions.iter().enumerate() {
@@ -713,12 +301,6 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 monitor_names.clone(),
             );
         }
-        if s.addresses.is_empty() {
-            c.err(
-                &format!("gslb.site[{i}].addresses"),
-                "at least one address is required",
-            );
-        }
         if let Some(m) = s.monitor.as_deref().and_then(|m| cfg.monitor(m)) {
             if m.port.is_none() && site_monitor_port(m.kind).is_none() {
                 c.err(
@@ -729,21 +311,6 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                     ),
                 );
             }
-        }
-        if let Some(h) = &s.redirect_host {
-            if let Err(why) = check_redirect_host(h) {
-                c.err(&format!("gslb.site[{i}].redirect_host"), why);
-            }
-        }
-        if s.weight > crate::MAX_WEIGHT {
-            c.err(
-                &format!("gslb.site[{i}].weight"),
-                format!(
-                    "{} is too large; expected 0 to {}",
-                    s.weight,
-                    crate::MAX_WEIGHT
-                ),
-            );
         }
     }
     let g = &cfg.gslb;
@@ -780,32 +347,6 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 c.err(at, format!("{addr} is already used by {prev}"));
             }
         }
-    } else if g.listen.is_some() {
-        c.err(
-            "gslb.listen",
-            "the site state exchange needs gslb.local_site: the site this instance runs at",
-        );
-    }
-    for (j, k) in g.keys.iter().enumerate() {
-        if k.len() < 16 {
-            c.err(
-                &format!("gslb.key[{j}]"),
-                "a key must be at least 16 characters long",
-            );
-        }
-    }
-    if g.interval.is_zero() {
-        c.err("gslb.interval", "must be longer than 0s");
-    }
-    if g.stale_after <= g.interval {
-        c.err(
-            "gslb.stale_after",
-            format!(
-                "{} must be longer than the report interval ({})",
-                humantime::format_duration(g.stale_after),
-                humantime::format_duration(g.interval)
-            ),
-        );
     }
     c.unique(
         "gslb.name",
@@ -813,12 +354,6 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         "fqdn",
     );
     for (i, n) in cfg.gslb.names.iter().enumerate() {
-        if !n.fqdn.ends_with('.') {
-            c.err(
-                &format!("gslb.name[{i}].fqdn"),
-                format!("{:?} must be fully qualified, ending in a dot", n.fqdn),
-            );
-        }
         for (j, s) in n.sites.iter().enumerate() {
             c.reference(
                 &format!("gslb.name[{i}].sites[{j}]"),
@@ -828,173 +363,15 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 site_names.clone(),
             );
         }
-        if n.answers == 0 {
-            c.err(&format!("gslb.name[{i}].answers"), "must be at least 1");
-        }
-        if n.sites.is_empty() {
-            c.err(
-                &format!("gslb.name[{i}].sites"),
-                "at least one site is required",
-            );
-        }
     }
     let gslb_names = cfg.gslb.names.iter().map(|n| n.fqdn.as_str());
     for (i, vs) in cfg.virtual_services.iter().enumerate() {
-        let at = format!("virtual_service[{i}].gslb_redirect");
-        if let Some(name) = &vs.gslb_redirect {
-            if !vs.protocol.is_http() {
-                c.err(
-                    &at,
-                    format!(
-                        "`gslb_redirect` applies to protocol http / https; this service is {}",
-                        vs.protocol
-                    ),
-                );
-            }
-            c.reference(&at, "gslb.name", "gslb.name", name, gslb_names.clone());
-        } else if vs.gslb_redirect_threshold.is_some() {
-            c.err(
-                &format!("virtual_service[{i}].gslb_redirect_threshold"),
-                "`gslb_redirect_threshold` needs `gslb_redirect`",
-            );
-        }
-    }
-
-    for (i, vs) in cfg.virtual_services.iter().enumerate() {
-        let at = format!("virtual_service[{i}].snat");
-        if vs.snat.is_empty() {
-            continue;
-        }
-        if vs.protocol.is_datagram() {
-            c.err(
-                &at,
-                format!(
-                    "`snat` applies to protocol tcp, http, https and message; this service is {}",
-                    vs.protocol
-                ),
-            );
-        }
-        for (j, ip) in vs.snat.iter().enumerate() {
-            if ip.is_unspecified() || ip.is_multicast() {
-                c.err(
-                    &format!("{at}[{j}]"),
-                    format!("{ip} cannot be a source address; expected an address of this host"),
-                );
-            } else if vs.snat[..j].contains(ip) {
-                c.err(&format!("{at}[{j}]"), format!("{ip} is listed twice"));
-            }
+        if let Some(r) = vs.as_http().and_then(|h| h.gslb_redirect.as_ref()) {
+            let at = format!("virtual_service[{i}].gslb_redirect");
+            c.reference(&at, "gslb.name", "gslb.name", &r.name, gslb_names.clone());
         }
     }
 
     c.errors.extend(crate::message::validate(cfg));
     c.errors
-}
-
-/// DNS record types a dns monitor may ask for.
-pub const DNS_QUERY_TYPES: &[&str] = &[
-    "A", "AAAA", "NS", "CNAME", "SOA", "PTR", "MX", "TXT", "SRV", "CAA", "ANY",
-];
-/// DNS response codes a dns monitor may expect.
-pub const DNS_RCODES: &[&str] = &[
-    "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED",
-];
-
-/// Keys of the protocol monitors: required ones present, values well-formed, and no key of
-/// another kind.
-fn check_protocol_monitor(
-    c: &mut Checker<'_>,
-    loc: &Locations,
-    i: usize,
-    m: &crate::schema::Monitor,
-) {
-    let at = |k: &str| format!("monitor[{i}].{k}");
-    for (key, kinds) in MONITOR_KIND_KEYS {
-        if loc.contains(&at(key)) && !kinds.contains(&m.kind) {
-            let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-            c.err(
-                &at(key),
-                format!(
-                    "`{key}` applies to monitor type {}; this monitor is {}",
-                    names.join(" / "),
-                    m.kind
-                ),
-            );
-        }
-    }
-    match m.kind {
-        MonitorKind::Snmp if m.snmp.oid.is_none() && !loc.contains(&at("oid")) => {
-            c.err(
-                &format!("monitor[{i}]"),
-                "type snmp needs `oid`: the value read, e.g. \"1.3.6.1.4.1.2021.10.1.5.1\" (laLoadInt.1)",
-            );
-        }
-        MonitorKind::Dns => {
-            match m.query.as_deref() {
-                None => c.err(
-                    &format!("monitor[{i}]"),
-                    "type dns needs `query`: the name to ask for, e.g. \"health.example.com.\"",
-                ),
-                Some(q) if !dns_name_ok(q) => c.err(
-                    &at("query"),
-                    format!("{q:?} is not a DNS name (labels of 1 to 63 characters, 253 in all)"),
-                ),
-                Some(_) => {}
-            }
-            if !DNS_QUERY_TYPES.contains(&m.query_type.as_str()) {
-                c.err(
-                    &at("query_type"),
-                    format!(
-                        "unknown record type {:?}; expected one of: {}",
-                        m.query_type,
-                        DNS_QUERY_TYPES.join(", ")
-                    ),
-                );
-            }
-            if !DNS_RCODES.contains(&m.expect_rcode.as_str()) {
-                c.err(
-                    &at("expect_rcode"),
-                    format!(
-                        "unknown response code {:?}; expected one of: {}",
-                        m.expect_rcode,
-                        DNS_RCODES.join(", ")
-                    ),
-                );
-            }
-        }
-        MonitorKind::Radius => {
-            if m.secret.as_deref().is_none_or(str::is_empty) {
-                c.err(
-                    &format!("monitor[{i}]"),
-                    "type radius needs `secret`: the shared secret the member has for Fulcrum",
-                );
-            }
-            if m.password.is_some() && m.username.is_none() {
-                c.err(&at("password"), "`password` needs `username`");
-            }
-        }
-        MonitorKind::Pop3 | MonitorKind::Imap if m.username.is_some() != m.password.is_some() => {
-            c.err(
-                &format!("monitor[{i}]"),
-                "give both `username` and `password`, or neither",
-            );
-        }
-        MonitorKind::Ftp if m.password.is_some() && m.username.is_none() => {
-            c.err(&at("password"), "`password` needs `username`");
-        }
-        _ => {}
-    }
-}
-
-/// A DNS name in text form: "." or dot-separated labels of 1–63 bytes, 253 bytes in all, no
-/// spaces or control characters.
-fn dns_name_ok(name: &str) -> bool {
-    if name == "." {
-        return true;
-    }
-    let bare = name.strip_suffix('.').unwrap_or(name);
-    !bare.is_empty()
-        && bare.len() <= 253
-        && bare
-            .split('.')
-            .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_graphic()))
 }

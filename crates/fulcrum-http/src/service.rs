@@ -259,6 +259,9 @@ impl HttpService {
     /// Compiles a virtual service: its pools become targets, its rules are indexed, its
     /// persistence profile gets its member ids.
     pub fn build(vs: &VirtualService, parts: Parts<'_>) -> Result<HttpService, String> {
+        let http = vs
+            .as_http()
+            .ok_or_else(|| format!("{:?} is a {} service, not http", vs.name, vs.protocol()))?;
         let find = |name: &str| -> Result<Arc<Pool>, String> {
             parts
                 .pools
@@ -271,7 +274,7 @@ impl HttpService {
         if let Some(p) = &vs.pool {
             names.push(p);
         }
-        for r in &vs.rules {
+        for r in &http.rules {
             if let fulcrum_config::RuleAction::Pool(p) = &r.action {
                 if !names.contains(&p.as_str()) {
                     names.push(p);
@@ -291,8 +294,8 @@ impl HttpService {
                 Ok(Arc::new(t))
             })
             .collect::<Result<_, String>>()?;
-        let rules = RuleSet::compile(&vs.rules, &|name| names.iter().position(|n| *n == name))?;
-        let https = vs.protocol == fulcrum_config::Protocol::Https;
+        let rules = RuleSet::compile(&http.rules, &|name| names.iter().position(|n| *n == name))?;
+        let https = http.tls.is_some();
         let sticky = match vs
             .persistence
             .as_ref()
@@ -301,7 +304,7 @@ impl HttpService {
             Some(profile) => Some(Sticky::new(profile, &pools, parts.table, https)?),
             None => None,
         };
-        let access_log = match &vs.http.access_log {
+        let access_log = match &http.options.access_log {
             Some(cfg) => Some(
                 AccessLog::open(cfg, &vs.name)
                     .map_err(|e| format!("access_log {}: {e}", cfg.path.display()))?,
@@ -315,17 +318,17 @@ impl HttpService {
             rules,
             sticky,
             limits: Limits {
-                max_header_size: vs.http.max_header_size as usize,
-                max_headers: vs.http.max_headers as usize,
-                max_uri: vs.http.max_uri_length as usize,
+                max_header_size: http.options.max_header_size as usize,
+                max_headers: http.options.max_headers as usize,
+                max_uri: http.options.max_uri_length as usize,
             },
-            header_timeout: vs.http.header_timeout,
+            header_timeout: http.options.header_timeout,
             idle_timeout: vs.idle_timeout,
-            request_timeout: vs.http.request_timeout,
-            max_body_size: vs.http.max_body_size,
-            min_body_rate: vs.http.min_body_rate,
-            forward: vs.http.forward_headers,
-            proxy_protocol: vs.proxy_protocol,
+            request_timeout: http.options.request_timeout,
+            max_body_size: http.options.max_body_size,
+            min_body_rate: http.options.min_body_rate,
+            forward: http.options.forward_headers,
+            proxy_protocol: http.stream.proxy_protocol,
             max_connections: vs.max_connections,
             https,
             tls: None,
@@ -336,11 +339,11 @@ impl HttpService {
             redirect_threshold: parts
                 .no_member_hook
                 .as_ref()
-                .and(vs.gslb_redirect_threshold),
+                .and(http.gslb_redirect.as_ref().and_then(|r| r.threshold)),
             no_member_hook: parts.no_member_hook,
             cache: parts.cache,
             snat: parts.snat,
-            compress: vs
+            compress: http
                 .compression
                 .as_ref()
                 .map(crate::compress::Compressor::new),

@@ -270,7 +270,14 @@ impl ServerTls {
         path: &str,
         shared: &mut TlsShared,
     ) -> Result<ServerTls, Vec<KeyError>> {
-        let opts = &vs.tls_options;
+        let Some(tls) = vs.tls() else {
+            return Err(vec![(
+                format!("{path}.tls"),
+                "the service terminates no TLS".to_string(),
+            )]);
+        };
+        let opts = &tls.options;
+        let http = vs.as_http();
         let mut errors = Vec::new();
         let provider = match provider_for(opts, path) {
             Ok(p) => Arc::new(p),
@@ -283,7 +290,7 @@ impl ServerTls {
             certs: Vec::new(),
             names: NameIndex::default(),
         };
-        for (i, c) in vs.tls.iter().enumerate() {
+        for (i, c) in tls.certs.iter().enumerate() {
             let at = format!("{path}.tls[{i}]");
             match load_cert(c, &at, &provider) {
                 Ok((ck, names)) => {
@@ -328,7 +335,7 @@ impl ServerTls {
         let mut config = builder.with_cert_resolver(Arc::new(resolver));
         // https offers its protocols by default; a tcp or message service carries bytes it does
         // not read, so it offers ALPN only when told which protocols its members speak.
-        if vs.protocol.is_http() || opts.alpn_set {
+        if http.is_some() || opts.alpn_set {
             config.alpn_protocols = opts.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
         }
         config.ignore_client_order = !opts.cipher_suites.is_empty();
@@ -344,10 +351,9 @@ impl ServerTls {
         }
         Ok(ServerTls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-            handshake_timeout: opts.handshake_timeout.unwrap_or(if vs.protocol.is_http() {
-                vs.http.header_timeout
-            } else {
-                DEFAULT_STREAM_HANDSHAKE_TIMEOUT
+            handshake_timeout: opts.handshake_timeout.unwrap_or(match http {
+                Some(h) => h.options.header_timeout,
+                None => DEFAULT_STREAM_HANDSHAKE_TIMEOUT,
             }),
             stats: shared.stats.clone(),
         })

@@ -224,8 +224,8 @@ impl App {
                 .iter()
                 .any(|v| v.name == name && uses(v))
         };
-        self.tls.retain(&|name| runs(name, &|v| !v.tls.is_empty()));
-        fulcrum_net::Snat::retain(&|name| runs(name, &|v| !v.snat.is_empty()));
+        self.tls.retain(&|name| runs(name, &|v| v.tls().is_some()));
+        fulcrum_net::Snat::retain(&|name| runs(name, &|v| !v.snat().is_empty()));
         let checked = cx.checked_pools;
         self.health.apply(&checked, &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
@@ -293,7 +293,7 @@ impl App {
             }
             services.push(ServiceInfo {
                 name: vs.name.clone(),
-                protocol: vs.protocol,
+                protocol: vs.protocol(),
                 listen: vs.listen.clone(),
                 stats: cx.stats(vs),
             });

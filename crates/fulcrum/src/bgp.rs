@@ -31,7 +31,7 @@ fn service_pools(service: &VirtualService) -> impl Iterator<Item = &str> {
         .pool
         .as_deref()
         .into_iter()
-        .chain(service.rules.iter().filter_map(|r| match &r.action {
+        .chain(service.rules().iter().filter_map(|r| match &r.action {
             RuleAction::Pool(p) => Some(p.as_str()),
             _ => None,
         }))

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fulcrum_admin::{ApiRequest, MetricsWriter};
-use fulcrum_config::{Config, PersistenceKind, Protocol, VirtualService};
+use fulcrum_config::{Config, PersistenceKind, VirtualService};
 use fulcrum_dns::RedirectTarget;
 use fulcrum_http::{
     HttpCache, HttpService, HttpStats, NoMemberHook, Parts, RequestInfo, Upstreams,
@@ -88,7 +88,7 @@ impl DataPlane for HttpAssembly {
     }
 
     fn serves(&self, vs: &VirtualService) -> bool {
-        matches!(vs.protocol, Protocol::Http | Protocol::Https)
+        vs.as_http().is_some()
     }
 
     /// Builds the handler of an http or https virtual service.
@@ -98,6 +98,9 @@ impl DataPlane for HttpAssembly {
         cx: &mut BuildCx,
     ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
         let config = cx.config;
+        let section = vs
+            .as_http()
+            .ok_or_else(|| format!("virtual service {:?} is not http", vs.name))?;
         let table = cx
             .table(
                 vs,
@@ -110,7 +113,7 @@ impl DataPlane for HttpAssembly {
             .map(|(table, _)| table);
         let stats = cx.stats(vs);
         let mut build = self.pending.lock();
-        let cache = vs.cache.as_ref().map(|c| {
+        let cache = section.cache.as_ref().map(|c| {
             let cache = match self.caches.lock().get(&vs.name) {
                 Some(old) => old.with_config(c.size, c.max_object),
                 None => HttpCache::new(c.size, c.max_object),
@@ -130,10 +133,10 @@ impl DataPlane for HttpAssembly {
                 stats,
                 http_stats: hs,
                 tracker: cx.tracker.clone(),
-                no_member_hook: vs.gslb_redirect.as_ref().map(|fqdn| {
+                no_member_hook: section.gslb_redirect.as_ref().map(|r| {
                     Arc::new(GslbRedirect {
                         dns: self.dns.clone(),
-                        fqdn: fqdn.clone(),
+                        fqdn: r.name.clone(),
                     }) as Arc<dyn NoMemberHook>
                 }),
                 cache,
@@ -141,7 +144,7 @@ impl DataPlane for HttpAssembly {
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
-        if vs.protocol == Protocol::Https {
+        if section.tls.is_some() {
             svc.tls = cx.stream_tls(vs)?;
         }
         if let Some(previous) = self.services.lock().iter().find(|s| *s.name == *vs.name) {

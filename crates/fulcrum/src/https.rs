@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use fulcrum_admin::MetricsWriter;
-use fulcrum_config::{Config, ConfigError, Protocol, VirtualService};
+use fulcrum_config::{Config, ConfigError, VirtualService};
 use fulcrum_http::tls::client::MemberTls;
 use fulcrum_http::tls::{FailReason, ServerTls, TlsShared, TlsStats};
 use parking_lot::Mutex;
@@ -16,11 +16,7 @@ use parking_lot::Mutex;
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        if !matches!(
-            vs.protocol,
-            Protocol::Https | Protocol::Tcp | Protocol::Message
-        ) || vs.tls.is_empty()
-        {
+        if vs.tls().is_none() {
             continue;
         }
         let mut shared = match TlsShared::new() {

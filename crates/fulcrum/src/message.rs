@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use fulcrum_admin::MetricsWriter;
 use fulcrum_balance::Pool;
-use fulcrum_config::{Config, Protocol, VirtualService};
+use fulcrum_config::{Config, VirtualService};
 use fulcrum_net::StreamHandler;
 use fulcrum_proxy::message::{FailReason, Hub, MessageStats, Settings};
 use fulcrum_proxy::{MessageService, SourcePersistence};
@@ -46,7 +46,7 @@ impl DataPlane for Messages {
     }
 
     fn serves(&self, vs: &VirtualService) -> bool {
-        vs.protocol == Protocol::Message
+        vs.as_message().is_some()
     }
 
     /// The handler for one message service of the configuration being prepared. Nothing runs
@@ -56,6 +56,9 @@ impl DataPlane for Messages {
         vs: &VirtualService,
         cx: &mut BuildCx,
     ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
+        let section = vs
+            .as_message()
+            .ok_or_else(|| format!("virtual service {:?} is not message", vs.name))?;
         let pool = cx
             .pool(vs)
             .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
@@ -70,11 +73,11 @@ impl DataPlane for Messages {
         let settings = Settings {
             snat,
             member_tls,
-            framing: vs.framing.clone().unwrap_or_default(),
-            mode: vs.message_mode,
-            sequence: vs.sequence.clone(),
-            options: vs.message.clone(),
-            proxy_protocol: vs.proxy_protocol,
+            framing: section.framing.clone(),
+            mode: section.mode,
+            sequence: section.sequence.clone(),
+            options: section.options.clone(),
+            proxy_protocol: section.stream.proxy_protocol,
         };
         let mut inner = self.inner.lock();
         let messages = inner.stats.entry(vs.name.clone()).or_default().clone();

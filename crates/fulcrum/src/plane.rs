@@ -164,7 +164,7 @@ impl<'a> BuildCx<'a> {
     /// TLS termination of a service with `tls` (https, and tcp or message with TLS offload),
     /// keeping its ticket keys, session cache and counters across reloads.
     pub fn stream_tls(&self, vs: &VirtualService) -> Result<Option<Arc<ServerTls>>, String> {
-        if vs.tls.is_empty() {
+        if vs.tls().is_none() {
             return Ok(None);
         }
         self.tls
@@ -175,7 +175,7 @@ impl<'a> BuildCx<'a> {
 
     /// The service's pool of source addresses for member connections (`snat`), if any.
     pub fn snat(&self, vs: &VirtualService) -> Result<Option<Arc<Snat>>, String> {
-        Snat::for_service(&vs.name, &vs.snat)
+        Snat::for_service(&vs.name, vs.snat())
             .map_err(|e| format!("virtual service {:?}: {e}", vs.name))
     }
 

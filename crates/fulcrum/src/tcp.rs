@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use fulcrum_config::{Protocol, VirtualService};
+use fulcrum_config::VirtualService;
 use fulcrum_net::StreamHandler;
 use fulcrum_proxy::TcpService;
 
@@ -14,7 +14,7 @@ pub struct TcpPlane;
 
 impl DataPlane for TcpPlane {
     fn serves(&self, vs: &VirtualService) -> bool {
-        vs.protocol == Protocol::Tcp && !vs.forwarding.forwarding.in_kernel()
+        vs.as_tcp().is_some() && !vs.in_kernel()
     }
 
     fn build(
@@ -34,7 +34,7 @@ impl DataPlane for TcpPlane {
             name: Arc::from(vs.name.as_str()),
             pool,
             persistence: cx.source_persistence(vs),
-            proxy_protocol: vs.proxy_protocol,
+            proxy_protocol: vs.proxy_protocol(),
             idle_timeout: vs.idle_timeout,
             max_connections: vs.max_connections,
             splice: true,

@@ -9,7 +9,7 @@ use fulcrum_net::Listeners;
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for (i, vs) in config.virtual_services.iter().enumerate() {
-        let Some(c) = vs.tcp.as_ref().and_then(|t| t.congestion.as_deref()) else {
+        let Some(c) = vs.tcp_tuning().and_then(|t| t.congestion.as_deref()) else {
             continue;
         };
         if !fulcrum_net::tuning::congestion_available(c) {
@@ -30,10 +30,10 @@ pub fn apply(listeners: &mut Listeners, config: &Config) {
     for vs in config
         .virtual_services
         .iter()
-        .filter(|v| !v.protocol.is_datagram())
+        .filter(|v| !v.protocol().is_datagram())
     {
         for addr in &vs.listen {
-            if let Err(e) = listeners.tune(*addr, vs.tcp.as_ref()) {
+            if let Err(e) = listeners.tune(*addr, vs.tcp_tuning()) {
                 tracing::warn!(service = %vs.name, %addr, error = %e, "cannot apply `tcp` tuning to the listener");
             }
         }

@@ -74,7 +74,7 @@ impl DataPlane for Udp {
     }
 
     fn serves(&self, vs: &VirtualService) -> bool {
-        vs.protocol == Protocol::Udp && !vs.forwarding.forwarding.in_kernel()
+        vs.as_udp().is_some() && !vs.in_kernel()
     }
 
     /// Compiles one udp service into the pending configuration.
@@ -84,6 +84,9 @@ impl DataPlane for Udp {
         cx: &mut BuildCx,
     ) -> Result<Option<Arc<dyn StreamHandler>>, String> {
         let config = cx.config;
+        let section = vs
+            .as_udp()
+            .ok_or_else(|| format!("virtual service {:?} is not udp", vs.name))?;
         let pool = cx
             .pool(vs)
             .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
@@ -94,7 +97,7 @@ impl DataPlane for Udp {
             .virtual_services
             .iter()
             .filter(|v| v.pool == vs.pool)
-            .all(|v| v.protocol == Protocol::Udp);
+            .all(|v| v.protocol() == Protocol::Udp);
         pool.set_datagram(only_udp);
         let mut guard = self.state.lock();
         let state = &mut *guard;
@@ -130,9 +133,9 @@ impl DataPlane for Udp {
         let service = Arc::new(UdpService {
             name: Arc::from(vs.name.as_str()),
             pool,
-            mode: vs.udp_mode,
-            session_timeout: vs.session_timeout,
-            max_sessions: vs.max_sessions,
+            mode: section.mode,
+            session_timeout: section.session_timeout,
+            max_sessions: section.max_sessions,
             radius,
             source,
             stats,

@@ -123,17 +123,17 @@ impl XdpPlane {
         let err = |e: fulcrum_xdp::Error| vec![format!("XDP: {e}")];
         let nat = services
             .iter()
-            .any(|v| v.forwarding.forwarding == Forwarding::Nat);
+            .any(|v| v.forwarding().forwarding == Forwarding::Nat);
         let tcp_idle = services
             .iter()
-            .filter(|v| v.protocol == Protocol::Tcp)
+            .filter(|v| v.protocol() == Protocol::Tcp)
             .map(|v| v.idle_timeout)
             .max()
             .unwrap_or(Duration::from_secs(900));
         let udp_idle = services
             .iter()
-            .filter(|v| v.protocol == Protocol::Udp)
-            .map(|v| v.session_timeout)
+            .filter_map(|v| v.as_udp())
+            .map(|u| u.session_timeout)
             .max()
             .unwrap_or(Duration::from_secs(300));
         st.dp
@@ -146,7 +146,7 @@ impl XdpPlane {
             .map_err(err)?;
         let wanted: HashSet<&str> = services
             .iter()
-            .flat_map(|v| v.forwarding.interfaces.iter().map(String::as_str))
+            .flat_map(|v| v.forwarding().interfaces.iter().map(String::as_str))
             .collect();
         for ifname in st.dp.attached() {
             if !wanted.contains(ifname.as_str()) {
@@ -155,17 +155,17 @@ impl XdpPlane {
             }
         }
         for vs in services {
-            let mode = match vs.forwarding.xdp_mode {
+            let mode = match vs.forwarding().xdp_mode {
                 fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
                 fulcrum_config::XdpMode::Native => aya::programs::XdpMode::Driver,
                 fulcrum_config::XdpMode::Generic => aya::programs::XdpMode::Skb,
             };
-            for ifname in &vs.forwarding.interfaces {
+            for ifname in &vs.forwarding().interfaces {
                 if !st.dp.attached().contains(ifname) {
                     st.dp
                         .attach(ifname, mode)
                         .map_err(|e| vec![format!("{e}")])?;
-                    tracing::info!(interface = %ifname, mode = %vs.forwarding.xdp_mode, "XDP forwarder attached");
+                    tracing::info!(interface = %ifname, mode = %vs.forwarding().xdp_mode, "XDP forwarder attached");
                 }
             }
         }
@@ -204,13 +204,13 @@ impl XdpPlane {
                 .is_some_and(|p| p.kind == PersistenceKind::SourceIp);
             let meta = VipMeta {
                 index,
-                flags: mode_flags(vs.forwarding.forwarding)
+                flags: mode_flags(vs.forwarding().forwarding)
                     | if persist { VIP_F_PERSIST_SRC } else { 0 },
             };
             let keys: Vec<VipKey> = vs
                 .listen
                 .iter()
-                .map(|a| VipKey::new(a.ip(), a.port(), proto_number(vs.protocol)))
+                .map(|a| VipKey::new(a.ip(), a.port(), proto_number(vs.protocol())))
                 .collect();
             for k in &keys {
                 st.dp.set_vip(*k, meta).map_err(err)?;
@@ -237,7 +237,7 @@ impl XdpPlane {
                     );
                 }
                 if let Some(r) = st.reals.get_mut(&m.address) {
-                    let port = if vs.forwarding.forwarding == Forwarding::Nat {
+                    let port = if vs.forwarding().forwarding == Forwarding::Nat {
                         m.address.port()
                     } else {
                         0
@@ -642,7 +642,7 @@ impl DataPlane for XdpPlane {
     }
 
     fn serves(&self, vs: &VirtualService) -> bool {
-        vs.forwarding.forwarding.in_kernel()
+        vs.in_kernel()
     }
 
     fn build(

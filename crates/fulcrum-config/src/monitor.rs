@@ -1,0 +1,142 @@
+//! Checks of one `[[monitor]]` once its keys are read: timings, expected values, and the keys
+//! of each monitor type (a key of another type is refused). References to monitors are checked
+//! by `validate`.
+
+use crate::reader::Cx;
+use crate::schema::{Monitor, MonitorKind, MONITOR_KIND_KEYS};
+
+/// DNS record types a dns monitor may ask for.
+pub const DNS_QUERY_TYPES: &[&str] = &[
+    "A", "AAAA", "NS", "CNAME", "SOA", "PTR", "MX", "TXT", "SRV", "CAA", "ANY",
+];
+/// DNS response codes a dns monitor may expect.
+pub const DNS_RCODES: &[&str] = &[
+    "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED",
+];
+
+/// Checks of the monitor at `base` (such as `monitor[2]`).
+pub(crate) fn check(base: &str, m: &Monitor, cx: &mut Cx<'_>) {
+    let at = |k: &str| format!("{base}.{k}");
+    if m.interval.is_zero() {
+        cx.error_path(&at("interval"), "must be longer than 0s");
+    }
+    if m.timeout.is_zero() {
+        cx.error_path(&at("timeout"), "must be longer than 0s");
+    } else if m.timeout > m.interval {
+        cx.error_path(
+            &at("timeout"),
+            format!(
+                "{} is longer than the interval ({}): a check would still run when the next starts",
+                humantime::format_duration(m.timeout),
+                humantime::format_duration(m.interval)
+            ),
+        );
+    }
+    for s in &m.expect_status {
+        if !(100..=599).contains(s) {
+            cx.error_path(
+                &at("expect_status"),
+                format!("{s} is not an HTTP status (100 to 599)"),
+            );
+        }
+    }
+    if m.kind == MonitorKind::SendExpect && m.expect.is_none() {
+        cx.error_path(base, "type send_expect needs `expect` (and usually `send`)");
+    }
+    if m.port == Some(0) {
+        cx.error_path(&at("port"), "0 is not a port");
+    }
+    check_protocol_keys(base, m, cx);
+}
+
+/// Keys of the protocol monitors: required ones present, values well-formed, and no key of
+/// another kind.
+fn check_protocol_keys(base: &str, m: &Monitor, cx: &mut Cx<'_>) {
+    let at = |k: &str| format!("{base}.{k}");
+    for (key, kinds) in MONITOR_KIND_KEYS {
+        if cx.written(&at(key)) && !kinds.contains(&m.kind) {
+            let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+            cx.error_path(
+                &at(key),
+                format!(
+                    "`{key}` applies to monitor type {}; this monitor is {}",
+                    names.join(" / "),
+                    m.kind
+                ),
+            );
+        }
+    }
+    match m.kind {
+        MonitorKind::Snmp if m.snmp.oid.is_none() && !cx.written(&at("oid")) => {
+            cx.error_path(
+                base,
+                "type snmp needs `oid`: the value read, e.g. \"1.3.6.1.4.1.2021.10.1.5.1\" (laLoadInt.1)",
+            );
+        }
+        MonitorKind::Dns => {
+            match m.query.as_deref() {
+                None => cx.error_path(
+                    base,
+                    "type dns needs `query`: the name to ask for, e.g. \"health.example.com.\"",
+                ),
+                Some(q) if !dns_name_ok(q) => cx.error_path(
+                    &at("query"),
+                    format!("{q:?} is not a DNS name (labels of 1 to 63 characters, 253 in all)"),
+                ),
+                Some(_) => {}
+            }
+            if !DNS_QUERY_TYPES.contains(&m.query_type.as_str()) {
+                cx.error_path(
+                    &at("query_type"),
+                    format!(
+                        "unknown record type {:?}; expected one of: {}",
+                        m.query_type,
+                        DNS_QUERY_TYPES.join(", ")
+                    ),
+                );
+            }
+            if !DNS_RCODES.contains(&m.expect_rcode.as_str()) {
+                cx.error_path(
+                    &at("expect_rcode"),
+                    format!(
+                        "unknown response code {:?}; expected one of: {}",
+                        m.expect_rcode,
+                        DNS_RCODES.join(", ")
+                    ),
+                );
+            }
+        }
+        MonitorKind::Radius => {
+            if m.secret.as_deref().is_none_or(str::is_empty) {
+                cx.error_path(
+                    base,
+                    "type radius needs `secret`: the shared secret the member has for Fulcrum",
+                );
+            }
+            if m.password.is_some() && m.username.is_none() {
+                cx.error_path(&at("password"), "`password` needs `username`");
+            }
+        }
+        MonitorKind::Pop3 | MonitorKind::Imap if m.username.is_some() != m.password.is_some() => {
+            cx.error_path(base, "give both `username` and `password`, or neither");
+        }
+        MonitorKind::Ftp if m.password.is_some() && m.username.is_none() => {
+            cx.error_path(&at("password"), "`password` needs `username`");
+        }
+        _ => {}
+    }
+}
+
+/// A DNS name in text form: "." or dot-separated labels of 1–63 bytes, 253 bytes in all, no
+/// spaces or control characters.
+fn dns_name_ok(name: &str) -> bool {
+    if name == "." {
+        return true;
+    }
+    let bare = name.strip_suffix('.').unwrap_or(name);
+    !bare.is_empty()
+        && bare.len() <= 253
+        && bare
+            .split('.')
+            .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_graphic()))
+}
