@@ -13,7 +13,7 @@ use crate::client::{Alpn, ConnInfo};
 use crate::service::HttpService;
 
 impl StreamHandler for HttpService {
-    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
         if self.max_connections > 0
             && self.stats.connections_active.load(Ordering::Relaxed)
                 >= u64::from(self.max_connections)
@@ -24,7 +24,6 @@ impl StreamHandler for HttpService {
         let tracked = self.tracker.track();
         let conn = self.stats.open();
         // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
-        let local = stream.local_addr().unwrap_or(peer);
         tokio::spawn(async move {
             let mut info = ConnInfo {
                 peer,
