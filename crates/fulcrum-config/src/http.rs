@@ -265,7 +265,7 @@ impl Default for HttpPoolOptions {
         HttpPoolOptions {
             response_timeout: Duration::from_secs(60),
             http2: false,
-            max_idle: 100,
+            max_idle: 1000,
             idle_timeout: Duration::from_secs(30),
             passive_statuses: StatusSet(vec![StatusMatch::Class(5)]),
         }

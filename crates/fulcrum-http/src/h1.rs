@@ -102,7 +102,7 @@ enum ReadHead {
 /// Serves one HTTP/1.x client connection; `buf` holds bytes already read from it.
 pub(crate) async fn serve<S>(svc: Arc<HttpService>, io: S, info: ConnInfo, buf: Vec<u8>)
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut c = Conn {
         io,
@@ -122,7 +122,7 @@ where
 
 impl<S> Conn<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     async fn run(&mut self) {
         loop {
@@ -201,9 +201,14 @@ where
                 Plan::Forward { target, rule } => {
                     let t = svc.targets[target].clone();
                     let route = Route::new(&svc, &t, target, rule);
+                    // Boxed: an exchange's states (member connect, TLS, retries) are about 5 KiB;
+                    // held inline they would make every connection's task that large, idle
+                    // keep-alive ones included. One allocation per request costs far less than
+                    // the copy of a 6 KiB task at every accept.
+                    let exchange = Box::pin(self.forward(route));
                     let d = match svc.request_timeout {
                         Some(limit) => {
-                            match tokio::time::timeout(limit, self.forward(route)).await {
+                            match tokio::time::timeout(limit, exchange).await {
                                 Ok(d) => d,
                                 Err(_) => {
                                     svc.http_stats
@@ -220,18 +225,29 @@ where
                                 }
                             }
                         }
-                        None => self.forward(route).await,
+                        None => exchange.await,
                     };
                     self.log(&d, started, rule);
                     d
                 }
             };
             if !done.keep || self.head.close {
-                let _ = self.io.shutdown().await;
+                self.close().await;
                 return;
             }
             self.next_request();
         }
+    }
+
+    /// Ends the connection after its last response. A plain TCP socket gets no shutdown(2): the
+    /// close(2) when it is dropped sends the same FIN, and on a connection per request the
+    /// extra system call is a tenth of them. Layered streams (TLS) still get theirs, which
+    /// sends close_notify.
+    async fn close(&mut self) {
+        if (&self.io as &dyn std::any::Any).is::<tokio::net::TcpStream>() {
+            return;
+        }
+        let _ = self.io.shutdown().await;
     }
 
     /// Drops the served request from the buffer, keeping pipelined bytes after it.
@@ -1275,7 +1291,7 @@ pub(crate) fn write_local(
 
 impl<S> Conn<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     /// Forwards to a pool that speaks HTTP/2 to its members.
     async fn forward_h2(&mut self, route: Route<'_>, mut attempts: Attempts<'_>) -> Done {

@@ -8,7 +8,7 @@
 //! at once when no readiness was reported). A sweeper closes connections idle longer than the
 //! pool's `idle_timeout` and those the member closed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -224,7 +224,9 @@ struct Idle {
 /// Idle connections to one member.
 pub struct MemberConns {
     pub member: Arc<Member>,
-    idle: Mutex<Vec<Idle>>,
+    /// Oldest first: reuse takes the newest (the least likely to have been closed by the
+    /// member), a full pool drops the oldest, both O(1).
+    idle: Mutex<VecDeque<Idle>>,
     max_idle: AtomicU32,
     idle_timeout_ms: AtomicU64,
 }
@@ -242,7 +244,7 @@ impl MemberConns {
     fn new(member: Arc<Member>, opts: &fulcrum_config::HttpPoolOptions) -> MemberConns {
         MemberConns {
             member,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(VecDeque::new()),
             max_idle: AtomicU32::new(opts.max_idle),
             idle_timeout_ms: AtomicU64::new(opts.idle_timeout.as_millis() as u64),
         }
@@ -268,7 +270,7 @@ impl MemberConns {
         let timeout = self.idle_timeout_ms.load(Ordering::Relaxed);
         let mut idle = self.idle.lock();
         loop {
-            let top = idle.last()?;
+            let top = idle.back()?;
             if now.saturating_sub(top.since_ms) >= timeout {
                 // The stack is ordered by age: everything below is older still.
                 idle.clear();
@@ -278,7 +280,7 @@ impl MemberConns {
             if proven && now.saturating_sub(top.conn.last_ok_ms) >= PROVEN_ALIVE_MS {
                 return None;
             }
-            let Idle { mut conn, .. } = idle.pop()?;
+            let Idle { mut conn, .. } = idle.pop_back()?;
             self.set_gauge(idle.len());
             if conn.is_idle_alive() {
                 return Some(conn);
@@ -299,9 +301,9 @@ impl MemberConns {
         let mut idle = self.idle.lock();
         if idle.len() >= max {
             // Keep the fresh one: the oldest is the likeliest to be closed by the member.
-            idle.remove(0);
+            idle.pop_front();
         }
-        idle.push(Idle {
+        idle.push_back(Idle {
             conn,
             since_ms: now,
         });

@@ -18,8 +18,9 @@ use tokio::task::JoinHandle;
 
 /// A data plane's entry point for accepted connections.
 pub trait StreamHandler: Send + Sync + 'static {
-    /// Takes over an accepted connection; must not block (spawn the work).
-    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr);
+    /// Takes over an accepted connection; must not block (spawn the work). `local` is the
+    /// address the client connected to.
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, local: SocketAddr);
 }
 
 /// The handler installed on a listener, swapped on reload.
@@ -142,11 +143,22 @@ impl Listener {
 }
 
 async fn accept_loop(listener: Arc<TcpListener>, slot: Arc<HandlerSlot>) {
+    // A listener bound to one address knows every connection's local address; asking the
+    // kernel (getsockname) is only needed behind a wildcard, and would be a tenth of the
+    // system calls of a one-request connection.
+    let bound = listener
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_unspecified());
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let local = match bound {
+                    Some(addr) => addr,
+                    None => stream.local_addr().unwrap_or(peer),
+                };
                 let handler: Arc<dyn StreamHandler> = Arc::clone(&slot.load());
-                handler.handle(stream, peer);
+                handler.handle(stream, peer, local);
             }
             Err(e) => {
                 // Out of file descriptors or memory: back off instead of spinning on the error;

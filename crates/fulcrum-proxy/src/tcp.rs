@@ -57,10 +57,10 @@ trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 impl StreamHandler for TcpService {
-    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
         let tracked = self.tracker.track();
         tokio::spawn(async move {
-            self.serve(stream, peer).await;
+            self.serve(stream, peer, local).await;
             drop(tracked);
         });
     }
@@ -77,7 +77,7 @@ pub fn l4_hash(key: &HashKey, client: SocketAddr) -> Option<u64> {
 }
 
 impl TcpService {
-    async fn serve(&self, mut client: TcpStream, peer: SocketAddr) {
+    async fn serve(&self, mut client: TcpStream, peer: SocketAddr, local: SocketAddr) {
         if self.max_connections > 0
             && self.stats.connections_active.load(Ordering::Relaxed)
                 >= u64::from(self.max_connections)
@@ -90,7 +90,7 @@ impl TcpService {
         // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
         if self.tls.is_some() || self.member_tls.is_some() {
             // Boxed: the handshake state would otherwise enlarge every plain connection's task.
-            return Box::pin(self.serve_tls(client, peer)).await;
+            return Box::pin(self.serve_tls(client, peer, local)).await;
         }
 
         let opts = ForwardOptions {
@@ -109,7 +109,6 @@ impl TcpService {
             let _request = member.open_request();
 
             if let Some(version) = self.proxy_protocol {
-                let local = client.local_addr().unwrap_or(peer);
                 let header = fulcrum_net::proxy_protocol::header(version, peer, local);
                 if let Err(e) = write_all(&member_stream, &header).await {
                     member.record_passive_failure(&format!("writing PROXY header: {e}"));
@@ -187,8 +186,7 @@ impl TcpService {
     /// A connection with TLS on the client side (termination), the member side
     /// (re-encryption) or both: the bytes are relayed through user space (no splice); the
     /// `fastest_response` sample is taken as on the plain path.
-    async fn serve_tls(&self, client: TcpStream, peer: SocketAddr) {
-        let local = client.local_addr().unwrap_or(peer);
+    async fn serve_tls(&self, client: TcpStream, peer: SocketAddr, local: SocketAddr) {
         let mut client: Box<dyn Stream> = match &self.tls {
             Some(tls) => match tls.accept(client, &self.name, peer).await {
                 Some((s, _)) => Box::new(s),

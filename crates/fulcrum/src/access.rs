@@ -29,7 +29,7 @@ fn reset(stream: TcpStream) {
 }
 
 impl StreamHandler for Guarded {
-    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
         if let Some(access) = &self.access {
             if !access.permits(peer.ip()) {
                 self.stats.denied.fetch_add(1, Ordering::Relaxed);
@@ -41,7 +41,7 @@ impl StreamHandler for Guarded {
             self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
             return reset(stream);
         }
-        self.inner.clone().handle(stream, peer);
+        self.inner.clone().handle(stream, peer, local);
     }
 }
 

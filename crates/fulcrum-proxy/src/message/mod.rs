@@ -44,7 +44,7 @@ pub struct MessageService {
 }
 
 impl StreamHandler for MessageService {
-    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, _local: SocketAddr) {
         let tracked = self.tracker.track();
         tokio::spawn(async move {
             client::serve(self.clone(), stream, peer).await;
