@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# What the rapid-reset row of bench/abuse.sh costs Fulcrum, and why: Fulcrum alone (one worker,
-# CPU 0) in front of an nginx member, `h2abuse rapid` for SECS with 4 connections; every 0.5 s
+# What the HTTP/2 attack rows of bench/abuse.sh cost Fulcrum, and why: Fulcrum alone (one worker,
+# CPU 0) in front of an nginx member, `h2abuse $ATTACK` for SECS with 4 connections; every 0.5 s
 # the proxy's RSS and its established member connections are sampled. Prints the RSS before,
 # the peak, the RSS 3 s after the attack, the most member connections seen, and from Fulcrum's
 # h2 debug log how many HEADERS and RST_STREAM frames it received and how it closed them.
 #
 #   bench/h2-stream-memory.sh [SECS=10]     FULCRUM=path (default target/$PROFILE/fulcrum)
+#                                           ATTACK=rapid (default) or flood (h2abuse modes)
 #                                           extra environment for Fulcrum: FULCRUM_ENV="K=V ..."
 #                                           (e.g. MIMALLOC_PURGE_DELAY=0 to tell allocator
 #                                           retention from live memory); FULCRUM_LOG=warn
@@ -61,7 +62,7 @@ fulcrum_pid=$!; pids+=($fulcrum_pid)
 wait_port 127.0.0.1:$F
 sleep 0.5
 before=$(rss_kib $fulcrum_pid); peak=$before; conns=0
-taskset -c "$BENCH_CPU_LOAD" "$H2ABUSE" rapid "127.0.0.1:$F" "$SECS" 4 >"$work/abuse.out" 2>&1 &
+taskset -c "$BENCH_CPU_LOAD" "$H2ABUSE" "${ATTACK:-rapid}" "127.0.0.1:$F" "$SECS" 4 >"$work/abuse.out" 2>&1 &
 apid=$!
 while kill -0 $apid 2>/dev/null; do
   r=$(rss_kib $fulcrum_pid); [ "$r" -gt "$peak" ] && peak=$r
