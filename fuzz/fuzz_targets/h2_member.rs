@@ -318,27 +318,28 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => h2_client::h2_request(),
     };
-    let pool = Arc::new(fulcrum_balance::Pool::new(&w.cfg.pools[0], &[], None));
-    let upstreams = Upstreams::new();
-    let svc = Arc::new(
-        HttpService::build(
-            &w.cfg.virtual_services[0],
-            Parts {
-                config: &w.cfg,
-                pools: &[pool],
-                upstreams: &upstreams,
-                table: None,
-                stats: Default::default(),
-                http_stats: Default::default(),
-                tracker: Default::default(),
-                no_member_hook: None,
-                cache: Some(HttpCache::new(1 << 20, 64 << 10)),
-                snat: None,
-            },
-        )
-        .expect("the fuzz service builds"),
-    );
     w.rt.block_on(async {
+        // Built inside the runtime: the service may spawn.
+        let pool = Arc::new(fulcrum_balance::Pool::new(&w.cfg.pools[0], &[], None));
+        let upstreams = Upstreams::new();
+        let svc = Arc::new(
+            HttpService::build(
+                &w.cfg.virtual_services[0],
+                Parts {
+                    config: &w.cfg,
+                    pools: &[pool],
+                    upstreams: &upstreams,
+                    table: None,
+                    stats: Default::default(),
+                    http_stats: Default::default(),
+                    tracker: Default::default(),
+                    no_member_hook: None,
+                    cache: Some(HttpCache::new(1 << 20, 64 << 10)),
+                    snat: None,
+                },
+            )
+            .expect("the fuzz service builds"),
+        );
         let (mut client, server) = tokio::io::duplex(128 * 1024);
         let info = ConnInfo {
             peer: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 5000),

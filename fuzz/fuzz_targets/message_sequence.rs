@@ -217,7 +217,6 @@ fuzz_target!(|data: &[u8]| {
         pool,
         None,
     );
-    hub.start();
     let service = Arc::new(MessageService {
         hub: hub.clone(),
         idle_timeout: vs.idle_timeout,
@@ -227,6 +226,8 @@ fuzz_target!(|data: &[u8]| {
     });
 
     w.rt.block_on(async {
+        // Opens the member connection: spawns, so inside the runtime.
+        hub.start();
         let front: SocketAddr = w.front.local_addr().expect("front address");
         let mut client = TcpStream::connect(front)
             .await
