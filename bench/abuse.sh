@@ -12,8 +12,10 @@
 # Attacks (all bounded by SECS):
 #   slowloris    slowhttptest -H: 1000 connections sending header lines every 10 s
 #   slow POST    slowhttptest -B: 1000 connections sending a 8 KiB body at ~1 byte per 10 s
-#   rapid reset  h2abuse rapid (crates/fulcrum-testkit bin): 4 h2c connections opening and
-#                cancelling streams as fast as they can, reconnecting when closed
+#   rapid reset  h2abuse rapid (crates/fulcrum-testkit bin): 4 h2c connections writing HEADERS +
+#                RST_STREAM pairs (raw frames) as fast as they can, reconnecting when closed
+#   stream flood h2abuse flood: 4 h2c connections opening streams past the server's concurrency
+#                limit (their resets never leave the client), reconnecting when closed
 #   zero window  h2abuse hold: 200 h2c connections asking for a 1 MiB body with window 0, kept
 #                busy with a HEAD every 500 ms
 #   header flood wrk with a Lua script: every request carries a new 4 KiB X-Session value, the
@@ -28,12 +30,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 SECS=${1:-15}
-ATTACKS=${ATTACKS:-none slowloris slowpost rapid zerowindow flood}
+ATTACKS=${ATTACKS:-none slowloris slowpost rapid streamflood zerowindow flood}
 need haproxy; need nginx; need wrk; need slowhttptest
 FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}
 [ "$FULCRUM" = "$BUILD_DIR/fulcrum" ] && bench_build -p fulcrum
 H2ABUSE=${H2ABUSE:-target/debug/h2abuse}
-[ "$H2ABUSE" = target/debug/h2abuse ] && [[ "$ATTACKS" =~ rapid|zerowindow ]] && cargo build -q -p fulcrum-testkit --bin h2abuse
+[ "$H2ABUSE" = target/debug/h2abuse ] && [[ "$ATTACKS" =~ rapid|streamflood|zerowindow ]] && cargo build -q -p fulcrum-testkit --bin h2abuse
 ulimit -n "$(ulimit -Hn)"
 
 M=18311 F=18380 H=18381 N=18382 N2=18383 FA=18390
@@ -161,6 +163,7 @@ attack() {
     slowloris) taskset -c "$BENCH_CPU_LOAD" slowhttptest -H -c 1000 -r 500 -i 10 -x 24 -p 3 -l "$SECS" -u "http://127.0.0.1:$port/" >"$work/$1-$2.out" 2>&1 & ;;
     slowpost) taskset -c "$BENCH_CPU_LOAD" slowhttptest -B -c 1000 -r 500 -i 10 -s 8192 -x 10 -p 3 -l "$SECS" -u "http://127.0.0.1:$port/" >"$work/$1-$2.out" 2>&1 & ;;
     rapid) taskset -c "$BENCH_CPU_LOAD" "$H2ABUSE" rapid "127.0.0.1:$h2port" "$SECS" 4 >"$work/$1-$2.out" 2>&1 & ;;
+    streamflood) taskset -c "$BENCH_CPU_LOAD" "$H2ABUSE" flood "127.0.0.1:$h2port" "$SECS" 4 >"$work/$1-$2.out" 2>&1 & ;;
     zerowindow) taskset -c "$BENCH_CPU_LOAD" "$H2ABUSE" hold "127.0.0.1:$h2port" /big 200 "$SECS" >"$work/$1-$2.out" 2>&1 & ;;
     flood) taskset -c "$BENCH_CPU_LOAD" wrk -t1 -c16 -d"${SECS}s" -s "$work/flood.lua" "http://127.0.0.1:$port/" >"$work/$1-$2.out" 2>&1 & ;;
   esac
@@ -200,7 +203,7 @@ for a in $ATTACKS; do
     note=""
     if [ -s "$work/$a-$peer.out" ]; then
       case $a in
-        rapid|zerowindow) note=$(grep -E '^(streams_reset|holders)=' "$work/$a-$peer.out" | tail -1 || true) ;;
+        rapid|streamflood|zerowindow) note=$(grep -E '^(streams_reset|holders)=' "$work/$a-$peer.out" | tail -1 || true) ;;
         flood) note="flood: $(awk '/requests in/ {print $1}' "$work/$a-$peer.out") requests with distinct keys" ;;
         *) note="slowhttptest, most connected at once: $(grep -o 'connected: *[0-9]*' "$work/$a-$peer.out" | grep -o '[0-9]*' | sort -n | tail -1)" ;;
       esac

@@ -6,6 +6,9 @@
 //! The first input byte picks the client's request.
 #![no_main]
 
+#[path = "common/h2_client.rs"]
+mod h2_client;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -94,65 +97,6 @@ address = "{member}"
     })
 }
 
-/// The HTTP/2 client's request: prior-knowledge preface, empty SETTINGS, HEADERS for
-/// `GET http://f/h2` (HPACK literals without indexing), END_STREAM | END_HEADERS.
-fn h2_request() -> Vec<u8> {
-    let mut block = Vec::new();
-    for (n, v) in [
-        (&b":method"[..], &b"GET"[..]),
-        (b":scheme", b"http"),
-        (b":path", b"/h2"),
-        (b":authority", b"f"),
-        (b"accept-encoding", b"gzip"),
-    ] {
-        block.push(0);
-        block.push(n.len() as u8);
-        block.extend_from_slice(n);
-        block.push(v.len() as u8);
-        block.extend_from_slice(v);
-    }
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-    let len = block.len() as u32;
-    out.extend_from_slice(&len.to_be_bytes()[1..]);
-    out.extend_from_slice(&[1, 0x5, 0, 0, 0, 1]);
-    out.extend_from_slice(&block);
-    out
-}
-
-/// Reads until the response is over: the connection closes (HTTP/1, `Connection: close`), or
-/// for HTTP/2, stream 1 ends (END_STREAM, RST_STREAM) or the server sends GOAWAY.
-async fn read_response(client: &mut tokio::io::DuplexStream, h2: bool) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        match client.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-        if !h2 {
-            continue;
-        }
-        let mut at = 0;
-        while buf.len() >= at + 9 {
-            let len = usize::from(buf[at]) << 16
-                | usize::from(buf[at + 1]) << 8
-                | usize::from(buf[at + 2]);
-            let (kind, flags) = (buf[at + 3], buf[at + 4]);
-            let stream = u32::from_be_bytes([buf[at + 5], buf[at + 6], buf[at + 7], buf[at + 8]])
-                & 0x7fff_ffff;
-            if buf.len() < at + 9 + len {
-                break;
-            }
-            let ends = stream == 1 && matches!(kind, 0 | 1) && flags & 1 != 0;
-            if ends || (stream == 1 && kind == 3) || kind == 7 {
-                return;
-            }
-            at += 9 + len;
-        }
-    }
-}
-
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, reply)) = data.split_first() else {
         return;
@@ -167,7 +111,7 @@ fuzz_target!(|data: &[u8]| {
         1 => b"HEAD /h HTTP/1.1\r\nHost: f\r\nConnection: close\r\n\r\n".to_vec(),
         2 => b"POST /p HTTP/1.1\r\nHost: f\r\nAccept-Encoding: gzip\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"
             .to_vec(),
-        _ => h2_request(),
+        _ => h2_client::h2_request(),
     };
     w.rt.block_on(async {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
@@ -179,8 +123,11 @@ fuzz_target!(|data: &[u8]| {
         let handler = tokio::spawn(fulcrum_http::serve_connection(w.svc.clone(), server, info));
         let _ = client.write_all(&request).await;
         let h2 = sel % 4 == 3;
-        let _ =
-            tokio::time::timeout(Duration::from_millis(500), read_response(&mut client, h2)).await;
+        let _ = tokio::time::timeout(
+            Duration::from_millis(500),
+            h2_client::read_response(&mut client, h2),
+        )
+        .await;
         drop(client);
         let _ = tokio::time::timeout(Duration::from_secs(2), handler).await;
     });

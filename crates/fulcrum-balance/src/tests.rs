@@ -1436,6 +1436,79 @@ fn attempts_stop_when_every_member_failed_even_within_the_budget() {
     assert_eq!(a.tried(), 2);
 }
 
+#[test]
+fn attempts_after_earlier_failures_avoid_those_members_and_count_them() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1]);
+    // addr(7) is no longer in the pool (a reload removed it): ignored.
+    let mut a = pool
+        .attempts(PickContext::default(), Some(addr(1)))
+        .after(&[addr(1), addr(7), addr(1)]);
+    assert_eq!(a.tried(), 1);
+    for _ in 0..6 {
+        let p = a.next_member().expect("a member");
+        assert_ne!(
+            p.index, 1,
+            "the member the client failed on is not given again"
+        );
+        assert!(!a.persisted());
+    }
+    // retries = 2: one failure before, two more allowed.
+    let p = a.next_member().expect("a member");
+    assert!(a.failed(&p));
+    let q = a.next_member().expect("a member");
+    assert!(!a.failed(&q));
+    assert!(a.all_out());
+}
+
+#[test]
+fn attempts_pass_over_leaves_a_member_out_without_counting_a_try() {
+    let pool = new_pool(Algorithm::RoundRobin, &[1, 1, 1]);
+    let mut a = pool.attempts(PickContext::default(), Some(addr(0)));
+    let first = a.next_member().expect("a member");
+    assert_eq!(first.index, 0);
+    assert!(a.persisted());
+    a.pass_over(&first);
+    a.pass_over(&first);
+    assert_eq!(a.tried(), 0, "passed over is not a try");
+    assert!(a.may_retry());
+    let second = a.next_member().expect("a member");
+    assert_ne!(
+        second.index, 0,
+        "a passed-over remembered member is not given again"
+    );
+    assert!(!a.persisted());
+    a.pass_over(&second);
+    let third = a.next_member().expect("a member");
+    assert!(![0, second.index].contains(&third.index));
+    assert!(!a.all_out());
+    // Failing a passed-over member counts it once; failing it again does not.
+    assert!(a.failed(&second));
+    assert!(a.failed(&second));
+    assert_eq!(a.tried(), 1);
+    a.pass_over(&third);
+    assert!(a.all_out());
+    assert!(a.next_member().is_none());
+    assert_eq!(a.tried(), 1);
+}
+
+#[test]
+fn attempts_any_member_asks_the_scheduler_with_nothing_excluded() {
+    // A lone member that failed the client: the walk is over, but it may serve once more.
+    let pool = new_pool(Algorithm::RoundRobin, &[1]);
+    let mut a = pool
+        .attempts(PickContext::default(), None)
+        .after(&[addr(0)]);
+    assert!(a.all_out());
+    assert!(a.next_member().is_none());
+    assert_eq!(a.any_member().expect("the member").index, 0);
+    assert_eq!(a.tried(), 1, "any_member leaves the attempts as they are");
+    fail_checks(&pool.members()[0]);
+    assert!(
+        a.any_member().is_none(),
+        "a member that is down is not given"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Elastic pools
 // ---------------------------------------------------------------------------------------------

