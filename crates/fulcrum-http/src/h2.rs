@@ -31,8 +31,10 @@ use crate::service::{HttpService, Plan, Successor};
 /// The HTTP/2 connection preface a client speaking h2c by prior knowledge starts with.
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Streams a client may have open at once.
-const MAX_STREAMS: u32 = 256;
+/// Streams a client may have open at once. Each may hold a member connection, so this bounds
+/// what one client connection can make Fulcrum hold (a stream flood held +8 MiB at 256); nginx
+/// allows 128 and HAProxy 100.
+const MAX_STREAMS: u32 = 128;
 
 /// Streams a client may cancel (RST_STREAM before the response head) on one connection before
 /// it is closed, while they are also at least half of the streams it opened. A browser cancels
