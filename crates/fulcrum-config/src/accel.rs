@@ -1,4 +1,4 @@
-//! Acceleration keys that DESIGN §4 does not list (Fulcrum additions): the per-algorithm levels
+//! Acceleration keys beyond the contract (Fulcrum additions): the per-algorithm levels
 //! of `compression.levels`, and the client-side TCP tuning of a virtual service (`tcp`).
 //!
 //! They live apart from `schema.rs` so the contract's tables stay readable.

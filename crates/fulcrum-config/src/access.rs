@@ -1,4 +1,4 @@
-//! `allow` / `deny` on every virtual service (DESIGN §4, Phase 2): source prefixes checked
+//! `allow` / `deny` on every virtual service: source prefixes checked
 //! first, at accept (stream protocols) or datagram receive (udp); `deny` wins.
 //!
 //! Lives apart from `schema.rs` so the contract's tables stay readable. The matcher is here

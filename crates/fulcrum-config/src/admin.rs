@@ -1,4 +1,4 @@
-//! The `[admin]` table: where the API listens and how it is locked (DESIGN §5: mutating calls
+//! The `[admin]` table: where the API listens and how it is locked (mutating calls
 //! are refused without authentication even when no token is configured).
 //!
 //! Lives apart from `schema.rs` so the contract's tables stay readable.

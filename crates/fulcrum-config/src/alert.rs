@@ -1,6 +1,6 @@
-//! `[[alert]]` rules (DESIGN §4 Phase 2): which transitions raise an alert and where it goes.
+//! `[[alert]]` rules: which transitions raise an alert and where it goes.
 //!
-//! DESIGN names `name`, `on`, `webhook`, `syslog`, `smtp` and `repeat`; `hold` (flap damping)
+//! The contract names `name`, `on`, `webhook`, `syslog`, `smtp` and `repeat`; `hold` (flap damping)
 //! and `cert_expiry` (the threshold of `cert_expiry` alerts) are Fulcrum additions, documented in
 //! docs/configuration.md.
 

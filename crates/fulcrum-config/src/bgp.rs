@@ -1,6 +1,6 @@
 //! `[bgp]`: scale-out (active-active). Every node serves the VIPs at once and announces them
 //! through a local BGP speaker while it can serve them; the upstream router spreads clients over
-//! the nodes with ECMP. The keys of DESIGN §4 "Phase 2" (`speaker`, `control`, `announce`) plus
+//! the nodes with ECMP. The contract keys (`speaker`, `control`, `announce`) plus
 //! Fulcrum additions (`include`, `interface`), documented in docs/configuration.md "Scale-out".
 
 use ipnet::IpNet;

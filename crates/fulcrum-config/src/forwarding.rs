@@ -1,4 +1,4 @@
-//! How packets of a tcp / udp virtual service reach its members (DESIGN §4 Phase 2):
+//! How packets of a tcp / udp virtual service reach its members:
 //! `forwarding` and `interfaces`. `proxy` (the default) is the full proxy; `nat`, `dr` and
 //! `tunnel` hand the service's packets to the in-kernel XDP forwarder (crate fulcrum-xdp).
 

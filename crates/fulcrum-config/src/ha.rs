@@ -1,6 +1,6 @@
 //! `[ha]`: VRRPv3 active/standby between Fulcrum nodes (or a Fulcrum node and keepalived).
 //!
-//! The keys of DESIGN §4 "Phase 2" plus Fulcrum additions (`track`, `track_weight`,
+//! The contract keys plus Fulcrum additions (`track`, `track_weight`,
 //! `garp_repeat`, `garp_interval`), documented in docs/configuration.md "High availability".
 
 use std::net::{IpAddr, SocketAddr};

@@ -1,4 +1,4 @@
-//! Keys of the HTTP data plane that DESIGN §4 does not list (Fulcrum additions): timeouts and
+//! Keys of the HTTP data plane beyond the contract (Fulcrum additions): timeouts and
 //! limits of a virtual service, forwarding headers, the access log, and the upstream options of a
 //! pool (response timeout, idle member connections, HTTP/2 to members, passive status checks).
 //!

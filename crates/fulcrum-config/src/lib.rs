@@ -1,4 +1,4 @@
-//! Fulcrum's configuration: the TOML contract of DESIGN.md §4, read into typed structs with every
+//! Fulcrum's configuration: the TOML contract (docs/configuration.md), read into typed structs with every
 //! error located by file, line, column and key path.
 
 mod accel;

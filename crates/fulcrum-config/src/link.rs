@@ -1,4 +1,4 @@
-//! Link and gateway load balancing (DESIGN §4 "Phase 2"): `kind = "link" | "gateway"` pools and
+//! Link and gateway load balancing: `kind = "link" | "gateway"` pools and
 //! their members, the link keys of a monitor (`targets`, `up_when`), `[[outbound]]` and
 //! `[[gateway_service]]`, and the checks that tie them together.
 //!
@@ -15,7 +15,7 @@ use crate::string_enum;
 use crate::types::read_table;
 
 string_enum!(
-    /// What a pool's members are (DESIGN §4): servers (default), links (ISP lines for outbound
+    /// What a pool's members are: servers (default), links (ISP lines for outbound
     /// flows) or gateways (next hops of a firewall sandwich).
     PoolKind {
         Server = "server",

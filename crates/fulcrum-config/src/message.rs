@@ -2,7 +2,7 @@
 //! stream is cut into messages (`framing`), where the id pairing a response with its request sits
 //! (`sequence`), and how Fulcrum keeps and uses its connections to members.
 //!
-//! DESIGN §4 names `framing` (length prefix), `message_mode` and `sequence`; the length encodings,
+//! The contract names `framing` (length prefix), `message_mode` and `sequence`; the length encodings,
 //! the delimiter variant, `length_adjust` and the connection and delivery keys are Fulcrum
 //! additions, documented in docs/configuration.md.
 

@@ -1,4 +1,4 @@
-//! The typed configuration (DESIGN.md §4) and how each table is read.
+//! The typed configuration and how each table is read.
 //!
 //! Defaults live here, next to the key they belong to; docs/configuration.md mirrors them. A
 //! virtual service is read by section: service.rs and the protocol modules (tcp.rs, udp.rs,
@@ -575,7 +575,7 @@ impl FromNode for UpstreamTls {
 }
 
 string_enum!(
-    /// Operator-set state of a member (DESIGN §4).
+    /// Operator-set state of a member.
     AdminState {
         Enabled = "enabled",
         Disabled = "disabled",

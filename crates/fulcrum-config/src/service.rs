@@ -31,7 +31,7 @@ pub struct VirtualService {
     pub idle_timeout: Duration,
     /// Concurrent client connections accepted; 0 = unlimited.
     pub max_connections: u32,
-    /// `allow` / `deny`: source prefixes, checked first (DESIGN §4, Phase 2).
+    /// `allow` / `deny`: source prefixes, checked first.
     pub access: AccessList,
     /// The protocol and its own keys.
     pub kind: ServiceKind,

@@ -1,4 +1,4 @@
-//! TLS options of an `https` virtual service that DESIGN §4 does not list (Fulcrum additions):
+//! TLS options of an `https` virtual service beyond the contract (Fulcrum additions):
 //! protocol versions, cipher suites, session resumption, client certificates, handshake timeout
 //! and the ALPN protocols offered. The certificates themselves are the contract's `tls` array.
 //!
