@@ -1274,3 +1274,54 @@ fn flow_moving_to_another_cpu_keeps_its_member() {
     .join();
     assert!(result.is_ok(), "cross-CPU case failed");
 }
+
+// ------------------------------------------------------------------------------- ha.sync
+
+/// With SET_F_SYNC, the first packet of each flow (and only it) is reported in flow_events
+/// with its key, real, VIP and the frame's source MAC; without the flag nothing is.
+#[test]
+fn new_flows_are_reported_only_when_sync_is_on() {
+    let mut fx = setup(MODE_NAT);
+    let mut events = fx.dp.take_flow_events().expect("flow_events");
+    let none = std::time::Duration::ZERO;
+    // Off: a new flow, nothing reported.
+    let (act, _) = fx.run(&client_frame(false, TCP, 41000, SYN));
+    assert_eq!(act, XDP_TX);
+    assert!(events.read(none, 10).is_empty());
+    fx.dp
+        .set_config(&Config {
+            nat: true,
+            sync: true,
+            ..Config::default()
+        })
+        .expect("config");
+    for (v6, proto, sport) in [(false, TCP, 41001), (true, UDP, 41002)] {
+        let flags = if proto == TCP { SYN } else { 0 };
+        let (act, _) = fx.run(&client_frame(v6, proto, sport, flags));
+        assert_eq!(act, XDP_TX);
+        let got = events.read(std::time::Duration::from_millis(100), 10);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let e = got[0];
+        assert_eq!(e.key, key(v6, proto, sport));
+        assert_eq!(e.real, real_index(v6, 1));
+        assert_eq!(e.vip_index, vip_index(v6, proto));
+        assert_eq!(e.client_mac, CLIENT_MAC);
+        assert_eq!(e.ifindex, 1, "BPF_PROG_RUN's packets come in on lo");
+        // The flow's next packet is an LRU hit: not reported again.
+        let (act, _) = fx.run(&client_frame(
+            v6,
+            proto,
+            sport,
+            if proto == TCP { ACK } else { 0 },
+        ));
+        assert_eq!(act, XDP_TX);
+        assert!(events.read(none, 10).is_empty());
+    }
+    assert_eq!(fx.g(Global::SyncLost), 0);
+    // Every live connection with its real, for the full dump.
+    let all = fx.dp.connections().expect("connections");
+    assert!(all
+        .iter()
+        .any(|(k, c)| *k == key(true, UDP, 41002) && c.real == real_index(true, 1)));
+    assert_eq!(all.len(), 3);
+}
