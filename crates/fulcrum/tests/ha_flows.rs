@@ -1,5 +1,5 @@
 //! `ha.sync` carries the connection tables of in-kernel (XDP) services: two Fulcrum nodes in
-//! VRRP forward a `nat` service one-armed on a shared segment; a client holds long TCP
+//! VRRP forward a `nat` (one-armed) or a `dr` service on a shared segment; a client holds long TCP
 //! connections through the master; the backup's own configuration drains two of the three
 //! members, so its Maglev ring would send every flow to the third. The master is killed with
 //! SIGKILL: each connection goes on, on the same TCP connection, with the member it had.
@@ -73,9 +73,20 @@ fn node_dir() -> tempfile::TempDir {
     dir
 }
 
+/// Member `i`'s address: nat members sit behind the pair (198.18.1.0/24), dr members beside
+/// the client (they answer it directly, from the VIP they hold on lo).
+fn member(mode: &str, i: u8) -> String {
+    if mode == "nat" {
+        format!("198.18.1.2{i}")
+    } else {
+        format!("198.18.0.2{i}")
+    }
+}
+
 /// A node of the pair; `drained`: members this node's own configuration drains.
 fn config(
     dir: &std::path::Path,
+    mode: &str,
     name: &str,
     prio: u8,
     me: &str,
@@ -89,7 +100,8 @@ fn config(
             } else {
                 ""
             };
-            format!("[[pool.member]]\naddress = \"198.18.1.2{i}:80\"\n{state}")
+            let addr = member(mode, i);
+            format!("[[pool.member]]\naddress = \"{addr}:80\"\n{state}")
         })
         .collect();
     format!(
@@ -111,7 +123,7 @@ name = "long"
 listen = "{VIP}:80"
 protocol = "tcp"
 pool = "p"
-forwarding = "nat"
+forwarding = "{mode}"
 interfaces = ["eth0"]
 xdp_mode = "generic"
 
@@ -190,61 +202,100 @@ impl Client {
     }
 }
 
-#[test]
-fn nat_flows_keep_their_member_on_the_new_master() {
-    let mut lab = Lab::new("haf");
-    let a = lab.ns("a").unwrap();
-    let b = lab.ns("b").unwrap();
-    let c = lab.ns("c").unwrap();
-    let srv = lab.ns("s").unwrap();
-    segment(
-        &mut lab,
-        &[
-            (&a, "198.18.0.11/24"),
-            (&b, "198.18.0.12/24"),
-            (&c, "198.18.0.2/24"),
-            (&srv, "198.18.1.21/24"),
-        ],
-    );
-    a.addr("eth0", "198.18.1.2/24").unwrap();
-    b.addr("eth0", "198.18.1.3/24").unwrap();
-    srv.addr("eth0", "198.18.1.22/24").unwrap();
-    srv.addr("eth0", "198.18.1.23/24").unwrap();
-    // The client reaches the service through the pair's address; the members answer through
-    // the pair's address on their side (nat: replies must come back through the balancer).
-    c.route(&[&format!("{VIP}/32"), "via", "198.18.0.1"])
-        .unwrap();
-    srv.route(&["198.18.0.0/24", "via", "198.18.1.1"]).unwrap();
-    // Full checksums, as frames on a wire carry (veth would leave them to offload).
-    for ns in [&c, &srv] {
-        ns.exec("ethtool", &["-K", "eth0", "tx", "off"]).unwrap();
-    }
-    let mut members = srv
-        .command(
-            "python3",
-            &[
-                "-c",
-                MEMBERS_PY,
-                "m1=198.18.1.21",
-                "m2=198.18.1.22",
-                "m3=198.18.1.23",
-            ],
-        )
+/// Starts the members' echo servers (`name=address` pairs) in `ns`; waits until they listen.
+fn serve(lab: &mut Lab, ns: &Ns, members: &[&str]) {
+    let mut args = vec!["-c", MEMBERS_PY];
+    args.extend_from_slice(members);
+    let mut child = ns
+        .command("python3", &args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("members");
-    let out = members.stdout.take().expect("members' stdout");
-    lab.adopt(members);
+    let out = child.stdout.take().expect("members' stdout");
+    lab.adopt(child);
     let mut ready = String::new();
     BufReader::new(out).read_line(&mut ready).unwrap();
     assert_eq!(ready.trim(), "ready");
+}
+
+#[test]
+fn nat_flows_keep_their_member_on_the_new_master() {
+    flows_keep_their_member("nat");
+}
+
+#[test]
+fn dr_flows_keep_their_member_on_the_new_master() {
+    flows_keep_their_member("dr");
+}
+
+fn flows_keep_their_member(mode: &str) {
+    let mut lab = Lab::new(if mode == "nat" { "hafn" } else { "hafd" });
+    let a = lab.ns("a").unwrap();
+    let b = lab.ns("b").unwrap();
+    let c = lab.ns("c").unwrap();
+    // nat: one host with the three members' addresses behind the pair; dr: three hosts (the
+    // balancer tells members apart by MAC), each holding the VIP on lo.
+    let hosts: Vec<Ns> = if mode == "nat" {
+        vec![lab.ns("s").unwrap()]
+    } else {
+        (1..=3).map(|i| lab.ns(&format!("m{i}")).unwrap()).collect()
+    };
+    let mut plugged = vec![
+        (&a, "198.18.0.11/24".to_string()),
+        (&b, "198.18.0.12/24".to_string()),
+        (&c, "198.18.0.2/24".to_string()),
+    ];
+    for (i, h) in hosts.iter().enumerate() {
+        plugged.push((h, format!("{}/24", member(mode, i as u8 + 1))));
+    }
+    let plugged: Vec<(&Ns, &str)> = plugged.iter().map(|(n, a)| (*n, a.as_str())).collect();
+    segment(&mut lab, &plugged);
+    a.addr("eth0", "198.18.1.2/24").unwrap();
+    b.addr("eth0", "198.18.1.3/24").unwrap();
+    // The client reaches the service through the pair's address.
+    c.route(&[&format!("{VIP}/32"), "via", "198.18.0.1"])
+        .unwrap();
+    // Full checksums, as frames on a wire carry (veth would leave them to offload).
+    for ns in hosts.iter().chain([&c]) {
+        ns.exec("ethtool", &["-K", "eth0", "tx", "off"]).unwrap();
+    }
+    if mode == "nat" {
+        let s = &hosts[0];
+        s.addr("eth0", &format!("{}/24", member(mode, 2))).unwrap();
+        s.addr("eth0", &format!("{}/24", member(mode, 3))).unwrap();
+        // nat: replies must come back through the balancer, the pair's address on this side.
+        s.route(&["198.18.0.0/24", "via", "198.18.1.1"]).unwrap();
+        let names: Vec<String> = (1..=3u8)
+            .map(|i| format!("m{i}={}", member(mode, i)))
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        serve(&mut lab, s, &names);
+    } else {
+        for (i, h) in hosts.iter().enumerate() {
+            h.addr("lo", &format!("{VIP}/32")).unwrap();
+            // Not answering ARP for the VIP on lo, nor using it as an ARP source.
+            h.sysctl("net.ipv4.conf.all.arp_ignore", "1").unwrap();
+            h.sysctl("net.ipv4.conf.all.arp_announce", "2").unwrap();
+            let name = format!("m{}=0.0.0.0", i + 1);
+            serve(&mut lab, h, &[&name]);
+        }
+    }
 
     let (dir_a, dir_b) = (node_dir(), node_dir());
-    let config_a = config(dir_a.path(), "a", 150, "198.18.0.11", "198.18.0.12", &[]);
+    let config_a = config(
+        dir_a.path(),
+        mode,
+        "a",
+        150,
+        "198.18.0.11",
+        "198.18.0.12",
+        &[],
+    );
     // The backup's own pool drains m1 and m2: its ring sends every new flow to m3, so without
     // the synced connection table the flows on m1 and m2 would be reset by m3.
     let config_b = config(
         dir_b.path(),
+        mode,
         "b",
         100,
         "198.18.0.12",
