@@ -216,15 +216,24 @@ impl FlowSync {
     }
 
     /// The drain thread's naming of an event: `None` when its VIP or real is gone (a reload).
-    fn entry(&self, ev: &FlowEvent) -> Option<FlowEntry> {
+    /// `ifnames` caches interface names (if_indextoname costs a socket and an ioctl).
+    fn entry(&self, ev: &FlowEvent, ifnames: &mut HashMap<u32, String>) -> Option<FlowEntry> {
         let names = self.names.read();
         let (vs, nat) = names.vips.get(&ev.vip_index)?;
         let member = *names.reals.get(&ev.real)?;
         let (client, vip) = flow_addrs(&ev.key);
         let hop = if *nat {
+            let interface = match ifnames.get(&ev.ifindex) {
+                Some(n) => n.clone(),
+                None => {
+                    let n = interface_name(ev.ifindex)?;
+                    ifnames.insert(ev.ifindex, n.clone());
+                    n
+                }
+            };
             Some(FlowHop {
                 mac: ev.client_mac,
-                interface: interface_name(ev.ifindex)?,
+                interface,
             })
         } else {
             None
@@ -462,13 +471,15 @@ fn drain_flow_events(
     refresh: Duration,
 ) {
     let mut last_refresh = Instant::now();
+    // Interface names by index, forgotten at every refresh (an interface may be renamed).
+    let mut ifnames = HashMap::new();
     while alive.upgrade().is_some() {
         let got = events.read(Duration::from_millis(200), DRAIN_MAX);
         if flows.sink.get().is_none() {
             continue;
         }
         for ev in &got {
-            match flows.entry(ev) {
+            match flows.entry(ev, &mut ifnames) {
                 Some(e) => flows.send(e),
                 None => {
                     flows.counters.lost.fetch_add(1, Ordering::Relaxed);
@@ -484,6 +495,7 @@ fn drain_flow_events(
             }
             tracing::debug!(flows = n, "HA sync: active flows sent again");
             last_refresh = Instant::now();
+            ifnames.clear();
         }
     }
 }
