@@ -1216,6 +1216,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn flow_keys_name_their_addresses_for_the_peer() {
+        for (client, vip, member) in [
+            ("198.18.0.2:40000", "198.18.10.1:80", "198.18.1.21:8080"),
+            (
+                "[2001:db8::2]:40000",
+                "[2001:db8:10::1]:53",
+                "[2001:db8:1::11]:53",
+            ),
+        ] {
+            let (c, v, m): (SocketAddr, SocketAddr, SocketAddr) = (
+                client.parse().expect("addr"),
+                vip.parse().expect("addr"),
+                member.parse().expect("addr"),
+            );
+            let k = FlowKey::new(c.ip(), c.port(), v.ip(), v.port(), 6);
+            assert_eq!(flow_addrs(&k), (c, v));
+            // The nat reply: member (its own port, or the VIP's) -> client.
+            assert_eq!(
+                reply_key(m, m.port(), c, v, 6),
+                FlowKey::new(m.ip(), m.port(), c.ip(), c.port(), 6)
+            );
+            assert_eq!(
+                reply_key(m, 0, c, v, 17),
+                FlowKey::new(m.ip(), v.port(), c.ip(), c.port(), 17)
+            );
+        }
+    }
+
+    #[test]
     fn macs_parse_strictly() {
         assert_eq!(
             parse_mac("02:00:5e:10:00:ff"),
