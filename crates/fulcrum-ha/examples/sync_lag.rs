@@ -87,6 +87,7 @@ async fn main() {
                                 mac: [2, 0, 0, 0, 0, 0xaa],
                                 interface: "eth0".into(),
                             }),
+                            idle_ms: 0,
                         })
                     } else {
                         Entry::Persistence {

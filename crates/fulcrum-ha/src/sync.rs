@@ -97,6 +97,14 @@ pub struct FlowEntry {
     /// nat: where replies to the client go (absent for dr / tunnel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hop: Option<FlowHop>,
+    /// How long the flow has been idle on the sender (ms): 0 for a new flow; a full dump
+    /// sends each flow's age, so the peer's entry expires when the sender's would.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub idle_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The way back to the client of a nat flow.
@@ -577,10 +585,12 @@ mod tests {
                 mac: [2, 0, 0, 0, 0, 1],
                 interface: "eth0".into(),
             }),
+            idle_ms: 0,
         };
         let dr = FlowEntry {
             hop: None,
             proto: 17,
+            idle_ms: 1500,
             ..flow.clone()
         };
         let entries = vec![

@@ -61,6 +61,9 @@ struct icmphdr {
 #define VIP_F_PERSIST_SRC 0x10
 
 #define CONN_F_FIN 0x1
+// Written by ha.sync from the peer's table; cleared by the first packet seen here, so that
+// this node resends (refreshes) only flows it carries itself and never echoes the peer's.
+#define CONN_F_SYNCED 0x2
 #define MAX_CPUS 256
 
 #define SET_F_NAT 0x1
@@ -736,6 +739,8 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 				c->last = now;
 			if (p->tcp_flags & 0x01) // FIN: the flow winds down, expire it soon
 				c->flags |= CONN_F_FIN;
+			if (c->flags & CONN_F_SYNCED)
+				c->flags &= ~CONN_F_SYNCED;
 		}
 	}
 	// Hashing 36 bytes of key is a good share of the per-packet cost: only a ring pick or a

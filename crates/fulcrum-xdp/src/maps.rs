@@ -15,6 +15,8 @@ pub const MODE_TUNNEL: u32 = 2;
 pub const MODE_NAT: u32 = 3;
 pub const VIP_F_PERSIST_SRC: u32 = 0x10;
 pub const CONN_F_FIN: u32 = 0x1;
+/// A connection entry written by ha.sync (the peer's flow); the first packet here clears it.
+pub const CONN_F_SYNCED: u32 = 0x2;
 pub const SET_F_NAT: u32 = 0x1;
 /// ha.sync: every new flow is reported in the `flow_events` ring buffer.
 pub const SET_F_SYNC: u32 = 0x2;

@@ -1325,3 +1325,39 @@ fn new_flows_are_reported_only_when_sync_is_on() {
         .any(|(k, c)| *k == key(true, UDP, 41002) && c.real == real_index(true, 1)));
     assert_eq!(all.len(), 3);
 }
+
+/// A connection entry written by ha.sync carries CONN_F_SYNCED (the node's refresh does not
+/// resend it); the first packet of the flow seen here clears it.
+#[test]
+fn a_synced_entry_becomes_this_nodes_own_with_its_first_packet() {
+    // BPF_PROG_RUN runs on the calling CPU: pin to CPU 0, whose slot `conn` reads first.
+    // SAFETY: sched_setaffinity on this thread (pid 0) with a zeroed, then filled cpu_set_t.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+    let mut fx = setup(MODE_DR);
+    let k = key(false, TCP, 42000);
+    let now = fx.dp.now().expect("now");
+    fx.dp
+        .set_conn(
+            k,
+            Conn {
+                real: real_index(false, 2),
+                flags: CONN_F_SYNCED,
+                last: now,
+            },
+        )
+        .expect("conn");
+    let (act, out) = fx.run(&client_frame(false, TCP, 42000, ACK));
+    assert_eq!(act, XDP_TX);
+    // The synced member, not the ring's (which holds member 1 only).
+    assert_eq!(out, dr_expected(false, TCP, 42000, ACK, 2));
+    let c = fx.dp.conn(&k).expect("read").expect("entry");
+    assert_eq!(c.real, real_index(false, 2));
+    assert_eq!(c.flags & CONN_F_SYNCED, 0, "{c:?}");
+}

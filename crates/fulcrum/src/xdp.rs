@@ -32,8 +32,8 @@ use fulcrum_ha::sync::{FlowEntry, FlowHop};
 use fulcrum_net::StreamHandler;
 use fulcrum_xdp::{
     addr_words, build_ring, port_raw, Conn, Dataplane, DropReason, FlowEvent, FlowKey, Global,
-    Limits, NatEntry, Real, VipKey, VipMeta, MODE_DR, MODE_MASK, MODE_NAT, MODE_TUNNEL,
-    VIP_F_PERSIST_SRC,
+    Limits, NatEntry, Real, VipKey, VipMeta, CONN_F_SYNCED, MODE_DR, MODE_MASK, MODE_NAT,
+    MODE_TUNNEL, VIP_F_PERSIST_SRC,
 };
 use parking_lot::Mutex;
 
@@ -245,11 +245,14 @@ impl FlowSync {
             proto: ev.key.proto,
             member,
             hop,
+            idle_ms: 0,
         })
     }
 
-    /// Every live flow of this node (`active_within`: only those with a packet that recent),
-    /// for a peer that (re)connects and for the periodic refresh.
+    /// Every live flow of this node, with its age, for a peer that (re)connects; with
+    /// `active_within`, the periodic refresh: only flows that had a packet *here* that
+    /// recently (not the peer's flows this node holds for it, which would echo back and
+    /// forth and never expire).
     pub fn dump(&self, active_within: Option<Duration>) -> Vec<FlowEntry> {
         let guard = self.state.lock();
         let Some(st) = guard.as_ref() else {
@@ -272,6 +275,9 @@ impl FlowSync {
             };
             let age = now.saturating_sub(c.last);
             if age >= ticks(idle) || active_within.is_some_and(|w| age > ticks(w)) {
+                continue;
+            }
+            if active_within.is_some() && c.flags & CONN_F_SYNCED != 0 {
                 continue;
             }
             let vk = VipKey {
@@ -312,6 +318,7 @@ impl FlowSync {
                 proto: k.proto,
                 member,
                 hop,
+                idle_ms: age.saturating_mul(1000) / hz.max(1),
             });
         }
         out
@@ -336,9 +343,12 @@ impl FlowSync {
             c.dropped.fetch_add(flows.len() as u64, Ordering::Relaxed);
             return;
         };
+        let hz = st.dp.hz();
         let mut interfaces: HashMap<&str, Option<(u32, [u8; 6])>> = HashMap::new();
         let (mut applied, mut dropped) = (0u64, 0u64);
         for f in flows {
+            // The sender's age of the flow, so the entry expires here when it would there.
+            let last = now.saturating_sub(f.idle_ms.saturating_mul(hz) / 1000);
             let written = (|| {
                 let vk = VipKey::new(f.vip.ip(), f.vip.port(), f.proto);
                 let svc = st
@@ -362,7 +372,7 @@ impl FlowSync {
                         local_mac,
                         ifindex,
                         vip_index: svc.index,
-                        last: now,
+                        last,
                         ..NatEntry::default()
                     };
                     Some((
@@ -381,8 +391,8 @@ impl FlowSync {
                 );
                 let conn = Conn {
                     real: real.index,
-                    flags: 0,
-                    last: now,
+                    flags: CONN_F_SYNCED,
+                    last,
                 };
                 st.dp.set_conn(key, conn).ok()?;
                 if let Some((rk, entry)) = nat {
