@@ -1,13 +1,16 @@
 //! Sync lag of `ha.sync`'s persistence stream: two sync endpoints on 127.0.0.1, one sending new
 //! entries at RATE per second (in the batches the binary makes: whatever accumulated, up to
 //! 1000), the other timing each entry from its creation to its arrival. Prints p50, p99 and max.
+//! With `flows`, the entries are connections of XDP services (`FlowEntry`, nat: with the hop
+//! back to the client), encoded and decoded as the binary does (`encode_entries` /
+//! `decode_entries`); the kernel's side (ring buffer, table writes) is not part of it.
 //!
-//! `cargo run --release -p fulcrum-ha --example sync_lag -- [RATE] [SECONDS]`
+//! `cargo run --release -p fulcrum-ha --example sync_lag -- [RATE] [SECONDS] [persistence|flows]`
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fulcrum_ha::sync::{FullDump, Kind, OnReceive, StateSync};
+use fulcrum_ha::sync::{Entry, FlowEntry, FlowHop, FullDump, Kind, OnReceive, StateSync};
 use parking_lot::Mutex;
 
 fn now_us() -> u64 {
@@ -21,6 +24,7 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let rate: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
+    let flows = args.next().as_deref() == Some("flows");
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -38,13 +42,15 @@ async fn main() {
             return Ok(());
         }
         let now = now_us();
-        let v: Vec<serde_json::Value> = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        let (entries, _) = fulcrum_ha::sync::decode_entries(bytes)?;
         let mut l = l.lock();
-        for e in v {
-            if let Some(t) = e["k"]
-                .as_str()
-                .and_then(|k| k.trim_start_matches('i').parse::<u64>().ok())
-            {
+        for e in entries {
+            // The creation time rides in the key (persistence) or the service name (flows).
+            let t = match &e {
+                Entry::Persistence { key, .. } => key.trim_start_matches('i').parse::<u64>().ok(),
+                Entry::Flow(f) => f.vs.parse::<u64>().ok(),
+            };
+            if let Some(t) = t {
                 l.push(now.saturating_sub(t));
             }
         }
@@ -66,11 +72,33 @@ async fn main() {
     tokio::spawn(async move {
         let mut buf = Vec::with_capacity(1000);
         while rx.recv_many(&mut buf, 1000).await > 0 {
-            let v: Vec<serde_json::Value> = buf
+            let v: Vec<Entry> = buf
                 .iter()
-                .map(|t| serde_json::json!({"t": "web", "k": format!("i{t}"), "m": "198.18.0.21:8080"}))
+                .enumerate()
+                .map(|(i, t)| {
+                    if flows {
+                        Entry::Flow(FlowEntry {
+                            vs: t.to_string(),
+                            client: std::net::SocketAddr::from(([198, 18, 0, 2], 1024 + i as u16)),
+                            vip: std::net::SocketAddr::from(([198, 18, 10, 1], 80)),
+                            proto: 6,
+                            member: std::net::SocketAddr::from(([198, 18, 1, 21], 8080)),
+                            hop: Some(FlowHop {
+                                mac: [2, 0, 0, 0, 0, 0xaa],
+                                interface: "eth0".into(),
+                            }),
+                            idle_ms: 0,
+                        })
+                    } else {
+                        Entry::Persistence {
+                            table: "web".into(),
+                            key: format!("i{t}"),
+                            member: std::net::SocketAddr::from(([198, 18, 0, 21], 8080)),
+                        }
+                    }
+                })
                 .collect();
-            sender.send_batch(serde_json::to_vec(&v).unwrap_or_default());
+            sender.send_batch(fulcrum_ha::sync::encode_entries(&v));
             buf.clear();
         }
     });
@@ -96,7 +124,8 @@ async fn main() {
             / 1000.0
     };
     println!(
-        "rate {rate}/s for {secs} s: sent {}, received {}, dropped {dropped}; lag ms p50 {:.2} p99 {:.2} max {:.2}",
+        "{} at {rate}/s for {secs} s: sent {}, received {}, dropped {dropped}; lag ms p50 {:.2} p99 {:.2} max {:.2}",
+        if flows { "flows" } else { "persistence entries" },
         secs * 1000 * per_tick,
         l.len(),
         q(0.5),

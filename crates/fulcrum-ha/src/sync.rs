@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fulcrum_frame::{Channel, Key};
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -63,6 +63,161 @@ impl Kind {
             Kind::Entries => b'E',
         }
     }
+}
+
+/// One entry of a batch (`Kind::Entries`). A batch is a JSON array whose elements are
+/// persistence entries `{"t": table, "k": key, "m": member}` or flows `{"f": {...}}`; a node
+/// skips elements it does not understand, so an older peer ignores flows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A persistence entry: the service whose table holds it, the key in its text form (the
+    /// binary's `key_text`) and the member.
+    Persistence {
+        table: String,
+        key: String,
+        member: SocketAddr,
+    },
+    /// A connection of an in-kernel (nat / dr / tunnel) service.
+    Flow(FlowEntry),
+}
+
+/// A connection of an in-kernel service as it travels: everything by name and address, since
+/// the nodes number VIPs, members and interfaces each their own way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowEntry {
+    /// The virtual service.
+    pub vs: String,
+    pub client: SocketAddr,
+    /// The VIP and port the client sent to.
+    pub vip: SocketAddr,
+    /// IP protocol: 6 (TCP) or 17 (UDP).
+    pub proto: u8,
+    /// The member the flow goes to (a pool member's address).
+    pub member: SocketAddr,
+    /// nat: where replies to the client go (absent for dr / tunnel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hop: Option<FlowHop>,
+    /// How long the flow has been idle on the sender (ms): 0 for a new flow; a full dump
+    /// sends each flow's age, so the peer's entry expires when the sender's would.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub idle_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// The way back to the client of a nat flow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowHop {
+    /// The client's (or its router's) MAC address.
+    pub mac: [u8; 6],
+    /// The interface the flow came in on (by name: a pair names its interfaces alike).
+    pub interface: String,
+}
+
+impl FlowEntry {
+    /// Whether the entry makes sense at all (the receiver checks it against its own services).
+    pub fn valid(&self) -> bool {
+        matches!(self.proto, 6 | 17)
+            && !self.vs.is_empty()
+            && self.vs.len() <= 256
+            && self.client.is_ipv4() == self.vip.is_ipv4()
+            && self.hop.as_ref().is_none_or(|h| {
+                !h.interface.is_empty() && h.interface.len() < 16 && !h.interface.contains('/')
+            })
+    }
+}
+
+/// An element of a batch as it is written: serialised straight from the entries, without an
+/// intermediate JSON tree (the stream carries up to tens of thousands of entries a second).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireOut<'a> {
+    Flow { f: &'a FlowEntry },
+    Persistence { t: &'a str, k: &'a str, m: String },
+}
+
+/// An element of a batch as it is read on the fast path: every field optional, unknown fields
+/// ignored, so a well-formed batch of any mix parses in one pass.
+#[derive(Deserialize)]
+struct WireIn {
+    #[serde(default)]
+    f: Option<FlowEntry>,
+    #[serde(default)]
+    t: Option<String>,
+    #[serde(default)]
+    k: Option<String>,
+    #[serde(default)]
+    m: Option<String>,
+}
+
+/// The batch for `entries` (the inverse of `decode_entries`).
+pub fn encode_entries(entries: &[Entry]) -> Vec<u8> {
+    let v: Vec<WireOut<'_>> = entries
+        .iter()
+        .map(|e| match e {
+            Entry::Persistence { table, key, member } => WireOut::Persistence {
+                t: table,
+                k: key,
+                m: member.to_string(),
+            },
+            Entry::Flow(f) => WireOut::Flow { f },
+        })
+        .collect();
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+fn persistence(t: Option<&str>, k: Option<&str>, m: Option<&str>) -> Option<Entry> {
+    Some(Entry::Persistence {
+        table: t?.to_string(),
+        key: k?.to_string(),
+        member: m?.parse().ok()?,
+    })
+}
+
+/// A peer's batch: the entries understood, and how many elements were skipped (malformed, or
+/// of a kind this build does not know). An error when the batch is not a JSON array at all.
+pub fn decode_entries(bytes: &[u8]) -> Result<(Vec<Entry>, u64), String> {
+    let mut out = Vec::new();
+    let mut skipped = 0;
+    // Fast path: every element is an object whose fields have the expected types.
+    if let Ok(v) = serde_json::from_slice::<Vec<WireIn>>(bytes) {
+        out.reserve(v.len());
+        for e in v {
+            let entry = match e.f {
+                Some(f) => Some(f).filter(FlowEntry::valid).map(Entry::Flow),
+                None => persistence(e.t.as_deref(), e.k.as_deref(), e.m.as_deref()),
+            };
+            match entry {
+                Some(e) => out.push(e),
+                None => skipped += 1,
+            }
+        }
+        return Ok((out, skipped));
+    }
+    // Otherwise element by element, skipping what does not parse.
+    let v: Vec<serde_json::Value> =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON array: {e}"))?;
+    for mut e in v {
+        let entry = if let Some(f) = e.get_mut("f") {
+            serde_json::from_value::<FlowEntry>(f.take())
+                .ok()
+                .filter(FlowEntry::valid)
+                .map(Entry::Flow)
+        } else {
+            persistence(
+                e.get("t").and_then(|t| t.as_str()),
+                e.get("k").and_then(|k| k.as_str()),
+                e.get("m").and_then(|m| m.as_str()),
+            )
+        };
+        match entry {
+            Some(e) => out.push(e),
+            None => skipped += 1,
+        }
+    }
+    Ok((out, skipped))
 }
 
 /// What the receiving side does with a peer's payload (with the peer's wall-clock time of
@@ -417,6 +572,53 @@ async fn receive(s: &Shared, mut c: TcpStream) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_round_trip_and_nonsense_is_skipped() {
+        let flow = FlowEntry {
+            vs: "web".into(),
+            client: "198.18.0.2:40000".parse().expect("addr"),
+            vip: "198.18.10.1:80".parse().expect("addr"),
+            proto: 6,
+            member: "198.18.1.11:8080".parse().expect("addr"),
+            hop: Some(FlowHop {
+                mac: [2, 0, 0, 0, 0, 1],
+                interface: "eth0".into(),
+            }),
+            idle_ms: 0,
+        };
+        let dr = FlowEntry {
+            hop: None,
+            proto: 17,
+            idle_ms: 1500,
+            ..flow.clone()
+        };
+        let entries = vec![
+            Entry::Persistence {
+                table: "web".into(),
+                key: "i0a".into(),
+                member: "198.18.1.12:80".parse().expect("addr"),
+            },
+            Entry::Flow(flow.clone()),
+            Entry::Flow(dr),
+        ];
+        assert_eq!(decode_entries(&encode_entries(&entries)), Ok((entries, 0)));
+        let bad = [
+            r#"{"f":{"vs":"web","client":"198.18.0.2:1","vip":"[2001:db8::1]:80","proto":6,"member":"198.18.1.11:80"}}"#,
+            r#"{"f":{"vs":"web","client":"198.18.0.2:1","vip":"198.18.10.1:80","proto":1,"member":"198.18.1.11:80"}}"#,
+            r#"{"f":{"vs":"","client":"198.18.0.2:1","vip":"198.18.10.1:80","proto":6,"member":"198.18.1.11:80"}}"#,
+            r#"{"f":{"vs":"w","client":"198.18.0.2:1","vip":"198.18.10.1:80","proto":6,"member":"198.18.1.11:80","hop":{"mac":[1,2,3],"interface":"eth0"}}}"#,
+            r#"{"f":{"vs":"w","client":"198.18.0.2:1","vip":"198.18.10.1:80","proto":6,"member":"198.18.1.11:80","hop":{"mac":[1,2,3,4,5,6],"interface":"../../etc"}}}"#,
+            r#"{"f":7}"#,
+            r#"{"t":"web","k":"i1","m":"nope"}"#,
+            r#"{"x":1}"#,
+            "7",
+        ];
+        let text = format!("[{}]", bad.join(","));
+        assert_eq!(decode_entries(text.as_bytes()), Ok((Vec::new(), 9)));
+        assert!(decode_entries(b"{\"f\":1}").is_err());
+        assert!(decode_entries(b"\xff").is_err());
+    }
 
     #[test]
     fn derived_secrets_depend_on_key_and_purpose() {

@@ -61,9 +61,15 @@ struct icmphdr {
 #define VIP_F_PERSIST_SRC 0x10
 
 #define CONN_F_FIN 0x1
+// Written by ha.sync from the peer's table; cleared by the first packet seen here, so that
+// this node resends (refreshes) only flows it carries itself and never echoes the peer's.
+#define CONN_F_SYNCED 0x2
 #define MAX_CPUS 256
 
 #define SET_F_NAT 0x1
+// ha.sync: report every new flow in `flow_events` for the peer node (off: the path costs one
+// flag test per new flow, nothing per packet of an established one).
+#define SET_F_SYNC 0x2
 
 enum drop_reason {
 	DROP_NO_REAL = 0,   // the VIP's ring is empty (no member up)
@@ -83,6 +89,7 @@ enum global_counter {
 	G_ICMP_FORWARDED = 4,
 	G_ICMP_NAT_PASSED = 5,
 	G_DECAPSULATED = 6,   // fulcrum_decap: tunnel packets stripped on a member
+	G_SYNC_LOST = 7,      // new flows not reported to ha.sync: flow_events was full
 	G_COUNTERS = 8,
 };
 
@@ -158,6 +165,18 @@ struct settings {
 	__u32 pad;
 };
 
+// One new flow for ha.sync: the flow, the real and VIP it got (this node's indices; userspace
+// names them by address), and for nat the hop replies to the client go back through.
+struct flow_event {
+	struct flow_key k;
+	__u32 real;
+	__u32 vip_index;
+	__u32 ifindex; // where the flow came in
+	__u8 client_mac[6]; // the frame's source: the client or its router
+	__u16 pad;
+	__u32 pad2;
+};
+
 struct vip_stats {
 	__u64 packets;
 	__u64 bytes;
@@ -224,6 +243,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct settings);
 } settings SEC(".maps");
+
+// New flows on their way to ha.sync (written only with SET_F_SYNC). 1 MiB: about 14500 events
+// (64 bytes and an 8-byte header each), the burst of new flows the drain thread can fall behind.
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} flow_events SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -634,6 +660,31 @@ static __always_inline __u64 idle_limit(const struct settings *cfg, __u8 proto, 
 	return (flags & CONN_F_FIN) ? cfg->tcp_fin : cfg->tcp_idle;
 }
 
+// ha.sync: the new flow into flow_events; a full buffer loses it (counted), the flow itself is
+// forwarded all the same.
+static __always_inline void report_new_flow(struct xdp_md *ctx, const struct pkt *p, __u32 ri,
+					    __u32 vi)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return;
+	struct flow_event *e = bpf_ringbuf_reserve(&flow_events, sizeof(*e), 0);
+	if (!e) {
+		count_global(G_SYNC_LOST);
+		return;
+	}
+	__builtin_memcpy(&e->k, &p->k, sizeof(e->k));
+	e->real = ri;
+	e->vip_index = vi;
+	e->ifindex = ctx->ingress_ifindex;
+	__builtin_memcpy(e->client_mac, eth->h_source, ETH_ALEN);
+	e->pad = 0;
+	e->pad2 = 0;
+	bpf_ringbuf_submit(e, 0);
+}
+
 struct other_cpu_search {
 	struct flow_key *key;
 	struct settings *cfg;
@@ -688,6 +739,8 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 				c->last = now;
 			if (p->tcp_flags & 0x01) // FIN: the flow winds down, expire it soon
 				c->flags |= CONN_F_FIN;
+			if (c->flags & CONN_F_SYNCED)
+				c->flags &= ~CONN_F_SYNCED;
 		}
 	}
 	// Hashing 36 bytes of key is a good share of the per-packet cost: only a ring pick or a
@@ -708,6 +761,8 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			bpf_map_update_elem(&conns, &p->k, &nc, BPF_ANY);
 			vs->new_flows += 1;
 			is_new = 1;
+			if (cfg->flags & SET_F_SYNC)
+				report_new_flow(ctx, p, ri, vi);
 		}
 	}
 	if (p->tcp_flags & 0x04) // RST ends the flow now

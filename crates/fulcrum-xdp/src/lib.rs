@@ -105,6 +105,8 @@ pub struct Config {
     pub tunnel_source_v6: (std::net::Ipv6Addr, u8),
     /// Some VIP is in nat mode: look up replies from members.
     pub nat: bool,
+    /// ha.sync: report new flows in `flow_events` (see `Dataplane::take_flow_events`).
+    pub sync: bool,
 }
 
 impl Default for Config {
@@ -120,6 +122,7 @@ impl Default for Config {
                 96,
             ),
             nat: false,
+            sync: false,
         }
     }
 }
@@ -154,7 +157,7 @@ impl Config {
             tun_src4_mask: u32::from_ne_bytes(host4.to_be_bytes()),
             tun_src6: [w(0), w(4), w(8), w(12)],
             tun_src6_mask: u32::from_ne_bytes(host6.to_be_bytes()),
-            flags: if self.nat { SET_F_NAT } else { 0 },
+            flags: if self.nat { SET_F_NAT } else { 0 } | if self.sync { SET_F_SYNC } else { 0 },
             nr_cpus: aya::util::nr_cpus().map_or(256, |n| n as u32),
             pad: 0,
         }
@@ -483,6 +486,31 @@ impl Dataplane {
         Ok(gone)
     }
 
+    /// The ring buffer of new flows (ha.sync), to be drained by its own thread: taken once.
+    pub fn take_flow_events(&mut self) -> Result<FlowEvents, Error> {
+        let map = self
+            .ebpf
+            .take_map("flow_events")
+            .ok_or(Error::MissingMap("flow_events"))?;
+        let ring = aya::maps::RingBuf::try_from(map).map_err(map_err("flow_events"))?;
+        Ok(FlowEvents { ring })
+    }
+
+    /// Every live connection entry (any CPU's), with the last packet seen on any CPU: the
+    /// full dump ha.sync sends a peer that (re)connects. One bpf() call per entry.
+    pub fn connections(&self) -> Result<Vec<(FlowKey, Conn)>, Error> {
+        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
+            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        Ok(conns
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(k, v)| {
+                let live = v.iter().filter(|c| c.real != NO_REAL);
+                live.max_by_key(|c| c.last).map(|c| (k, *c))
+            })
+            .collect())
+    }
+
     /// The connection table entry of a flow (this CPU's or any CPU's), for tests and the API.
     pub fn conn(&self, key: &FlowKey) -> Result<Option<Conn>, Error> {
         let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
@@ -683,6 +711,41 @@ impl Dataplane {
             .try_into()?;
         prog.detach(link)?;
         Ok(())
+    }
+}
+
+/// The `flow_events` ring buffer: new flows reported by the program while ha.sync is on.
+pub struct FlowEvents {
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+}
+
+impl FlowEvents {
+    /// Waits up to `timeout` for events, then takes every one there is (at most `max`).
+    pub fn read(&mut self, timeout: std::time::Duration, max: usize) -> Vec<FlowEvent> {
+        let mut out = Vec::new();
+        self.take(&mut out, max);
+        if out.is_empty() {
+            use std::os::fd::AsRawFd;
+            let mut pfd = libc::pollfd {
+                fd: self.ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: `pfd` is one valid pollfd that outlives the call, and nfds is 1.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+            self.take(&mut out, max);
+        }
+        out
+    }
+
+    fn take(&mut self, out: &mut Vec<FlowEvent>, max: usize) {
+        while out.len() < max {
+            let Some(item) = self.ring.next() else { break };
+            if let Some(e) = FlowEvent::from_bytes(&item) {
+                out.push(e);
+            }
+        }
     }
 }
 

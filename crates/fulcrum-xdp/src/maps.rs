@@ -8,12 +8,18 @@ pub const RING_SIZE: usize = 65537;
 /// Real index 0 means "no member" in a ring slot; reals are numbered from 1.
 pub const NO_REAL: u32 = 0;
 
+/// The mode bits of `VipMeta::flags`.
+pub const MODE_MASK: u32 = 0x3;
 pub const MODE_DR: u32 = 1;
 pub const MODE_TUNNEL: u32 = 2;
 pub const MODE_NAT: u32 = 3;
 pub const VIP_F_PERSIST_SRC: u32 = 0x10;
 pub const CONN_F_FIN: u32 = 0x1;
+/// A connection entry written by ha.sync (the peer's flow); the first packet here clears it.
+pub const CONN_F_SYNCED: u32 = 0x2;
 pub const SET_F_NAT: u32 = 0x1;
+/// ha.sync: every new flow is reported in the `flow_events` ring buffer.
+pub const SET_F_SYNC: u32 = 0x2;
 
 /// Why the data plane dropped a packet to a VIP (index into `VipStats::drops`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,10 +66,11 @@ pub enum Global {
     IcmpForwarded = 4,
     IcmpNatPassed = 5,
     Decapsulated = 6,
+    SyncLost = 7,
 }
 
 impl Global {
-    pub const ALL: [Global; 7] = [
+    pub const ALL: [Global; 8] = [
         Global::PassNonIp,
         Global::PassNonVip,
         Global::MalformedL3,
@@ -71,6 +78,7 @@ impl Global {
         Global::IcmpForwarded,
         Global::IcmpNatPassed,
         Global::Decapsulated,
+        Global::SyncLost,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +90,7 @@ impl Global {
             Global::IcmpForwarded => "icmp_errors_forwarded",
             Global::IcmpNatPassed => "icmp_errors_nat_passed",
             Global::Decapsulated => "decapsulated",
+            Global::SyncLost => "sync_events_lost",
         }
     }
 }
@@ -237,6 +246,35 @@ pub struct Settings {
     pub pad: u32,
 }
 
+/// A new flow the program reported for ha.sync (`flow_events`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct FlowEvent {
+    pub key: FlowKey,
+    /// This node's real index.
+    pub real: u32,
+    pub vip_index: u32,
+    /// The interface the flow came in on.
+    pub ifindex: u32,
+    /// Source MAC of the flow's first frame: the client or its router (nat replies go there).
+    pub client_mac: [u8; 6],
+    pub pad: u16,
+    pub pad2: u32,
+}
+
+impl FlowEvent {
+    /// Reads an event from the ring buffer's bytes; `None` when they are not one.
+    pub fn from_bytes(b: &[u8]) -> Option<FlowEvent> {
+        if b.len() < std::mem::size_of::<FlowEvent>() {
+            return None;
+        }
+        // SAFETY: `b` holds at least size_of::<FlowEvent>() bytes (checked above), FlowEvent is
+        // plain integers with no padding (any bit pattern is valid), and read_unaligned has no
+        // alignment requirement.
+        Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<FlowEvent>()) })
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct VipStats {
@@ -307,5 +345,6 @@ mod tests {
         assert_eq!(size_of::<Settings>(), 64);
         assert_eq!(size_of::<VipStats>(), 104);
         assert_eq!(size_of::<RealStats>(), 24);
+        assert_eq!(size_of::<FlowEvent>(), 64);
     }
 }

@@ -1274,3 +1274,90 @@ fn flow_moving_to_another_cpu_keeps_its_member() {
     .join();
     assert!(result.is_ok(), "cross-CPU case failed");
 }
+
+// ------------------------------------------------------------------------------- ha.sync
+
+/// With SET_F_SYNC, the first packet of each flow (and only it) is reported in flow_events
+/// with its key, real, VIP and the frame's source MAC; without the flag nothing is.
+#[test]
+fn new_flows_are_reported_only_when_sync_is_on() {
+    let mut fx = setup(MODE_NAT);
+    let mut events = fx.dp.take_flow_events().expect("flow_events");
+    let none = std::time::Duration::ZERO;
+    // Off: a new flow, nothing reported.
+    let (act, _) = fx.run(&client_frame(false, TCP, 41000, SYN));
+    assert_eq!(act, XDP_TX);
+    assert!(events.read(none, 10).is_empty());
+    fx.dp
+        .set_config(&Config {
+            nat: true,
+            sync: true,
+            ..Config::default()
+        })
+        .expect("config");
+    for (v6, proto, sport) in [(false, TCP, 41001), (true, UDP, 41002)] {
+        let flags = if proto == TCP { SYN } else { 0 };
+        let (act, _) = fx.run(&client_frame(v6, proto, sport, flags));
+        assert_eq!(act, XDP_TX);
+        let got = events.read(std::time::Duration::from_millis(100), 10);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let e = got[0];
+        assert_eq!(e.key, key(v6, proto, sport));
+        assert_eq!(e.real, real_index(v6, 1));
+        assert_eq!(e.vip_index, vip_index(v6, proto));
+        assert_eq!(e.client_mac, CLIENT_MAC);
+        assert_eq!(e.ifindex, 1, "BPF_PROG_RUN's packets come in on lo");
+        // The flow's next packet is an LRU hit: not reported again.
+        let (act, _) = fx.run(&client_frame(
+            v6,
+            proto,
+            sport,
+            if proto == TCP { ACK } else { 0 },
+        ));
+        assert_eq!(act, XDP_TX);
+        assert!(events.read(none, 10).is_empty());
+    }
+    assert_eq!(fx.g(Global::SyncLost), 0);
+    // Every live connection with its real, for the full dump.
+    let all = fx.dp.connections().expect("connections");
+    assert!(all
+        .iter()
+        .any(|(k, c)| *k == key(true, UDP, 41002) && c.real == real_index(true, 1)));
+    assert_eq!(all.len(), 3);
+}
+
+/// A connection entry written by ha.sync carries CONN_F_SYNCED (the node's refresh does not
+/// resend it); the first packet of the flow seen here clears it.
+#[test]
+fn a_synced_entry_becomes_this_nodes_own_with_its_first_packet() {
+    // BPF_PROG_RUN runs on the calling CPU: pin to CPU 0, whose slot `conn` reads first.
+    // SAFETY: sched_setaffinity on this thread (pid 0) with a zeroed, then filled cpu_set_t.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+    let mut fx = setup(MODE_DR);
+    let k = key(false, TCP, 42000);
+    let now = fx.dp.now().expect("now");
+    fx.dp
+        .set_conn(
+            k,
+            Conn {
+                real: real_index(false, 2),
+                flags: CONN_F_SYNCED,
+                last: now,
+            },
+        )
+        .expect("conn");
+    let (act, out) = fx.run(&client_frame(false, TCP, 42000, ACK));
+    assert_eq!(act, XDP_TX);
+    // The synced member, not the ring's (which holds member 1 only).
+    assert_eq!(out, dr_expected(false, TCP, 42000, ACK, 2));
+    let c = fx.dp.conn(&k).expect("read").expect("entry");
+    assert_eq!(c.real, real_index(false, 2));
+    assert_eq!(c.flags & CONN_F_SYNCED, 0, "{c:?}");
+}

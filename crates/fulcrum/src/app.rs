@@ -124,12 +124,14 @@ impl App {
         let sockets_per_address = default_sockets_per_address(workers);
         let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
         let ha = Arc::new(crate::ha::HaPlane::default());
+        let xdp = Arc::new(crate::xdp::XdpPlane::default());
+        ha.set_flow_sync(xdp.flow_sync());
         let tls = Arc::new(crate::https::TlsAssembly::default());
         let links = Arc::new(crate::link::LinkPlane::new(dns.clone()));
         // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
         // than "proxy" before the proxies do.
         let planes: Vec<Arc<dyn DataPlane>> = vec![
-            Arc::new(crate::xdp::XdpPlane::default()),
+            xdp,
             Arc::new(crate::tcp::TcpPlane),
             Arc::new(crate::udp::Udp::new(sockets_per_address)),
             Arc::new(crate::message::Messages::default()),

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use arc_swap::ArcSwap;
 use fulcrum_balance::{PersistKey, PersistTable};
-use fulcrum_ha::sync::{FullDump, Kind, OnReceive, StateSync};
+use fulcrum_ha::sync::{Entry, FlowEntry, FullDump, Kind, OnReceive, StateSync};
 use fulcrum_ha::{Node, NodeConfig};
 use serde_json::{json, Value};
 
@@ -21,8 +21,16 @@ pub fn checks(config: &Config) -> Vec<ConfigError> {
     crate::bgp::checks(config)
 }
 
-/// The keys of `[ha]` that differ between two configurations.
+/// The keys of `[ha]` that differ between two configurations (`sync` split into its own keys,
+/// so a message can name the one that changed).
 fn changed_keys(n: &Ha, r: &Ha) -> Vec<&'static str> {
+    let sync = |f: fn(&fulcrum_config::HaSync, &fulcrum_config::HaSync) -> bool| match (
+        &n.sync, &r.sync,
+    ) {
+        (Some(a), Some(b)) => f(a, b),
+        (None, None) => false,
+        _ => true,
+    };
     [
         ("mode", n.mode != r.mode),
         ("node", n.node != r.node),
@@ -39,11 +47,61 @@ fn changed_keys(n: &Ha, r: &Ha) -> Vec<&'static str> {
         ("track_weight", n.track_weight != r.track_weight),
         ("garp_repeat", n.garp_repeat != r.garp_repeat),
         ("garp_interval", n.garp_interval != r.garp_interval),
-        ("sync", n.sync != r.sync),
+        ("sync", n.sync.is_some() != r.sync.is_some()),
+        ("sync.listen", sync(|a, b| a.listen != b.listen)),
+        ("sync.key", sync(|a, b| a.key != b.key)),
+        ("sync.peers", sync(|a, b| a.peers != b.peers)),
     ]
     .into_iter()
     .filter_map(|(k, changed)| changed.then_some(k))
     .collect()
+}
+
+/// The `[ha]` keys a reload applies to a running VRRP node; every other key (and `sync.peers`
+/// when `ha.sync` runs, applied by the sync channel) waits for a restart.
+const LIVE_KEYS: [&str; 7] = [
+    "priority",
+    "advert_interval",
+    "preempt",
+    "preempt_delay",
+    "track_weight",
+    "garp_repeat",
+    "garp_interval",
+];
+
+/// A changed key's running and new value for the log (`sync.key` stays unsaid).
+fn values(key: &str, n: &Ha, r: &Ha) -> (String, String) {
+    let f = |h: &Ha| -> String {
+        match key {
+            "mode" => format!("{:?}", h.mode),
+            "node" => format!("{:?}", h.node),
+            "interface" => h.interface.clone(),
+            "vrid" => h.vrid.to_string(),
+            "vrrp_version" => h.vrrp_version.to_string(),
+            "advert_interval" => format!("{:?}", h.advert_interval),
+            "peers" => format!("{:?}", h.peers),
+            "vips" => h
+                .vips
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            "track" => h.track.join(", "),
+            "sync" => if h.sync.is_some() { "set" } else { "absent" }.to_string(),
+            "sync.listen" => h
+                .sync
+                .as_ref()
+                .map(|s| s.listen.to_string())
+                .unwrap_or_default(),
+            "sync.peers" => h
+                .sync
+                .as_ref()
+                .map(|s| format!("{:?}", s.peers))
+                .unwrap_or_default(),
+            _ => "(not shown)".to_string(),
+        }
+    };
+    (f(r), f(n))
 }
 
 #[derive(Default)]
@@ -54,8 +112,8 @@ pub struct HaPlane {
     node_name: OnceLock<String>,
     /// The services' persistence tables (by virtual service name), current after every apply.
     tables: Arc<ArcSwap<HashMap<String, Arc<PersistTable>>>>,
-    /// New persistence entries on their way to the peers (bounded: see `QUEUE`).
-    entries: OnceLock<tokio::sync::mpsc::Sender<(Arc<str>, PersistKey, std::net::SocketAddr)>>,
+    /// New persistence entries and flows on their way to the peers (bounded: see `QUEUE`).
+    entries: OnceLock<tokio::sync::mpsc::Sender<Outgoing>>,
     /// Entries dropped because the queue was full.
     entries_dropped: Arc<AtomicU64>,
     /// Entries sent and received, and lags, by table.
@@ -67,9 +125,21 @@ pub struct HaPlane {
     changed_at: Arc<AtomicU64>,
     /// Active-active: the BGP announcer (`[bgp]`, crate::bgp) instead of a VRRP node.
     bgp: OnceLock<fulcrum_ha::bgp::Announcer>,
+    /// The connection tables of nat/dr/tunnel services (crate::xdp), whose flows travel in
+    /// the same stream as persistence entries.
+    flows: OnceLock<Arc<crate::xdp::FlowSync>>,
 }
 
-/// New persistence entries waiting to be sent; beyond this the newest are dropped and counted.
+/// What the sync stream carries, in one bounded queue.
+enum Outgoing {
+    /// A persistence entry: (service table, key, member).
+    Persist(Arc<str>, PersistKey, std::net::SocketAddr),
+    /// A connection of an in-kernel service.
+    Flow(FlowEntry),
+}
+
+/// New persistence entries and flows waiting to be sent; beyond this the newest are dropped
+/// and counted.
 const QUEUE: usize = 65_536;
 /// Entries per frame.
 const BATCH: usize = 1000;
@@ -119,12 +189,19 @@ fn portable(table: &PersistTable, k: &PersistKey) -> bool {
     matches!(k, PersistKey::Ip(_)) || table.shared_hash()
 }
 
-fn batch(entries: &[(Arc<str>, PersistKey, std::net::SocketAddr)]) -> Vec<u8> {
-    let v: Vec<Value> = entries
+fn batch(entries: &[Outgoing]) -> Vec<u8> {
+    let v: Vec<Entry> = entries
         .iter()
-        .map(|(t, k, m)| json!({ "t": &**t, "k": key_text(k), "m": m.to_string() }))
+        .map(|e| match e {
+            Outgoing::Persist(t, k, m) => Entry::Persistence {
+                table: t.to_string(),
+                key: key_text(k),
+                member: *m,
+            },
+            Outgoing::Flow(f) => Entry::Flow(f.clone()),
+        })
         .collect();
-    serde_json::to_vec(&v).unwrap_or_default()
+    fulcrum_ha::sync::encode_entries(&v)
 }
 
 /// Per table (by service name): entries sent and received, and the lag of received batches.
@@ -140,19 +217,24 @@ type PerTable = Arc<parking_lot::Mutex<std::collections::BTreeMap<Arc<str>, Tabl
 /// Batches whose lag a table remembers.
 const LAG_WINDOW: usize = 256;
 
-/// Stores a peer's batch of entries in the tables of the same services.
+/// Stores a peer's batch of persistence entries in the tables of the same services; its flows
+/// go to `flows` (the connection tables).
 fn apply_entries(
     bytes: &[u8],
     tables: &HashMap<String, Arc<PersistTable>>,
+    flows: &mut Vec<FlowEntry>,
 ) -> Result<HashMap<String, u64>, String> {
-    let v: Vec<Value> = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let (entries, _) = fulcrum_ha::sync::decode_entries(bytes)?;
     let mut n: HashMap<String, u64> = HashMap::new();
-    for e in &v {
-        let (Some((name, t)), Some(k), Some(m)) = (
-            e["t"].as_str().and_then(|t| tables.get_key_value(t)),
-            e["k"].as_str().and_then(key_parse),
-            e["m"].as_str().and_then(|m| m.parse().ok()),
-        ) else {
+    for e in entries {
+        let (table, key, m) = match e {
+            Entry::Flow(f) => {
+                flows.push(f);
+                continue;
+            }
+            Entry::Persistence { table, key, member } => (table, key, member),
+        };
+        let (Some((name, t)), Some(k)) = (tables.get_key_value(&table), key_parse(&key)) else {
             continue;
         };
         // A hash under another key (this node has no ha.sync secret for it) finds nothing.
@@ -165,7 +247,7 @@ fn apply_entries(
     Ok(n)
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -235,7 +317,7 @@ impl HaPlane {
             tracing::warn!("HA: starting in maintenance (saved in admin.state_file); PUT /api/v1/ha/maintenance {{\"maintenance\": false}} ends it");
         }
         if ha.sync.is_some() {
-            tracing::info!("ha.sync: member and site states set through the API and persistence tables are shared; the table hash key, the persistence-cookie secret and TLS ticket keys are derived from ha.sync.key; connection tables of nat/dr services are not synchronised in this build");
+            tracing::info!("ha.sync: member and site states set through the API, persistence tables and the connection tables of nat/dr/tunnel services are shared; the table hash key, the persistence-cookie secret and TLS ticket keys are derived from ha.sync.key");
         }
         let track = ha.track.clone();
         let health = Arc::new(move || {
@@ -272,15 +354,6 @@ impl HaPlane {
             return;
         };
         let changed = changed_keys(n, r);
-        let live = [
-            "priority",
-            "advert_interval",
-            "preempt",
-            "preempt_delay",
-            "track_weight",
-            "garp_repeat",
-            "garp_interval",
-        ];
         let mut kept = (*r).clone();
         let mut applied: Vec<&str> = match self.node.get() {
             Some(node) => {
@@ -297,7 +370,7 @@ impl HaPlane {
                 changed
                     .iter()
                     .copied()
-                    .filter(|k| live.contains(k))
+                    .filter(|k| LIVE_KEYS.contains(k))
                     .filter(|k| *k != "advert_interval" || n.vrrp_version == r.vrrp_version)
                     .collect()
             }
@@ -311,18 +384,16 @@ impl HaPlane {
                 applied.push("sync.peers");
             }
         }
-        let still = |k: &&str| {
-            // `sync` is settled when its peers were its only change.
-            !applied.contains(k) && (*k != "sync" || n.sync.as_ref() != kept.sync.as_ref())
-        };
-        let pending: Vec<&str> = changed.iter().copied().filter(still).collect();
         if !applied.is_empty() {
             tracing::info!(applied = %applied.join(", "), "[ha] changes applied by the reload");
         }
-        if !pending.is_empty() {
+        for key in changed.iter().filter(|k| !applied.contains(k)) {
+            let (from, to) = values(key, n, r);
             tracing::warn!(
-                changed = %pending.join(", "),
-                "[ha] changes take effect at the next restart; this node runs on with the current values of these keys (and the secrets derived from its ha.sync.key)"
+                key = %format!("ha.{key}"),
+                running = %from,
+                configured = %to,
+                "ha.{key} changed: it takes effect at the next restart; this node runs on with the running value"
             );
         }
         new.ha = Some(kept);
@@ -340,6 +411,11 @@ impl HaPlane {
         let node = ha.and_then(|h| h.node.clone()).unwrap_or_else(host_name);
         let _ = self.node_name.set(node);
         let _ = self.bgp.set(crate::bgp::start(bgp, maintenance, control));
+    }
+
+    /// The XDP plane's connection tables, synchronised by `ha.sync` (set once, at assembly).
+    pub fn set_flow_sync(&self, flows: Arc<crate::xdp::FlowSync>) {
+        let _ = self.flows.set(flows);
     }
 
     /// An operator change here: newer than anything this node has seen, even within one
@@ -373,7 +449,10 @@ impl HaPlane {
                 if !shared && matches!(k, PersistKey::Hashed(_)) {
                     return;
                 }
-                if tx.try_send((name.clone(), k.clone(), m)).is_err() {
+                if tx
+                    .try_send(Outgoing::Persist(name.clone(), k.clone(), m))
+                    .is_err()
+                {
                     dropped.fetch_add(1, Ordering::Relaxed);
                 }
             })));
@@ -412,9 +491,14 @@ impl HaPlane {
         let matches = self.peer_config_matches.clone();
         let tables = self.tables.clone();
         let per_table = self.per_table.clone();
+        let flow_sync = self.flows.get().cloned();
         let on_receive: OnReceive = Arc::new(move |kind: Kind, sent_ms: u64, bytes: &[u8]| {
             if kind == Kind::Entries {
-                let got = apply_entries(bytes, &tables.load())?;
+                let mut flows = Vec::new();
+                let got = apply_entries(bytes, &tables.load(), &mut flows)?;
+                if let Some(fs) = &flow_sync {
+                    fs.apply(&flows, sent_ms);
+                }
                 let lag = now_ms().saturating_sub(sent_ms) as f64;
                 let mut pt = per_table.lock();
                 for (name, n) in got {
@@ -452,6 +536,7 @@ impl HaPlane {
             Ok(())
         });
         let all = self.tables.clone();
+        let dump_flows = self.flows.get().cloned();
         let full_dump: FullDump = Arc::new(move || {
             let mut out = Vec::new();
             // Services sharing one table (a RADIUS profile) send it once.
@@ -465,9 +550,14 @@ impl HaPlane {
                     .entries()
                     .into_iter()
                     .filter(|(k, _)| portable(table, k))
-                    .map(|(k, m)| (name.clone(), k, m))
+                    .map(|(k, m)| Outgoing::Persist(name.clone(), k, m))
                     .collect();
                 out.extend(entries.chunks(BATCH).map(batch));
+            }
+            // The connection tables of nat/dr/tunnel services, walked now.
+            if let Some(fs) = &dump_flows {
+                let flows: Vec<Outgoing> = fs.dump(None).into_iter().map(Outgoing::Flow).collect();
+                out.extend(flows.chunks(BATCH).map(batch));
             }
             out
         });
@@ -483,19 +573,25 @@ impl HaPlane {
         let _ = self.sync.set(s);
         // New persistence entries: a bounded queue, drained in batches by one task.
         let (tx, mut rx) = tokio::sync::mpsc::channel(QUEUE);
+        if let Some(fs) = self.flows.get() {
+            // A full queue loses the flow (counted in `sync.flows.lost`).
+            let tx = tx.clone();
+            fs.set_sink(Box::new(move |f| tx.try_send(Outgoing::Flow(f)).is_ok()));
+        }
         let _ = self.entries.set(tx);
         self.attach_feeds();
         let sender = self.sync.clone();
         let per_table = self.per_table.clone();
         tokio::spawn(async move {
-            let mut buf: Vec<(Arc<str>, PersistKey, std::net::SocketAddr)> =
-                Vec::with_capacity(BATCH);
+            let mut buf: Vec<Outgoing> = Vec::with_capacity(BATCH);
             while rx.recv_many(&mut buf, BATCH).await > 0 {
                 if let Some(s) = sender.get() {
                     s.send_batch(batch(&buf));
                     let mut pt = per_table.lock();
-                    for (name, _, _) in &buf {
-                        pt.entry(name.clone()).or_default().sent += 1;
+                    for e in &buf {
+                        if let Outgoing::Persist(name, _, _) = e {
+                            pt.entry(name.clone()).or_default().sent += 1;
+                        }
                     }
                 }
                 buf.clear();
@@ -545,6 +641,9 @@ impl HaPlane {
                     s["sync"]["entries_dropped"] =
                         json!(self.entries_dropped.load(Ordering::Relaxed));
                     s["sync"]["tables"] = self.table_status();
+                    if let Some(fs) = self.flows.get() {
+                        s["sync"]["flows"] = fs.status();
+                    }
                 }
                 (200, s)
             }
@@ -718,6 +817,28 @@ impl HaPlane {
                 &l,
                 if mismatch { 1.0 } else { 0.0 },
             );
+            if let Some(fs) = self.flows.get() {
+                w.family(
+                    "fulcrum_ha_sync_flows_total",
+                    "counter",
+                    "Connections of nat/dr/tunnel services synchronised, by event: sent to the peers, lost (a full queue or ring buffer), received, applied to this node's tables, dropped (unknown service, member or interface).",
+                );
+                for (event, n) in fs.counts() {
+                    w.sample(
+                        "fulcrum_ha_sync_flows_total",
+                        &[("vrid", &vrid), ("event", event)],
+                        n as f64,
+                    );
+                }
+                if let Some(lag) = fs.lag_ms() {
+                    w.family(
+                        "fulcrum_ha_sync_flows_lag_seconds",
+                        "gauge",
+                        "Sync lag of the last batch of flows received.",
+                    );
+                    w.sample("fulcrum_ha_sync_flows_lag_seconds", &l, lag / 1000.0);
+                }
+            }
             let pt = self.per_table.lock();
             if !pt.is_empty() {
                 w.family(
@@ -839,7 +960,7 @@ mod tests {
                     .expect("ha"),
                 running.ha.as_ref().expect("ha")
             ),
-            ["priority", "sync"]
+            ["priority", "sync.key"]
         );
         assert_eq!(
             new.virtual_services[0].listen,
@@ -895,10 +1016,12 @@ mod tests {
             key_text(&k)
         );
         // The hashed entry is skipped: this table hashes per process.
+        let mut flows = Vec::new();
         assert_eq!(
-            apply_entries(b.as_bytes(), &tables),
+            apply_entries(b.as_bytes(), &tables, &mut flows),
             Ok(HashMap::from([("web".to_string(), 1)]))
         );
+        assert!(flows.is_empty());
         assert_eq!(t.get(&k), Some("198.18.0.21:8080".parse().expect("addr")));
         // A table under the shared secret takes hashed entries.
         let shared = Arc::new(PersistTable::with_key(
@@ -914,11 +1037,11 @@ mod tests {
             r#"[{{"t":"web","k":"{}","m":"198.18.0.22:80"}}]"#,
             key_text(&h)
         );
-        assert!(apply_entries(b.as_bytes(), &tables).is_ok());
+        assert!(apply_entries(b.as_bytes(), &tables, &mut flows).is_ok());
         assert_eq!(
             shared.get(&h),
             Some("198.18.0.22:80".parse().expect("addr"))
         );
-        assert!(apply_entries(b"{not json", &tables).is_err());
+        assert!(apply_entries(b"{not json", &tables, &mut flows).is_err());
     }
 }

@@ -679,7 +679,8 @@ fn a_reload_changes_priority_at_once_and_reports_what_needs_a_restart() {
         "{logs}"
     );
     assert!(
-        logs.contains("take effect at the next restart") && logs.contains("changed=vrid"),
+        logs.contains("ha.vrid changed: it takes effect at the next restart")
+            && logs.contains("key=ha.vrid running=51 configured=52"),
         "{logs}"
     );
     drop((fa, fb, p.backend_a, p.backend_b));
