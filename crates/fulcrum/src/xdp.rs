@@ -552,12 +552,9 @@ impl XdpPlane {
             let (flows, weak) = (self.flows.clone(), Arc::downgrade(&alive));
             let refresh = services
                 .iter()
-                .map(|v| {
-                    if v.protocol == Protocol::Udp {
-                        v.session_timeout
-                    } else {
-                        v.idle_timeout
-                    }
+                .map(|v| match v.as_udp() {
+                    Some(udp) => udp.session_timeout,
+                    None => v.idle_timeout,
                 })
                 .min()
                 .unwrap_or(REFRESH_MAX)
