@@ -199,15 +199,16 @@ fuzz_target!(|data: &[u8]| {
     *w.script.lock().expect("script") = Some(script.to_vec());
 
     let vs = &w.cfg.virtual_services[0];
+    let section = vs.as_message().expect("a message service");
     let pool = Arc::new(fulcrum_balance::Pool::new(&w.cfg.pools[0], &[], None));
     let messages = Arc::new(MessageStats::default());
     let hub = Hub::new(
         Arc::from("m"),
         Settings {
-            framing: vs.framing.clone().unwrap_or_default(),
-            mode: vs.message_mode,
-            sequence: vs.sequence.clone(),
-            options: vs.message.clone(),
+            framing: section.framing.clone(),
+            mode: section.mode,
+            sequence: section.sequence.clone(),
+            options: section.options.clone(),
             proxy_protocol: None,
             snat: None,
             member_tls: None,
@@ -233,7 +234,7 @@ fuzz_target!(|data: &[u8]| {
             .await
             .expect("connect to the front");
         let (accepted, peer) = w.front.accept().await.expect("accept the client");
-        service.clone().handle(accepted, peer);
+        service.clone().handle(accepted, peer, front);
 
         let mut out = Vec::new();
         for (i, id) in ids.iter().enumerate() {

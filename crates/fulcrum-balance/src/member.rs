@@ -390,13 +390,7 @@ impl Member {
     /// weight of 0, set by the operator or reported by an agent as 0%, takes no new clients.
     #[inline]
     pub fn accepts_new(&self, now_ms: u64) -> bool {
-        self.health.is_up()
-            && self.effective_state() == AdminState::Enabled
-            && self.weight() > 0
-            && self.agent_weight_pct() > 0
-            && !self.benched()
-            && self.below_max_connections()
-            && (now_ms == 0 || !self.recovering(now_ms))
+        self.health.is_up() && self.takes_clients_if_healthy(now_ms)
     }
 
     /// May take a new client in panic mode (no member of its pool is up): down by passive
@@ -404,8 +398,15 @@ impl Member {
     /// down, or one the operator or an agent took out, never does.
     #[inline]
     pub fn accepts_in_panic(&self, now_ms: u64) -> bool {
-        self.health.down_only_passively()
-            && self.effective_state() == AdminState::Enabled
+        self.health.down_only_passively() && self.takes_clients_if_healthy(now_ms)
+    }
+
+    /// Everything but health that decides whether a member takes a new client: enabled, a
+    /// weight above 0 (operator and agent), not benched, below its connection limit and not
+    /// held back by slow start.
+    #[inline]
+    fn takes_clients_if_healthy(&self, now_ms: u64) -> bool {
+        self.effective_state() == AdminState::Enabled
             && self.weight() > 0
             && self.agent_weight_pct() > 0
             && !self.benched()
