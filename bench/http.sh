@@ -24,22 +24,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-cat >"$work/members.conf" <<CONF
-worker_processes 1;
-daemon off;
-error_log stderr error;
-pid $work/members.pid;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$M1 reuseport; location / { return 200 "hello, world\n"; } }
-  server { listen 127.0.0.1:$M2 reuseport; location / { return 200 "hello, world\n"; } }
-}
-CONF
-taskset -c "$BENCH_CPU_LOAD" nginx -p "$work" -c "$work/members.conf" 2>"$work/members.err" &
-pids+=($!)
-wait_port 127.0.0.1:$M1
+hello_members "$M1" "$M2"
 
 fulcrum_conf() {  # fulcrum_conf PORT ADMIN RULES
   cat <<CONF

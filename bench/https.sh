@@ -25,22 +25,7 @@ trap cleanup EXIT
 # One self-signed ECDSA P-256 certificate for both proxies.
 bench_cert "$work"
 
-cat >"$work/members.conf" <<CONF
-worker_processes 1;
-daemon off;
-error_log stderr error;
-pid $work/members.pid;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$M1 reuseport; location / { return 200 "hello, world\n"; } }
-  server { listen 127.0.0.1:$M2 reuseport; location / { return 200 "hello, world\n"; } }
-}
-CONF
-taskset -c "$BENCH_CPU_LOAD" nginx -p "$work" -c "$work/members.conf" 2>"$work/members.err" &
-pids+=($!)
-wait_port 127.0.0.1:$M1
+hello_members "$M1" "$M2"
 
 cat >"$work/fulcrum.toml" <<CONF
 [global]

@@ -17,6 +17,27 @@ bench_cert() {  # bench_cert DIR: self-signed ECDSA P-256 site.key, site.crt, si
   cat "$1/site.crt" "$1/site.key" >"$1/site.pem"
 }
 
+hello_members() {  # hello_members PORT1 PORT2: two nginx members answering "hello, world" on
+  # 127.0.0.1 (one worker on the load CPU, keep-alive without a request limit); uses the caller's
+  # $work and pids, waits until the first listens.
+  cat >"$work/members.conf" <<CONF
+worker_processes 1;
+daemon off;
+error_log stderr error;
+pid $work/members.pid;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$1 reuseport; location / { return 200 "hello, world\n"; } }
+  server { listen 127.0.0.1:$2 reuseport; location / { return 200 "hello, world\n"; } }
+}
+CONF
+  taskset -c "$BENCH_CPU_LOAD" nginx -p "$work" -c "$work/members.conf" 2>"$work/members.err" &
+  pids+=($!)
+  wait_port "127.0.0.1:$1"
+}
+
 bench_build() {  # bench_build CARGO_BUILD_ARGS...: builds in $PROFILE
   cargo build --profile "$PROFILE" -q "$@"
 }
