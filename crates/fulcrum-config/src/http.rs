@@ -1,15 +1,15 @@
-//! Keys of the HTTP data plane beyond the contract (Fulcrum additions): timeouts and
-//! limits of a virtual service, forwarding headers, the access log, and the upstream options of a
-//! pool (response timeout, idle member connections, HTTP/2 to members, passive status checks).
-//!
-//! They live apart from `schema.rs` so that the contract's tables stay readable; each struct is
-//! read from the same TOML table as its owner (`[[virtual_service]]`, `[[pool]]`).
+//! The section of http and https virtual services: content-switching rules (`rule.rs`),
+//! compression and the response cache, timeouts and limits, forwarding headers, the access log,
+//! and the upstream options of a pool (response timeout, idle member connections, HTTP/2 to
+//! members, passive status checks). Each struct is read from the same TOML table as its owner
+//! (`[[virtual_service]]`, `[[pool]]`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
-use crate::schema::{Cache, Compression, Protocol, Rule};
+use crate::rule::Rule;
+use crate::schema::Protocol;
 use crate::service::StreamOptions;
 use crate::string_enum;
 use crate::tls::TlsTermination;
@@ -554,5 +554,68 @@ mod tests {
         let s = StatusSet(vec![StatusMatch::Class(5), StatusMatch::Code(404)]);
         assert!(s.contains(500) && s.contains(599) && s.contains(404));
         assert!(!s.contains(403) && !s.contains(200));
+    }
+}
+
+string_enum!(CompressionAlgorithm {
+    Br = "br",
+    Zstd = "zstd",
+    Gzip = "gzip",
+    Deflate = "deflate",
+});
+
+#[derive(Debug, Clone)]
+pub struct Compression {
+    pub algorithms: Vec<CompressionAlgorithm>,
+    pub min_size: u64,
+    pub types: Vec<String>,
+    /// Level of each algorithm (Fulcrum addition).
+    pub levels: crate::accel::CompressionLevels,
+}
+
+impl FromNode for Compression {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(Compression {
+                algorithms: t.opt(cx, "algorithms").unwrap_or_else(|| {
+                    vec![
+                        CompressionAlgorithm::Br,
+                        CompressionAlgorithm::Zstd,
+                        CompressionAlgorithm::Gzip,
+                        CompressionAlgorithm::Deflate,
+                    ]
+                }),
+                min_size: t.opt::<ByteSize>(cx, "min_size").map_or(1024, |s| s.0),
+                types: t.opt(cx, "types").unwrap_or_else(|| {
+                    [
+                        "text/*",
+                        "application/json",
+                        "application/javascript",
+                        "application/xml",
+                        "image/svg+xml",
+                    ]
+                    .map(String::from)
+                    .to_vec()
+                }),
+                levels: t.opt(cx, "levels").unwrap_or_default(),
+            })
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Cache {
+    pub size: u64,
+    pub max_object: u64,
+}
+
+impl FromNode for Cache {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            Some(Cache {
+                size: t.opt::<ByteSize>(cx, "size").map_or(256 << 20, |s| s.0),
+                max_object: t.opt::<ByteSize>(cx, "max_object").map_or(8 << 20, |s| s.0),
+            })
+        })
     }
 }

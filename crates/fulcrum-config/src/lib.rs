@@ -19,6 +19,7 @@ mod monitor;
 mod persistence;
 mod pool;
 mod reader;
+mod rule;
 mod schema;
 mod service;
 mod snmp;
@@ -42,8 +43,9 @@ pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
-    AccessLog, ForwardHeaders, GslbRedirect, HttpOptions, HttpPoolOptions, HttpSection, LogFormat,
-    SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS, HTTP_SECTION_KEYS,
+    AccessLog, Cache, Compression, CompressionAlgorithm, ForwardHeaders, GslbRedirect, HttpOptions,
+    HttpPoolOptions, HttpSection, LogFormat, SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS,
+    HTTP_SECTION_KEYS,
 };
 pub use iptable::CONTINENTS;
 pub use link::{
@@ -53,11 +55,14 @@ pub use link::{
 };
 pub use message::*;
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
+pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction};
 pub use schema::*;
 pub use service::{ServiceKind, StreamOptions, VirtualService, STREAM_KEYS};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
 pub use tcp::TcpSection;
-pub use tls::{ClientAuth, TlsOptions, TlsTermination, TlsVersion, ALPN_PROTOCOLS, TLS_KEYS};
+pub use tls::{
+    ClientAuth, TlsCert, TlsOptions, TlsTermination, TlsVersion, ALPN_PROTOCOLS, TLS_KEYS,
+};
 pub use types::{
     parse_duration, parse_prefix, parse_size, read_table, ByteSize, KeyValues, OneOrMany,
 };

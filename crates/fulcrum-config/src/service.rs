@@ -14,7 +14,8 @@ use crate::forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS}
 use crate::http::{HttpSection, HTTP_SECTION_KEYS};
 use crate::message::{MessageSection, MESSAGE_SECTION_KEYS};
 use crate::reader::{Cx, FromNode, Node, TableReader};
-use crate::schema::{Protocol, ProxyProtocol, Rule};
+use crate::rule::Rule;
+use crate::schema::{Protocol, ProxyProtocol};
 use crate::tcp::TcpSection;
 use crate::tls::{TlsTermination, TLS_KEYS};
 use crate::types::{read_table, OneOrMany};

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::reader::{Cx, FromNode, Node, TableReader};
-use crate::schema::{Protocol, TlsCert};
+use crate::schema::Protocol;
 use crate::string_enum;
 use crate::types::read_table;
 
@@ -171,6 +171,30 @@ impl FromNode for TlsOptions {
                 );
             }
             Some(opts)
+        })
+    }
+}
+
+/// A certificate chain and its private key, PEM files; relative paths are from the config's folder.
+#[derive(Debug, Clone)]
+pub struct TlsCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// A DER OCSP response stapled to handshakes with this certificate (Fulcrum addition).
+    pub ocsp: Option<PathBuf>,
+}
+
+impl FromNode for TlsCert {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let cert: Option<String> = t.req(cx, "cert");
+            let key: Option<String> = t.req(cx, "key");
+            let ocsp: Option<String> = t.opt(cx, "ocsp");
+            Some(TlsCert {
+                cert: cert?.into(),
+                key: key?.into(),
+                ocsp: ocsp.map(PathBuf::from),
+            })
         })
     }
 }

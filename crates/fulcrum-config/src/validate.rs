@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use crate::error::{did_you_mean, ConfigError};
-use crate::schema::{Config, MonitorKind, PersistenceKind, Protocol, RuleAction};
+use crate::rule::RuleAction;
+use crate::schema::{Config, MonitorKind, PersistenceKind, Protocol};
 use crate::Locations;
 
 struct Checker<'a> {
