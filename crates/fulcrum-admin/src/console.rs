@@ -86,6 +86,11 @@ pub struct Console {
     totals: Mutex<Totals>,
 }
 
+/// `t` (seconds) rounded to whole milliseconds.
+fn whole_millis(t: f64) -> f64 {
+    (t * 1000.0).round() / 1000.0
+}
+
 pub fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -216,7 +221,10 @@ impl Console {
             h.pop_front();
         }
         h.push_back(Sample {
-            t: unix_now(),
+            // Whole milliseconds: the value then reads back exactly from its JSON text with
+            // any parser (a client's `since` is the `t` it was given; a value one unit of
+            // precision off would return that sample again).
+            t: whole_millis(unix_now()),
             services,
             members,
         });
@@ -263,5 +271,22 @@ impl Console {
     pub fn audit(&self) -> Vec<AuditEntry> {
         let a = self.audit.lock().unwrap_or_else(|e| e.into_inner());
         a.iter().rev().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A sample's `t` read back from its JSON by serde_json (whose default float parser is not
+    /// exact for every input) is the same value, so `?since=t` never returns that sample again.
+    #[test]
+    fn sample_times_read_back_exactly_from_json() {
+        let mut t = 1_764_633_271.0_f64;
+        for i in 0..100_000u32 {
+            t += 0.999_877 + f64::from(i % 7) * 1.3e-7;
+            let v = super::whole_millis(t);
+            let text = serde_json::to_string(&v).expect("serialize");
+            let back: f64 = serde_json::from_str(&text).expect("parse");
+            assert_eq!(back.to_bits(), v.to_bits(), "{text}");
+        }
     }
 }
