@@ -22,7 +22,7 @@ use tokio::time::Sleep;
 use crate::chunked::Decoder;
 use crate::upstream::{MemberConns, UpstreamConn};
 
-pub use crate::BoxError;
+pub use crate::{BoxError, FramePoll};
 
 /// How a member frames its response body.
 #[derive(Debug)]
@@ -269,6 +269,7 @@ impl Relay {
             self.member
                 .stats
                 .add_bytes(self.sent, self.received - self.reported);
+            self.stats.bytes_in.fetch_add(self.sent, Ordering::Relaxed);
             self.stats
                 .bytes_out
                 .fetch_add(self.received, Ordering::Relaxed);
@@ -286,10 +287,7 @@ impl Body for Relay {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         let this = self.get_mut();
         match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
             Some(Ok(f)) => {
@@ -329,10 +327,9 @@ pub enum DownBody {
     Member(Box<MemberBody>),
     Relay(Box<Relay>),
     /// Any of the above through a body filter: the cache (a stored body, or a member's while
-    /// it is stored) and compression, written once for both client protocols.
+    /// it is stored), compression (both written once for both client protocols), and the HTTP/2
+    /// progress watchdog.
     Filtered(UnsyncBoxBody<Bytes, BoxError>),
-    /// Any of the above under the HTTP/2 progress watchdog.
-    Watched(Box<crate::h2guard::Watched>),
 }
 
 impl DownBody {
@@ -349,16 +346,12 @@ impl Body for DownBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         match self.get_mut() {
             DownBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             DownBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx).map_err(Into::into),
             DownBody::Relay(r) => Pin::new(r.as_mut()).poll_frame(cx),
             DownBody::Filtered(f) => Pin::new(f).poll_frame(cx),
-            DownBody::Watched(w) => Pin::new(w.as_mut()).poll_frame(cx),
         }
     }
 
@@ -368,7 +361,6 @@ impl Body for DownBody {
             DownBody::Member(m) => m.is_end_stream(),
             DownBody::Relay(r) => r.is_end_stream(),
             DownBody::Filtered(f) => f.is_end_stream(),
-            DownBody::Watched(w) => w.is_end_stream(),
         }
     }
 
@@ -378,7 +370,6 @@ impl Body for DownBody {
             DownBody::Member(m) => m.size_hint(),
             DownBody::Relay(r) => r.size_hint(),
             DownBody::Filtered(f) => f.size_hint(),
-            DownBody::Watched(w) => w.size_hint(),
         }
     }
 }

@@ -241,7 +241,7 @@ struct Filling {
 
 fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> Reply {
     let not_modified = req.not_modified(&entry);
-    Reply::Stored {
+    Reply::Stored(crate::cache::Stored {
         part: if not_modified {
             policy::ByteRange::Whole
         } else {
@@ -251,7 +251,7 @@ fn stored_reply(req: &Request, entry: Arc<Entry>, age: u64, status: Status) -> R
         entry,
         age,
         status,
-    }
+    })
 }
 
 /// A HEAD for a URL whose stored response is stale: forwarded, and a 200 with the same

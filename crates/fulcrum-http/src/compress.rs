@@ -21,17 +21,16 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use fulcrum_config::CompressionAlgorithm as Algo;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWrite};
 
-use crate::body::{BoxError, DownBody, InFraming};
+use crate::body::{BoxError, DownBody, FramePoll, InFraming};
 use crate::chunked;
 use crate::head::{list_items, RequestHead, ResponseHead};
-use crate::timer::Timer;
+use crate::sink::Sink;
 use crate::upstream::UpstreamConn;
 
 /// Encoder output is sent on once it reaches this much.
@@ -312,15 +311,22 @@ pub fn negotiate<'a>(
     Some(coding)
 }
 
+impl crate::fields::FieldEdits for Plan {
+    fn edits(self) -> bool {
+        Plan::edits(self)
+    }
+    fn rewrite_field<S: Sink>(self, out: &mut S, name: &[u8], value: &[u8]) -> bool {
+        rewrite_field(out, self, name, value)
+    }
+    fn write_added_fields<S: Sink>(self, out: &mut S, resp: &ResponseHead) {
+        write_added_fields(out, self, resp)
+    }
+}
+
 /// Writes the response fields a compressed (or Vary-only) response needs instead of the
 /// member's. Called for each member field that `write_response_fields` is about to copy:
 /// returns true when this function took care of it (rewrote or dropped it).
-pub(crate) fn rewrite_field<S: crate::sink::Sink>(
-    out: &mut S,
-    plan: Plan,
-    name: &[u8],
-    value: &[u8],
-) -> bool {
+fn rewrite_field<S: Sink>(out: &mut S, plan: Plan, name: &[u8], value: &[u8]) -> bool {
     if name.eq_ignore_ascii_case(b"vary") {
         // Written merged at the end (`write_added_fields`).
         return true;
@@ -349,11 +355,7 @@ pub(crate) fn rewrite_field<S: crate::sink::Sink>(
 }
 
 /// Writes Content-Encoding and the merged Vary after the member's fields.
-pub(crate) fn write_added_fields<S: crate::sink::Sink>(
-    out: &mut S,
-    plan: Plan,
-    resp: &ResponseHead,
-) {
+fn write_added_fields<S: Sink>(out: &mut S, plan: Plan, resp: &ResponseHead) {
     if let Some(c) = plan.coding() {
         out.field(b"content-encoding", c.algo.as_str().as_bytes());
     }
@@ -566,32 +568,6 @@ impl Stream {
 /// bytes received from the member, whether the member is at fault).
 pub(crate) type Cut = (u64, u64, bool);
 
-/// An HTTP/1 client connection as a response body is written to it: the stream, its write
-/// timer, the connection's write buffer, and how long a write may wait.
-pub(crate) struct H1Writer<'a, W> {
-    pub io: &'a mut W,
-    pub timer: &'a mut Timer,
-    pub out: &'a mut Vec<u8>,
-    pub idle: Duration,
-}
-
-impl<W: AsyncWrite + Unpin> H1Writer<'_, W> {
-    /// Writes what the buffer holds (within `idle`) and empties it.
-    async fn write_out(&mut self) -> io::Result<()> {
-        use tokio::io::AsyncWriteExt;
-        if self.out.is_empty() {
-            return Ok(());
-        }
-        self.timer.set_after(self.idle);
-        let r = match self.timer.run(self.io.write_all(self.out)).await {
-            Some(r) => r,
-            None => Err(io::ErrorKind::TimedOut.into()),
-        };
-        self.out.clear();
-        r
-    }
-}
-
 /// The HTTP/1 client path's body relay for a compressed response: reads the member's body
 /// (framed by `framing`), encodes it, and writes it to the client chunked (or, for HTTP/1.0
 /// clients, until the connection closes). `out` holds the response head on entry. Bytes from
@@ -599,7 +575,7 @@ impl<W: AsyncWrite + Unpin> H1Writer<'_, W> {
 /// client, bytes from the member not yet added to `member`, whether the member connection
 /// ended cleanly and may be reused).
 pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
-    w: &mut H1Writer<'_, W>,
+    w: &mut crate::h1_out::Client<'_, W>,
     conn: &mut UpstreamConn,
     mut framing: InFraming,
     chunked_out: bool,
@@ -692,7 +668,7 @@ pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
 }
 
 async fn finish_h1<W: AsyncWrite + Unpin>(
-    w: &mut H1Writer<'_, W>,
+    w: &mut crate::h1_out::Client<'_, W>,
     s: &mut Stream,
     chunked_out: bool,
     mut to_client: u64,
@@ -736,10 +712,7 @@ impl Body for CompressBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         let this = self.get_mut();
         loop {
             if this.inner_done {

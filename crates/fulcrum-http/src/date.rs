@@ -62,28 +62,26 @@ impl Utc {
 
     /// `Sun, 06 Nov 1994 08:49:37 GMT`
     pub fn http_date(&self) -> String {
-        format!(
-            "{}, {:02} {} {} {:02}:{:02}:{:02} GMT",
-            DAYS[self.weekday],
-            self.day,
-            MONTHS[(self.month - 1) as usize],
-            self.year,
-            self.hour,
-            self.minute,
-            self.second
-        )
+        let (day, mon, year, h, m, s) = self.parts();
+        let wd = DAYS[self.weekday];
+        format!("{wd}, {day:02} {mon} {year} {h:02}:{m:02}:{s:02} GMT")
     }
 
     /// `10/Oct/2000:13:55:36 +0000` (Common Log Format)
     pub fn clf(&self) -> String {
-        format!(
-            "{:02}/{}/{}:{:02}:{:02}:{:02} +0000",
+        let (day, mon, year, h, m, s) = self.parts();
+        format!("{day:02}/{mon}/{year}:{h:02}:{m:02}:{s:02} +0000")
+    }
+
+    fn parts(&self) -> (u32, &'static str, i64, u32, u32, u32) {
+        let mon = MONTHS[(self.month - 1) as usize];
+        (
             self.day,
-            MONTHS[(self.month - 1) as usize],
+            mon,
             self.year,
             self.hour,
             self.minute,
-            self.second
+            self.second,
         )
     }
 

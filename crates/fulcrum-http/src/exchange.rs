@@ -275,6 +275,16 @@ async fn connect(route: Route<'_>, picked: &Picked, client: &ConnInfo) -> io::Re
     let t = &**route.target;
     let member = &picked.member;
     let started = Instant::now();
+    #[cfg(any(test, feature = "memory-members"))]
+    if let Some(io) = upstream::memory_member(member.address, t.tls.is_some()) {
+        let mut io = io?;
+        member.record_connect_success(started.elapsed());
+        if let Some(v) = route.svc.proxy_protocol {
+            let header = fulcrum_net::proxy_protocol::header(v, client.peer, client.local);
+            io.write_all(&header).await?;
+        }
+        return Ok(UpstreamConn::new(io));
+    }
     let mut io = upstream::connect(
         route.svc.snat.as_deref(),
         member.address,

@@ -47,6 +47,36 @@ pub enum ReqFraming {
     Chunked,
 }
 
+/// Begins a list field this hop appends to: the values the message carried (`earlier`, when
+/// they are kept), each followed by a comma, so the caller pushes its own item last.
+fn begin_list<'a, S: Sink + ?Sized>(
+    out: &mut S,
+    name: &[u8],
+    earlier: Option<impl Iterator<Item = &'a [u8]>>,
+) {
+    out.begin(name);
+    for v in earlier.into_iter().flatten() {
+        out.push(v);
+        out.push(b", ");
+    }
+}
+
+/// Via (RFC 9110 §7.6.3): the hops the message already went through, then this one, named by
+/// the protocol version it arrived with.
+fn write_via<'a, S: Sink + ?Sized>(
+    out: &mut S,
+    earlier: Option<impl Iterator<Item = &'a [u8]>>,
+    version: Version,
+) {
+    begin_list(out, b"via", earlier);
+    out.push(match version {
+        Version::Http10 => b"1.0 fulcrum",
+        Version::Http11 => b"1.1 fulcrum",
+        Version::Http2 => b"2 fulcrum",
+    });
+    out.end();
+}
+
 fn edits_drop(edits: Option<&Edits>, name: &[u8]) -> bool {
     edits.is_some_and(|e| e.drops(name))
 }
@@ -213,13 +243,8 @@ pub fn write_request_fields<S: Sink>(out: &mut S, req: &RequestHead, cx: &Reques
     let scheme: &[u8] = if cx.settings.https { b"https" } else { b"http" };
     let mut scratch = Vec::new();
     if fwd.x_forwarded_for && !edits_drop(edits, b"x-forwarded-for") {
-        out.begin(b"x-forwarded-for");
-        if xff_seen {
-            for v in req.values(FieldKind::XForwardedFor) {
-                out.push(v);
-                out.push(b", ");
-            }
-        }
+        let earlier = xff_seen.then(|| req.values(FieldKind::XForwardedFor));
+        begin_list(out, b"x-forwarded-for", earlier);
         out.push(cx.client.ip_text.as_bytes());
         out.end();
     }
@@ -235,13 +260,8 @@ pub fn write_request_fields<S: Sink>(out: &mut S, req: &RequestHead, cx: &Reques
         out.field(b"x-real-ip", cx.client.ip_text.as_bytes());
     }
     if fwd.forwarded && !edits_drop(edits, b"forwarded") {
-        out.begin(b"forwarded");
-        if fwd_seen {
-            for v in req.values(FieldKind::Forwarded) {
-                out.push(v);
-                out.push(b", ");
-            }
-        }
+        let earlier = fwd_seen.then(|| req.values(FieldKind::Forwarded));
+        begin_list(out, b"forwarded", earlier);
         scratch.clear();
         scratch.extend_from_slice(b"for=");
         forwarded_for(&mut scratch, cx.client);
@@ -256,19 +276,11 @@ pub fn write_request_fields<S: Sink>(out: &mut S, req: &RequestHead, cx: &Reques
         out.end();
     }
     if fwd.via && !edits_drop(edits, b"via") {
-        out.begin(b"via");
-        if via_seen {
-            for v in req.values(FieldKind::Via) {
-                out.push(v);
-                out.push(b", ");
-            }
-        }
-        out.push(match req.version {
-            Version::Http10 => b"1.0 fulcrum",
-            Version::Http11 => b"1.1 fulcrum",
-            Version::Http2 => b"2 fulcrum",
-        });
-        out.end();
+        write_via(
+            out,
+            via_seen.then(|| req.values(FieldKind::Via)),
+            req.version,
+        );
     }
     if cx.h2 {
         if let ReqFraming::Length(n) = cx.framing {
@@ -359,8 +371,21 @@ pub enum RespFraming {
     Close,
 }
 
-/// Everything the response field writer needs besides the response.
-pub struct ResponseCtx<'a> {
+/// The field edits of a body filter that changes what the response's fields mean (compression:
+/// Content-Encoding, ETag, Vary). The field writer asks it about each member field and lets it
+/// add its own after them, without knowing which filter it is.
+pub trait FieldEdits: Copy {
+    /// Whether the filter edits any field (most responses: no).
+    fn edits(self) -> bool;
+    /// Writes `name: value` as the filter wants it, or drops it; `true` when it took care of it.
+    fn rewrite_field<S: Sink>(self, out: &mut S, name: &[u8], value: &[u8]) -> bool;
+    /// Writes the filter's own fields after the member's.
+    fn write_added_fields<S: Sink>(self, out: &mut S, resp: &ResponseHead);
+}
+
+/// Everything the response field writer needs besides the response; `E` is the body filter's
+/// field edits (the compression plan).
+pub struct ResponseCtx<'a, E> {
     pub settings: Settings<'a>,
     /// The authorities the target's members answer as (`Location` rewriting).
     pub authorities: &'a [Vec<u8>],
@@ -378,12 +403,16 @@ pub struct ResponseCtx<'a> {
     pub close: bool,
     /// The client speaks HTTP/2 (no connection-specific fields).
     pub h2: bool,
-    /// Response compression: the fields it rewrites and adds.
-    pub plan: crate::compress::Plan,
+    /// The body filter's field edits (compression): the fields it rewrites and adds.
+    pub plan: E,
 }
 
 /// Writes the response fields for the client (without status line or final CRLF).
-pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &ResponseCtx<'_>) {
+pub fn write_response_fields<S: Sink, E: FieldEdits>(
+    out: &mut S,
+    resp: &ResponseHead,
+    cx: &ResponseCtx<'_, E>,
+) {
     let edits = cx.rule.and_then(|r| r.response_headers.as_ref());
     let sticky = cx.settings.sticky;
     let member_addr = cx.member;
@@ -413,7 +442,7 @@ pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &Res
             continue;
         }
         let value = resp.value(f);
-        if cx.plan.edits() && crate::compress::rewrite_field(out, cx.plan, name, value) {
+        if cx.plan.edits() && cx.plan.rewrite_field(out, name, value) {
             continue;
         }
         match f.kind {
@@ -456,28 +485,16 @@ pub fn write_response_fields<S: Sink>(out: &mut S, resp: &ResponseHead, cx: &Res
         out.field(b"set-cookie", &scratch);
     }
     if cx.plan.edits() {
-        crate::compress::write_added_fields(out, cx.plan, resp);
+        cx.plan.write_added_fields(out, resp);
     }
     write_edits(out, edits);
     if fwd.via && !edits_drop(edits, b"via") {
-        out.begin(b"via");
-        if via_seen {
-            for v in resp
-                .fields
-                .iter()
-                .filter(|f| f.kind == FieldKind::Via)
-                .map(|f| resp.value(f))
-            {
-                out.push(v);
-                out.push(b", ");
-            }
-        }
-        out.push(match resp.version {
-            Version::Http10 => b"1.0 fulcrum",
-            Version::Http11 => b"1.1 fulcrum",
-            Version::Http2 => b"2 fulcrum",
-        });
-        out.end();
+        let earlier = resp
+            .fields
+            .iter()
+            .filter(|f| f.kind == FieldKind::Via)
+            .map(|f| resp.value(f));
+        write_via(out, via_seen.then_some(earlier), resp.version);
     }
     if cx.h2 {
         if let RespFraming::Length(n) = cx.framing {

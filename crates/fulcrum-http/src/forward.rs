@@ -16,13 +16,13 @@ use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Relay, Release};
+use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Release};
+use crate::body_limit::{Limited, Verdict, VerdictHandle};
 use crate::chunked;
 use crate::client::Client;
 use crate::exchange::{self, Attempts, Failure, RespError, Route};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
 use crate::h2_upstream::Outgoing;
-use crate::h2guard::{Limited, Verdict, VerdictHandle};
 use crate::head::{RequestHead, ResponseHead, Version};
 use crate::local::Local;
 use crate::plan::ResponsePlan;
@@ -107,28 +107,13 @@ pub(crate) async fn forward(
         let r = crate::h2_upstream::exchange(route, &mut attempts, head, down.client, out)
             .await
             .map_err(|l| body_cut(svc, verdict.as_ref()).unwrap_or(l))?;
-        let member = r.picked.member.clone();
-        let (parts, inner) = r.response.into_parts();
+        let (member, index) = (r.picked.member.clone(), r.picked.index);
+        let (parts, relay) = r.into_relay(svc.stats.clone());
         let resp = ResponseHead::from_h2(&parts);
-        let mut plan = ResponsePlan::new(route, head, r.picked.index, attempts.lookup(), &resp);
+        let mut plan = ResponsePlan::new(route, head, index, attempts.lookup(), &resp);
         let mut sink = MapSink::default();
         plan.write_fields(&mut sink, route, head, &resp, false);
-        let encoder = plan.encoder.take();
-        let mut out = Response::new(DownBody::Relay(Box::new(Relay {
-            inner,
-            member: member.clone(),
-            stats: svc.stats.clone(),
-            sent: r.sent,
-            received: 0,
-            reported: 0,
-            finished: false,
-            _request: r.request_guard,
-            _connection: r.connection_guard,
-        })));
-        if let Some(s) = encoder {
-            let inner = std::mem::replace(out.body_mut(), DownBody::Full(None));
-            *out.body_mut() = DownBody::filtered(crate::compress::CompressBody::new(inner, s));
-        }
+        let mut out = Response::new(plan.filter(DownBody::Relay(Box::new(relay))));
         *out.status_mut() = parts.status;
         *out.headers_mut() = sink.map;
         return Ok((out, member.address));
@@ -233,7 +218,6 @@ pub(crate) async fn forward(
         let in_framing = plan.member_framing(&resp);
         let mut sink = MapSink::default();
         plan.write_fields(&mut sink, route, head, &resp, false);
-        let encoder = plan.encoder.take();
         let status =
             http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
@@ -259,13 +243,7 @@ pub(crate) async fn forward(
             svc.idle_timeout,
             request_guard,
         );
-        let mut out = Response::new(match encoder {
-            Some(s) => DownBody::filtered(crate::compress::CompressBody::new(
-                DownBody::Member(Box::new(body)),
-                s,
-            )),
-            None => DownBody::Member(Box::new(body)),
-        });
+        let mut out = Response::new(plan.filter(DownBody::Member(Box::new(body))));
         *out.status_mut() = status;
         *out.headers_mut() = sink.map;
         return Ok((out, member.address));

@@ -26,11 +26,12 @@ use fulcrum_balance::{clock, Member, MemberStats, Picked};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-use crate::body::InFraming;
+use crate::body::{DownBody, InFraming};
 use crate::chunked::{self, Decoder};
 use crate::client::{Client, ConnInfo};
 use crate::exchange::{self, read_response_head, Attempts, Failure, RespError, Route};
 use crate::fields::{self, ReqFraming, RequestCtx, RespFraming};
+use crate::h1_out::{write_timed, BODY_CHUNK};
 use crate::h2_upstream::Outgoing;
 use crate::head::{Parse, RequestHead, ResponseHead, Version};
 use crate::local::Local;
@@ -41,8 +42,6 @@ use crate::sticky::Lookup;
 use crate::timer::Timer;
 use crate::upstream::{self, UpstreamConn};
 
-/// Chunk size of body transfers.
-const BODY_CHUNK: usize = 32 * 1024;
 /// Write buffers larger than this are shrunk between requests, so idle connections stay small.
 const KEEP_BUFFER: usize = 16 * 1024;
 
@@ -657,12 +656,15 @@ where
                 tokio::select! {
                     r = &mut serve => break r,
                     Some(b) = rx.recv() => {
-                        client_ok = client_ok && write_within(&mut self.io, &b, svc.idle_timeout).await;
+                        client_ok = client_ok && write_timed(&mut self.io, &mut self.timer, &b, svc.idle_timeout).await.is_ok();
                     }
                 }
             };
             while let Ok(b) = rx.try_recv() {
-                client_ok = client_ok && write_within(&mut self.io, &b, svc.idle_timeout).await;
+                client_ok = client_ok
+                    && write_timed(&mut self.io, &mut self.timer, &b, svc.idle_timeout)
+                        .await
+                        .is_ok();
             }
             reply
         } else {
@@ -672,14 +674,13 @@ where
             crate::cache::Reply::Bypass => self.forward(route).await,
             crate::cache::Reply::Local(l) => self.fail(l, rule).await,
             r => {
-                let w = crate::cache::write_h1(
-                    &mut self.io,
-                    &mut self.out,
-                    &self.head,
-                    r,
-                    svc.idle_timeout,
-                )
-                .await;
+                let client = crate::h1_out::Client {
+                    io: &mut self.io,
+                    timer: &mut self.timer,
+                    out: &mut self.out,
+                    idle: svc.idle_timeout,
+                };
+                let w = crate::cache::write_h1(client, &self.head, r).await;
                 svc.http_stats.count_status(w.status);
                 svc.stats.bytes_out.fetch_add(w.bytes, Ordering::Relaxed);
                 Done {
@@ -738,7 +739,8 @@ where
         } = conn;
         // Plain TCP: the member's socket is watched for an early answer while the body goes
         // out. TLS: the stream cannot be read and written at once here, so the body is sent
-        // whole (the member's answer waits in the socket buffer).
+        // whole (the member's answer waits in the socket buffer). An in-memory member (fuzz
+        // and test builds) is no socket to split or watch: as TLS.
         let mut tcp_w;
         let (up_r, up_w): (
             Option<tokio::net::tcp::ReadHalf<'_>>,
@@ -750,6 +752,8 @@ where
                 (Some(r), &mut tcp_w)
             }
             upstream::MemberIo::Tls(tls) => (None, &mut **tls),
+            #[cfg(any(test, feature = "memory-members"))]
+            upstream::MemberIo::Memory(m) => (None, m),
         };
         // `self.out` holds `carried` bytes (the request head) to go out with the first body
         // bytes: one write for a small chunked upload, as for a Content-Length one.
@@ -928,7 +932,7 @@ where
         let relayed = match &mut encoder {
             // Boxed for the same reason as the cache path: only compressed answers pay for it.
             Some(s) => {
-                let mut w = crate::compress::H1Writer {
+                let mut w = crate::h1_out::Client {
                     io: &mut self.io,
                     timer: &mut self.timer,
                     out: &mut self.out,
@@ -1147,19 +1151,6 @@ impl Cut {
     }
 }
 
-async fn write_timed<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    timer: &mut Timer,
-    buf: &[u8],
-    idle: Duration,
-) -> io::Result<()> {
-    timer.set_after(idle);
-    match timer.run(io.write_all(buf)).await {
-        Some(r) => r,
-        None => Err(io::ErrorKind::TimedOut.into()),
-    }
-}
-
 #[derive(Debug)]
 enum PumpError {
     Client,
@@ -1211,13 +1202,6 @@ async fn readable(io: Option<&tokio::net::tcp::ReadHalf<'_>>) -> io::Result<()> 
 }
 
 /// Writes `buf` to the client within `idle`; false when it could not.
-async fn write_within<W: AsyncWrite + Unpin>(io: &mut W, buf: &[u8], idle: Duration) -> bool {
-    matches!(
-        tokio::time::timeout(idle, io.write_all(buf)).await,
-        Ok(Ok(()))
-    )
-}
-
 /// Cache invalidation after an unsafe request (`crate::cache`, RFC 9111 §4.4).
 fn invalidate(
     cache: &crate::cache::HttpCache,
@@ -1372,100 +1356,41 @@ where
             Ok(r) => r,
             Err(l) => return self.fail(l, rule).await,
         };
-        let crate::h2_upstream::H2Response {
-            picked,
-            response,
-            request_guard,
-            connection_guard,
-            sent,
-        } = r;
-        let member = picked.member.clone();
-        let (parts, mut body) = response.into_parts();
+        let (member, index) = (r.picked.member.clone(), r.picked.index);
+        // The body counts the member's bytes and the service's as it flows (`Relay`).
+        let (parts, relay) = r.into_relay(svc.stats.clone());
         let resp = ResponseHead::from_h2(&parts);
         let status = resp.status;
         svc.http_stats.count_status(status);
         if let Some(c) = &svc.cache {
             invalidate(c, svc, &self.head, &resp);
         }
-        let mut plan = ResponsePlan::new(route, &self.head, picked.index, attempts.lookup(), &resp);
+        let mut plan = ResponsePlan::new(route, &self.head, index, attempts.lookup(), &resp);
         let out_framing = plan.framing;
-        let mut encoder = plan.encoder.take();
+        let mut body = plan.filter(DownBody::Relay(Box::new(relay)));
         self.announce_retirement();
         let close = self.head.close || out_framing == RespFraming::Close;
         self.out.clear();
         plan.write_h1_head(&mut self.out, route, &self.head, &resp, close);
-        let head_bytes = self.out.len() as u64;
-        let idle = svc.idle_timeout;
-        let mut delivered = 0u64;
-        // Of `delivered`, the bytes not yet added to the member's counters.
-        let mut unreported = 0u64;
-        let mut ok = true;
-        if out_framing != RespFraming::None {
-            use http_body_util::BodyExt;
-            loop {
-                let frame = match tokio::time::timeout(idle, body.frame()).await {
-                    Ok(Some(Ok(f))) => f,
-                    Ok(None) => break,
-                    Ok(Some(Err(_))) | Err(_) => {
-                        ok = false;
-                        break;
-                    }
-                };
-                if let Ok(data) = frame.into_data() {
-                    delivered += data.len() as u64;
-                    unreported += data.len() as u64;
-                    member.stats.add_live(&mut 0, &mut unreported);
-                    if let Some(s) = &mut encoder {
-                        // Frame by frame: each one is flushed, the member's pace is kept.
-                        if s.write(&data).and_then(|()| s.flush()).is_err() {
-                            ok = false;
-                            break;
-                        }
-                        s.drain_into(&mut self.out, out_framing == RespFraming::Chunked);
-                    } else if out_framing == RespFraming::Chunked {
-                        chunked::encode_chunk(&mut self.out, &data);
-                    } else {
-                        self.out.extend_from_slice(&data);
-                    }
-                    let send_now = self.out.len() >= BODY_CHUNK || encoder.is_some();
-                    if send_now
-                        && write_timed(&mut self.io, &mut self.timer, &self.out, idle)
-                            .await
-                            .is_err()
-                    {
-                        ok = false;
-                        break;
-                    }
-                    if send_now {
-                        self.out.clear();
-                    }
-                }
-            }
-            if let Some(s) = encoder.as_mut().filter(|_| ok) {
-                ok = s.finish().is_ok();
-                s.drain_into(&mut self.out, out_framing == RespFraming::Chunked);
-            }
-            if ok && out_framing == RespFraming::Chunked {
-                self.out.extend_from_slice(chunked::END);
-            }
-        }
-        if !self.out.is_empty()
-            && write_timed(&mut self.io, &mut self.timer, &self.out, idle)
-                .await
-                .is_err()
-        {
-            ok = false;
-        }
-        drop(request_guard);
-        drop(connection_guard);
-        member.stats.add_bytes(sent, unreported);
-        svc.stats.bytes_in.fetch_add(sent, Ordering::Relaxed);
         svc.stats
             .bytes_out
-            .fetch_add(head_bytes + delivered, Ordering::Relaxed);
-        if !ok {
-            member.record_passive_failure("the response body was cut short");
-        }
+            .fetch_add(self.out.len() as u64, Ordering::Relaxed);
+        let idle = svc.idle_timeout;
+        let mut delivered = 0u64;
+        let client = crate::h1_out::Client {
+            io: &mut self.io,
+            timer: &mut self.timer,
+            out: &mut self.out,
+            idle,
+        };
+        let ok = if out_framing == RespFraming::None {
+            write_timed(client.io, client.timer, client.out, idle)
+                .await
+                .is_ok()
+        } else {
+            let chunked = out_framing == RespFraming::Chunked;
+            crate::h1_out::relay_body(client, &mut body, chunked, |n| delivered += n as u64).await
+        };
         Done {
             status,
             bytes: delivered,
@@ -1522,5 +1447,114 @@ async fn pump_to_channel<R: AsyncRead + Unpin>(
                 return Err(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::client::{Alpn, ConnInfo};
+    use crate::testing::{member, service, service_to};
+
+    /// Sends `requests` (the last asks for the close) to the HTTP/1 adapter over an in-memory
+    /// stream; returns all the adapter wrote back.
+    async fn exchange(svc: std::sync::Arc<crate::HttpService>, requests: &[u8]) -> String {
+        let (mut client, server) = tokio::io::duplex(256 * 1024);
+        let info = ConnInfo {
+            peer: "127.0.0.9:5000".parse().expect("address"),
+            local: "127.0.0.1:80".parse().expect("address"),
+            alpn: Alpn::Http1,
+        };
+        let conn = tokio::spawn(crate::serve_connection(svc, server, info));
+        client.write_all(requests).await.expect("requests written");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut out))
+            .await
+            .expect("the adapter closes after the last request")
+            .expect("read");
+        conn.await.expect("the connection task ends");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_answered_in_order_over_one_member_connection() {
+        let (addr, seen, conns) = member("hello").await;
+        let svc = service_to(&[addr], "", "", "");
+        let out = exchange(
+            svc,
+            b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nGET /b?q=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        let answers: Vec<&str> = out.split("HTTP/1.1 200 OK\r\n").skip(1).collect();
+        assert_eq!(answers.len(), 2, "{out}");
+        assert!(
+            answers.iter().all(|a| a.ends_with("\r\n\r\nhello")),
+            "{out}"
+        );
+        assert!(!answers[0].contains("connection: close"), "{out}");
+        assert!(answers[1].contains("connection: close"), "{out}");
+        let seen = seen.lock();
+        assert!(seen[0].starts_with("GET /a HTTP/1.1\r\n"), "{seen:?}");
+        assert!(seen[1].starts_with("GET /b?q=1 HTTP/1.1\r\n"), "{seen:?}");
+        for head in seen.iter() {
+            assert!(head.contains("host: x\r\n"), "{head}");
+            assert!(head.contains("x-forwarded-for: 127.0.0.9\r\n"), "{head}");
+            assert!(!head.contains("connection: close"), "hop-by-hop: {head}");
+        }
+        assert_eq!(*conns.lock(), 1, "the member connection was reused");
+    }
+
+    #[tokio::test]
+    async fn a_request_body_goes_to_the_member_and_the_connection_goes_on() {
+        let (addr, seen, _) = member("ok").await;
+        let svc = service_to(&[addr], "", "", "");
+        let out = exchange(
+            svc,
+            b"POST /up HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhelloGET /after HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 2, "{out}");
+        let seen = seen.lock();
+        assert!(seen[0].starts_with("POST /up HTTP/1.1\r\n"), "{seen:?}");
+        assert!(seen[0].contains("content-length: 5\r\n"), "{seen:?}");
+        assert!(seen[0].ends_with("\r\n\r\nhello"), "{seen:?}");
+        assert!(
+            seen[1].starts_with("GET /after HTTP/1.1\r\n"),
+            "the bytes after the body are the next request: {seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_member_the_client_gets_502_and_keeps_its_connection() {
+        // Members nobody listens on: every connect is refused at once.
+        let svc = service(2, "", "");
+        let out = exchange(
+            svc.clone(),
+            b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(out.matches("HTTP/1.1 502 ").count(), 2, "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_bad_request_is_answered_and_the_connection_closed() {
+        let svc = service(1, "", "");
+        // Two Content-Length values: ambiguous framing (RFC 9112 §6.3), never forwarded.
+        let out = exchange(
+            svc,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 400 "), "{out}");
+        assert!(out.contains("connection: close\r\n"), "{out}");
+        let big = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "a".repeat(70_000)
+        );
+        let out = exchange(service(1, "", ""), big.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 431 "), "{out}");
     }
 }

@@ -526,3 +526,79 @@ fn log(
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    use crate::client::{Alpn, ConnInfo};
+    use crate::testing::{member, service, service_to};
+
+    /// An HTTP/2 client of the adapter over an in-memory stream.
+    async fn h2_client(
+        svc: std::sync::Arc<crate::HttpService>,
+    ) -> hyper::client::conn::http2::SendRequest<Empty<Bytes>> {
+        let (client, server) = tokio::io::duplex(256 * 1024);
+        let info = ConnInfo {
+            peer: "127.0.0.9:5000".parse().expect("address"),
+            local: "127.0.0.1:80".parse().expect("address"),
+            alpn: Alpn::H2,
+        };
+        tokio::spawn(crate::serve_connection(svc, server, info));
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(client))
+                .await
+                .expect("HTTP/2 handshake");
+        tokio::spawn(conn);
+        send
+    }
+
+    async fn get(
+        send: &mut hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+        path: &str,
+    ) -> (u16, String) {
+        let req = http::Request::get(format!("http://x{path}"))
+            .body(Empty::new())
+            .expect("request");
+        let resp = send.send_request(req).await.expect("a response");
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.expect("a body").to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn concurrent_streams_become_http11_requests_to_the_member() {
+        let (addr, seen, conns) = member("hello").await;
+        let svc = service_to(&[addr], "", "", "");
+        let send = h2_client(svc).await;
+        let mut streams = Vec::new();
+        for i in 0..3 {
+            let mut s = send.clone();
+            streams.push(tokio::spawn(
+                async move { get(&mut s, &format!("/s{i}")).await },
+            ));
+        }
+        for s in streams {
+            assert_eq!(s.await.expect("stream"), (200, "hello".to_string()));
+        }
+        let seen = seen.lock();
+        assert_eq!(seen.len(), 3);
+        for head in seen.iter() {
+            assert!(head.starts_with("GET /s"), "{head}");
+            assert!(head.contains(" HTTP/1.1\r\n"), "{head}");
+            assert!(head.contains("host: x\r\n"), "{head}");
+            assert!(head.contains("x-forwarded-for: 127.0.0.9\r\n"), "{head}");
+            assert!(head.contains("x-forwarded-proto: http\r\n"), "{head}");
+        }
+        assert!(*conns.lock() <= 3);
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_a_member_gets_502_and_the_connection_goes_on() {
+        let mut send = h2_client(service(2, "", "")).await;
+        assert_eq!(get(&mut send, "/").await.0, 502);
+        assert_eq!(get(&mut send, "/again").await.0, 502);
+    }
+}

@@ -23,6 +23,29 @@ pub struct H2Response {
     pub sent: u64,
 }
 
+impl H2Response {
+    /// The answer's head, and its body as a `Relay`: the request's bytes and the body's are
+    /// added to the member's and the service's (`stats`) counters as it flows and at its end.
+    pub fn into_relay(
+        self,
+        stats: std::sync::Arc<fulcrum_net::ServiceStats>,
+    ) -> (http::response::Parts, crate::body::Relay) {
+        let (parts, inner) = self.response.into_parts();
+        let relay = crate::body::Relay {
+            inner,
+            member: self.picked.member.clone(),
+            stats,
+            sent: self.sent,
+            received: 0,
+            reported: 0,
+            finished: false,
+            _request: self.request_guard,
+            _connection: self.connection_guard,
+        };
+        (parts, relay)
+    }
+}
+
 /// A request body for an HTTP/2 member: `body` to send, `replay` a copy of it when it may be
 /// sent again (no body or a buffered one), and its framing.
 pub struct Outgoing {
@@ -145,5 +168,102 @@ pub(crate) async fn exchange(
             Err(_) => Failure::Timeout,
         };
         attempts.failed(&picked, failure)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use parking_lot::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::client::{Alpn, ConnInfo};
+    use crate::testing::service_to;
+
+    /// A loopback HTTP/2 member (hyper's server): answers each request with its path, method
+    /// and body read back, in three DATA frames; keeps what it saw.
+    async fn h2_member() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a member");
+        let addr = l.local_addr().expect("its address");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((io, _)) = l.accept().await {
+                let s = s.clone();
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let s = s.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            s.lock().push(format!(
+                                "{} {} {:?} {}",
+                                parts.method,
+                                parts.uri.path(),
+                                parts.version,
+                                String::from_utf8_lossy(&body)
+                            ));
+                            let text = format!(
+                                "{} {} [{}]",
+                                parts.method,
+                                parts.uri.path(),
+                                String::from_utf8_lossy(&body)
+                            );
+                            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(text))))
+                        }
+                    });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(io), service),
+                );
+            }
+        });
+        (addr, seen)
+    }
+
+    /// HTTP/1.1 clients of a pool with `http2 = true`: their requests (and bodies) go to the
+    /// member as HTTP/2 streams; the answers come back re-framed for HTTP/1.1 (chunked: an
+    /// HTTP/2 response has no Content-Length here), on a keep-alive connection.
+    #[tokio::test]
+    async fn http1_clients_reach_an_http2_member() {
+        let (addr, seen) = h2_member().await;
+        let svc = service_to(&[addr], "", "", "http2 = true");
+        let (mut client, server) = tokio::io::duplex(256 * 1024);
+        let info = ConnInfo {
+            peer: "127.0.0.9:5000".parse().expect("address"),
+            local: "127.0.0.1:80".parse().expect("address"),
+            alpn: Alpn::Http1,
+        };
+        tokio::spawn(crate::serve_connection(svc, server, info));
+        client
+            .write_all(b"POST /in HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\nbodyGET /next HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("requests written");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut out))
+            .await
+            .expect("closed after the last request")
+            .expect("read");
+        let out = String::from_utf8_lossy(&out);
+        assert_eq!(out.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{out}");
+        assert!(out.contains("POST /in [body]"), "{out}");
+        assert!(out.contains("GET /next []"), "{out}");
+        let seen = seen.lock();
+        assert_eq!(
+            seen.as_slice(),
+            ["POST /in HTTP/2.0 body", "GET /next HTTP/2.0 "]
+        );
     }
 }

@@ -1,33 +1,26 @@
-//! Guards on HTTP/2 streams that hyper cannot give: an I/O-progress watchdog on response bodies
-//! and the `max_body_size` / `min_body_rate` limits on request bodies.
+//! An I/O-progress watchdog on the response bodies of HTTP/2 streams, which hyper cannot give.
 //!
-//! Why a watchdog: hyper polls a response body only while the client's flow-control window has
-//! room. A client that holds its window at zero (never sends WINDOW_UPDATE) therefore stops the
-//! body from being polled at all, so the body's own idle timer (the member connection's) never
-//! runs, and the member connection stays taken for as long as the client likes. The watchdog
-//! looks from outside: a response body that yielded nothing for `idle_timeout` is dropped (the
-//! member connection with it) and counted; the stream fails with an error when hyper next polls
-//! it (a RST_STREAM), and the connection is sent a GOAWAY.
-//!
-//! Why body limits here: the HTTP/1 path counts body bytes as it relays them; an HTTP/2 request
-//! body without `content-length` (or one arriving slowly) goes through hyper's `Incoming`, which
-//! has no size or rate limit of its own.
+//! Why: hyper polls a response body only while the client's flow-control window has room. A
+//! client that holds its window at zero (never sends WINDOW_UPDATE) therefore stops the body from
+//! being polled at all, so the body's own idle timer (the member connection's) never runs, and
+//! the member connection stays taken for as long as the client likes. The watchdog looks from
+//! outside: a response body that yielded nothing for `idle_timeout` is dropped (the member
+//! connection with it) and counted; the stream fails with an error when hyper next polls it (a
+//! RST_STREAM), and the connection is sent a GOAWAY.
 
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use fulcrum_balance::clock;
-use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
+use http_body::{Body, SizeHint};
 use parking_lot::Mutex;
-use tokio::time::{Instant, Sleep};
 
-use crate::body::{BoxError, DownBody};
+use crate::body::DownBody;
+use crate::{BoxError, FramePoll};
 
 /// A response body the watchdog may take away.
 struct Slot {
@@ -73,7 +66,7 @@ impl Watchdog {
         }
         slots.push(Arc::downgrade(&slot));
         drop(slots);
-        DownBody::Watched(Box::new(Watched(slot)))
+        DownBody::filtered(Watched(slot))
     }
 
     /// Drops every body that yielded nothing for `timeout`, forgetting finished ones.
@@ -122,10 +115,7 @@ impl Body for Watched {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         let slot = &self.get_mut().0;
         let mut guard = slot.body.lock();
         let Some(body) = guard.as_mut() else {
@@ -169,145 +159,6 @@ impl std::fmt::Display for Stalled {
 }
 
 impl std::error::Error for Stalled {}
-
-/// Why a request body was cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    Ok,
-    /// Past `max_body_size`.
-    TooLarge,
-    /// Slower than `min_body_rate`.
-    TooSlow,
-}
-
-/// An HTTP/2 client's request body under the service's `max_body_size` and `min_body_rate`,
-/// measured the way the HTTP/1 path measures them: the time spent waiting for the client may
-/// not exceed a grace (`header_timeout`) plus what the bytes received buy at `min_body_rate`.
-pub struct Limited {
-    inner: Incoming,
-    max: Option<u64>,
-    rate: u64,
-    grace: Duration,
-    received: u64,
-    waited: Duration,
-    /// Since when the body has been waited for (set while the client owes bytes).
-    asked: Option<Instant>,
-    timer: Option<Pin<Box<Sleep>>>,
-    verdict: Arc<AtomicU8>,
-}
-
-impl Limited {
-    pub(crate) fn new(inner: Incoming, max: Option<u64>, rate: u64, grace: Duration) -> Limited {
-        Limited {
-            inner,
-            max,
-            rate,
-            grace,
-            received: 0,
-            waited: Duration::ZERO,
-            asked: None,
-            timer: None,
-            verdict: Arc::new(AtomicU8::new(0)),
-        }
-    }
-
-    /// Reads the verdict once the body was consumed (the body may be gone by then).
-    pub(crate) fn verdict_handle(&self) -> VerdictHandle {
-        VerdictHandle(self.verdict.clone())
-    }
-
-    fn cut(&mut self, v: Verdict) -> BoxError {
-        self.verdict.store(v as u8, Ordering::Relaxed);
-        Box::new(BodyCut(v))
-    }
-}
-
-/// Shared view of a `Limited` body's verdict.
-#[derive(Clone)]
-pub(crate) struct VerdictHandle(Arc<AtomicU8>);
-
-impl VerdictHandle {
-    pub(crate) fn get(&self) -> Verdict {
-        match self.0.load(Ordering::Relaxed) {
-            1 => Verdict::TooLarge,
-            2 => Verdict::TooSlow,
-            _ => Verdict::Ok,
-        }
-    }
-}
-
-#[derive(Debug)]
-struct BodyCut(Verdict);
-
-impl std::fmt::Display for BodyCut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Verdict::TooLarge => f.write_str("request body larger than max_body_size"),
-            Verdict::TooSlow => f.write_str("request body slower than min_body_rate"),
-            Verdict::Ok => f.write_str("request body cut"),
-        }
-    }
-}
-
-impl std::error::Error for BodyCut {}
-
-impl Body for Limited {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let asked = *this.asked.get_or_insert_with(Instant::now);
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => {
-                if this.rate == 0 {
-                    return Poll::Pending;
-                }
-                let earned =
-                    this.grace + Duration::from_secs_f64(this.received as f64 / this.rate as f64);
-                let deadline = asked + earned.saturating_sub(this.waited);
-                let timer = this
-                    .timer
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                if timer.deadline() != deadline {
-                    timer.as_mut().reset(deadline);
-                }
-                if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Some(Err(this.cut(Verdict::TooSlow))));
-                }
-                Poll::Pending
-            }
-            Poll::Ready(r) => {
-                this.waited += asked.elapsed();
-                this.asked = None;
-                match r {
-                    Some(Ok(f)) => {
-                        if let Some(d) = f.data_ref() {
-                            this.received += d.len() as u64;
-                            if this.max.is_some_and(|m| this.received > m) {
-                                return Poll::Ready(Some(Err(this.cut(Verdict::TooLarge))));
-                            }
-                        }
-                        Poll::Ready(Some(Ok(f)))
-                    }
-                    Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
-                    None => Poll::Ready(None),
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
 
 #[cfg(test)]
 mod tests {

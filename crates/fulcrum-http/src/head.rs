@@ -125,6 +125,85 @@ pub struct Field {
     pub hop: bool,
 }
 
+/// What the Connection fields of a message say (RFC 9110 §7.6.1).
+#[derive(Default)]
+struct ConnectionField {
+    close: bool,
+    keep_alive: bool,
+    upgrade: bool,
+    hops: HopNames,
+}
+
+impl ConnectionField {
+    /// Reads one Connection field's value (a span of `buf`); `false` when an item is not a token.
+    fn read(&mut self, buf: &[u8], value: &[u8]) -> bool {
+        let mut valid = true;
+        for t in list_items(value) {
+            if t.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            } else if t.eq_ignore_ascii_case(b"upgrade") {
+                self.upgrade = true;
+            } else if is_token(t) {
+                self.hops.add(Span::of(buf, t));
+            } else {
+                valid = false;
+            }
+        }
+        valid
+    }
+}
+
+/// The field names a Connection field lists (RFC 9110 §7.6.1): hop-by-hop, never forwarded.
+/// The first eight are kept; a message naming more is not worth a heap allocation.
+#[derive(Default)]
+struct HopNames {
+    names: [Option<Span>; 8],
+    len: usize,
+}
+
+impl HopNames {
+    fn add(&mut self, name: Span) {
+        if let Some(slot) = self.names.get_mut(self.len) {
+            *slot = Some(name);
+            self.len += 1;
+        }
+    }
+
+    /// Marks the fields the Connection field named as hop-by-hop.
+    fn mark(&self, fields: &mut [Field], buf: &[u8]) {
+        let named = &self.names[..self.len];
+        if named.is_empty() {
+            return;
+        }
+        for f in fields {
+            let name = f.name.get(buf);
+            if named
+                .iter()
+                .flatten()
+                .any(|s| s.get(buf).eq_ignore_ascii_case(name))
+            {
+                f.hop = true;
+            }
+        }
+    }
+}
+
+/// The fields httparse found in `buf`, as spans of it (the head keeps the bytes, not borrows).
+fn copy_fields(fields: &mut Vec<Field>, buf: &[u8], parsed: &[httparse::Header<'_>]) {
+    fields.clear();
+    fields.extend(parsed.iter().map(|h| {
+        let name = h.name.as_bytes();
+        Field {
+            name: Span::of(buf, name),
+            value: Span::of(buf, h.value),
+            kind: FieldKind::of(name),
+            hop: false,
+        }
+    }));
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Version {
     Http10,
@@ -134,6 +213,15 @@ pub enum Version {
 }
 
 impl Version {
+    /// From httparse's minor version of an HTTP/1.x message.
+    fn of_minor(minor: Option<u8>) -> Version {
+        if minor == Some(0) {
+            Version::Http10
+        } else {
+            Version::Http11
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Version::Http10 => "HTTP/1.0",
@@ -397,21 +485,8 @@ impl RequestHead {
         self.method_span = Span::of(buf, method);
         self.method = Method::of(method);
         self.target = Span::of(buf, target);
-        self.version = if req.version == Some(0) {
-            Version::Http10
-        } else {
-            Version::Http11
-        };
-        self.fields.clear();
-        for h in req.headers.iter() {
-            let name = h.name.as_bytes();
-            self.fields.push(Field {
-                name: Span::of(buf, name),
-                value: Span::of(buf, h.value),
-                kind: FieldKind::of(name),
-                hop: false,
-            });
-        }
+        self.version = Version::of_minor(req.version);
+        copy_fields(&mut self.fields, buf, req.headers);
         self.validate()?;
         Ok(Parse::Complete)
     }
@@ -503,14 +578,10 @@ impl RequestHead {
         let buf = &self.buf[..];
         let h2 = self.version == Version::Http2;
         let mut host: Option<Span> = None;
-        let mut keep_alive = false;
-        let mut close = false;
-        let mut upgrade_token = false;
+        let mut connection = ConnectionField::default();
         let mut transfer_encoding = false;
         let mut te_chunked_last = false;
         let mut upgrade: Option<Span> = None;
-        let mut hop_names: [Option<Span>; 8] = [None; 8];
-        let mut hops = 0;
         for f in &self.fields {
             let v = f.value.get(buf);
             match f.kind {
@@ -555,23 +626,8 @@ impl RequestHead {
                         }
                     }
                 }
-                FieldKind::Connection => {
-                    for t in list_items(v) {
-                        if t.eq_ignore_ascii_case(b"close") {
-                            close = true;
-                        } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                            keep_alive = true;
-                        } else if t.eq_ignore_ascii_case(b"upgrade") {
-                            upgrade_token = true;
-                        } else if is_token(t) {
-                            if hops < hop_names.len() {
-                                hop_names[hops] = Some(Span::of(buf, t));
-                                hops += 1;
-                            }
-                        } else {
-                            return Err(bad("invalid Connection"));
-                        }
-                    }
+                FieldKind::Connection if !connection.read(buf, v) => {
+                    return Err(bad("invalid Connection"));
                 }
                 FieldKind::Upgrade => upgrade = Some(f.value),
                 FieldKind::Expect if v.eq_ignore_ascii_case(b"100-continue") => {
@@ -589,18 +645,7 @@ impl RequestHead {
             }
             self.chunked = true;
         }
-        if hops > 0 {
-            for f in &mut self.fields {
-                let name = f.name.get(buf);
-                if hop_names[..hops]
-                    .iter()
-                    .flatten()
-                    .any(|s| s.get(buf).eq_ignore_ascii_case(name))
-                {
-                    f.hop = true;
-                }
-            }
-        }
+        connection.hops.mark(&mut self.fields, buf);
 
         let (host, target_path) = self.target_form(host)?;
         if let Some(p) = target_path {
@@ -612,11 +657,11 @@ impl RequestHead {
         }
         self.host = host;
         self.close = match self.version {
-            Version::Http10 => !keep_alive,
-            Version::Http11 => close,
+            Version::Http10 => !connection.keep_alive,
+            Version::Http11 => connection.close,
             Version::Http2 => false,
         };
-        if upgrade_token && upgrade.is_some() && self.version == Version::Http11 {
+        if connection.upgrade && upgrade.is_some() && self.version == Version::Http11 {
             let proto = upgrade.map(|s| s.get(buf)).unwrap_or_default();
             // An h2c upgrade is a request to this hop, which speaks HTTP/2 only by prior
             // knowledge: answered as HTTP/1.1 and not passed on.
@@ -841,21 +886,8 @@ impl ResponseHead {
         self.head_len = n;
         self.status = resp.code.unwrap_or(0);
         self.reason = Span::of(buf, resp.reason.unwrap_or_default().as_bytes());
-        self.version = if resp.version == Some(0) {
-            Version::Http10
-        } else {
-            Version::Http11
-        };
-        self.fields.clear();
-        for h in resp.headers.iter() {
-            let name = h.name.as_bytes();
-            self.fields.push(Field {
-                name: Span::of(buf, name),
-                value: Span::of(buf, h.value),
-                kind: FieldKind::of(name),
-                hop: false,
-            });
-        }
+        self.version = Version::of_minor(resp.version);
+        copy_fields(&mut self.fields, buf, resp.headers);
         self.analyse()?;
         Ok(Parse::Complete)
     }
@@ -898,13 +930,10 @@ impl ResponseHead {
 
     fn analyse(&mut self) -> Result<(), HeadError> {
         let buf = &self.buf[..];
-        let mut keep_alive = false;
-        let mut close = false;
+        let mut connection = ConnectionField::default();
         let mut te = false;
         let mut te_chunked_last = false;
         let mut lengths: Option<u64> = None;
-        let mut hop_names: [Option<Span>; 8] = [None; 8];
-        let mut hops = 0;
         for f in &self.fields {
             let v = f.value.get(buf);
             match f.kind {
@@ -930,35 +959,16 @@ impl ResponseHead {
                         .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
                 }
                 FieldKind::Connection => {
-                    for t in list_items(v) {
-                        if t.eq_ignore_ascii_case(b"close") {
-                            close = true;
-                        } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                            keep_alive = true;
-                        } else if hops < hop_names.len() && !t.eq_ignore_ascii_case(b"upgrade") {
-                            hop_names[hops] = Some(Span::of(buf, t));
-                            hops += 1;
-                        }
-                    }
+                    // A member's odd token is not worth refusing its answer for.
+                    connection.read(buf, v);
                 }
                 _ => {}
             }
         }
-        if hops > 0 {
-            for f in &mut self.fields {
-                let name = f.name.get(buf);
-                if hop_names[..hops]
-                    .iter()
-                    .flatten()
-                    .any(|s| s.get(buf).eq_ignore_ascii_case(name))
-                {
-                    f.hop = true;
-                }
-            }
-        }
+        connection.hops.mark(&mut self.fields, buf);
         self.close = match self.version {
-            Version::Http10 => !keep_alive,
-            _ => close,
+            Version::Http10 => !connection.keep_alive,
+            _ => connection.close,
         };
         if te {
             // Transfer-Encoding overrides Content-Length; a response with both is passed on

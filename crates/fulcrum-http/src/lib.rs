@@ -37,6 +37,7 @@
 
 pub mod access_log;
 mod body;
+mod body_limit;
 pub mod cache;
 mod cached;
 pub mod chunked;
@@ -49,6 +50,7 @@ mod exchange;
 pub mod fields;
 mod forward;
 mod h1;
+mod h1_out;
 mod h2;
 mod h2_upstream;
 mod h2guard;
@@ -68,6 +70,9 @@ pub mod upstream;
 
 /// The error of a body that crosses hyper.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What `Body::poll_frame` returns for the bodies of this crate.
+pub type FramePoll = std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, BoxError>>>;
 
 pub use cache::HttpCache;
 pub use client::{Alpn, ConnInfo};

@@ -3,7 +3,7 @@
 //! carries, and the fields written for it. HTTP/1 and HTTP/2 clients, HTTP/1.1 and HTTP/2
 //! members all decide here; the adapters only write what it says.
 
-use crate::body::InFraming;
+use crate::body::{DownBody, InFraming};
 use crate::chunked::Decoder;
 use crate::compress::{self, Stream};
 use crate::exchange::Route;
@@ -26,6 +26,15 @@ pub(crate) struct ResponsePlan<'s> {
 }
 
 impl<'s> ResponsePlan<'s> {
+    /// `body` as the client gets it: through the compressor when the plan compresses (the body
+    /// filter is the same for HTTP/1 and HTTP/2 clients).
+    pub fn filter(&mut self, body: DownBody) -> DownBody {
+        match self.encoder.take() {
+            Some(s) => DownBody::filtered(compress::CompressBody::new(body, s)),
+            None => body,
+        }
+    }
+
     /// Plans `resp`, from the `member`-th member of the route's pool, for `req`; `lookup` is
     /// what persistence found for the request.
     pub fn new(

@@ -24,12 +24,15 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::BoxError;
+use crate::{BoxError, FramePoll};
 use parking_lot::Mutex;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+
+#[cfg(any(test, feature = "memory-members"))]
+pub mod memory;
 
 /// Initial read buffer of a member connection.
 const READ_BUFFER: usize = 8 * 1024;
@@ -45,14 +48,22 @@ pub const PROVEN_ALIVE_MS: u64 = 1000;
 pub enum MemberIo {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// An in-memory member (`memory`, fuzz and test builds only). It behaves as a plain
+    /// stream without what only a socket has: readiness is a poll of the stream (as for TLS),
+    /// and there is no receive window to watch or socket to split, so a request body goes out
+    /// whole before the answer is read (as for TLS, see `h1::pump_body`).
+    #[cfg(any(test, feature = "memory-members"))]
+    Memory(tokio::io::DuplexStream),
 }
 
 impl MemberIo {
-    /// The TCP socket under the stream.
-    pub fn tcp(&self) -> &TcpStream {
+    /// The TCP socket under the stream (none for an in-memory member).
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            MemberIo::Plain(s) => s,
-            MemberIo::Tls(s) => s.get_ref().0,
+            MemberIo::Plain(s) => Some(s),
+            MemberIo::Tls(s) => Some(s.get_ref().0),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(_) => None,
         }
     }
 
@@ -73,19 +84,9 @@ impl MemberIo {
                     r => return Poll::Ready(r),
                 }
             },
-            MemberIo::Tls(s) => {
-                if buf.len() == buf.capacity() {
-                    // No room would read as the end of the stream.
-                    buf.reserve(READ_BUFFER);
-                }
-                let mut rb = ReadBuf::uninit(buf.spare_capacity_mut());
-                std::task::ready!(Pin::new(&mut **s).poll_read(cx, &mut rb))?;
-                let n = rb.filled().len();
-                // SAFETY: `ReadBuf` counts as filled only bytes that were written, and they
-                // lie right after `buf.len()` in `buf`'s allocation (its spare capacity).
-                unsafe { buf.set_len(buf.len() + n) };
-                Poll::Ready(Ok(n))
-            }
+            MemberIo::Tls(s) => poll_read_spare(&mut **s, cx, buf),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => poll_read_spare(s, cx, buf),
         }
     }
 
@@ -96,13 +97,18 @@ impl MemberIo {
     pub fn try_read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
         match self {
             MemberIo::Plain(s) => s.try_read_buf(buf),
-            MemberIo::Tls(_) => {
-                let mut cx = Context::from_waker(std::task::Waker::noop());
-                match self.poll_read_buf(&mut cx, buf) {
-                    Poll::Ready(r) => r,
-                    Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
-                }
-            }
+            MemberIo::Tls(_) => self.poll_read_now(buf),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(_) => self.poll_read_now(buf),
+        }
+    }
+
+    /// One poll of the stream with a no-op waker (see `try_read_buf`).
+    fn poll_read_now(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.poll_read_buf(&mut cx, buf) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
 
@@ -122,8 +128,36 @@ impl MemberIo {
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 Pin::new(&mut **s).poll_read(&mut cx, &mut rb).is_pending()
             }
+            // As for TLS: pending means nothing came and the member did not close.
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => {
+                let mut probe = [0u8; 1];
+                let mut rb = ReadBuf::new(&mut probe);
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                Pin::new(s).poll_read(&mut cx, &mut rb).is_pending()
+            }
         }
     }
+}
+
+/// Reads from `r` into the spare capacity of `buf` (growing it when full); `Ok(0)` at the end
+/// of the stream.
+fn poll_read_spare<R: AsyncRead + Unpin>(
+    r: &mut R,
+    cx: &mut Context<'_>,
+    buf: &mut Vec<u8>,
+) -> Poll<io::Result<usize>> {
+    if buf.len() == buf.capacity() {
+        // No room would read as the end of the stream.
+        buf.reserve(READ_BUFFER);
+    }
+    let mut rb = ReadBuf::uninit(buf.spare_capacity_mut());
+    std::task::ready!(Pin::new(r).poll_read(cx, &mut rb))?;
+    let n = rb.filled().len();
+    // SAFETY: `ReadBuf` counts as filled only bytes that were written, and they lie right
+    // after `buf.len()` in `buf`'s allocation (its spare capacity).
+    unsafe { buf.set_len(buf.len() + n) };
+    Poll::Ready(Ok(n))
 }
 
 impl AsyncRead for MemberIo {
@@ -135,6 +169,8 @@ impl AsyncRead for MemberIo {
         match self.get_mut() {
             MemberIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
             MemberIo::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -148,6 +184,8 @@ impl AsyncWrite for MemberIo {
         match self.get_mut() {
             MemberIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
             MemberIo::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -159,6 +197,8 @@ impl AsyncWrite for MemberIo {
         match self.get_mut() {
             MemberIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             MemberIo::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -166,6 +206,8 @@ impl AsyncWrite for MemberIo {
         match self {
             MemberIo::Plain(s) => s.is_write_vectored(),
             MemberIo::Tls(s) => s.is_write_vectored(),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => s.is_write_vectored(),
         }
     }
 
@@ -173,6 +215,8 @@ impl AsyncWrite for MemberIo {
         match self.get_mut() {
             MemberIo::Plain(s) => Pin::new(s).poll_flush(cx),
             MemberIo::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -180,6 +224,8 @@ impl AsyncWrite for MemberIo {
         match self.get_mut() {
             MemberIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
             MemberIo::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            #[cfg(any(test, feature = "memory-members"))]
+            MemberIo::Memory(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -372,8 +418,7 @@ impl H2Member {
             return Ok((s, false));
         }
         let started = Instant::now();
-        let io = connect(snat, self.member.address, connect_timeout).await?;
-        let io = secure(io, tls, self.member.address, connect_timeout).await?;
+        let io = open(snat, self.member.address, connect_timeout, tls).await?;
         let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(TokioIo::new(io));
@@ -402,17 +447,14 @@ pub enum UpBody {
     /// An HTTP/2 client's body, passed through.
     Incoming(Incoming),
     /// An HTTP/2 client's body under `max_body_size` and `min_body_rate`.
-    Limited(Box<crate::h2guard::Limited>),
+    Limited(Box<crate::body_limit::Limited>),
 }
 
 impl Body for UpBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         match self.get_mut() {
             UpBody::Empty => Poll::Ready(None),
             UpBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
@@ -557,6 +599,37 @@ pub async fn connect(
     timeout: Duration,
 ) -> io::Result<TcpStream> {
     fulcrum_net::snat::connect(snat, addr, timeout).await
+}
+
+/// A new connection to the HTTP/2 member at `addr`: TCP, then TLS when the pool has it (an
+/// in-memory member instead in fuzz and test builds, when one listens at `addr`).
+async fn open(
+    snat: Option<&fulcrum_net::Snat>,
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&crate::tls::client::MemberTls>,
+) -> io::Result<MemberIo> {
+    #[cfg(any(test, feature = "memory-members"))]
+    if let Some(io) = memory_member(addr, tls.is_some()) {
+        return io;
+    }
+    let io = connect(snat, addr, timeout).await?;
+    secure(io, tls, addr, timeout).await
+}
+
+/// The connection to an in-memory member at `addr` (fuzz and test builds), if one listens
+/// there: `None` sends the caller to TCP. TLS is not spoken over memory: a pool with `tls`
+/// gets an error rather than a plain connection it did not ask for.
+#[cfg(any(test, feature = "memory-members"))]
+pub(crate) fn memory_member(addr: SocketAddr, tls: bool) -> Option<io::Result<MemberIo>> {
+    let io = memory::connect(addr)?;
+    Some(match io {
+        Ok(_) if tls => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "TLS to an in-memory member",
+        )),
+        r => r.map(MemberIo::Memory),
+    })
 }
 
 /// A connected member socket as the pool speaks to it: as is, or after a TLS handshake (pool

@@ -701,7 +701,8 @@ async fn cache_and_compression_keep_one_variant_per_accept_encoding() {
 
 /// Range requests are answered from a stored 200 (RFC 9110 §14): one range is a 206 cut from
 /// the stored body, an unsatisfiable one a 416 with `Content-Range: bytes */len`, several
-/// ranges or an If-Range naming another validator the whole 200. A Range miss is forwarded with
+/// ascending ones a `multipart/byteranges` 206; ranges out of order or an If-Range naming
+/// another validator the whole 200. A Range miss is forwarded with
 /// its Range, and the member's 206 is not stored as the response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranges_are_cut_from_stored_responses_and_misses_forward_the_range() {
@@ -732,7 +733,7 @@ async fn ranges_are_cut_from_stored_responses_and_misses_forward_the_range() {
         (&[("range", "bytes=-3")], 206, "789", Some("bytes 7-9/10")),
         (&[("range", "bytes=8-")], 206, "89", Some("bytes 8-9/10")),
         (&[("range", "bytes=20-")], 416, "", Some("bytes */10")),
-        (&[("range", "bytes=0-1, 5-6")], 200, "0123456789", None),
+        (&[("range", "bytes=5-6, 0-1")], 200, "0123456789", None),
         (
             &[("range", "bytes=0-0"), ("if-range", "\"e1\"")],
             206,
@@ -756,6 +757,24 @@ async fn ranges_are_cut_from_stored_responses_and_misses_forward_the_range() {
             assert_eq!(r.header("content-length"), Some(&*body.len().to_string()));
         }
     }
+    // Several ranges, ascending and apart: one multipart/byteranges body (RFC 9110 §14.6).
+    let r = get_with(s.vs, "/r", &[("range", "bytes=0-1, 5-6, 30-40")]).await;
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("content-range"), None);
+    let ctype = r.header("content-type").unwrap_or_default().to_string();
+    let boundary = ctype
+        .strip_prefix("multipart/byteranges; boundary=")
+        .unwrap_or_else(|| panic!("not multipart: {ctype}"));
+    let expected = format!(
+        "--{boundary}\r\ncontent-type: text/plain\r\ncontent-range: bytes 0-1/10\r\n\r\n01\r\n\
+         --{boundary}\r\ncontent-type: text/plain\r\ncontent-range: bytes 5-6/10\r\n\r\n56\r\n\
+         --{boundary}--\r\n"
+    );
+    assert_eq!(r.text(), expected);
+    assert_eq!(
+        r.header("content-length"),
+        Some(&*expected.len().to_string())
+    );
     assert_eq!(s.origin.count(), 1, "every range came from the cache");
     // HTTP/2 clients get the same.
     let url = format!("http://{}/r", s.vs);
@@ -764,6 +783,17 @@ async fn ranges_are_cut_from_stored_responses_and_misses_forward_the_range() {
     assert!(out.contains("HTTP/2 206"), "{out}");
     assert!(out.contains("content-range: bytes 3-5/10"), "{out}");
     assert!(out.ends_with("345"), "{out}");
+    let (ok, out, err) = curl(&["-i", "--http2-prior-knowledge", "-r", "0-0,9-9", &url]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("HTTP/2 206"), "{out}");
+    assert!(
+        out.contains("content-type: multipart/byteranges; boundary="),
+        "{out}"
+    );
+    assert!(
+        out.contains("content-range: bytes 9-9/10\r\n\r\n9\r\n--"),
+        "{out}"
+    );
     // A miss: the Range goes to the member, its 206 to the client, and nothing is stored.
     let r = get_with(s.vs, "/m", &[("range", "bytes=0-1")]).await;
     assert_eq!((r.status, r.text().as_str()), (206, "01"));

@@ -33,11 +33,13 @@ use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWrite;
 
-use crate::body::{BoxError, DownBody};
+use crate::body::{BoxError, DownBody, FramePoll};
+use crate::h1_out::write_timed;
 use crate::head::{Method, RequestHead, Version};
 use crate::local::Local;
+use crate::sink::Sink;
 use policy::{ByteRange, Directives};
 use store::Store;
 pub use store::{CacheStats, Entry};
@@ -168,13 +170,7 @@ impl Status {
 pub(crate) enum Reply {
     /// From a stored response; `not_modified` answers a client conditional with 304, `part`
     /// a Range request with 206 or 416.
-    Stored {
-        entry: Arc<Entry>,
-        age: u64,
-        status: Status,
-        not_modified: bool,
-        part: ByteRange,
-    },
+    Stored(Stored),
     /// The member's response (being stored while it streams, when `stored`).
     Member {
         resp: Response<DownBody>,
@@ -185,6 +181,24 @@ pub(crate) enum Reply {
     Local(Local),
     /// Not for the cache: forward as usual.
     Bypass,
+}
+
+/// An answer from a stored response.
+pub(crate) struct Stored {
+    pub entry: Arc<Entry>,
+    pub age: u64,
+    pub status: Status,
+    pub not_modified: bool,
+    pub part: ByteRange,
+}
+
+impl Stored {
+    /// What of the stored response answers the request (status, range, body length), with the
+    /// entry, its age, the Cache-Status and whether the answer is a 304.
+    fn selected(self) -> (Selected, Arc<Entry>, u64, Status, bool) {
+        let sel = Selected::of(&self.entry, self.not_modified, self.part);
+        (sel, self.entry, self.age, self.status, self.not_modified)
+    }
 }
 
 pub(crate) fn now_secs() -> i64 {
@@ -529,10 +543,7 @@ impl Body for CacheBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         match self.get_mut() {
             CacheBody::Stored { chunks, next } => {
                 let c = chunks.get(*next).cloned();
@@ -582,10 +593,12 @@ impl Body for CacheBody {
 }
 
 /// What of a stored response goes to the client: the status, the Content-Range value (206,
-/// 416) and the body pieces (for 206, slices of the stored ones: no copy).
+/// 416), the Content-Type replacing the stored one (several ranges: `multipart/byteranges`) and
+/// the body pieces (for 206, slices of the stored ones: no copy of the body).
 struct Selected {
     code: u16,
     content_range: Option<String>,
+    multipart_type: Option<String>,
     part: Option<Vec<Bytes>>,
     len: u64,
 }
@@ -595,6 +608,7 @@ impl Selected {
         let whole = |code| Selected {
             code,
             content_range: None,
+            multipart_type: None,
             part: None,
             len: entry.body_len,
         };
@@ -606,15 +620,18 @@ impl Selected {
             ByteRange::Unsatisfiable => Selected {
                 code: 416,
                 content_range: Some(format!("bytes */{}", entry.body_len)),
+                multipart_type: None,
                 part: Some(Vec::new()),
                 len: 0,
             },
             ByteRange::Part { first, last } => Selected {
                 code: 206,
                 content_range: Some(format!("bytes {first}-{last}/{}", entry.body_len)),
+                multipart_type: None,
                 part: Some(slice(&entry.body, first, last)),
                 len: last - first + 1,
             },
+            ByteRange::Parts(ranges) => multipart(entry, &ranges),
         }
     }
 
@@ -625,6 +642,41 @@ impl Selected {
     /// A 416 carries only its Content-Range of the stored fields.
     fn stored_fields(&self) -> bool {
         self.code != 416
+    }
+}
+
+/// Several ranges of a stored 200 as one `multipart/byteranges` body (RFC 9110 §14.6): each
+/// part under a boundary line with the stored Content-Type and its Content-Range.
+fn multipart(entry: &Entry, ranges: &[(u64, u64)]) -> Selected {
+    // Random per answer, so a body cannot be made to contain it on purpose.
+    let boundary = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    let content_type = entry
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let mut pieces = Vec::with_capacity(ranges.len() * 2 + 1);
+    for (i, &(first, last)) in ranges.iter().enumerate() {
+        let mut head = if i == 0 { String::new() } else { "\r\n".into() };
+        head.push_str("--");
+        head.push_str(&boundary);
+        if let Some(t) = &content_type {
+            head.push_str("\r\ncontent-type: ");
+            head.push_str(t);
+        }
+        head.push_str(&format!(
+            "\r\ncontent-range: bytes {first}-{last}/{}\r\n\r\n",
+            entry.body_len
+        ));
+        pieces.push(Bytes::from(head));
+        pieces.extend(slice(&entry.body, first, last));
+    }
+    pieces.push(Bytes::from(format!("\r\n--{boundary}--\r\n")));
+    Selected {
+        code: 206,
+        content_range: None,
+        multipart_type: Some(format!("multipart/byteranges; boundary={boundary}")),
+        len: pieces.iter().map(|p| p.len() as u64).sum(),
+        part: Some(pieces),
     }
 }
 
@@ -662,14 +714,8 @@ pub(crate) fn h2_response(
     method: Method,
 ) -> Option<(Response<DownBody>, Option<SocketAddr>)> {
     match reply {
-        Reply::Stored {
-            entry,
-            age,
-            status,
-            not_modified,
-            part,
-        } => {
-            let sel = Selected::of(&entry, not_modified, part);
+        Reply::Stored(stored) => {
+            let (sel, entry, age, status, not_modified) = stored.selected();
             let code = sel.code;
             let mut headers = if !sel.stored_fields() {
                 HeaderMap::new()
@@ -695,6 +741,13 @@ pub(crate) fn h2_response(
                 .and_then(|v| HeaderValue::from_str(v).ok())
             {
                 headers.insert(http::header::CONTENT_RANGE, cr);
+            }
+            if let Some(t) = sel
+                .multipart_type
+                .as_deref()
+                .and_then(|v| HeaderValue::from_str(v).ok())
+            {
+                headers.insert(http::header::CONTENT_TYPE, t);
             }
             let bodiless = not_modified
                 || method == Method::Head
@@ -751,82 +804,74 @@ fn connection_fields(out: &mut Vec<u8>, head: &RequestHead, close: bool) {
     }
 }
 
-/// Writes a stored or member answer to an HTTP/1.x client. `out` is the connection's write
-/// buffer.
+/// Writes a stored or member answer to an HTTP/1.x client.
 pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    out: &mut Vec<u8>,
+    client: crate::h1_out::Client<'_, W>,
     head: &RequestHead,
     reply: Reply,
-    idle: Duration,
 ) -> Written {
+    let out = &mut *client.out;
     out.clear();
     match reply {
-        Reply::Stored {
-            entry,
-            age,
-            status,
-            not_modified,
-            part,
-        } => {
-            let sel = Selected::of(&entry, not_modified, part);
+        Reply::Stored(stored) => {
+            let (sel, entry, age, status, not_modified) = stored.selected();
             let code = sel.code;
             crate::sink::write_status_line(out, code, b"");
             if let Some(cr) = &sel.content_range {
-                out.extend_from_slice(b"content-range: ");
-                out.extend_from_slice(cr.as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.field(b"content-range", cr.as_bytes());
             }
             if not_modified {
                 for n in NOT_MODIFIED_FIELDS {
                     for v in entry.headers.get_all(n) {
-                        out.extend_from_slice(n.as_bytes());
-                        out.extend_from_slice(b": ");
-                        out.extend_from_slice(v.as_bytes());
-                        out.extend_from_slice(b"\r\n");
+                        out.field(n.as_bytes(), v.as_bytes());
                     }
                 }
+            } else if let Some(t) = &sel.multipart_type {
+                for (n, v) in entry.headers.iter() {
+                    if n != http::header::CONTENT_TYPE {
+                        out.field(n.as_str().as_bytes(), v.as_bytes());
+                    }
+                }
+                out.field(b"content-type", t.as_bytes());
             } else if sel.stored_fields() {
                 out.extend_from_slice(&entry.h1_fields);
             }
-            out.extend_from_slice(b"age: ");
-            out.extend_from_slice(itoa::Buffer::new().format(age).as_bytes());
-            out.extend_from_slice(b"\r\ncache-status: ");
-            out.extend_from_slice(status.header(false).as_bytes());
-            out.extend_from_slice(b"\r\n");
+            out.field(b"age", itoa::Buffer::new().format(age).as_bytes());
+            out.field(b"cache-status", status.header(false).as_bytes());
             if !not_modified && entry.status != 204 {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(sel.len).as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.field(
+                    b"content-length",
+                    itoa::Buffer::new().format(sel.len).as_bytes(),
+                );
             }
             connection_fields(out, head, false);
             out.extend_from_slice(b"\r\n");
             let with_body =
                 !not_modified && head.method != Method::Head && entry.status != 204 && sel.len > 0;
-            let ok;
+            let mut ok;
             let mut bytes = 0;
+            let (io, timer, idle) = (client.io, client.timer, client.idle);
             if with_body {
                 let pieces = sel.body(&entry);
                 if sel.len as usize + out.len() <= 64 * 1024 {
                     for c in pieces {
                         out.extend_from_slice(c);
                     }
-                    ok = write_idle(io, out, idle).await;
+                    ok = write_timed(io, timer, out, idle).await.is_ok();
                 } else {
-                    let mut good = write_idle(io, out, idle).await;
+                    ok = write_timed(io, timer, out, idle).await.is_ok();
                     for c in pieces {
-                        if !good {
+                        if !ok {
                             break;
                         }
-                        good = write_idle(io, c, idle).await;
+                        ok = write_timed(io, timer, c, idle).await.is_ok();
                     }
-                    ok = good;
                 }
                 if ok {
                     bytes = sel.len;
                 }
             } else {
-                ok = write_idle(io, out, idle).await;
+                ok = write_timed(io, timer, out, idle).await.is_ok();
             }
             Written {
                 status: code,
@@ -849,14 +894,9 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
                 if n == http::header::CONTENT_LENGTH {
                     length = v.to_str().ok().and_then(|v| v.parse::<u64>().ok());
                 }
-                out.extend_from_slice(n.as_str().as_bytes());
-                out.extend_from_slice(b": ");
-                out.extend_from_slice(v.as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.field(n.as_str().as_bytes(), v.as_bytes());
             }
-            out.extend_from_slice(b"cache-status: ");
-            out.extend_from_slice(status.header(stored).as_bytes());
-            out.extend_from_slice(b"\r\n");
+            out.field(b"cache-status", status.header(stored).as_bytes());
             let bodiless = head.method == Method::Head || code == 204 || code == 304;
             let chunked = !bodiless && length.is_none() && head.version != Version::Http10;
             let close = !bodiless && length.is_none() && !chunked;
@@ -865,45 +905,23 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
             }
             connection_fields(out, head, close);
             out.extend_from_slice(b"\r\n");
-            let mut ok = true;
             let mut bytes = 0u64;
-            if !bodiless {
-                loop {
-                    let frame = match tokio::time::timeout(idle, body.frame()).await {
-                        Ok(Some(Ok(f))) => f,
-                        Ok(None) => break,
-                        Ok(Some(Err(_))) | Err(_) => {
-                            ok = false;
-                            break;
-                        }
-                    };
-                    if let Ok(data) = frame.into_data() {
-                        bytes += data.len() as u64;
-                        if chunked {
-                            crate::chunked::encode_chunk(out, &data);
-                        } else {
-                            out.extend_from_slice(&data);
-                        }
-                        if out.len() >= 32 * 1024 {
-                            if !write_idle(io, out, idle).await {
-                                ok = false;
-                                break;
-                            }
-                            out.clear();
-                        }
-                    }
-                }
-                if ok && chunked {
-                    out.extend_from_slice(crate::chunked::END);
-                }
-            } else {
-                // Drain (nothing to read for a bodiless answer) so the member connection is
+            let ok = if bodiless {
+                // Drained (nothing to read for a bodiless answer) so the member connection is
                 // released.
-                while let Ok(Some(Ok(_))) = tokio::time::timeout(idle, body.frame()).await {}
-            }
-            if ok && !out.is_empty() {
-                ok = write_idle(io, out, idle).await;
-            }
+                let idle = client.idle;
+                loop {
+                    client.timer.set_after(idle);
+                    let Some(Some(Ok(_))) = client.timer.run(body.frame()).await else {
+                        break;
+                    };
+                }
+                write_timed(client.io, client.timer, client.out, idle)
+                    .await
+                    .is_ok()
+            } else {
+                crate::h1_out::relay_body(client, &mut body, chunked, |n| bytes += n as u64).await
+            };
             Written {
                 status: code,
                 bytes,
@@ -918,13 +936,6 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
             keep: false,
         },
     }
-}
-
-async fn write_idle<W: AsyncWrite + Unpin>(io: &mut W, buf: &[u8], idle: Duration) -> bool {
-    matches!(
-        tokio::time::timeout(idle, io.write_all(buf)).await,
-        Ok(Ok(()))
-    )
 }
 
 #[cfg(test)]

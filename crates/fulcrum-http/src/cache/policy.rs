@@ -555,16 +555,24 @@ pub fn not_modified(
 }
 
 /// What a stored response of `len` bytes answers a `Range` request with (RFC 9110 §14.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ByteRange {
-    /// The whole response (200): no valid single byte range, or several ranges (a server
-    /// may ignore Range; one range is what clients ask of a cache in practice).
+    /// The whole response (200): no valid Range, or one a server may ignore (RFC 9110 §14.2:
+    /// more than `MAX_RANGES`, or ranges not in ascending order or overlapping — the shape of the
+    /// small-overlapping-ranges attacks on Apache's multipart answers).
     Whole,
     /// Bytes `first..=last` (206).
     Part { first: u64, last: u64 },
+    /// Several satisfiable ranges, ascending and apart (206, `multipart/byteranges`); the
+    /// unsatisfiable ones of the field are left out.
+    Parts(Vec<(u64, u64)>),
     /// No satisfiable range (416 with `Content-Range: bytes */len`).
     Unsatisfiable,
 }
+
+/// The most ranges answered as `multipart/byteranges`; more and the whole response goes
+/// (nginx's `max_ranges` is unlimited by default; Apache settled on a limit after CVE-2011-3192).
+pub const MAX_RANGES: usize = 16;
 
 /// Evaluates a `Range` field value against a representation of `len` bytes. Syntax errors
 /// (another unit, `5-2`, garbage) make the field ignored, as §14.2 asks.
@@ -614,13 +622,18 @@ pub fn byte_range(value: &[u8], len: u64) -> ByteRange {
         };
         specs.push(r);
     }
-    match specs.as_slice() {
-        [] => ByteRange::Whole,
-        [Some((first, last))] => ByteRange::Part {
+    if specs.len() > MAX_RANGES {
+        return ByteRange::Whole;
+    }
+    let satisfiable: Vec<(u64, u64)> = specs.iter().flatten().copied().collect();
+    match satisfiable.as_slice() {
+        [] if specs.is_empty() => ByteRange::Whole,
+        [] => ByteRange::Unsatisfiable,
+        [(first, last)] => ByteRange::Part {
             first: *first,
             last: *last,
         },
-        s if s.iter().all(Option::is_none) => ByteRange::Unsatisfiable,
+        parts if parts.windows(2).all(|w| w[1].0 > w[0].1) => ByteRange::Parts(satisfiable),
         _ => ByteRange::Whole,
     }
 }
@@ -793,7 +806,23 @@ mod tests {
         assert_eq!(r("bytes=-0", 11), Unsatisfiable);
         assert_eq!(r("bytes=20-30, 40-", 11), Unsatisfiable);
         assert_eq!(r("bytes=0-", 0), Unsatisfiable);
-        assert_eq!(r("bytes=0-1,3-4", 11), Whole, "several ranges: the whole");
+        assert_eq!(r("bytes=0-1,3-4", 11), Parts(vec![(0, 1), (3, 4)]));
+        assert_eq!(
+            r("bytes=0-1, 20-30, -2", 11),
+            Parts(vec![(0, 1), (9, 10)]),
+            "the unsatisfiable range is left out"
+        );
+        assert_eq!(r("bytes=0-1, 40-50", 11), Part { first: 0, last: 1 });
+        assert_eq!(r("bytes=3-4,0-1", 11), Whole, "not ascending: the whole");
+        assert_eq!(r("bytes=0-5,5-6", 11), Whole, "overlapping: the whole");
+        let many = (0..=MAX_RANGES)
+            .map(|i| format!("{i}-{i}"))
+            .collect::<Vec<_>>();
+        assert_eq!(
+            r(&format!("bytes={}", many.join(",")), 100),
+            Whole,
+            "too many"
+        );
         assert_eq!(r("bytes=5-2", 11), Whole, "invalid: ignored");
         assert_eq!(r("items=0-1", 11), Whole);
         assert_eq!(r("bytes=a-b", 11), Whole);
