@@ -1,5 +1,6 @@
 //! The HTTP/2 member side (`http2 = true` on a pool): Fulcrum as an HTTP/2 client of a member
-//! that answers with fuzz-driven frames. A loopback member inside the process reads the
+//! that answers with fuzz-driven frames. An in-memory member inside the process
+//! (`fulcrum_http::upstream::memory`: the member connection is a duplex stream) reads the
 //! proxy's preface and requests (to learn their stream ids), sends its SETTINGS, then frames
 //! built from the input: SETTINGS, response HEADERS (any status, content-length, split over
 //! CONTINUATION), DATA (padded or not, END_STREAM or not), RST_STREAM, GOAWAY, WINDOW_UPDATE,
@@ -7,20 +8,24 @@
 //! another one. Requests come from HTTP/1 clients (GET, a POST with a body the member's flow
 //! control must let through) and from an HTTP/2 client, with compression and the response
 //! cache in front (fills from HTTP/2 member bodies). Each input gets a new pool, service and
-//! member connection, so one input's connection state does not leak into the next.
+//! member connection, so one input's connection state does not leak into the next; the cache
+//! is shared (a new one costs more than all the rest of a service) and emptied after an input
+//! that stored something.
 #![no_main]
 
 #[path = "common/h2_client.rs"]
 mod h2_client;
+#[path = "common/settle.rs"]
+mod settle;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use fulcrum_http::{Alpn, ConnInfo, HttpCache, HttpService, Parts, Upstreams};
 use libfuzzer_sys::fuzz_target;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::time::{timeout, Instant};
 
 struct World {
@@ -28,24 +33,35 @@ struct World {
     cfg: fulcrum_config::Config,
     /// The member's frames for the next member connection (the first one of an input).
     script: Arc<Mutex<Option<Vec<u8>>>>,
+    cache: Arc<HttpCache>,
+    /// The cache's `stored` counter when it was last emptied.
+    stored: AtomicU64,
 }
 
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
+        // Timers only, no I/O driver: nothing here is a socket, and parking the runtime (each
+        // step of the paused clock) then costs no epoll_wait and no eventfd write.
         let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+            .enable_time()
+            // Paused clock: the member's and the proxy's timeouts fire as soon as the runtime is
+            // idle (the member's bytes are already delivered by then) instead of after real
+            // milliseconds, which is most of an input's time otherwise.
+            .start_paused(true)
             .build()
             .expect("runtime");
         let script = Arc::new(Mutex::new(None));
         let member = rt.block_on(async {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("a loopback member");
-            let member = l.local_addr().expect("its address");
+            // Any address: nothing listens on it, the proxy's connections to it stay in memory.
+            let mut l = fulcrum_http::upstream::memory::listen(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                9,
+            ));
+            let member = l.addr();
             let s = script.clone();
             tokio::spawn(async move {
-                while let Ok((c, _)) = l.accept().await {
+                while let Some(c) = l.accept().await {
                     let script = s.lock().expect("script").take().unwrap_or_default();
                     tokio::spawn(member_connection(c, script));
                 }
@@ -76,7 +92,13 @@ address = "{member}"
         );
         let cfg = fulcrum_config::parse(&config, "fuzz.toml", std::path::Path::new("."))
             .expect("the fuzz config is valid");
-        World { rt, cfg, script }
+        World {
+            rt,
+            cfg,
+            script,
+            cache: HttpCache::new(1 << 20, 64 << 10),
+            stored: AtomicU64::new(0),
+        }
     })
 }
 
@@ -126,7 +148,7 @@ fn scan(buf: &mut Vec<u8>, streams: &mut Vec<u32>, preface_seen: &mut bool) {
 /// One member connection: reads a moment (the preface, SETTINGS, the first HEADERS), sends
 /// its SETTINGS and an ACK, then the frames the input describes, then lingers a moment and
 /// closes. A connection after the first of an input gets an empty script.
-async fn member_connection(mut c: TcpStream, script: Vec<u8>) {
+async fn member_connection(mut c: DuplexStream, script: Vec<u8>) {
     let mut inbuf = Vec::new();
     let mut streams: Vec<u32> = Vec::new();
     let mut preface_seen = false;
@@ -319,6 +341,7 @@ fuzz_target!(|data: &[u8]| {
         _ => h2_client::h2_request(),
     };
     w.rt.block_on(async {
+        let before = settle::alive();
         // Built inside the runtime: the service may spawn.
         let pool = Arc::new(fulcrum_balance::Pool::new(&w.cfg.pools[0], &[], None));
         let upstreams = Upstreams::new();
@@ -334,7 +357,7 @@ fuzz_target!(|data: &[u8]| {
                     http_stats: Default::default(),
                     tracker: Default::default(),
                     no_member_hook: None,
-                    cache: Some(HttpCache::new(1 << 20, 64 << 10)),
+                    cache: Some(w.cache.clone()),
                     snat: None,
                 },
             )
@@ -357,5 +380,13 @@ fuzz_target!(|data: &[u8]| {
         .await;
         drop(client);
         let _ = timeout(Duration::from_secs(2), handler).await;
+        // The input's pool, service and member connection go with it: the HTTP/2 connection
+        // task, the member's end, the sweeper of `upstreams` end before the next input.
+        drop((svc, upstreams));
+        settle::settle(before).await;
     });
+    let stored = w.cache.stats.stored.load(Ordering::Relaxed);
+    if w.stored.swap(stored, Ordering::Relaxed) != stored {
+        w.cache.purge(|_, _| true);
+    }
 });

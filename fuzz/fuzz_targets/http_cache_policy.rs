@@ -45,6 +45,11 @@ fuzz_target!(|data: &[u8]| {
     for p in &parts {
         match policy::byte_range(p, len) {
             policy::ByteRange::Part { first, last } => assert!(first <= last && last < len),
+            policy::ByteRange::Parts(parts) => {
+                assert!((2..=policy::MAX_RANGES).contains(&parts.len()));
+                assert!(parts.iter().all(|&(first, last)| first <= last && last < len));
+                assert!(parts.windows(2).all(|w| w[1].0 > w[0].1), "ascending, apart");
+            }
             policy::ByteRange::Whole | policy::ByteRange::Unsatisfiable => {}
         }
         let _ = policy::if_range_holds(p, parts.first().copied(), lm);

@@ -12,6 +12,9 @@
 //! message (`in_flight` back to 0): no message is lost in the pending or blocked tables.
 #![no_main]
 
+#[path = "common/settle.rs"]
+mod settle;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -42,6 +45,10 @@ fn world() -> &'static World {
     W.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            // Paused clock: the member's and the proxy's timeouts fire as soon as the runtime is
+            // idle (loopback bytes are already delivered by then) instead of after real
+            // milliseconds, which is most of an input's time otherwise.
+            .start_paused(true)
             .build()
             .expect("runtime");
         let script = Arc::new(Mutex::new(None));
@@ -227,6 +234,7 @@ fuzz_target!(|data: &[u8]| {
     });
 
     w.rt.block_on(async {
+        let before = settle::alive();
         // Opens the member connection: spawns, so inside the runtime.
         hub.start();
         let front: SocketAddr = w.front.local_addr().expect("front address");
@@ -281,5 +289,7 @@ fuzz_target!(|data: &[u8]| {
         // The service leaves: its member connections close once the client is gone.
         hub.unregister();
         drop(service);
+        // The member links and connections end here, not in the next input (see `settle`).
+        settle::settle(before).await;
     });
 });
