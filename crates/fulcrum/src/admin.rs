@@ -171,25 +171,26 @@ pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), St
         return Ok(());
     }
     let path = cookie_secret_path(&config.admin);
-    let (newest, lines) = match crate::ha::shared_secret(config, crate::ha::purpose::COOKIE) {
-        // An HA pair signs with the secret both nodes derive from ha.sync.key, so a cookie
-        // one node issued sticks on the other; cookies signed with this node's own file
-        // before are still honoured (and re-issued).
-        Some(shared) => {
-            let own = if path.exists() {
-                secret_lines(&path, "persistence secret file")?
-            } else {
-                Vec::new()
-            };
-            let hex: String = shared.iter().map(|b| format!("{b:02x}")).collect();
-            (hex, own)
-        }
-        None => {
-            let mut lines = secret_lines(&path, "persistence secret file")?;
-            let newest = lines.remove(0);
-            (newest, lines)
-        }
-    };
+    let (newest, lines) =
+        match crate::planes::ha::shared_secret(config, crate::planes::ha::purpose::COOKIE) {
+            // An HA pair signs with the secret both nodes derive from ha.sync.key, so a cookie
+            // one node issued sticks on the other; cookies signed with this node's own file
+            // before are still honoured (and re-issued).
+            Some(shared) => {
+                let own = if path.exists() {
+                    secret_lines(&path, "persistence secret file")?
+                } else {
+                    Vec::new()
+                };
+                let hex: String = shared.iter().map(|b| format!("{b:02x}")).collect();
+                (hex, own)
+            }
+            None => {
+                let mut lines = secret_lines(&path, "persistence secret file")?;
+                let newest = lines.remove(0);
+                (newest, lines)
+            }
+        };
     for p in config.persistence.iter_mut().filter(|p| needs(p)) {
         p.secret = Some(newest.clone());
         p.previous_secrets = lines.clone();

@@ -19,7 +19,7 @@ use fulcrum_net::listener::default_sockets_per_address;
 use fulcrum_net::{Listeners, Prepared, ServiceStats, StreamHandler, Tracker};
 use parking_lot::Mutex;
 
-use crate::plane::{BuildCx, CommitCx, DataPlane};
+use crate::planes::{BuildCx, CommitCx, DataPlane};
 
 /// How often pools recompute dynamic weights (slow start, agents, measured speed and traffic).
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
@@ -53,11 +53,11 @@ impl Source {
 /// Checks that need more than the config's own text: the zone, prefix and GeoIP files DNS and
 /// GSLB load, and the certificates and keys of https services and TLS pools.
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
-    let mut errors = crate::dns::checks(config);
-    errors.extend(crate::https::checks(config));
-    errors.extend(crate::tuning::checks(config));
-    errors.extend(crate::ha::checks(config));
-    errors.extend(crate::link::checks(config));
+    let mut errors = crate::planes::dns::checks(config);
+    errors.extend(crate::planes::http::tls::checks(config));
+    errors.extend(crate::planes::stream::tuning::checks(config));
+    errors.extend(crate::planes::ha::checks(config));
+    errors.extend(crate::planes::link::checks(config));
     errors
 }
 
@@ -69,7 +69,7 @@ pub fn check(path: &Path) -> Result<String, Vec<String>> {
         c.virtual_services.len(),
         c.pools.len(),
         c.monitors.len(),
-        crate::dns::summary(&c) + &crate::link::summary(&c)
+        crate::planes::dns::summary(&c) + &crate::planes::link::summary(&c)
     ))
 }
 
@@ -102,15 +102,15 @@ pub struct App {
     state_lock: Mutex<()>,
     /// VRRP: a control-plane component; it also shows itself to the API and metrics through
     /// the plane list.
-    ha: Arc<crate::ha::HaPlane>,
+    ha: Arc<crate::planes::ha::HaPlane>,
     /// Where the admin API is bound (set at start; `admin.listen` changes need a restart).
     admin_bound: SocketAddr,
     admin_access: ArcSwap<fulcrum_admin::Access>,
     cap: Arc<crate::limits::GlobalCap>,
     /// TLS termination state of every service with `tls`, by name (shared by the planes).
-    tls: Arc<crate::https::TlsAssembly>,
+    tls: Arc<crate::planes::http::tls::TlsAssembly>,
     /// Link and gateway load balancing: in the plane list, and here for its async shutdown.
-    links: Arc<crate::link::LinkPlane>,
+    links: Arc<crate::planes::link::LinkPlane>,
 }
 
 impl App {
@@ -122,21 +122,21 @@ impl App {
     ) -> App {
         let tracker = Arc::new(Tracker::default());
         let sockets_per_address = default_sockets_per_address(workers);
-        let dns = Arc::new(crate::dns::Dns::new(sockets_per_address));
-        let ha = Arc::new(crate::ha::HaPlane::default());
-        let xdp = Arc::new(crate::xdp::XdpPlane::default());
+        let dns = Arc::new(crate::planes::dns::DnsPlane::new(sockets_per_address));
+        let ha = Arc::new(crate::planes::ha::HaPlane::default());
+        let xdp = Arc::new(crate::planes::xdp::XdpPlane::default());
         ha.set_flow_sync(xdp.flow_sync());
-        let tls = Arc::new(crate::https::TlsAssembly::default());
-        let links = Arc::new(crate::link::LinkPlane::new(dns.clone()));
+        let tls = Arc::new(crate::planes::http::tls::TlsAssembly::default());
+        let links = Arc::new(crate::planes::link::LinkPlane::new(dns.clone()));
         // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
         // than "proxy" before the proxies do.
         let planes: Vec<Arc<dyn DataPlane>> = vec![
             xdp,
-            Arc::new(crate::tcp::TcpPlane),
-            Arc::new(crate::udp::Udp::new(sockets_per_address)),
-            Arc::new(crate::message::Messages::default()),
+            Arc::new(crate::planes::tcp::TcpPlane),
+            Arc::new(crate::planes::udp::UdpPlane::new(sockets_per_address)),
+            Arc::new(crate::planes::message::MessagePlane::default()),
             dns.clone(),
-            Arc::new(crate::http::HttpAssembly::new(dns, tls.clone())),
+            Arc::new(crate::planes::http::HttpPlane::new(dns, tls.clone())),
             ha.clone(),
             links.clone(),
         ];
@@ -206,7 +206,7 @@ impl App {
             abort();
             return Err(vec![format!("cannot start listening: {e}")]);
         }
-        crate::tuning::apply(&mut asm.listeners, &config);
+        crate::planes::stream::tuning::apply(&mut asm.listeners, &config);
         asm.stats = stats;
         asm.tables = tables;
         let mut cx = CommitCx {
@@ -290,7 +290,8 @@ impl App {
                 // Access lists and the global connection cap sit in front of every stream
                 // service, whatever its protocol.
                 let st = cx.stats(vs);
-                let handler = crate::access::guard(&vs.access, &self.cap, &st, handler);
+                let handler =
+                    crate::planes::stream::access::guard(&vs.access, &self.cap, &st, handler);
                 handlers.extend(vs.listen.iter().map(|addr| (*addr, handler.clone())));
             }
             services.push(ServiceInfo {
@@ -324,7 +325,7 @@ impl App {
             tracing::warn!("admin.socket and admin.tls changes take effect at the next restart");
         }
         self.ha.reload(&mut config, &before.config);
-        crate::bgp::reload_warnings(before.config.bgp.as_ref(), config.bgp.as_ref());
+        crate::planes::bgp::reload_warnings(before.config.bgp.as_ref(), config.bgp.as_ref());
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
                 from = before.config.global.workers,
@@ -404,7 +405,7 @@ impl Control for App {
         for plane in &self.planes {
             plane.metrics(out);
         }
-        crate::snat::metrics(out);
+        crate::planes::stream::snat::metrics(out);
     }
 
     fn plane_api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {

@@ -1,28 +1,14 @@
 //! The `fulcrum` binary: command line, assembly of the data planes, reload, signals, demo mode.
 
-mod access;
 mod admin;
 mod app;
-mod bgp;
 mod cli;
-mod compression;
 mod demo;
-mod dns;
 mod elastic;
-mod ha;
-mod http;
-mod https;
 mod limits;
-mod link;
-mod message;
-mod plane;
-mod snat;
+mod planes;
 mod state_file;
-mod tcp;
 mod top;
-mod tuning;
-mod udp;
-mod xdp;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -155,7 +141,7 @@ fn main() -> ExitCode {
         }
         Command::Decap { interfaces, mode } => {
             init_logging();
-            xdp::run_decap(&interfaces, &mode)
+            planes::xdp::run_decap(&interfaces, &mode)
         }
         Command::Status { target } => cli::report(cli::status(&target)),
         Command::Pools { name, target } => cli::report(cli::pools(&target, name.as_deref())),
@@ -164,7 +150,7 @@ fn main() -> ExitCode {
         Command::Top { target } => cli::report(top::run(&target)),
         Command::BgpWatchdog { address } => {
             init_logging();
-            bgp::run_watchdog(&address)
+            planes::bgp::run_watchdog(&address)
         }
     }
 }

@@ -13,7 +13,7 @@ use fulcrum_proxy::message::{FailReason, Hub, MessageStats, Settings};
 use fulcrum_proxy::{MessageService, SourcePersistence};
 use parking_lot::Mutex;
 
-use crate::plane::{BuildCx, CommitCx, DataPlane};
+use crate::planes::{BuildCx, CommitCx, DataPlane};
 
 /// What a reload under way will do to a service's dispatcher once it commits.
 enum Plan {
@@ -34,11 +34,11 @@ struct Inner {
 
 /// The message services of the process.
 #[derive(Default)]
-pub struct Messages {
+pub struct MessagePlane {
     inner: Mutex<Inner>,
 }
 
-impl DataPlane for Messages {
+impl DataPlane for MessagePlane {
     /// Forgets a preparation that was not committed.
     fn prepare(&self, _config: &Config) -> Result<(), Vec<String>> {
         self.inner.lock().plans.clear();
@@ -68,7 +68,7 @@ impl DataPlane for Messages {
         let tls = cx.stream_tls(vs)?;
         let snat = cx.snat(vs)?;
         // Re-encryption to the members (the pool's `tls`), as for tcp services: no ALPN.
-        let member_tls = crate::https::stream_member_tls(&pool)
+        let member_tls = crate::planes::http::tls::stream_member_tls(&pool)
             .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
         let settings = Settings {
             snat,
@@ -155,7 +155,7 @@ impl DataPlane for Messages {
     }
 }
 
-impl Messages {
+impl MessagePlane {
     /// The message metric families (see docs/operations.md).
     fn write_metrics(&self, w: &mut MetricsWriter) {
         let mut hubs: Vec<Arc<Hub>> = self.inner.lock().hubs.values().cloned().collect();

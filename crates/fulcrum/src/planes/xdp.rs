@@ -37,7 +37,7 @@ use fulcrum_xdp::{
 };
 use parking_lot::Mutex;
 
-use crate::plane::{BuildCx, DataPlane};
+use crate::planes::{BuildCx, DataPlane};
 
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
 const RESOLVE_EVERY: Duration = Duration::from_secs(1);
@@ -413,7 +413,7 @@ impl FlowSync {
                 "HA sync: flows of services or members this node does not have were dropped"
             );
         }
-        let lag = crate::ha::now_ms().saturating_sub(sent_ms) as f64;
+        let lag = crate::planes::ha::now_ms().saturating_sub(sent_ms) as f64;
         let mut lags = self.lags.lock();
         if lags.len() == 256 {
             lags.pop_front();
@@ -1296,7 +1296,7 @@ address = "198.18.0.11:80"
             .map(|v| v.name.as_str())
             .collect();
         assert_eq!(claimed, ["a"]);
-        assert!(!crate::tcp::TcpPlane.serves(&config.virtual_services[0]));
-        assert!(crate::tcp::TcpPlane.serves(&config.virtual_services[1]));
+        assert!(!crate::planes::tcp::TcpPlane.serves(&config.virtual_services[0]));
+        assert!(crate::planes::tcp::TcpPlane.serves(&config.virtual_services[1]));
     }
 }

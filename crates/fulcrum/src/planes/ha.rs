@@ -16,9 +16,9 @@ use fulcrum_ha::sync::{Entry, FlowEntry, FullDump, Kind, OnReceive, StateSync};
 use fulcrum_ha::{Node, NodeConfig};
 use serde_json::{json, Value};
 
-/// `[ha]` and `[bgp]` together (active_active): crate::bgp.
+/// `[ha]` and `[bgp]` together (active_active): crate::planes::bgp.
 pub fn checks(config: &Config) -> Vec<ConfigError> {
-    crate::bgp::checks(config)
+    crate::planes::bgp::checks(config)
 }
 
 /// The keys of `[ha]` that differ between two configurations (`sync` split into its own keys,
@@ -123,11 +123,11 @@ pub struct HaPlane {
     /// Unix ms of the last operator change of member or site state here, or of the peer's
     /// state this node took over: `ha.sync` keeps the newest.
     changed_at: Arc<AtomicU64>,
-    /// Active-active: the BGP announcer (`[bgp]`, crate::bgp) instead of a VRRP node.
+    /// Active-active: the BGP announcer (`[bgp]`, crate::planes::bgp) instead of a VRRP node.
     bgp: OnceLock<fulcrum_ha::bgp::Announcer>,
-    /// The connection tables of nat/dr/tunnel services (crate::xdp), whose flows travel in
+    /// The connection tables of nat/dr/tunnel services (crate::planes::xdp), whose flows travel in
     /// the same stream as persistence entries.
-    flows: OnceLock<Arc<crate::xdp::FlowSync>>,
+    flows: OnceLock<Arc<crate::planes::xdp::FlowSync>>,
 }
 
 /// What the sync stream carries, in one bounded queue.
@@ -410,11 +410,13 @@ impl HaPlane {
         let Some(bgp) = bgp else { return };
         let node = ha.and_then(|h| h.node.clone()).unwrap_or_else(host_name);
         let _ = self.node_name.set(node);
-        let _ = self.bgp.set(crate::bgp::start(bgp, maintenance, control));
+        let _ = self
+            .bgp
+            .set(crate::planes::bgp::start(bgp, maintenance, control));
     }
 
     /// The XDP plane's connection tables, synchronised by `ha.sync` (set once, at assembly).
-    pub fn set_flow_sync(&self, flows: Arc<crate::xdp::FlowSync>) {
+    pub fn set_flow_sync(&self, flows: Arc<crate::planes::xdp::FlowSync>) {
         let _ = self.flows.set(flows);
     }
 
@@ -619,7 +621,7 @@ impl HaPlane {
     pub fn api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
         if let Some(b) = self.bgp.get() {
             let node = self.node_name.get().map_or("", String::as_str);
-            return crate::bgp::api(b, node, method, path, body);
+            return crate::planes::bgp::api(b, node, method, path, body);
         }
         let Some(n) = self.node.get() else {
             return (
@@ -687,7 +689,7 @@ impl HaPlane {
 
     pub fn metrics(&self, w: &mut MetricsWriter) {
         if let Some(b) = self.bgp.get() {
-            crate::bgp::metrics(b, w);
+            crate::planes::bgp::metrics(b, w);
         }
         let Some(n) = self.node.get() else { return };
         let s = n.status();
@@ -888,9 +890,9 @@ impl HaPlane {
 /// configuration (for `ha.sync`) and shows itself: `/api/v1/ha` and the `fulcrum_ha_*` metric
 /// families. Start and shutdown stay with `App` (they need the running app and an async
 /// resignation).
-impl crate::plane::DataPlane for HaPlane {
+impl crate::planes::DataPlane for HaPlane {
     /// `ha.sync` streams the entries of the persistence tables now in force.
-    fn commit(&self, cx: &mut crate::plane::CommitCx) {
+    fn commit(&self, cx: &mut crate::planes::CommitCx) {
         self.attach_tables(cx.tables);
     }
 

@@ -10,7 +10,7 @@ use fulcrum_dns::DnsRuntime;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::plane::{CommitCx, DataPlane};
+use crate::planes::{CommitCx, DataPlane};
 
 /// Config problems only loading the zones and tables shows (bad zone files, prefix files,
 /// GeoIP databases), for `fulcrum check` and reloads.
@@ -38,13 +38,13 @@ pub fn summary(config: &Config) -> String {
 }
 
 /// DNS and GSLB of the running process.
-pub struct Dns {
+pub struct DnsPlane {
     runtime: DnsRuntime,
     /// The configuration being applied, compiled and bound, not yet serving.
     pending: Mutex<Option<fulcrum_dns::Prepared>>,
 }
 
-impl DataPlane for Dns {
+impl DataPlane for DnsPlane {
     /// Compiles and binds the new addresses; on error nothing running changed.
     fn prepare(&self, config: &Config) -> Result<(), Vec<String>> {
         let mut pending = self.pending.lock();
@@ -82,9 +82,9 @@ impl DataPlane for Dns {
     }
 }
 
-impl Dns {
-    pub fn new(sockets_per_address: usize) -> Dns {
-        Dns {
+impl DnsPlane {
+    pub fn new(sockets_per_address: usize) -> DnsPlane {
+        DnsPlane {
             runtime: DnsRuntime::new(sockets_per_address),
             pending: Mutex::new(None),
         }

@@ -6,12 +6,12 @@ use std::sync::{Arc, OnceLock};
 use fulcrum_admin::ApiRequest;
 use fulcrum_config::{Config, ConfigError};
 
-use crate::plane::{BuildCx, DataPlane};
+use crate::planes::{BuildCx, DataPlane};
 
 pub struct LinkPlane {
     links: OnceLock<fulcrum_link::Links>,
     /// Inbound link load balancing sets GSLB sites tied to a link in or out of the answers.
-    dns: Arc<crate::dns::Dns>,
+    dns: Arc<crate::planes::dns::DnsPlane>,
 }
 
 /// What `fulcrum check` and a reload refuse before anything is installed: what the config's
@@ -49,7 +49,7 @@ pub fn summary(config: &Config) -> String {
 }
 
 impl LinkPlane {
-    pub fn new(dns: Arc<crate::dns::Dns>) -> LinkPlane {
+    pub fn new(dns: Arc<crate::planes::dns::DnsPlane>) -> LinkPlane {
         LinkPlane {
             links: OnceLock::new(),
             dns,
@@ -79,7 +79,7 @@ impl LinkPlane {
 
     /// Inbound link load balancing: GSLB sites tied to a link (`gslb.site.link`) drop out of
     /// the answers while the link is down, disabled or busy.
-    pub fn sync_gslb(&self, config: &Config, dns: &crate::dns::Dns) {
+    pub fn sync_gslb(&self, config: &Config, dns: &crate::planes::dns::DnsPlane) {
         let Some(links) = self.links.get() else {
             return;
         };

@@ -1,6 +1,9 @@
 //! Assembly of `protocol = "http"` virtual services (the L7 data plane, `fulcrum-http`): the
 //! shared member connection stores, the per-service HTTP counters kept across reloads, and the
-//! HTTP metric families.
+//! HTTP metric families. `tls` is the https side, `compression` the compression families.
+
+pub mod compression;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -15,21 +18,21 @@ use fulcrum_http::{
 use fulcrum_net::StreamHandler;
 use parking_lot::Mutex;
 
-use crate::plane::{BuildCx, CommitCx, DataPlane};
+use crate::planes::{BuildCx, CommitCx, DataPlane};
 
 /// What the HTTP data plane keeps across reloads.
-pub struct HttpAssembly {
+pub struct HttpPlane {
     upstreams: Arc<Upstreams>,
     stats: Mutex<HashMap<String, Arc<HttpStats>>>,
     services: Mutex<Vec<Arc<HttpService>>>,
     /// TLS state of every service with TLS, shared with the tcp and message planes.
-    tls: Arc<crate::https::TlsAssembly>,
+    tls: Arc<crate::planes::http::tls::TlsAssembly>,
     /// Caches of the services with a `cache` table, by service name.
     caches: Mutex<HashMap<String, Arc<HttpCache>>>,
     /// The services of the configuration being applied.
     pending: Mutex<HttpBuild>,
     /// For the GSLB redirect fallback (`gslb_redirect`).
-    dns: Arc<crate::dns::Dns>,
+    dns: Arc<crate::planes::dns::DnsPlane>,
 }
 
 /// The http services of a configuration being applied.
@@ -40,7 +43,7 @@ struct HttpBuild {
     caches: HashMap<String, Arc<HttpCache>>,
 }
 
-impl HttpAssembly {
+impl HttpPlane {
     /// `/api/v1/http/responses`: responses sent to clients per http(s) service by status class
     /// (the counters behind `fulcrum_http_responses_total`); `/api/v1/status` merges them into
     /// its entries as `responses`.
@@ -68,8 +71,11 @@ impl HttpAssembly {
     }
 
     /// Needs a tokio runtime (the idle-connection sweeper starts here).
-    pub fn new(dns: Arc<crate::dns::Dns>, tls: Arc<crate::https::TlsAssembly>) -> HttpAssembly {
-        HttpAssembly {
+    pub fn new(
+        dns: Arc<crate::planes::dns::DnsPlane>,
+        tls: Arc<crate::planes::http::tls::TlsAssembly>,
+    ) -> HttpPlane {
+        HttpPlane {
             upstreams: Upstreams::new(),
             stats: Mutex::new(HashMap::new()),
             services: Mutex::new(Vec::new()),
@@ -81,7 +87,7 @@ impl HttpAssembly {
     }
 }
 
-impl DataPlane for HttpAssembly {
+impl DataPlane for HttpPlane {
     fn prepare(&self, _config: &Config) -> Result<(), Vec<String>> {
         *self.pending.lock() = HttpBuild::default();
         Ok(())
@@ -199,7 +205,7 @@ impl DataPlane for HttpAssembly {
     }
 }
 
-impl HttpAssembly {
+impl HttpPlane {
     /// `/api/v1/cache/{service}`: GET shows usage and counters; DELETE purges `url` (every
     /// variant, on `host` or every host) or everything under `prefix`, or the whole cache.
     fn cache_api(
@@ -464,7 +470,7 @@ impl HttpAssembly {
                 w.sample(family, &[("vs", name)], get(s) as f64);
             }
         }
-        crate::compression::metrics(w, &stats);
+        crate::planes::http::compression::metrics(w, &stats);
     }
 }
 
@@ -472,7 +478,7 @@ impl HttpAssembly {
 /// available, or the service over `gslb_redirect_threshold`) is sent to the best other site of
 /// the GSLB name for that client, as the DNS would answer it without this site.
 struct GslbRedirect {
-    dns: Arc<crate::dns::Dns>,
+    dns: Arc<crate::planes::dns::DnsPlane>,
     fqdn: String,
 }
 

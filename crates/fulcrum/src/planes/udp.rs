@@ -15,10 +15,10 @@ use fulcrum_net::{DatagramListeners, PreparedDatagram, StreamHandler};
 use fulcrum_proxy::{RadiusPersistence, UdpService, UdpStats};
 use parking_lot::Mutex;
 
-use crate::plane::{BuildCx, CommitCx, DataPlane};
+use crate::planes::{BuildCx, CommitCx, DataPlane};
 
 /// The udp side of the process.
-pub struct Udp {
+pub struct UdpPlane {
     sockets_per_address: usize,
     state: Mutex<State>,
     /// Per service, for `/metrics`: read without the reload lock.
@@ -44,9 +44,9 @@ struct Next {
     shown: Vec<(String, Arc<UdpStats>)>,
 }
 
-impl Udp {
-    pub fn new(sockets_per_address: usize) -> Udp {
-        Udp {
+impl UdpPlane {
+    pub fn new(sockets_per_address: usize) -> UdpPlane {
+        UdpPlane {
             sockets_per_address,
             state: Mutex::default(),
             shown: ArcSwap::default(),
@@ -54,7 +54,7 @@ impl Udp {
     }
 }
 
-impl DataPlane for Udp {
+impl DataPlane for UdpPlane {
     /// Binds the udp addresses `config` adds; nothing running changes.
     fn prepare(&self, config: &Config) -> Result<(), Vec<String>> {
         let wanted: Vec<SocketAddr> = config
@@ -114,7 +114,10 @@ impl DataPlane for Udp {
                     idle_timeout: p.table_timeout(),
                     max_entries: p.max_entries,
                 };
-                let secret = crate::ha::shared_secret(config, crate::ha::purpose::TABLE_HASH);
+                let secret = crate::planes::ha::shared_secret(
+                    config,
+                    crate::planes::ha::purpose::TABLE_HASH,
+                );
                 let table = next.radius.get(&p.name).cloned().unwrap_or_else(|| {
                     match state.radius.get(&p.name) {
                         Some(t) => t.respec_keyed(spec, secret),
@@ -177,7 +180,7 @@ impl DataPlane for Udp {
     }
 }
 
-impl Udp {
+impl UdpPlane {
     /// The udp metric families (see docs/operations.md).
     fn write_metrics(&self, w: &mut MetricsWriter) {
         let shown = self.shown.load();

@@ -7,6 +7,20 @@
 //! `build` compiles each virtual service the plane serves against the new pools; `complete`
 //! sees them all at once; `commit` makes the result live. If any plane fails before `commit`, every plane is told to `abort`, and the
 //! running configuration stays untouched.
+//!
+//! One module a plane below; `stream` holds what the stream planes (tcp, http, https, message)
+//! share in front of their own handlers: admission, source address pools, client TCP tuning.
+
+pub mod bgp;
+pub mod dns;
+pub mod ha;
+pub mod http;
+pub mod link;
+pub mod message;
+pub mod stream;
+pub mod tcp;
+pub mod udp;
+pub mod xdp;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +33,7 @@ use fulcrum_net::{ServiceStats, Snat, StreamHandler, Tracker};
 use fulcrum_proxy::SourcePersistence;
 use serde_json::Value;
 
-use crate::https::TlsAssembly;
+use crate::planes::http::tls::TlsAssembly;
 
 /// One data plane of the process.
 pub trait DataPlane: Send + Sync {
@@ -148,7 +162,8 @@ impl<'a> BuildCx<'a> {
             max_entries: profile.max_entries,
         };
         // With ha.sync, byte keys hash under the secret both nodes derive, so entries travel.
-        let secret = crate::ha::shared_secret(self.config, crate::ha::purpose::TABLE_HASH);
+        let secret =
+            crate::planes::ha::shared_secret(self.config, crate::planes::ha::purpose::TABLE_HASH);
         let table = match self
             .tables
             .get(&vs.name)

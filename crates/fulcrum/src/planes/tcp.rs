@@ -7,7 +7,7 @@ use fulcrum_config::VirtualService;
 use fulcrum_net::StreamHandler;
 use fulcrum_proxy::TcpService;
 
-use crate::plane::{BuildCx, DataPlane};
+use crate::planes::{BuildCx, DataPlane};
 
 /// The TCP full proxy. Its state lives in the services it builds; nothing is kept here.
 pub struct TcpPlane;
@@ -28,7 +28,7 @@ impl DataPlane for TcpPlane {
         Ok(Some(Arc::new(TcpService {
             // TLS offload towards the clients, and re-encryption to members with a pool `tls`.
             tls: cx.stream_tls(vs)?,
-            member_tls: crate::https::stream_member_tls(&pool)
+            member_tls: crate::planes::http::tls::stream_member_tls(&pool)
                 .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?,
             snat: cx.snat(vs)?,
             name: Arc::from(vs.name.as_str()),
