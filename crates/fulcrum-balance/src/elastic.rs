@@ -4,16 +4,17 @@
 //! A standby member is an ordinary member that `Member::benched` keeps out of the scheduling
 //! until it joins, so every algorithm, persistence and health rule applies to it unchanged.
 //! The control plane calls `Pool::elastic_tick` periodically and acts on the events (log, hook,
-//! metrics); this module only decides.
+//! metrics); this module only decides, over the pool's members (it does not know the pool, so
+//! the pool can own its state without the two modules needing each other).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use fulcrum_config::{AdminState, Elastic, ElasticOn};
 use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::member::Member;
-use crate::pool::Pool;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -105,33 +106,37 @@ fn can_join(m: &Member) -> bool {
     m.benched() && m.health.is_up() && m.effective_state() == AdminState::Enabled
 }
 
-impl Pool {
+impl ElasticState {
     /// The pool's utilisation now, over the members serving it (`serving`). `without` leaves
     /// one member out, to ask whether the pool could do without it.
-    fn utilisation(&self, e: &ElasticState, without: Option<&Member>, timers: &Timers) -> f64 {
-        let members = self
-            .members()
+    fn utilisation_of(
+        &self,
+        members: &[Arc<Member>],
+        without: Option<&Member>,
+        timers: &Timers,
+    ) -> f64 {
+        let serving_now = members
             .iter()
             .filter(|m| serving(m) && without.is_none_or(|w| !std::ptr::eq(w, m.as_ref())));
-        match e.config.on {
+        match self.config.on {
             ElasticOn::Connections => {
                 let (mut active, mut limit) = (0u64, 0u64);
-                for m in members {
+                for m in serving_now {
                     active += m.stats.active_connections.load(Ordering::Relaxed);
                     limit += u64::from(m.max_connections());
                 }
                 if limit == 0 {
                     // Nothing serves: as loaded as a pool can be.
-                    return e.config.join.max(1.0);
+                    return self.config.join.max(1.0);
                 }
                 active as f64 / limit as f64
             }
             ElasticOn::ResponseTime => {
-                if self.activity() == timers.activity {
+                if activity(members) == timers.activity {
                     return 0.0;
                 }
-                let target = e.config.target.map_or(1.0, |t| t.as_secs_f64() * 1e6);
-                let times: Vec<f64> = members
+                let target = self.config.target.map_or(1.0, |t| t.as_secs_f64() * 1e6);
+                let times: Vec<f64> = serving_now
                     .map(|m| m.stats.response_time_us())
                     .filter(|t| *t > 0.0)
                     .collect();
@@ -143,39 +148,26 @@ impl Pool {
         }
     }
 
-    /// Connections and requests over the serving members so far.
-    fn activity(&self) -> u64 {
-        self.members()
-            .iter()
-            .filter(|m| serving(m))
-            .map(|m| {
-                m.stats.connections_total.load(Ordering::Relaxed)
-                    + m.stats.requests_total.load(Ordering::Relaxed)
-            })
-            .sum()
-    }
-
-    /// One evaluation at `now` (`clock::now_ms()`): joins the first standby member that can
-    /// join (config order) when the utilisation has been at or above `join` for `join_after`,
-    /// or lets the last joined member leave when it has been below `leave` for `leave_after`
-    /// and the others could carry the load without climbing back to `join`. At most one event
-    /// per tick, so each change is measured before the next.
-    pub fn elastic_tick(&self, now: u64) -> Option<ElasticEvent> {
-        let e = self.elastic.as_ref()?;
-        let mut timers = e.timers.lock();
-        let u = self.utilisation(e, None, &timers);
-        timers.activity = self.activity();
-        e.utilisation.store(u.to_bits(), Ordering::Relaxed);
-        let cfg = &e.config;
+    /// One evaluation at `now` (`clock::now_ms()`) over the members of pool `pool`: joins the
+    /// first standby member that can join (config order) when the utilisation has been at or
+    /// above `join` for `join_after`, or lets the last joined member leave when it has been below
+    /// `leave` for `leave_after` and the others could carry the load without climbing back to
+    /// `join`. At most one event per tick, so each change is measured before the next.
+    pub fn tick(&self, pool: &str, members: &[Arc<Member>], now: u64) -> Option<ElasticEvent> {
+        let mut timers = self.timers.lock();
+        let u = self.utilisation_of(members, None, &timers);
+        timers.activity = activity(members);
+        self.utilisation.store(u.to_bits(), Ordering::Relaxed);
+        let cfg = &self.config;
         let mut event = None;
         if u >= cfg.join {
             timers.below_since = 0;
             let since = *nonzero(&mut timers.above_since, now);
             if now.saturating_sub(since) >= cfg.join_after.as_millis() as u64 {
-                if let Some(m) = self.members().iter().find(|m| can_join(m)) {
+                if let Some(m) = members.iter().find(|m| can_join(m)) {
                     m.set_joined(now);
                     m.begin_slow_start();
-                    e.joins.fetch_add(1, Ordering::Relaxed);
+                    self.joins.fetch_add(1, Ordering::Relaxed);
                     // The next join needs `join_after` of its own.
                     timers.above_since = now;
                     event = Some((m.clone(), ElasticAction::Join, cfg.join));
@@ -184,16 +176,15 @@ impl Pool {
         } else if u < cfg.leave {
             timers.above_since = 0;
             let since = *nonzero(&mut timers.below_since, now);
-            let last = self
-                .members()
+            let last = members
                 .iter()
                 .filter(|m| m.is_joined())
                 .max_by_key(|m| m.joined_ms());
             if let Some(m) = last {
                 let held = now.saturating_sub(since) >= cfg.leave_after.as_millis() as u64;
-                if held && self.utilisation(e, Some(m), &timers) < cfg.join {
+                if held && self.utilisation_of(members, Some(m), &timers) < cfg.join {
                     m.set_joined(0);
-                    e.leaves.fetch_add(1, Ordering::Relaxed);
+                    self.leaves.fetch_add(1, Ordering::Relaxed);
                     timers.below_since = now;
                     event = Some((m.clone(), ElasticAction::Leave, cfg.leave));
                 }
@@ -204,20 +195,31 @@ impl Pool {
         }
         drop(timers);
         let (m, action, threshold) = event?;
-        self.refresh_at(now);
-        let standby = self.members().iter().filter(|m| m.is_standby()).count();
-        let joined = self.members().iter().filter(|m| m.is_joined()).count();
+        let standby = members.iter().filter(|m| m.is_standby()).count();
+        let joined = members.iter().filter(|m| m.is_joined()).count();
         Some(ElasticEvent {
-            pool: self.name.to_string(),
+            pool: pool.to_string(),
             member: m.label.to_string(),
             action,
-            on: e.on(),
+            on: self.on(),
             utilisation: u,
             threshold,
             joined,
             standby,
         })
     }
+}
+
+/// Connections and requests over the serving members so far.
+fn activity(members: &[Arc<Member>]) -> u64 {
+    members
+        .iter()
+        .filter(|m| serving(m))
+        .map(|m| {
+            m.stats.connections_total.load(Ordering::Relaxed)
+                + m.stats.requests_total.load(Ordering::Relaxed)
+        })
+        .sum()
 }
 
 fn nonzero(v: &mut u64, now: u64) -> &mut u64 {

@@ -229,6 +229,17 @@ impl Pool {
         self.members.iter().filter(|m| m.accepts_new(now)).count()
     }
 
+    /// One evaluation of the pool's elastic settings at `now` (`clock::now_ms()`); see
+    /// `ElasticState::tick`. After a join or leave the scheduler is rebuilt at once.
+    pub fn elastic_tick(&self, now: u64) -> Option<crate::elastic::ElasticEvent> {
+        let event = self
+            .elastic
+            .as_ref()?
+            .tick(&self.name, self.members(), now)?;
+        self.refresh_at(now);
+        Some(event)
+    }
+
     /// Recomputes effective weights (slow-start ramps, agent weights, measured speed) and rebuilds
     /// the scheduler when they changed. The control plane calls this periodically and after an
     /// operator changes a member.
