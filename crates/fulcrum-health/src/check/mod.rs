@@ -13,6 +13,7 @@ mod icmp;
 mod radius;
 mod send_expect;
 mod snmp;
+mod snmp_ber;
 mod snmp_v3;
 mod tcp;
 mod tls;
@@ -27,7 +28,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 pub use agent::{parse_agent_reply, AgentReply};
-pub use snmp::{parse_snmp_response, SnmpValue};
+pub use snmp::parse_snmp_response;
+pub use snmp_ber::SnmpValue;
 pub use snmp_v3::{parse_v3_response, Engine, LocalKeys, UsmUser, V3Reply};
 
 /// Entry points for the fuzz targets (fuzz/): the health checks' readers of member replies.

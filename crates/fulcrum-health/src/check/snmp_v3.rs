@@ -13,8 +13,8 @@ use hmac::{Hmac, Mac};
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
-use super::snmp::{expect, int_value, integer, oid_bytes, parse_pdu, tlv, SnmpValue};
-use super::snmp::{GET_REQUEST, INTEGER, NULL, OCTET_STRING, OID, SEQUENCE};
+use super::snmp_ber::{expect, int_value, integer, oid_bytes, parse_pdu, tlv, SnmpValue};
+use super::snmp_ber::{GET_REQUEST, INTEGER, NULL, OCTET_STRING, OID, SEQUENCE};
 
 const VERSION_3: i64 = 3;
 const USM: i64 = 3;
