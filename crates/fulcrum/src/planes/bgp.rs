@@ -203,7 +203,7 @@ pub fn api(a: &Announcer, node: &str, method: &str, path: &[&str], body: &[u8]) 
     };
     match (method, path) {
         ("GET", []) => (200, status()),
-        ("PUT", ["maintenance"]) => match crate::planes::ha::maintenance_body(body) {
+        ("PUT", ["maintenance"]) => match crate::planes::pair::maintenance_body(body) {
             Ok(on) => {
                 // The announcer wakes and withdraws (or announces again) within a moment.
                 a.set_maintenance(on);
@@ -211,7 +211,7 @@ pub fn api(a: &Announcer, node: &str, method: &str, path: &[&str], body: &[u8]) 
             }
             Err(e) => e,
         },
-        _ => crate::planes::ha::other_route(method, path),
+        _ => crate::planes::pair::other_route(method, path),
     }
 }
 

@@ -16,6 +16,8 @@ use fulcrum_ha::sync::{Entry, FlowEntry, FullDump, Kind, OnReceive, StateSync};
 use fulcrum_ha::{Node, NodeConfig};
 use serde_json::{json, Value};
 
+use crate::planes::pair;
+
 /// `[ha]` and `[bgp]` together (active_active): crate::planes::bgp.
 pub fn checks(config: &Config) -> Vec<ConfigError> {
     crate::planes::bgp::checks(config)
@@ -144,23 +146,6 @@ const QUEUE: usize = 65_536;
 /// Entries per frame.
 const BATCH: usize = 1000;
 
-/// What `ha.sync` derives from its key (`fulcrum_ha::sync::derive_secret`) so that both nodes
-/// hold the same secret without sending it.
-pub mod purpose {
-    /// The keyed hash of persistence tables' byte keys (header, cookie_passive, RADIUS).
-    pub const TABLE_HASH: &str = "persistence-table-hash";
-    /// The persistence-cookie secret of profiles that set none (cookie_insert, cookie_rewrite).
-    pub const COOKIE: &str = "persistence-cookie-secret";
-    /// TLS session-ticket keys (`fulcrum_tls::ticket`).
-    pub const TICKETS: &str = "tls-session-tickets";
-}
-
-/// The secret for `purpose` shared by the HA pair, when the config has `ha.sync`.
-pub fn shared_secret(config: &Config, purpose: &str) -> Option<[u8; 32]> {
-    let key = &config.ha.as_ref()?.sync.as_ref()?.key;
-    Some(fulcrum_ha::sync::derive_secret(key, purpose))
-}
-
 /// The wire form of a persistence key: `i` and a masked address, or `h` and the keyed hash of
 /// client bytes (meaningful to the peer only when both hash under the secret derived from the
 /// sync key: see `PersistTable::with_key`; the feed and the dump send no others).
@@ -245,12 +230,6 @@ fn apply_entries(
         *n.entry(name.clone()).or_default() += 1;
     }
     Ok(n)
-}
-
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A fingerprint of the pools' configuration (FNV-1a over its debug text): two nodes of a pair
@@ -423,7 +402,7 @@ impl HaPlane {
     /// An operator change here: newer than anything this node has seen, even within one
     /// millisecond of the last (two API calls in a row must both reach the peer).
     pub fn operator_changed(&self) {
-        let now = now_ms();
+        let now = pair::now_ms();
         let _ = self
             .changed_at
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
@@ -501,7 +480,7 @@ impl HaPlane {
                 if let Some(fs) = &flow_sync {
                     fs.apply(&flows, sent_ms);
                 }
-                let lag = now_ms().saturating_sub(sent_ms) as f64;
+                let lag = pair::now_ms().saturating_sub(sent_ms) as f64;
                 let mut pt = per_table.lock();
                 for (name, n) in got {
                     let c = pt.entry(Arc::from(name.as_str())).or_default();
@@ -649,7 +628,7 @@ impl HaPlane {
                 }
                 (200, s)
             }
-            ("PUT", ["maintenance"]) => match maintenance_body(body) {
+            ("PUT", ["maintenance"]) => match pair::maintenance_body(body) {
                 Ok(on) => {
                     // The node's thread applies it within a moment (a master resigns at once).
                     n.set_maintenance(on);
@@ -657,7 +636,7 @@ impl HaPlane {
                 }
                 Err(e) => e,
             },
-            _ => other_route(method, path),
+            _ => pair::other_route(method, path),
         }
     }
 
@@ -908,30 +887,6 @@ impl crate::planes::DataPlane for HaPlane {
     }
 }
 
-/// The body of `PUT /api/v1/ha/maintenance`, or the 400 answer to a body that is not one.
-pub(crate) fn maintenance_body(body: &[u8]) -> Result<bool, (u16, Value)> {
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("maintenance").and_then(Value::as_bool))
-        .ok_or_else(|| {
-            (
-                400,
-                json!({ "error": "the body must be {\"maintenance\": true | false}" }),
-            )
-        })
-}
-
-/// The answer under `/api/v1/ha` to a method or path that is not a route.
-pub(crate) fn other_route(method: &str, path: &[&str]) -> (u16, Value) {
-    match path {
-        [] | ["maintenance"] => (
-            405,
-            json!({ "error": format!("{method} is not allowed here") }),
-        ),
-        _ => (404, json!({ "error": "no such endpoint" })),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -970,12 +925,12 @@ mod tests {
         );
         // Derived secrets follow the key the sync channel runs with.
         assert_eq!(
-            shared_secret(&new, purpose::COOKIE),
-            shared_secret(&running, purpose::COOKIE)
+            pair::shared_secret(&new, pair::purpose::COOKIE),
+            pair::shared_secret(&running, pair::purpose::COOKIE)
         );
         assert_ne!(
-            shared_secret(&new, purpose::COOKIE),
-            shared_secret(&new, purpose::TICKETS)
+            pair::shared_secret(&new, pair::purpose::COOKIE),
+            pair::shared_secret(&new, pair::purpose::TICKETS)
         );
     }
 

@@ -17,6 +17,7 @@ pub mod ha;
 pub mod http;
 pub mod link;
 pub mod message;
+pub mod pair;
 pub mod stream;
 pub mod tcp;
 pub mod udp;
@@ -162,8 +163,10 @@ impl<'a> BuildCx<'a> {
             max_entries: profile.max_entries,
         };
         // With ha.sync, byte keys hash under the secret both nodes derive, so entries travel.
-        let secret =
-            crate::planes::ha::shared_secret(self.config, crate::planes::ha::purpose::TABLE_HASH);
+        let secret = crate::planes::pair::shared_secret(
+            self.config,
+            crate::planes::pair::purpose::TABLE_HASH,
+        );
         let table = match self
             .tables
             .get(&vs.name)

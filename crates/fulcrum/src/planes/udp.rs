@@ -114,9 +114,9 @@ impl DataPlane for UdpPlane {
                     idle_timeout: p.table_timeout(),
                     max_entries: p.max_entries,
                 };
-                let secret = crate::planes::ha::shared_secret(
+                let secret = crate::planes::pair::shared_secret(
                     config,
-                    crate::planes::ha::purpose::TABLE_HASH,
+                    crate::planes::pair::purpose::TABLE_HASH,
                 );
                 let table = next.radius.get(&p.name).cloned().unwrap_or_else(|| {
                     match state.radius.get(&p.name) {

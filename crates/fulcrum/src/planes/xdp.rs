@@ -413,7 +413,7 @@ impl FlowSync {
                 "HA sync: flows of services or members this node does not have were dropped"
             );
         }
-        let lag = crate::planes::ha::now_ms().saturating_sub(sent_ms) as f64;
+        let lag = crate::planes::pair::now_ms().saturating_sub(sent_ms) as f64;
         let mut lags = self.lags.lock();
         if lags.len() == 256 {
             lags.pop_front();

@@ -67,7 +67,7 @@ impl TlsAssembly {
         };
         // With ha.sync, ticket keys both nodes derive: a client resumes on the new master.
         shared.share_tickets(
-            crate::planes::ha::shared_secret(config, crate::planes::ha::purpose::TICKETS),
+            crate::planes::pair::shared_secret(config, crate::planes::pair::purpose::TICKETS),
             &vs.name,
         )?;
         ServerTls::load(vs, &format!("virtual_service[{i}]"), shared)
