@@ -751,6 +751,7 @@ impl HaPlane {
             ("ttl", s.dropped.ttl),
             ("version", s.dropped.version),
             ("checksum", s.dropped.checksum),
+            ("not_a_peer", s.dropped.not_a_peer),
         ] {
             w.sample(
                 "fulcrum_ha_adverts_dropped_total",
