@@ -798,6 +798,26 @@ impl HaPlane {
                 st.auth_failures as f64,
             );
             w.family(
+                "fulcrum_ha_sync_unauthenticated_refused_total",
+                "counter",
+                "State sync connections closed at accept: too many were waiting to authenticate (from their source, or in all).",
+            );
+            w.sample(
+                "fulcrum_ha_sync_unauthenticated_refused_total",
+                &l,
+                st.unauthenticated_refused as f64,
+            );
+            w.family(
+                "fulcrum_ha_sync_first_frame_timeouts_total",
+                "counter",
+                "State sync connections closed because their first frame did not come in time.",
+            );
+            w.sample(
+                "fulcrum_ha_sync_first_frame_timeouts_total",
+                &l,
+                st.first_frame_timeouts as f64,
+            );
+            w.family(
                 "fulcrum_ha_sync_lag_seconds",
                 "gauge",
                 "Sync lag of the last document: from the peer's sending to this node's applying.",
