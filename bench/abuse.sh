@@ -22,6 +22,10 @@
 #                key of a header persistence table (Fulcrum: persistence type "header";
 #                HAProxy: stick-table type binary len 4096 on req.hdr(x-session); nginx has no
 #                header persistence table, it hashes the header: `hash $http_x_session`)
+#   vrrp spoof / sync flood (HA=1, the default; HA=0 leaves them out): bench/ha-abuse.sh after
+#                the table, in namespaces of its own: a stranger on the HA segment forging
+#                priority-255 adverts (Fulcrum with peers, keepalived with unicast_peer without
+#                and with check_unicast_src) and flooding ha.sync's port
 # h2 attacks go to HAProxy's and Fulcrum's single port (h2c detected by its preface) and to a
 # second nginx port with `http2` (nginx 1.22 cannot serve h2c and HTTP/1.1 on one port).
 # Timeouts set alike: header 10 s, body/idle 30 s. Needs slowhttptest (Debian package
@@ -221,3 +225,8 @@ echo "|---|---|---|---|"
 for a in $ATTACKS; do
   printf '| %s | %s | %s | %s |\n' "$a" "${result[$a,fulcrum]}" "${result[$a,haproxy]}" "${result[$a,nginx]}"
 done
+
+if [ "${HA:-1}" = 1 ]; then
+  echo
+  FULCRUM="$FULCRUM" bench/ha-abuse.sh "$SECS"
+fi

@@ -208,6 +208,18 @@ impl FromNode for Ha {
                 if peers.iter().any(|p| p.is_ipv6() != first.addr().is_ipv6()) {
                     cx.error(&n, "peers must be of the VIPs' address family");
                 }
+                // An IPv6 advert comes from its sender's link-local address (RFC 5798
+                // §5.1.2.1), and a node drops adverts whose source is not a listed peer: a
+                // global address would never match, and both nodes would be master.
+                if peers.iter().any(|p| match p {
+                    IpAddr::V6(a) => a.segments()[0] & 0xffc0 != 0xfe80,
+                    IpAddr::V4(_) => false,
+                }) {
+                    cx.error(
+                        &n,
+                        "IPv6 peers must be link-local addresses (fe80::/10): adverts come from the sender's link-local address, and only adverts from a listed peer are accepted",
+                    );
+                }
             }
             let track = t.opt(cx, "track").unwrap_or_default();
             let track_weight = t.opt(cx, "track_weight");

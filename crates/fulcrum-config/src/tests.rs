@@ -1016,6 +1016,14 @@ fn ha_errors_are_located() {
         "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\npeers = [\"fe80::1\"]\n",
     );
     has(&e, "peers must be of the VIPs' address family");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"2001:db8::100/64\"]\npeers = [\"2001:db8::2\"]\n",
+    );
+    has(
+        &e,
+        "ha.peers: IPv6 peers must be link-local addresses (fe80::/10)",
+    );
+    ok("[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"2001:db8::100/64\"]\npeers = [\"fe80::2\"]\n");
     let e = errs("[ha]\nvrid = 5\n");
     has(&e, "missing required key `interface`");
     has(&e, "missing required key `vips`");

@@ -49,6 +49,10 @@ pub enum FrameError {
     Replay { got: u64, last: u64 },
     #[error("the report is not valid: {0}")]
     BadReport(String),
+    #[error("no report in time")]
+    TimedOut,
+    #[error("read: {0}")]
+    Io(String),
 }
 
 impl From<fulcrum_frame::FrameError> for FrameError {
@@ -85,6 +89,42 @@ pub fn frame_len(header: [u8; 4]) -> Result<usize, FrameError> {
     Ok(CHANNEL.frame_len(header)?)
 }
 
+/// Reads, verifies and decodes the next report frame from a peer's connection (`Ok(None)`: it
+/// closed between frames), with the shared frame reader: the header within `wait`, the rest
+/// within `wait` after it, `buf` growing with the bytes that arrive.
+pub async fn read_report<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    keys: &[Key],
+    nonce: &[u8],
+    last_seq: u64,
+    buf: &mut Vec<u8>,
+    wait: std::time::Duration,
+) -> Result<Option<(u64, Report)>, FrameError> {
+    let frame = CHANNEL
+        .read_frame(s, keys, nonce, last_seq, buf, wait)
+        .await
+        .map_err(|e| match e {
+            fulcrum_frame::ReadError::Frame(f) => FrameError::from(f),
+            fulcrum_frame::ReadError::TimedOut => FrameError::TimedOut,
+            fulcrum_frame::ReadError::Io(e) => FrameError::Io(e.to_string()),
+        })?;
+    let Some((seq, payload)) = frame else {
+        return Ok(None);
+    };
+    decode_report(payload).map(|r| Some((seq, r)))
+}
+
+fn decode_report(payload: &[u8]) -> Result<Report, FrameError> {
+    let report: Report =
+        serde_json::from_slice(payload).map_err(|e| FrameError::BadReport(e.to_string()))?;
+    if report.instance.is_empty() || report.sites.len() > 4096 {
+        return Err(FrameError::BadReport(
+            "no instance, or too many sites".into(),
+        ));
+    }
+    Ok(report)
+}
+
 /// Verifies and decodes a frame body (`seq | payload`) and its tag. `last_seq` is the last
 /// sequence number accepted on this connection.
 pub fn decode_frame(
@@ -95,14 +135,7 @@ pub fn decode_frame(
     tag_bytes: &[u8],
 ) -> Result<(u64, Report), FrameError> {
     let (seq, payload) = CHANNEL.verify(keys, nonce, last_seq, body, tag_bytes)?;
-    let report: Report =
-        serde_json::from_slice(payload).map_err(|e| FrameError::BadReport(e.to_string()))?;
-    if report.instance.is_empty() || report.sites.len() > 4096 {
-        return Err(FrameError::BadReport(
-            "no instance, or too many sites".into(),
-        ));
-    }
-    Ok((seq, report))
+    Ok((seq, decode_report(payload)?))
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::exchange::{self, FrameError, MAGIC, NONCE_LEN, TAG_LEN};
+use crate::exchange::{self, FrameError, MAGIC, NONCE_LEN};
 use crate::gslb::{local_figures, GslbState};
 use crate::table::Report;
 
@@ -623,36 +623,9 @@ async fn push(sh: &Shared, site: &str, addr: SocketAddr) -> Result<(), String> {
     }
 }
 
-/// Connections that have not yet sent an authenticated frame, at most: a few peers reconnect at
-/// once; a flood of strangers must not hold a task and a buffer each.
-const MAX_UNAUTHENTICATED: usize = 16;
-
-/// How long a new connection has to send its first (authenticated) frame.
-const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Counts a connection as unauthenticated until `authenticated` (or its end).
-struct Pending {
-    count: Arc<std::sync::atomic::AtomicUsize>,
-    held: bool,
-}
-
-impl Pending {
-    fn authenticated(&mut self) {
-        if std::mem::take(&mut self.held) {
-            self.count.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        self.authenticated();
-    }
-}
-
 /// Accepts peers' connections and records their reports.
 async fn accept(l: TcpListener, sh: Arc<Shared>) {
-    let unauthenticated = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let admission = fulcrum_frame::Admission::new();
     loop {
         let (s, from) = match l.accept().await {
             Ok(x) => x,
@@ -662,16 +635,11 @@ async fn accept(l: TcpListener, sh: Arc<Shared>) {
                 continue;
             }
         };
-        if unauthenticated.fetch_add(1, Ordering::Relaxed) >= MAX_UNAUTHENTICATED {
-            unauthenticated.fetch_sub(1, Ordering::Relaxed);
+        let Some(pending) = admission.admit(from.ip()) else {
             sh.unauthenticated_refused.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%from, "gslb exchange: too many unauthenticated connections; closed");
             drop(s);
             continue;
-        }
-        let pending = Pending {
-            count: unauthenticated.clone(),
-            held: true,
         };
         let sh = sh.clone();
         tokio::spawn(async move {
@@ -682,7 +650,11 @@ async fn accept(l: TcpListener, sh: Arc<Shared>) {
     }
 }
 
-async fn receive(sh: &Shared, mut s: TcpStream, mut pending: Pending) -> Result<(), String> {
+async fn receive(
+    sh: &Shared,
+    mut s: TcpStream,
+    mut pending: fulcrum_frame::Pending,
+) -> Result<(), String> {
     let mut nonce = [0u8; NONCE_LEN];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce)
         .map_err(|_| "no randomness for the challenge".to_string())?;
@@ -696,31 +668,18 @@ async fn receive(sh: &Shared, mut s: TcpStream, mut pending: Pending) -> Result<
         // A peer reports at least every interval; twice stale_after of silence ends the stream.
         // Its first frame comes at once (it dials to report).
         let mut idle = sh.config.load().stale_after * 2;
-        if pending.held {
-            idle = idle.min(FIRST_FRAME_TIMEOUT);
+        if pending.waiting() {
+            idle = idle.min(fulcrum_frame::FIRST_FRAME_TIMEOUT);
         }
-        let mut header = [0u8; 4];
-        match tokio::time::timeout(idle, s.read_exact(&mut header)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Ok(()),
-            Err(_) => return Err("no report within twice stale_after".into()),
-        }
-        let n = exchange::frame_len(header).map_err(|e| e.to_string())?;
-        // The buffer grows with the bytes that actually arrive: a header announcing 64 KiB does
-        // not buy a 64 KiB buffer before the key is checked.
-        body.clear();
-        let want = (n + TAG_LEN) as u64;
-        let got = tokio::time::timeout(idle, (&mut s).take(want).read_to_end(&mut body))
-            .await
-            .map_err(|_| "frame timed out".to_string())?
-            .map_err(|e| e.to_string())?;
-        if got as u64 != want {
-            return Err("connection closed inside a frame".into());
-        }
-        let keys = sh.keys.load();
+        // An Arc rather than a guard: the read may wait for many seconds.
+        let keys = sh.keys.load_full();
         let (seq, report) =
-            match exchange::decode_frame(&keys, &nonce, last_seq, &body[..n], &body[n..]) {
-                Ok(x) => x,
+            match exchange::read_report(&mut s, &keys, &nonce, last_seq, &mut body, idle).await {
+                Ok(Some(x)) => x,
+                Ok(None) => return Ok(()),
+                Err(FrameError::TimedOut) => {
+                    return Err("no report within twice stale_after".into())
+                }
                 Err(e) => {
                     if e == FrameError::BadTag {
                         sh.auth_failures.fetch_add(1, Ordering::Relaxed);

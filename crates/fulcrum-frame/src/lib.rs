@@ -14,6 +14,11 @@
 //! tag = HMAC-SHA256(key, context | nonce | seq | payload)
 //! ```
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use ring::hmac;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -144,25 +149,42 @@ impl Channel {
         Ok(hello[4..].to_vec())
     }
 
-    /// Acceptor: reads and verifies the next frame. `Ok(None)`: the peer closed the connection.
-    pub async fn read_frame<S: AsyncRead + Unpin>(
+    /// Acceptor: reads and verifies the next frame into `buf`, and returns its sequence number
+    /// and payload (a slice of `buf`). `Ok(None)`: the peer closed the connection between
+    /// frames. The header must come within `wait`, and the rest of the frame within `wait`
+    /// after it.
+    ///
+    /// `buf` grows with the bytes that actually arrive: a header announcing the largest frame
+    /// buys no buffer of that size before the key is checked. It is kept for the next frame.
+    pub async fn read_frame<'b, S: AsyncRead + Unpin>(
         &self,
         s: &mut S,
         keys: &[Key],
         nonce: &[u8],
         last_seq: u64,
-    ) -> Result<Option<(u64, Vec<u8>)>, ReadError> {
+        buf: &'b mut Vec<u8>,
+        wait: Duration,
+    ) -> Result<Option<(u64, &'b [u8])>, ReadError> {
         let mut header = [0u8; 4];
-        if s.read_exact(&mut header).await.is_err() {
-            return Ok(None);
+        match tokio::time::timeout(wait, s.read_exact(&mut header)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Ok(None),
+            Err(_) => return Err(ReadError::TimedOut),
         }
         let n = self.frame_len(header).map_err(ReadError::Frame)?;
-        let mut body = vec![0u8; n + TAG_LEN];
-        s.read_exact(&mut body).await.map_err(ReadError::Io)?;
-        let (seq, payload) = self
-            .verify(keys, nonce, last_seq, &body[..n], &body[n..])
-            .map_err(ReadError::Frame)?;
-        Ok(Some((seq, payload.to_vec())))
+        buf.clear();
+        let want = (n + TAG_LEN) as u64;
+        let got = tokio::time::timeout(wait, s.take(want).read_to_end(buf))
+            .await
+            .map_err(|_| ReadError::TimedOut)?
+            .map_err(ReadError::Io)?;
+        if got as u64 != want {
+            return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        let (body, tag) = buf.split_at(n);
+        self.verify(keys, nonce, last_seq, body, tag)
+            .map(Some)
+            .map_err(ReadError::Frame)
     }
 }
 
@@ -172,6 +194,107 @@ pub enum ReadError {
     Frame(FrameError),
     #[error("read: {0}")]
     Io(std::io::Error),
+    #[error("no frame in time")]
+    TimedOut,
+}
+
+/// Connections waiting to authenticate that an acceptor holds at once, at most: a few peers
+/// reconnect together; a flood of strangers must not hold a task and a buffer each.
+pub const MAX_UNAUTHENTICATED: usize = 16;
+
+/// Of those, from one source address (one IPv6 /64), at most: a single stranger cannot take
+/// every place and keep the real peers out.
+pub const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 4;
+
+/// How long a new connection has to send its first (authenticated) frame: a peer dials to send
+/// one at once.
+pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The places for connections that have not yet sent an authenticated frame (see
+/// `MAX_UNAUTHENTICATED` and `MAX_UNAUTHENTICATED_PER_SOURCE`).
+#[derive(Clone, Default)]
+pub struct Admission {
+    held: Held,
+}
+
+/// Connections waiting to authenticate, by source.
+type Held = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// IPv6 sources are counted by /64, what one host is commonly given.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(a) => {
+            let mut o = a.octets();
+            if a.to_ipv4_mapped().is_some() {
+                return ip;
+            }
+            o[8..].fill(0);
+            IpAddr::from(o)
+        }
+    }
+}
+
+impl Admission {
+    pub fn new() -> Admission {
+        Admission::default()
+    }
+
+    /// A place for a new connection from `from`, or `None` when the acceptor should close it.
+    pub fn admit(&self, from: IpAddr) -> Option<Pending> {
+        let key = source_key(from);
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = held.values().sum();
+        let mine = held.get(&key).copied().unwrap_or(0);
+        if total >= MAX_UNAUTHENTICATED || mine >= MAX_UNAUTHENTICATED_PER_SOURCE {
+            return None;
+        }
+        held.insert(key, mine + 1);
+        Some(Pending {
+            held: Some((self.held.clone(), key)),
+        })
+    }
+
+    /// Connections waiting to authenticate now.
+    pub fn waiting(&self) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .sum()
+    }
+}
+
+/// A connection's place among the unauthenticated ones, given back when it authenticates (or
+/// ends).
+pub struct Pending {
+    held: Option<(Held, IpAddr)>,
+}
+
+impl Pending {
+    /// Its first frame verified: the place goes to the next newcomer.
+    pub fn authenticated(&mut self) {
+        if let Some((held, key)) = self.held.take() {
+            let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = held.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Whether the connection has yet to authenticate.
+    pub fn waiting(&self) -> bool {
+        self.held.is_some()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.authenticated();
+    }
 }
 
 #[cfg(test)]
@@ -239,17 +362,78 @@ mod tests {
             .await
             .expect("write");
         drop(b);
-        let f1 = CH.read_frame(&mut a, &k, &nonce, 0).await.expect("frame");
-        assert_eq!(f1, Some((1, b"one".to_vec())));
-        let f2 = CH.read_frame(&mut a, &k, &nonce, 1).await.expect("frame");
-        assert_eq!(f2, Some((2, b"two".to_vec())));
+        let mut buf = Vec::new();
+        let wait = Duration::from_secs(1);
+        let f1 = CH.read_frame(&mut a, &k, &nonce, 0, &mut buf, wait).await;
+        assert_eq!(f1.expect("frame"), Some((1, &b"one"[..])));
+        let f2 = CH.read_frame(&mut a, &k, &nonce, 1, &mut buf, wait).await;
+        assert_eq!(f2.expect("frame"), Some((2, &b"two"[..])));
         assert!(CH
-            .read_frame(&mut a, &k, &nonce, 2)
+            .read_frame(&mut a, &k, &nonce, 2, &mut buf, wait)
             .await
             .expect("eof")
             .is_none());
         let (mut c, mut d) = tokio::io::duplex(64);
         OTHER.challenge(&mut c).await.expect("challenge");
         assert!(CH.read_challenge(&mut d).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_large_announced_frame_buys_no_buffer_and_times_out() {
+        let big = Channel {
+            max_frame: 4 * 1024 * 1024,
+            ..CH
+        };
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let k = keys(&["a-shared-secret-123".into()]);
+        let mut announce = (4u32 * 1024 * 1024).to_be_bytes().to_vec();
+        announce.extend_from_slice(&[0u8; 100]);
+        b.write_all(&announce).await.expect("write");
+        let mut buf = Vec::new();
+        let r = big
+            .read_frame(
+                &mut a,
+                &k,
+                &[0u8; NONCE_LEN],
+                0,
+                &mut buf,
+                Duration::from_millis(50),
+            )
+            .await;
+        assert!(matches!(r, Err(ReadError::TimedOut)), "{r:?}");
+        assert!(buf.capacity() < 64 * 1024, "{}", buf.capacity());
+    }
+
+    #[test]
+    fn admission_bounds_each_source_and_the_total() {
+        let adm = Admission::new();
+        let one: IpAddr = "192.0.2.1".parse().expect("ip");
+        let mut held: Vec<Pending> = (0..MAX_UNAUTHENTICATED_PER_SOURCE)
+            .map(|_| adm.admit(one).expect("a place"))
+            .collect();
+        assert!(
+            adm.admit(one).is_none(),
+            "one source holds at most its share"
+        );
+        // Another address of the same IPv6 /64 counts as the same source.
+        let v6a: IpAddr = "2001:db8::1".parse().expect("ip");
+        let v6b: IpAddr = "2001:db8::ffff:2".parse().expect("ip");
+        for _ in 0..MAX_UNAUTHENTICATED_PER_SOURCE {
+            held.push(adm.admit(v6a).expect("a place"));
+        }
+        assert!(adm.admit(v6b).is_none());
+        // Authenticating gives the place back.
+        held[0].authenticated();
+        assert!(!held[0].waiting());
+        held.push(adm.admit(one).expect("a place again"));
+        // Many sources: the total is bounded.
+        let mut n = 3u8;
+        while adm.waiting() < MAX_UNAUTHENTICATED {
+            held.push(adm.admit(IpAddr::from([198, 51, 100, n])).expect("a place"));
+            n += 1;
+        }
+        assert!(adm.admit(IpAddr::from([203, 0, 113, 1])).is_none());
+        held.clear();
+        assert_eq!(adm.waiting(), 0);
     }
 }

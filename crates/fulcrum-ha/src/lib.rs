@@ -79,6 +79,7 @@ struct Counters {
     dropped_ttl: AtomicU64,
     dropped_version: AtomicU64,
     dropped_checksum: AtomicU64,
+    dropped_not_a_peer: AtomicU64,
     became_master: AtomicU64,
     garps_sent: AtomicU64,
     netlink_errors: AtomicU64,
@@ -118,6 +119,9 @@ pub struct Dropped {
     pub ttl: u64,
     pub version: u64,
     pub checksum: u64,
+    /// Adverts whose source is not one of the configured unicast `peers` (a stranger on the
+    /// segment, or a peer missing from the list); never dropped in multicast mode.
+    pub not_a_peer: u64,
 }
 
 /// `GET /api/v1/ha`.
@@ -357,6 +361,7 @@ impl Node {
                 ttl: g(&c.dropped_ttl),
                 version: g(&c.dropped_version),
                 checksum: g(&c.dropped_checksum),
+                not_a_peer: g(&c.dropped_not_a_peer),
             },
             garps_sent: g(&c.garps_sent),
             netlink_errors: g(&c.netlink_errors),
@@ -499,6 +504,17 @@ impl Io {
                 return Vec::new();
             }
         };
+        // With unicast peers the pair is a closed set: anyone else on the segment could
+        // otherwise keep every node backup with a priority-255 advert (keepalived's
+        // check_unicast_src). Checked before anything else, so a stranger moves no counter of
+        // the protocol either.
+        let peers = &self.shared.cfg.load().peers;
+        if !peers.is_empty() && !peers.contains(&p.src) {
+            if c.dropped_not_a_peer.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(from = %p.src, "HA: advert from an address that is not one of ha.peers dropped (counted in dropped.not_a_peer; logged once)");
+            }
+            return Vec::new();
+        }
         if p.advert.vrid != self.shared.cfg.load().vrid {
             c.other_vrid.fetch_add(1, Ordering::Relaxed);
             return Vec::new();

@@ -249,6 +249,11 @@ pub struct SyncStatus {
     pub frames_received: u64,
     /// Connections refused because a frame failed authentication (wrong key, or worse).
     pub auth_failures: u64,
+    /// Connections closed at accept: too many were waiting to authenticate (from their
+    /// source, or in all).
+    pub unauthenticated_refused: u64,
+    /// Connections closed because their first frame did not come in time.
+    pub first_frame_timeouts: u64,
     /// Received documents the binary refused.
     pub apply_errors: u64,
     /// Time from a peer's sending to this node's applying, for the last document (ms).
@@ -263,6 +268,8 @@ struct Shared {
     peers: Mutex<BTreeMap<SocketAddr, PeerStatus>>,
     frames_received: AtomicU64,
     auth_failures: AtomicU64,
+    unauthenticated_refused: AtomicU64,
+    first_frame_timeouts: AtomicU64,
     apply_errors: AtomicU64,
     lags: Mutex<std::collections::VecDeque<f64>>,
     on_receive: OnReceive,
@@ -300,6 +307,8 @@ impl StateSync {
             peers: Mutex::new(BTreeMap::new()),
             frames_received: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
+            unauthenticated_refused: AtomicU64::new(0),
+            first_frame_timeouts: AtomicU64::new(0),
             apply_errors: AtomicU64::new(0),
             lags: Mutex::new(std::collections::VecDeque::new()),
             on_receive,
@@ -372,6 +381,8 @@ impl StateSync {
             peers: s.peers.lock().values().cloned().collect(),
             frames_received: s.frames_received.load(Ordering::Relaxed),
             auth_failures: s.auth_failures.load(Ordering::Relaxed),
+            unauthenticated_refused: s.unauthenticated_refused.load(Ordering::Relaxed),
+            first_frame_timeouts: s.first_frame_timeouts.load(Ordering::Relaxed),
             apply_errors: s.apply_errors.load(Ordering::Relaxed),
             lag_ms: lags.back().copied(),
             lag_max_ms: lags.iter().copied().reduce(f64::max),
@@ -500,6 +511,7 @@ async fn push(
 }
 
 async fn accept(l: TcpListener, s: Arc<Shared>) {
+    let admission = fulcrum_frame::Admission::new();
     loop {
         let (c, from) = match l.accept().await {
             Ok(x) => x,
@@ -509,36 +521,56 @@ async fn accept(l: TcpListener, s: Arc<Shared>) {
                 continue;
             }
         };
+        let Some(pending) = admission.admit(from.ip()) else {
+            if s.unauthenticated_refused.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(%from, "HA sync: too many connections waiting to authenticate; closed (counted in unauthenticated_refused; logged once)");
+            }
+            continue;
+        };
         let s = s.clone();
         tokio::spawn(async move {
-            if let Err(e) = receive(&s, c).await {
+            if let Err(e) = receive(&s, c, pending).await {
                 tracing::warn!(%from, error = %e, "HA sync: peer connection refused");
             }
         });
     }
 }
 
-async fn receive(s: &Shared, mut c: TcpStream) -> Result<(), String> {
+async fn receive(
+    s: &Shared,
+    mut c: TcpStream,
+    mut pending: fulcrum_frame::Pending,
+) -> Result<(), String> {
     let nonce = CHANNEL.challenge(&mut c).await.map_err(|e| e.to_string())?;
     let mut last_seq = 0;
+    let mut buf = Vec::new();
     loop {
-        let frame =
-            tokio::time::timeout(IDLE, CHANNEL.read_frame(&mut c, &s.keys, &nonce, last_seq))
-                .await
-                .map_err(|_| "no frame within 5 s".to_string())?;
-        let (seq, payload) = match frame {
+        let first = pending.waiting();
+        let wait = if first {
+            fulcrum_frame::FIRST_FRAME_TIMEOUT.min(IDLE)
+        } else {
+            IDLE
+        };
+        let (seq, payload) = match CHANNEL
+            .read_frame(&mut c, &s.keys, &nonce, last_seq, &mut buf, wait)
+            .await
+        {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(e) => {
-                if matches!(
-                    e,
-                    fulcrum_frame::ReadError::Frame(fulcrum_frame::FrameError::BadTag)
-                ) {
-                    s.auth_failures.fetch_add(1, Ordering::Relaxed);
+                match e {
+                    fulcrum_frame::ReadError::Frame(fulcrum_frame::FrameError::BadTag) => {
+                        s.auth_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    fulcrum_frame::ReadError::TimedOut if first => {
+                        s.first_frame_timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
                 }
                 return Err(e.to_string());
             }
         };
+        pending.authenticated();
         last_seq = seq;
         if payload.len() < 9 {
             return Err("frame without a timestamp and kind".into());

@@ -732,6 +732,7 @@ impl HaPlane {
             ("ttl", s.dropped.ttl),
             ("version", s.dropped.version),
             ("checksum", s.dropped.checksum),
+            ("not_a_peer", s.dropped.not_a_peer),
         ] {
             w.sample(
                 "fulcrum_ha_adverts_dropped_total",
@@ -776,6 +777,26 @@ impl HaPlane {
                 "fulcrum_ha_sync_auth_failures_total",
                 &l,
                 st.auth_failures as f64,
+            );
+            w.family(
+                "fulcrum_ha_sync_unauthenticated_refused_total",
+                "counter",
+                "State sync connections closed at accept: too many were waiting to authenticate (from their source, or in all).",
+            );
+            w.sample(
+                "fulcrum_ha_sync_unauthenticated_refused_total",
+                &l,
+                st.unauthenticated_refused as f64,
+            );
+            w.family(
+                "fulcrum_ha_sync_first_frame_timeouts_total",
+                "counter",
+                "State sync connections closed because their first frame did not come in time.",
+            );
+            w.sample(
+                "fulcrum_ha_sync_first_frame_timeouts_total",
+                &l,
+                st.first_frame_timeouts as f64,
             );
             w.family(
                 "fulcrum_ha_sync_lag_seconds",
