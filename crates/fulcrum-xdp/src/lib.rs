@@ -128,6 +128,15 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The prefixes tunnel mode's outer sources come from: what a member's decapsulator
+    /// accepts (`Dataplane::set_decap_sources`).
+    pub fn tunnel_sources(&self) -> [(IpAddr, u8); 2] {
+        [
+            (IpAddr::V4(self.tunnel_source_v4.0), self.tunnel_source_v4.1),
+            (IpAddr::V6(self.tunnel_source_v6.0), self.tunnel_source_v6.1),
+        ]
+    }
+
     fn to_settings(self, hz: u64) -> Settings {
         let ticks = |d: std::time::Duration| {
             let t = d
@@ -486,6 +495,31 @@ impl Dataplane {
         Ok(gone)
     }
 
+    /// The outer sources `DECAP_PROGRAM` accepts, replacing the previous set: the balancers'
+    /// tunnel source prefixes (`Config::tunnel_source_v4` / `_v6`). Tunnel packets from
+    /// anywhere else are dropped and counted (`Global::DecapRefused`); with none set, all are.
+    pub fn set_decap_sources(&mut self, prefixes: &[(IpAddr, u8)]) -> Result<(), Error> {
+        use aya::maps::lpm_trie::{Key, LpmTrie};
+        let mut trie: LpmTrie<&mut MapData, DecapSource, u32> =
+            LpmTrie::try_from(self.map_mut("decap_sources")?).map_err(map_err("decap_sources"))?;
+        let old: Vec<Key<DecapSource>> = trie.keys().filter_map(Result::ok).collect();
+        for k in &old {
+            let _ = trie.remove(k);
+        }
+        for &(addr, len) in prefixes {
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let (addr, family) = addr_words(addr);
+            let data = DecapSource {
+                family: u32::from(family),
+                addr,
+            };
+            // The family word is matched whole, then `len` bits of the address.
+            let key = Key::new(32 + u32::from(len.min(max)), data);
+            trie.insert(&key, 1, 0).map_err(map_err("decap_sources"))?;
+        }
+        Ok(())
+    }
+
     /// The ring buffer of new flows (ha.sync), to be drained by its own thread: taken once.
     pub fn take_flow_events(&mut self) -> Result<FlowEvents, Error> {
         let map = self
@@ -556,6 +590,13 @@ impl Dataplane {
         let mut nat: HashMap<&mut MapData, FlowKey, NatEntry> =
             HashMap::try_from(self.map_mut("nat_replies")?).map_err(map_err("nat_replies"))?;
         nat.insert(key, entry, 0).map_err(map_err("nat_replies"))
+    }
+
+    /// Removes a NAT reply entry (tests: an entry the LRU evicted).
+    pub fn remove_nat_entry(&mut self, key: &FlowKey) -> Result<(), Error> {
+        let mut nat: HashMap<&mut MapData, FlowKey, NatEntry> =
+            HashMap::try_from(self.map_mut("nat_replies")?).map_err(map_err("nat_replies"))?;
+        nat.remove(key).map_err(map_err("nat_replies"))
     }
 
     /// A VIP's counters summed over CPUs.
@@ -763,7 +804,59 @@ fn remove_legacy_xdp(interface: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The decapsulator's allowed outer sources from `ADDR/LEN` texts (`fulcrum decap
+/// --allow-source`); none given: the tunnel sources of a default `Config`.
+pub fn decap_sources(texts: &[String]) -> Result<Vec<(IpAddr, u8)>, String> {
+    if texts.is_empty() {
+        return Ok(Config::default().tunnel_sources().to_vec());
+    }
+    texts
+        .iter()
+        .map(|t| {
+            let bad = || format!("{t:?}: expected ADDRESS/LENGTH, e.g. 172.16.0.0/16");
+            let (addr, len) = t.split_once('/').ok_or_else(bad)?;
+            let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+            let len: u8 = len.parse().map_err(|_| bad())?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            if len > max {
+                return Err(format!("{t:?}: a prefix length is at most {max}"));
+            }
+            Ok((addr, len))
+        })
+        .collect()
+}
+
 /// The flow key of a client's packet, for tests and for predicting where a flow goes.
 pub fn flow(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, proto: u8) -> FlowKey {
     FlowKey::new(src, sport, dst, dport, proto)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decap_sources_parse_strictly_and_default_to_the_tunnel_sources() {
+        let texts = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            decap_sources(&[]).expect("default"),
+            Config::default().tunnel_sources().to_vec()
+        );
+        assert_eq!(
+            decap_sources(&texts(&["192.0.2.7/32", "2001:db8::/64"])).expect("valid"),
+            vec![
+                ("192.0.2.7".parse().expect("ip"), 32),
+                ("2001:db8::".parse().expect("ip"), 64)
+            ]
+        );
+        for bad in [
+            "192.0.2.7",
+            "192.0.2.7/33",
+            "2001:db8::/129",
+            "x/8",
+            "10.0.0.0/-1",
+        ] {
+            assert!(decap_sources(&texts(&[bad])).is_err(), "{bad}");
+        }
+    }
 }

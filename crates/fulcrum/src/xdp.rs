@@ -393,6 +393,7 @@ impl FlowSync {
                     real: real.index,
                     flags: CONN_F_SYNCED,
                     last,
+                    ..Conn::default()
                 };
                 st.dp.set_conn(key, conn).ok()?;
                 if let Some((rk, entry)) = nat {
@@ -1159,7 +1160,7 @@ impl DataPlane for XdpPlane {
 
 /// `fulcrum decap`: attaches the member-side decapsulator and waits for SIGTERM / SIGINT;
 /// the bpf_links (and with them the program) go when the process exits.
-pub fn run_decap(interfaces: &[String], mode: &str) -> std::process::ExitCode {
+pub fn run_decap(interfaces: &[String], mode: &str, sources: &[String]) -> std::process::ExitCode {
     use std::process::ExitCode;
     let mode = match mode {
         "auto" => aya::programs::XdpMode::Default,
@@ -1182,6 +1183,17 @@ pub fn run_decap(interfaces: &[String], mode: &str) -> std::process::ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let sources = match fulcrum_xdp::decap_sources(sources) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("--allow-source {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = dp.set_decap_sources(&sources) {
+        eprintln!("cannot set the XDP decapsulator's sources: {e}");
+        return ExitCode::FAILURE;
+    }
     for i in interfaces {
         if let Err(e) = dp.attach_decap(i, mode) {
             eprintln!("{e}");
