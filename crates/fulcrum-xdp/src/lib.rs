@@ -686,9 +686,11 @@ impl Dataplane {
 
     /// Attaches the forwarder to `interface`. Attachment goes through a bpf_link, which the
     /// kernel removes when this process exits, however it exits: a crash cannot leave a stale
-    /// program behind. A program left attached the legacy (netlink) way — by an older run that
-    /// fell back to it, or by hand — makes the attach fail with EBUSY; it is removed and the
-    /// attach retried.
+    /// program behind. A program already attached makes the attach fail (EBUSY; the netlink
+    /// fallback asks for XDP_FLAGS_UPDATE_IF_NOEXIST). If it is one of this object's programs
+    /// (by name), left the legacy (netlink) way by an older run or by hand, it is removed and
+    /// the attach retried; another tool's program is left alone and the attach refused.
+    /// Detaching (and exiting) removes only the links this process made.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<(), Error> {
         self.attach_program(PROGRAM, interface, mode)
     }
@@ -719,6 +721,20 @@ impl Dataplane {
         let link = match first {
             Ok(link) => link,
             Err(e) => {
+                let attached = attached_xdp_programs(interface).map_err(err)?;
+                if attached.is_empty() {
+                    return Err(err(e.to_string()));
+                }
+                if let Some(other) = attached
+                    .iter()
+                    .find(|n| !OWN_PROGRAMS.contains(&n.as_str()))
+                {
+                    return Err(err(format!(
+                        "another tool's XDP program ({other}) is attached; Fulcrum replaces only \
+                         its own: detach it (ip link set dev {interface} xdp off) or leave \
+                         this interface out ({e})"
+                    )));
+                }
                 tracing::warn!(%interface, error = %e, "XDP attach failed; removing a stale program and retrying");
                 remove_legacy_xdp(interface).map_err(err)?;
                 let prog: &mut Xdp = self
@@ -790,7 +806,41 @@ impl FlowEvents {
     }
 }
 
-/// Removes whatever XDP program is attached to `interface` with netlink (all modes).
+/// Programs of this object: an attached one with such a name was left by Fulcrum.
+const OWN_PROGRAMS: [&str; 3] = [PROGRAM, DECAP_PROGRAM, PASS_PROGRAM];
+
+/// Names of the XDP programs attached to `interface` (any mode), from `ip -d link show`'s
+/// `prog/xdp… id N name NAME` lines.
+fn attached_xdp_programs(interface: &str) -> Result<Vec<String>, String> {
+    let out = std::process::Command::new("ip")
+        .args(["-d", "link", "show", "dev", interface])
+        .output()
+        .map_err(|e| format!("ip link: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(program_names(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn program_names(ip_link: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in ip_link.lines() {
+        let mut words = line.split_whitespace();
+        if !words.next().is_some_and(|w| w.starts_with("prog/xdp")) {
+            continue;
+        }
+        let name = words.skip_while(|w| *w != "name").nth(1);
+        // A program without a name (loaded without one) is nobody's we know: kept as "?".
+        let name = name.unwrap_or("?").to_string();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// Removes whatever XDP program is attached to `interface` with netlink (all modes): called
+/// only once every attached program is known to be one of ours.
 fn remove_legacy_xdp(interface: &str) -> Result<(), String> {
     for mode in ["xdpgeneric", "xdpdrv"] {
         let out = std::process::Command::new("ip")
@@ -834,6 +884,16 @@ pub fn flow(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, proto: u8) -> Flow
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attached_program_names_are_read_from_ip_link() {
+        let text = "3: xa@xb: <BROADCAST,MULTICAST> mtu 1500 xdpgeneric qdisc noop\n    \
+                    link/ether 6e:50:d1:b9:0c:39 brd ff:ff:ff:ff:ff:ff\n    \
+                    prog/xdp id 1341 name other_tool_pass tag 614b434cd8324ecc jited\n    \
+                    prog/xdpdrv id 7 tag 00\n";
+        assert_eq!(program_names(text), ["other_tool_pass", "?"]);
+        assert!(program_names("1: lo: <LOOPBACK> mtu 65536\n").is_empty());
+    }
 
     #[test]
     fn decap_sources_parse_strictly_and_default_to_the_tunnel_sources() {
