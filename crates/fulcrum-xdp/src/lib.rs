@@ -265,6 +265,8 @@ pub struct Dataplane {
     attached: Vec<(String, &'static str, aya::programs::xdp::XdpLinkId)>,
     /// The kernel's timer frequency, measured at load.
     hz: u64,
+    /// What `set_config` last wrote (its timeouts bound how long a flow entry lives).
+    config: Config,
 }
 
 impl Dataplane {
@@ -306,6 +308,7 @@ impl Dataplane {
             rings: StdHashMap::new(),
             attached: Vec::new(),
             hz: 0,
+            config: Config::default(),
         };
         dp.hz = dp.measure_hz()?;
         dp.set_config(&Config::default())?;
@@ -325,6 +328,7 @@ impl Dataplane {
     }
 
     pub fn set_config(&mut self, config: &Config) -> Result<(), Error> {
+        self.config = *config;
         let hz = self.hz;
         let mut m: Array<&mut MapData, Settings> =
             Array::try_from(self.map_mut("settings")?).map_err(map_err("settings"))?;
@@ -518,6 +522,38 @@ impl Dataplane {
             trie.insert(&key, 1, 0).map_err(map_err("decap_sources"))?;
         }
         Ok(())
+    }
+
+    /// Whether a ring last written by `set_ring` holds real `index`.
+    pub fn ring_holds(&self, index: u32) -> bool {
+        self.rings.values().any(|r| r.contains(&index))
+    }
+
+    /// Reals that some connection entry (any CPU's) may still send packets to: entries idle
+    /// for less than the longest timeout. Older ones are dead to the program (it reschedules
+    /// their flow) even while the LRU keeps them.
+    pub fn reals_in_use(&self) -> Result<std::collections::HashSet<u32>, Error> {
+        let now = self.now()?;
+        let s = self.config.to_settings(self.hz);
+        let longest = s.tcp_idle.max(s.tcp_fin).max(s.udp_idle);
+        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
+            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        Ok(conns
+            .iter()
+            .filter_map(Result::ok)
+            .flat_map(|(_, v)| {
+                v.iter()
+                    .filter(|c| c.real != NO_REAL && now.saturating_sub(c.last) < longest)
+                    .map(|c| c.real)
+                    .collect::<Vec<_>>()
+            })
+            .collect())
+    }
+
+    /// Empties real `index`'s entry: a packet of a stale flow still naming it is dropped
+    /// (no_member) rather than sent to an address that left.
+    pub fn clear_real(&mut self, index: u32) -> Result<(), Error> {
+        self.set_real(index, Real::default())
     }
 
     /// The ring buffer of new flows (ha.sync), to be drained by its own thread: taken once.
@@ -768,6 +804,100 @@ impl Dataplane {
             .try_into()?;
         prog.detach(link)?;
         Ok(())
+    }
+}
+
+/// Numbers for reals (members) in the `reals` array, reused once their member is gone.
+///
+/// A connection entry holds a real's number, not its address, so a number may go to another
+/// member only when no entry can still send a packet to it. A number is retired when no pool
+/// lists its member any more (the caller rewrites the rings without it); it is free again when
+/// (1) no ring written through the Dataplane holds it, (2) `grace` has passed since it was
+/// retired, which covers a program run that read an old ring slot just before the rewrite and
+/// is about to write an entry with it (a run lasts microseconds), and (3) no connection entry
+/// idle for less than the longest timeout names it: such a flow is still forwarded to the
+/// member that left, as a removed member keeps its established flows, and keeps the number
+/// until it ends or expires. On reuse, entries left naming the number (expired ones the LRU
+/// kept) and the member's NAT reply entries are deleted first (`forget_real`) and the reals
+/// entry is cleared, so nothing from the old member survives into the new one's number.
+pub struct RealSlots {
+    grace: std::time::Duration,
+    /// Connection scans (one bpf() call per entry) at most this often.
+    scan_every: std::time::Duration,
+    next_scan: Option<std::time::Instant>,
+    /// Never handed out yet.
+    next: u32,
+    free: Vec<u32>,
+    retiring: Vec<(u32, std::time::Instant)>,
+}
+
+impl Default for RealSlots {
+    fn default() -> RealSlots {
+        RealSlots::new(
+            std::time::Duration::from_secs(2),
+            std::time::Duration::from_secs(10),
+        )
+    }
+}
+
+impl RealSlots {
+    pub fn new(grace: std::time::Duration, scan_every: std::time::Duration) -> RealSlots {
+        RealSlots {
+            grace,
+            scan_every,
+            next_scan: None,
+            next: 1,
+            free: Vec::new(),
+            retiring: Vec::new(),
+        }
+    }
+
+    /// A number for a new member; `None` when all MAX_REALS - 1 are in use or retiring.
+    pub fn allocate(&mut self) -> Option<u32> {
+        if let Some(i) = self.free.pop() {
+            return Some(i);
+        }
+        (self.next < MAX_REALS).then(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+
+    /// `index`'s member is in no pool any more; its number is freed by `reclaim` later.
+    pub fn retire(&mut self, index: u32, now: std::time::Instant) {
+        if index != NO_REAL && !self.retiring.iter().any(|(i, _)| *i == index) {
+            self.retiring.push((index, now));
+        }
+    }
+
+    /// Numbers retiring (not yet free).
+    pub fn retiring(&self) -> usize {
+        self.retiring.len()
+    }
+
+    /// Frees the retiring numbers that nothing can reach any more (see the type's comment);
+    /// how many were freed.
+    pub fn reclaim(&mut self, dp: &mut Dataplane, now: std::time::Instant) -> Result<usize, Error> {
+        let due: Vec<u32> = self
+            .retiring
+            .iter()
+            .filter(|(i, at)| now.duration_since(*at) >= self.grace && !dp.ring_holds(*i))
+            .map(|(i, _)| *i)
+            .collect();
+        if due.is_empty() || self.next_scan.is_some_and(|t| now < t) {
+            return Ok(0);
+        }
+        self.next_scan = Some(now + self.scan_every);
+        let in_use = dp.reals_in_use()?;
+        let mut freed = 0;
+        for index in due.into_iter().filter(|i| !in_use.contains(i)) {
+            dp.forget_real(index)?;
+            dp.clear_real(index)?;
+            self.retiring.retain(|(i, _)| *i != index);
+            self.free.push(index);
+            freed += 1;
+        }
+        Ok(freed)
     }
 }
 

@@ -7,6 +7,8 @@ use std::net::IpAddr;
 pub const RING_SIZE: usize = 65537;
 /// Real index 0 means "no member" in a ring slot; reals are numbered from 1.
 pub const NO_REAL: u32 = 0;
+/// Entries of the `reals` array (MAX_REALS in the C source): reals 1..MAX_REALS.
+pub const MAX_REALS: u32 = 4096;
 
 /// The mode bits of `VipMeta::flags`.
 pub const MODE_MASK: u32 = 0x3;
