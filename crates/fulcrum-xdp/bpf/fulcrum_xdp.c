@@ -64,6 +64,9 @@ struct icmphdr {
 // Written by ha.sync from the peer's table; cleared by the first packet seen here, so that
 // this node resends (refreshes) only flows it carries itself and never echoes the peer's.
 #define CONN_F_SYNCED 0x2
+// conn.seq_next / nat_entry.seq_next holds the sender's next sequence number (learnt from its
+// first segment seen here; a synced or restored entry learns it from the next one).
+#define CONN_F_SEQ 0x4
 #define MAX_CPUS 256
 
 #define SET_F_NAT 0x1
@@ -78,6 +81,7 @@ enum drop_reason {
 	DROP_IPV6_EXT = 3,  // IPv6 extension header other than Fragment
 	DROP_FAMILY = 4,    // tunnel: member's family differs from the VIP's
 	DROP_ADJUST = 5,    // bpf_xdp_adjust_head failed (no headroom)
+	DROP_NO_FLOW = 6,   // nat: TCP segment other than a SYN, and no flow (a stray ACK/RST/FIN)
 	DROP_REASONS = 8,
 };
 
@@ -90,7 +94,13 @@ enum global_counter {
 	G_ICMP_NAT_PASSED = 5,
 	G_DECAPSULATED = 6,   // fulcrum_decap: tunnel packets stripped on a member
 	G_SYNC_LOST = 7,      // new flows not reported to ha.sync: flow_events was full
-	G_COUNTERS = 8,
+	// dr/tunnel: TCP segment other than a SYN without a flow, sent where the ring says without
+	// creating one (the member's stack, which knows its connections, answers or ignores it)
+	G_NO_FLOW_FORWARDED = 8,
+	G_RST_IGNORED = 9,      // RST outside the window the flow has seen: state kept, forwarded
+	G_NAT_REPLY_RESTORED = 10, // nat reply entry lost (LRU) and rebuilt from the connection entry
+	G_DECAP_REFUSED = 11,   // fulcrum_decap: outer source not an allowed balancer, dropped
+	G_COUNTERS = 16,
 };
 
 struct vip_key {
@@ -134,6 +144,8 @@ struct conn {
 	__u32 real;
 	__u32 flags;
 	__u64 last;
+	__u32 seq_next; // the client's next sequence number (CONN_F_SEQ)
+	__u32 pad;
 };
 
 struct nat_entry {
@@ -145,8 +157,12 @@ struct nat_entry {
 	__u32 ifindex;
 	__u32 vip_index;
 	__u32 flags;
-	__u32 pad2;
+	__u32 seq_next; // the member's next sequence number (CONN_F_SEQ)
 	__u64 last;
+	// The acknowledgment number an RST refusing the client's SYN carries (its ISN + 1); 0 when
+	// the entry was not made from a SYN.
+	__u32 syn_ack;
+	__u32 pad2;
 };
 
 // Times are in jiffies: bpf_jiffies64() is inlined by the JIT, where reading a clock through
@@ -281,7 +297,52 @@ struct pkt {
 	__u8 tos;
 	__u8 icmp; // quoted packet of an ICMP error: key is the client->VIP flow
 	__u8 opts;
+	// TCP, host order: sequence number, the one after the segment (payload, SYN and FIN
+	// counted), acknowledgment number.
+	__u32 seq;
+	__u32 seq_end;
+	__u32 ack;
 };
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+// RST acceptance (RFC 5961's concern, from the middle of the path). A sender's RST carries its
+// SND.NXT (an abort), or the acknowledgment of a segment it refuses, which lies between its
+// SND.UNA and SND.NXT; what the other side has not acknowledged yet is at most a window. So an
+// RST is believed when its sequence number is at most RST_WINDOW before the sender's next
+// sequence number seen here, and not after it. A blind attacker must hit a 64 KiB range out of
+// 4 GiB (the odds an endpoint without RFC 5961 offers); one that does still only reaches what
+// the endpoint would have believed anyway. A legitimate RST that misses (the sender's segments
+// were lost before reaching this node, more than 64 KiB in flight) leaves the state to age out:
+// forgetting a flow early breaks it, keeping one a little longer costs an entry.
+#define RST_WINDOW 65535
+// How far one segment may move the tracked sequence number forward. Data lost before this node
+// makes legitimate jumps; a blind attacker's segment lands in range with odds 2^18 / 2^32, and
+// only then could a second (RST) segment match. A legitimate jump beyond this stops tracking
+// for the flow, which then ages out instead of ending on its RST.
+#define SEQ_ADVANCE_MAX (1 << 18)
+
+static __always_inline void track_seq(__u32 *seq_next, __u32 *flags, const struct pkt *p)
+{
+	if (p->tcp_flags & TCP_RST)
+		return;
+	if (!(*flags & CONN_F_SEQ)) {
+		*seq_next = p->seq_end;
+		*flags |= CONN_F_SEQ;
+		return;
+	}
+	__u32 ahead = p->seq_end - *seq_next;
+	if (ahead && ahead <= SEQ_ADVANCE_MAX) // most segments of a bulk receiver: no store
+		*seq_next = p->seq_end;
+}
+
+static __always_inline int rst_in_window(__u32 seq_next, __u32 flags, const struct pkt *p)
+{
+	return (flags & CONN_F_SEQ) && seq_next - p->seq <= RST_WINDOW;
+}
 
 static __always_inline void count_global(__u32 which)
 {
@@ -703,6 +764,7 @@ static long other_cpu_conn(__u32 cpu, void *arg)
 	sr->found->real = o->real;
 	sr->found->flags = o->flags;
 	sr->found->last = o->last;
+	sr->found->seq_next = o->seq_next;
 	return 1; // stop
 }
 
@@ -713,6 +775,10 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 	__u32 ri = 0;
 	__u32 len = (__u32)(ctx->data_end - ctx->data);
 	int is_new = 0;
+	int new_tick = 0; // first packet of this flow in this jiffy (on this CPU)
+	int rst_accepted = 0;
+	int tcp = p->k.proto == IPPROTO_TCP;
+	__u32 mode = vip->flags & MODE_MASK;
 	struct settings *cfg = bpf_map_lookup_elem(&settings, &zero);
 	struct vip_stats *vs = bpf_map_lookup_elem(&vip_stats, &vi);
 	__u64 now;
@@ -735,18 +801,40 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 	if (c && c->real && now - c->last < idle_limit(cfg, p->k.proto, c->flags)) {
 		ri = c->real;
 		if (!p->icmp) {
-			if (c->last != now) // most packets of a busy flow share a tick: no store
+			if (c->last != now) { // most packets of a busy flow share a tick: no store
 				c->last = now;
-			if (p->tcp_flags & 0x01) // FIN: the flow winds down, expire it soon
+				new_tick = 1;
+			}
+			if (tcp) {
+				// A new connection on the tuple of one that ended: its own sequence space.
+				if ((p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN &&
+				    (c->flags & CONN_F_FIN))
+					c->flags &= ~CONN_F_SEQ;
+				if (p->tcp_flags & TCP_RST) {
+					rst_accepted = rst_in_window(c->seq_next, c->flags, p);
+					if (!rst_accepted)
+						count_global(G_RST_IGNORED);
+				}
+				track_seq(&c->seq_next, &c->flags, p);
+			}
+			if (p->tcp_flags & TCP_FIN) // the flow winds down, expire it soon
 				c->flags |= CONN_F_FIN;
 			if (c->flags & CONN_F_SYNCED)
 				c->flags &= ~CONN_F_SYNCED;
 		}
 	}
+	// Only a SYN (without ACK) or a UDP datagram starts a flow: anything else without state is
+	// not one this node carries (a stray or forged ACK/RST/FIN, or a flow whose state is
+	// gone), and must not take a table entry from a real flow. nat has no way to forward it
+	// (the reply would not be translated); dr and tunnel send it where the ring says, without
+	// state, so that flows still reach their member after a restart that lost the table.
+	int no_flow = !ri && !p->icmp && tcp && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN;
+	if (no_flow && mode == MODE_NAT)
+		return drop_vip(vi, DROP_NO_FLOW);
 	// Hashing 36 bytes of key is a good share of the per-packet cost: only a ring pick or a
 	// tunnel's outer header needs it, an LRU hit in dr/nat mode does not.
 	__u32 hash = 0;
-	if (!ri || (vip->flags & MODE_MASK) == MODE_TUNNEL)
+	if (!ri || mode == MODE_TUNNEL)
 		hash = flow_hash(&p->k, vip->flags & VIP_F_PERSIST_SRC);
 	if (!ri) {
 		__u32 slot = vi * RING_SIZE + hash % RING_SIZE;
@@ -754,10 +842,14 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 		if (!rp || !*rp)
 			return drop_vip(vi, DROP_NO_REAL);
 		ri = *rp;
-		if (!p->icmp) {
+		if (no_flow) {
+			count_global(G_NO_FLOW_FORWARDED);
+		} else if (!p->icmp) {
 			struct conn nc = { .real = ri, .flags = 0, .last = now };
-			if (p->tcp_flags & 0x01)
-				nc.flags |= CONN_F_FIN;
+			if (tcp) {
+				nc.seq_next = p->seq_end;
+				nc.flags |= CONN_F_SEQ;
+			}
 			bpf_map_update_elem(&conns, &p->k, &nc, BPF_ANY);
 			vs->new_flows += 1;
 			is_new = 1;
@@ -765,7 +857,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 				report_new_flow(ctx, p, ri, vi);
 		}
 	}
-	if (p->tcp_flags & 0x04) // RST ends the flow now
+	if (rst_accepted) // the flow ends now
 		bpf_map_delete_elem(&conns, &p->k);
 
 	struct real *r = bpf_map_lookup_elem(&reals, &ri);
@@ -778,7 +870,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 		rs->new_flows += is_new;
 	}
 
-	switch (vip->flags & MODE_MASK) {
+	switch (mode) {
 	case MODE_DR:
 		if (set_macs(ctx, r->mac))
 			return XDP_ABORTED;
@@ -803,9 +895,16 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 		rk.dport = p->k.sport;
 		rk.proto = p->k.proto;
 		rk.family = p->k.family;
-		if (p->tcp_flags & 0x04) {
+		// The reply entry sits in an LRU table of its own and may be evicted while the
+		// connection entry lives on: without it the member's replies would leave untranslated
+		// for the rest of the flow. Looked for once per tick of a flow (replies in between a
+		// loss and the check still pass untranslated), rebuilt from the connection entry and
+		// this packet, which carry all it holds.
+		int restore = !is_new && !rst_accepted && new_tick &&
+			      !bpf_map_lookup_elem(&nat_replies, &rk);
+		if (rst_accepted) {
 			bpf_map_delete_elem(&nat_replies, &rk);
-		} else if (is_new) {
+		} else if (is_new || restore) {
 			struct nat_entry ne = {};
 			__builtin_memcpy(ne.vip_addr, p->k.dst, sizeof(ne.vip_addr));
 			ne.vip_port = p->k.dport;
@@ -814,7 +913,11 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			ne.ifindex = ctx->ingress_ifindex;
 			ne.vip_index = vi;
 			ne.last = now;
+			if (is_new && tcp)
+				ne.syn_ack = p->seq + 1;
 			bpf_map_update_elem(&nat_replies, &rk, &ne, BPF_ANY);
+			if (restore)
+				count_global(G_NAT_REPLY_RESTORED);
 		}
 		return nat_in(ctx, p, r);
 	}
@@ -841,7 +944,20 @@ static __always_inline int nat_out(struct xdp_md *ctx, struct pkt *p)
 		return XDP_PASS;
 	}
 	ne->last = now;
-	if (p->tcp_flags & 0x01)
+	int rst_accepted = 0;
+	if (p->k.proto == IPPROTO_TCP) {
+		if (p->tcp_flags & TCP_RST) {
+			if (ne->flags & CONN_F_SEQ)
+				rst_accepted = rst_in_window(ne->seq_next, ne->flags, p);
+			else // the member refuses the client's SYN: RST+ACK acknowledging the SYN
+				rst_accepted = ne->syn_ack && (p->tcp_flags & TCP_ACK) &&
+					       p->ack == ne->syn_ack;
+			if (!rst_accepted)
+				count_global(G_RST_IGNORED);
+		}
+		track_seq(&ne->seq_next, &ne->flags, p);
+	}
+	if (p->tcp_flags & TCP_FIN)
 		ne->flags |= CONN_F_FIN;
 	__u32 vi = ne->vip_index;
 	struct vip_stats *vs = bpf_map_lookup_elem(&vip_stats, &vi);
@@ -903,7 +1019,7 @@ static __always_inline int nat_out(struct xdp_md *ctx, struct pkt *p)
 	__builtin_memcpy(eth->h_dest, ne->client_mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, ne->local_mac, ETH_ALEN);
 	__u32 ifindex = ne->ifindex;
-	if (p->tcp_flags & 0x04) {
+	if (rst_accepted) {
 		bpf_map_delete_elem(&nat_replies, &p->k);
 		struct flow_key fk = {};
 		// Forward key: client -> VIP. The entry pointer is gone after the delete, so the
@@ -944,6 +1060,12 @@ static __always_inline int parse_l4(struct xdp_md *ctx, struct pkt *p, __u32 off
 		p->k.sport = th->source;
 		p->k.dport = th->dest;
 		p->tcp_flags = ((__u8 *)th)[13];
+		p->seq = bpf_ntohl(th->seq);
+		p->ack = bpf_ntohl(th->ack_seq);
+		// l3_len counts from the IP header, off from the frame's start.
+		__u32 headers = off - sizeof(struct ethhdr) + th->doff * 4;
+		__u32 payload = p->l3_len > headers ? p->l3_len - headers : 0;
+		p->seq_end = p->seq + payload + !!(p->tcp_flags & TCP_SYN) + !!(p->tcp_flags & TCP_FIN);
 		return 0;
 	}
 	struct udphdr *uh = data + off;
@@ -1157,11 +1279,29 @@ int fulcrum_xdp(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+// The outer sources fulcrum_decap accepts: the balancers' tunnel source prefixes. The family
+// leads the data, so one trie holds both (prefixlen counts it: 32 + the address bits).
+struct decap_source {
+	__u32 prefixlen;
+	__u32 family;
+	__u32 addr[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct decap_source);
+	__type(value, __u32);
+} decap_sources SEC(".maps");
+
 // Member side of tunnel mode, for hosts without IPIP / IP6IP6 decapsulation in their kernel
 // (CONFIG_NET_IPIP / CONFIG_IPV6_TUNNEL unset): strips the outer IPv4 (protocol 4) or IPv6
 // (next header 41 or 4) header and passes the inner packet to the stack, which delivers it to
 // the VIP held on lo. Packets with IPv4 options or IPv6 extension headers in the outer header
-// are not tunnel traffic Fulcrum sends; they pass untouched.
+// are not tunnel traffic Fulcrum sends; they pass untouched. A tunnel packet whose outer source
+// is not in decap_sources is dropped (counted): stripped, it would reach the VIP on lo from
+// anyone able to send IPIP to the member, past whatever filters the member's own address.
 SEC("xdp")
 int fulcrum_decap(struct xdp_md *ctx)
 {
@@ -1171,6 +1311,7 @@ int fulcrum_decap(struct xdp_md *ctx)
 	struct ethhdr copy;
 	int strip;
 	__u16 inner_proto;
+	struct decap_source src = {};
 
 	if ((void *)(eth + 1) > end)
 		return XDP_PASS;
@@ -1178,6 +1319,9 @@ int fulcrum_decap(struct xdp_md *ctx)
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_IPIP)
 			return XDP_PASS;
+		src.prefixlen = 64;
+		src.family = 4;
+		src.addr[0] = ip->saddr;
 		strip = sizeof(struct iphdr);
 		inner_proto = bpf_htons(ETH_P_IP);
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
@@ -1190,9 +1334,16 @@ int fulcrum_decap(struct xdp_md *ctx)
 			inner_proto = bpf_htons(ETH_P_IP);
 		else
 			return XDP_PASS;
+		src.prefixlen = 160;
+		src.family = 6;
+		__builtin_memcpy(src.addr, &ip6->saddr, sizeof(src.addr));
 		strip = sizeof(struct ipv6hdr);
 	} else {
 		return XDP_PASS;
+	}
+	if (!bpf_map_lookup_elem(&decap_sources, &src)) {
+		count_global(G_DECAP_REFUSED);
+		return XDP_DROP;
 	}
 	__builtin_memcpy(&copy, eth, sizeof(copy));
 	if (bpf_xdp_adjust_head(ctx, strip))

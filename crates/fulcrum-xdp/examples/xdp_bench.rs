@@ -55,6 +55,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &tcp(client, 40000, vip, 80, ACK, &[0u8; 18]),
     );
     let frame = eth([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 0xaa], ETH_IP, &packet);
+    // Only a SYN starts a flow: the new-flow paths run on one, hits on the ACK.
+    let syn_packet = ip(
+        client,
+        vip,
+        TCP,
+        &tcp(client, 40000, vip, 80, SYN, &[0u8; 18]),
+    );
+    let syn = eth(
+        [2, 0, 0, 0, 0, 1],
+        [2, 0, 0, 0, 0, 0xaa],
+        ETH_IP,
+        &syn_packet,
+    );
 
     let median = |f: &mut dyn FnMut() -> Result<Duration, Error>| -> Result<f64, Error> {
         let mut v = Vec::new();
@@ -70,7 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert_eq!(act, XDP_PASS);
         Ok(d)
     })?;
-    dp.test_run(&frame)?; // creates the connection entry
+    dp.test_run(&syn)?; // creates the connection entry
     let hit = median(&mut || {
         let (act, d) = dp.bench(PROGRAM, &frame, repeat)?;
         assert_eq!(act, XDP_TX);
@@ -81,7 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Config::default()
     })?;
     let new = median(&mut || {
-        let (act, d) = dp.bench(PROGRAM, &frame, repeat)?;
+        let (act, d) = dp.bench(PROGRAM, &syn, repeat)?;
         assert_eq!(act, XDP_TX);
         Ok(d)
     })?;
@@ -92,7 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let small = 10_000u32;
     let mut events = dp.take_flow_events()?;
     let new_small = median(&mut || {
-        let (act, d) = dp.bench(PROGRAM, &frame, small)?;
+        let (act, d) = dp.bench(PROGRAM, &syn, small)?;
         assert_eq!(act, XDP_TX);
         Ok(d)
     })?;
@@ -103,7 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let mut drained = 0usize;
     let new_sync = median(&mut || {
-        let (act, d) = dp.bench(PROGRAM, &frame, small)?;
+        let (act, d) = dp.bench(PROGRAM, &syn, small)?;
         assert_eq!(act, XDP_TX);
         loop {
             let got = events.read(Duration::ZERO, 100_000).len();
@@ -127,7 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sync: true,
         ..Config::default()
     })?;
-    dp.test_run(&frame)?;
+    dp.test_run(&syn)?;
     let hit_sync = median(&mut || {
         let (act, d) = dp.bench(PROGRAM, &frame, repeat)?;
         assert_eq!(act, XDP_TX);

@@ -128,6 +128,15 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The prefixes tunnel mode's outer sources come from: what a member's decapsulator
+    /// accepts (`Dataplane::set_decap_sources`).
+    pub fn tunnel_sources(&self) -> [(IpAddr, u8); 2] {
+        [
+            (IpAddr::V4(self.tunnel_source_v4.0), self.tunnel_source_v4.1),
+            (IpAddr::V6(self.tunnel_source_v6.0), self.tunnel_source_v6.1),
+        ]
+    }
+
     fn to_settings(self, hz: u64) -> Settings {
         let ticks = |d: std::time::Duration| {
             let t = d
@@ -256,6 +265,8 @@ pub struct Dataplane {
     attached: Vec<(String, &'static str, aya::programs::xdp::XdpLinkId)>,
     /// The kernel's timer frequency, measured at load.
     hz: u64,
+    /// What `set_config` last wrote (its timeouts bound how long a flow entry lives).
+    config: Config,
 }
 
 impl Dataplane {
@@ -297,6 +308,7 @@ impl Dataplane {
             rings: StdHashMap::new(),
             attached: Vec::new(),
             hz: 0,
+            config: Config::default(),
         };
         dp.hz = dp.measure_hz()?;
         dp.set_config(&Config::default())?;
@@ -316,6 +328,7 @@ impl Dataplane {
     }
 
     pub fn set_config(&mut self, config: &Config) -> Result<(), Error> {
+        self.config = *config;
         let hz = self.hz;
         let mut m: Array<&mut MapData, Settings> =
             Array::try_from(self.map_mut("settings")?).map_err(map_err("settings"))?;
@@ -486,6 +499,63 @@ impl Dataplane {
         Ok(gone)
     }
 
+    /// The outer sources `DECAP_PROGRAM` accepts, replacing the previous set: the balancers'
+    /// tunnel source prefixes (`Config::tunnel_source_v4` / `_v6`). Tunnel packets from
+    /// anywhere else are dropped and counted (`Global::DecapRefused`); with none set, all are.
+    pub fn set_decap_sources(&mut self, prefixes: &[(IpAddr, u8)]) -> Result<(), Error> {
+        use aya::maps::lpm_trie::{Key, LpmTrie};
+        let mut trie: LpmTrie<&mut MapData, DecapSource, u32> =
+            LpmTrie::try_from(self.map_mut("decap_sources")?).map_err(map_err("decap_sources"))?;
+        let old: Vec<Key<DecapSource>> = trie.keys().filter_map(Result::ok).collect();
+        for k in &old {
+            let _ = trie.remove(k);
+        }
+        for &(addr, len) in prefixes {
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let (addr, family) = addr_words(addr);
+            let data = DecapSource {
+                family: u32::from(family),
+                addr,
+            };
+            // The family word is matched whole, then `len` bits of the address.
+            let key = Key::new(32 + u32::from(len.min(max)), data);
+            trie.insert(&key, 1, 0).map_err(map_err("decap_sources"))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a ring last written by `set_ring` holds real `index`.
+    pub fn ring_holds(&self, index: u32) -> bool {
+        self.rings.values().any(|r| r.contains(&index))
+    }
+
+    /// Reals that some connection entry (any CPU's) may still send packets to: entries idle
+    /// for less than the longest timeout. Older ones are dead to the program (it reschedules
+    /// their flow) even while the LRU keeps them.
+    pub fn reals_in_use(&self) -> Result<std::collections::HashSet<u32>, Error> {
+        let now = self.now()?;
+        let s = self.config.to_settings(self.hz);
+        let longest = s.tcp_idle.max(s.tcp_fin).max(s.udp_idle);
+        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
+            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        Ok(conns
+            .iter()
+            .filter_map(Result::ok)
+            .flat_map(|(_, v)| {
+                v.iter()
+                    .filter(|c| c.real != NO_REAL && now.saturating_sub(c.last) < longest)
+                    .map(|c| c.real)
+                    .collect::<Vec<_>>()
+            })
+            .collect())
+    }
+
+    /// Empties real `index`'s entry: a packet of a stale flow still naming it is dropped
+    /// (no_member) rather than sent to an address that left.
+    pub fn clear_real(&mut self, index: u32) -> Result<(), Error> {
+        self.set_real(index, Real::default())
+    }
+
     /// The ring buffer of new flows (ha.sync), to be drained by its own thread: taken once.
     pub fn take_flow_events(&mut self) -> Result<FlowEvents, Error> {
         let map = self
@@ -556,6 +626,13 @@ impl Dataplane {
         let mut nat: HashMap<&mut MapData, FlowKey, NatEntry> =
             HashMap::try_from(self.map_mut("nat_replies")?).map_err(map_err("nat_replies"))?;
         nat.insert(key, entry, 0).map_err(map_err("nat_replies"))
+    }
+
+    /// Removes a NAT reply entry (tests: an entry the LRU evicted).
+    pub fn remove_nat_entry(&mut self, key: &FlowKey) -> Result<(), Error> {
+        let mut nat: HashMap<&mut MapData, FlowKey, NatEntry> =
+            HashMap::try_from(self.map_mut("nat_replies")?).map_err(map_err("nat_replies"))?;
+        nat.remove(key).map_err(map_err("nat_replies"))
     }
 
     /// A VIP's counters summed over CPUs.
@@ -645,9 +722,11 @@ impl Dataplane {
 
     /// Attaches the forwarder to `interface`. Attachment goes through a bpf_link, which the
     /// kernel removes when this process exits, however it exits: a crash cannot leave a stale
-    /// program behind. A program left attached the legacy (netlink) way — by an older run that
-    /// fell back to it, or by hand — makes the attach fail with EBUSY; it is removed and the
-    /// attach retried.
+    /// program behind. A program already attached makes the attach fail (EBUSY; the netlink
+    /// fallback asks for XDP_FLAGS_UPDATE_IF_NOEXIST). If it is one of this object's programs
+    /// (by name), left the legacy (netlink) way by an older run or by hand, it is removed and
+    /// the attach retried; another tool's program is left alone and the attach refused.
+    /// Detaching (and exiting) removes only the links this process made.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<(), Error> {
         self.attach_program(PROGRAM, interface, mode)
     }
@@ -678,6 +757,20 @@ impl Dataplane {
         let link = match first {
             Ok(link) => link,
             Err(e) => {
+                let attached = attached_xdp_programs(interface).map_err(err)?;
+                if attached.is_empty() {
+                    return Err(err(e.to_string()));
+                }
+                if let Some(other) = attached
+                    .iter()
+                    .find(|n| !OWN_PROGRAMS.contains(&n.as_str()))
+                {
+                    return Err(err(format!(
+                        "another tool's XDP program ({other}) is attached; Fulcrum replaces only \
+                         its own: detach it (ip link set dev {interface} xdp off) or leave \
+                         this interface out ({e})"
+                    )));
+                }
                 tracing::warn!(%interface, error = %e, "XDP attach failed; removing a stale program and retrying");
                 remove_legacy_xdp(interface).map_err(err)?;
                 let prog: &mut Xdp = self
@@ -711,6 +804,100 @@ impl Dataplane {
             .try_into()?;
         prog.detach(link)?;
         Ok(())
+    }
+}
+
+/// Numbers for reals (members) in the `reals` array, reused once their member is gone.
+///
+/// A connection entry holds a real's number, not its address, so a number may go to another
+/// member only when no entry can still send a packet to it. A number is retired when no pool
+/// lists its member any more (the caller rewrites the rings without it); it is free again when
+/// (1) no ring written through the Dataplane holds it, (2) `grace` has passed since it was
+/// retired, which covers a program run that read an old ring slot just before the rewrite and
+/// is about to write an entry with it (a run lasts microseconds), and (3) no connection entry
+/// idle for less than the longest timeout names it: such a flow is still forwarded to the
+/// member that left, as a removed member keeps its established flows, and keeps the number
+/// until it ends or expires. On reuse, entries left naming the number (expired ones the LRU
+/// kept) and the member's NAT reply entries are deleted first (`forget_real`) and the reals
+/// entry is cleared, so nothing from the old member survives into the new one's number.
+pub struct RealSlots {
+    grace: std::time::Duration,
+    /// Connection scans (one bpf() call per entry) at most this often.
+    scan_every: std::time::Duration,
+    next_scan: Option<std::time::Instant>,
+    /// Never handed out yet.
+    next: u32,
+    free: Vec<u32>,
+    retiring: Vec<(u32, std::time::Instant)>,
+}
+
+impl Default for RealSlots {
+    fn default() -> RealSlots {
+        RealSlots::new(
+            std::time::Duration::from_secs(2),
+            std::time::Duration::from_secs(10),
+        )
+    }
+}
+
+impl RealSlots {
+    pub fn new(grace: std::time::Duration, scan_every: std::time::Duration) -> RealSlots {
+        RealSlots {
+            grace,
+            scan_every,
+            next_scan: None,
+            next: 1,
+            free: Vec::new(),
+            retiring: Vec::new(),
+        }
+    }
+
+    /// A number for a new member; `None` when all MAX_REALS - 1 are in use or retiring.
+    pub fn allocate(&mut self) -> Option<u32> {
+        if let Some(i) = self.free.pop() {
+            return Some(i);
+        }
+        (self.next < MAX_REALS).then(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+
+    /// `index`'s member is in no pool any more; its number is freed by `reclaim` later.
+    pub fn retire(&mut self, index: u32, now: std::time::Instant) {
+        if index != NO_REAL && !self.retiring.iter().any(|(i, _)| *i == index) {
+            self.retiring.push((index, now));
+        }
+    }
+
+    /// Numbers retiring (not yet free).
+    pub fn retiring(&self) -> usize {
+        self.retiring.len()
+    }
+
+    /// Frees the retiring numbers that nothing can reach any more (see the type's comment);
+    /// how many were freed.
+    pub fn reclaim(&mut self, dp: &mut Dataplane, now: std::time::Instant) -> Result<usize, Error> {
+        let due: Vec<u32> = self
+            .retiring
+            .iter()
+            .filter(|(i, at)| now.duration_since(*at) >= self.grace && !dp.ring_holds(*i))
+            .map(|(i, _)| *i)
+            .collect();
+        if due.is_empty() || self.next_scan.is_some_and(|t| now < t) {
+            return Ok(0);
+        }
+        self.next_scan = Some(now + self.scan_every);
+        let in_use = dp.reals_in_use()?;
+        let mut freed = 0;
+        for index in due.into_iter().filter(|i| !in_use.contains(i)) {
+            dp.forget_real(index)?;
+            dp.clear_real(index)?;
+            self.retiring.retain(|(i, _)| *i != index);
+            self.free.push(index);
+            freed += 1;
+        }
+        Ok(freed)
     }
 }
 
@@ -749,7 +936,41 @@ impl FlowEvents {
     }
 }
 
-/// Removes whatever XDP program is attached to `interface` with netlink (all modes).
+/// Programs of this object: an attached one with such a name was left by Fulcrum.
+const OWN_PROGRAMS: [&str; 3] = [PROGRAM, DECAP_PROGRAM, PASS_PROGRAM];
+
+/// Names of the XDP programs attached to `interface` (any mode), from `ip -d link show`'s
+/// `prog/xdp… id N name NAME` lines.
+fn attached_xdp_programs(interface: &str) -> Result<Vec<String>, String> {
+    let out = std::process::Command::new("ip")
+        .args(["-d", "link", "show", "dev", interface])
+        .output()
+        .map_err(|e| format!("ip link: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(program_names(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn program_names(ip_link: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in ip_link.lines() {
+        let mut words = line.split_whitespace();
+        if !words.next().is_some_and(|w| w.starts_with("prog/xdp")) {
+            continue;
+        }
+        let name = words.skip_while(|w| *w != "name").nth(1);
+        // A program without a name (loaded without one) is nobody's we know: kept as "?".
+        let name = name.unwrap_or("?").to_string();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// Removes whatever XDP program is attached to `interface` with netlink (all modes): called
+/// only once every attached program is known to be one of ours.
 fn remove_legacy_xdp(interface: &str) -> Result<(), String> {
     for mode in ["xdpgeneric", "xdpdrv"] {
         let out = std::process::Command::new("ip")
@@ -763,7 +984,69 @@ fn remove_legacy_xdp(interface: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The decapsulator's allowed outer sources from `ADDR/LEN` texts (`fulcrum decap
+/// --allow-source`); none given: the tunnel sources of a default `Config`.
+pub fn decap_sources(texts: &[String]) -> Result<Vec<(IpAddr, u8)>, String> {
+    if texts.is_empty() {
+        return Ok(Config::default().tunnel_sources().to_vec());
+    }
+    texts
+        .iter()
+        .map(|t| {
+            let bad = || format!("{t:?}: expected ADDRESS/LENGTH, e.g. 172.16.0.0/16");
+            let (addr, len) = t.split_once('/').ok_or_else(bad)?;
+            let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+            let len: u8 = len.parse().map_err(|_| bad())?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            if len > max {
+                return Err(format!("{t:?}: a prefix length is at most {max}"));
+            }
+            Ok((addr, len))
+        })
+        .collect()
+}
+
 /// The flow key of a client's packet, for tests and for predicting where a flow goes.
 pub fn flow(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, proto: u8) -> FlowKey {
     FlowKey::new(src, sport, dst, dport, proto)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attached_program_names_are_read_from_ip_link() {
+        let text = "3: xa@xb: <BROADCAST,MULTICAST> mtu 1500 xdpgeneric qdisc noop\n    \
+                    link/ether 6e:50:d1:b9:0c:39 brd ff:ff:ff:ff:ff:ff\n    \
+                    prog/xdp id 1341 name other_tool_pass tag 614b434cd8324ecc jited\n    \
+                    prog/xdpdrv id 7 tag 00\n";
+        assert_eq!(program_names(text), ["other_tool_pass", "?"]);
+        assert!(program_names("1: lo: <LOOPBACK> mtu 65536\n").is_empty());
+    }
+
+    #[test]
+    fn decap_sources_parse_strictly_and_default_to_the_tunnel_sources() {
+        let texts = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            decap_sources(&[]).expect("default"),
+            Config::default().tunnel_sources().to_vec()
+        );
+        assert_eq!(
+            decap_sources(&texts(&["192.0.2.7/32", "2001:db8::/64"])).expect("valid"),
+            vec![
+                ("192.0.2.7".parse().expect("ip"), 32),
+                ("2001:db8::".parse().expect("ip"), 64)
+            ]
+        );
+        for bad in [
+            "192.0.2.7",
+            "192.0.2.7/33",
+            "2001:db8::/129",
+            "x/8",
+            "10.0.0.0/-1",
+        ] {
+            assert!(decap_sources(&texts(&[bad])).is_err(), "{bad}");
+        }
+    }
 }

@@ -7,6 +7,8 @@ use std::net::IpAddr;
 pub const RING_SIZE: usize = 65537;
 /// Real index 0 means "no member" in a ring slot; reals are numbered from 1.
 pub const NO_REAL: u32 = 0;
+/// Entries of the `reals` array (MAX_REALS in the C source): reals 1..MAX_REALS.
+pub const MAX_REALS: u32 = 4096;
 
 /// The mode bits of `VipMeta::flags`.
 pub const MODE_MASK: u32 = 0x3;
@@ -17,6 +19,8 @@ pub const VIP_F_PERSIST_SRC: u32 = 0x10;
 pub const CONN_F_FIN: u32 = 0x1;
 /// A connection entry written by ha.sync (the peer's flow); the first packet here clears it.
 pub const CONN_F_SYNCED: u32 = 0x2;
+/// `Conn::seq_next` / `NatEntry::seq_next` holds the sender's next sequence number.
+pub const CONN_F_SEQ: u32 = 0x4;
 pub const SET_F_NAT: u32 = 0x1;
 /// ha.sync: every new flow is reported in the `flow_events` ring buffer.
 pub const SET_F_SYNC: u32 = 0x2;
@@ -31,16 +35,18 @@ pub enum DropReason {
     Ipv6Extension = 3,
     Family = 4,
     Adjust = 5,
+    NoFlow = 6,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::NoReal,
         DropReason::Fragment,
         DropReason::Malformed,
         DropReason::Ipv6Extension,
         DropReason::Family,
         DropReason::Adjust,
+        DropReason::NoFlow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +57,7 @@ impl DropReason {
             DropReason::Ipv6Extension => "ipv6_extension",
             DropReason::Family => "family_mismatch",
             DropReason::Adjust => "no_headroom",
+            DropReason::NoFlow => "no_flow",
         }
     }
 }
@@ -67,10 +74,14 @@ pub enum Global {
     IcmpNatPassed = 5,
     Decapsulated = 6,
     SyncLost = 7,
+    NoFlowForwarded = 8,
+    RstIgnored = 9,
+    NatReplyRestored = 10,
+    DecapRefused = 11,
 }
 
 impl Global {
-    pub const ALL: [Global; 8] = [
+    pub const ALL: [Global; 12] = [
         Global::PassNonIp,
         Global::PassNonVip,
         Global::MalformedL3,
@@ -79,6 +90,10 @@ impl Global {
         Global::IcmpNatPassed,
         Global::Decapsulated,
         Global::SyncLost,
+        Global::NoFlowForwarded,
+        Global::RstIgnored,
+        Global::NatReplyRestored,
+        Global::DecapRefused,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +106,10 @@ impl Global {
             Global::IcmpNatPassed => "icmp_errors_nat_passed",
             Global::Decapsulated => "decapsulated",
             Global::SyncLost => "sync_events_lost",
+            Global::NoFlowForwarded => "tcp_without_flow_forwarded",
+            Global::RstIgnored => "rst_outside_window",
+            Global::NatReplyRestored => "nat_reply_entries_restored",
+            Global::DecapRefused => "decap_source_refused",
         }
     }
 }
@@ -211,6 +230,9 @@ pub struct Conn {
     pub flags: u32,
     /// Last packet, in jiffies.
     pub last: u64,
+    /// TCP: the client's next sequence number (with `CONN_F_SEQ`), to judge its RSTs by.
+    pub seq_next: u32,
+    pub pad: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -224,9 +246,21 @@ pub struct NatEntry {
     pub ifindex: u32,
     pub vip_index: u32,
     pub flags: u32,
-    pub pad2: u32,
+    /// TCP: the member's next sequence number (with `CONN_F_SEQ`), to judge its RSTs by.
+    pub seq_next: u32,
     /// Last packet, in jiffies.
     pub last: u64,
+    /// The acknowledgment number of an RST refusing the client's SYN; 0: not made from a SYN.
+    pub syn_ack: u32,
+    pub pad2: u32,
+}
+
+/// A prefix of outer sources `fulcrum_decap` accepts (LPM trie data: family, then address).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct DecapSource {
+    pub family: u32,
+    pub addr: [u32; 4],
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -311,6 +345,8 @@ unsafe impl aya::Pod for Conn {}
 // SAFETY: as above.
 unsafe impl aya::Pod for NatEntry {}
 // SAFETY: as above.
+unsafe impl aya::Pod for DecapSource {}
+// SAFETY: as above.
 unsafe impl aya::Pod for Settings {}
 // SAFETY: as above.
 unsafe impl aya::Pod for VipStats {}
@@ -340,8 +376,9 @@ mod tests {
         assert_eq!(size_of::<AddrKey>(), 20);
         assert_eq!(size_of::<Real>(), 32);
         assert_eq!(size_of::<FlowKey>(), 40);
-        assert_eq!(size_of::<Conn>(), 16);
-        assert_eq!(size_of::<NatEntry>(), 56);
+        assert_eq!(size_of::<Conn>(), 24);
+        assert_eq!(size_of::<NatEntry>(), 64);
+        assert_eq!(size_of::<DecapSource>(), 20);
         assert_eq!(size_of::<Settings>(), 64);
         assert_eq!(size_of::<VipStats>(), 104);
         assert_eq!(size_of::<RealStats>(), 24);

@@ -60,12 +60,31 @@ pub fn l4_checksum(src: IpAddr, dst: IpAddr, proto: u8, segment: &[u8]) -> u16 {
     !sum16(segment, acc)
 }
 
+/// The sequence number `tcp` gives every segment.
+pub const SEQ: u32 = 0x0102_0304;
+/// The acknowledgment number `tcp` gives segments with ACK.
+pub const ACK_SEQ: u32 = 0x0506_0708;
+
 pub fn tcp(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let ack = if flags & ACK != 0 { ACK_SEQ } else { 0 };
+    tcp_seq(src, sport, dst, dport, flags, (SEQ, ack), payload)
+}
+
+/// A TCP segment with the given (sequence, acknowledgment) numbers.
+pub fn tcp_seq(
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+    dport: u16,
+    flags: u8,
+    (seq, ack): (u32, u32),
+    payload: &[u8],
+) -> Vec<u8> {
     let mut s = Vec::with_capacity(20 + payload.len());
     s.extend(sport.to_be_bytes());
     s.extend(dport.to_be_bytes());
-    s.extend(0x0102_0304u32.to_be_bytes()); // seq
-    s.extend(if flags & ACK != 0 { 0x0506_0708u32 } else { 0 }.to_be_bytes());
+    s.extend(seq.to_be_bytes());
+    s.extend(ack.to_be_bytes());
     s.extend([5 << 4, flags]);
     s.extend(64240u16.to_be_bytes());
     s.extend([0, 0, 0, 0]); // checksum, urgent

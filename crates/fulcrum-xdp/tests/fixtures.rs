@@ -237,14 +237,88 @@ fn dr_v6_udp_lru_hit_survives_ring_change() {
     dr_lru_hit(true, UDP);
 }
 
+/// Only a SYN starts a TCP flow: a segment of no known flow (a forged ACK, RST or FIN, or a
+/// flow whose state a restart lost) goes where the ring says in dr and tunnel mode, and takes
+/// no entry from the table.
 #[test]
-fn dr_non_syn_miss_is_scheduled_by_the_ring() {
+fn dr_and_tunnel_segments_without_a_flow_go_by_the_ring_and_create_nothing() {
+    for mode in [MODE_DR, MODE_TUNNEL] {
+        let fx = setup(mode);
+        let strays = [ACK, RST, FIN | ACK, ACK | PSH, SYN | ACK];
+        for (sport, flags) in (40003..).zip(strays) {
+            let (act, out) = fx.run(&client_frame(false, TCP, sport, flags));
+            assert_eq!(act, XDP_TX, "mode {mode} flags {flags:#x}");
+            if mode == MODE_DR {
+                assert_eq!(out, dr_expected(false, TCP, sport, flags, 1));
+            } else {
+                assert_eq!(out, tunnel_expected(&fx, false, TCP, sport, flags, 1));
+            }
+            assert!(
+                fx.dp.conn(&key(false, TCP, sport)).expect("conn").is_none(),
+                "mode {mode}: flags {flags:#x} created a flow"
+            );
+        }
+        assert_eq!(fx.vs(false, TCP).new_flows, 0);
+        assert_eq!(fx.g(Global::NoFlowForwarded), strays.len() as u64);
+        let (act, _) = fx.run(&client_frame(false, TCP, 40003, SYN));
+        assert_eq!(act, XDP_TX);
+        assert!(fx.dp.conn(&key(false, TCP, 40003)).expect("conn").is_some());
+        assert_eq!(fx.vs(false, TCP).new_flows, 1);
+    }
+}
+
+fn client_segment(v6: bool, sport: u16, flags: u8, seq_ack: (u32, u32), payload: &[u8]) -> Vec<u8> {
+    let s = tcp_seq(client(v6), sport, vip(v6), 80, flags, seq_ack, payload);
+    eth(
+        LB,
+        CLIENT_MAC,
+        ethertype(vip(v6)),
+        &ip(client(v6), vip(v6), TCP, &s),
+    )
+}
+
+fn member_segment(v6: bool, sport: u16, flags: u8, seq_ack: (u32, u32), payload: &[u8]) -> Vec<u8> {
+    let r = real_addr(v6, 1);
+    let s = tcp_seq(r, MEMBER_PORT, client(v6), sport, flags, seq_ack, payload);
+    eth(LB, rmac(1), ethertype(r), &ip(r, client(v6), TCP, &s))
+}
+
+/// An RST is believed only inside the window the flow has shown: the client's next sequence
+/// number and up to 64 KiB before it. Others are forwarded (the member judges them) and leave
+/// the connection in place.
+#[test]
+fn dr_rst_outside_the_window_keeps_the_connection() {
     let fx = setup(MODE_DR);
-    let (act, out) = fx.run(&client_frame(false, TCP, 40003, ACK));
+    let isn = 0xffff_f000u32; // the window wraps around 2^32
+    let k = key(false, TCP, 40012);
+    fx.run(&client_segment(false, 40012, SYN, (isn, 0), b""));
+    fx.run(&client_segment(
+        false,
+        40012,
+        ACK,
+        (isn.wrapping_add(1), 9),
+        &[7; 100],
+    ));
+    let next = isn.wrapping_add(101);
+    for seq in [
+        next.wrapping_add(1),
+        next.wrapping_sub(70_000),
+        next ^ 0x8000_0000,
+    ] {
+        let (act, _) = fx.run(&client_segment(false, 40012, RST, (seq, 0), b""));
+        assert_eq!(act, XDP_TX);
+        assert!(
+            fx.dp.conn(&k).expect("conn").is_some(),
+            "RST at {seq:#x} believed"
+        );
+    }
+    assert_eq!(fx.g(Global::RstIgnored), 3);
+    let (act, _) = fx.run(&client_segment(false, 40012, RST, (next, 0), b""));
     assert_eq!(act, XDP_TX);
-    assert_eq!(out, dr_expected(false, TCP, 40003, ACK, 1));
-    assert_eq!(fx.vs(false, TCP).new_flows, 1);
-    assert!(fx.dp.conn(&key(false, TCP, 40003)).expect("conn").is_some());
+    assert!(
+        fx.dp.conn(&k).expect("conn").is_none(),
+        "in-window RST ends it"
+    );
 }
 
 /// The ring built by fulcrum-balance's Maglev and the C hash put flows where the Rust mirror of
@@ -304,7 +378,8 @@ fn dr_fin_marks_the_connection_for_short_expiry() {
             .conn(&key(true, TCP, 40011))
             .expect("c")
             .expect("e")
-            .flags,
+            .flags
+            & CONN_F_FIN,
         0
     );
     fx.run(&client_frame(true, TCP, 40011, FIN | ACK));
@@ -329,6 +404,7 @@ fn dr_fresh_entry_wins_over_the_ring_and_an_idle_one_expires() {
                 real: 2,
                 flags: 0,
                 last: fx.dp.now().expect("clock"),
+                ..Conn::default()
             },
         )
         .expect("conn");
@@ -344,6 +420,7 @@ fn dr_fresh_entry_wins_over_the_ring_and_an_idle_one_expires() {
                 real: 2,
                 flags: 0,
                 last: old,
+                ..Conn::default()
             },
         )
         .expect("conn");
@@ -672,12 +749,178 @@ fn nat_client_rst_clears_both_tables() {
 fn nat_member_rst_clears_both_tables() {
     let fx = setup(MODE_NAT);
     fx.run(&client_frame(true, TCP, 44500, SYN));
+    fx.run(&member_reply(true, TCP, 44500, SYN | ACK, MEMBER_PORT));
     let (act, out) = fx.run(&member_reply(true, TCP, 44500, RST, MEMBER_PORT));
     assert_eq!(act, XDP_TX);
     assert_eq!(out, reply_expected(true, TCP, 44500, RST));
     let rk = flow(real_addr(true, 1), MEMBER_PORT, client(true), 44500, TCP);
     assert!(fx.dp.nat_entry(&rk).expect("nat").is_none());
     assert!(fx.dp.conn(&key(true, TCP, 44500)).expect("conn").is_none());
+}
+
+/// nat: a TCP segment that is not a SYN and belongs to no flow is dropped (nothing could
+/// translate the member's answer), counted, and creates nothing; the SYN then does.
+#[test]
+fn nat_segment_without_a_flow_is_dropped_and_creates_nothing() {
+    let fx = setup(MODE_NAT);
+    for v6 in [false, true] {
+        let strays = [ACK, RST, FIN | ACK, ACK | PSH, SYN | ACK, SYN | RST];
+        for (sport, flags) in (44800..).zip(strays) {
+            let (act, _) = fx.run(&client_frame(v6, TCP, sport, flags));
+            assert_eq!(act, XDP_DROP, "flags {flags:#x}");
+            let rk = flow(real_addr(v6, 1), MEMBER_PORT, client(v6), sport, TCP);
+            assert!(fx.dp.conn(&key(v6, TCP, sport)).expect("conn").is_none());
+            assert!(fx.dp.nat_entry(&rk).expect("nat").is_none());
+        }
+        let s = fx.vs(v6, TCP);
+        assert_eq!(s.drops[DropReason::NoFlow as usize], strays.len() as u64);
+        assert_eq!(s.new_flows, 0);
+        let (act, out) = fx.run(&client_frame(v6, TCP, 44800, SYN));
+        assert_eq!(act, XDP_TX);
+        assert_eq!(out, nat_in_expected(v6, TCP, 44800, SYN, MEMBER_PORT));
+        let rk = flow(real_addr(v6, 1), MEMBER_PORT, client(v6), 44800, TCP);
+        assert!(fx.dp.conn(&key(v6, TCP, 44800)).expect("conn").is_some());
+        assert!(fx.dp.nat_entry(&rk).expect("nat").is_some());
+        let (act, out) = fx.run(&client_frame(v6, TCP, 44800, ACK));
+        assert_eq!(act, XDP_TX);
+        assert_eq!(out, nat_in_expected(v6, TCP, 44800, ACK, MEMBER_PORT));
+        assert_eq!(fx.vs(v6, TCP).new_flows, 1);
+    }
+}
+
+/// nat, both directions: RSTs outside the sender's window are forwarded but end nothing; a
+/// data segment far ahead does not move the window for a following RST; an RST at the
+/// sender's next sequence number ends the flow.
+#[test]
+fn nat_rst_outside_the_window_keeps_both_entries() {
+    let fx = setup(MODE_NAT);
+    let (c_isn, m_isn) = (1000u32, 5_000_000u32);
+    let sport = 44900;
+    let k = key(false, TCP, sport);
+    let rk = flow(real_addr(false, 1), MEMBER_PORT, client(false), sport, TCP);
+    let both = |what: &str| {
+        assert!(fx.dp.conn(&k).expect("conn").is_some(), "{what}: conn gone");
+        assert!(
+            fx.dp.nat_entry(&rk).expect("nat").is_some(),
+            "{what}: reply entry gone"
+        );
+    };
+    let tx = |frame: Vec<u8>| assert_eq!(fx.run(&frame).0, XDP_TX);
+    tx(client_segment(false, sport, SYN, (c_isn, 0), b""));
+    tx(member_segment(
+        false,
+        sport,
+        SYN | ACK,
+        (m_isn, c_isn + 1),
+        b"",
+    ));
+    tx(client_segment(
+        false,
+        sport,
+        ACK,
+        (c_isn + 1, m_isn + 1),
+        &[1; 100],
+    ));
+    tx(member_segment(
+        false,
+        sport,
+        ACK,
+        (m_isn + 1, c_isn + 101),
+        &[2; 50],
+    ));
+    let (c_next, m_next) = (c_isn + 101, m_isn + 51);
+    for seq in [
+        c_next + 1,
+        c_next.wrapping_sub(70_000),
+        c_next ^ 0x8000_0000,
+    ] {
+        tx(client_segment(false, sport, RST, (seq, 0), b""));
+        both(&format!("client RST at {seq:#x}"));
+    }
+    for seq in [m_next + 1, m_next - 70_000, m_next ^ 0x8000_0000] {
+        tx(member_segment(false, sport, RST | ACK, (seq, c_next), b""));
+        both(&format!("member RST at {seq:#x}"));
+    }
+    // A forged segment far ahead, then an RST right after it.
+    let far = c_next + (1 << 20);
+    tx(client_segment(false, sport, ACK, (far, m_next), &[3; 10]));
+    tx(client_segment(false, sport, RST, (far + 10, 0), b""));
+    both("RST after a forged jump");
+    assert_eq!(fx.g(Global::RstIgnored), 7);
+    tx(client_segment(false, sport, RST, (c_next, 0), b""));
+    assert!(fx.dp.conn(&k).expect("conn").is_none());
+    assert!(fx.dp.nat_entry(&rk).expect("nat").is_none());
+}
+
+/// The member refusing the SYN (RST+ACK acknowledging it, before it sent anything) ends the
+/// flow; an RST+ACK acknowledging anything else does not.
+#[test]
+fn nat_member_refusing_the_syn_clears_both_tables() {
+    let fx = setup(MODE_NAT);
+    let sport = 44950;
+    let isn = 77_000u32;
+    let k = key(true, TCP, sport);
+    let rk = flow(real_addr(true, 1), MEMBER_PORT, client(true), sport, TCP);
+    fx.run(&client_segment(true, sport, SYN, (isn, 0), b""));
+    let (act, _) = fx.run(&member_segment(true, sport, RST | ACK, (0, isn + 2), b""));
+    assert_eq!(act, XDP_TX);
+    assert!(
+        fx.dp.nat_entry(&rk).expect("nat").is_some(),
+        "wrong ack believed"
+    );
+    assert!(fx.dp.conn(&k).expect("conn").is_some());
+    let (act, _) = fx.run(&member_segment(true, sport, RST | ACK, (0, isn + 1), b""));
+    assert_eq!(act, XDP_TX);
+    assert!(fx.dp.nat_entry(&rk).expect("nat").is_none());
+    assert!(fx.dp.conn(&k).expect("conn").is_none());
+}
+
+/// A reply entry lost while its flow lives (the LRU evicted it; here removed by hand) is
+/// rebuilt from the connection entry by the flow's next packet in a later jiffy, and the
+/// member's replies are translated again.
+#[test]
+fn nat_lost_reply_entry_is_restored_by_the_flows_next_packet() {
+    let mut fx = setup(MODE_NAT);
+    for (v6, proto) in [(false, TCP), (true, UDP)] {
+        let sport = 45000;
+        let (first, next) = if proto == TCP { (SYN, ACK) } else { (0, 0) };
+        fx.run(&client_frame(v6, proto, sport, first));
+        let rk = flow(real_addr(v6, 1), MEMBER_PORT, client(v6), sport, proto);
+        let made = fx.dp.nat_entry(&rk).expect("nat").expect("entry");
+        fx.dp.remove_nat_entry(&rk).expect("remove");
+        // The entry is looked for once per jiffy of a flow: wait for the next one.
+        let t0 = fx.dp.now().expect("clock");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while fx.dp.now().expect("clock") == t0 {
+            assert!(std::time::Instant::now() < deadline, "jiffies stand still");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let (act, out) = fx.run(&client_frame(v6, proto, sport, next));
+        assert_eq!(act, XDP_TX);
+        assert_eq!(out, nat_in_expected(v6, proto, sport, next, MEMBER_PORT));
+        let e = fx.dp.nat_entry(&rk).expect("nat").expect("restored");
+        assert_eq!(
+            (
+                e.vip_addr,
+                e.vip_port,
+                e.client_mac,
+                e.local_mac,
+                e.vip_index
+            ),
+            (
+                made.vip_addr,
+                made.vip_port,
+                made.client_mac,
+                made.local_mac,
+                made.vip_index
+            )
+        );
+        let back = if proto == TCP { ACK } else { 0 };
+        let (act, out) = fx.run(&member_reply(v6, proto, sport, back, MEMBER_PORT));
+        assert_eq!(act, XDP_TX);
+        assert_eq!(out, reply_expected(v6, proto, sport, back));
+    }
+    assert_eq!(fx.g(Global::NatReplyRestored), 2);
 }
 
 #[test]
@@ -974,6 +1217,7 @@ fn icmp4_frag_needed_goes_to_the_member_that_owns_the_flow_dr() {
                 real: 2,
                 flags: 0,
                 last: fx.dp.now().expect("clock"),
+                ..Conn::default()
             },
         )
         .expect("conn");
@@ -1114,7 +1358,10 @@ fn layout_and_hash_mirror_agree_with_the_kernel_for_v6() {
 
 #[test]
 fn decap_strips_what_tunnel_mode_adds_v4_and_v6() {
-    let fx = setup(MODE_TUNNEL);
+    let mut fx = setup(MODE_TUNNEL);
+    fx.dp
+        .set_decap_sources(&Config::default().tunnel_sources())
+        .expect("decap sources");
     for v6 in [false, true] {
         let (_, encapsulated) = fx.run(&client_frame(v6, TCP, 49000, SYN));
         let (act, out) = fx
@@ -1127,6 +1374,48 @@ fn decap_strips_what_tunnel_mode_adds_v4_and_v6() {
             dr_expected(v6, TCP, 49000, SYN, 1),
             "inner packet, outer MACs"
         );
+    }
+    assert_eq!(fx.g(Global::Decapsulated), 2);
+}
+
+/// Tunnel packets whose outer source is not a balancer's tunnel source are dropped and
+/// counted, not stripped and delivered to the VIP.
+#[test]
+fn decap_drops_tunnel_packets_from_other_sources() {
+    let mut fx = setup(MODE_TUNNEL);
+    let decap = |fx: &Fx, frame: &[u8]| {
+        fx.dp
+            .test_run_program(DECAP_PROGRAM, frame)
+            .expect("decap")
+            .0
+    };
+    let tunnelled = |outer_src: &str, v6: bool| {
+        let inner = client_packet(v6, TCP, 49200, SYN);
+        let dst = real_addr(v6, 1);
+        let outer = if v6 {
+            ipv6(a(outer_src), dst, 41, &inner, 0, 0)
+        } else {
+            ipv4(a(outer_src), dst, 4, &inner, &V4::default())
+        };
+        eth(rmac(1), LB, ethertype(dst), &outer)
+    };
+    // Nothing configured: nothing accepted.
+    assert_eq!(decap(&fx, &tunnelled("172.16.3.4", false)), XDP_DROP);
+    fx.dp
+        .set_decap_sources(&Config::default().tunnel_sources())
+        .expect("decap sources");
+    for (src, v6) in [
+        ("198.18.9.9", false),
+        ("172.17.0.1", false),
+        ("2001:db8:9::9", true),
+        ("100::1:0:0", true),
+    ] {
+        assert_eq!(decap(&fx, &tunnelled(src, v6)), XDP_DROP, "{src}");
+    }
+    assert_eq!(fx.g(Global::DecapRefused), 5);
+    assert_eq!(fx.g(Global::Decapsulated), 0);
+    for (src, v6) in [("172.16.255.1", false), ("100::ffff:1", true)] {
+        assert_eq!(decap(&fx, &tunnelled(src, v6)), XDP_PASS, "{src}");
     }
     assert_eq!(fx.g(Global::Decapsulated), 2);
 }
@@ -1350,6 +1639,7 @@ fn a_synced_entry_becomes_this_nodes_own_with_its_first_packet() {
                 real: real_index(false, 2),
                 flags: CONN_F_SYNCED,
                 last: now,
+                ..Conn::default()
             },
         )
         .expect("conn");

@@ -58,6 +58,10 @@ enum Command {
         /// auto | native | generic
         #[arg(long, default_value = "auto")]
         mode: String,
+        /// Outer source prefix the balancers tunnel from (repeatable); tunnel packets from
+        /// elsewhere are dropped. Default: 172.16.0.0/16 and 100::/96, Fulcrum's tunnel sources.
+        #[arg(long = "allow-source", value_name = "PREFIX")]
+        allow_sources: Vec<String>,
     },
     /// Shows the running instance's virtual services and pools (via the admin API).
     Status {
@@ -139,9 +143,13 @@ fn main() -> ExitCode {
             init_logging();
             demo::run(listen, admin)
         }
-        Command::Decap { interfaces, mode } => {
+        Command::Decap {
+            interfaces,
+            mode,
+            allow_sources,
+        } => {
             init_logging();
-            planes::xdp::run_decap(&interfaces, &mode)
+            planes::xdp::run_decap(&interfaces, &mode, &allow_sources)
         }
         Command::Status { target } => cli::report(cli::status(&target)),
         Command::Pools { name, target } => cli::report(cli::pools(&target, name.as_deref())),

@@ -897,3 +897,100 @@ fn attach_replace_and_detach() {
     });
     s.lab.kill(index);
 }
+
+/// A pass-all XDP program of "another tool", compiled with clang into `dir`.
+fn foreign_program(dir: &std::path::Path) -> std::path::PathBuf {
+    let source = dir.join("other_tool.c");
+    std::fs::write(
+        &source,
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         SEC(\"xdp\") int other_tool_pass(struct xdp_md *ctx) { return XDP_PASS; }\n\
+         char LICENSE[] SEC(\"license\") = \"GPL\";\n",
+    )
+    .expect("write the program");
+    let object = dir.join("other_tool.o");
+    let out = std::process::Command::new("clang")
+        .args([
+            "-target",
+            "bpf",
+            "-O2",
+            "-I/usr/include/x86_64-linux-gnu",
+            "-c",
+        ])
+        .arg(&source)
+        .arg("-o")
+        .arg(&object)
+        .output()
+        .expect("clang (scripts/test-packages)");
+    assert!(
+        out.status.success(),
+        "clang: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    object
+}
+
+/// Another tool's XDP program on a listed interface is neither removed nor replaced: Fulcrum
+/// refuses to start, names the program, and leaves it attached.
+#[test]
+fn another_tools_program_is_left_attached() {
+    let mut s = dr_lab("xdpft", &service_config("dr", &[1, 2, 3], ""));
+    s.lab.kill(s.fulcrum);
+    wait_for(
+        "a killed Fulcrum's program to go",
+        Duration::from_secs(5),
+        || (!xdp_on(&s.lb, "eth0")).then_some(()),
+    );
+    let object = foreign_program(s._dir.path());
+    s.lb.ip(&[
+        "link",
+        "set",
+        "dev",
+        "eth0",
+        "xdpgeneric",
+        "obj",
+        object.to_str().expect("path"),
+        "sec",
+        "xdp",
+    ])
+    .expect("attach the other tool's program");
+    let attached_name = |ns: &Ns| {
+        ns.ip(&["link", "show", "eth0"])
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains("name other_tool_pass"))
+            .unwrap_or(false)
+    };
+    assert!(attached_name(&s.lb));
+    let config = s._dir.path().join("fulcrum.toml");
+    let child =
+        s.lb.command(BIN, &["run", "-c", config.to_str().expect("path")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&s.log).expect("log"))
+            .spawn()
+            .expect("restart");
+    let index = s.lab.adopt(child);
+    let pid = s.lab.pid(index).expect("pid");
+    // Exited: gone, or a zombie until the lab reaps it.
+    wait_for(
+        "Fulcrum to refuse and exit",
+        Duration::from_secs(20),
+        || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            matches!(state, None | Some("Z")).then_some(())
+        },
+    );
+    let log = s.log();
+    assert!(
+        log.contains("other_tool_pass") && log.contains("another tool"),
+        "a clear error naming the program:\n{log}"
+    );
+    assert!(
+        attached_name(&s.lb),
+        "the other tool's program stays attached"
+    );
+    s.lab.kill(index);
+}

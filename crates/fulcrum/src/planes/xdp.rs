@@ -3,8 +3,10 @@
 //!
 //! - VIPs: every `listen` address of an in-kernel tcp/udp service; a service's addresses share
 //!   one VIP index (ring and counters), stable across reloads while the service exists.
-//! - Reals: one per member address, numbered from 1 and never renumbered while the process
-//!   runs, so connection-table entries stay valid across reloads (no flow lost).
+//! - Reals: one per member address, numbered from 1 and never renumbered while the member is
+//!   in a pool, so connection-table entries stay valid across reloads (no flow lost). A
+//!   member in no pool any more gives its number back once its flows are gone
+//!   (fulcrum_xdp::RealSlots), so members coming and going never exhaust the 4,095.
 //! - Rings: weighted Maglev over the members that accept new clients, with their effective
 //!   weights (weight × agent % × slow-start ramp); a drained or down member gets no slots.
 //!   Rewritten only when the weights change (a few slots change per step of a ramp).
@@ -73,7 +75,8 @@ struct State {
     dp: Dataplane,
     services: Vec<Service>,
     reals: HashMap<SocketAddr, RealState>,
-    next_real: u32,
+    /// Real numbers, reused once a member left every pool and its flows are gone.
+    slots: fulcrum_xdp::RealSlots,
     /// The timeouts the program runs with (a flow idle longer is not sent to the peer).
     timeouts: (Duration, Duration),
     /// Lives as long as this loaded program: the thread draining its flow events ends with it.
@@ -393,6 +396,7 @@ impl FlowSync {
                     real: real.index,
                     flags: CONN_F_SYNCED,
                     last,
+                    ..Conn::default()
                 };
                 st.dp.set_conn(key, conn).ok()?;
                 if let Some((rk, entry)) = nat {
@@ -568,7 +572,7 @@ impl XdpPlane {
                 dp,
                 services: Vec::new(),
                 reals: HashMap::new(),
-                next_real: 1,
+                slots: fulcrum_xdp::RealSlots::default(),
                 timeouts: (Duration::from_secs(900), Duration::from_secs(300)),
                 _alive: alive,
             });
@@ -686,8 +690,10 @@ impl XdpPlane {
             }
             for m in pool.members() {
                 if !st.reals.contains_key(&m.address) {
-                    let index = st.next_real;
-                    st.next_real += 1;
+                    let Some(index) = st.slots.allocate() else {
+                        tracing::warn!(member = %m.address, "XDP: all member numbers in use; the member gets no new flows");
+                        continue;
+                    };
                     st.reals.insert(
                         m.address,
                         RealState {
@@ -733,6 +739,20 @@ impl XdpPlane {
             }
             st.dp.set_ring(gone.index, &[]).map_err(err)?;
         }
+        // Members in no pool any more: their numbers retire (their flows keep them, see
+        // RealSlots); refresh rewrites the rings without them below.
+        let listed: HashSet<SocketAddr> = next
+            .iter()
+            .flat_map(|s| s.pool.members().iter().map(|m| m.address))
+            .collect();
+        let (slots, now) = (&mut st.slots, Instant::now());
+        st.reals.retain(|addr, r| {
+            let keep = listed.contains(addr);
+            if !keep {
+                slots.retire(r.index, now);
+            }
+            keep
+        });
         st.services = next;
         *self.flows.names.write() = Names {
             reals: st.reals.iter().map(|(a, r)| (r.index, *a)).collect(),
@@ -959,6 +979,13 @@ impl XdpPlane {
 
 /// Brings rings, reals and the connection table in line with members' health, state, weights.
 fn refresh(st: &mut State) {
+    if st.slots.retiring() > 0 {
+        match st.slots.reclaim(&mut st.dp, Instant::now()) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(freed = n, "XDP member numbers freed"),
+            Err(e) => tracing::warn!(error = %e, "XDP: freeing member numbers failed"),
+        }
+    }
     let now = fulcrum_balance::clock::now_ms();
     // Next hops first: a member without a MAC cannot get slots.
     let mut to_resolve: Vec<SocketAddr> = Vec::new();
@@ -1159,7 +1186,7 @@ impl DataPlane for XdpPlane {
 
 /// `fulcrum decap`: attaches the member-side decapsulator and waits for SIGTERM / SIGINT;
 /// the bpf_links (and with them the program) go when the process exits.
-pub fn run_decap(interfaces: &[String], mode: &str) -> std::process::ExitCode {
+pub fn run_decap(interfaces: &[String], mode: &str, sources: &[String]) -> std::process::ExitCode {
     use std::process::ExitCode;
     let mode = match mode {
         "auto" => aya::programs::XdpMode::Default,
@@ -1182,6 +1209,17 @@ pub fn run_decap(interfaces: &[String], mode: &str) -> std::process::ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let sources = match fulcrum_xdp::decap_sources(sources) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("--allow-source {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = dp.set_decap_sources(&sources) {
+        eprintln!("cannot set the XDP decapsulator's sources: {e}");
+        return ExitCode::FAILURE;
+    }
     for i in interfaces {
         if let Err(e) = dp.attach_decap(i, mode) {
             eprintln!("{e}");
