@@ -208,10 +208,19 @@ fn check(text: &str) -> (bool, String) {
 async fn check_refuses_short_tokens_and_open_remote_listeners() {
     let servers = id_servers(1).await;
     let body = config(free_addr(), &servers);
-    // On loopback a short token is accepted (the contract's own example is `s3cret`), with a
-    // warning at start; off loopback it is refused.
+    // A short token is refused on loopback too (anything on this host can try tokens), with
+    // the same message as off loopback.
+    let (ok, err) = check(&format!(
+        "[admin]\nlisten = \"127.0.0.1:9900\"\ntoken = \"s3cret\"\n{body}"
+    ));
+    assert!(!ok, "a 6-character token passed on loopback");
+    assert!(
+        err.contains("f.toml:3:1: admin.token: the token is 6 characters long; use at least 16"),
+        "{err}"
+    );
     let (ok, err) = check(&format!("[admin]\ntoken = \"s3cret\"\n{body}"));
-    assert!(ok, "{err}");
+    assert!(!ok);
+    assert!(err.contains("f.toml:2:1: admin.token:"), "{err}");
     let (ok, err) = check(&format!(
         "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken = \"s3cret\"\n{body}"
     ));
