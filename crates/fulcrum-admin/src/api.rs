@@ -377,6 +377,8 @@ async fn audit_layer(State(app): State<App>, req: Request, next: Next) -> Respon
                 body: String::new(),
                 status: r.status().as_u16(),
                 user_agent,
+                // Read before the token is looked at: anyone can draw this answer.
+                refused: true,
             });
             return r;
         }
@@ -393,6 +395,7 @@ async fn audit_layer(State(app): State<App>, req: Request, next: Next) -> Respon
         body: shown,
         status: response.status().as_u16(),
         user_agent,
+        refused: response.extensions().get::<Refused>().is_some(),
     });
     response
 }
@@ -455,7 +458,8 @@ async fn certificates(State(app): State<App>) -> Json<Value> {
 
 /// `GET /api/v1/audit`: the mutating API calls, newest first.
 async fn audit(State(app): State<App>) -> Json<Value> {
-    Json(json!({ "entries": app.console.audit() }))
+    let (entries, refused_dropped) = app.console.audit();
+    Json(json!({ "entries": entries, "refused_dropped": refused_dropped }))
 }
 
 /// Compares in time independent of where the first difference is, so the token cannot be
@@ -499,17 +503,28 @@ fn is_json(req: &Request) -> bool {
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// Marks a response `guard` gave instead of a handler: the audit keeps such calls apart.
+#[derive(Clone, Copy)]
+struct Refused;
+
+fn refused(mut r: Response) -> Response {
+    r.extensions_mut().insert(Refused);
+    r
+}
+
 async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
     if app.local_socket {
         // Only who may open the socket file gets here (0600/0660): the caller is authenticated.
         // Mutating calls still need JSON, as everywhere.
         let read_only = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
         if !read_only && !is_json(&req) {
-            return error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "mutating calls need Content-Type: application/json",
-            )
-            .into_response();
+            return refused(
+                error(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "mutating calls need Content-Type: application/json",
+                )
+                .into_response(),
+            );
         }
         return next.run(req).await;
     }
@@ -520,14 +535,16 @@ async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
         .or_else(|| req.uri().authority().map(|a| a.as_str()));
     if let Some(host) = host {
         if !host_allowed(host, app.bound) {
-            return error(
-                StatusCode::MISDIRECTED_REQUEST,
-                format!(
-                    "Host {host:?} is not this API's address; use {} or localhost",
-                    app.bound
-                ),
-            )
-            .into_response();
+            return refused(
+                error(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    format!(
+                        "Host {host:?} is not this API's address; use {} or localhost",
+                        app.bound
+                    ),
+                )
+                .into_response(),
+            );
         }
     }
     let access = app.control.admin_access();
@@ -556,17 +573,19 @@ async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
                 error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token").into_response();
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return r;
+            return refused(r);
         }
     }
     // A page on any site can POST a form or text/plain to localhost without a preflight; it
     // cannot send application/json without the browser asking this API first (CORS).
     if !read_only && !is_json(&req) {
-        return error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "mutating calls need Content-Type: application/json",
-        )
-        .into_response();
+        return refused(
+            error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "mutating calls need Content-Type: application/json",
+            )
+            .into_response(),
+        );
     }
     next.run(req).await
 }

@@ -15,8 +15,14 @@ use crate::Control;
 
 /// Samples kept: ten minutes at one a second.
 pub const HISTORY_LEN: usize = 600;
-/// Audit entries kept in memory (every one is also logged).
+/// Audit entries of accepted calls kept in memory (every one is also logged).
 pub const AUDIT_LEN: usize = 500;
+/// Refused calls (no or wrong token, foreign Host, not JSON, body too large) are kept apart,
+/// so calls anyone can make never push an accepted change out of the log: this many overall…
+pub const REFUSED_LEN: usize = 100;
+/// …and this many per source (an IPv4 address or an IPv6 /64), so one source cannot push out
+/// the refused calls of others either.
+pub const REFUSED_PER_SOURCE: usize = 10;
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// Alert conditions are looked at more often than samples are taken: a member's fall is seen
 /// within a quarter second, not up to a second later.
@@ -68,6 +74,105 @@ pub struct AuditEntry {
     pub body: String,
     pub status: u16,
     pub user_agent: String,
+    /// Refused before any handler ran (authentication, Host, Content-Type, size).
+    pub refused: bool,
+}
+
+/// Accepted and refused calls, each in its own bound.
+#[derive(Default)]
+struct AuditLog {
+    accepted: VecDeque<AuditEntry>,
+    /// Refused calls with the source each is counted against.
+    refused: VecDeque<(String, AuditEntry)>,
+    refused_per_source: HashMap<String, usize>,
+    /// Refused calls no longer in memory (they stay in the process's log).
+    refused_dropped: u64,
+}
+
+impl AuditLog {
+    fn push(&mut self, entry: AuditEntry) {
+        if !entry.refused {
+            if self.accepted.len() == AUDIT_LEN {
+                self.accepted.pop_front();
+            }
+            self.accepted.push_back(entry);
+            return;
+        }
+        let source = source_of(&entry.from);
+        let held = self.refused_per_source.get(&source).copied().unwrap_or(0);
+        let evict = if held >= REFUSED_PER_SOURCE {
+            self.refused.iter().position(|(s, _)| *s == source)
+        } else if self.refused.len() >= REFUSED_LEN {
+            Some(0)
+        } else {
+            None
+        };
+        if let Some(i) = evict {
+            if let Some((gone, _)) = self.refused.remove(i) {
+                self.forget_one(&gone);
+                self.refused_dropped += 1;
+            }
+        }
+        *self.refused_per_source.entry(source.clone()).or_insert(0) += 1;
+        self.refused.push_back((source, entry));
+    }
+
+    fn forget_one(&mut self, source: &str) {
+        if let Some(n) = self.refused_per_source.get_mut(source) {
+            *n -= 1;
+            if *n == 0 {
+                self.refused_per_source.remove(source);
+            }
+        }
+    }
+
+    /// Both kinds, newest first.
+    fn newest_first(&self) -> Vec<AuditEntry> {
+        let mut all: Vec<AuditEntry> = self
+            .accepted
+            .iter()
+            .chain(self.refused.iter().map(|(_, e)| e))
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| b.at.total_cmp(&a.at));
+        all
+    }
+}
+
+/// The source a refused call is counted against: the peer's IPv4 address or IPv6 /64 (one
+/// host usually holds a whole /64), or the text itself ("unix socket", "unknown").
+fn source_of(from: &str) -> String {
+    match from.parse::<std::net::SocketAddr>().map(|a| a.ip()) {
+        Ok(std::net::IpAddr::V4(ip)) => ip.to_string(),
+        Ok(std::net::IpAddr::V6(ip)) => {
+            let s = ip.segments();
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+        Err(_) => from.to_string(),
+    }
+}
+
+/// `s` with what could end or forge a log line escaped: `\n`, `\r`, other control characters
+/// as `\xNN` (`\u{NNNN}` beyond ASCII), and the backslash itself, so an escaped sequence
+/// always means an escaped character.
+pub fn log_escape(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(|c| c.is_control() || c == '\\') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() && c.is_ascii() => {
+                out.push_str(&format!("\\x{:02x}", u32::from(c)));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Counter values at the previous sample, to turn totals into rates.
@@ -82,7 +187,7 @@ struct Totals {
 pub struct Console {
     pub alerts: crate::alerts::Alerts,
     history: Mutex<VecDeque<Sample>>,
-    audit: Mutex<VecDeque<AuditEntry>>,
+    audit: Mutex<AuditLog>,
     totals: Mutex<Totals>,
 }
 
@@ -250,32 +355,102 @@ impl Console {
     }
 
     pub fn record(&self, entry: AuditEntry) {
+        // Every text field is the caller's: escaped, a newline in a path or body cannot
+        // start a line of its own in the journal.
         tracing::info!(
             target: "fulcrum::audit",
-            from = %entry.from,
-            method = %entry.method,
-            path = %entry.path,
-            body = %entry.body,
+            from = %log_escape(&entry.from),
+            method = %log_escape(&entry.method),
+            path = %log_escape(&entry.path),
+            body = %log_escape(&entry.body),
             status = entry.status,
-            user_agent = %entry.user_agent,
+            user_agent = %log_escape(&entry.user_agent),
+            refused = entry.refused,
             "admin API call"
         );
         let mut a = self.audit.lock().unwrap_or_else(|e| e.into_inner());
-        if a.len() == AUDIT_LEN {
-            a.pop_front();
-        }
-        a.push_back(entry);
+        a.push(entry);
     }
 
-    /// The audit log, newest first.
-    pub fn audit(&self) -> Vec<AuditEntry> {
+    /// The audit log (accepted and refused calls), newest first, and how many refused calls
+    /// were dropped from memory.
+    pub fn audit(&self) -> (Vec<AuditEntry>, u64) {
         let a = self.audit.lock().unwrap_or_else(|e| e.into_inner());
-        a.iter().rev().cloned().collect()
+        (a.newest_first(), a.refused_dropped)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn entry(from: &str, status: u16, refused: bool, at: f64) -> AuditEntry {
+        AuditEntry {
+            at,
+            from: from.into(),
+            method: "PUT".into(),
+            path: "/api/v1/reload".into(),
+            body: String::new(),
+            status,
+            user_agent: String::new(),
+            refused,
+        }
+    }
+
+    /// One source's flood evicts only its own refused calls; many sources together evict
+    /// only refused calls; accepted changes stay.
+    #[test]
+    fn refused_calls_are_bounded_per_source_and_overall() {
+        let mut log = AuditLog::default();
+        log.push(entry("127.0.0.1:1000", 200, false, 1.0));
+        log.push(entry("192.0.2.7:1", 401, true, 2.0));
+        for i in 0..1000 {
+            log.push(entry(
+                &format!("198.51.100.9:{}", i % 60000),
+                401,
+                true,
+                3.0 + f64::from(i),
+            ));
+        }
+        assert_eq!(log.accepted.len(), 1);
+        assert_eq!(log.refused.len(), 1 + REFUSED_PER_SOURCE);
+        assert!(log.refused.iter().any(|(_, e)| e.from == "192.0.2.7:1"));
+        assert_eq!(log.refused_dropped, 1000 - REFUSED_PER_SOURCE as u64);
+        // Addresses of one IPv6 /64 count as one source.
+        for i in 0..100u16 {
+            log.push(entry(
+                &format!("[2001:db8:0:1::{i:x}]:80"),
+                403,
+                true,
+                2000.0,
+            ));
+        }
+        let per_64 = log
+            .refused
+            .iter()
+            .filter(|(s, _)| s == "2001:db8:0:1::/64")
+            .count();
+        assert_eq!(per_64, REFUSED_PER_SOURCE);
+        for i in 0..1000u32 {
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
+            log.push(entry(&format!("{ip}:5"), 401, true, 3000.0));
+        }
+        assert_eq!(log.refused.len(), REFUSED_LEN);
+        assert_eq!(log.refused_per_source.values().sum::<usize>(), REFUSED_LEN);
+        let all = log.newest_first();
+        assert_eq!(all.len(), 1 + REFUSED_LEN);
+        assert_eq!(all.last().map(|e| e.status), Some(200));
+    }
+
+    #[test]
+    fn log_escape_leaves_one_line() {
+        assert_eq!(log_escape("/api/v1/reload"), "/api/v1/reload");
+        assert_eq!(
+            log_escape("a\nb\rc\x1bd\\n\u{85}\t"),
+            "a\\nb\\rc\\x1bd\\\\n\\u{0085}\\x09"
+        );
+    }
+
     /// A sample's `t` read back from its JSON by serde_json (whose default float parser is not
     /// exact for every input) is the same value, so `?since=t` never returns that sample again.
     #[test]

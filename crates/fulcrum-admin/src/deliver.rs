@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// How an https webhook's certificate is checked.
@@ -99,18 +99,27 @@ pub async fn http_post(
         .await
         .map_err(|e| format!("{url}: {e}"))?;
     let status = resp.status();
-    let text = resp
-        .into_body()
+    // A receiver's answer is a few words; one that goes on and on is not a receiver that
+    // took the alert, and must not grow this process's memory.
+    let text = http_body_util::Limited::new(resp.into_body(), MAX_HTTP_REPLY)
         .collect()
         .await
         .map(|b| b.to_bytes())
-        .unwrap_or_default();
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                format!("{url}: HTTP {status}: the reply's body is over {MAX_HTTP_REPLY} bytes")
+            } else {
+                format!("{url}: HTTP {status}: reading the reply: {e}")
+            }
+        })?;
     if status.is_success() {
         Ok(())
     } else {
         Err(format!(
             "{url}: HTTP {status}: {}",
-            String::from_utf8_lossy(&text[..text.len().min(200)]).trim()
+            crate::console::log_escape(
+                String::from_utf8_lossy(&text[..text.len().min(200)]).trim()
+            )
         ))
     }
 }
@@ -131,17 +140,34 @@ pub async fn syslog(to: SocketAddr, message: &str) -> Result<(), String> {
         .map_err(|e| format!("send to {to}: {e}"))
 }
 
-/// Reads one (possibly multi-line) SMTP reply; its code must be one of `want`.
+/// The most of a webhook's reply body read (its headers are bounded by hyper).
+const MAX_HTTP_REPLY: usize = 64 * 1024;
+/// The longest SMTP reply line taken (RFC 5321 §4.5.3.1.5 allows 512 bytes).
+const MAX_SMTP_LINE: u64 = 4096;
+/// The most lines of one multi-line SMTP reply (an EHLO answer has a dozen).
+const MAX_SMTP_REPLY_LINES: usize = 100;
+
+/// Reads one (possibly multi-line) SMTP reply; its code must be one of `want`. Lines and
+/// their number are bounded: a server that never ends a line or a reply fails the delivery.
 async fn reply(r: &mut BufReader<TcpStream>, want: &[u16]) -> Result<(), String> {
-    loop {
-        let mut line = String::new();
-        let n = r
-            .read_line(&mut line)
+    for _ in 0..MAX_SMTP_REPLY_LINES {
+        let mut raw = Vec::new();
+        let n = (&mut *r)
+            .take(MAX_SMTP_LINE)
+            .read_until(b'\n', &mut raw)
             .await
             .map_err(|e| format!("smtp: {e}"))?;
         if n == 0 {
             return Err("smtp: the server closed the connection".into());
         }
+        if raw.last() != Some(&b'\n') {
+            return Err(if n as u64 >= MAX_SMTP_LINE {
+                format!("smtp: a reply line over {MAX_SMTP_LINE} bytes")
+            } else {
+                "smtp: the server closed the connection".into()
+            });
+        }
+        let line = String::from_utf8_lossy(&raw);
         let code: u16 = line.get(..3).and_then(|c| c.parse().ok()).unwrap_or(0);
         if line.as_bytes().get(3) == Some(&b'-') {
             continue;
@@ -149,9 +175,15 @@ async fn reply(r: &mut BufReader<TcpStream>, want: &[u16]) -> Result<(), String>
         return if want.contains(&code) {
             Ok(())
         } else {
-            Err(format!("smtp: {}", line.trim_end()))
+            Err(format!(
+                "smtp: {}",
+                crate::console::log_escape(line.trim_end())
+            ))
         };
     }
+    Err(format!(
+        "smtp: a reply of more than {MAX_SMTP_REPLY_LINES} lines"
+    ))
 }
 
 async fn command(r: &mut BufReader<TcpStream>, line: &str, want: &[u16]) -> Result<(), String> {

@@ -73,8 +73,8 @@ pub fn token_problem(token: &str) -> Option<String> {
     token_too_short(token).or_else(|| token_unprintable(token))
 }
 
-/// A token under `MIN_TOKEN_LEN` characters: refused for a listener off loopback and for
-/// token files, a warning on loopback (the contract's own example is short).
+/// A token under `MIN_TOKEN_LEN` characters: refused in the config and in token files, on
+/// any listener (on loopback every local user and process can try tokens at leisure).
 pub fn token_too_short(token: &str) -> Option<String> {
     (token.chars().count() < MIN_TOKEN_LEN).then(|| {
         format!(
@@ -96,7 +96,7 @@ struct Token(String);
 impl FromNode for Token {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         match node.shape() {
-            Shape::Str(s) => match token_unprintable(s) {
+            Shape::Str(s) => match token_problem(s) {
                 Some(problem) => {
                     cx.error(node, problem);
                     None
@@ -120,16 +120,6 @@ impl FromNode for Admin {
             let d = Admin::default();
             let token = t.opt::<Token>(cx, "token").map(|t| t.0);
             let listen: SocketAddr = t.opt(cx, "listen").unwrap_or(d.listen);
-            // A short token on a listener others can reach is refused; on loopback it is
-            // accepted with a warning at start (the contract's example token is short).
-            if let (Some(problem), false) = (
-                token.as_deref().and_then(token_too_short),
-                listen.ip().is_loopback(),
-            ) {
-                if let Some(n) = t.node("token") {
-                    cx.error(&n, format!("{problem} on a listener off loopback"));
-                }
-            }
             let token_file: Option<String> = t.opt(cx, "token_file");
             if t.has("token") && token_file.is_some() {
                 if let Some(n) = t.node("token_file") {

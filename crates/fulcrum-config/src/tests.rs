@@ -351,15 +351,17 @@ fn admin_needs_token_off_loopback() {
 
 #[test]
 fn admin_tokens_are_long_enough_and_located() {
-    // The contract's example (`s3cret` on the loopback default) is accepted; the binary warns.
-    ok(&format!("[admin]\ntoken = \"s3cret\"\n{TCP}"));
-    let e = errs(&format!(
-        "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken = \"s3cret\"\n{TCP}"
-    ));
-    has(
-        &e,
-        "t.toml:3:1: admin.token: the token is 6 characters long; use at least 16 (e.g. `openssl rand -hex 16`) on a listener off loopback",
-    );
+    // Short tokens are refused on loopback too: every local user can try tokens there.
+    for listen in ["127.0.0.1:9900", "0.0.0.0:9900"] {
+        let e = errs(&format!(
+            "[admin]\nlisten = \"{listen}\"\ntoken = \"s3cret\"\n{TCP}"
+        ));
+        has(
+            &e,
+            "t.toml:3:1: admin.token: the token is 6 characters long; use at least 16 (e.g. `openssl rand -hex 16`)",
+        );
+    }
+    ok(&format!("[admin]\ntoken = \"0123456789abcdef\"\n{TCP}"));
     let e = errs(&format!("[admin]\ntoken = \"with a space in it!\"\n{TCP}"));
     has(&e, "admin.token: the token must be printable ASCII");
     let e = errs(&format!(

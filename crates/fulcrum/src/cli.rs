@@ -31,7 +31,8 @@ pub struct Target {
         conflicts_with = "admin"
     )]
     pub socket: Option<std::path::PathBuf>,
-    /// Bearer token for the API.
+    /// Bearer token for the API. On the command line it is visible in the process list: prefer
+    /// FULCRUM_TOKEN or --token-file.
     #[arg(long, global = true, env = "FULCRUM_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Reads the bearer token from FILE (first line).
@@ -105,6 +106,14 @@ enum Endpoint {
     Socket(std::path::PathBuf),
 }
 
+/// Whether the token was given as `--token` on the command line (argv is world-readable in
+/// /proc) rather than through FULCRUM_TOKEN or a file.
+fn token_in_argv() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .any(|a| a == "--token" || a.to_str().is_some_and(|a| a.starts_with("--token=")))
+}
+
 /// A connection to the admin API: address, Host header and token, resolved once.
 pub struct Client {
     endpoint: Endpoint,
@@ -154,6 +163,12 @@ impl Client {
             Endpoint::Tcp(addr) => (addr.to_string(), hostport.to_string()),
             Endpoint::Socket(path) => (path.display().to_string(), "localhost".to_string()),
         };
+        if t.token.is_some() && token_in_argv() {
+            eprintln!(
+                "fulcrum: warning: --token puts the token in the process list, where any user of \
+                 this host can read it; use --token-file FILE or FULCRUM_TOKEN instead"
+            );
+        }
         let token = match (&t.token, &t.token_file) {
             (Some(tok), _) => Some(tok.trim().to_string()),
             (None, Some(path)) => {

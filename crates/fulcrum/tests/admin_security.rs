@@ -208,10 +208,19 @@ fn check(text: &str) -> (bool, String) {
 async fn check_refuses_short_tokens_and_open_remote_listeners() {
     let servers = id_servers(1).await;
     let body = config(free_addr(), &servers);
-    // On loopback a short token is accepted (the contract's own example is `s3cret`), with a
-    // warning at start; off loopback it is refused.
+    // A short token is refused on loopback too (anything on this host can try tokens), with
+    // the same message as off loopback.
+    let (ok, err) = check(&format!(
+        "[admin]\nlisten = \"127.0.0.1:9900\"\ntoken = \"s3cret\"\n{body}"
+    ));
+    assert!(!ok, "a 6-character token passed on loopback");
+    assert!(
+        err.contains("f.toml:3:1: admin.token: the token is 6 characters long; use at least 16"),
+        "{err}"
+    );
     let (ok, err) = check(&format!("[admin]\ntoken = \"s3cret\"\n{body}"));
-    assert!(ok, "{err}");
+    assert!(!ok);
+    assert!(err.contains("f.toml:2:1: admin.token:"), "{err}");
     let (ok, err) = check(&format!(
         "[admin]\nlisten = \"0.0.0.0:9900\"\ntoken = \"s3cret\"\n{body}"
     ));
@@ -482,5 +491,83 @@ async fn admin_listener_speaks_tls() {
     assert_ne!(
         plain.1, "200",
         "plain HTTP is not answered on the TLS listener"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_cannot_evict_accepted_changes() {
+    let servers = id_servers(1).await;
+    let f = start(&config(free_addr(), &servers)).await;
+    let member = servers[0].addr.to_string();
+    let path = format!("/api/v1/pools/p/members/{member}/state");
+    let r = f
+        .api("PUT", &path, Some(json!({"state": "drain"})))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Anyone who can reach the listener can draw refusals: more of them than the log keeps.
+    let json_ct = ("Content-Type", "application/json");
+    for i in 0..600 {
+        let r = http_request(
+            f.admin,
+            "PUT",
+            &path,
+            &[json_ct],
+            b"{\"state\":\"disabled\"}",
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 401, "refused call {i}");
+    }
+    let audit = f.get_json("/api/v1/audit").await;
+    let entries = audit["entries"].as_array().cloned().unwrap_or_default();
+    let accepted: Vec<_> = entries.iter().filter(|e| e["status"] == 200).collect();
+    assert_eq!(
+        accepted.len(),
+        1,
+        "the accepted change was evicted ({} entries kept)",
+        entries.len()
+    );
+    assert_eq!(accepted[0]["body"], r#"{"state":"drain"}"#);
+    assert_eq!(accepted[0]["refused"], false);
+    let refused = entries.iter().filter(|e| e["refused"] == true).count();
+    assert!(
+        (1..=10).contains(&refused),
+        "one source keeps at most 10 refused calls, kept {refused}"
+    );
+    assert_eq!(audit["refused_dropped"], 600 - refused as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newlines_in_audited_paths_and_bodies_stay_on_one_log_line() {
+    let servers = id_servers(1).await;
+    let f = start(&config(free_addr(), &servers)).await;
+    let json_ct = ("Content-Type", "application/json");
+    // A newline in the path (%0a) or the body cannot start a line of its own in the log.
+    let forged_path = "/api/v1/pools/p/members/x%0aFORGED-PATH%0d%1b%5b31m/state";
+    let r = http_request(
+        f.admin,
+        "PUT",
+        forged_path,
+        &[json_ct],
+        b"{\"state\":\"drain\"}\nFORGED-BODY status=200",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 401);
+    let logged = wait_until(std::time::Duration::from_secs(5), || async {
+        f.logs().contains("FORGED-BODY")
+    })
+    .await;
+    let logs = f.logs();
+    assert!(logged, "the call was not logged:\n{logs}");
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains("FORGED")).collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains(r"/x\nFORGED-PATH\r\x1b[31m/state")
+            && lines[0].contains(r#"{"state":"drain"}\nFORGED-BODY status=200"#),
+        "{}",
+        lines[0]
     );
 }

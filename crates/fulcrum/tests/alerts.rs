@@ -675,3 +675,245 @@ hold = "0s"
     assert_eq!(c["certificates"][0]["days_left"], 9, "{c}");
     assert_eq!(c["certificates"][0]["service"], "secure");
 }
+
+/// The most a misbehaving receiver below streams on one connection: far more than Fulcrum may
+/// hold, bounded so a Fulcrum without limits is shown up without exhausting the host.
+const FLOOD_BYTES: usize = 128 << 20;
+
+/// A webhook receiver and an SMTP server on raw sockets that, while `endless` is set, answer
+/// with a reply that never ends (an HTTP body, an SMTP line without its end), and otherwise
+/// answer properly and count what they accepted.
+struct Misbehaving {
+    endless: Arc<std::sync::atomic::AtomicBool>,
+    webhook: SocketAddr,
+    smtp: SocketAddr,
+    flood_connections: Arc<std::sync::atomic::AtomicUsize>,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Misbehaving {
+    async fn start() -> Misbehaving {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        let endless = Arc::new(AtomicBool::new(true));
+        let flood_connections = Arc::new(AtomicUsize::new(0));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let smtp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let m = Misbehaving {
+            endless: endless.clone(),
+            webhook: hook.local_addr().unwrap(),
+            smtp: smtp.local_addr().unwrap(),
+            flood_connections: flood_connections.clone(),
+            accepted: accepted.clone(),
+        };
+        let (e, f, a) = (endless.clone(), flood_connections.clone(), accepted.clone());
+        tokio::spawn(async move {
+            while let Ok((s, _)) = hook.accept().await {
+                let (e, f, a) = (e.clone(), f.clone(), a.clone());
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(30),
+                        Self::webhook_connection(s, e, f, a),
+                    )
+                    .await;
+                });
+            }
+        });
+        tokio::spawn(async move {
+            while let Ok((s, _)) = smtp.accept().await {
+                let (e, f, a) = (endless.clone(), flood_connections.clone(), accepted.clone());
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(30),
+                        Self::smtp_connection(s, e, f, a),
+                    )
+                    .await;
+                });
+            }
+        });
+        m
+    }
+
+    /// Writes `prefix`, then filler up to FLOOD_BYTES or until the peer stops reading, then
+    /// holds the connection open (the caller's timeout ends it).
+    async fn flood(s: &mut tokio::net::TcpStream, prefix: &[u8], chunk: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        if s.write_all(prefix).await.is_err() {
+            return;
+        }
+        let mut sent = 0;
+        while sent < FLOOD_BYTES {
+            if s.write_all(chunk).await.is_err() {
+                return;
+            }
+            sent += chunk.len();
+        }
+        std::future::pending::<()>().await;
+    }
+
+    async fn webhook_connection(
+        mut s: tokio::net::TcpStream,
+        endless: Arc<std::sync::atomic::AtomicBool>,
+        floods: Arc<std::sync::atomic::AtomicUsize>,
+        accepted: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // The request: headers, then Content-Length bytes of body.
+        let mut req = Vec::new();
+        let mut buf = [0u8; 4096];
+        let body_at = loop {
+            if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match s.read(&mut buf).await {
+                Ok(n) if n > 0 && req.len() < 1 << 20 => req.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+        };
+        let head = String::from_utf8_lossy(&req[..body_at]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while req.len() < body_at + length {
+            match s.read(&mut buf).await {
+                Ok(n) if n > 0 => req.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+        }
+        if endless.load(Ordering::SeqCst) {
+            floods.fetch_add(1, Ordering::SeqCst);
+            // One chunk of a chunked body, repeated: a body without end.
+            let mut chunk = b"10000\r\n".to_vec();
+            chunk.extend(std::iter::repeat_n(b'x', 0x10000));
+            chunk.extend_from_slice(b"\r\n");
+            Self::flood(
+                &mut s,
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                &chunk,
+            )
+            .await;
+        } else {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                .await;
+        }
+    }
+
+    async fn smtp_connection(
+        mut s: tokio::net::TcpStream,
+        endless: Arc<std::sync::atomic::AtomicBool>,
+        floods: Arc<std::sync::atomic::AtomicUsize>,
+        accepted: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        if endless.load(Ordering::SeqCst) {
+            floods.fetch_add(1, Ordering::SeqCst);
+            // A greeting whose line never ends.
+            Self::flood(&mut s, b"220 ", &[b'x'; 0x10000]).await;
+            return;
+        }
+        let (r, mut w) = s.split();
+        let mut r = tokio::io::BufReader::new(r);
+        if w.write_all(b"220 fake ESMTP\r\n").await.is_err() {
+            return;
+        }
+        let mut in_data = false;
+        // A transaction is a handful of lines and a short message.
+        for _ in 0..1000 {
+            let mut line = String::new();
+            match r.read_line(&mut line).await {
+                Ok(n) if n > 0 => {}
+                _ => return,
+            }
+            let answer: &[u8] = if in_data {
+                if line != ".\r\n" {
+                    continue;
+                }
+                in_data = false;
+                accepted.fetch_add(1, Ordering::SeqCst);
+                b"250 queued\r\n"
+            } else if line.starts_with("DATA") {
+                in_data = true;
+                b"354 go on\r\n"
+            } else if line.starts_with("QUIT") {
+                let _ = w.write_all(b"221 bye\r\n").await;
+                return;
+            } else {
+                b"250 ok\r\n"
+            };
+            if w.write_all(answer).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The peak resident memory of process `pid` (VmHWM), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_webhook_and_smtp_replies_fail_the_delivery_within_bounded_memory() {
+    use std::sync::atomic::Ordering;
+    let a = HttpBackend::start(free_addr(), "a").await.unwrap();
+    let b = HttpBackend::start(free_addr(), "b").await.unwrap();
+    let receivers = Misbehaving::start().await;
+    let alert = format!(
+        "[[alert]]\nname = \"ops\"\non = [\"member_down\"]\nwebhook = \"http://{}/hook\"\n\
+         smtp = {{ server = \"{}\", from = \"fulcrum@lb.example.org\", to = [\"oncall@example.org\"] }}\n\
+         hold = \"0s\"\nrepeat = \"1h\"\n",
+        receivers.webhook, receivers.smtp
+    );
+    let f = start(&pool_config(free_addr(), &[&a, &b], &alert)).await;
+    let aa = a.addr.to_string();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            f.member("web", &aa).await["health"] == "up"
+        })
+        .await
+    );
+    let before = peak_rss(f.pid());
+    a.set_healthy(false);
+    // Every attempt draws an endless reply; the notification counts as failed on both sinks.
+    let failed = wait_until(Duration::from_secs(60), || async {
+        let v = f.get_json("/api/v1/alerts").await;
+        let sinks = &v["delivery"]["ops"]["sinks"];
+        sinks["webhook"]["failed"].as_u64() >= Some(1)
+            && sinks["smtp"]["failed"].as_u64() >= Some(1)
+    })
+    .await;
+    let grown = peak_rss(f.pid()).saturating_sub(before);
+    println!("Fulcrum's peak memory grew by {} KiB", grown >> 10);
+    assert!(
+        receivers.flood_connections.load(Ordering::SeqCst) >= 2,
+        "the receivers were not reached"
+    );
+    assert!(
+        grown < 48 << 20,
+        "Fulcrum's peak memory grew by {} MiB reading endless replies",
+        grown >> 20
+    );
+    assert!(failed, "{}", f.get_json("/api/v1/alerts").await);
+    // Later alerts still go out once the receivers behave.
+    receivers.endless.store(false, Ordering::SeqCst);
+    a.set_healthy(true);
+    let sent = wait_until(Duration::from_secs(20), || async {
+        let v = f.get_json("/api/v1/alerts").await;
+        let sinks = &v["delivery"]["ops"]["sinks"];
+        sinks["webhook"]["sent"].as_u64() >= Some(1) && sinks["smtp"]["sent"].as_u64() >= Some(1)
+    })
+    .await;
+    assert!(sent, "{}", f.get_json("/api/v1/alerts").await);
+    assert!(receivers.accepted.load(Ordering::SeqCst) >= 2);
+}

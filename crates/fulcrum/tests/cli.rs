@@ -332,3 +332,37 @@ async fn top_shows_services_and_members_live_and_quits_on_q() {
     assert!(ok, "top did not exit 0 on q:\n{}", capture());
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_on_the_command_line_draws_a_warning_the_file_and_environment_do_not() {
+    let (_servers, _vs, _f, admin) = setup().await;
+    let warning = "--token puts the token in the process list";
+    for args in [
+        vec!["status", "--admin", &admin, "--token", TOKEN],
+        vec!["status", "--admin", &admin, &format!("--token={TOKEN}")],
+    ] {
+        let o = cli(&args, &[]).await;
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        assert!(o.stderr.contains(warning), "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains("--token-file"), "{}", o.stderr);
+    }
+    let o = cli(&["status", "--admin", &admin], &[("FULCRUM_TOKEN", TOKEN)]).await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!o.stderr.contains(warning), "{}", o.stderr);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let o = cli(
+        &[
+            "status",
+            "--admin",
+            &admin,
+            "--token-file",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!o.stderr.contains(warning), "{}", o.stderr);
+}

@@ -386,3 +386,231 @@ fall = 1
         "{text}"
     );
 }
+
+/// One BER element of `b`: its tag, its content and what follows (short and long lengths).
+fn ber(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = b.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, &x| (acc << 8) | usize::from(x));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+fn ber_encode(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    match content.len() {
+        n if n < 0x80 => out.push(n as u8),
+        n if n < 0x100 => out.extend_from_slice(&[0x81, n as u8]),
+        n => out.extend_from_slice(&[0x82, (n >> 8) as u8, n as u8]),
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+fn ber_int(v: i64) -> Vec<u8> {
+    let bytes = v.to_be_bytes();
+    let skip = (0..7)
+        .take_while(|&i| {
+            (bytes[i] == 0 && bytes[i + 1] < 0x80) || (bytes[i] == 0xff && bytes[i + 1] >= 0x80)
+        })
+        .count();
+    ber_encode(0x02, &bytes[skip..])
+}
+
+fn ber_int_value(v: &[u8]) -> i64 {
+    v.iter().fold(
+        if v.first().is_some_and(|b| b & 0x80 != 0) {
+            -1
+        } else {
+            0
+        },
+        |acc, &b| (acc << 8) | i64::from(b),
+    )
+}
+
+/// msgID, the clear scoped PDU's request-id, and whether the request is discovery (no user
+/// name) of an SNMPv3 request.
+fn v3_ids(req: &[u8]) -> Option<(i64, i64, bool)> {
+    let (_, msg, _) = ber(req)?;
+    let (_, _version, rest) = ber(msg)?;
+    let (_, global, rest) = ber(rest)?;
+    let (_, msg_id, _) = ber(global)?;
+    let (_, params, rest) = ber(rest)?;
+    let (_, usm, _) = ber(params)?;
+    let (_, _engine, p) = ber(usm)?;
+    let (_, _boots, p) = ber(p)?;
+    let (_, _time, p) = ber(p)?;
+    let (_, user, _) = ber(p)?;
+    let (_, scoped, _) = ber(rest)?;
+    let (_, _engine, s) = ber(scoped)?;
+    let (_, _context, s) = ber(s)?;
+    let (_, pdu, _) = ber(s)?;
+    let (_, request_id, _) = ber(pdu)?;
+    Some((
+        ber_int_value(msg_id),
+        ber_int_value(request_id),
+        user.is_empty(),
+    ))
+}
+
+/// A reply with msgFlags 0 (no authentication, no privacy) carrying `pdu`.
+fn unauthenticated_reply(msg_id: i64, engine_id: &[u8], pdu: Vec<u8>) -> Vec<u8> {
+    let global = [
+        ber_int(msg_id),
+        ber_int(65507),
+        ber_encode(0x04, &[0]),
+        ber_int(3),
+    ]
+    .concat();
+    let params = ber_encode(
+        0x30,
+        &[
+            ber_encode(0x04, engine_id),
+            ber_int(1),
+            ber_int(100),
+            ber_encode(0x04, b"fulcrumauth"),
+            ber_encode(0x04, &[]),
+            ber_encode(0x04, &[]),
+        ]
+        .concat(),
+    );
+    let scoped = ber_encode(
+        0x30,
+        &[ber_encode(0x04, engine_id), ber_encode(0x04, &[]), pdu].concat(),
+    );
+    ber_encode(
+        0x30,
+        &[
+            ber_int(3),
+            ber_encode(0x30, &global),
+            ber_encode(0x04, &params),
+            scoped,
+        ]
+        .concat(),
+    )
+}
+
+/// An OID's BER content (arcs after the first two, base 128).
+fn oid_content(arcs: &[u32]) -> Vec<u8> {
+    let mut out = vec![(arcs[0] * 40 + arcs[1]) as u8];
+    for &a in &arcs[2..] {
+        let mut groups = vec![(a & 0x7f) as u8];
+        let mut rest = a >> 7;
+        while rest > 0 {
+            groups.push((rest & 0x7f) as u8 | 0x80);
+            rest >>= 7;
+        }
+        out.extend(groups.iter().rev());
+    }
+    out
+}
+
+/// A fake agent that answers every request without authentication: a Report naming its
+/// engine (discovery), and a GetResponse with a low load to the authenticated GET. The value
+/// must not reach the member's weight, and the check must fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snmp_v3_unauthenticated_replies_neither_pass_the_check_nor_set_the_weight() {
+    let agent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = agent.local_addr().unwrap().port();
+    let forger = tokio::spawn(async move {
+        let engine_id = b"\x80\x00\x1f\x88\x80forger".to_vec();
+        let mut buf = vec![0u8; 4096];
+        // A check is two requests (discovery, GET); the test ends well before this bound.
+        for _ in 0..10_000 {
+            let Ok((n, from)) = agent.recv_from(&mut buf).await else {
+                return;
+            };
+            let Some((msg_id, request_id, discovery)) = v3_ids(&buf[..n]) else {
+                continue;
+            };
+            let (tag, oid, value) = if discovery {
+                // Discovery's empty GET: usmStatsUnknownEngineIDs.0 = 1.
+                (
+                    0xa8,
+                    vec![1, 3, 6, 1, 6, 3, 15, 1, 1, 4, 0],
+                    ber_encode(0x41, &[1]),
+                )
+            } else {
+                (0xa2, vec![1, 3, 6, 1, 2, 1, 1, 3, 0], ber_int(100))
+            };
+            let varbind = ber_encode(
+                0x30,
+                &ber_encode(
+                    0x30,
+                    &[ber_encode(0x06, &oid_content(&oid)), value].concat(),
+                ),
+            );
+            let pdu = ber_encode(
+                tag,
+                &[ber_int(request_id), ber_int(0), ber_int(0), varbind].concat(),
+            );
+            let reply = unauthenticated_reply(msg_id, &engine_id, pdu);
+            let _ = agent.send_to(&reply, from).await;
+        }
+    });
+    let member = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 1]), "m1")
+        .await
+        .unwrap();
+    let f = start(&format!(
+        r#"[[virtual_service]]
+name = "web"
+listen = ["{}"]
+protocol = "http"
+pool = "app"
+
+[[pool]]
+name = "app"
+algorithm = "dynamic_feedback"
+monitors = ["load-v3"]
+[[pool.member]]
+address = "{}"
+weight = 10
+
+[[monitor]]
+name = "load-v3"
+type = "snmp"
+version = "3"
+port = {port}
+user = "fulcrumauth"
+auth_protocol = "sha256"
+auth_password = "authpass-256"
+oid = "1.3.6.1.2.1.1.3.0"
+max = 400
+interval = "300ms"
+timeout = "250ms"
+rise = 1
+fall = 1
+"#,
+        free_addr(),
+        member.addr
+    ))
+    .await;
+    let a = member.addr.to_string();
+    let refused = wait_until(Duration::from_secs(10), || async {
+        let m = f.member("app", &a).await;
+        m["checks"][0]["last"]
+            .as_str()
+            .is_some_and(|l| l.contains("below the request's security level"))
+    })
+    .await;
+    let m = f.member("app", &a).await;
+    assert!(refused, "{m}");
+    assert_eq!(m["health"], "down", "{m}");
+    assert_ne!(m["agent"]["weight_percent"], 75, "{m}");
+    assert!(
+        f.logs().contains("noAuthNoPriv in reply to authNoPriv"),
+        "{}",
+        f.logs()
+    );
+    forger.abort();
+}

@@ -498,3 +498,92 @@ async fn icmp_against_a_namespace_that_stops_answering() {
     ns.sysctl("net.ipv4.icmp_echo_ignore_all", "1");
     failed(&run(&m, target).await, "timeout after 700ms: no echo reply");
 }
+
+/// msgID and, when the scoped PDU is in clear, the request-id of an SNMPv3 request.
+fn v3_request_ids(req: &[u8]) -> Option<(i32, Option<i32>)> {
+    use snmp::{expect, int_value, INTEGER, OCTET_STRING, SEQUENCE};
+    let (msg, _) = expect(req, SEQUENCE, "message").ok()?;
+    let (_version, rest) = expect(msg, INTEGER, "version").ok()?;
+    let (global, rest) = expect(rest, SEQUENCE, "global").ok()?;
+    let (id, _) = expect(global, INTEGER, "msgID").ok()?;
+    let msg_id = i32::try_from(int_value(id).ok()?).ok()?;
+    let (_params, rest) = expect(rest, OCTET_STRING, "params").ok()?;
+    let request_id = expect(rest, SEQUENCE, "scopedPDU")
+        .ok()
+        .and_then(|(scoped, _)| {
+            let (_engine, s) = expect(scoped, OCTET_STRING, "engine").ok()?;
+            let (_name, s) = expect(s, OCTET_STRING, "context").ok()?;
+            let (pdu, _) = expect(s, 0xa0, "get").ok()?;
+            let (id, _) = expect(pdu, INTEGER, "request-id").ok()?;
+            i32::try_from(int_value(id).ok()?).ok()
+        });
+    Some((msg_id, request_id))
+}
+
+/// A fake agent that answers discovery honestly and the authenticated GET with a value in a
+/// reply without authentication (the ids copied from the request, which authNoPriv sends in
+/// clear): the check must fail instead of taking the value.
+#[tokio::test]
+async fn snmp_v3_refuses_an_unauthenticated_reply_to_an_authenticated_get() {
+    use snmp::{integer, oid_bytes, tlv, SEQUENCE};
+    let agent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = agent.local_addr().unwrap();
+    let engine = snmp_v3::Engine {
+        id: b"\x80\x00\x1f\x88\x80forger".to_vec(),
+        boots: 1,
+        time: 100,
+    };
+    let responder = tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        // Discovery, then the GET; bounded by the datagrams a check sends.
+        for round in 0..2 {
+            let Ok((n, from)) = agent.recv_from(&mut buf).await else {
+                return;
+            };
+            let Some((msg_id, request_id)) = v3_request_ids(&buf[..n]) else {
+                continue;
+            };
+            let varbind = |value: Vec<u8>, oid: &[u32]| {
+                tlv(SEQUENCE, &tlv(SEQUENCE, &[oid_bytes(oid), value].concat()))
+            };
+            let pdu = match request_id {
+                // The discovery's GET is empty: answer it with usmStatsUnknownEngineIDs.
+                Some(id) if round == 0 => tlv(
+                    0xa8,
+                    &[
+                        integer(i64::from(id)),
+                        integer(0),
+                        integer(0),
+                        varbind(tlv(0x41, &[1]), &[1, 3, 6, 1, 6, 3, 15, 1, 1, 4, 0]),
+                    ]
+                    .concat(),
+                ),
+                Some(id) => tlv(
+                    0xa2,
+                    &[
+                        integer(i64::from(id)),
+                        integer(0),
+                        integer(0),
+                        varbind(integer(42), &[1, 3, 6, 1, 2, 1, 1, 3, 0]),
+                    ]
+                    .concat(),
+                ),
+                None => continue,
+            };
+            let reply = snmp_v3::unauthenticated_reply(msg_id, &engine, pdu);
+            let _ = agent.send_to(&reply, from).await;
+        }
+    });
+    let mut m = slow(monitor("snmp-v3", MonitorKind::Snmp));
+    m.port = Some(addr.port());
+    m.snmp.oid = Some(vec![1, 3, 6, 1, 2, 1, 1, 3, 0]);
+    m.snmp.v3 = Some(fulcrum_config::SnmpV3 {
+        user: "fulcrum".into(),
+        auth: fulcrum_config::SnmpAuth::Sha256,
+        auth_password: "maplesyrup-maplesyrup".into(),
+        privacy: None,
+    });
+    let v = run(&m, addr).await;
+    failed(&v, "noAuthNoPriv in reply to authNoPriv");
+    responder.abort();
+}

@@ -224,6 +224,12 @@ impl SnmpCheck {
         self.exchange(sock, probe, &req, "user, keys or security level?", |b| {
             match parse_v3_response(b, msg_id, req_id, Some(&keys)) {
                 Err(e) if e == "a response to another request" => None,
+                Err(e) if e.starts_with(super::snmp_v3::BELOW_LEVEL) => {
+                    // Someone other than the agent may be answering: worth a line in the log
+                    // beside the failed check.
+                    tracing::warn!(agent = %probe.addr, "snmp {}: {e}", self.oid_text);
+                    Some(Err(fail(e)))
+                }
                 Err(e) => Some(Err(fail(e))),
                 Ok(V3Reply::Report { oid, .. }) => Some(Err(fail(describe_report(&oid)))),
                 Ok(V3Reply::Value(v)) => Some(v.map_err(fail)),

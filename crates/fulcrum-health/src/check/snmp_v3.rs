@@ -460,7 +460,50 @@ pub fn parse_v3_response(
             oid: oid_text(oid),
         });
     }
+    // A GetResponse is only as trustworthy as its security level: one with less than the
+    // request asked for (no MAC, or in clear after an encrypted request) could come from
+    // anyone able to send a datagram to this socket.
+    if let Some(k) = keys {
+        let wanted = FLAG_AUTH | if k.priv_key.is_some() { FLAG_PRIV } else { 0 };
+        if flags & wanted != wanted {
+            return Err(format!(
+                "{BELOW_LEVEL}: {} in reply to {}",
+                level_name(flags),
+                level_name(wanted)
+            ));
+        }
+    }
     Ok(V3Reply::Value(parse_pdu(tag, pdu, request_id)))
+}
+
+/// The start of the error for a reply below the request's security level.
+pub const BELOW_LEVEL: &str = "refused a response below the request's security level";
+
+fn level_name(flags: u8) -> &'static str {
+    match (flags & FLAG_AUTH != 0, flags & FLAG_PRIV != 0) {
+        (true, true) => "authPriv",
+        (true, false) => "authNoPriv",
+        (false, _) => "noAuthNoPriv",
+    }
+}
+
+/// A reply without authentication or privacy (msgFlags 0) carrying `pdu`: what anyone who can
+/// send a datagram could forge, for the fake agents of tests.
+#[cfg(test)]
+pub(crate) fn unauthenticated_reply(msg_id: i32, engine: &Engine, pdu: Vec<u8>) -> Vec<u8> {
+    let scoped = tlv(
+        SEQUENCE,
+        &[tlv(OCTET_STRING, &engine.id), tlv(OCTET_STRING, &[]), pdu].concat(),
+    );
+    let params = sec_params(&SecParams {
+        engine_id: &engine.id,
+        boots: engine.boots,
+        time: engine.time,
+        user: b"fulcrum",
+        auth: &[],
+        privacy: &[],
+    });
+    message(msg_id, 0, &params, &scoped)
 }
 
 /// Bytes after the outer message (trailing garbage is not part of the MAC).
@@ -598,6 +641,48 @@ mod tests {
                 let _ = parse_v3_response(&r[..cut], 9, 10, Some(&k));
             }
         }
+    }
+
+    /// A reply whose msgFlags say less than the request asked for is refused, even with the
+    /// right ids and a well-formed value: without a MAC anyone could have sent it.
+    #[test]
+    fn replies_below_the_requested_security_level_are_refused() {
+        let engine = Engine {
+            id: b"\x80\x00\x1f\x88\x80fulcrum".to_vec(),
+            boots: 3,
+            time: 12345,
+        };
+        let plain = |flags: u8| {
+            let scoped = tlv(
+                SEQUENCE,
+                &[
+                    tlv(OCTET_STRING, &engine.id),
+                    tlv(OCTET_STRING, &[]),
+                    response_pdu(10, integer(42)),
+                ]
+                .concat(),
+            );
+            let params = sec_params(&SecParams {
+                engine_id: &engine.id,
+                boots: engine.boots,
+                time: engine.time,
+                user: b"fulcrum",
+                auth: &[],
+                privacy: &[],
+            });
+            message(9, flags, &params, &scoped)
+        };
+        for privacy in [true, false] {
+            let k = user(SnmpAuth::Sha256, privacy).localize(&engine.id);
+            let e = parse_v3_response(&plain(0), 9, 10, Some(&k)).unwrap_err();
+            assert!(e.starts_with(BELOW_LEVEL), "{e}");
+            assert!(e.contains("noAuthNoPriv in reply to auth"), "{e}");
+        }
+        // Authenticated but in clear after an authPriv request.
+        let k = user(SnmpAuth::Sha1, true).localize(&engine.id);
+        let clear = agent_reply(&k, &engine, 9, response_pdu(10, integer(42)), false);
+        let e = parse_v3_response(&clear, 9, 10, Some(&k)).unwrap_err();
+        assert!(e.contains("authNoPriv in reply to authPriv"), "{e}");
     }
 
     #[test]
