@@ -885,3 +885,80 @@ async fn rtt_sends_a_destination_prefix_to_the_link_that_answers_it_fastest() {
         .unwrap_or_else(|| panic!("198.19.0.0/24 did not move to the fast line:\n{}", f.logs()));
     eprintln!("rtt: the prefix settled on the fast line after {took:?}");
 }
+
+/// `fulcrum check` on `config`: (passed, what it printed, with the file's path as "bad.toml").
+fn check(config: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        out.status.success(),
+        text.replace(&path.display().to_string(), "bad.toml"),
+    )
+}
+
+#[test]
+fn check_refuses_interface_names_that_would_change_the_nft_ruleset() {
+    const GATEWAYS: &str = r#"
+[[pool]]
+name = "firewalls"
+kind = "gateway"
+[[pool.member]]
+address = "198.18.10.2"
+interface = "fw0"
+
+[[gateway_service]]
+name = "fw"
+interfaces = ["inside0"]
+pool = "firewalls"
+"#;
+    let good = config("weighted_round_robin", [1, 1], "") + GATEWAYS;
+    let (ok, text) = check(&good);
+    assert!(ok, "{text}");
+    // Names with what Linux allows in an interface name but nft would read as syntax, and one
+    // longer than IFNAMSIZ: each refused with the file, its line, the key and what is expected.
+    let expected = "expected 1 to 15 characters of letters, digits, '.', '_' and '-'";
+    for (from, to, key) in [
+        (
+            "interface = \"wan0\"",
+            r#"interface = "wan0\"; drop""#,
+            "pool[0].member[0].interface",
+        ),
+        (
+            "interface = \"wan1\"",
+            "interface = \"wan1}{\"",
+            "pool[0].member[1].interface",
+        ),
+        (
+            "interface = \"fw0\"",
+            "interface = \"fw0\\nx\"",
+            "pool[1].member[0].interface",
+        ),
+        (
+            "interfaces = [\"inside0\"]",
+            "interfaces = [\"inside0.with.16ch\"]",
+            "gateway_service[0].interfaces[0]",
+        ),
+    ] {
+        let bad = good.replace(from, to);
+        assert_ne!(bad, good, "{from}");
+        let line = bad.lines().position(|l| l == to).map_or(0, |n| n + 1);
+        let (ok, text) = check(&bad);
+        assert!(!ok, "{to} passed: {text}");
+        assert!(
+            text.contains(&format!("bad.toml:{line}")) && text.contains(key),
+            "{to}: {text}"
+        );
+        assert!(text.contains(expected), "{to}: {text}");
+    }
+}
