@@ -578,6 +578,8 @@ async fn control(
     view: Arc<Mutex<Vec<Arc<OutboundState>>>>,
 ) {
     let mut handle: Option<rtnetlink::Handle> = None;
+    // Opened at the first apply, kept for the life of the plane: its socket owns the table.
+    let mut nft: Option<nft::Session> = None;
     let mut running: Option<Running> = None;
     let wake = Arc::new(tokio::sync::Notify::new());
     let mut tick = tokio::time::interval(TICK);
@@ -586,7 +588,7 @@ async fn control(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 Some(Command::Apply(plan, reply)) => {
-                    let r = apply(&mut handle, &mut running, plan, &wake).await;
+                    let r = apply(&mut handle, &mut nft, &mut running, plan, &wake).await;
                     if let Some(run) = &running {
                         *view.lock() = run.outbounds.clone();
                     }
@@ -595,25 +597,27 @@ async fn control(
                 Some(Command::Shutdown(reply)) => {
                     running = None;
                     view.lock().clear();
-                    remove(&mut handle).await;
+                    remove(&mut handle, &mut nft).await;
                     let _ = reply.send(());
                 }
                 None => {
-                    remove(&mut handle).await;
+                    remove(&mut handle, &mut nft).await;
                     return;
                 }
             },
             // nft, conntrack and /sys reads block: let the runtime move other tasks off this
             // worker meanwhile (Fulcrum's runtime is multi-threaded).
-            _ = tick.tick() => tokio::task::block_in_place(|| refresh(&mut running, true)),
-            _ = wake.notified() => tokio::task::block_in_place(|| refresh(&mut running, false)),
+            _ = tick.tick() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, true)),
+            _ = wake.notified() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, false)),
         }
     }
 }
 
 /// Resamples rates (on the tick) and rewrites the maps when the slot table or health changed.
-fn refresh(running: &mut Option<Running>, sample: bool) {
-    let Some(run) = running else { return };
+fn refresh(running: &mut Option<Running>, nft: &mut Option<nft::Session>, sample: bool) {
+    let (Some(run), Some(nft)) = (running, nft) else {
+        return;
+    };
     if run.plan.outbounds.is_empty() {
         return;
     }
@@ -667,7 +671,7 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
     if slots == run.slots && up == run.up && nearest == run.nearest {
         return;
     }
-    match nft::apply(&plan::render_maps(&run.plan, &slots, &up, &nearest)) {
+    match nft.run(&plan::render_maps(&run.plan, &slots, &up, &nearest)) {
         Ok(()) => {
             tracing::debug!("link slot maps rewritten");
             run.slots = slots;
@@ -678,9 +682,11 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
     }
 }
 
-async fn remove(handle: &mut Option<rtnetlink::Handle>) {
-    if let Err(e) = nft::apply(&plan::render_delete()) {
-        tracing::warn!(error = %e, "removing the link table");
+async fn remove(handle: &mut Option<rtnetlink::Handle>, nft: &mut Option<nft::Session>) {
+    if let Some(session) = nft.as_mut() {
+        if let Err(e) = tokio::task::block_in_place(|| session.remove_table()) {
+            tracing::warn!(error = %e, "removing the link table");
+        }
     }
     if let Some(h) = handle.as_ref() {
         if let Err(e) = route::remove_all(h).await {
@@ -691,16 +697,23 @@ async fn remove(handle: &mut Option<rtnetlink::Handle>) {
 
 async fn apply(
     handle: &mut Option<rtnetlink::Handle>,
+    nft: &mut Option<nft::Session>,
     running: &mut Option<Running>,
     plan: Plan,
     wake: &Arc<tokio::sync::Notify>,
 ) -> Result<(), Vec<String>> {
     if plan.outbounds.is_empty() {
         if running.take().is_some() {
-            remove(handle).await;
+            remove(handle, nft).await;
         }
         return Ok(());
     }
+    if nft.is_none() {
+        *nft = Some(nft::Session::open().map_err(|e| vec![e])?);
+    }
+    let Some(session) = nft.as_mut() else {
+        return Err(vec!["no nftables session".into()]);
+    };
     if handle.is_none() {
         *handle = Some(route::connect().map_err(|e| vec![e])?);
     }
@@ -776,7 +789,7 @@ async fn apply(
     }
     let installed = match route::install(h, &plan).await {
         Ok(()) => tokio::task::block_in_place(|| {
-            nft::apply(&plan::render_table(&plan, &slots, &up, &nearest))
+            session.replace_table(&plan::render_table(&plan, &slots, &up, &nearest))
         }),
         Err(e) => Err(e),
     };

@@ -360,12 +360,13 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)
     parts.join(", ")
 }
 
-/// The whole table, replacing any earlier one in the same transaction (restart and reload do
-/// not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
+/// The whole table (the nft session replaces the earlier one in the same transaction, so
+/// restart and reload do not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
+/// `flags owner`: the kernel deletes the table when this process's netlink socket closes,
+/// however the process ends (nft.rs).
 pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "table inet {TABLE}\ndelete table inet {TABLE}");
-    let _ = writeln!(s, "table inet {TABLE} {{");
+    let _ = writeln!(s, "table inet {TABLE} {{\n  flags owner;");
     for (g, o) in plan.outbounds.iter().enumerate() {
         let k = o.index;
         let slot_el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
@@ -581,11 +582,6 @@ pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Ne
     s
 }
 
-/// Removes the table (shutdown). `table …` first so the delete cannot fail on a missing table.
-pub fn render_delete() -> String {
-    format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,7 +623,10 @@ pool = "uplinks"
         assert_eq!(o.links[1].mark, 0x464c_0002);
         assert_eq!(o.links[1].isp_prefixes.len(), 1, "overlaps merged");
         let t = render_table(&plan, &[vec![0, 1, 0]], &[vec![true, true]], &[]);
-        assert!(t.starts_with("table inet fulcrum_link\ndelete table inet fulcrum_link\n"));
+        assert!(
+            t.starts_with("table inet fulcrum_link {\n  flags owner;\n"),
+            "{t}"
+        );
         assert!(
             t.contains("elements = { 0 : 0x464c0001, 1 : 0x464c0002, 2 : 0x464c0001 }"),
             "{t}"
