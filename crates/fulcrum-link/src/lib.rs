@@ -135,6 +135,8 @@ struct OutboundState {
     /// `rtt` pools: destination /24 prefixes the LAN's flows went to, each with an address
     /// seen there and the round-trip time through each link (None: no answer yet).
     rtt: Mutex<RttTable>,
+    /// DNS queries to the proxy from outside the LAN, dropped (its nftables counter).
+    dns_refused: AtomicU64,
 }
 
 /// Destination prefix → (an address seen there, round-trip time through each link in µs).
@@ -319,7 +321,19 @@ impl Links {
                 }));
             }
         }
-        json!({ "links": links })
+        let dns_proxies: Vec<Value> = outbounds
+            .iter()
+            .filter_map(|o| {
+                o.plan.dns_proxy.map(|a| {
+                    json!({
+                        "outbound": o.plan.name,
+                        "address": a.to_string(),
+                        "refused": o.dns_refused.load(Ordering::Relaxed),
+                    })
+                })
+            })
+            .collect();
+        json!({ "links": links, "dns_proxies": dns_proxies })
     }
 }
 
@@ -658,6 +672,12 @@ fn refresh(running: &mut Option<Running>, nft: &mut Option<nft::Session>, sample
             }
         }
         let counters = nft::counters(TABLE);
+        for o in run.outbounds.iter().filter(|o| o.plan.dns_proxy.is_some()) {
+            let name = plan::dns_refused_counter(o.plan.index);
+            if let Some((_, n)) = counters.iter().find(|(c, _)| *c == name) {
+                o.dns_refused.store(*n, Ordering::Relaxed);
+            }
+        }
         for o in &run.outbounds {
             for (l, st) in o.plan.links.iter().zip(&o.stats) {
                 let name = format!("flows_{}_{}", o.plan.index, l.mark & 0xff);
@@ -775,6 +795,7 @@ async fn apply(
                 pool,
                 stats,
                 rtt: Mutex::new(rtt),
+                dns_refused: AtomicU64::new(0),
             })
         })
         .collect();

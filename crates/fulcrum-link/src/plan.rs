@@ -379,6 +379,9 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         for l in &o.links {
             let _ = writeln!(s, "  counter flows_{k}_{} {{ }}", l.mark & 0xff);
         }
+        if o.dns_proxy.is_some() {
+            let _ = writeln!(s, "  counter {} {{ }}", dns_refused_counter(k));
+        }
         match &o.gateway {
             None => {
                 let _ = writeln!(
@@ -527,6 +530,36 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         }
     }
     let _ = writeln!(s, "  }}");
+    // The proxy serves the LAN only: a query to its address is taken from `sources` arriving
+    // on the interface that leads back to them (a WAN packet with a LAN source address fails
+    // the reverse-path lookup); every other one is dropped and counted.
+    let _ = writeln!(
+        s,
+        "  chain dns_proxy_input {{\n    type filter hook input priority filter; policy accept;"
+    );
+    for o in &plan.outbounds {
+        if let Some(p) = o.dns_proxy {
+            let _ = writeln!(
+                s,
+                "    ip daddr {ip} udp dport {port} ip saddr @src_{k} fib saddr . iif oif exists accept",
+                ip = p.ip(),
+                port = p.port(),
+                k = o.index
+            );
+        }
+    }
+    for o in &plan.outbounds {
+        if let Some(p) = o.dns_proxy {
+            let _ = writeln!(
+                s,
+                "    ip daddr {ip} udp dport {port} counter name {c} drop",
+                ip = p.ip(),
+                port = p.port(),
+                c = dns_refused_counter(o.index)
+            );
+        }
+    }
+    let _ = writeln!(s, "  }}");
     let _ = writeln!(
         s,
         "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"
@@ -554,6 +587,11 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
     }
     let _ = writeln!(s, "  }}\n}}");
     s
+}
+
+/// The named counter of the DNS queries outbound `index`'s proxy refused (not from its LAN).
+pub fn dns_refused_counter(index: usize) -> String {
+    format!("dns_refused_{index}")
 }
 
 /// Rewrites the slot and proximity maps only (weights, health or load changed); the chains,

@@ -718,6 +718,30 @@ async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_
     for _ in 0..5 {
         assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
     }
+    // The proxy serves its LAN only: the same query from the WAN side (isp0, routed to the
+    // proxy's address) gets no answer, and is counted; the LAN's still does.
+    net.isps[0]
+        .route(&["198.18.100.0/24", "via", "198.18.1.2"])
+        .unwrap();
+    assert_eq!(
+        dig_at(&net.isps[0], "198.18.100.1"),
+        None,
+        "answered the WAN"
+    );
+    assert_eq!(
+        dig_at(&net.lan, "198.18.100.1"),
+        Some(("53".to_string(), SNAT_A.to_string()))
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = f.get_json("/api/v1/links").await;
+        if v["dns_proxies"][0]["refused"].as_u64() >= Some(1) {
+            assert_eq!(v["dns_proxies"][0]["outbound"], "lan", "{v}");
+            break;
+        }
+        assert!(Instant::now() < end, "refusal not counted: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     f.write_config(&with_resolvers([0, 1]));
     let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
@@ -733,9 +757,6 @@ async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_
     f.signal(libc::SIGKILL);
     assert!(f.wait_exit(Duration::from_secs(5)).await.is_some());
     net.fl.route(&["default", "via", "198.18.1.1"]).unwrap();
-    net.isps[0]
-        .route(&["198.18.100.0/24", "via", "198.18.1.2"])
-        .unwrap();
     inet.route(&["198.18.100.0/24", "via", "198.18.11.1"])
         .unwrap();
     let end = Instant::now() + Duration::from_secs(5);
