@@ -118,14 +118,37 @@ pub struct LinkMember {
 /// Linux's IFNAMSIZ less the terminating NUL.
 const IFNAME_MAX: usize = 15;
 
+/// What an interface name may be here: the names reach the nftables ruleset Fulcrum writes
+/// (inside quotes), where a quote, a brace or a newline would change the ruleset. Letters,
+/// digits, '.', '_' and '-' are what interfaces are named in practice and what nft accepts
+/// in a quoted name; `.` and `..` are refused by the kernel.
 fn ifname_ok(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= IFNAME_MAX
         && s != "."
         && s != ".."
-        && !s
-            .bytes()
-            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Refuses, at its own line, an interface name (or array of them) under `key` that
+/// `ifname_ok` refuses; reading the value itself is left to the caller.
+fn check_ifnames(t: &mut TableReader<'_>, cx: &mut Cx<'_>, key: &'static str) {
+    let Some(node) = t.node(key) else { return };
+    let items = match node.shape() {
+        Shape::Array(items) => items,
+        _ => vec![node],
+    };
+    for item in items {
+        if let Shape::Str(s) = item.shape() {
+            if !ifname_ok(s) {
+                cx.error(
+                    &item,
+                    format!("{s:?} is not an interface name: expected 1 to 15 characters of letters, digits, '.', '_' and '-'"),
+                );
+            }
+        }
+    }
 }
 
 impl FromNode for LinkMember {
@@ -133,6 +156,7 @@ impl FromNode for LinkMember {
         read_table(node, cx, |t, cx| {
             let name = t.req::<String>(cx, "name");
             let interface = t.req::<String>(cx, "interface");
+            check_ifnames(t, cx, "interface");
             let gateway = t.req(cx, "gateway");
             let weight = t.opt(cx, "weight").unwrap_or(1);
             if weight > MAX_WEIGHT {
@@ -204,9 +228,11 @@ impl FromNode for GatewayMember {
                     format!("{weight} is too large; expected 0 to {MAX_WEIGHT}"),
                 );
             }
+            let interface = t.opt(cx, "interface");
+            check_ifnames(t, cx, "interface");
             Some(GatewayMember {
                 name: t.opt(cx, "name"),
-                interface: t.opt(cx, "interface"),
+                interface,
                 monitors: t.opt(cx, "monitors").unwrap_or_default(),
                 weight,
                 state: t.opt(cx, "state").unwrap_or(AdminState::Enabled),
@@ -327,6 +353,7 @@ impl FromNode for GatewayService {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
             let interfaces = t.req(cx, "interfaces");
+            check_ifnames(t, cx, "interfaces");
             let pool = t.req(cx, "pool");
             Some(GatewayService {
                 hash: t.opt(cx, "hash").unwrap_or(GatewayHash::Symmetric),
@@ -500,12 +527,6 @@ pub(crate) fn check(cfg: &Config, out: &mut Vec<(String, String)>) {
                         err(
                             mp("name"),
                             format!("{:?}: a link name is letters, digits, '-' and '_'", l.name),
-                        );
-                    }
-                    if !ifname_ok(&l.interface) {
-                        err(
-                            mp("interface"),
-                            format!("{:?} is not an interface name (1 to 15 characters, no '/', ':' or spaces)", l.interface),
                         );
                     }
                     if !l.gateway.is_ipv4() {
@@ -744,14 +765,6 @@ pub(crate) fn check(cfg: &Config, out: &mut Vec<(String, String)>) {
                         ),
                     );
                 }
-            }
-        }
-        for (j, n) in g.interfaces.iter().enumerate() {
-            if !ifname_ok(n) {
-                err(
-                    format!("gateway_service[{i}].interfaces[{j}]"),
-                    format!("{n:?} is not an interface name"),
-                );
             }
         }
     }

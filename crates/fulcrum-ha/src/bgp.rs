@@ -48,6 +48,11 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) const SESSIONS_EVERY: Duration = Duration::from_secs(2);
 /// A reply longer than this is refused (BIRD's longest replies are route dumps we never ask for).
 const MAX_REPLY_LINES: usize = 10_000;
+/// A reply line longer than this is refused: BIRD's are a few dozen bytes, and a peer that
+/// sends bytes without a newline must not make this process buffer them.
+const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Bytes of one reply, all lines together.
+const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 
 /// The static protocols in the fragment, by family (the operator's BGP export filters name them).
 pub const PROTOCOL_V4: &str = "fulcrum4";
@@ -208,19 +213,20 @@ impl BirdClient {
 
     async fn read_reply(&mut self) -> Result<Reply, String> {
         let mut rr = ReplyReader::default();
-        let mut line = String::new();
+        let mut line = Vec::new();
+        let mut total = 0;
         let read = async {
             loop {
-                line.clear();
-                let n = self
-                    .reader
-                    .read_line(&mut line)
-                    .await
-                    .map_err(|e| format!("read: {e}"))?;
+                let n = read_line_bounded(&mut self.reader, &mut line).await?;
                 if n == 0 {
                     return Err("BIRD closed the control connection".to_string());
                 }
-                if let Some(reply) = rr.push(line.trim_end_matches(['\n', '\r']))? {
+                total += n;
+                if total > MAX_REPLY_BYTES {
+                    return Err(format!("reply too long (over {MAX_REPLY_BYTES} bytes)"));
+                }
+                let text = String::from_utf8_lossy(&line);
+                if let Some(reply) = rr.push(text.trim_end_matches(['\n', '\r']))? {
                     return Ok(reply);
                 }
             }
@@ -242,6 +248,33 @@ impl BirdClient {
     }
 }
 
+/// Reads one line (with its newline, if any) into `line`, refusing one longer than
+/// `MAX_LINE_BYTES` before buffering more of it; 0 at the end of the stream.
+async fn read_line_bounded<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+) -> Result<usize, String> {
+    line.clear();
+    loop {
+        let buf = reader.fill_buf().await.map_err(|e| format!("read: {e}"))?;
+        if buf.is_empty() {
+            return Ok(line.len());
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > MAX_LINE_BYTES {
+            return Err(format!("reply line too long (over {MAX_LINE_BYTES} bytes)"));
+        }
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+        if done {
+            return Ok(line.len());
+        }
+    }
+}
+
 /// The configuration fragment announcing `prefixes` through `interface`.
 pub fn render(interface: &str, prefixes: &BTreeSet<IpNet>) -> String {
     let mut out = String::from(
@@ -259,24 +292,27 @@ pub fn render(interface: &str, prefixes: &BTreeSet<IpNet>) -> String {
     out
 }
 
-/// Writes `text` to `path` atomically (a temporary file beside it, fsync, rename).
+/// Writes `text` to `path` atomically: a temporary file beside it with a name of its own
+/// (created exclusively: a fixed name could be a symlink someone planted, or be shared by two
+/// writers), fsync, rename. The temporary file is removed if anything fails before the rename.
 fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
     use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name()
-            .map_or("bird-announce".into(), |n| n.to_string_lossy())
-    ));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    drop(f);
-    // BIRD usually runs as its own user: it must be able to read the file.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
-    std::fs::rename(&tmp, path)
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".fulcrum-bird-")
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    tmp.write_all(text.as_bytes())?;
+    tmp.as_file().sync_all()?;
+    // BIRD usually runs as its own user: it must be able to read the file.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// A TUN interface held open by this process: the kernel deletes it when the process ends.

@@ -135,6 +135,8 @@ struct OutboundState {
     /// `rtt` pools: destination /24 prefixes the LAN's flows went to, each with an address
     /// seen there and the round-trip time through each link (None: no answer yet).
     rtt: Mutex<RttTable>,
+    /// DNS queries to the proxy from outside the LAN, dropped (its nftables counter).
+    dns_refused: AtomicU64,
 }
 
 /// Destination prefix → (an address seen there, round-trip time through each link in µs).
@@ -319,7 +321,19 @@ impl Links {
                 }));
             }
         }
-        json!({ "links": links })
+        let dns_proxies: Vec<Value> = outbounds
+            .iter()
+            .filter_map(|o| {
+                o.plan.dns_proxy.map(|a| {
+                    json!({
+                        "outbound": o.plan.name,
+                        "address": a.to_string(),
+                        "refused": o.dns_refused.load(Ordering::Relaxed),
+                    })
+                })
+            })
+            .collect();
+        json!({ "links": links, "dns_proxies": dns_proxies })
     }
 }
 
@@ -578,6 +592,8 @@ async fn control(
     view: Arc<Mutex<Vec<Arc<OutboundState>>>>,
 ) {
     let mut handle: Option<rtnetlink::Handle> = None;
+    // Opened at the first apply, kept for the life of the plane: its socket owns the table.
+    let mut nft: Option<nft::Session> = None;
     let mut running: Option<Running> = None;
     let wake = Arc::new(tokio::sync::Notify::new());
     let mut tick = tokio::time::interval(TICK);
@@ -586,7 +602,7 @@ async fn control(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 Some(Command::Apply(plan, reply)) => {
-                    let r = apply(&mut handle, &mut running, plan, &wake).await;
+                    let r = apply(&mut handle, &mut nft, &mut running, plan, &wake).await;
                     if let Some(run) = &running {
                         *view.lock() = run.outbounds.clone();
                     }
@@ -595,25 +611,27 @@ async fn control(
                 Some(Command::Shutdown(reply)) => {
                     running = None;
                     view.lock().clear();
-                    remove(&mut handle).await;
+                    remove(&mut handle, &mut nft).await;
                     let _ = reply.send(());
                 }
                 None => {
-                    remove(&mut handle).await;
+                    remove(&mut handle, &mut nft).await;
                     return;
                 }
             },
             // nft, conntrack and /sys reads block: let the runtime move other tasks off this
             // worker meanwhile (Fulcrum's runtime is multi-threaded).
-            _ = tick.tick() => tokio::task::block_in_place(|| refresh(&mut running, true)),
-            _ = wake.notified() => tokio::task::block_in_place(|| refresh(&mut running, false)),
+            _ = tick.tick() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, true)),
+            _ = wake.notified() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, false)),
         }
     }
 }
 
 /// Resamples rates (on the tick) and rewrites the maps when the slot table or health changed.
-fn refresh(running: &mut Option<Running>, sample: bool) {
-    let Some(run) = running else { return };
+fn refresh(running: &mut Option<Running>, nft: &mut Option<nft::Session>, sample: bool) {
+    let (Some(run), Some(nft)) = (running, nft) else {
+        return;
+    };
     if run.plan.outbounds.is_empty() {
         return;
     }
@@ -654,6 +672,12 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
             }
         }
         let counters = nft::counters(TABLE);
+        for o in run.outbounds.iter().filter(|o| o.plan.dns_proxy.is_some()) {
+            let name = plan::dns_refused_counter(o.plan.index);
+            if let Some((_, n)) = counters.iter().find(|(c, _)| *c == name) {
+                o.dns_refused.store(*n, Ordering::Relaxed);
+            }
+        }
         for o in &run.outbounds {
             for (l, st) in o.plan.links.iter().zip(&o.stats) {
                 let name = format!("flows_{}_{}", o.plan.index, l.mark & 0xff);
@@ -667,7 +691,7 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
     if slots == run.slots && up == run.up && nearest == run.nearest {
         return;
     }
-    match nft::apply(&plan::render_maps(&run.plan, &slots, &up, &nearest)) {
+    match nft.run(&plan::render_maps(&run.plan, &slots, &up, &nearest)) {
         Ok(()) => {
             tracing::debug!("link slot maps rewritten");
             run.slots = slots;
@@ -678,9 +702,11 @@ fn refresh(running: &mut Option<Running>, sample: bool) {
     }
 }
 
-async fn remove(handle: &mut Option<rtnetlink::Handle>) {
-    if let Err(e) = nft::apply(&plan::render_delete()) {
-        tracing::warn!(error = %e, "removing the link table");
+async fn remove(handle: &mut Option<rtnetlink::Handle>, nft: &mut Option<nft::Session>) {
+    if let Some(session) = nft.as_mut() {
+        if let Err(e) = tokio::task::block_in_place(|| session.remove_table()) {
+            tracing::warn!(error = %e, "removing the link table");
+        }
     }
     if let Some(h) = handle.as_ref() {
         if let Err(e) = route::remove_all(h).await {
@@ -691,16 +717,23 @@ async fn remove(handle: &mut Option<rtnetlink::Handle>) {
 
 async fn apply(
     handle: &mut Option<rtnetlink::Handle>,
+    nft: &mut Option<nft::Session>,
     running: &mut Option<Running>,
     plan: Plan,
     wake: &Arc<tokio::sync::Notify>,
 ) -> Result<(), Vec<String>> {
     if plan.outbounds.is_empty() {
         if running.take().is_some() {
-            remove(handle).await;
+            remove(handle, nft).await;
         }
         return Ok(());
     }
+    if nft.is_none() {
+        *nft = Some(nft::Session::open().map_err(|e| vec![e])?);
+    }
+    let Some(session) = nft.as_mut() else {
+        return Err(vec!["no nftables session".into()]);
+    };
     if handle.is_none() {
         *handle = Some(route::connect().map_err(|e| vec![e])?);
     }
@@ -762,6 +795,7 @@ async fn apply(
                 pool,
                 stats,
                 rtt: Mutex::new(rtt),
+                dns_refused: AtomicU64::new(0),
             })
         })
         .collect();
@@ -776,7 +810,7 @@ async fn apply(
     }
     let installed = match route::install(h, &plan).await {
         Ok(()) => tokio::task::block_in_place(|| {
-            nft::apply(&plan::render_table(&plan, &slots, &up, &nearest))
+            session.replace_table(&plan::render_table(&plan, &slots, &up, &nearest))
         }),
         Err(e) => Err(e),
     };

@@ -360,12 +360,13 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)
     parts.join(", ")
 }
 
-/// The whole table, replacing any earlier one in the same transaction (restart and reload do
-/// not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
+/// The whole table (the nft session replaces the earlier one in the same transaction, so
+/// restart and reload do not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
+/// `flags owner`: the kernel deletes the table when this process's netlink socket closes,
+/// however the process ends (nft.rs).
 pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "table inet {TABLE}\ndelete table inet {TABLE}");
-    let _ = writeln!(s, "table inet {TABLE} {{");
+    let _ = writeln!(s, "table inet {TABLE} {{\n  flags owner;");
     for (g, o) in plan.outbounds.iter().enumerate() {
         let k = o.index;
         let slot_el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
@@ -377,6 +378,9 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         let _ = writeln!(s, " }}");
         for l in &o.links {
             let _ = writeln!(s, "  counter flows_{k}_{} {{ }}", l.mark & 0xff);
+        }
+        if o.dns_proxy.is_some() {
+            let _ = writeln!(s, "  counter {} {{ }}", dns_refused_counter(k));
         }
         match &o.gateway {
             None => {
@@ -526,6 +530,36 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         }
     }
     let _ = writeln!(s, "  }}");
+    // The proxy serves the LAN only: a query to its address is taken from `sources` arriving
+    // on the interface that leads back to them (a WAN packet with a LAN source address fails
+    // the reverse-path lookup); every other one is dropped and counted.
+    let _ = writeln!(
+        s,
+        "  chain dns_proxy_input {{\n    type filter hook input priority filter; policy accept;"
+    );
+    for o in &plan.outbounds {
+        if let Some(p) = o.dns_proxy {
+            let _ = writeln!(
+                s,
+                "    ip daddr {ip} udp dport {port} ip saddr @src_{k} fib saddr . iif oif exists accept",
+                ip = p.ip(),
+                port = p.port(),
+                k = o.index
+            );
+        }
+    }
+    for o in &plan.outbounds {
+        if let Some(p) = o.dns_proxy {
+            let _ = writeln!(
+                s,
+                "    ip daddr {ip} udp dport {port} counter name {c} drop",
+                ip = p.ip(),
+                port = p.port(),
+                c = dns_refused_counter(o.index)
+            );
+        }
+    }
+    let _ = writeln!(s, "  }}");
     let _ = writeln!(
         s,
         "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"
@@ -555,6 +589,11 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
     s
 }
 
+/// The named counter of the DNS queries outbound `index`'s proxy refused (not from its LAN).
+pub fn dns_refused_counter(index: usize) -> String {
+    format!("dns_refused_{index}")
+}
+
 /// Rewrites the slot and proximity maps only (weights, health or load changed); the chains,
 /// counters and flows stay.
 pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
@@ -579,11 +618,6 @@ pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Ne
         }
     }
     s
-}
-
-/// Removes the table (shutdown). `table …` first so the delete cannot fail on a missing table.
-pub fn render_delete() -> String {
-    format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
 }
 
 #[cfg(test)]
@@ -627,7 +661,10 @@ pool = "uplinks"
         assert_eq!(o.links[1].mark, 0x464c_0002);
         assert_eq!(o.links[1].isp_prefixes.len(), 1, "overlaps merged");
         let t = render_table(&plan, &[vec![0, 1, 0]], &[vec![true, true]], &[]);
-        assert!(t.starts_with("table inet fulcrum_link\ndelete table inet fulcrum_link\n"));
+        assert!(
+            t.starts_with("table inet fulcrum_link {\n  flags owner;\n"),
+            "{t}"
+        );
         assert!(
             t.contains("elements = { 0 : 0x464c0001, 1 : 0x464c0002, 2 : 0x464c0001 }"),
             "{t}"

@@ -1337,3 +1337,102 @@ fn bird_announces_an_ipv6_vip_and_a_killed_node_is_withdrawn_while_ipv6_flows_on
     let seen = answers6(&n.c, 20);
     assert!(seen.iter().all(|r| r.as_deref() == Ok("b")), "{seen:?}");
 }
+
+/// A BIRD control socket that greets, then answers the first command with `limit` bytes of
+/// one line that never ends: how many of them it could write before Fulcrum hung up.
+fn endless_bird(listener: std::os::unix::net::UnixListener, limit: usize) -> usize {
+    use std::io::Read;
+    listener.set_nonblocking(true).unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut s = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("Fulcrum never connected to the control socket: {e}"),
+        }
+    };
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"0001 BIRD fake ready.\n").unwrap();
+    let mut byte = [0u8; 1];
+    while s.read(&mut byte).is_ok_and(|n| n == 1) && byte[0] != b'\n' {}
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut written = 0;
+    s.write_all(b"0002-").unwrap();
+    while written < limit {
+        match s.write(&chunk) {
+            Ok(n) => written += n,
+            Err(_) => break,
+        }
+    }
+    written
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bird_mode_bounds_control_replies_and_writes_its_fragment_through_a_file_of_its_own() {
+    let mut lab = Lab::new("birdfake");
+    let ns = lab.ns("n").unwrap();
+    ns.addr("lo", &format!("{VIP}/32")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // The temporary name an earlier build always used, planted as a symlink to a file that
+    // is not Fulcrum's.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "keep\n").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.path().join(".announce.conf.tmp")).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("bird.ctl")).unwrap();
+    const LIMIT: usize = 64 * 1024 * 1024;
+    let server = std::thread::spawn(move || endless_bird(listener, LIMIT));
+    let config = format!(
+        r#"[bgp]
+speaker = "bird"
+control = "{d}/bird.ctl"
+include = "{d}/announce.conf"
+interface = "fl-fake"
+announce = ["{VIP}/32"]
+
+[[virtual_service]]
+name = "echo"
+listen = ["{VIP}:7000"]
+protocol = "tcp"
+pool = "echo"
+
+[[pool]]
+name = "echo"
+[[pool.member]]
+address = "127.0.0.1:7001"
+"#
+    );
+    let f = fulcrum_testkit::Fulcrum::start_in(
+        &ns.name,
+        BIN,
+        "127.0.0.1:9400".parse().unwrap(),
+        &config,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let written = tokio::task::spawn_blocking(move || server.join().unwrap())
+        .await
+        .unwrap();
+    // Fulcrum hung up after a bounded line (plus what the socket buffers held), rather than
+    // reading a never-ending line until its exchange timed out.
+    assert!(
+        written < 4 * 1024 * 1024,
+        "Fulcrum read {written} bytes of one reply line:\n{}",
+        f.logs()
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = f.get_json("/api/v1/ha").await;
+        let e = v["bgp"]["last_error"].as_str().unwrap_or("").to_string();
+        if e.contains("too long") {
+            break;
+        }
+        assert!(Instant::now() < end, "no bound reported: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fragment = std::fs::read_to_string(dir.path().join("announce.conf")).unwrap();
+    assert!(fragment.contains("protocol static fulcrum4"), "{fragment}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n");
+}

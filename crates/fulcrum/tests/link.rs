@@ -662,6 +662,11 @@ fn resolver(ns: &Ns, addr: &'static str, ttl: u32, stop: Arc<AtomicBool>) {
 
 /// `dig` from the LAN to a resolver address that exists nowhere: (ttl, address) of the answer.
 fn dig(lan: &Ns) -> (String, String) {
+    dig_at(lan, "198.19.9.9").expect("dig got no answer")
+}
+
+/// `dig` from the LAN to `resolver`: (ttl, address) of the answer, `None` without one.
+fn dig_at(lan: &Ns, resolver: &str) -> Option<(String, String)> {
     let out = lan
         .exec(
             "dig",
@@ -669,18 +674,18 @@ fn dig(lan: &Ns) -> (String, String) {
                 "+noall",
                 "+answer",
                 "+tries=1",
-                "+time=3",
+                "+time=1",
                 "+noedns",
-                "@198.19.9.9",
+                &format!("@{resolver}"),
                 "www.example.test",
                 "A",
             ],
         )
-        .unwrap();
+        // dig exits 9 when no answer came.
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let f: Vec<&str> = text.split_whitespace().collect();
-    assert!(f.len() >= 5, "dig answered {text:?}");
-    (f[1].to_string(), f[4].to_string())
+    (f.len() >= 5).then(|| (f[1].to_string(), f[4].to_string()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -713,6 +718,30 @@ async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_
     for _ in 0..5 {
         assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
     }
+    // The proxy serves its LAN only: the same query from the WAN side (isp0, routed to the
+    // proxy's address) gets no answer, and is counted; the LAN's still does.
+    net.isps[0]
+        .route(&["198.18.100.0/24", "via", "198.18.1.2"])
+        .unwrap();
+    assert_eq!(
+        dig_at(&net.isps[0], "198.18.100.1"),
+        None,
+        "answered the WAN"
+    );
+    assert_eq!(
+        dig_at(&net.lan, "198.18.100.1"),
+        Some(("53".to_string(), SNAT_A.to_string()))
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = f.get_json("/api/v1/links").await;
+        if v["dns_proxies"][0]["refused"].as_u64() >= Some(1) {
+            assert_eq!(v["dns_proxies"][0]["outbound"], "lan", "{v}");
+            break;
+        }
+        assert!(Instant::now() < end, "refusal not counted: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     f.write_config(&with_resolvers([0, 1]));
     let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
@@ -720,12 +749,29 @@ async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_
         assert_eq!(dig(&net.lan), ("54".to_string(), SNAT_B.to_string()));
     }
 
-    // Killed without a chance to clean up, then started again: what the first run left is
-    // replaced, not duplicated.
+    // Killed without a chance to clean up: the nftables table dies with the process (its
+    // netlink socket owned it), so the LAN's DNS is no longer redirected to a proxy that is
+    // gone. With a plain route out (what the router would fall back to), a query to a real
+    // resolver is answered by it directly: it sees the client's own address, no link's.
     let mut f = f;
     f.signal(libc::SIGKILL);
     assert!(f.wait_exit(Duration::from_secs(5)).await.is_some());
-    assert_eq!(kernel_state(&net.fl), (2, 1, true), "left behind");
+    net.fl.route(&["default", "via", "198.18.1.1"]).unwrap();
+    inet.route(&["198.18.100.0/24", "via", "198.18.11.1"])
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    let direct = ("53".to_string(), "198.18.100.2".to_string());
+    while dig_at(&net.lan, "198.19.0.53").as_ref() != Some(&direct) {
+        assert!(
+            Instant::now() < end,
+            "LAN DNS still not answered by its resolver after the kill: {:?}; tables {:?}",
+            dig_at(&net.lan, "198.19.0.53"),
+            kernel_state(&net.fl)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Rules and routes stay (inert without the table's marks); a restart replaces them.
+    assert_eq!(kernel_state(&net.fl), (2, 0, true), "left behind");
     drop(f);
     let f = start(&net, &with_resolvers([1, 0])).await;
     assert_eq!(kernel_state(&net.fl), (2, 1, true), "{}", f.logs());
@@ -884,4 +930,81 @@ async fn rtt_sends_a_destination_prefix_to_the_link_that_answers_it_fastest() {
     let took = took
         .unwrap_or_else(|| panic!("198.19.0.0/24 did not move to the fast line:\n{}", f.logs()));
     eprintln!("rtt: the prefix settled on the fast line after {took:?}");
+}
+
+/// `fulcrum check` on `config`: (passed, what it printed, with the file's path as "bad.toml").
+fn check(config: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        out.status.success(),
+        text.replace(&path.display().to_string(), "bad.toml"),
+    )
+}
+
+#[test]
+fn check_refuses_interface_names_that_would_change_the_nft_ruleset() {
+    const GATEWAYS: &str = r#"
+[[pool]]
+name = "firewalls"
+kind = "gateway"
+[[pool.member]]
+address = "198.18.10.2"
+interface = "fw0"
+
+[[gateway_service]]
+name = "fw"
+interfaces = ["inside0"]
+pool = "firewalls"
+"#;
+    let good = config("weighted_round_robin", [1, 1], "") + GATEWAYS;
+    let (ok, text) = check(&good);
+    assert!(ok, "{text}");
+    // Names with what Linux allows in an interface name but nft would read as syntax, and one
+    // longer than IFNAMSIZ: each refused with the file, its line, the key and what is expected.
+    let expected = "expected 1 to 15 characters of letters, digits, '.', '_' and '-'";
+    for (from, to, key) in [
+        (
+            "interface = \"wan0\"",
+            r#"interface = "wan0\"; drop""#,
+            "pool[0].member[0].interface",
+        ),
+        (
+            "interface = \"wan1\"",
+            "interface = \"wan1}{\"",
+            "pool[0].member[1].interface",
+        ),
+        (
+            "interface = \"fw0\"",
+            "interface = \"fw0\\nx\"",
+            "pool[1].member[0].interface",
+        ),
+        (
+            "interfaces = [\"inside0\"]",
+            "interfaces = [\"inside0.with.16ch\"]",
+            "gateway_service[0].interfaces[0]",
+        ),
+    ] {
+        let bad = good.replace(from, to);
+        assert_ne!(bad, good, "{from}");
+        let line = bad.lines().position(|l| l == to).map_or(0, |n| n + 1);
+        let (ok, text) = check(&bad);
+        assert!(!ok, "{to} passed: {text}");
+        assert!(
+            text.contains(&format!("bad.toml:{line}")) && text.contains(key),
+            "{to}: {text}"
+        );
+        assert!(text.contains(expected), "{to}: {text}");
+    }
 }

@@ -92,6 +92,8 @@ fn unit_and_dropins_verify_and_grant_only_what_they_document() {
     assert!(warnings.is_empty(), "{warnings}");
     let warnings = verify(&["network.conf", "xdp.conf"]);
     assert!(warnings.is_empty(), "{warnings}");
+    let warnings = verify(&["network.conf", "bird.conf"]);
+    assert!(warnings.is_empty(), "{warnings}");
 
     let unit = std::fs::read_to_string(Path::new(PACKAGING).join("fulcrum.service")).unwrap();
     let base: BTreeSet<&str> = ["CAP_NET_BIND_SERVICE", "CAP_NET_RAW"].into();
@@ -116,6 +118,20 @@ fn unit_and_dropins_verify_and_grant_only_what_they_document() {
     .into();
     assert_eq!(key_values(&xdp, "AmbientCapabilities"), with_bpf);
     assert_eq!(key_values(&xdp, "CapabilityBoundingSet"), with_bpf);
+    // BIRD mode's liveness interface is a TUN device: the private /dev keeps its other
+    // protections and gains /dev/net/tun alone, granting no capability of its own.
+    let bird = std::fs::read_to_string(Path::new(PACKAGING).join("systemd/bird.conf")).unwrap();
+    assert!(key_values(&unit, "PrivateDevices").contains("yes"));
+    assert_eq!(
+        key_values(&bird, "BindPaths"),
+        BTreeSet::from(["/dev/net/tun"])
+    );
+    assert_eq!(
+        key_values(&bird, "DeviceAllow"),
+        BTreeSet::from(["/dev/net/tun", "rw"])
+    );
+    assert!(key_values(&bird, "AmbientCapabilities").is_empty());
+    assert!(key_values(&bird, "PrivateDevices").is_empty());
     for (name, text) in [("unit", &unit), ("network", &network), ("xdp", &xdp)] {
         let granted = key_values(text, "AmbientCapabilities");
         assert!(

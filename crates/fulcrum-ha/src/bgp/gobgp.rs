@@ -18,9 +18,10 @@
 //!   the process; gobgpd does not track next-hop reachability without zebra.) So Fulcrum starts
 //!   a small watchdog process (`fulcrum bgp-watchdog`, in its own process group so a terminal's
 //!   or a group's signal does not take it along) whose stdin is a pipe from Fulcrum. Fulcrum
-//!   writes the UUIDs of the paths it has added after every change; when the pipe closes —
-//!   the kernel closes it however Fulcrum ends, kill -9 and OOM included — the watchdog
-//!   deletes exactly those UUIDs and exits. Deleting by UUID (not by prefix) means a watchdog
+//!   writes the prefixes it is about to add before AddPath, and the UUIDs of the paths it has
+//!   added after every change; when the pipe closes — the kernel closes it however Fulcrum
+//!   ends, kill -9 and OOM included — the watchdog deletes exactly those UUIDs (and, by
+//!   prefix, the paths announced as being added whose UUIDs it never heard) and exits. Deleting by UUID (not by prefix) means a watchdog
 //!   of a dead Fulcrum cannot withdraw the paths a new Fulcrum has added meanwhile: gobgpd
 //!   gives a re-added prefix a new UUID. Without a running watchdog Fulcrum announces nothing
 //!   (as BIRD announces nothing without the liveness interface). What the watchdog does not
@@ -530,6 +531,27 @@ pub fn parse_watchdog_line(line: &str) -> Option<Vec<Vec<u8>>> {
     words.map(unhex).collect()
 }
 
+/// The line Fulcrum sends the watchdog *before* adding paths: the prefixes about to be added,
+/// whose UUIDs gobgpd has not given yet.
+pub fn adding_line<'a>(prefixes: impl Iterator<Item = &'a IpNet>) -> String {
+    let mut line = String::from("adding");
+    for p in prefixes {
+        line.push(' ');
+        line.push_str(&p.to_string());
+    }
+    line.push('\n');
+    line
+}
+
+/// The prefixes of an `adding` line (`None`: not one).
+pub fn parse_adding_line(line: &str) -> Option<Vec<IpNet>> {
+    let mut words = line.split_whitespace();
+    if words.next() != Some("adding") {
+        return None;
+    }
+    words.map(|w| w.parse().ok()).collect()
+}
+
 /// `fulcrum bgp-watchdog`: follows the UUID lines on `input` and, when it ends (Fulcrum is gone,
 /// however it went), deletes those paths from gobgpd at `address`.
 pub async fn watchdog<R: tokio::io::AsyncBufRead + Unpin>(
@@ -539,10 +561,29 @@ pub async fn watchdog<R: tokio::io::AsyncBufRead + Unpin>(
     let mut client = GobgpClient::new(address)?;
     let mut lines = input.lines();
     let mut uuids: Vec<Vec<u8>> = Vec::new();
+    // Announced as being added, with no `uuids` line since: Fulcrum may have died between
+    // gobgpd's answer and telling the UUID.
+    let mut adding: Vec<IpNet> = Vec::new();
     // Until EOF, or the pipe broke: either way the writer is gone.
     while let Ok(Some(line)) = lines.next_line().await {
         if let Some(u) = parse_watchdog_line(&line) {
             uuids = u;
+            adding.clear();
+        } else if let Some(p) = parse_adding_line(&line) {
+            adding = p;
+        }
+    }
+    // Paths being added are deleted by prefix (their UUID is unknown): this deletes the
+    // API's path of that prefix, which can only be a new Fulcrum's if one already runs beside
+    // this dead one — and that one re-adds a path it finds missing within seconds (its
+    // ListPath check), while a leaked path would stay for good.
+    for p in adding {
+        match client.delete(&p).await {
+            Ok(()) => {}
+            Err(e) if e.contains("can't find") => {}
+            Err(e) => {
+                tracing::warn!(prefix = %p, error = %e, "BGP watchdog: a path being added could not be deleted")
+            }
         }
     }
     if uuids.is_empty() {
@@ -776,13 +817,28 @@ impl SpeakerOps for Gobgp {
             }
             self.paths.remove(&p);
         }
-        // The watchdog hears about removals before additions and additions right after:
-        // at any moment it knows every path that could outlive this process.
+        // The watchdog hears about removals before additions, and about additions twice:
+        // the prefixes before AddPath (gobgpd gives the UUID only in its answer), their
+        // UUIDs right after. A crash between AddPath and the UUID line would otherwise leave
+        // a path nobody withdraws; at any moment the watchdog knows every path that could
+        // outlive this process. Without the first line told, nothing is added (and without a
+        // watchdog, `want` is empty above).
         let new: Vec<IpNet> = want
             .iter()
             .filter(|p| !self.paths.contains_key(p))
             .copied()
             .collect();
+        if !new.is_empty() {
+            if let Some(w) = self.watchdog.as_mut() {
+                if let Err(e) = w.tell(&adding_line(new.iter())).await {
+                    // What the watchdog heard last is unknown now: tell it everything again.
+                    self.told = None;
+                    report(e);
+                    return;
+                }
+                self.told = None;
+            }
+        }
         for p in new {
             match client.add(&p).await {
                 Ok(uuid) => {
@@ -934,6 +990,16 @@ mod tests {
         assert_eq!(parse_watchdog_line("uuids 0g"), None);
         assert_eq!(parse_watchdog_line("uuids 123"), None);
         assert_eq!(parse_watchdog_line("hello 00"), None);
+        let p: Vec<IpNet> = vec![
+            "198.51.100.10/32".parse().expect("prefix"),
+            "2001:db8::10/128".parse().expect("prefix"),
+        ];
+        let line = adding_line(p.iter());
+        assert_eq!(line, "adding 198.51.100.10/32 2001:db8::10/128\n");
+        assert_eq!(parse_adding_line(&line), Some(p));
+        assert_eq!(parse_adding_line("adding x"), None);
+        assert_eq!(parse_watchdog_line(&line), None);
+        assert_eq!(parse_adding_line("uuids 00"), None);
     }
 
     #[tokio::test]

@@ -164,6 +164,22 @@ impl LinkPlane {
             let v = l["slots"].as_f64().unwrap_or(0.0);
             out.sample("fulcrum_link_slots", &[("outbound", &o), ("link", &n)], v);
         }
+        if let Some(proxies) = view["dns_proxies"].as_array().filter(|p| !p.is_empty()) {
+            out.family(
+                "fulcrum_link_dns_proxy_refused_total",
+                "counter",
+                "DNS queries to the transparent DNS proxy from outside its LAN, dropped.",
+            );
+            for p in proxies {
+                let o = p["outbound"].as_str().unwrap_or("");
+                let v = p["refused"].as_f64().unwrap_or(0.0);
+                out.sample(
+                    "fulcrum_link_dns_proxy_refused_total",
+                    &[("outbound", o)],
+                    v,
+                );
+            }
+        }
     }
 }
 
