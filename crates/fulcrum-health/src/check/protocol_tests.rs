@@ -501,7 +501,7 @@ async fn icmp_against_a_namespace_that_stops_answering() {
 
 /// msgID and, when the scoped PDU is in clear, the request-id of an SNMPv3 request.
 fn v3_request_ids(req: &[u8]) -> Option<(i32, Option<i32>)> {
-    use snmp::{expect, int_value, INTEGER, OCTET_STRING, SEQUENCE};
+    use snmp_ber::{expect, int_value, INTEGER, OCTET_STRING, SEQUENCE};
     let (msg, _) = expect(req, SEQUENCE, "message").ok()?;
     let (_version, rest) = expect(msg, INTEGER, "version").ok()?;
     let (global, rest) = expect(rest, SEQUENCE, "global").ok()?;
@@ -525,7 +525,7 @@ fn v3_request_ids(req: &[u8]) -> Option<(i32, Option<i32>)> {
 /// clear): the check must fail instead of taking the value.
 #[tokio::test]
 async fn snmp_v3_refuses_an_unauthenticated_reply_to_an_authenticated_get() {
-    use snmp::{integer, oid_bytes, tlv, SEQUENCE};
+    use snmp_ber::{integer, oid_bytes, tlv, SEQUENCE};
     let agent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let addr = agent.local_addr().unwrap();
     let engine = snmp_v3::Engine {
