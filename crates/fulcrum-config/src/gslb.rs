@@ -2,8 +2,11 @@
 //! (regions, monitors, the local site, the names' sites, services' `gslb_redirect`) and the
 //! exchange's listening address are checked by `validate`.
 
-use crate::reader::Cx;
-use crate::schema::{Gslb, GslbName, Site};
+use crate::reader::{Cx, FromNode, Node};
+use crate::string_enum;
+use crate::types::{read_table, OneOrMany};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 /// Checks of `[gslb]`'s own keys (at `base`, "gslb").
 pub(crate) fn check(base: &str, g: &Gslb, cx: &mut Cx<'_>) {
@@ -103,4 +106,139 @@ fn check_redirect_host(h: &str) -> Result<(), String> {
         return Err(format!("{h:?} is not a host name; {expected}"));
     }
     Ok(())
+}
+
+#[derive(Debug, Clone)]
+pub struct Gslb {
+    pub sites: Vec<Site>,
+    pub names: Vec<GslbName>,
+    /// The site this instance runs at: its reports carry that site's own figures, and its
+    /// `peer` address is where it accepts the other instances' reports.
+    pub local_site: Option<String>,
+    /// Where the site state exchange accepts peers; default: the local site's `peer`.
+    pub listen: Option<SocketAddr>,
+    /// Shared secrets authenticating the exchange (HMAC-SHA256): the first signs, any verifies.
+    pub keys: Vec<String>,
+    /// Period of the state reports sent to peers (changes are also sent at once).
+    pub interval: Duration,
+    /// A peer whose last report is older than this is stale and left out of the table.
+    pub stale_after: Duration,
+}
+
+impl Default for Gslb {
+    fn default() -> Self {
+        Gslb {
+            sites: Vec::new(),
+            names: Vec::new(),
+            local_site: None,
+            listen: None,
+            keys: Vec::new(),
+            interval: Duration::from_secs(1),
+            stale_after: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Gslb {
+    pub fn site(&self, name: &str) -> Option<&Site> {
+        self.sites.iter().find(|s| s.name == name)
+    }
+}
+
+impl FromNode for Gslb {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let d = Gslb::default();
+            let value = Gslb {
+                sites: t.opt(cx, "site").unwrap_or_default(),
+                names: t.opt(cx, "name").unwrap_or_default(),
+                local_site: t.opt(cx, "local_site"),
+                listen: t.opt(cx, "listen"),
+                keys: t
+                    .opt::<OneOrMany<String>>(cx, "key")
+                    .map(|k| k.0)
+                    .unwrap_or_default(),
+                interval: t.opt(cx, "interval").unwrap_or(d.interval),
+                stale_after: t.opt(cx, "stale_after").unwrap_or(d.stale_after),
+            };
+            crate::gslb::check(t.path(), &value, cx);
+            Some(value)
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub name: String,
+    pub addresses: Vec<IpAddr>,
+    pub regions: Vec<String>,
+    pub monitor: Option<String>,
+    pub weight: u32,
+    pub peer: Option<SocketAddr>,
+    /// `host[:port]` the HTTP redirect fallback (`gslb_redirect`) sends clients to for this
+    /// site, instead of one of its addresses.
+    pub redirect_host: Option<String>,
+    /// The link (a member of a `kind = "link"` pool) the site's addresses are reached by:
+    /// while it is down or busy the site is out of the answers (Fulcrum addition).
+    pub link: Option<String>,
+}
+
+impl FromNode for Site {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let addresses = t.req(cx, "addresses");
+            let value = Site {
+                regions: t.opt(cx, "regions").unwrap_or_default(),
+                monitor: t.opt(cx, "monitor"),
+                weight: t.opt(cx, "weight").unwrap_or(1),
+                peer: t.opt(cx, "peer"),
+                redirect_host: t.opt(cx, "redirect_host"),
+                link: t.opt(cx, "link"),
+                name: name?,
+                addresses: addresses?,
+            };
+            crate::gslb::check_site(t.path(), &value, cx);
+            Some(value)
+        })
+    }
+}
+
+string_enum!(GslbAlgorithm {
+    Topology = "topology",
+    RoundRobin = "round_robin",
+    Weighted = "weighted",
+    LeastLoad = "least_load",
+    FastestResponse = "fastest_response",
+    FirstAvailable = "first_available",
+    Hash = "hash",
+});
+
+#[derive(Debug, Clone)]
+pub struct GslbName {
+    pub fqdn: String,
+    pub sites: Vec<String>,
+    pub algorithm: GslbAlgorithm,
+    pub fallback: GslbAlgorithm,
+    pub ttl: u32,
+    pub answers: u32,
+}
+
+impl FromNode for GslbName {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let fqdn = t.req(cx, "fqdn");
+            let sites = t.req(cx, "sites");
+            let value = GslbName {
+                algorithm: t.opt(cx, "algorithm").unwrap_or(GslbAlgorithm::Topology),
+                fallback: t.opt(cx, "fallback").unwrap_or(GslbAlgorithm::RoundRobin),
+                ttl: t.opt(cx, "ttl").unwrap_or(30),
+                answers: t.opt(cx, "answers").unwrap_or(1),
+                fqdn: fqdn?,
+                sites: sites?,
+            };
+            crate::gslb::check_name(t.path(), &value, cx);
+            Some(value)
+        })
+    }
 }

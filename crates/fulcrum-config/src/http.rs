@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::protocol::Protocol;
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::rule::Rule;
-use crate::schema::Protocol;
-use crate::service::StreamOptions;
+use crate::stream::StreamOptions;
 use crate::string_enum;
 use crate::tls::TlsTermination;
 use crate::types::{read_table, ByteSize};

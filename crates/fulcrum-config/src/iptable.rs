@@ -2,8 +2,10 @@
 //! country and continent codes of a GeoIP table. References to tables are checked by
 //! `validate`.
 
-use crate::reader::Cx;
-use crate::schema::IpTable;
+use crate::reader::{Cx, FromNode, Node};
+use crate::types::read_table;
+use ipnet::IpNet;
+use std::path::PathBuf;
 
 /// Continent codes of the MaxMind databases.
 pub const CONTINENTS: [&str; 7] = ["AF", "AN", "AS", "EU", "NA", "OC", "SA"];
@@ -47,5 +49,36 @@ pub(crate) fn check(base: &str, t: &IpTable, cx: &mut Cx<'_>) {
                 ),
             );
         }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct IpTable {
+    pub name: String,
+    pub cidrs: Vec<IpNet>,
+    pub file: Option<PathBuf>,
+    /// A MaxMind DB (GeoIP2 / GeoLite2 Country or City) for `countries` and `continents`.
+    pub geoip: Option<PathBuf>,
+    /// ISO 3166-1 alpha-2 country codes whose clients belong to the table.
+    pub countries: Vec<String>,
+    /// Continent codes (AF, AN, AS, EU, NA, OC, SA) whose clients belong to the table.
+    pub continents: Vec<String>,
+}
+
+impl FromNode for IpTable {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let value = IpTable {
+                cidrs: t.opt(cx, "cidrs").unwrap_or_default(),
+                file: t.opt::<String>(cx, "file").map(PathBuf::from),
+                geoip: t.opt::<String>(cx, "geoip").map(PathBuf::from),
+                countries: t.opt(cx, "countries").unwrap_or_default(),
+                continents: t.opt(cx, "continents").unwrap_or_default(),
+                name: name?,
+            };
+            crate::iptable::check(t.path(), &value, cx);
+            Some(value)
+        })
     }
 }

@@ -6,6 +6,7 @@ mod access;
 mod admin;
 mod alert;
 mod bgp;
+mod dns;
 mod elastic;
 mod error;
 mod forwarding;
@@ -14,15 +15,18 @@ mod ha;
 mod http;
 mod iptable;
 mod link;
+mod member;
 mod message;
 mod monitor;
 mod persistence;
 mod pool;
+mod protocol;
 mod reader;
 mod rule;
 mod schema;
 mod service;
 mod snmp;
+mod stream;
 mod tcp;
 mod tls;
 mod types;
@@ -38,27 +42,37 @@ pub use access::AccessList;
 pub use admin::{token_problem, token_too_short, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use alert::{AlertEvent, AlertRule, Smtp};
 pub use bgp::{Bgp, BgpSpeaker, DEFAULT_BGP_INCLUDE, DEFAULT_BGP_INTERFACE};
+pub use dns::{Dns, RateLimit, Zone};
 pub use elastic::{Elastic, ElasticOn};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
+pub use gslb::{Gslb, GslbAlgorithm, GslbName, Site};
 pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, Cache, Compression, CompressionAlgorithm, ForwardHeaders, GslbRedirect, HttpOptions,
     HttpPoolOptions, HttpSection, LogFormat, SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS,
     HTTP_SECTION_KEYS,
 };
-pub use iptable::CONTINENTS;
+pub use iptable::{IpTable, CONTINENTS};
 pub use link::{
     parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
     LinkTarget, Outbound, OutboundPersistence, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
     MAX_LINKS,
 };
+pub use member::{AdminState, Algorithm, Member, MAX_WEIGHT};
 pub use message::*;
+pub use monitor::{Monitor, MonitorKind, MONITOR_KIND_KEYS};
+pub use persistence::{
+    radius_attribute, Malformed, Persistence, PersistenceKind, RADIUS_ATTRIBUTES,
+};
+pub use pool::{HashKey, Pool, Reuse, SlowStart, UpstreamTls};
+pub use protocol::{Protocol, ProxyProtocol};
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
 pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction};
 pub use schema::*;
-pub use service::{ServiceKind, StreamOptions, VirtualService, STREAM_KEYS};
+pub use service::{ServiceKind, VirtualService};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
+pub use stream::{StreamOptions, STREAM_KEYS};
 pub use tcp::TcpSection;
 pub use tls::{
     ClientAuth, TlsCert, TlsOptions, TlsTermination, TlsVersion, ALPN_PROTOCOLS, TLS_KEYS,

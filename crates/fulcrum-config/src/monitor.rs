@@ -2,8 +2,10 @@
 //! of each monitor type (a key of another type is refused). References to monitors are checked
 //! by `validate`.
 
-use crate::reader::Cx;
-use crate::schema::{Monitor, MonitorKind, MONITOR_KIND_KEYS};
+use crate::reader::{Cx, FromNode, Node};
+use crate::string_enum;
+use crate::types::read_table;
+use std::time::Duration;
 
 /// DNS record types a dns monitor may ask for.
 pub const DNS_QUERY_TYPES: &[&str] = &[
@@ -139,4 +141,137 @@ fn dns_name_ok(name: &str) -> bool {
         && bare
             .split('.')
             .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_graphic()))
+}
+
+string_enum!(MonitorKind {
+    Tcp = "tcp",
+    Http = "http",
+    Https = "https",
+    SendExpect = "send_expect",
+    Agent = "agent",
+    Dns = "dns",
+    Radius = "radius",
+    Smtp = "smtp",
+    Pop3 = "pop3",
+    Imap = "imap",
+    Ftp = "ftp",
+    Icmp = "icmp",
+    Snmp = "snmp",
+});
+
+#[derive(Debug, Clone)]
+pub struct Monitor {
+    pub name: String,
+    pub kind: MonitorKind,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+    pub port: Option<u16>,
+    pub path: String,
+    pub method: String,
+    pub host: Option<String>,
+    pub expect_status: Vec<u16>,
+    pub expect_body: Option<String>,
+    pub send: Option<String>,
+    pub expect: Option<String>,
+    /// dns: the name asked for (required for dns).
+    pub query: Option<String>,
+    /// dns: the record type asked for, e.g. "A" (default), "AAAA", "SOA".
+    pub query_type: String,
+    /// dns: the response code that passes, e.g. "NOERROR" (default), "NXDOMAIN".
+    pub expect_rcode: String,
+    /// dns: text one of the answer records must contain (an address, a name).
+    pub expect_answer: Option<String>,
+    /// radius: the shared secret (required for radius).
+    pub secret: Option<String>,
+    /// radius (Access-Request instead of Status-Server), pop3, imap, ftp: log in as this user.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// snmp: community, OID, and the value that means "no more load" (crate::snmp).
+    pub snmp: crate::snmp::SnmpOptions,
+    /// Link monitors: the targets probed through the link, and how many must answer.
+    pub link: crate::link::LinkProbe,
+}
+
+/// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
+/// them on other kinds.
+pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[
+    ("query", &[MonitorKind::Dns]),
+    ("query_type", &[MonitorKind::Dns]),
+    ("expect_rcode", &[MonitorKind::Dns]),
+    ("expect_answer", &[MonitorKind::Dns]),
+    ("secret", &[MonitorKind::Radius]),
+    (
+        "username",
+        &[
+            MonitorKind::Radius,
+            MonitorKind::Pop3,
+            MonitorKind::Imap,
+            MonitorKind::Ftp,
+        ],
+    ),
+    (
+        "password",
+        &[
+            MonitorKind::Radius,
+            MonitorKind::Pop3,
+            MonitorKind::Imap,
+            MonitorKind::Ftp,
+        ],
+    ),
+    ("community", &[MonitorKind::Snmp]),
+    ("oid", &[MonitorKind::Snmp]),
+    ("max", &[MonitorKind::Snmp]),
+];
+
+impl FromNode for Monitor {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let kind = t.req(cx, "type");
+            let rise = t.opt(cx, "rise").unwrap_or(2);
+            let fall = t.opt(cx, "fall").unwrap_or(3);
+            for (key, v) in [("rise", rise), ("fall", fall)] {
+                if v == 0 {
+                    cx.error_at(
+                        node.span.clone(),
+                        &format!("{}.{key}", t.path()),
+                        "must be at least 1",
+                    );
+                }
+            }
+            let value = Monitor {
+                interval: t.opt(cx, "interval").unwrap_or(Duration::from_secs(2)),
+                timeout: t.opt(cx, "timeout").unwrap_or(Duration::from_secs(1)),
+                rise,
+                fall,
+                port: t.opt(cx, "port"),
+                path: t.opt(cx, "path").unwrap_or_else(|| "/".to_string()),
+                method: t.opt(cx, "method").unwrap_or_else(|| "GET".to_string()),
+                host: t.opt(cx, "host"),
+                expect_status: t.opt(cx, "expect_status").unwrap_or_default(),
+                expect_body: t.opt(cx, "expect_body"),
+                send: t.opt(cx, "send"),
+                expect: t.opt(cx, "expect"),
+                query: t.opt(cx, "query"),
+                query_type: t
+                    .opt::<String>(cx, "query_type")
+                    .map_or_else(|| "A".to_string(), |s| s.to_ascii_uppercase()),
+                expect_rcode: t
+                    .opt::<String>(cx, "expect_rcode")
+                    .map_or_else(|| "NOERROR".to_string(), |s| s.to_ascii_uppercase()),
+                expect_answer: t.opt(cx, "expect_answer"),
+                secret: t.opt(cx, "secret"),
+                username: t.opt(cx, "username"),
+                password: t.opt(cx, "password"),
+                snmp: crate::snmp::SnmpOptions::read(t, cx),
+                link: crate::link::LinkProbe::read(t, cx),
+                name: name?,
+                kind: kind?,
+            };
+            crate::monitor::check(t.path(), &value, cx);
+            Some(value)
+        })
+    }
 }

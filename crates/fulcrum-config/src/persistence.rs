@@ -3,8 +3,10 @@
 //! `validate`.
 
 use crate::error::did_you_mean;
-use crate::reader::Cx;
-use crate::schema::{radius_attribute, Persistence, PersistenceKind, RADIUS_ATTRIBUTES};
+use crate::reader::{Cx, FromNode, Node};
+use crate::string_enum;
+use crate::types::{read_table, OneOrMany};
+use std::time::Duration;
 
 /// Checks of the profile at `base` (such as `persistence[0]`).
 pub(crate) fn check(base: &str, p: &Persistence, cx: &mut Cx<'_>) {
@@ -88,5 +90,130 @@ pub(crate) fn check(base: &str, p: &Persistence, cx: &mut Cx<'_>) {
     }
     if p.max_entries == 0 {
         cx.error_path(&format!("{at}.max_entries"), "must be at least 1");
+    }
+}
+
+string_enum!(PersistenceKind {
+    SourceIp = "source_ip",
+    CookieInsert = "cookie_insert",
+    CookiePassive = "cookie_passive",
+    CookieRewrite = "cookie_rewrite",
+    Header = "header",
+    Radius = "radius",
+});
+
+#[derive(Debug, Clone)]
+pub struct Persistence {
+    pub name: String,
+    pub kind: PersistenceKind,
+    /// Idle expiry of table entries; for cookie_insert the cookie's lifetime (None: session cookie).
+    pub timeout: Option<Duration>,
+    pub cookie: String,
+    pub header: Option<String>,
+    pub attribute: Option<String>,
+    pub source_mask: u8,
+    pub source_mask_v6: u8,
+    /// Bound on the entries of a persistence table; the least recently used go first.
+    pub max_entries: u64,
+    /// cookie_insert / cookie_rewrite: the key that signs the member id in the cookie. Without
+    /// it the process uses the secret file beside `admin.token_file` (generated once, kept
+    /// across restarts).
+    pub secret: Option<String>,
+    /// Older keys whose cookies are still accepted (and re-issued with `secret`): the rest of
+    /// `secret` when it is an array, newest first (rotation).
+    pub previous_secrets: Vec<String>,
+    /// cookie_insert: the cookie's `SameSite` attribute (none written when unset).
+    pub same_site: Option<crate::http::SameSite>,
+    /// radius: what happens to a datagram that is not a well-formed RADIUS packet.
+    pub malformed: Malformed,
+}
+
+string_enum!(
+    /// What a radius-persistent udp service does with a datagram that is not a well-formed
+    /// RADIUS packet (or lacks the attribute): schedule it like any datagram, or drop it.
+    Malformed {
+        Schedule = "schedule",
+        Drop = "drop",
+    }
+);
+
+/// RADIUS attribute names Fulcrum knows (RFC 2865, 2866, 2869, 3162), with their type numbers.
+pub const RADIUS_ATTRIBUTES: &[(&str, u8)] = &[
+    ("User-Name", 1),
+    ("NAS-IP-Address", 4),
+    ("NAS-Port", 5),
+    ("Framed-IP-Address", 8),
+    ("Class", 25),
+    ("Called-Station-Id", 30),
+    ("Calling-Station-Id", 31),
+    ("NAS-Identifier", 32),
+    ("Acct-Session-Id", 44),
+    ("Acct-Multi-Session-Id", 50),
+    ("NAS-Port-Id", 87),
+    ("Framed-Interface-Id", 96),
+    ("Framed-IPv6-Prefix", 97),
+];
+
+/// The type number of a RADIUS attribute given by name (case-insensitive, as in the table above)
+/// or as a number from 1 to 255.
+pub fn radius_attribute(name: &str) -> Option<u8> {
+    if let Ok(n) = name.parse::<u8>() {
+        return (n != 0).then_some(n);
+    }
+    RADIUS_ATTRIBUTES
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, t)| *t)
+}
+
+impl Persistence {
+    /// Idle expiry of the entries of a persistence table.
+    pub fn table_timeout(&self) -> Duration {
+        self.timeout.unwrap_or(Duration::from_secs(30 * 60))
+    }
+}
+
+impl FromNode for Persistence {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let name = t.req(cx, "name");
+            let kind = t.req(cx, "type");
+            let source_mask = t.opt(cx, "source_mask").unwrap_or(32);
+            let source_mask_v6 = t.opt(cx, "source_mask_v6").unwrap_or(128);
+            if source_mask > 32 {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.source_mask", t.path()),
+                    format!("{source_mask} is not an IPv4 prefix length (0 to 32)"),
+                );
+            }
+            if source_mask_v6 > 128 {
+                cx.error_at(
+                    node.span.clone(),
+                    &format!("{}.source_mask_v6", t.path()),
+                    format!("{source_mask_v6} is not an IPv6 prefix length (0 to 128)"),
+                );
+            }
+            let secrets: Option<OneOrMany<String>> = t.opt(cx, "secret");
+            let value = Persistence {
+                timeout: t.opt(cx, "timeout"),
+                cookie: t.opt(cx, "cookie").unwrap_or_else(|| "FULCRUM".to_string()),
+                header: t.opt(cx, "header"),
+                attribute: t.opt(cx, "attribute"),
+                source_mask,
+                source_mask_v6,
+                max_entries: t.opt(cx, "max_entries").unwrap_or(1_000_000),
+                malformed: t.opt(cx, "malformed").unwrap_or(Malformed::Schedule),
+                secret: secrets.as_ref().and_then(|s| s.0.first().cloned()),
+                previous_secrets: secrets
+                    .map(|s| s.0.into_iter().skip(1).collect())
+                    .unwrap_or_default(),
+                same_site: t.opt(cx, "same_site"),
+                name: name?,
+                kind: kind?,
+            };
+            crate::persistence::check(t.path(), &value, cx);
+            Some(value)
+        })
     }
 }

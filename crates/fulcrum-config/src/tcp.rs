@@ -2,9 +2,9 @@
 //! how packets reach the members (proxy, or in-kernel nat / dr / tunnel).
 
 use crate::forwarding::ForwardingOptions;
+use crate::protocol::Protocol;
 use crate::reader::{Cx, Node, TableReader};
-use crate::schema::Protocol;
-use crate::service::StreamOptions;
+use crate::stream::StreamOptions;
 use crate::tls::TlsTermination;
 
 #[derive(Debug, Clone)]

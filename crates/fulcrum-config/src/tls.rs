@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::protocol::Protocol;
 use crate::reader::{Cx, FromNode, Node, TableReader};
-use crate::schema::Protocol;
 use crate::string_enum;
 use crate::types::read_table;
 

@@ -1,13 +1,20 @@
 //! Checks that need the whole config: references between sections, duplicates, shared listening
 //! addresses, and which protocols use a pool or a persistence profile. What a single section can
-//! check is checked where it is read.
+//! check is checked where it is read. `links` and `messages` hold the cross-checks of those
+//! sections, apart so that the sections themselves never need the whole `Config`.
+
+mod links;
+mod messages;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use crate::error::{did_you_mean, ConfigError};
+use crate::monitor::MonitorKind;
+use crate::persistence::PersistenceKind;
+use crate::protocol::Protocol;
 use crate::rule::RuleAction;
-use crate::schema::{Config, MonitorKind, PersistenceKind, Protocol};
+use crate::schema::Config;
 use crate::Locations;
 
 struct Checker<'a> {
@@ -263,7 +270,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
     }
 
     let mut errs = Vec::new();
-    crate::link::check(cfg, &mut errs);
+    links::check(cfg, &mut errs);
     for (path, msg) in errs {
         c.err(&path, msg);
     }
@@ -373,6 +380,6 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         }
     }
 
-    c.errors.extend(crate::message::validate(cfg));
+    c.errors.extend(messages::validate(cfg));
     c.errors
 }
