@@ -22,6 +22,8 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 echo "== format"
 cargo fmt --all -- --check
+echo "== module circles"
+python3 scripts/module-cycles.py
 echo "== lint"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== fuzz targets build"

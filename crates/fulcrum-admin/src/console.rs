@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use crate::escape::log_escape;
 use crate::Control;
 
 /// Samples kept: ten minutes at one a second.
@@ -150,29 +151,6 @@ fn source_of(from: &str) -> String {
         }
         Err(_) => from.to_string(),
     }
-}
-
-/// `s` with what could end or forge a log line escaped: `\n`, `\r`, other control characters
-/// as `\xNN` (`\u{NNNN}` beyond ASCII), and the backslash itself, so an escaped sequence
-/// always means an escaped character.
-pub fn log_escape(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(|c| c.is_control() || c == '\\') {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() && c.is_ascii() => {
-                out.push_str(&format!("\\x{:02x}", u32::from(c)));
-            }
-            c if c.is_control() => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
 }
 
 /// Counter values at the previous sample, to turn totals into rates.
@@ -440,15 +418,6 @@ mod tests {
         let all = log.newest_first();
         assert_eq!(all.len(), 1 + REFUSED_LEN);
         assert_eq!(all.last().map(|e| e.status), Some(200));
-    }
-
-    #[test]
-    fn log_escape_leaves_one_line() {
-        assert_eq!(log_escape("/api/v1/reload"), "/api/v1/reload");
-        assert_eq!(
-            log_escape("a\nb\rc\x1bd\\n\u{85}\t"),
-            "a\\nb\\rc\\x1bd\\\\n\\u{0085}\\x09"
-        );
     }
 
     /// A sample's `t` read back from its JSON by serde_json (whose default float parser is not

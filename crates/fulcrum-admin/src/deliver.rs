@@ -117,9 +117,7 @@ pub async fn http_post(
     } else {
         Err(format!(
             "{url}: HTTP {status}: {}",
-            crate::console::log_escape(
-                String::from_utf8_lossy(&text[..text.len().min(200)]).trim()
-            )
+            crate::escape::log_escape(String::from_utf8_lossy(&text[..text.len().min(200)]).trim())
         ))
     }
 }
@@ -177,7 +175,7 @@ async fn reply(r: &mut BufReader<TcpStream>, want: &[u16]) -> Result<(), String>
         } else {
             Err(format!(
                 "smtp: {}",
-                crate::console::log_escape(line.trim_end())
+                crate::escape::log_escape(line.trim_end())
             ))
         };
     }

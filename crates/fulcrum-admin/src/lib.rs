@@ -8,6 +8,7 @@ mod api;
 mod cert;
 pub mod console;
 mod deliver;
+mod escape;
 mod metrics;
 mod ui;
 

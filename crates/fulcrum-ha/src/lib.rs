@@ -29,16 +29,8 @@ use crate::machine::{Action, Machine, Params, State};
 use crate::net::{Announcer, Interface, Netlink, VrrpSocket};
 use crate::packet::Advert;
 
-/// VRRPv3's smallest advertisement interval (one centisecond).
-pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
-
-#[derive(Debug, thiserror::Error)]
-pub enum HaError {
-    #[error("netlink: {0}")]
-    Netlink(String),
-    #[error("{0}: {1}")]
-    Socket(&'static str, std::io::Error),
-}
+pub use crate::net::HaError;
+pub use crate::packet::MIN_INTERVAL;
 
 /// What a node runs with (from `[ha]`).
 #[derive(Debug, Clone)]

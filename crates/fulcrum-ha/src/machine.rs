@@ -244,7 +244,7 @@ impl Machine {
             return out;
         }
         let interval =
-            Duration::from_millis(u64::from(adv.interval_cs) * 10).max(crate::MIN_INTERVAL);
+            Duration::from_millis(u64::from(adv.interval_cs) * 10).max(crate::packet::MIN_INTERVAL);
         let local = self.priority();
         match self.state {
             State::Init => {}

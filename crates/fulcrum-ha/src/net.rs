@@ -17,7 +17,15 @@ use socket2::{
 use tokio::io::unix::AsyncFd;
 
 use crate::packet::{self, Advert, GROUP_V4, GROUP_V6, PROTO_VRRP, TTL};
-use crate::HaError;
+
+/// What setting up VRRP's sockets and addresses can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum HaError {
+    #[error("netlink: {0}")]
+    Netlink(String),
+    #[error("{0}: {1}")]
+    Socket(&'static str, std::io::Error),
+}
 
 /// The interface adverts use: its index, hardware address and the address adverts come from
 /// (IPv4: its first own address; IPv6: its link-local address, RFC 5798 §5.1.2.1).

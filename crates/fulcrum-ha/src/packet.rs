@@ -7,6 +7,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// VRRPv3's smallest advertisement interval (one centisecond).
+pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// IP protocol number of VRRP.
 pub const PROTO_VRRP: u8 = 112;
 /// The IPv4 multicast group of VRRP (RFC 5798 §5.1.1.2).

@@ -27,7 +27,6 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::message::framing::Framer;
-use crate::message::link;
 use crate::message::stats::{FailReason, MemberMessageStats, MessageStats};
 use crate::tcp::{l4_hash, SourcePersistence};
 use fulcrum_net::stats::ServiceStats;
@@ -317,7 +316,7 @@ impl MemberLinks {
                 .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                tokio::spawn(link::run(self.clone(), hub.clone(), keep));
+                (hub.link_task)(self.clone(), hub.clone(), keep);
                 if !keep {
                     return;
                 }
@@ -429,7 +428,15 @@ pub struct Hub {
     flow: tokio::sync::watch::Sender<Flow>,
     /// Mirrors `flow.congested`, so the hot path reads an atomic, not the watch's lock.
     congested: AtomicBool,
+    /// Starts the task of one member connection (`link::spawn`). Handed in by `Hub::new`
+    /// (message/mod.rs) so that the dispatcher does not depend on how a member connection is
+    /// driven, while the link task depends on the dispatcher it serves.
+    link_task: LinkTask,
 }
+
+/// Starts one member connection's task: the member's links, the hub, and whether it reconnects
+/// for ever (`keep`) or ends with its connection.
+pub(crate) type LinkTask = fn(Arc<MemberLinks>, Arc<Hub>, bool);
 
 /// See `Hub::flow`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -449,14 +456,16 @@ impl std::fmt::Debug for Hub {
 }
 
 impl Hub {
-    /// A dispatcher over `pool`; no member connection is opened before `start`.
-    pub fn new(
+    /// A dispatcher over `pool` whose member connections run as `link_task` starts them; no
+    /// member connection is opened before `start`.
+    pub(crate) fn with_link_task(
         name: Arc<str>,
         settings: Settings,
         stats: Arc<ServiceStats>,
         messages: Arc<MessageStats>,
         pool: Arc<Pool>,
         persistence: Option<SourcePersistence>,
+        link_task: LinkTask,
     ) -> Arc<Hub> {
         let members = pool
             .members()
@@ -478,6 +487,7 @@ impl Hub {
             registered: AtomicBool::new(true),
             flow: tokio::sync::watch::Sender::new(Flow::default()),
             congested: AtomicBool::new(false),
+            link_task,
         })
     }
 

@@ -43,6 +43,11 @@ const READ_CHUNK: usize = 16 * 1024;
 /// Byte counts go to the member's counters at least this often.
 const REPORT_BYTES: u64 = 64 * 1024;
 
+/// Starts the task of one member connection (`Hub`'s `LinkTask`).
+pub(crate) fn spawn(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
+    tokio::spawn(run(links, hub, keep));
+}
+
 /// Runs one member connection until its set is retired or the service has shut down (or, for a
 /// link opened on demand, until its connection ends).
 pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {

@@ -29,6 +29,28 @@ pub use stats::{FailReason, LatencyHistogram, MemberMessageStats, MessageStats, 
 use fulcrum_net::listener::StreamHandler;
 use fulcrum_net::tracker::Tracker;
 
+impl Hub {
+    /// A dispatcher over `pool`; no member connection is opened before `start`.
+    pub fn new(
+        name: Arc<str>,
+        settings: Settings,
+        stats: Arc<fulcrum_net::stats::ServiceStats>,
+        messages: Arc<MessageStats>,
+        pool: Arc<fulcrum_balance::Pool>,
+        persistence: Option<crate::tcp::SourcePersistence>,
+    ) -> Arc<Hub> {
+        Hub::with_link_task(
+            name,
+            settings,
+            stats,
+            messages,
+            pool,
+            persistence,
+            link::spawn,
+        )
+    }
+}
+
 /// A `protocol = "message"` virtual service as the listeners see it: the dispatcher its client
 /// connections use, and the client-side limits of the current configuration.
 #[derive(Debug)]
