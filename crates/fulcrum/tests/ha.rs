@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fulcrum_testkit::netns::{Lab, Ns};
+use lab::ha_node_config as node_config;
 use lab::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
@@ -18,48 +19,6 @@ const VIP: &str = "198.18.0.100";
 
 fn vip() -> SocketAddr {
     SocketAddr::from(([198, 18, 0, 100], 80))
-}
-
-/// A node: an HTTP service on port 80 of every address (so it answers on the VIP once it holds
-/// it) in front of a local backend on 127.0.0.1:8080, checked every 100 ms.
-fn node_config(name: &str, priority: u8, extra: &str) -> String {
-    format!(
-        r#"[admin]
-listen = "127.0.0.1:9900"
-token = "lab-admin-token-0123456789"
-
-[ha]
-node = "{name}"
-interface = "eth0"
-vrid = 51
-priority = {priority}
-advert_interval = "100ms"
-vips = ["{VIP}/24"]
-{extra}
-
-[[virtual_service]]
-name = "web"
-listen = ["0.0.0.0:80"]
-protocol = "http"
-pool = "local"
-
-[[pool]]
-name = "local"
-monitors = ["up"]
-reuse = "never"
-[[pool.member]]
-address = "127.0.0.1:8080"
-
-[[monitor]]
-name = "up"
-type = "tcp"
-port = 8080
-interval = "100ms"
-timeout = "100ms"
-fall = 2
-rise = 2
-"#
-    )
 }
 
 struct Pair {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use fulcrum_ha::packet::Advert;
 use fulcrum_testkit::netns::{Lab, Ns};
+use lab::ha_node_config as node_config;
 use lab::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
@@ -21,47 +22,6 @@ const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const STRANGER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 const SYNC_KEY: &str = "a-sync-key-for-the-test-0123";
-
-/// A node: an HTTP service in front of a local backend, VRRP on eth0 with `extra` keys.
-fn node_config(name: &str, priority: u8, extra: &str) -> String {
-    format!(
-        r#"[admin]
-listen = "127.0.0.1:9900"
-token = "lab-admin-token-0123456789"
-
-[ha]
-node = "{name}"
-interface = "eth0"
-vrid = 51
-priority = {priority}
-advert_interval = "100ms"
-vips = ["{VIP}/24"]
-{extra}
-
-[[virtual_service]]
-name = "web"
-listen = ["0.0.0.0:80"]
-protocol = "http"
-pool = "local"
-
-[[pool]]
-name = "local"
-monitors = ["up"]
-reuse = "never"
-[[pool.member]]
-address = "127.0.0.1:8080"
-
-[[monitor]]
-name = "up"
-type = "tcp"
-port = 8080
-interval = "100ms"
-timeout = "100ms"
-fall = 2
-rise = 2
-"#
-    )
-}
 
 struct Segment {
     lab: Lab,
