@@ -1,6 +1,6 @@
 //! Cross-checks of the `[[outbound]]`, link and gateway sections against the rest of the config.
 
-use crate::link::*;
+use crate::link::{PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS, LINK_ONLY_ALGORITHMS, MAX_LINKS};
 use ipnet::IpNet;
 
 use crate::member::Algorithm;
