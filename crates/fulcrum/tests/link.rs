@@ -8,6 +8,8 @@
 //! Link a: wan0 198.18.1.2 via 198.18.1.1; link b: wan1 198.18.2.2 via 198.18.2.1. The
 //! Fulcrum namespace has no default route: a flow Fulcrum did not mark goes nowhere.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::check;
 use fulcrum_testkit::netns::{Lab, Ns};
 use fulcrum_testkit::Fulcrum;
 
@@ -930,27 +933,6 @@ async fn rtt_sends_a_destination_prefix_to_the_link_that_answers_it_fastest() {
     let took = took
         .unwrap_or_else(|| panic!("198.19.0.0/24 did not move to the fast line:\n{}", f.logs()));
     eprintln!("rtt: the prefix settled on the fast line after {took:?}");
-}
-
-/// `fulcrum check` on `config`: (passed, what it printed, with the file's path as "bad.toml").
-fn check(config: &str) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.toml");
-    std::fs::write(&path, config).unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["check", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (
-        out.status.success(),
-        text.replace(&path.display().to_string(), "bad.toml"),
-    )
 }
 
 #[test]
