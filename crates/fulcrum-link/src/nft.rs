@@ -153,30 +153,29 @@ impl Session {
         }
     }
 
+    /// The commands that delete Fulcrum's table, whether or not it exists: the owned table
+    /// directly; otherwise `table` first, so the delete cannot fail on a missing table. (Not on
+    /// an owned table: declaring it without `flags owner` would try to clear the flag.)
+    fn delete_script(&self) -> String {
+        if self.owns_table {
+            format!("delete table inet {TABLE}\n")
+        } else {
+            format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
+        }
+    }
+
     /// Replaces Fulcrum's table with `table` (its whole text, with `flags owner`). The first
     /// time, a table of the same name left by an earlier run that did not own it goes in the
     /// same transaction; one owned by another live process is refused (not permitted).
     pub fn replace_table(&mut self, table: &str) -> Result<(), String> {
-        let prefix = if self.owns_table {
-            format!("delete table inet {TABLE}\n")
-        } else {
-            // `table` first, so the delete cannot fail on a missing table. (Not on an owned
-            // table: declaring it without `flags owner` would try to clear the flag.)
-            format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
-        };
-        self.run(&format!("{prefix}{table}"))?;
+        self.run(&format!("{}{table}", self.delete_script()))?;
         self.owns_table = true;
         Ok(())
     }
 
     /// Removes the table (shutdown).
     pub fn remove_table(&mut self) -> Result<(), String> {
-        let script = if self.owns_table {
-            format!("delete table inet {TABLE}\n")
-        } else {
-            format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
-        };
-        let r = self.run(&script);
+        let r = self.run(&self.delete_script());
         if r.is_ok() {
             self.owns_table = false;
         }
