@@ -50,19 +50,7 @@ trap 'sweep; rm -rf "$work"' EXIT
 
 segment() {  # fresh names every run (a deleted namespace's name is not reusable at once)
   P="fl-haab-$$-$RANDOM"
-  for n in sw a b x; do ip netns add "$P-$n"; ip -n "$P-$n" link set lo up; done
-  ip -n "$P-sw" link add br0 type bridge
-  ip -n "$P-sw" link set br0 up
-  local i=0
-  for h in a:198.18.0.1 b:198.18.0.2 x:198.18.0.10; do
-    local n=${h%%:*} addr=${h##*:}
-    ip link add eth0 netns "$P-$n" type veth peer name "p$i" netns "$P-sw"
-    ip -n "$P-sw" link set "p$i" master br0
-    ip -n "$P-sw" link set "p$i" up
-    ip -n "$P-$n" link set eth0 up
-    ip -n "$P-$n" addr add "$addr/24" dev eth0
-    i=$((i + 1))
-  done
+  ha_segment "$P" x
 }
 
 fulcrum_node() {  # fulcrum_node BINARY NAME PRIORITY ME PEER [SYNC]

@@ -56,19 +56,7 @@ segment() {
   # (round runs in a command substitution: a counter would not survive it, so the subshell's
   # own pid names the round.)
   P="fl-hab-$$-$BASHPID"
-  for n in sw a b c; do ip netns add "$P-$n"; ip -n "$P-$n" link set lo up; done
-  ip -n "$P-sw" link add br0 type bridge
-  ip -n "$P-sw" link set br0 up
-  local i=0
-  for h in a:198.18.0.1 b:198.18.0.2 c:198.18.0.10; do
-    local n=${h%%:*} addr=${h##*:}
-    ip link add eth0 netns "$P-$n" type veth peer name "p$i" netns "$P-sw"
-    ip -n "$P-sw" link set "p$i" master br0
-    ip -n "$P-sw" link set "p$i" up
-    ip -n "$P-$n" link set eth0 up
-    ip -n "$P-$n" addr add "$addr/24" dev eth0
-    i=$((i + 1))
-  done
+  ha_segment "$P" c
 }
 
 fulcrum_node() {  # fulcrum_node NAME PRIORITY INTERVAL

@@ -141,3 +141,21 @@ msg_run() {
   awk -v t=$((after - before)) -v hz="$CLK_TCK" -v m="$all" -v r="$rate" -v p="$p99" \
     'BEGIN { printf "%.2f %s %s\n", (m > 0 ? t / hz * 1e6 / m : 0), r, p }'
 }
+
+ha_segment() {  # ha_segment PREFIX THIRD: namespaces PREFIX-{sw,a,b,THIRD}, each host's eth0 on the
+  # bridge br0 in PREFIX-sw: a 198.18.0.1, b 198.18.0.2, THIRD 198.18.0.10 (/24)
+  local prefix=$1 third=$2
+  for n in sw a b "$third"; do ip netns add "$prefix-$n"; ip -n "$prefix-$n" link set lo up; done
+  ip -n "$prefix-sw" link add br0 type bridge
+  ip -n "$prefix-sw" link set br0 up
+  local i=0 h n addr
+  for h in a:198.18.0.1 b:198.18.0.2 "$third:198.18.0.10"; do
+    n=${h%%:*} addr=${h##*:}
+    ip link add eth0 netns "$prefix-$n" type veth peer name "p$i" netns "$prefix-sw"
+    ip -n "$prefix-sw" link set "p$i" master br0
+    ip -n "$prefix-sw" link set "p$i" up
+    ip -n "$prefix-$n" link set eth0 up
+    ip -n "$prefix-$n" addr add "$addr/24" dev eth0
+    i=$((i + 1))
+  done
+}
