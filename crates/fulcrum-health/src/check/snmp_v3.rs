@@ -652,29 +652,10 @@ mod tests {
             boots: 3,
             time: 12345,
         };
-        let plain = |flags: u8| {
-            let scoped = tlv(
-                SEQUENCE,
-                &[
-                    tlv(OCTET_STRING, &engine.id),
-                    tlv(OCTET_STRING, &[]),
-                    response_pdu(10, integer(42)),
-                ]
-                .concat(),
-            );
-            let params = sec_params(&SecParams {
-                engine_id: &engine.id,
-                boots: engine.boots,
-                time: engine.time,
-                user: b"fulcrum",
-                auth: &[],
-                privacy: &[],
-            });
-            message(9, flags, &params, &scoped)
-        };
+        let forged = unauthenticated_reply(9, &engine, response_pdu(10, integer(42)));
         for privacy in [true, false] {
             let k = user(SnmpAuth::Sha256, privacy).localize(&engine.id);
-            let e = parse_v3_response(&plain(0), 9, 10, Some(&k)).unwrap_err();
+            let e = parse_v3_response(&forged, 9, 10, Some(&k)).unwrap_err();
             assert!(e.starts_with(BELOW_LEVEL), "{e}");
             assert!(e.contains("noAuthNoPriv in reply to auth"), "{e}");
         }
