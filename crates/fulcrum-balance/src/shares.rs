@@ -67,20 +67,12 @@ pub fn link_shares(
     shares_with(algorithm, members, loads, busy, false)
 }
 
-/// The shares members would have if every one with a weight were healthy, enabled and idle: where their
-/// slots sit while they are out, so that their slots alone move.
+/// The shares members would have if every one with a weight were healthy and enabled, under
+/// the loads measured now: where their slots sit while they are out, so that their slots alone
+/// move. (The loads stay in: built from idle loads, this table would pin every slot of a member
+/// that is in, and least connections, least traffic and rtt would never move a flow.)
 fn potential_shares(algorithm: Algorithm, members: &[Arc<Member>], loads: &[LinkLoad]) -> Vec<u32> {
-    let idle: Vec<LinkLoad> = members
-        .iter()
-        .enumerate()
-        .map(|(i, _)| LinkLoad {
-            up_bps: 0.0,
-            down_bps: 0.0,
-            flows: 0,
-            ..loads.get(i).copied().unwrap_or_default()
-        })
-        .collect();
-    shares_with(algorithm, members, &idle, None, true)
+    shares_with(algorithm, members, loads, None, true)
 }
 
 fn shares_with(
@@ -285,6 +277,22 @@ mod tests {
             link_shares(Algorithm::Spillover, &m, &first_full, None),
             vec![0, 1, 0]
         );
+    }
+
+    #[test]
+    fn the_slot_table_follows_the_flows_each_link_carries() {
+        let m = members(&[1, 1]);
+        let names = vec!["a".to_string(), "b".to_string()];
+        let loaded = [
+            LinkLoad {
+                flows: 20,
+                ..LinkLoad::default()
+            },
+            LinkLoad::default(),
+        ];
+        let (slots, _) = kernel_slots(Algorithm::LeastConnections, &m, &loaded, None, &names);
+        let on_b = slots.iter().filter(|&&s| s == 1).count();
+        assert!(on_b * 10 >= slots.len() * 9, "{on_b} of {}", slots.len());
     }
 
     #[test]

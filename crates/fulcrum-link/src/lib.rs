@@ -12,6 +12,7 @@
 //! when the table changes, so flows already running are never touched.
 
 mod dns_proxy;
+mod flows;
 mod nft;
 mod plan;
 mod route;
@@ -339,8 +340,8 @@ impl Links {
 
 /// `rtt` pools learn where the LAN's flows go: the destinations of the flows with their marks
 /// in the connection table, by /24.
-fn learn_destinations(outbounds: &[Arc<OutboundState>]) {
-    let seen = nft::destinations_by_mark();
+fn learn_destinations(outbounds: &[Arc<OutboundState>], flows: &mut flows::FlowWatch) {
+    let seen = flows.destinations(1024);
     for o in outbounds
         .iter()
         .filter(|o| o.plan.algorithm == Algorithm::Rtt)
@@ -595,6 +596,8 @@ async fn control(
     // Opened at the first apply, kept for the life of the plane: its socket owns the table.
     let mut nft: Option<nft::Session> = None;
     let mut running: Option<Running> = None;
+    // Runs while a least-connections or rtt pool needs the flows of the links.
+    let mut flows: Option<flows::FlowWatch> = None;
     let wake = Arc::new(tokio::sync::Notify::new());
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -621,18 +624,25 @@ async fn control(
             },
             // nft, conntrack and /sys reads block: let the runtime move other tasks off this
             // worker meanwhile (Fulcrum's runtime is multi-threaded).
-            _ = tick.tick() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, true)),
-            _ = wake.notified() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, false)),
+            _ = tick.tick() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, &mut flows, true)),
+            _ = wake.notified() => tokio::task::block_in_place(|| refresh(&mut running, &mut nft, &mut flows, false)),
         }
     }
 }
 
 /// Resamples rates (on the tick) and rewrites the maps when the slot table or health changed.
-fn refresh(running: &mut Option<Running>, nft: &mut Option<nft::Session>, sample: bool) {
+fn refresh(
+    running: &mut Option<Running>,
+    nft: &mut Option<nft::Session>,
+    flows: &mut Option<flows::FlowWatch>,
+    sample: bool,
+) {
     let (Some(run), Some(nft)) = (running, nft) else {
+        *flows = None;
         return;
     };
     if run.plan.outbounds.is_empty() {
+        *flows = None;
         return;
     }
     if sample {
@@ -641,14 +651,11 @@ fn refresh(running: &mut Option<Running>, nft: &mut Option<nft::Session>, sample
                 st.sample(&l.interface);
             }
         }
-        if run
+        let learning = run
             .plan
             .outbounds
             .iter()
-            .any(|o| o.algorithm == Algorithm::Rtt)
-        {
-            learn_destinations(&run.outbounds);
-        }
+            .any(|o| o.algorithm == Algorithm::Rtt);
         let counting = run.plan.outbounds.iter().any(|o| {
             matches!(
                 o.algorithm,
@@ -656,11 +663,19 @@ fn refresh(running: &mut Option<Running>, nft: &mut Option<nft::Session>, sample
                     | fulcrum_config::Algorithm::WeightedLeastConnections
             )
         });
-        let active = if counting {
-            nft::flows_by_mark()
-        } else {
-            Default::default()
-        };
+        if !(learning || counting) {
+            *flows = None;
+        }
+        let mut active = std::collections::HashMap::new();
+        if learning || counting {
+            let watch = flows.get_or_insert_with(flows::FlowWatch::start);
+            if learning {
+                learn_destinations(&run.outbounds, watch);
+            }
+            if counting {
+                active = watch.per_mark();
+            }
+        }
         for o in &run.outbounds {
             for (l, st) in o.plan.links.iter().zip(&o.stats) {
                 let n = if counting {

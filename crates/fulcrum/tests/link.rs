@@ -935,6 +935,75 @@ async fn rtt_sends_a_destination_prefix_to_the_link_that_answers_it_fastest() {
     eprintln!("rtt: the prefix settled on the fast line after {took:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_connections_sends_new_flows_to_the_link_carrying_fewer() {
+    let net = net("lc");
+    // Twenty held flows, all on a (b takes none at weight 0)...
+    let f = start(&net, &config("weighted_round_robin", [1, 0], "")).await;
+    let held = net
+        .lan
+        .thread(|| {
+            (0..20)
+                .filter_map(|_| {
+                    let mut s = open(SERVER, Duration::from_secs(1)).ok()?;
+                    (ask(&mut s).ok()? == SNAT_A).then_some(s)
+                })
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+    assert_eq!(held.len(), 20, "the held flows did not all leave by a");
+    // ...then least connections: Fulcrum counts them from the connection table and sends the
+    // new flows to b, whatever the hash of each.
+    f.write_config(&config("least_connections", [1, 1], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let counted = common::wait_until(Duration::from_secs(10), || async {
+        link(&f, "a").await["flows_active"].as_u64() >= Some(20)
+    })
+    .await;
+    assert!(
+        counted,
+        "a's flows were not counted: {}",
+        link(&f, "a").await
+    );
+    // (The shares follow in the same refresh, just before the kernel's slot maps.)
+    let shifted = common::wait_until(Duration::from_secs(5), || async {
+        let slots = |l: serde_json::Value| l["slots"].as_u64().unwrap_or(0);
+        slots(link(&f, "b").await) > 10 * slots(link(&f, "a").await)
+    })
+    .await;
+    assert!(
+        shifted,
+        "the slots did not move to b: {}",
+        link(&f, "b").await
+    );
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 20)
+    })
+    .await
+    .unwrap();
+    assert!(
+        seen.get(SNAT_B).is_some_and(|&n| n >= 16),
+        "new flows did not prefer the link with fewer: {seen:?}\n{}\n{}",
+        link(&f, "a").await,
+        link(&f, "b").await
+    );
+    // The new flows are counted as they come (conntrack's events), not only at a resync.
+    let counted = common::wait_until(Duration::from_secs(5), || async {
+        link(&f, "b").await["flows_active"].as_u64() >= Some(16)
+    })
+    .await;
+    assert!(
+        counted,
+        "b's new flows were not counted: {}",
+        link(&f, "b").await
+    );
+    drop(held);
+}
+
 #[test]
 fn check_refuses_interface_names_that_would_change_the_nft_ruleset() {
     const GATEWAYS: &str = r#"
