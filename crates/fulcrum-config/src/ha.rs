@@ -118,6 +118,9 @@ pub struct Ha {
     pub garp_repeat: u32,
     pub garp_interval: Duration,
     pub sync: Option<HaSync>,
+    /// The shared part of the configuration file (everything but `[admin]`, `[ha]`, `[bgp]` and
+    /// `[global]`) travels to the peer over `sync` and is applied there.
+    pub config_sync: bool,
 }
 
 impl FromNode for Ha {
@@ -228,6 +231,7 @@ impl FromNode for Ha {
                 .opt(cx, "garp_interval")
                 .unwrap_or(Duration::from_millis(100));
             let sync = t.opt(cx, "sync");
+            let config_sync = config_sync(t, cx, sync.is_some());
             Some(Ha {
                 mode,
                 node: node_name,
@@ -245,6 +249,7 @@ impl FromNode for Ha {
                 garp_repeat,
                 garp_interval,
                 sync,
+                config_sync,
             })
         })
     }
@@ -299,6 +304,30 @@ fn active_active(
         track_weight: None,
         garp_repeat: 0,
         garp_interval: Duration::ZERO,
-        sync: t.opt(cx, "sync"),
+        config_sync: false,
+        sync: None,
     }
+    .with_sync(t, cx)
+}
+
+impl Ha {
+    fn with_sync(mut self, t: &mut crate::reader::TableReader<'_>, cx: &mut Cx<'_>) -> Ha {
+        self.sync = t.opt(cx, "sync");
+        self.config_sync = config_sync(t, cx, self.sync.is_some());
+        self
+    }
+}
+
+/// `config_sync = true` travels on the `sync` channel: refused without one.
+fn config_sync(t: &mut crate::reader::TableReader<'_>, cx: &mut Cx<'_>, has_sync: bool) -> bool {
+    let on = t.opt(cx, "config_sync").unwrap_or(false);
+    if on && !has_sync {
+        if let Some(n) = t.node("config_sync") {
+            cx.error(
+                &n,
+                "config_sync needs `sync` (the authenticated channel the configuration travels on): add sync = { listen, peers, key }",
+            );
+        }
+    }
+    on
 }

@@ -25,6 +25,7 @@ mod reader;
 mod rule;
 mod schema;
 mod service;
+pub mod shared;
 mod snmp;
 mod stream;
 mod tcp;

@@ -1033,6 +1033,12 @@ fn ha_errors_are_located() {
         "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\nsync = { listen = \"10.0.0.1:7500\", key = \"short\" }\n",
     );
     has(&e, "the sync key must be at least 16 characters");
+    let e = errs(
+        "[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\nconfig_sync = true\n",
+    );
+    has(&e, "ha.config_sync: config_sync needs `sync`");
+    let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 5\nvips = [\"10.0.0.1/24\"]\nconfig_sync = true\nsync = { listen = \"10.0.0.1:7500\", peers = [\"10.0.0.2:7500\"], key = \"a-sync-key-0123456789\" }\n");
+    assert!(c.ha.is_some_and(|h| h.config_sync));
 }
 
 #[test]

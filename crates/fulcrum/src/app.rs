@@ -35,6 +35,14 @@ pub enum Source {
 }
 
 impl Source {
+    /// The configuration file, when there is one.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            Source::File(path) => Some(path),
+            Source::Inline { .. } => None,
+        }
+    }
+
     pub fn load(&self) -> Result<Config, Vec<String>> {
         let parsed = match self {
             Source::File(path) => fulcrum_config::load(path),
@@ -335,6 +343,7 @@ impl App {
         }
         let access = crate::admin::access(&config.admin, self.admin_bound).map_err(|e| vec![e])?;
         let generation = self.apply(config)?;
+        self.ha.config_applied();
         self.admin_access.store(Arc::new(access));
         tracing::info!(generation, "configuration reloaded");
         // A reload may have ended overrides (the file's value changed): keep the file in step.
@@ -503,7 +512,13 @@ where
         );
         if let Err(e) = app
             .ha
-            .start_sync(ha.as_ref(), saved.changed_at_ms, config_state_file, Arc::downgrade(&app))
+            .start_sync(
+                ha.as_ref(),
+                saved.changed_at_ms,
+                config_state_file,
+                app.source.file(),
+                Arc::downgrade(&app),
+            )
             .await
         {
             eprintln!("{e}");

@@ -205,9 +205,17 @@ pub fn snapshot(pools: &[Arc<Pool>], sites: &[(String, String)]) -> Value {
     json!({ "version": VERSION, "members": members, "gslb_sites": sites })
 }
 
-/// Writes `value` to `path` atomically: a temporary file beside it, fsync, rename, fsync of the
-/// directory (so the rename itself survives a power cut).
+/// Writes `value` to `path` atomically (`write_bytes`).
 pub fn write(path: &Path, value: &Value) -> std::io::Result<()> {
+    let mut text = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+    text.push(b'\n');
+    write_bytes(path, &text)
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it (with the old file's
+/// permissions), fsync, rename, fsync of the directory (so the rename itself survives a power
+/// cut). A reader sees the old file or the new one, never a part.
+pub fn write_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -220,11 +228,12 @@ pub fn write(path: &Path, value: &Value) -> std::io::Result<()> {
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".{name}.tmp.{}.{n}", std::process::id()));
-    let text = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&text)?;
-        f.write_all(b"\n")?;
+        f.write_all(bytes)?;
+        if let Ok(meta) = std::fs::metadata(path) {
+            f.set_permissions(meta.permissions())?;
+        }
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         std::fs::File::open(dir)?.sync_all()

@@ -16,6 +16,7 @@ use fulcrum_ha::sync::{Entry, FlowEntry, FullDump, Kind, OnReceive, StateSync};
 use fulcrum_ha::{Node, NodeConfig};
 use serde_json::{json, Value};
 
+use crate::planes::config_sync::{ConfigSync, PeerConfig};
 use crate::planes::pair;
 
 /// `[ha]` and `[bgp]` together (active_active): crate::planes::bgp.
@@ -53,6 +54,7 @@ fn changed_keys(n: &Ha, r: &Ha) -> Vec<&'static str> {
         ("sync.listen", sync(|a, b| a.listen != b.listen)),
         ("sync.key", sync(|a, b| a.key != b.key)),
         ("sync.peers", sync(|a, b| a.peers != b.peers)),
+        ("config_sync", n.config_sync != r.config_sync),
     ]
     .into_iter()
     .filter_map(|(k, changed)| changed.then_some(k))
@@ -130,7 +132,15 @@ pub struct HaPlane {
     /// The connection tables of nat/dr/tunnel services (crate::planes::xdp), whose flows travel in
     /// the same stream as persistence entries.
     flows: OnceLock<Arc<crate::planes::xdp::FlowSync>>,
+    /// `[ha] config_sync`: the shared part of the configuration file kept the same on both nodes.
+    config_sync: Arc<OnceLock<Arc<ConfigSync>>>,
+    /// Applies the configuration file again (the app's reload), for a peer's text an operator adopts.
+    reload: OnceLock<Reload>,
+    /// Sends this node's document again (after an operator settled a divergence).
+    republish: OnceLock<Arc<dyn Fn() + Send + Sync>>,
 }
+
+type Reload = Arc<dyn Fn() -> Result<u64, Vec<String>> + Send + Sync>;
 
 /// What the sync stream carries, in one bounded queue.
 enum Outgoing {
@@ -248,15 +258,31 @@ fn pools_hash(control: &dyn Control) -> String {
 }
 
 /// The document `ha.sync` sends: this node's member and site overrides, when they last
-/// changed, and the fingerprint of its pools.
-fn document(node: &str, changed_at_ms: u64, control: &dyn Control) -> Vec<u8> {
-    serde_json::to_vec(&json!({
+/// changed, and the fingerprint of its pools; with `config_sync`, its configuration.
+fn document(
+    node: &str,
+    changed_at_ms: u64,
+    control: &dyn Control,
+    config: Option<&ConfigSync>,
+) -> Vec<u8> {
+    let mut doc = json!({
         "node": node,
         "changed_at_ms": changed_at_ms,
         "pools_hash": pools_hash(control),
         "state": crate::state_file::current(control),
-    }))
-    .unwrap_or_default()
+    });
+    if let Some(cs) = config {
+        doc["config"] = cs.document();
+    }
+    serde_json::to_vec(&doc).unwrap_or_default()
+}
+
+/// Takes a peer's configuration on a blocking thread (a reload waits on the planes), once at a
+/// time (`ConfigSync::received` offers nothing while a take runs).
+fn take_peer_config(cs: Arc<ConfigSync>, peer: PeerConfig, reload: Reload) {
+    tokio::task::spawn_blocking(move || {
+        let _ = cs.take(&peer, || reload());
+    });
 }
 
 fn host_name() -> String {
@@ -447,7 +473,60 @@ impl HaPlane {
     /// Sends this node's state to the peers (`ha.sync`).
     pub fn publish(&self, control: &dyn Control) {
         if let (Some(sync), Some(node)) = (self.sync.get(), self.node_name.get()) {
-            sync.publish(document(node, self.changed_at(), control));
+            sync.publish(document(
+                node,
+                self.changed_at(),
+                control,
+                self.config_sync.get().map(Arc::as_ref),
+            ));
+        }
+    }
+
+    /// After every configuration this node applied: `config_sync` records the change (the
+    /// publish that follows every apply sends it).
+    pub fn config_applied(&self) {
+        if let Some(cs) = self.config_sync.get() {
+            cs.applied();
+        }
+    }
+
+    /// `PUT /api/v1/ha/config_sync` `{"adopt": "peer" | "local"}`: settles a divergence.
+    fn config_sync_api(&self, body: &[u8]) -> (u16, Value) {
+        let Some(cs) = self.config_sync.get() else {
+            return (
+                404,
+                json!({ "error": "configuration sync is not configured ([ha] config_sync)" }),
+            );
+        };
+        let side = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v["adopt"].as_str().map(str::to_string));
+        match side.as_deref() {
+            Some("local") => match cs.keep_local() {
+                Ok(()) => {
+                    if let Some(c) = self.republish.get() {
+                        c();
+                    }
+                    (200, cs.status())
+                }
+                Err(e) => (409, json!({ "error": e })),
+            },
+            Some("peer") => {
+                let (Some(peer), Some(reload)) = (cs.peer(), self.reload.get()) else {
+                    return (
+                        409,
+                        json!({ "error": "no configuration from the peer yet" }),
+                    );
+                };
+                match cs.take(&peer, || reload()) {
+                    Ok(_) => (200, cs.status()),
+                    Err(errors) => (400, json!({ "errors": errors })),
+                }
+            }
+            _ => (
+                400,
+                json!({ "error": "expected {\"adopt\": \"peer\"} or {\"adopt\": \"local\"}" }),
+            ),
         }
     }
 
@@ -458,6 +537,7 @@ impl HaPlane {
         ha: Option<&Ha>,
         changed_at_ms: u64,
         state_file: Option<PathBuf>,
+        config_file: Option<&std::path::Path>,
         control: Weak<C>,
     ) -> Result<(), String> {
         let Some((ha, sync)) = ha.and_then(|h| h.sync.as_ref().map(|s| (h, s))) else {
@@ -466,6 +546,20 @@ impl HaPlane {
         self.changed_at.store(changed_at_ms, Ordering::Release);
         let node = ha.node.clone().unwrap_or_else(host_name);
         let _ = self.node_name.set(node.clone());
+        if ha.config_sync {
+            let file = config_file.ok_or(
+                "[ha] config_sync needs a configuration file (it writes the peer's changes into it)",
+            )?;
+            let cs = ConfigSync::open(&node, file).map_err(|e| format!("config_sync: {e}"))?;
+            let _ = self.config_sync.set(Arc::new(cs));
+            let c = control.clone();
+            let _ = self.reload.set(Arc::new(move || match c.upgrade() {
+                Some(c) => c.reload(),
+                None => Err(vec!["shutting down".into()]),
+            }));
+        }
+        let config_sync = self.config_sync.clone();
+        let reload = self.reload.get().cloned();
         let changed_at = self.changed_at.clone();
         let c = control.clone();
         let (me, republish) = (node.clone(), self.sync.clone());
@@ -497,6 +591,13 @@ impl HaPlane {
             let Some(control) = c.upgrade() else {
                 return Ok(());
             };
+            if let (Some(cs), Some(reload)) = (config_sync.get(), &reload) {
+                if !doc["config"].is_null() {
+                    if let Some(peer) = cs.received(&doc["config"])? {
+                        take_peer_config(cs.clone(), peer, reload.clone());
+                    }
+                }
+            }
             let same = doc["pools_hash"].as_str() == Some(pools_hash(control.as_ref()).as_str());
             if matches.lock().replace(same) != Some(same) && !same {
                 tracing::warn!(peer = %doc["node"], "HA sync: the peer's pools differ from this node's configuration (pools_hash); a failover changes what is served");
@@ -512,7 +613,8 @@ impl HaPlane {
             }
             // This node's document now says the same, so a peer that restarts gets it back.
             if let Some(sync) = republish.get() {
-                sync.publish(document(&me, theirs, control.as_ref()));
+                let cs = config_sync.get().map(Arc::as_ref);
+                sync.publish(document(&me, theirs, control.as_ref(), cs));
             }
             Ok(())
         });
@@ -552,6 +654,20 @@ impl HaPlane {
         .await
         .map_err(|e| format!("cannot listen on {} (ha.sync.listen): {e}", sync.listen))?;
         let _ = self.sync.set(s);
+        let (sync_for, changed, cs_for, c) = (
+            self.sync.clone(),
+            self.changed_at.clone(),
+            self.config_sync.clone(),
+            control.clone(),
+        );
+        let me = node.clone();
+        let _ = self.republish.set(Arc::new(move || {
+            if let (Some(sync), Some(control)) = (sync_for.get(), c.upgrade()) {
+                let cs = cs_for.get().map(Arc::as_ref);
+                let at = changed.load(Ordering::Acquire);
+                sync.publish(document(&me, at, control.as_ref(), cs));
+            }
+        }));
         // New persistence entries: a bounded queue, drained in batches by one task.
         let (tx, mut rx) = tokio::sync::mpsc::channel(QUEUE);
         if let Some(fs) = self.flows.get() {
@@ -598,6 +714,17 @@ impl HaPlane {
 
     /// `/api/v1/ha`: `GET` the node's status; `PUT maintenance` with `{"maintenance": bool}`.
     pub fn api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
+        if let ("PUT", ["config_sync"]) = (method, path) {
+            return self.config_sync_api(body);
+        }
+        let (code, mut answer) = self.node_api(method, path, body);
+        if let (200, "GET", [], Some(cs)) = (code, method, path, self.config_sync.get()) {
+            answer["config_sync"] = cs.status();
+        }
+        (code, answer)
+    }
+
+    fn node_api(&self, method: &str, path: &[&str], body: &[u8]) -> (u16, Value) {
         if let Some(b) = self.bgp.get() {
             let node = self.node_name.get().map_or("", String::as_str);
             return crate::planes::bgp::api(b, node, method, path, body);

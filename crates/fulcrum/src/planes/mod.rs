@@ -12,6 +12,7 @@
 //! share in front of their own handlers: admission, source address pools, client TCP tuning.
 
 pub mod bgp;
+pub mod config_sync;
 pub mod dns;
 pub mod ha;
 pub mod http;
