@@ -610,6 +610,35 @@ async fn bandwidth_ratio_spillover_and_busy_control_follow_measured_rates() {
     assert!(rate > 5e6, "link a measured at {rate} bit/s: {la}");
     assert_eq!(la["slots"], 0, "{la}");
 
+    // Weighted least traffic, same upload: a's share is its unused bandwidth (at least 5 %), so
+    // nearly every new flow takes b.
+    f.write_config(&shaped("weighted_least_traffic", ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let shifted = common::wait_until(Duration::from_secs(10), || async {
+        let slots = |l: serde_json::Value| l["slots"].as_u64().unwrap_or(0);
+        slots(link(&f, "b").await) > 5 * slots(link(&f, "a").await)
+    })
+    .await;
+    assert!(
+        shifted,
+        "least traffic did not move the slots: {}",
+        link(&f, "a").await
+    );
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 40)
+    })
+    .await
+    .unwrap();
+    assert!(
+        seen.get(SNAT_B).is_some_and(|&n| n >= 32),
+        "weighted_least_traffic with a full: {seen:?}"
+    );
+    f.write_config(&shaped("spillover", "busy = 0.5"));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
     // ... and come back when it is idle again.
     stop.store(true, Ordering::Relaxed);
     upload.join().unwrap().unwrap();
@@ -1002,6 +1031,52 @@ async fn least_connections_sends_new_flows_to_the_link_carrying_fewer() {
         link(&f, "b").await
     );
     drop(held);
+}
+
+/// `priority` and `first_available` link pools: every new flow on one link while it is up; the
+/// next one takes them when its ISP stops forwarding, and they come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_and_first_available_use_one_link_until_it_fails() {
+    let net = net("prio");
+    // b outranks a.
+    let prio =
+        config("priority", [1, 1], "").replace("name = \"b\"\n", "name = \"b\"\npriority = 10\n");
+    let f = start(&net, &prio).await;
+    for (algorithm, first, second, isp) in [
+        ("priority", SNAT_B, SNAT_A, 1),
+        ("first_available", SNAT_A, SNAT_B, 0),
+    ] {
+        if algorithm == "first_available" {
+            f.write_config(&config(algorithm, [1, 1], ""));
+            let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        let seen = tokio::task::spawn_blocking({
+            let lan = net.lan.clone();
+            move || flows(&lan, SERVER, 20)
+        })
+        .await
+        .unwrap();
+        assert_eq!(seen.get(first), Some(&20), "{algorithm}: {seen:?}");
+        net.isps[isp].sysctl("net.ipv4.ip_forward", "0").unwrap();
+        let t = tokio::task::spawn_blocking({
+            let lan = net.lan.clone();
+            move || settles_on(&lan, second, 20, Duration::from_secs(10))
+        });
+        assert!(
+            t.await.unwrap().is_some(),
+            "{algorithm}: flows did not move to {second}"
+        );
+        net.isps[isp].sysctl("net.ipv4.ip_forward", "1").unwrap();
+        let t = tokio::task::spawn_blocking({
+            let lan = net.lan.clone();
+            move || settles_on(&lan, first, 20, Duration::from_secs(10))
+        });
+        assert!(
+            t.await.unwrap().is_some(),
+            "{algorithm}: flows did not return to {first}"
+        );
+    }
 }
 
 #[test]

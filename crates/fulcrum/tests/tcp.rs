@@ -754,3 +754,100 @@ async fn a_member_that_stops_reading_fails_passively_after_zero_window_timeout()
     assert!(!ok, "{out}");
     assert!(out.contains("pool[0].zero_window_timeout"), "{out}");
 }
+
+/// Opens `n` connections through `vs` and keeps them: the member each reached, in order.
+async fn hold(vs: std::net::SocketAddr, n: usize) -> (Vec<tokio::net::TcpStream>, Vec<String>) {
+    let mut held = Vec::new();
+    let mut who = Vec::new();
+    for _ in 0..n {
+        let mut s = connect_from(vs, None).await.unwrap();
+        let mut name = [0u8; 3];
+        s.read_exact(&mut name).await.unwrap();
+        who.push(String::from_utf8_lossy(&name[..2]).into_owned());
+        held.push(s);
+    }
+    (held, who)
+}
+
+fn count(who: &[String], name: &str) -> usize {
+    who.iter().filter(|w| *w == name).count()
+}
+
+/// Connection-counting schedulers through the binary, with connections held open: ten held
+/// on m1 while m0 is disabled; once m0 is back, new connections go where the count (per weight)
+/// is lowest, which a rotation would not do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_schedulers_send_new_connections_to_the_least_loaded_member() {
+    for (algorithm, weights, expect_on_m0) in [
+        // 10 on m1 (weight 1) = 10 per weight; m0 (weight 3) takes 30 before it reaches that.
+        ("weighted_least_connections", [3, 1], 28),
+        ("least_connections", [1, 1], 9),
+        // Power of two choices between two members compares both every time.
+        ("least_request", [1, 1], 9),
+    ] {
+        let servers = id_servers(2).await;
+        let vs = free_addr();
+        let f = start(&format!(
+            "{}[[pool]]\nname = \"p\"\nalgorithm = \"{algorithm}\"\n{}",
+            tcp_service(vs, ""),
+            members(&servers, &weights)
+        ))
+        .await;
+        let m0 = format!("/api/v1/pools/p/members/{}/state", servers[0].addr);
+        let r = f
+            .api("PUT", &m0, Some(json!({"state": "disabled"})))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let (_on_m1, who) = hold(vs, 10).await;
+        assert_eq!(count(&who, "m1"), 10, "{algorithm}: {who:?}");
+        let r = f
+            .api("PUT", &m0, Some(json!({"state": "enabled"})))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let new = if weights[0] == 3 { 30 } else { 10 };
+        let (_more, who) = hold(vs, new).await;
+        assert!(
+            count(&who, "m0") >= expect_on_m0,
+            "{algorithm}: of {new} new connections, {} went to m0: {who:?}",
+            count(&who, "m0")
+        );
+    }
+}
+
+/// Priority groups: only the highest-priority members serve while at least `min_active` of
+/// them are up; below that, the next group joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_groups_bring_in_the_next_group_below_min_active() {
+    let servers = id_servers(3).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"priority\"\nmin_active = 2\nmonitors = [\"tcp\"]\n\
+         [[pool.member]]\naddress = \"{}\"\npriority = 10\n\
+         [[pool.member]]\naddress = \"{}\"\npriority = 10\n\
+         [[pool.member]]\naddress = \"{}\"\n\
+         [[monitor]]\nname = \"tcp\"\ntype = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nfall = 1\nrise = 1\n",
+        tcp_service(vs, ""),
+        servers[0].addr,
+        servers[1].addr,
+        servers[2].addr
+    ))
+    .await;
+    let (_held, who) = hold(vs, 20).await;
+    assert_eq!(count(&who, "m2"), 0, "the lower group served: {who:?}");
+    assert_eq!(count(&who, "m0"), 10, "{who:?}");
+    // m0 fails: one member of the top group left, under min_active = 2: m2 joins.
+    servers[0].kill();
+    let down = wait_until(Duration::from_secs(5), || async {
+        f.member("p", &servers[0].addr.to_string()).await["health"] == "down"
+    })
+    .await;
+    assert!(down, "m0 was not taken down:\n{}", f.logs());
+    let (_more, who) = hold(vs, 20).await;
+    assert_eq!(count(&who, "m0"), 0, "{who:?}");
+    assert!(
+        count(&who, "m2") >= 5 && count(&who, "m1") >= 5,
+        "the next group did not join: {who:?}"
+    );
+}
