@@ -17,14 +17,14 @@ use crate::console::{unix_now, AuditEntry, Console};
 use crate::{Control, ServiceInfo};
 
 #[derive(Clone)]
-struct App {
-    control: Arc<dyn Control>,
+pub(crate) struct App {
+    pub(crate) control: Arc<dyn Control>,
     /// The address the API is bound to (it changes only at restart).
     bound: SocketAddr,
     console: Arc<Console>,
     /// Requests come over the Unix socket (`admin.socket`): its file permissions authenticated
     /// the caller, so no token or Host check applies.
-    local_socket: bool,
+    pub(crate) local_socket: bool,
 }
 
 #[derive(Serialize)]
@@ -254,7 +254,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
     ApiError(status, message.into())
 }
 
@@ -316,6 +316,7 @@ fn build(app: App) -> Router {
         .route("/audit", get(audit))
         .route("/alerts", get(alerts))
         .route("/certificates", get(certificates))
+        .merge(crate::config_api::routes())
         .route("/{*path}", axum::routing::any(plane))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") });
     Router::new()
@@ -363,12 +364,21 @@ async fn audit_layer(State(app): State<App>, req: Request, next: Next) -> Respon
         .map_or_else(|| req.uri().path().to_string(), |u| u.0.path().to_string());
     let path = percent_decode(&path);
     let (parts, body) = req.into_parts();
-    // Admin request bodies are small JSON objects; a larger one is refused rather than buffered.
-    let bytes = match axum::body::to_bytes(body, 64 * 1024).await {
+    // Admin request bodies are small JSON objects, but for whole configurations; a larger one
+    // is refused rather than buffered.
+    let limit = if path.starts_with("/api/v1/config") {
+        crate::config_api::MAX_BODY
+    } else {
+        64 * 1024
+    };
+    let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {
-            let r =
-                error(StatusCode::PAYLOAD_TOO_LARGE, "request body over 64 KiB").into_response();
+            let r = error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over {} KiB", limit / 1024),
+            )
+            .into_response();
             app.console.record(AuditEntry {
                 at: unix_now(),
                 from,
@@ -503,6 +513,19 @@ fn is_json(req: &Request) -> bool {
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// JSON, or TOML where a whole configuration is written. A browser cannot send either to
+/// another origin without asking first (CORS), unlike a form or text/plain.
+fn body_type_allowed(req: &Request) -> bool {
+    is_json(req)
+        || (crate::config_api::takes_toml(req.uri().path())
+            && req
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(';').next())
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/toml")))
+}
+
 /// Marks a response `guard` gave instead of a handler: the audit keeps such calls apart.
 #[derive(Clone, Copy)]
 struct Refused;
@@ -517,7 +540,7 @@ async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
         // Only who may open the socket file gets here (0600/0660): the caller is authenticated.
         // Mutating calls still need JSON, as everywhere.
         let read_only = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-        if !read_only && !is_json(&req) {
+        if !read_only && !body_type_allowed(&req) {
             return refused(
                 error(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -578,7 +601,7 @@ async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
     }
     // A page on any site can POST a form or text/plain to localhost without a preflight; it
     // cannot send application/json without the browser asking this API first (CORS).
-    if !read_only && !is_json(&req) {
+    if !read_only && !body_type_allowed(&req) {
         return refused(
             error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -6,6 +6,7 @@
 pub mod alerts;
 mod api;
 mod cert;
+mod config_api;
 pub mod console;
 mod deliver;
 mod escape;
@@ -57,6 +58,32 @@ pub struct ApiRequest<'a> {
     pub body: &'a [u8],
 }
 
+/// Who changed the configuration through the API, for its history: `who` ("api", or the
+/// operator the CLI names), `from` (the client's address, or "unix socket").
+#[derive(Debug, Clone)]
+pub struct Author {
+    pub who: String,
+    pub from: String,
+}
+
+/// A configuration write that was applied (`generation`) or, for a dry run, only validated.
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigWrite {
+    pub generation: Option<u64>,
+    pub version: u64,
+}
+
+/// Why a configuration write changed nothing.
+#[derive(Debug)]
+pub enum ConfigRefusal {
+    /// `If-Match` named another version than the current one.
+    Stale { current: u64 },
+    /// What `fulcrum check` (or a later step of the apply) says.
+    Invalid(Vec<String>),
+    /// No configuration file to write (an inline configuration), or it cannot be written.
+    Unavailable(String),
+}
+
 /// What the admin API needs from the running process.
 pub trait Control: Send + Sync + 'static {
     /// Configuration generation: 1 at start, +1 per successful reload.
@@ -66,6 +93,37 @@ pub trait Control: Send + Sync + 'static {
     /// Re-reads and applies the configuration file; on failure the running one stays and the
     /// errors are returned.
     fn reload(&self) -> Result<u64, Vec<String>>;
+    /// As `reload`, for a change `author` made (its history names them).
+    fn reload_by(&self, _author: Author) -> Result<u64, Vec<String>> {
+        self.reload()
+    }
+    /// The running configuration file's text and its version (`/api/v1/config`); `None`
+    /// when the process runs without a file.
+    fn config_text(&self) -> Option<(String, u64)> {
+        None
+    }
+    /// Replaces the configuration file with `text`: validated as `fulcrum check` does,
+    /// written and applied as a reload, all or nothing. `if_match`: the version the writer
+    /// read; `dry_run`: validate only.
+    fn config_write(
+        &self,
+        _text: &str,
+        _if_match: Option<u64>,
+        _dry_run: bool,
+        _author: Author,
+    ) -> Result<ConfigWrite, ConfigRefusal> {
+        Err(ConfigRefusal::Unavailable(
+            "this process runs without a configuration file".into(),
+        ))
+    }
+    /// The kept versions, newest first (`GET /api/v1/config/history`).
+    fn config_history(&self) -> serde_json::Value {
+        serde_json::json!({ "versions": [] })
+    }
+    /// The text of a kept version, for a rollback.
+    fn config_version(&self, _version: u64) -> Option<String> {
+        None
+    }
     /// Who may do what; read per request so a reload can change the token.
     fn admin_access(&self) -> Access;
     /// The configuration in force, for what reads it directly (alert rules, certificate files).

@@ -242,14 +242,17 @@ function renderServices(status) {
     const s = bySample.get(v.name) || {};
     rps += s.requests_per_s || 0; cps += s.connections_per_s || 0; eps += s.errors_per_s || 0;
     active += v.connections_active;
-    const rec = row(tbody, "svc:" + v.name, 14, (rec) => {
+    const rec = row(tbody, "svc:" + v.name, 15, (rec) => {
       rec.tds[3].className = rec.tds[4].className = rec.tds[5].className = rec.tds[6].className = "num";
       for (let i = 7; i <= 12; i++) rec.tds[i].className = "num";
       rec.tds[2].className = "addr";
       rec.tds[11].classList.add("classes");
       rec.canvas = el("canvas", { class: "spark" });
       rec.tds[13].append(rec.canvas);
+      rec.tds[14].append(el("button", { type: "button", class: "act", "data-action": "edit",
+        onclick: () => openEditor("service", { name: rec.name }) }, "Edit…"));
     });
+    rec.name = v.name;
     const t = rec.tds;
     setText(t[0], v.name); setText(t[1], v.protocol); setText(t[2], v.listen.join(", "));
     setText(t[3], fmt(s.requests_per_s)); setText(t[4], fmt(s.connections_per_s));
@@ -267,7 +270,7 @@ function renderServices(status) {
     }), COLORS[i % COLORS.length]);
   }
   prune(tbody);
-  if (!status.virtual_services.length) tbody.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: "14" }, "No virtual services configured.")));
+  if (!status.virtual_services.length) tbody.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: "15" }, "No virtual services configured.")));
   setText($("t-rps"), fmt(rps)); setText($("t-cps"), fmt(cps));
   setText($("t-eps"), fmt(eps)); $("t-eps").className = eps > 0 ? "bad" : "";
   setText($("t-active"), fmt(active));
@@ -294,8 +297,10 @@ function renderPools(data) {
       const tbody = el("tbody");
       const title = el("span");
       const tag = el("span", { class: "tag muted" });
+      const add = el("button", { type: "button", class: "act add", "data-action": "add-member",
+        onclick: () => openEditor("member", { pool: p.name, isNew: true }) }, "Add member…");
       const section = el("section", { class: "panel pool", "data-pool": p.name },
-        el("h2", {}, title, tag),
+        el("h2", {}, title, tag, add),
         el("table", { class: "grid" },
           el("thead", {}, el("tr", {}, ...["Member", "Health", "Last check", "Admin state", "Weight", "Effective", "Active", "Req/s", "Resp. time", "Trend", "Actions"]
             .map((h, i) => el("th", { class: [4, 5, 6, 7, 8].includes(i) ? "num" : "" }, h)))),
@@ -327,6 +332,8 @@ function renderPools(data) {
             onclick: () => confirmAction(rec.pool, rec.address, act, rec.weight) }, label);
           rec.buttons[act] = b; cell.append(b);
         }
+        cell.append(el("button", { type: "button", class: "act", "data-action": "edit",
+          onclick: () => openEditor("member", { pool: rec.pool, address: rec.address }) }, "Edit…"));
         rec.tds[10].append(cell);
       });
       rec.pool = p.name; rec.address = m.address; rec.weight = m.weight;
@@ -394,6 +401,32 @@ function renderHa(data) {
   const lt = data.last_transition;
   setText(t[8], lt ? `${lt.from} → ${lt.to} (${lt.reason}) ${ago(lt.at)}` : "–");
   setText($("ha-tag"), `${data.transitions || 0} transitions`);
+  renderConfigSync(data.config_sync);
+}
+
+// [ha] config_sync: where the two nodes' configurations stand; a divergence waits for a choice.
+function renderConfigSync(cs) {
+  const box = $("config-sync");
+  box.classList.toggle("hidden", !cs);
+  if (!cs) return;
+  const seq = (c) => (c ? `#${c.seq} from ${c.origin}` : "–");
+  const words = { in_sync: "in sync", behind: cs.behind === "local" ? "this node is behind" : "the peer is behind",
+    diverged: "diverged: both nodes changed", unknown: "waiting for the peer" };
+  pill($("config-sync-state"), words[cs.state] || cs.state, cs.state === "in_sync" ? "up" : cs.state === "diverged" ? "down" : "drain");
+  setText($("config-sync-versions"), `this node ${seq(cs.local)} · peer ${seq(cs.peer)}` + (cs.refused ? ` · refused here: ${cs.refused}` : ""));
+  $("config-sync-actions").classList.toggle("hidden", cs.state !== "diverged");
+}
+
+async function adoptConfig(side) {
+  const what = side === "local" ? "Keep this node's configuration (the peer takes it)?" : "Take the peer's configuration here?";
+  if (!window.confirm(what)) return;
+  try {
+    await api("PUT", "/api/v1/ha/config_sync", { adopt: side });
+    banner("Configuration divergence settled.", true);
+  } catch (e) {
+    banner("Could not settle the divergence: " + e.message);
+  }
+  refresh();
 }
 
 // Shown only when link or gateway pools are configured.
@@ -543,6 +576,102 @@ async function runPending() {
   refresh();
 }
 
+// ---- configuration forms: the same objects and keys as the file, through /api/v1/config ----
+
+const enc = encodeURIComponent;
+const EDITORS = {
+  member: {
+    title: (c) => (c.isNew ? `Add a member to pool ${c.pool}` : `Edit member ${c.address} of pool ${c.pool}`),
+    path: (c, v) => `/api/v1/config/pools/${enc(c.pool)}/members/${enc(c.isNew ? v.address : c.address)}`,
+    fields: [
+      { key: "address", label: "Address (ip:port)", type: "text", fixed: true },
+      { key: "weight", label: "Weight (0–65535)", type: "number" },
+      { key: "max_connections", label: "Max connections (empty: no limit)", type: "number" },
+    ],
+  },
+  service: {
+    title: (c) => (c.isNew ? "Add a virtual service" : `Edit virtual service ${c.name}`),
+    path: (c, v) => `/api/v1/config/virtual_services/${enc(c.isNew ? v.name : c.name)}`,
+    fields: [
+      { key: "name", label: "Name", type: "text", fixed: true },
+      { key: "protocol", label: "Protocol", type: "select", options: ["http", "https", "tcp", "udp", "message"] },
+      { key: "listen", label: "Listen (ip:port, comma-separated)", type: "list" },
+      { key: "pool", label: "Pool", type: "select", options: () => [...state.pools.keys()] },
+    ],
+  },
+};
+
+let editing = null;
+
+async function openEditor(kind, ctx) {
+  const ed = EDITORS[kind];
+  let current = {};
+  if (!ctx.isNew) {
+    try {
+      current = await api("GET", ed.path(ctx, {}));
+    } catch (e) {
+      banner(`Cannot read the configuration of ${ctx.address || ctx.name}: ${e.message}`);
+      return;
+    }
+  }
+  const host = $("edit-fields");
+  host.replaceChildren();
+  for (const f of ed.fields) {
+    let input;
+    if (f.type === "select") {
+      const opts = typeof f.options === "function" ? f.options() : f.options;
+      input = el("select", { name: f.key }, ...opts.map((o) => el("option", { value: o }, o)));
+    } else {
+      input = el("input", { name: f.key, type: f.type === "number" ? "number" : "text", autocomplete: "off" });
+    }
+    const v = current[f.key];
+    if (v !== undefined && v !== null) input.value = Array.isArray(v) ? v.join(", ") : String(v);
+    if (f.fixed && !ctx.isNew) input.disabled = true;
+    host.append(el("label", {}, f.label, input));
+  }
+  setText($("edit-title"), ed.title(ctx));
+  setText($("edit-errors"), "");
+  editing = { kind, ctx, current };
+  $("edit-dialog").showModal();
+  host.querySelector("input:not([disabled]), select")?.focus();
+}
+
+async function saveEditor(ev) {
+  ev.preventDefault();
+  if (!editing) return;
+  const { kind, ctx, current } = editing;
+  const ed = EDITORS[kind];
+  const body = { ...current };
+  const values = {};
+  for (const f of ed.fields) {
+    const input = $("edit-fields").querySelector(`[name="${f.key}"]`);
+    const raw = input.value.trim();
+    if (f.fixed && !ctx.isNew) { values[f.key] = current[f.key]; continue; }
+    if (raw === "") { delete body[f.key]; continue; }
+    if (f.type === "number") {
+      const n = Number(raw);
+      if (!Number.isInteger(n) || n < 0) { setText($("edit-errors"), `${f.label}: a whole number is expected`); return; }
+      body[f.key] = n;
+    } else if (f.type === "list") {
+      body[f.key] = raw.split(",").map((x) => x.trim()).filter((x) => x);
+    } else {
+      body[f.key] = raw;
+    }
+    values[f.key] = body[f.key];
+  }
+  try {
+    await api("PUT", ed.path(ctx, values), body);
+  } catch (e) {
+    // The configuration's own checks answer: shown in the form, which stays open.
+    setText($("edit-errors"), e.message + (e.status === 401 ? " (set the admin token)" : ""));
+    return;
+  }
+  editing = null;
+  $("edit-dialog").close();
+  banner(ed.title(ctx).replace(/^(Add|Edit)/, (w) => (w === "Add" ? "Added:" : "Saved:")) + ".", true);
+  refresh();
+}
+
 // ---- refresh loop ---------------------------------------------------------------------------
 
 let timer = null;
@@ -620,6 +749,11 @@ document.addEventListener("DOMContentLoaded", () => {
   $("confirm").addEventListener("close", () => {
     if ($("confirm").returnValue === "ok") runPending(); else pending = null;
   });
+  $("edit-form").addEventListener("submit", saveEditor);
+  $("edit-cancel").addEventListener("click", () => { editing = null; $("edit-dialog").close(); });
+  $("vs-add").addEventListener("click", () => openEditor("service", { isNew: true }));
+  $("config-keep-local").addEventListener("click", () => adoptConfig("local"));
+  $("config-take-peer").addEventListener("click", () => adoptConfig("peer"));
   $("token-button").addEventListener("click", () => { $("token-input").value = ""; $("token-dialog").showModal(); });
   $("token-dialog").addEventListener("close", () => {
     if ($("token-dialog").returnValue === "ok") {

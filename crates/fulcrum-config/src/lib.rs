@@ -7,6 +7,7 @@ mod admin;
 mod alert;
 mod bgp;
 mod dns;
+pub mod edit;
 mod elastic;
 mod error;
 mod forwarding;

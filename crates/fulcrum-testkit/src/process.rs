@@ -161,6 +161,16 @@ impl Fulcrum {
         format!("[admin]\n{admin_table}\n{config}")
     }
 
+    /// The configuration file Fulcrum runs with.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config_path
+    }
+
+    /// The bearer token the API wants (configured or generated).
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// Where `start` has Fulcrum generate its token.
     pub fn token_file(&self) -> PathBuf {
         self.dir.path().join("admin.token")

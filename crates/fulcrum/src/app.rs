@@ -48,6 +48,26 @@ impl Source {
             Source::File(path) => fulcrum_config::load(path),
             Source::Inline { name, text } => fulcrum_config::parse(text, name, Path::new(".")),
         };
+        Self::checked(parsed)
+    }
+
+    /// What `fulcrum check` would say of `text` as this source's file: the configuration
+    /// API's validation, with the same messages.
+    pub fn validate(&self, text: &str) -> Result<Config, Vec<String>> {
+        let parsed = match self {
+            Source::File(path) => fulcrum_config::parse(
+                text,
+                &path.display().to_string(),
+                &path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            ),
+            Source::Inline { name, .. } => fulcrum_config::parse(text, name, Path::new(".")),
+        };
+        Self::checked(parsed)
+    }
+
+    fn checked(
+        parsed: Result<Config, fulcrum_config::ConfigErrors>,
+    ) -> Result<Config, Vec<String>> {
         let config = parsed.map_err(|e| e.messages())?;
         let errors = runtime_checks(&config);
         if errors.is_empty() {
@@ -119,6 +139,8 @@ pub struct App {
     tls: Arc<crate::planes::http::tls::TlsAssembly>,
     /// Link and gateway load balancing: in the plane list, and here for its async shutdown.
     links: Arc<crate::planes::link::LinkPlane>,
+    /// The configuration API's versions and write path (a process started from a file).
+    config_store: Option<crate::config_store::ConfigStore>,
 }
 
 impl App {
@@ -128,6 +150,11 @@ impl App {
         admin_bound: SocketAddr,
         access: fulcrum_admin::Access,
     ) -> App {
+        let config_store = source.file().and_then(|f| {
+            crate::config_store::ConfigStore::open(f)
+                .map_err(|e| tracing::warn!(error = %e, "the configuration API cannot keep versions; writes through it are refused"))
+                .ok()
+        });
         let tracker = Arc::new(Tracker::default());
         let sockets_per_address = default_sockets_per_address(workers);
         let dns = Arc::new(crate::planes::dns::DnsPlane::new(sockets_per_address));
@@ -172,6 +199,7 @@ impl App {
             ha,
             tls,
             links,
+            config_store,
         }
     }
 
@@ -343,6 +371,9 @@ impl App {
         }
         let access = crate::admin::access(&config.admin, self.admin_bound).map_err(|e| vec![e])?;
         let generation = self.apply(config)?;
+        if let Some(store) = &self.config_store {
+            store.applied();
+        }
         self.ha.config_applied();
         self.admin_access.store(Arc::new(access));
         tracing::info!(generation, "configuration reloaded");
@@ -430,6 +461,49 @@ impl Control for App {
 
     fn api_state_changed(&self) {
         self.save_api_state(true);
+    }
+
+    fn reload_by(&self, author: fulcrum_admin::Author) -> Result<u64, Vec<String>> {
+        match &self.config_store {
+            Some(store) => store.as_author(author, || self.reload()),
+            None => self.reload(),
+        }
+    }
+
+    fn config_text(&self) -> Option<(String, u64)> {
+        self.config_store.as_ref().map(|s| s.current())
+    }
+
+    fn config_write(
+        &self,
+        text: &str,
+        if_match: Option<u64>,
+        dry_run: bool,
+        author: fulcrum_admin::Author,
+    ) -> Result<fulcrum_admin::ConfigWrite, fulcrum_admin::ConfigRefusal> {
+        let Some(store) = &self.config_store else {
+            return Err(fulcrum_admin::ConfigRefusal::Unavailable(
+                "this process runs without a configuration file".into(),
+            ));
+        };
+        store.write(
+            text,
+            if_match,
+            dry_run,
+            author,
+            |t| self.source.validate(t).map(|_| ()),
+            || self.reload(),
+        )
+    }
+
+    fn config_history(&self) -> serde_json::Value {
+        self.config_store
+            .as_ref()
+            .map_or_else(|| serde_json::json!({ "versions": [] }), |s| s.history())
+    }
+
+    fn config_version(&self, version: u64) -> Option<String> {
+        self.config_store.as_ref()?.version_text(version)
     }
 
     fn reload(&self) -> Result<u64, Vec<String>> {

@@ -3,6 +3,7 @@
 mod admin;
 mod app;
 mod cli;
+mod config_store;
 mod demo;
 mod elastic;
 mod limits;

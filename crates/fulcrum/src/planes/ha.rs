@@ -554,7 +554,10 @@ impl HaPlane {
             let _ = self.config_sync.set(Arc::new(cs));
             let c = control.clone();
             let _ = self.reload.set(Arc::new(move || match c.upgrade() {
-                Some(c) => c.reload(),
+                Some(c) => c.reload_by(fulcrum_admin::Author {
+                    who: "peer".into(),
+                    from: "config_sync".into(),
+                }),
                 None => Err(vec!["shutting down".into()]),
             }));
         }
