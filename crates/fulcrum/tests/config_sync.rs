@@ -89,9 +89,22 @@ fn changes_travel_both_ways_a_restart_catches_up_and_a_partition_waits_for_the_o
         fa.logs()
     );
 
-    // A service added on the backup serves on the master.
+    // A service added on the backup through the configuration API serves on the master.
+    let (status, body) = api_with(
+        &b,
+        "PUT",
+        "/api/v1/config/pools/added",
+        r#"{"member": [{"address": "127.0.0.1:8081"}]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
     let t = Instant::now();
-    edit(&fb, |text| text + &service("added", 81, 8081));
+    let (status, body) = api_with(
+        &b,
+        "PUT",
+        "/api/v1/config/virtual_services/added",
+        r#"{"listen": ["0.0.0.0:81"], "protocol": "http", "pool": "added"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
     assert!(
         wait_for(Duration::from_secs(5), || served(&a, 81, "added-on-a")),
         "the change made on b does not serve on a: {}\n{}",
@@ -103,7 +116,7 @@ fn changes_travel_both_ways_a_restart_catches_up_and_a_partition_waits_for_the_o
         t.elapsed()
     );
     let on_a = file(&fa);
-    assert!(on_a.contains("# added by the operator: added"), "{on_a}");
+    assert!(on_a.contains("name = \"added\""), "{on_a}");
     assert!(
         on_a.contains("node = \"a\"") && on_a.contains("priority = 200"),
         "a's own [ha] was overwritten:\n{on_a}"
@@ -116,6 +129,9 @@ fn changes_travel_both_ways_a_restart_catches_up_and_a_partition_waits_for_the_o
         sync_state(&fb)
     );
     assert_eq!(sync_state(&fa)["local"]["origin"], "b");
+    // a's history names where its new version came from.
+    let (_, history) = api(&a, "GET", "/api/v1/config/history");
+    assert_eq!(history["versions"][0]["who"], "peer", "{history}");
     let check = std::process::Command::new(BIN)
         .args(["check", "-c"])
         .arg(fa.dir.path().join("fulcrum.toml"))

@@ -341,6 +341,16 @@ impl ConfigSync {
         Ok(())
     }
 
+    /// After a take: the peer's newest document, when it went on meanwhile (a document that
+    /// arrives while a take runs is remembered, not taken at once).
+    pub fn still_behind(&self) -> Option<PeerConfig> {
+        let st = self.state.lock();
+        let peer = st.peer.as_ref()?;
+        let refused = st.refused.as_ref().is_some_and(|(id, _)| *id == peer.head().id);
+        (verdict(&st.lineage, &peer.lineage) == Verdict::PeerAhead && !refused)
+            .then(|| peer.clone())
+    }
+
     /// The peer's configuration, for an operator who adopts it.
     pub fn peer(&self) -> Option<PeerConfig> {
         self.state.lock().peer.clone()

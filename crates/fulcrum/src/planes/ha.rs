@@ -281,7 +281,13 @@ fn document(
 /// time (`ConfigSync::received` offers nothing while a take runs).
 fn take_peer_config(cs: Arc<ConfigSync>, peer: PeerConfig, reload: Reload) {
     tokio::task::spawn_blocking(move || {
-        let _ = cs.take(&peer, || reload());
+        let mut next = Some(peer);
+        // Bounded: each round takes a newer version than the last.
+        for _ in 0..16 {
+            let Some(peer) = next.take() else { break };
+            let _ = cs.take(&peer, || reload());
+            next = cs.still_behind();
+        }
     });
 }
 
