@@ -252,6 +252,29 @@ impl Client {
         path: &str,
         body: Option<Value>,
     ) -> Result<(u16, Value), Failure> {
+        let (content_type, bytes) = match body {
+            Some(b) => (Some("application/json"), Bytes::from(b.to_string())),
+            None => (None, Bytes::new()),
+        };
+        let r = self
+            .exchange(method, path, content_type, &[], bytes)
+            .await?;
+        let value = serde_json::from_slice(&r.body)
+            .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&r.body).trim() }));
+        Ok((r.status, value))
+    }
+
+    /// One request with the body and headers given; the raw answer. Mutating calls name the
+    /// operator who ran the CLI (`X-Fulcrum-Operator`: `SUDO_USER` or `USER`) for the
+    /// configuration history.
+    pub async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<RawAnswer, Failure> {
         let unreachable = |e: String| {
             Failure::new(
                 exit::UNREACHABLE,
@@ -279,21 +302,34 @@ impl Client {
             .method(method)
             .uri(path)
             .header(http::header::HOST, &self.host)
-            .header(http::header::ACCEPT, "application/json")
             .header(
                 http::header::USER_AGENT,
                 concat!("fulcrum-cli/", env!("CARGO_PKG_VERSION")),
             );
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("accept"))
+        {
+            req = req.header(http::header::ACCEPT, "application/json");
+        }
         if let Some(t) = &self.token {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
         }
-        let body = match body {
-            Some(b) => {
-                req = req.header(http::header::CONTENT_TYPE, "application/json");
-                Bytes::from(b.to_string())
+        if let Some(ct) = content_type {
+            req = req.header(http::header::CONTENT_TYPE, ct);
+        }
+        if let Some(op) = std::env::var("SUDO_USER")
+            .ok()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|u| !u.is_empty())
+        {
+            if let Ok(v) = http::HeaderValue::from_str(&op) {
+                req = req.header("x-fulcrum-operator", v);
             }
-            None => Bytes::new(),
-        };
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
         let req = req
             .body(Full::new(body))
             .map_err(|e| unreachable(e.to_string()))?;
@@ -302,16 +338,41 @@ impl Client {
             .await
             .map_err(|e| unreachable(e.to_string()))?;
         let status = resp.status().as_u16();
-        let bytes = resp
+        let etag = resp
+            .headers()
+            .get(http::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| unreachable(e.to_string()))?
             .to_bytes();
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&bytes).trim() }));
-        Ok((status, value))
+        Ok(RawAnswer { status, etag, body })
     }
+
+    /// Runs `f` on the CLI's runtime, bounded like every call.
+    pub fn block_on<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        self.runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(30), f).await })
+            .map_err(|_| {
+                Failure::new(
+                    exit::UNREACHABLE,
+                    format!("the admin API at {} did not answer in 30 s", self.shown),
+                )
+            })?
+    }
+}
+
+/// An answer as it came: status, `ETag` and body.
+pub struct RawAnswer {
+    pub status: u16,
+    pub etag: Option<String>,
+    pub body: Bytes,
 }
 
 /// An HTTP/1.1 client connection over `stream`; its connection task runs beside.

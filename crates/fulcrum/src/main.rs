@@ -3,6 +3,7 @@
 mod admin;
 mod app;
 mod cli;
+mod config_cli;
 mod config_store;
 mod demo;
 mod elastic;
@@ -87,6 +88,13 @@ enum Command {
         #[command(flatten)]
         target: cli::Target,
     },
+    /// Reads, changes and rolls back the running configuration through the admin API.
+    Config {
+        #[command(subcommand)]
+        action: config_cli::ConfigCommand,
+        #[command(flatten)]
+        target: cli::Target,
+    },
     /// Makes the running instance re-read its configuration file.
     Reload {
         #[command(flatten)]
@@ -156,6 +164,7 @@ fn main() -> ExitCode {
         Command::Pools { name, target } => cli::report(cli::pools(&target, name.as_deref())),
         Command::Member { action, target } => cli::report(cli::member(&target, &action)),
         Command::Reload { target } => cli::report(cli::reload(&target)),
+        Command::Config { action, target } => cli::report(config_cli::run(&target, &action)),
         Command::Top { target } => cli::report(top::run(&target)),
         Command::BgpWatchdog { address } => {
             init_logging();

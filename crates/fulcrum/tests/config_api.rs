@@ -281,3 +281,77 @@ async fn objects_through_the_api_change_the_running_config_and_the_file_all_or_n
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(call(&f, "DELETE", &path, &[], "").await.status, 404);
 }
+
+fn cli(f: &Fulcrum, args: &[&str]) -> (bool, String, String) {
+    let o = std::process::Command::new(BIN)
+        .args(args)
+        .args(["--admin", &f.admin.to_string(), "--token-file"])
+        .arg(f.token_file())
+        .env("USER", "alice")
+        .env_remove("SUDO_USER")
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_gets_diffs_applies_and_rolls_back_the_running_config() {
+    let servers = id_servers(2).await;
+    let vs = free_addr();
+    let f = start(&config(vs, servers[0].addr)).await;
+    let (ok, text, err) = tokio::task::block_in_place(|| cli(&f, &["config", "get"]));
+    assert!(ok, "{err}");
+    assert_eq!(err.trim(), "version 1");
+    assert!(text.contains("# Application servers"), "{text}");
+
+    let edited = text.replace(
+        "# the first one\n",
+        &format!(
+            "# the first one\n[[pool.member]]\naddress = \"{}\"   # a second\n",
+            servers[1].addr
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("edited.toml");
+    std::fs::write(&file, &edited).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let (ok, diff, err) = tokio::task::block_in_place(|| cli(&f, &["config", "diff", file_arg]));
+    assert!(ok, "{err}");
+    assert!(diff.contains("pool \"p\" changed"), "{diff}");
+    assert!(
+        diff.contains(&format!("+ address = \"{}\"   # a second", servers[1].addr)),
+        "{diff}"
+    );
+
+    let (ok, out, err) = tokio::task::block_in_place(|| cli(&f, &["config", "apply", file_arg]));
+    assert!(ok, "{err}");
+    assert!(out.contains("version 2"), "{out}");
+    assert_eq!(
+        reached(vs, 6).await,
+        BTreeSet::from(["m0".into(), "m1".into()])
+    );
+    assert_eq!(std::fs::read_to_string(f.config_path()).unwrap(), edited);
+
+    // Based on version 1, which is no longer running: refused, nothing changes.
+    std::fs::write(&file, &text).unwrap();
+    let (ok, _, err) =
+        tokio::task::block_in_place(|| cli(&f, &["config", "apply", file_arg, "--if-match", "1"]));
+    assert!(!ok && err.contains("412"), "{err}");
+    assert_eq!(std::fs::read_to_string(f.config_path()).unwrap(), edited);
+
+    let (ok, out, err) = tokio::task::block_in_place(|| cli(&f, &["config", "history"]));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("api (alice) from 127.0.0.1:") && out.contains("pool \"p\" changed"),
+        "{out}"
+    );
+
+    let (ok, out, err) = tokio::task::block_in_place(|| cli(&f, &["config", "rollback", "1"]));
+    assert!(ok, "{err}");
+    assert!(out.contains("now version 3"), "{out}");
+    assert_eq!(reached(vs, 4).await, BTreeSet::from(["m0".into()]));
+}

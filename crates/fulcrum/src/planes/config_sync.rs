@@ -346,7 +346,10 @@ impl ConfigSync {
     pub fn still_behind(&self) -> Option<PeerConfig> {
         let st = self.state.lock();
         let peer = st.peer.as_ref()?;
-        let refused = st.refused.as_ref().is_some_and(|(id, _)| *id == peer.head().id);
+        let refused = st
+            .refused
+            .as_ref()
+            .is_some_and(|(id, _)| *id == peer.head().id);
         (verdict(&st.lineage, &peer.lineage) == Verdict::PeerAhead && !refused)
             .then(|| peer.clone())
     }
