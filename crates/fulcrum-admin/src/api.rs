@@ -619,7 +619,9 @@ async fn index() -> Json<Value> {
         "version": env!("CARGO_PKG_VERSION"),
         "endpoints": ["/api/v1/status", "/api/v1/pools", "/api/v1/pools/{pool}",
                       "/api/v1/pools/{pool}/members/{address}/state", "/api/v1/pools/{pool}/members/{address}/weight",
-                      "/api/v1/reload", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
+                      "/api/v1/reload", "/api/v1/config", "/api/v1/config/history", "/api/v1/config/rollback",
+                      "/api/v1/config/virtual_services/{name}", "/api/v1/config/pools/{name}",
+                      "/api/v1/config/pools/{pool}/members/{address}", "/api/v1/config/monitors/{name}", "/api/v1/gslb", "/api/v1/gslb/sites", "/api/v1/gslb/names",
                       "/api/v1/gslb/peers", "/api/v1/gslb/table", "/api/v1/cache/{service}", "/api/v1/http/responses", "/api/v1/ha", "/api/v1/ha/maintenance", "/api/v1/links",
                       "/api/v1/history", "/api/v1/audit", "/api/v1/alerts", "/api/v1/certificates", "/metrics", "/ui/"],
     }))
