@@ -505,3 +505,89 @@ async fn history_member_window_keeps_member_figures_of_recent_samples_only() {
         .iter()
         .all(|s| s["services"].as_array().unwrap().len() == 1));
 }
+
+/// The dashboard's forms write through the configuration API: a member added to a pool serves,
+/// a virtual service is added, and a refused edit shows `fulcrum check`'s words in the form,
+/// which stays open and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_forms_add_a_member_and_a_virtual_service_and_show_refusals() {
+    let (_backends, vs, f) = http_pool(1).await;
+    let extra = HttpBackend::start(free_addr(), "web-new").await.unwrap();
+    let new_member = extra.addr.to_string();
+    let second = free_addr().to_string();
+    let url = format!("http://{}/ui/#token={TOKEN}", f.admin);
+    let (nm, sv) = (new_member.clone(), second.clone());
+    let (refusal, errors) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::launch(1440, 1000).expect("chromium starts");
+        b.navigate(&url).unwrap();
+        b.wait_for("document.body && document.body.dataset.loaded === '1'", Duration::from_secs(15))
+            .expect("the dashboard loads");
+        let set = |b: &mut Browser, name: &str, value: &str| {
+            let js = format!(
+                "(() => {{ const i = document.querySelector('#edit-fields [name={name}]'); i.value = {}; return true; }})()",
+                serde_json::to_string(value).unwrap()
+            );
+            b.eval(&js).unwrap();
+        };
+        // Add a member to pool web.
+        b.click("section[data-pool=web] button[data-action=add-member]").unwrap();
+        b.wait_for("document.getElementById('edit-dialog').open", Duration::from_secs(5))
+            .expect("the member form opens");
+        set(&mut b, "address", &nm);
+        set(&mut b, "weight", "10");
+        b.click("#edit-save").unwrap();
+        let row = serde_json::to_string(&format!("tr[data-key=\"m:web/{nm}\"]")).unwrap();
+        b.wait_for(&format!("!document.getElementById('edit-dialog').open && !!document.querySelector({row})"), Duration::from_secs(10))
+            .expect("the new member shows in the pool");
+        // Edit the service with a listen address the checks refuse: the form says why.
+        b.click("tr[data-key=\"svc:shop\"] button[data-action=edit]").unwrap();
+        b.wait_for("document.getElementById('edit-dialog').open && document.querySelector('#edit-fields [name=listen]').value !== ''", Duration::from_secs(5))
+            .expect("the service form opens filled in");
+        set(&mut b, "listen", "not-an-address");
+        b.click("#edit-save").unwrap();
+        let refusal = b
+            .wait_for("document.getElementById('edit-errors').textContent", Duration::from_secs(10))
+            .expect("the refusal shows in the form");
+        let still_open = b.eval("document.getElementById('edit-dialog').open").unwrap();
+        assert_eq!(still_open, true);
+        b.click("#edit-cancel").unwrap();
+        // Add a virtual service.
+        b.click("#vs-add").unwrap();
+        b.wait_for("document.getElementById('edit-dialog').open", Duration::from_secs(5))
+            .expect("the service form opens");
+        set(&mut b, "name", "second");
+        set(&mut b, "protocol", "http");
+        set(&mut b, "listen", &sv);
+        set(&mut b, "pool", "web");
+        b.click("#edit-save").unwrap();
+        b.wait_for("!!document.querySelector('tr[data-key=\"svc:second\"]')", Duration::from_secs(10))
+            .expect("the new service shows");
+        (refusal, b.errors())
+    })
+    .await
+    .unwrap();
+    assert!(
+        refusal.as_str().unwrap_or("").contains("listen"),
+        "{refusal}"
+    );
+    // Chromium logs the refused PUT (400) as a failed load; nothing else may be logged.
+    let errors: Vec<String> = errors.into_iter().filter(|e| !e.contains("400")).collect();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    // What the forms did is in the running configuration and the file.
+    let text = std::fs::read_to_string(f.config_path()).unwrap();
+    assert!(
+        text.contains(&new_member) && text.contains("name = \"second\""),
+        "{text}"
+    );
+    assert!(!text.contains("not-an-address"), "{text}");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        if let Ok(r) = fulcrum_testkit::http_get(vs, "/").await {
+            seen.insert(r.text());
+        }
+    }
+    assert!(seen.iter().any(|b| b.contains("web-new")), "{seen:?}");
+    let second: std::net::SocketAddr = second.parse().unwrap();
+    let r = fulcrum_testkit::http_get(second, "/").await.unwrap();
+    assert_eq!(r.status, 200);
+}
