@@ -360,7 +360,7 @@ impl App {
         {
             tracing::warn!("admin.socket and admin.tls changes take effect at the next restart");
         }
-        self.ha.reload(&mut config, &before.config);
+        let ha_change = self.ha.prepare_reload(&mut config, &before.config);
         crate::planes::bgp::reload_warnings(before.config.bgp.as_ref(), config.bgp.as_ref());
         if config.global.workers != before.config.global.workers {
             tracing::warn!(
@@ -371,6 +371,8 @@ impl App {
         }
         let access = crate::admin::access(&config.admin, self.admin_bound).map_err(|e| vec![e])?;
         let generation = self.apply(config)?;
+        // Only now, with everything else applied: a refused reload left the VRRP node as it was.
+        self.ha.commit_reload(ha_change);
         if let Some(store) = &self.config_store {
             store.applied();
         }

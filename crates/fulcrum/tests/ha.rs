@@ -613,6 +613,34 @@ fn a_reload_changes_priority_at_once_and_reports_what_needs_a_restart() {
     let edited = node_config("b", 200, &sync("198.18.0.2", "\"198.18.0.1:7500\""))
         .replace("vrid = 51", "vrid = 52")
         .replace("advert_interval = \"100ms\"", "advert_interval = \"200ms\"");
+    // The same change with a listener on a port already taken on b: the reload is refused at
+    // the bind, after the checks, and the VRRP node keeps its priority — b does not preempt.
+    let taken = in_ns(&p.b, || {
+        std::net::TcpListener::bind("0.0.0.0:8099").unwrap()
+    });
+    let refused = format!(
+        "{edited}\n[[virtual_service]]\nname = \"taken\"\nlisten = [\"0.0.0.0:8099\"]\nprotocol = \"tcp\"\npool = \"local\"\n"
+    );
+    std::fs::write(fb.dir.path().join("fulcrum.toml"), refused).unwrap();
+    let (status, body) = api_with(&p.b, "POST", "/api/v1/reload", "");
+    assert_eq!(status, 400, "{body}");
+    let hb = fb.ha();
+    assert_eq!(
+        hb["configured_priority"], 100,
+        "a refused reload changed the priority: {hb}"
+    );
+    assert_eq!(hb["advert_interval_ms"], 100.0, "{hb}");
+    assert!(
+        fb.ha()["sync"]["peers"]
+            .as_array()
+            .is_none_or(|p| p.is_empty()),
+        "{}",
+        fb.ha()
+    );
+    std::thread::sleep(Duration::from_millis(500)); // five advert intervals: no preemption
+    assert_eq!(fa.role(), "master");
+    assert_eq!(fb.role(), "backup");
+    drop(taken);
     std::fs::write(fb.dir.path().join("fulcrum.toml"), edited).unwrap();
     let (status, body) = api_with(&p.b, "POST", "/api/v1/reload", "");
     assert_eq!(status, 200, "{body}");

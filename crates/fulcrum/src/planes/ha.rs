@@ -142,6 +142,16 @@ pub struct HaPlane {
 
 type Reload = Arc<dyn Fn() -> Result<u64, Vec<String>> + Send + Sync>;
 
+/// What a reload will change in the HA node, prepared before the reload is applied.
+#[derive(Default)]
+pub struct HaReload {
+    node: Option<NodeConfig>,
+    peers: Option<Vec<std::net::SocketAddr>>,
+    applied: Vec<&'static str>,
+    restart: Vec<(&'static str, String, String)>,
+    notes: Vec<String>,
+}
+
 /// What the sync stream carries, in one bounded queue.
 enum Outgoing {
     /// A persistence entry: (service table, key, member).
@@ -346,60 +356,76 @@ impl HaPlane {
         let _ = self.node.set(Node::start(cfg, health));
     }
 
-    /// At a reload: the VRRP node takes what can change while it runs (priority,
-    /// advert_interval, preempt, preempt_delay, track_weight, garp_repeat, garp_interval), the
-    /// sync channel its new `peers`; every
-    /// other changed key is reported and the running value kept in the new configuration, so
-    /// it says what runs and the secrets derived from `ha.sync.key` follow the key the sync
-    /// channel uses.
-    pub fn reload(&self, new: &mut Config, running: &Config) {
+    /// At a reload, before anything is applied: the VRRP node will take what can change while
+    /// it runs (priority, advert_interval, preempt, preempt_delay, track_weight, garp_repeat,
+    /// garp_interval), the sync channel its new `peers`; every other changed key is reported
+    /// and the running value kept in the new configuration, so it says what runs and the
+    /// secrets derived from `ha.sync.key` follow the key the sync channel uses. Nothing changes
+    /// until `commit_reload`: a reload refused by a later step leaves the node as it was.
+    pub fn prepare_reload(&self, new: &mut Config, running: &Config) -> HaReload {
+        let mut out = HaReload::default();
         if new.ha == running.ha {
-            return;
+            return out;
         }
         let (Some(n), Some(r)) = (&new.ha, &running.ha) else {
             let what = if new.ha.is_some() { "added" } else { "removed" };
-            tracing::warn!(
+            out.notes.push(format!(
                 "[ha] {what}: takes effect at the next restart; this node runs on as it started"
-            );
+            ));
             new.ha = running.ha.clone();
-            return;
+            return out;
         };
         let changed = changed_keys(n, r);
         let mut kept = (*r).clone();
-        let mut applied: Vec<&str> = match self.node.get() {
-            Some(node) => {
-                node.reconfigure(&node_config(n));
-                kept.priority = n.priority;
-                if n.vrrp_version == r.vrrp_version {
-                    kept.advert_interval = n.advert_interval;
-                }
-                kept.preempt = n.preempt;
-                kept.preempt_delay = n.preempt_delay;
-                kept.track_weight = n.track_weight;
-                kept.garp_repeat = n.garp_repeat;
-                kept.garp_interval = n.garp_interval;
-                changed
-                    .iter()
-                    .copied()
-                    .filter(|k| LIVE_KEYS.contains(k))
-                    .filter(|k| *k != "advert_interval" || n.vrrp_version == r.vrrp_version)
-                    .collect()
+        if self.node.get().is_some() {
+            out.node = Some(node_config(n));
+            kept.priority = n.priority;
+            if n.vrrp_version == r.vrrp_version {
+                kept.advert_interval = n.advert_interval;
             }
-            None => Vec::new(),
-        };
+            kept.preempt = n.preempt;
+            kept.preempt_delay = n.preempt_delay;
+            kept.track_weight = n.track_weight;
+            kept.garp_repeat = n.garp_repeat;
+            kept.garp_interval = n.garp_interval;
+            out.applied = changed
+                .iter()
+                .copied()
+                .filter(|k| LIVE_KEYS.contains(k))
+                .filter(|k| *k != "advert_interval" || n.vrrp_version == r.vrrp_version)
+                .collect();
+        }
         // ha.sync.peers: new peers are dialled, removed ones let go; listen and key stay.
-        if let (Some(sync), Some(ns), Some(rs)) = (self.sync.get(), &n.sync, &mut kept.sync) {
+        if let (Some(_), Some(ns), Some(rs)) = (self.sync.get(), &n.sync, &mut kept.sync) {
             if ns.peers != rs.peers {
-                sync.set_peers(&ns.peers);
+                out.peers = Some(ns.peers.clone());
                 rs.peers = ns.peers.clone();
-                applied.push("sync.peers");
+                out.applied.push("sync.peers");
             }
         }
-        if !applied.is_empty() {
-            tracing::info!(applied = %applied.join(", "), "[ha] changes applied by the reload");
-        }
-        for key in changed.iter().filter(|k| !applied.contains(k)) {
+        for key in changed.iter().filter(|k| !out.applied.contains(k)) {
             let (from, to) = values(key, n, r);
+            out.restart.push((key, from, to));
+        }
+        new.ha = Some(kept);
+        out
+    }
+
+    /// The reload was applied: the VRRP node and the sync channel take their part of it.
+    pub fn commit_reload(&self, change: HaReload) {
+        for note in &change.notes {
+            tracing::warn!("{note}");
+        }
+        if let (Some(node), Some(cfg)) = (self.node.get(), &change.node) {
+            node.reconfigure(cfg);
+        }
+        if let (Some(sync), Some(peers)) = (self.sync.get(), &change.peers) {
+            sync.set_peers(peers);
+        }
+        if !change.applied.is_empty() {
+            tracing::info!(applied = %change.applied.join(", "), "[ha] changes applied by the reload");
+        }
+        for (key, from, to) in &change.restart {
             tracing::warn!(
                 key = %format!("ha.{key}"),
                 running = %from,
@@ -407,7 +433,6 @@ impl HaPlane {
                 "ha.{key} changed: it takes effect at the next restart; this node runs on with the running value"
             );
         }
-        new.ha = Some(kept);
     }
 
     /// Starts announcing when the config has `[bgp]` (active-active: no VRRP node runs).
@@ -1064,7 +1089,9 @@ mod tests {
         let mut new =
             fulcrum_config::parse(&text(200, "a-new-sync-key-01234", 2), "t", dir).expect("new");
         // Without a running VRRP node nothing of [ha] applies: the running one is kept.
-        HaPlane::default().reload(&mut new, &running);
+        let plane = HaPlane::default();
+        let change = plane.prepare_reload(&mut new, &running);
+        plane.commit_reload(change);
         assert_eq!(new.ha, running.ha);
         assert_eq!(
             changed_keys(
