@@ -783,6 +783,77 @@ fn nat_mode_end_to_end() {
     assert!(r.contains("generation"), "reload: {r}");
     assert!(!xdp_on(&s.lb, "eth1"), "detached from eth1");
     assert!(xdp_on(&s.lb, "eth0"), "still on eth0");
+
+    // A reload refused after the XDP plane's step (the link plane's DNS proxy cannot bind: the
+    // port is taken) changes nothing in the kernel: eth1 stays detached, the new VIP is not
+    // written.
+    let before = admin(&s.lb, "GET", "/api/v1/xdp", None);
+    let text = std::fs::read_to_string(&path).expect("config");
+    let taken = s
+        .lb
+        .command(
+            "python3",
+            &["-c", "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('198.18.0.1',5353))\nprint('ok',flush=True)\ntime.sleep(60)"],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("holder");
+    let mut taken = Killed(taken);
+    let mut ready = String::new();
+    BufReader::new(taken.0.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("port taken");
+    let refused = text.replace(r#"["eth0"]"#, r#"["eth0", "eth1"]"#)
+        + r#"
+[[virtual_service]]
+name = "extra"
+listen = "198.18.10.9:80"
+protocol = "tcp"
+pool = "web"
+forwarding = "nat"
+interfaces = ["eth0"]
+xdp_mode = "generic"
+
+[[pool]]
+name = "uplinks"
+kind = "link"
+[[pool.member]]
+name = "a"
+interface = "eth1"
+gateway = "198.18.1.11"
+resolver = "198.18.1.11:53"
+
+[[outbound]]
+name = "lan"
+sources = ["198.18.0.0/24"]
+pool = "uplinks"
+dns_proxy = "198.18.0.1:5353"
+"#;
+    std::fs::write(&path, refused).expect("config");
+    let r = admin(&s.lb, "POST", "/api/v1/reload", Some("{}"));
+    assert!(r.contains("errors") && r.contains("5353"), "reload: {r}");
+    assert!(!xdp_on(&s.lb, "eth1"), "a refused reload attached to eth1");
+    let after = admin(&s.lb, "GET", "/api/v1/xdp", None);
+    assert!(
+        !after.contains("extra"),
+        "a refused reload wrote its VIP: {after}"
+    );
+    assert_eq!(
+        before.matches("\"name\"").count(),
+        after.matches("\"name\"").count()
+    );
+    drop(taken);
+    std::fs::write(&path, text).expect("config");
+}
+
+/// Kills the child when dropped, also when an assertion fails.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A member that dies (its monitor goes down) loses its flows to the others; every other flow

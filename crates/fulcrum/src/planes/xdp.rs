@@ -88,6 +88,9 @@ pub struct XdpPlane {
     running: Arc<AtomicBool>,
     /// The in-kernel services of the configuration being applied, collected by `build`.
     collected: Mutex<Vec<VirtualService>>,
+    /// Interfaces `complete` attached for the configuration being applied: `abort` detaches
+    /// them, so a refused configuration leaves the kernel as it was.
+    attached_now: Mutex<Vec<String>>,
     flows: Arc<FlowSync>,
 }
 
@@ -105,6 +108,7 @@ impl Default for XdpPlane {
             state,
             running: Arc::new(AtomicBool::new(false)),
             collected: Mutex::new(Vec::new()),
+            attached_now: Mutex::new(Vec::new()),
         }
     }
 }
@@ -531,21 +535,13 @@ fn proto_number(p: Protocol) -> u8 {
 }
 
 impl XdpPlane {
-    /// Loads (first time) and updates the maps in place for `services`; attaches to new
-    /// interfaces. With no in-kernel service left, the program is detached and unloaded.
-    pub fn apply(
+    /// Loads the program and starts its flow thread the first time an in-kernel service
+    /// appears (loading attaches nothing: no packet takes it yet).
+    fn ensure_loaded(
         &self,
+        guard: &mut Option<State>,
         services: &[VirtualService],
-        config: &Config,
-        pools: &[Arc<Pool>],
     ) -> Result<(), Vec<String>> {
-        let mut guard = self.state.lock();
-        if services.is_empty() {
-            if guard.take().is_some() {
-                tracing::info!("no nat/dr/tunnel service left: XDP program detached");
-            }
-            return Ok(());
-        }
         if guard.is_none() {
             let mut dp = Dataplane::load(Limits::default())
                 .map_err(|e| vec![format!("cannot load the XDP forwarder: {e}")])?;
@@ -578,6 +574,85 @@ impl XdpPlane {
             });
             self.start_refresher();
         }
+        Ok(())
+    }
+
+    /// `complete`: loads the program and attaches it to the interfaces the new configuration
+    /// adds (what can fail: an interface that does not exist, a mode the driver refuses, more
+    /// services than the maps hold). What it attached is recorded for `abort`.
+    fn attach_new(&self, services: &[VirtualService]) -> Result<(), Vec<String>> {
+        if services.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.state.lock();
+        self.ensure_loaded(&mut guard, services)?;
+        let Some(st) = guard.as_mut() else {
+            return Ok(());
+        };
+        let limit = st.dp.limits().vips as usize;
+        if services.len() > limit {
+            return Err(vec![format!("more than {limit} nat/dr/tunnel services")]);
+        }
+        let mut attached = self.attached_now.lock();
+        for vs in services {
+            let mode = match vs.forwarding().xdp_mode {
+                fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
+                fulcrum_config::XdpMode::Native => aya::programs::XdpMode::Driver,
+                fulcrum_config::XdpMode::Generic => aya::programs::XdpMode::Skb,
+            };
+            for ifname in &vs.forwarding().interfaces {
+                if st.dp.attached().contains(ifname) {
+                    continue;
+                }
+                if let Err(e) = st.dp.attach(ifname, mode) {
+                    for done in attached.drain(..) {
+                        let _ = st.dp.detach(&done);
+                    }
+                    return Err(vec![format!("{e}")]);
+                }
+                tracing::info!(interface = %ifname, mode = %vs.forwarding().xdp_mode, "XDP forwarder attached");
+                attached.push(ifname.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// `abort`: detaches what `attach_new` attached for the refused configuration.
+    fn detach_new(&self) {
+        let attached: Vec<String> = self.attached_now.lock().drain(..).collect();
+        if attached.is_empty() {
+            return;
+        }
+        if let Some(st) = self.state.lock().as_mut() {
+            for ifname in attached {
+                match st.dp.detach(&ifname) {
+                    Ok(()) => {
+                        tracing::info!(interface = %ifname, "XDP forwarder detached: the configuration that attached it was refused")
+                    }
+                    Err(e) => {
+                        tracing::error!(interface = %ifname, error = %e, "XDP: cannot detach after a refused configuration")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads (first time) and updates the maps in place for `services`; attaches to new
+    /// interfaces. With no in-kernel service left, the program is detached and unloaded.
+    pub fn apply(
+        &self,
+        services: &[VirtualService],
+        config: &Config,
+        pools: &[Arc<Pool>],
+    ) -> Result<(), Vec<String>> {
+        let mut guard = self.state.lock();
+        if services.is_empty() {
+            if guard.take().is_some() {
+                tracing::info!("no nat/dr/tunnel service left: XDP program detached");
+            }
+            return Ok(());
+        }
+        self.ensure_loaded(&mut guard, services)?;
         let Some(st) = guard.as_mut() else {
             return Ok(());
         };
@@ -1159,13 +1234,23 @@ impl DataPlane for XdpPlane {
         Ok(None)
     }
 
-    fn complete(&self, cx: &BuildCx) -> Result<(), Vec<String>> {
+    fn complete(&self, _cx: &BuildCx) -> Result<(), Vec<String>> {
+        let services = self.collected.lock().clone();
+        self.attach_new(&services)
+    }
+
+    /// The maps are written only now, when nothing can refuse the configuration any more.
+    fn commit(&self, cx: &mut crate::planes::CommitCx) {
         let services = std::mem::take(&mut *self.collected.lock());
-        self.apply(&services, cx.config, cx.pools)
+        self.attached_now.lock().clear();
+        if let Err(errors) = self.apply(&services, cx.config, cx.pools) {
+            tracing::error!(errors = %errors.join("; "), "XDP: the in-kernel services could not be programmed completely");
+        }
     }
 
     fn abort(&self) {
         self.collected.lock().clear();
+        self.detach_new();
     }
 
     fn shutdown(&self) {
