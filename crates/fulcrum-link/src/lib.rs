@@ -34,6 +34,8 @@ pub use plan::{build as build_plan, mark_of, Plan, MARK_BASE, RULE_PREF_BASE, TA
 
 /// How often link rates are sampled and shares recomputed.
 const TICK: Duration = Duration::from_secs(1);
+/// How long a reload waits for the link plane; an apply that ends later is undone.
+const APPLY_WAIT: Duration = Duration::from_secs(30);
 /// Probe results kept per target for the loss figure.
 const LOSS_WINDOW: usize = 10;
 
@@ -226,8 +228,11 @@ impl Links {
         self.tx
             .send(Command::Apply(plan, tx))
             .map_err(|_| vec!["the link control task stopped".to_string()])?;
-        rx.recv_timeout(Duration::from_secs(30))
-            .map_err(|_| vec!["the link control task did not answer".to_string()])?
+        rx.recv_timeout(APPLY_WAIT).map_err(|_| {
+            vec![format!(
+                "the link plane did not finish within {APPLY_WAIT:?} (routes or nftables slow to answer); the running links stay"
+            )]
+        })?
     }
 
     /// Removes everything Fulcrum installed (nftables table, rules, routes) and stops probing.
@@ -605,11 +610,21 @@ async fn control(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 Some(Command::Apply(plan, reply)) => {
+                    let before = running.as_ref().map(|r| r.plan.clone());
                     let r = apply(&mut handle, &mut nft, &mut running, plan, &wake).await;
+                    let applied = r.is_ok();
+                    if reply.send(r).is_err() && applied {
+                        // The reload stopped waiting (`APPLY_WAIT`) and was refused: what this
+                        // apply installed must not outlive it. Back to what ran before.
+                        tracing::warn!("link plane: an apply finished after the reload gave up on it; restoring the previous links");
+                        let back = before.unwrap_or_default();
+                        if let Err(e) = apply(&mut handle, &mut nft, &mut running, back, &wake).await {
+                            tracing::error!(errors = %e.join("; "), "link plane: cannot restore the previous links");
+                        }
+                    }
                     if let Some(run) = &running {
                         *view.lock() = run.outbounds.clone();
                     }
-                    let _ = reply.send(r);
                 }
                 Some(Command::Shutdown(reply)) => {
                     running = None;

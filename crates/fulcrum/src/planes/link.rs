@@ -10,6 +10,10 @@ use crate::planes::{BuildCx, DataPlane};
 
 pub struct LinkPlane {
     links: OnceLock<fulcrum_link::Links>,
+    /// The configuration whose links run (committed); a configuration `complete` installed
+    /// but a later step refused is undone by re-installing this one.
+    committed: parking_lot::Mutex<Option<Config>>,
+    uncommitted: std::sync::atomic::AtomicBool,
     /// Inbound link load balancing sets GSLB sites tied to a link in or out of the answers.
     dns: Arc<crate::planes::dns::DnsPlane>,
 }
@@ -52,6 +56,8 @@ impl LinkPlane {
     pub fn new(dns: Arc<crate::planes::dns::DnsPlane>) -> LinkPlane {
         LinkPlane {
             links: OnceLock::new(),
+            committed: parking_lot::Mutex::new(None),
+            uncommitted: std::sync::atomic::AtomicBool::new(false),
             dns,
         }
     }
@@ -189,7 +195,31 @@ impl LinkPlane {
 /// Its async shutdown (removing what it installed) is called by `App`.
 impl DataPlane for LinkPlane {
     fn complete(&self, cx: &BuildCx) -> Result<(), Vec<String>> {
-        self.apply(cx.config)
+        self.apply(cx.config)?;
+        self.uncommitted
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    fn commit(&self, cx: &mut crate::planes::CommitCx) {
+        self.uncommitted
+            .store(false, std::sync::atomic::Ordering::Release);
+        let links = !cx.config.outbound.is_empty() || !cx.config.gateway_services.is_empty();
+        *self.committed.lock() = links.then(|| cx.config.clone());
+    }
+
+    /// A step after this plane's refused the configuration: the links that ran come back.
+    fn abort(&self) {
+        if !self
+            .uncommitted
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let previous = self.committed.lock().clone().unwrap_or_default();
+        if let Err(e) = self.apply(&previous) {
+            tracing::error!(errors = %e.join("; "), "link plane: cannot restore the links of the running configuration");
+        }
     }
 
     fn refresh(&self, config: &Config) {
