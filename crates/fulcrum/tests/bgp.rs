@@ -915,6 +915,31 @@ fn a_node_withdraws_without_healthy_members_in_maintenance_and_reports_a_lost_bi
     let (st, _) = api_with(&n.b.ns, "PUT", "/api/v1/ha/maintenance", r#"{"on":1}"#);
     assert_eq!(st, 400);
 
+    // A reload that would announce a second prefix but is refused at a later step (a
+    // listener on a port that is taken) announces nothing new.
+    let taken = in_ns(&n.b.ns, || {
+        std::net::TcpListener::bind("0.0.0.0:8099").unwrap()
+    });
+    let refused = n.b.config("b").replace(
+        &format!("announce = [\"{VIP}/32\"]"),
+        &format!("announce = [\"{VIP}/32\", \"198.18.99.1/32\"]"),
+    ) + "\n[[virtual_service]]\nname = \"more\"\nlisten = [\"198.18.99.1:80\"]\nprotocol = \"tcp\"\npool = \"echo\"\n\n[[virtual_service]]\nname = \"taken\"\nlisten = [\"0.0.0.0:8099\"]\nprotocol = \"tcp\"\npool = \"echo\"\n";
+    assert!(refused.contains("198.18.99.1/32"));
+    std::fs::write(fb.dir.path().join("fulcrum.toml"), &refused).unwrap();
+    let (st, body) = api_with(&n.b.ns, "POST", "/api/v1/reload", "");
+    assert_eq!(st, 400, "{body}");
+    std::thread::sleep(Duration::from_millis(500)); // the announcer's next rounds
+    let h = ha(&fb);
+    assert_eq!(
+        h["bgp"]["prefixes"].as_array().map(Vec::len),
+        Some(1),
+        "a refused reload changed the announced prefixes: {h}"
+    );
+    assert!(next_hops_of(&n.r, "198.18.99.1").is_empty());
+    assert_eq!(next_hops(&n.r), [A, B]);
+    std::fs::write(fb.dir.path().join("fulcrum.toml"), n.b.config("b")).unwrap();
+    drop(taken);
+
     // BIRD on b dies: Fulcrum reports it, keeps serving, and when BIRD is back (reading the
     // fragment Fulcrum keeps) the prefix is announced again and Fulcrum reconnects.
     n.lab.kill(n.b.daemon);
