@@ -26,11 +26,11 @@ pub fn routes() -> Router<App> {
         .route("/config/rollback", post(rollback))
         .route(
             "/config/pools/{pool}/members/{address}",
-            get(get_member).put(put_member).delete(delete_member),
+            get(get_member).put(write_member).delete(write_member),
         )
         .route(
             "/config/{kind}/{name}",
-            get(get_object).put(put_object).delete(delete_object),
+            get(get_object).put(write_object).delete(write_object),
         )
 }
 
@@ -343,7 +343,8 @@ async fn get_object(
     }
 }
 
-async fn put_object(
+/// `PUT` (create or replace) and `DELETE` of a named object.
+async fn write_object(
     State(app): State<App>,
     Path((kind, name)): Path<(String, String)>,
     req: Request,
@@ -351,28 +352,12 @@ async fn put_object(
     if edit::table_key(&kind).is_none() {
         return error(StatusCode::NOT_FOUND, "no such endpoint").into_response();
     }
+    let deleting = req.method() == axum::http::Method::DELETE;
     edit_object(
         &app,
         req,
         |t, j| edit::put_object(t, &kind, &name, j),
-        false,
-    )
-    .await
-}
-
-async fn delete_object(
-    State(app): State<App>,
-    Path((kind, name)): Path<(String, String)>,
-    req: Request,
-) -> Response {
-    if edit::table_key(&kind).is_none() {
-        return error(StatusCode::NOT_FOUND, "no such endpoint").into_response();
-    }
-    edit_object(
-        &app,
-        req,
-        |t, _| edit::put_object(t, &kind, &name, None),
-        true,
+        deleting,
     )
     .await
 }
@@ -387,30 +372,18 @@ async fn get_member(
     }
 }
 
-async fn put_member(
+/// `PUT` (create or replace) and `DELETE` of a pool member.
+async fn write_member(
     State(app): State<App>,
     Path((pool, address)): Path<(String, String)>,
     req: Request,
 ) -> Response {
+    let deleting = req.method() == axum::http::Method::DELETE;
     edit_object(
         &app,
         req,
         |t, j| edit::put_member(t, &pool, &address, j),
-        false,
-    )
-    .await
-}
-
-async fn delete_member(
-    State(app): State<App>,
-    Path((pool, address)): Path<(String, String)>,
-    req: Request,
-) -> Response {
-    edit_object(
-        &app,
-        req,
-        |t, _| edit::put_member(t, &pool, &address, None),
-        true,
+        deleting,
     )
     .await
 }

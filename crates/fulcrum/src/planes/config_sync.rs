@@ -134,6 +134,17 @@ fn new_id(node: &str, digest: &str) -> String {
     shared::digest(&format!("{node}/{nanos}/{}/{digest}", std::process::id()))
 }
 
+/// A change this node made: a fresh id.
+fn own_change(node: &str, seq: u64, digest: String) -> Change {
+    Change {
+        id: new_id(node, &digest),
+        seq,
+        origin: node.to_string(),
+        at_ms: now_ms(),
+        digest,
+    }
+}
+
 fn read_shared(file: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
@@ -156,13 +167,7 @@ impl ConfigSync {
             Some(head) if head.digest == digest => {}
             Some(head) => {
                 let seq = head.seq + 1;
-                lineage.push(Change {
-                    id: new_id(node, &digest),
-                    seq,
-                    origin: node.to_string(),
-                    at_ms: now_ms(),
-                    digest,
-                });
+                lineage.push(own_change(node, seq, digest));
             }
             // A first start: the id is the text's, so two nodes started from the same file
             // are in sync at once.
@@ -221,17 +226,7 @@ impl ConfigSync {
             return;
         }
         let seq = st.lineage.last().map_or(1, |h| h.seq + 1);
-        let id = new_id(&self.node, &digest);
-        Self::push(
-            &mut st.lineage,
-            Change {
-                id,
-                seq,
-                origin: self.node.clone(),
-                at_ms: now_ms(),
-                digest,
-            },
-        );
+        Self::push(&mut st.lineage, own_change(&self.node, seq, digest));
         st.shared = shared;
         self.save(&st);
     }
@@ -326,17 +321,7 @@ impl ConfigSync {
             .unwrap_or_default();
         let seq = st.lineage.last().map_or(0, |h| h.seq).max(peer_head.seq) + 1;
         Self::push(&mut st.lineage, peer_head);
-        let id = new_id(&self.node, &digest);
-        Self::push(
-            &mut st.lineage,
-            Change {
-                id,
-                seq,
-                origin: self.node.clone(),
-                at_ms: now_ms(),
-                digest,
-            },
-        );
+        Self::push(&mut st.lineage, own_change(&self.node, seq, digest));
         self.save(&st);
         Ok(())
     }

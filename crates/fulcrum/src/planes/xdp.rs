@@ -526,6 +526,14 @@ fn mode_flags(f: Forwarding) -> u32 {
     }
 }
 
+fn attach_mode(mode: fulcrum_config::XdpMode) -> aya::programs::XdpMode {
+    match mode {
+        fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
+        fulcrum_config::XdpMode::Native => aya::programs::XdpMode::Driver,
+        fulcrum_config::XdpMode::Generic => aya::programs::XdpMode::Skb,
+    }
+}
+
 fn proto_number(p: Protocol) -> u8 {
     if p == Protocol::Udp {
         17
@@ -595,11 +603,7 @@ impl XdpPlane {
         }
         let mut attached = self.attached_now.lock();
         for vs in services {
-            let mode = match vs.forwarding().xdp_mode {
-                fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
-                fulcrum_config::XdpMode::Native => aya::programs::XdpMode::Driver,
-                fulcrum_config::XdpMode::Generic => aya::programs::XdpMode::Skb,
-            };
+            let mode = attach_mode(vs.forwarding().xdp_mode);
             for ifname in &vs.forwarding().interfaces {
                 if st.dp.attached().contains(ifname) {
                     continue;
@@ -698,11 +702,7 @@ impl XdpPlane {
             }
         }
         for vs in services {
-            let mode = match vs.forwarding().xdp_mode {
-                fulcrum_config::XdpMode::Auto => aya::programs::XdpMode::Default,
-                fulcrum_config::XdpMode::Native => aya::programs::XdpMode::Driver,
-                fulcrum_config::XdpMode::Generic => aya::programs::XdpMode::Skb,
-            };
+            let mode = attach_mode(vs.forwarding().xdp_mode);
             for ifname in &vs.forwarding().interfaces {
                 if !st.dp.attached().contains(ifname) {
                     st.dp
