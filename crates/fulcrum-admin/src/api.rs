@@ -14,18 +14,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::console::{unix_now, AuditEntry, Console};
+pub(crate) use crate::state::{error, ApiError, App};
 use crate::{Control, ServiceInfo};
-
-#[derive(Clone)]
-pub(crate) struct App {
-    pub(crate) control: Arc<dyn Control>,
-    /// The address the API is bound to (it changes only at restart).
-    bound: SocketAddr,
-    console: Arc<Console>,
-    /// Requests come over the Unix socket (`admin.socket`): its file permissions authenticated
-    /// the caller, so no token or Host check applies.
-    pub(crate) local_socket: bool,
-}
 
 #[derive(Serialize)]
 pub struct Status {
@@ -243,19 +233,6 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
         denied: st.denied.load(Ordering::Relaxed),
         responses: None,
     }
-}
-
-/// An API error: a status and a message, sent as `{"error": "..."}`.
-pub struct ApiError(StatusCode, String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1 }))).into_response()
-    }
-}
-
-pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
-    ApiError(status, message.into())
 }
 
 /// Builds the API router for a listener bound to `bound`. Every request passes `guard`: the

@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use fulcrum_config::edit;
 use serde_json::{json, Value};
 
-use crate::api::{error, ApiError, App};
+use crate::state::{error, ApiError, App};
 use crate::{Author, ConfigRefusal, ConfigWrite};
 
 /// Whole configurations may be large (thousands of members); other calls stay at 64 KiB.

@@ -11,6 +11,7 @@ pub mod console;
 mod deliver;
 mod escape;
 mod metrics;
+mod state;
 mod ui;
 
 use std::net::SocketAddr;
