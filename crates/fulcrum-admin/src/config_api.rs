@@ -109,7 +109,7 @@ fn current(app: &App) -> Result<(String, u64), ApiError> {
     app.control.config_text().ok_or_else(|| {
         error(
             StatusCode::NOT_FOUND,
-            "this process runs without a configuration file (demo or inline configuration)",
+            "this process keeps no configuration versions: it runs without a file (fulcrum demo), or the history beside its file could not be created (see the log)",
         )
     })
 }
