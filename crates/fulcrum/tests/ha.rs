@@ -672,3 +672,58 @@ fn a_reload_changes_priority_at_once_and_reports_what_needs_a_restart() {
     );
     drop((fa, fb, p.backend_a, p.backend_b));
 }
+
+/// A proxied connection cannot move to the new master (its state lived in the dead process):
+/// the client must learn at once rather than hang. Its next request on the old connection
+/// reaches the new master, whose kernel knows no such connection and resets it; the client's
+/// reconnect is served by the new master.
+#[test]
+fn a_proxied_connection_of_a_dead_master_is_reset_at_the_clients_next_request() {
+    use std::io::{Read, Write};
+    let mut p = pair("hrst");
+    let fa = NsFulcrum::start(&mut p.lab, &p.a, BIN, &node_config("a", 150, ""));
+    let fb = NsFulcrum::start(&mut p.lab, &p.b, BIN, &node_config("b", 100, ""));
+    expect_role(&fa, "master", Duration::from_secs(5));
+    expect_role(&fb, "backup", Duration::from_secs(5));
+    expect_served_by(&p.c, "a", Duration::from_secs(5));
+    let ask = |s: &mut std::net::TcpStream| -> std::io::Result<String> {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    // One keep-alive connection, answered by a.
+    let mut held = in_ns(&p.c, || {
+        let s = std::net::TcpStream::connect_timeout(&vip(), Duration::from_secs(1)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    });
+    let first = ask(&mut held).unwrap();
+    assert!(
+        first.ends_with('a') || first.contains("\r\n\r\na"),
+        "{first:?}"
+    );
+    // a's machine dies: its link first, so no FIN or RST of its kernel reaches the client
+    // (a power cut sends none), then the process.
+    p.a.ip(&["link", "set", "eth0", "down"]).unwrap();
+    p.lab.kill(fa.index);
+    expect_role(&fb, "master", Duration::from_secs(5));
+    expect_served_by(&p.c, "b", Duration::from_secs(5));
+    // The held connection's next request: reset by b's kernel at once, not a 10 s wait.
+    let t = std::time::Instant::now();
+    let r = ask(&mut held);
+    let took = t.elapsed();
+    eprintln!("held connection after the failover: {r:?} after {took:?}");
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the old connection answered or timed out: {r:?}"
+    );
+    assert!(took < Duration::from_secs(3), "the client waited {took:?}");
+    // Reconnecting reaches the new master.
+    expect_served_by(&p.c, "b", Duration::from_secs(2));
+    drop((fb, p.backend_a, p.backend_b));
+}
