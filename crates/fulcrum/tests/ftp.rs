@@ -324,3 +324,32 @@ async fn reply(rd: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> String {
         .expect("reply");
     line
 }
+
+/// A PORT that cannot be read is answered `501` by Fulcrum; a control line over 8 KiB closes
+/// the session. Both are counted in `ftp_refused`, and the process keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_overlong_control_lines_are_refused_and_counted() {
+    let a = vsftpd([127, 0, 0, 24], "delta", free_range(10)).await;
+    let vs = free_addr();
+    let (low, high) = free_range(10);
+    let f = start(&ftp_config(vs, &format!("{low}-{high}"), &[&a])).await;
+    let stream = tokio::net::TcpStream::connect(vs).await.expect("connect");
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    assert!(reply(&mut rd).await.starts_with("220"));
+    wr.write_all(b"PORT 127,0,0,1,999,1\r\n")
+        .await
+        .expect("send");
+    let answer = reply(&mut rd).await;
+    assert!(answer.starts_with("501"), "{answer}");
+    wr.write_all(&vec![b'A'; 9000]).await.expect("send");
+    let mut rest = String::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), rd.read_line(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "{closed:?} {rest:?}"
+    );
+    let status = f.get_json("/api/v1/status").await;
+    assert_eq!(status["virtual_services"][0]["ftp_refused"], 2, "{status}");
+    assert_eq!(listed_marker(vs, &["--ftp-pasv"]), "delta");
+}
