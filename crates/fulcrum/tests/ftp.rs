@@ -30,6 +30,18 @@ impl Drop for Vsftpd {
 /// Starts an anonymous vsftpd on `ip` that serves `marker.txt` containing `marker` and takes
 /// uploads into `upload/`; its passive ports are `passive`.
 async fn vsftpd(ip: [u8; 4], marker: &str, passive: (u16, u16)) -> Vsftpd {
+    vsftpd_with(ip, marker, passive, None, "").await
+}
+
+/// As `vsftpd`, announcing `announce` (else its own address) in passive answers, with `extra`
+/// configuration lines.
+async fn vsftpd_with(
+    ip: [u8; 4],
+    marker: &str,
+    passive: (u16, u16),
+    announce: Option<std::net::IpAddr>,
+    extra: &str,
+) -> Vsftpd {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().join("root");
     let empty = dir.path().join("empty");
@@ -54,12 +66,12 @@ async fn vsftpd(ip: [u8; 4], marker: &str, passive: (u16, u16)) -> Vsftpd {
              pasv_enable=YES\npasv_address={}\npasv_min_port={}\npasv_max_port={}\n\
              port_enable=YES\nconnect_from_port_20=NO\nseccomp_sandbox=NO\nisolate=NO\n\
              isolate_network=NO\nftpd_banner=member {marker}\nxferlog_enable=NO\n\
-             dual_log_enable=NO\nsyslog_enable=NO\nvsftpd_log_file=/dev/null\n",
+             dual_log_enable=NO\nsyslog_enable=NO\nvsftpd_log_file=/dev/null\n{extra}",
             addr.ip(),
             addr.port(),
             root.display(),
             empty.display(),
-            addr.ip(),
+            announce.unwrap_or(addr.ip()),
             passive.0,
             passive.1,
         ),
@@ -352,4 +364,36 @@ async fn malformed_and_overlong_control_lines_are_refused_and_counted() {
     let status = f.get_json("/api/v1/status").await;
     assert_eq!(status["virtual_services"][0]["ftp_refused"], 2, "{status}");
     assert_eq!(listed_marker(vs, &["--ftp-pasv"]), "delta");
+}
+
+/// Explicit FTPS, not terminated: after `AUTH` the control channel is opaque, and the member,
+/// announcing the service's address and the same range (vsftpd `pasv_address`,
+/// `pasv_min_port` / `pasv_max_port`), is reached through the range Fulcrum forwards port for
+/// port. Nothing listens on those ports of the service's address but Fulcrum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_ftps_is_passed_through_with_the_passive_range() {
+    let range = free_range(10);
+    let vs = free_addr();
+    let certs = tempfile::tempdir().expect("temp dir");
+    let (cert, key) =
+        fulcrum_testkit::pki::self_signed(certs.path(), "ftps", "ftps", 2, Some("IP:127.0.0.1"));
+    let tls = format!(
+        "ssl_enable=YES\nallow_anon_ssl=YES\nforce_anon_logins_ssl=YES\nforce_anon_data_ssl=YES\n\
+         require_ssl_reuse=NO\nrsa_cert_file={cert}\nrsa_private_key_file={key}\n"
+    );
+    let a = vsftpd_with([127, 0, 0, 25], "epsilon", range, Some(vs.ip()), &tls).await;
+    let f = start(&ftp_config(vs, &format!("{}-{}", range.0, range.1), &[&a])).await;
+    let url = format!("ftp://{vs}/");
+    for mode in [&["--ftp-pasv"][..], &["--ftp-pasv", "--disable-epsv"][..]] {
+        let mut args = vec!["--ssl-reqd", "-k", "--list-only"];
+        args.extend(mode);
+        args.push(&url);
+        let (ok, text) = curl(&args);
+        assert!(ok && text.contains("epsilon.txt"), "{mode:?}: {text}");
+    }
+    let status = f.get_json("/api/v1/status").await;
+    assert_eq!(
+        status["virtual_services"][0]["ftp_data_connections"], 2,
+        "{status}"
+    );
 }
