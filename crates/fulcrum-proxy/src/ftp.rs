@@ -8,7 +8,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::RangeInclusive;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,13 +192,13 @@ pub fn active_command(at: SocketAddr) -> String {
     }
 }
 
-/// Reads one line (up to and with `\n`) of at most `MAX_LINE` bytes into `line`.
+/// Reads one line (up to and with `\n`) of at most `MAX_LINE` bytes, appended to `line`
+/// (the caller clears it once handled, so a call cancelled by a timeout loses nothing).
 /// `Ok(false)`: the peer closed; an error for a line that is too long.
 async fn read_line<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     line: &mut Vec<u8>,
 ) -> io::Result<bool> {
-    line.clear();
     loop {
         let available = reader.fill_buf().await?;
         if available.is_empty() {
@@ -265,7 +265,8 @@ struct DataRelay {
 }
 
 impl FtpService {
-    fn spawn_data_relay(&self, relay: DataRelay) {
+    /// Relays the one data connection `relay` accepts; `busy` counts it while it runs.
+    fn spawn_data_relay(&self, relay: DataRelay, busy: Arc<AtomicUsize>) {
         let stats = self.tcp.stats.clone();
         let tracked = self.tcp.tracker.track();
         let opts = ForwardOptions {
@@ -315,11 +316,13 @@ impl FtpService {
                 Err(_) => return,
             };
             stats.ftp_data_connections.fetch_add(1, Ordering::Relaxed);
+            busy.fetch_add(1, Ordering::Relaxed);
             forward(&mut incoming, &mut outgoing, opts, |a, b| {
                 stats.bytes_in.fetch_add(a, Ordering::Relaxed);
                 stats.bytes_out.fetch_add(b, Ordering::Relaxed);
             })
             .await;
+            busy.fetch_sub(1, Ordering::Relaxed);
             drop(tracked);
         });
     }
@@ -354,6 +357,7 @@ impl FtpService {
             vip: local,
             member_addr: member_peer,
             member_local,
+            data_busy: Arc::new(AtomicUsize::new(0)),
         };
         let (up, down) = session.relay(client, member_stream).await;
         member.stats.add_bytes(up, down);
@@ -372,6 +376,8 @@ struct Session<'a> {
     member_addr: SocketAddr,
     /// Fulcrum's address towards the member: where active listeners open.
     member_local: SocketAddr,
+    /// Data connections of this session being relayed now.
+    data_busy: Arc<AtomicUsize>,
 }
 
 impl Session<'_> {
@@ -404,13 +410,18 @@ impl Session<'_> {
         let commands = async {
             let mut line = Vec::new();
             loop {
+                line.clear();
                 match tokio::time::timeout(idle, read_line(&mut client_rd, &mut line)).await {
                     Ok(Ok(true)) => {}
                     Ok(Err(_)) => {
                         self.refused();
                         return false;
                     }
-                    _ => return false,
+                    Ok(Ok(false)) => return false,
+                    // A silent control connection is normal while its transfer runs (the data
+                    // relay has its own idle timeout).
+                    Err(_) if self.data_busy.load(Ordering::Relaxed) > 0 => continue,
+                    Err(_) => return false,
                 }
                 let out = match classify_command(&line) {
                     ControlLine::Active(target) => match self.open_active(target) {
@@ -435,6 +446,8 @@ impl Session<'_> {
                         continue;
                     }
                     ControlLine::AuthTls => {
+                        // Forget the answer to an earlier AUTH the member refused.
+                        tls_tx.send_replace(None);
                         awaiting_auth.store(true, Ordering::Relaxed);
                         line.clone()
                     }
@@ -460,6 +473,7 @@ impl Session<'_> {
         let replies = async {
             let mut line = Vec::new();
             loop {
+                line.clear();
                 match read_line(&mut member_rd, &mut line).await {
                     Ok(true) => {}
                     Ok(false) => return false,
@@ -588,12 +602,15 @@ impl Session<'_> {
             self.refused();
             return original.to_vec();
         };
-        self.service.spawn_data_relay(DataRelay {
-            listener,
-            allowed: self.client_addr.ip(),
-            target,
-            source: None,
-        });
+        self.service.spawn_data_relay(
+            DataRelay {
+                listener,
+                allowed: self.client_addr.ip(),
+                target,
+                source: None,
+            },
+            self.data_busy.clone(),
+        );
         reply.into_bytes()
     }
 
@@ -613,12 +630,15 @@ impl Session<'_> {
         let at = listener
             .local_addr()
             .map_err(|_| "425 Can't open data connection.\r\n".to_string())?;
-        self.service.spawn_data_relay(DataRelay {
-            listener,
-            allowed: self.member_addr.ip(),
-            target,
-            source: Some(self.vip.ip()),
-        });
+        self.service.spawn_data_relay(
+            DataRelay {
+                listener,
+                allowed: self.member_addr.ip(),
+                target,
+                source: Some(self.vip.ip()),
+            },
+            self.data_busy.clone(),
+        );
         Ok(active_command(at))
     }
 
@@ -641,12 +661,15 @@ impl Session<'_> {
             });
             // Ports another session holds are skipped: that session's member gets them.
             if let Ok(listener) = listener {
-                self.service.spawn_data_relay(DataRelay {
-                    listener,
-                    allowed: self.client_addr.ip(),
-                    target: SocketAddr::new(self.member_addr.ip(), port),
-                    source: None,
-                });
+                self.service.spawn_data_relay(
+                    DataRelay {
+                        listener,
+                        allowed: self.client_addr.ip(),
+                        target: SocketAddr::new(self.member_addr.ip(), port),
+                        source: None,
+                    },
+                    self.data_busy.clone(),
+                );
             }
         }
     }
