@@ -50,6 +50,11 @@ pub struct ServiceStatus {
     pub upstream_failures: u64,
     /// Connections (udp: datagrams) refused by `allow` / `deny`.
     pub denied: u64,
+    /// ftp services: data connections relayed, and control lines or data connections refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ftp_data_connections: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ftp_refused: Option<u64>,
     /// http and https services: responses sent to clients by status class, `{"1xx": n, …,
     /// "5xx": n}` (from the http plane, `GET /api/v1/http/responses`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -231,6 +236,10 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
         over_limit: st.over_limit.load(Ordering::Relaxed),
         upstream_failures: st.upstream_failures.load(Ordering::Relaxed),
         denied: st.denied.load(Ordering::Relaxed),
+        ftp_data_connections: (s.protocol == fulcrum_config::Protocol::Ftp)
+            .then(|| st.ftp_data_connections.load(Ordering::Relaxed)),
+        ftp_refused: (s.protocol == fulcrum_config::Protocol::Ftp)
+            .then(|| st.ftp_refused.load(Ordering::Relaxed)),
         responses: None,
     }
 }

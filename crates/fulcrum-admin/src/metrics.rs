@@ -73,7 +73,7 @@ pub fn render(control: &dyn Control) -> String {
 
     let services = control.services();
     type ServiceField = fn(&fulcrum_net::ServiceStats) -> u64;
-    let vs_families: [(&str, &str, &str, ServiceField); 9] = [
+    let vs_families: [(&str, &str, &str, ServiceField); 11] = [
         (
             "fulcrum_vs_connections_active",
             "gauge",
@@ -127,6 +127,18 @@ pub fn render(control: &dyn Control) -> String {
             "counter",
             "Connections (udp: datagrams) refused by the service's allow/deny lists.",
             |s| s.denied.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_vs_ftp_data_connections_total",
+            "counter",
+            "FTP data connections relayed (protocol ftp).",
+            |s| s.ftp_data_connections.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_vs_ftp_refused_total",
+            "counter",
+            "FTP control lines and data connections refused or passed unchanged (protocol ftp).",
+            |s| s.ftp_refused.load(Ordering::Relaxed),
         ),
     ];
     for (name, kind, help, get) in vs_families {

@@ -8,6 +8,7 @@ string_enum!(Protocol {
     Http = "http",
     Https = "https",
     Message = "message",
+    Ftp = "ftp",
 });
 
 impl Protocol {

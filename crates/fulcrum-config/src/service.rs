@@ -17,7 +17,7 @@ use crate::protocol::{Protocol, ProxyProtocol};
 use crate::reader::{Cx, FromNode, Node, TableReader};
 use crate::rule::Rule;
 use crate::stream::{SourceAddresses, StreamOptions, STREAM_KEYS};
-use crate::tcp::TcpSection;
+use crate::tcp::{TcpSection, FTP_KEYS};
 use crate::tls::{TlsTermination, TLS_KEYS};
 use crate::types::{read_table, OneOrMany};
 use crate::udp::{UdpSection, UDP_KEYS};
@@ -57,6 +57,7 @@ fn keys_of(protocol: Protocol) -> Vec<&'static str> {
         Protocol::Http => &[STREAM_KEYS, HTTP_SECTION_KEYS],
         Protocol::Https => &[STREAM_KEYS, TLS_KEYS, HTTP_SECTION_KEYS],
         Protocol::Message => &[STREAM_KEYS, TLS_KEYS, MESSAGE_SECTION_KEYS],
+        Protocol::Ftp => &[STREAM_KEYS, FTP_KEYS],
     };
     parts.concat()
 }
@@ -108,7 +109,9 @@ impl ServiceKind {
         node: &Node<'_>,
     ) -> ServiceKind {
         match protocol {
-            Protocol::Tcp => ServiceKind::Tcp(TcpSection::read(t, cx, node)),
+            Protocol::Tcp | Protocol::Ftp => {
+                ServiceKind::Tcp(TcpSection::read(t, cx, node, protocol))
+            }
             Protocol::Udp => ServiceKind::Udp(UdpSection::read(t, cx)),
             Protocol::Http => ServiceKind::Http(HttpSection::read(t, cx, node, false)),
             Protocol::Https => ServiceKind::Http(HttpSection::read(t, cx, node, true)),
@@ -166,6 +169,7 @@ impl FromNode for VirtualService {
 impl VirtualService {
     pub fn protocol(&self) -> Protocol {
         match &self.kind {
+            ServiceKind::Tcp(s) if s.ftp.is_some() => Protocol::Ftp,
             ServiceKind::Tcp(_) => Protocol::Tcp,
             ServiceKind::Udp(_) => Protocol::Udp,
             ServiceKind::Http(h) if h.tls.is_some() => Protocol::Https,

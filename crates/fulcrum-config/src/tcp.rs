@@ -1,9 +1,13 @@
 //! The section of a `protocol = "tcp"` virtual service: the stream keys, TLS termination and
-//! how packets reach the members (proxy, or in-kernel nat / dr / tunnel).
+//! how packets reach the members (proxy, or in-kernel nat / dr / tunnel). A `protocol = "ftp"`
+//! service is a tcp service whose control channel is read (`ftp`): it shares the stream keys
+//! but neither TLS termination (the control lines must stay readable) nor in-kernel forwarding.
+
+use std::ops::RangeInclusive;
 
 use crate::forwarding::ForwardingOptions;
 use crate::protocol::Protocol;
-use crate::reader::{Cx, Node, TableReader};
+use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::stream::StreamOptions;
 use crate::tls::TlsTermination;
 
@@ -13,14 +17,97 @@ pub struct TcpSection {
     /// TLS terminated in front of the members (`tls`); `None`: bytes pass as they come.
     pub tls: Option<TlsTermination>,
     pub forwarding: ForwardingOptions,
+    /// `protocol = "ftp"`: the FTP helper's settings; `None` for a plain tcp service.
+    pub ftp: Option<FtpOptions>,
 }
 
+/// What a `protocol = "ftp"` service adds to a tcp one.
+#[derive(Debug, Clone, Default)]
+pub struct FtpOptions {
+    /// `ftp_passive_ports`: the ports offered to clients in PASV / EPSV answers (and forwarded
+    /// as they are after `AUTH TLS`); `None`: any free port the host gives.
+    pub passive_ports: Option<RangeInclusive<u16>>,
+}
+
+/// The keys only `protocol = "ftp"` takes.
+pub const FTP_KEYS: &[&str] = &["ftp_passive_ports"];
+
 impl TcpSection {
-    pub(crate) fn read(t: &mut TableReader<'_>, cx: &mut Cx<'_>, node: &Node<'_>) -> TcpSection {
+    pub(crate) fn read(
+        t: &mut TableReader<'_>,
+        cx: &mut Cx<'_>,
+        node: &Node<'_>,
+        protocol: Protocol,
+    ) -> TcpSection {
+        if protocol == Protocol::Ftp {
+            return TcpSection {
+                stream: StreamOptions::read(t, cx),
+                tls: None,
+                forwarding: ForwardingOptions::default(),
+                ftp: Some(FtpOptions {
+                    passive_ports: t.opt::<PortRange>(cx, "ftp_passive_ports").map(|r| r.0),
+                }),
+            };
+        }
         TcpSection {
             stream: StreamOptions::read(t, cx),
             tls: TlsTermination::read(t, cx, node, Protocol::Tcp),
             forwarding: ForwardingOptions::read(t, cx),
+            ftp: None,
+        }
+    }
+}
+
+/// `"A-B"`: a range of TCP ports, 1 ≤ A ≤ B ≤ 65535.
+struct PortRange(RangeInclusive<u16>);
+
+impl FromNode for PortRange {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        let Shape::Str(text) = node.shape() else {
+            cx.error(
+                node,
+                format!(
+                    "expected a port range as a string \"A-B\", found {}",
+                    node.type_name()
+                ),
+            );
+            return None;
+        };
+        match parse_port_range(text) {
+            Ok(r) => Some(PortRange(r)),
+            Err(why) => {
+                cx.error(node, format!("{text:?} is not a port range: {why}"));
+                None
+            }
+        }
+    }
+}
+
+fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
+    let (low, high) = text
+        .split_once('-')
+        .ok_or_else(|| "expected \"A-B\" with 1 <= A <= B <= 65535".to_string())?;
+    let port = |s: &str| match s.trim().parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(format!("{s:?} is not a port 1..=65535")),
+    };
+    let (low, high) = (port(low)?, port(high)?);
+    if low > high {
+        return Err(format!("the first port {low} is above the last {high}"));
+    }
+    Ok(low..=high)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_port_range;
+
+    #[test]
+    fn port_ranges_are_bounded_and_ordered() {
+        assert_eq!(parse_port_range("50000-50100"), Ok(50000..=50100));
+        assert_eq!(parse_port_range("21-21"), Ok(21..=21));
+        for bad in ["0-10", "10-5", "5", "1-65536", "a-b", "-"] {
+            assert!(parse_port_range(bad).is_err(), "{bad}");
         }
     }
 }

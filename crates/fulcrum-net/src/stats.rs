@@ -17,6 +17,12 @@ pub struct ServiceStats {
     pub upstream_failures: AtomicU64,
     /// Connections (udp: datagrams) refused by the service's `allow` / `deny` lists.
     pub denied: AtomicU64,
+    /// `protocol = "ftp"`: data connections relayed (passive and active).
+    pub ftp_data_connections: AtomicU64,
+    /// `protocol = "ftp"`: control lines refused or passed unchanged (too long, malformed
+    /// 227 / 229 / PORT / EPRT, PORT to a foreign address) and data connections from a
+    /// foreign address.
+    pub ftp_refused: AtomicU64,
 }
 
 impl ServiceStats {

@@ -275,7 +275,7 @@ impl TcpService {
 
     /// A client's attempts at the pool: the member its source persisted to first, then the
     /// scheduler; with the persistence key to record the chosen member under.
-    fn attempts(&self, peer: SocketAddr) -> (Attempts<'_>, Option<PersistKey>) {
+    pub(crate) fn attempts(&self, peer: SocketAddr) -> (Attempts<'_>, Option<PersistKey>) {
         let ctx = PickContext {
             hash: l4_hash(&self.pool.hash_key, peer),
         };
@@ -289,7 +289,7 @@ impl TcpService {
 
     /// Connects to the next member of `attempts`; a failed connect is reported to the member and
     /// the next member tried, until the pool's `retries` are spent.
-    async fn connect_member(
+    pub(crate) async fn connect_member(
         &self,
         peer: SocketAddr,
         attempts: &mut Attempts<'_>,

@@ -1,11 +1,12 @@
 //! Assembly of `protocol = "tcp"` virtual services: the full proxy of `fulcrum-proxy` behind
-//! the shared stream listeners.
+//! the shared stream listeners; `protocol = "ftp"` services are tcp services with the FTP
+//! helper of `fulcrum_proxy::ftp` in front.
 
 use std::sync::Arc;
 
 use fulcrum_config::VirtualService;
 use fulcrum_net::StreamHandler;
-use fulcrum_proxy::TcpService;
+use fulcrum_proxy::{FtpService, TcpService};
 
 use crate::planes::{BuildCx, DataPlane};
 
@@ -25,7 +26,7 @@ impl DataPlane for TcpPlane {
         let pool = cx
             .pool(vs)
             .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
-        Ok(Some(Arc::new(TcpService {
+        let tcp = TcpService {
             // TLS offload towards the clients, and re-encryption to members with a pool `tls`.
             tls: cx.stream_tls(vs)?,
             member_tls: crate::planes::http::tls::stream_member_tls(&pool)
@@ -40,6 +41,14 @@ impl DataPlane for TcpPlane {
             splice: true,
             stats: cx.stats(vs),
             tracker: cx.tracker.clone(),
-        })))
+        };
+        // `protocol = "ftp"`: the same member choice, with the control channel read.
+        if let Some(ftp) = vs.as_tcp().and_then(|t| t.ftp.as_ref()) {
+            return Ok(Some(Arc::new(FtpService {
+                tcp,
+                passive_ports: ftp.passive_ports.clone(),
+            })));
+        }
+        Ok(Some(Arc::new(tcp)))
     }
 }
