@@ -172,6 +172,9 @@ pub struct Member {
     agent_state: AtomicU8,
     /// Percentage of the weight an agent reported (100 without an agent).
     agent_weight_pct: AtomicU32,
+    /// The weight percentage each monitor reported (monitor, percentage, share); their
+    /// weighted average is `agent_weight_pct`.
+    weight_readings: std::sync::Mutex<Vec<(String, u32, u32)>>,
     /// Scaled effective weight (see `WEIGHT_SCALE`) the scheduler last used.
     effective_weight: AtomicU32,
     pub health: HealthMachine,
@@ -221,6 +224,7 @@ impl Member {
             max_connections: AtomicU32::new(cfg.max_connections),
             agent_state: AtomicU8::new(0),
             agent_weight_pct: AtomicU32::new(100),
+            weight_readings: std::sync::Mutex::new(Vec::new()),
             effective_weight: AtomicU32::new(cfg.weight.saturating_mul(WEIGHT_SCALE)),
             health: HealthMachine::default(),
             recovery_ms: AtomicU64::new(0),
@@ -356,6 +360,33 @@ impl Member {
     pub fn set_agent_weight_pct(&self, pct: u32) {
         self.agent_weight_pct
             .store(pct.min(100_000), Ordering::Relaxed);
+    }
+
+    /// One monitor's weight reading: the member's percentage becomes the readings' average,
+    /// each counted `share` times.
+    pub fn set_weight_reading(&self, monitor: &str, pct: u32, share: u32) {
+        let Ok(mut readings) = self.weight_readings.lock() else {
+            return;
+        };
+        match readings.iter_mut().find(|(m, _, _)| m == monitor) {
+            Some(r) => (r.1, r.2) = (pct, share.max(1)),
+            None => readings.push((monitor.to_string(), pct, share.max(1))),
+        }
+        let total: u64 = readings.iter().map(|r| u64::from(r.2)).sum();
+        let sum: u64 = readings
+            .iter()
+            .map(|r| u64::from(r.1) * u64::from(r.2))
+            .sum();
+        let avg = sum / total.max(1);
+        self.set_agent_weight_pct(u32::try_from(avg).unwrap_or(u32::MAX));
+    }
+
+    /// The monitors that reported weights are gone: back to 100 %.
+    pub fn clear_weight_readings(&self) {
+        if let Ok(mut readings) = self.weight_readings.lock() {
+            readings.clear();
+        }
+        self.set_agent_weight_pct(100);
     }
 
     /// The state traffic decisions use: the stricter of the operator's and the agent's.

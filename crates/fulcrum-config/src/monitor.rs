@@ -190,6 +190,10 @@ pub struct Monitor {
     pub password: Option<String>,
     /// snmp: community, OID, and the value that means "no more load" (crate::snmp).
     pub snmp: crate::snmp::SnmpOptions,
+    /// How much this monitor's weight reading counts when several of a member's monitors
+    /// report one (`snmp` with `max`, `agent`): the member's weight percentage is their
+    /// average weighted by this, 1 to 100.
+    pub weight_share: u32,
     /// Link monitors: the targets probed through the link, and how many must answer.
     pub link: crate::link::LinkProbe,
 }
@@ -223,7 +227,20 @@ pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[
     ("community", &[MonitorKind::Snmp]),
     ("oid", &[MonitorKind::Snmp]),
     ("max", &[MonitorKind::Snmp]),
+    ("weight_share", &[MonitorKind::Snmp, MonitorKind::Agent]),
 ];
+
+/// `weight_share`: 1 to 100 (default 1).
+fn weight_share(t: &mut crate::reader::TableReader<'_>, cx: &mut Cx<'_>) -> u32 {
+    let v: u32 = t.opt(cx, "weight_share").unwrap_or(1);
+    if !(1..=100).contains(&v) {
+        if let Some(n) = t.node("weight_share") {
+            cx.error(&n, "must be from 1 to 100 (its share of the member's weight among the monitors that report one)");
+        }
+        return 1;
+    }
+    v
+}
 
 impl FromNode for Monitor {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
@@ -266,6 +283,7 @@ impl FromNode for Monitor {
                 username: t.opt(cx, "username"),
                 password: t.opt(cx, "password"),
                 snmp: crate::snmp::SnmpOptions::read(t, cx),
+                weight_share: weight_share(t, cx),
                 link: crate::link::LinkProbe::read(t, cx),
                 name: name?,
                 kind: kind?,

@@ -237,6 +237,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         password,
         snmp,
         link,
+        weight_share,
     } = a;
     *name == b.name
         && *kind == b.kind
@@ -257,6 +258,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *expect_rcode == b.expect_rcode
         && *expect_answer == b.expect_answer
         && *secret == b.secret
+        && *weight_share == b.weight_share
         && *username == b.username
         && *password == b.password
         && *snmp == b.snmp
@@ -286,7 +288,7 @@ fn lift_agent_overrides(pools: &[Arc<Pool>], pool_name: &str, addr: SocketAddr) 
     if member.agent_state() != AgentState::None || member.agent_weight_pct() != 100 {
         tracing::info!(pool = %pool.name, member = %member.label, "agent check removed; lifting its overrides");
         member.set_agent_state(AgentState::None);
-        member.set_agent_weight_pct(100);
+        member.clear_weight_readings();
         pool.refresh();
     }
 }
@@ -318,12 +320,12 @@ async fn run_check(
                 .stats
                 .observe_check_time(started.elapsed());
         }
-        record(&monitor.name, verdict, &target.load());
+        record(&monitor.name, monitor.weight_share, verdict, &target.load());
         next = started + jittered(interval);
     }
 }
 
-fn record(monitor: &str, verdict: Verdict, target: &Target) {
+fn record(monitor: &str, share: u32, verdict: Verdict, target: &Target) {
     let member = &target.member;
     match verdict {
         Verdict::Health { ok, detail } => {
@@ -341,7 +343,9 @@ fn record(monitor: &str, verdict: Verdict, target: &Target) {
                 member.set_agent_state(state);
             }
             if let Some(pct) = reply.weight_pct {
-                member.set_agent_weight_pct(pct);
+                // Several monitors may report a weight (CPU and memory, say): the member's is
+                // their average weighted by `weight_share`, not whichever answered last.
+                member.set_weight_reading(monitor, pct, share);
             }
             if before != (member.agent_state(), member.agent_weight_pct()) {
                 // The scheduler works from effective weights computed at refresh.

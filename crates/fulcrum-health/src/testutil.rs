@@ -37,6 +37,7 @@ pub(crate) fn monitor(name: &str, kind: MonitorKind) -> Monitor {
         username: None,
         password: None,
         snmp: Default::default(),
+        weight_share: 1,
         link: Default::default(),
     }
 }

@@ -393,6 +393,7 @@ fn echo_monitor() -> fulcrum_config::Monitor {
         password: None,
         link: Default::default(),
         snmp: Default::default(),
+        weight_share: 1,
     }
 }
 

@@ -14,6 +14,8 @@ use fulcrum_testkit::HttpBackend;
 
 /// nsExtendOutput1Line."load" (NET-SNMP-EXTEND-MIB): the first line `extend load` printed.
 const LOAD_OID: &str = "1.3.6.1.4.1.8072.1.3.2.3.1.1.4.108.111.97.100";
+/// nsExtendOutput1Line."mem".
+const MEM_OID: &str = "1.3.6.1.4.1.8072.1.3.2.3.1.1.3.109.101.109";
 
 struct Snmpd(Child);
 
@@ -26,15 +28,20 @@ impl Drop for Snmpd {
 
 /// snmpd on `addr` (UDP) answering community "fulcrum", with `extend load` reading `load_file`.
 fn snmpd(dir: &Path, addr: SocketAddr, load_file: &Path) -> Snmpd {
-    let conf = dir.join(format!("snmpd-{}.conf", addr.ip()));
-    std::fs::write(
-        &conf,
-        format!(
+    snmpd_with(
+        dir,
+        addr,
+        &format!(
             "rocommunity fulcrum 127.0.0.0/8\nextend load /bin/cat {}\n",
             load_file.display()
         ),
     )
-    .unwrap();
+}
+
+/// snmpd on `addr` (UDP) with the configuration `text`.
+fn snmpd_with(dir: &Path, addr: SocketAddr, text: &str) -> Snmpd {
+    let conf = dir.join(format!("snmpd-{}.conf", addr.ip()));
+    std::fs::write(&conf, text).unwrap();
     let child = Command::new("snmpd")
         .args(["-f", "-Ln", "-C", "-c"])
         .arg(&conf)
@@ -613,4 +620,62 @@ fall = 1
         f.logs()
     );
     forger.abort();
+}
+
+/// Two SNMP monitors on one member report weights that pull apart (CPU 100 of 400 -> 75 %,
+/// memory 300 of 400 -> 25 %): the member's weight is their average weighted by
+/// `weight_share` (1 and 3 -> 37 %), steady, instead of whichever answered last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_snmp_monitors_combine_into_one_weight_by_their_shares() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = udp_port_on_both();
+    let (cpu, mem) = (dir.path().join("cpu"), dir.path().join("mem"));
+    std::fs::write(&cpu, "100\n").unwrap();
+    std::fs::write(&mem, "300\n").unwrap();
+    let _agent = snmpd_with(
+        dir.path(),
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        &format!(
+            "rocommunity fulcrum 127.0.0.0/8\nextend load /bin/cat {}\nextend mem /bin/cat {}\n",
+            cpu.display(),
+            mem.display()
+        ),
+    );
+    let m1 = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 1]), "m1")
+        .await
+        .unwrap();
+    let vs = free_addr();
+    let monitor = |name: &str, oid: &str, share: u32| {
+        format!(
+            "[[monitor]]\nname = \"{name}\"\ntype = \"snmp\"\nport = {port}\ncommunity = \"fulcrum\"\noid = \"{oid}\"\nmax = 400\nweight_share = {share}\ninterval = \"150ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n"
+        )
+    };
+    let f = start(&format!(
+        "[[virtual_service]]\nname = \"web\"\nlisten = [\"{vs}\"]\nprotocol = \"http\"\npool = \"app\"\n\n\
+         [[pool]]\nname = \"app\"\nalgorithm = \"dynamic_feedback\"\nmonitors = [\"cpu\", \"mem\"]\n\
+         [[pool.member]]\naddress = \"{}\"\n\n{}\n{}",
+        m1.addr,
+        monitor("cpu", LOAD_OID, 1),
+        monitor("mem", MEM_OID, 3)
+    ))
+    .await;
+    let a = m1.addr.to_string();
+    let ok = wait_until(Duration::from_secs(10), || async {
+        f.member("app", &a).await["agent"]["weight_percent"] == 37
+    })
+    .await;
+    assert!(ok, "{}\n{}", f.member("app", &a).await, f.logs());
+    // Steady over a dozen check rounds: no monitor overwrites the other's reading.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let m = f.member("app", &a).await;
+        assert_eq!(m["agent"]["weight_percent"], 37, "{m}");
+    }
+    // Memory frees up: (75 + 3 x 100) / 4 = 93.
+    std::fs::write(&mem, "0\n").unwrap();
+    let ok = wait_until(Duration::from_secs(10), || async {
+        f.member("app", &a).await["agent"]["weight_percent"] == 93
+    })
+    .await;
+    assert!(ok, "{}", f.member("app", &a).await);
 }
