@@ -686,14 +686,32 @@ fn a_proxied_connection_of_a_dead_master_is_reset_at_the_clients_next_request() 
     expect_role(&fa, "master", Duration::from_secs(5));
     expect_role(&fb, "backup", Duration::from_secs(5));
     expect_served_by(&p.c, "a", Duration::from_secs(5));
+    // One request on the connection; the whole response (head and its content-length body).
     let ask = |s: &mut std::net::TcpStream| -> std::io::Result<String> {
         s.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
-        let mut buf = vec![0u8; 4096];
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let want = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                    })
+                    .unwrap_or(0);
+                if body.len() >= want {
+                    return Ok(text);
+                }
+            }
         }
-        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
     };
     // One keep-alive connection, answered by a.
     let mut held = in_ns(&p.c, || {
