@@ -48,6 +48,12 @@ pub(crate) fn check(base: &str, m: &Monitor, cx: &mut Cx<'_>) {
     if m.port == Some(0) {
         cx.error_path(&at("port"), "0 is not a port");
     }
+    if m.kind == MonitorKind::Snmp && m.snmp.max.is_none() && cx.written(&at("weight_share")) {
+        cx.error_path(
+            &at("weight_share"),
+            "an snmp monitor reports a weight only with `max`: add max, or remove weight_share",
+        );
+    }
     check_protocol_keys(base, m, cx);
 }
 

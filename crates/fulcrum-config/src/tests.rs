@@ -1241,6 +1241,8 @@ fn weight_share_is_for_monitors_that_report_a_weight() {
     has(&e, "must be from 1 to 100");
     let e = errs("[[monitor]]\nname = \"m\"\ntype = \"http\"\nweight_share = 2\n");
     has(&e, "weight_share");
+    let e = errs("[[monitor]]\nname = \"m\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nweight_share = 2\n");
+    has(&e, "reports a weight only with `max`");
     let c = ok("[[monitor]]\nname = \"m\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 10\nweight_share = 3\n");
     assert_eq!(c.monitors[0].weight_share, 3);
 }
