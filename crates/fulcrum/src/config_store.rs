@@ -165,6 +165,11 @@ impl ConfigStore {
         (st.text.clone(), st.entries.last().map_or(0, |e| e.version))
     }
 
+    /// The running configuration's version.
+    fn version(&self) -> u64 {
+        self.state.lock().entries.last().map_or(0, |e| e.version)
+    }
+
     /// `GET /api/v1/config/history`: newest first.
     pub fn history(&self) -> Value {
         let st = self.state.lock();
@@ -195,7 +200,7 @@ impl ConfigStore {
         reload: impl FnOnce() -> Result<u64, Vec<String>>,
     ) -> Result<ConfigWrite, ConfigRefusal> {
         let _one = self.writing.lock();
-        let (_, current) = self.current();
+        let current = self.version();
         if let Some(m) = if_match {
             if m != current {
                 return Err(ConfigRefusal::Stale { current });
@@ -214,13 +219,10 @@ impl ConfigStore {
         crate::state_file::write_bytes(&self.file, text.as_bytes()).map_err(|e| {
             ConfigRefusal::Unavailable(format!("cannot write {}: {e}", self.file.display()))
         })?;
-        *self.pending.lock() = Some(author);
-        let r = reload();
-        self.pending.lock().take();
-        match r {
+        match self.as_author(author, reload) {
             Ok(generation) => Ok(ConfigWrite {
                 generation: Some(generation),
-                version: self.current().1,
+                version: self.version(),
             }),
             Err(errors) => {
                 // Refused by a later step (a port in use): the file says what runs.

@@ -136,8 +136,6 @@ pub struct HaPlane {
     config_sync: Arc<OnceLock<Arc<ConfigSync>>>,
     /// Applies the configuration file again (the app's reload), for a peer's text an operator adopts.
     reload: OnceLock<Reload>,
-    /// Sends this node's document again (after an operator settled a divergence).
-    republish: OnceLock<Arc<dyn Fn() + Send + Sync>>,
 }
 
 type Reload = Arc<dyn Fn() -> Result<u64, Vec<String>> + Send + Sync>;
@@ -533,13 +531,10 @@ impl HaPlane {
             .ok()
             .and_then(|v| v["adopt"].as_str().map(str::to_string));
         match side.as_deref() {
+            // The new lineage reaches the peer with the document App publishes after every
+            // successful mutating call of a plane (App::plane_api).
             Some("local") => match cs.keep_local() {
-                Ok(()) => {
-                    if let Some(c) = self.republish.get() {
-                        c();
-                    }
-                    (200, cs.status())
-                }
+                Ok(()) => (200, cs.status()),
                 Err(e) => (409, json!({ "error": e })),
             },
             Some("peer") => {
@@ -549,7 +544,8 @@ impl HaPlane {
                         json!({ "error": "no configuration from the peer yet" }),
                     );
                 };
-                match cs.take(&peer, || reload()) {
+                // A reload blocks on the planes: off this worker's other tasks meanwhile.
+                match tokio::task::block_in_place(|| cs.take(&peer, || reload())) {
                     Ok(_) => (200, cs.status()),
                     Err(errors) => (400, json!({ "errors": errors })),
                 }
@@ -688,20 +684,6 @@ impl HaPlane {
         .await
         .map_err(|e| format!("cannot listen on {} (ha.sync.listen): {e}", sync.listen))?;
         let _ = self.sync.set(s);
-        let (sync_for, changed, cs_for, c) = (
-            self.sync.clone(),
-            self.changed_at.clone(),
-            self.config_sync.clone(),
-            control.clone(),
-        );
-        let me = node.clone();
-        let _ = self.republish.set(Arc::new(move || {
-            if let (Some(sync), Some(control)) = (sync_for.get(), c.upgrade()) {
-                let cs = cs_for.get().map(Arc::as_ref);
-                let at = changed.load(Ordering::Acquire);
-                sync.publish(document(&me, at, control.as_ref(), cs));
-            }
-        }));
         // New persistence entries: a bounded queue, drained in batches by one task.
         let (tx, mut rx) = tokio::sync::mpsc::channel(QUEUE);
         if let Some(fs) = self.flows.get() {

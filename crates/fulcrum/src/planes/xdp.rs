@@ -641,9 +641,10 @@ impl XdpPlane {
         }
     }
 
-    /// Loads (first time) and updates the maps in place for `services`; attaches to new
-    /// interfaces. With no in-kernel service left, the program is detached and unloaded.
-    pub fn apply(
+    /// `commit`: updates the maps in place for `services` (on the interfaces `attach_new`
+    /// attached) and detaches from interfaces no longer listed. With no in-kernel service
+    /// left, the program is detached and unloaded.
+    fn apply(
         &self,
         services: &[VirtualService],
         config: &Config,
@@ -699,17 +700,6 @@ impl XdpPlane {
             if !wanted.contains(ifname.as_str()) {
                 st.dp.detach(&ifname).map_err(err)?;
                 tracing::info!(interface = %ifname, "XDP forwarder detached (no longer listed)");
-            }
-        }
-        for vs in services {
-            let mode = attach_mode(vs.forwarding().xdp_mode);
-            for ifname in &vs.forwarding().interfaces {
-                if !st.dp.attached().contains(ifname) {
-                    st.dp
-                        .attach(ifname, mode)
-                        .map_err(|e| vec![format!("{e}")])?;
-                    tracing::info!(interface = %ifname, mode = %vs.forwarding().xdp_mode, "XDP forwarder attached");
-                }
             }
         }
         // VIP indices: kept by service name, new services take the lowest free index.
