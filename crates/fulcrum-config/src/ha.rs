@@ -3,14 +3,14 @@
 //! The contract keys plus Fulcrum additions (`track`, `track_weight`,
 //! `garp_repeat`, `garp_interval`), documented in docs/configuration.md "High availability".
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::IpNet;
 
 use crate::reader::{Cx, FromNode, Node, Shape};
 use crate::string_enum;
-use crate::types::read_table;
+use crate::types::{ifname_ok, read_table};
 
 string_enum! {
     /// `ha.mode`.
@@ -25,20 +25,53 @@ pub const MIN_ADVERT_INTERVAL: Duration = Duration::from_millis(10);
 pub const MAX_ADVERT_INTERVAL: Duration = Duration::from_millis(40_950);
 
 /// A VIP: an address with the prefix length of its subnet ("10.0.0.100/24"; a bare address
-/// is a /32). Unlike a prefix elsewhere in the file, the host bits are the point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Vip(pub IpNet);
+/// is a /32; the host bits are the point, unlike a prefix elsewhere in the file), and the
+/// interface it goes on when that is not `[ha] interface` ("198.18.1.2/24 dev wan0", as
+/// keepalived writes it): a gateway pair moves its uplinks' SNAT addresses with mastership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vip {
+    pub net: IpNet,
+    /// `None`: `[ha] interface`.
+    pub interface: Option<String>,
+}
+
+impl std::fmt::Display for Vip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.interface {
+            Some(dev) => write!(f, "{} dev {dev}", self.net),
+            None => write!(f, "{}", self.net),
+        }
+    }
+}
 
 impl FromNode for Vip {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
-        let parsed = match node.shape() {
-            Shape::Str(s) => s
-                .trim()
-                .parse::<IpNet>()
-                .or_else(|_| s.trim().parse::<IpAddr>().map(IpNet::from))
-                .ok(),
-            _ => None,
+        const EXPECTED: &str = "expected an address with its prefix length, such as \"10.0.0.100/24\", optionally followed by \"dev <interface>\"";
+        let Shape::Str(s) = node.shape() else {
+            cx.error(node, EXPECTED);
+            return None;
         };
+        let mut words = s.split_whitespace();
+        let address = words.next().unwrap_or("");
+        let interface = match (words.next(), words.next(), words.next()) {
+            (None, _, _) => None,
+            (Some("dev"), Some(dev), None) if ifname_ok(dev) => Some(dev.to_string()),
+            (Some("dev"), Some(dev), None) => {
+                cx.error(
+                    node,
+                    format!("{dev:?} is not an interface name: expected 1 to 15 characters of letters, digits, '.', '_' and '-'"),
+                );
+                return None;
+            }
+            _ => {
+                cx.error(node, EXPECTED);
+                return None;
+            }
+        };
+        let parsed = address
+            .parse::<IpNet>()
+            .or_else(|_| address.parse::<IpAddr>().map(IpNet::from))
+            .ok();
         match parsed {
             Some(n) if n.addr() == n.network() && n.prefix_len() != n.max_prefix_len() => {
                 cx.error(
@@ -47,15 +80,60 @@ impl FromNode for Vip {
                 );
                 None
             }
-            Some(n) => Some(Vip(n)),
+            Some(net) => Some(Vip { net, interface }),
             None => {
-                cx.error(
-                    node,
-                    "expected an address with its prefix length, such as \"10.0.0.100/24\"",
-                );
+                cx.error(node, EXPECTED);
                 None
             }
         }
+    }
+}
+
+/// `[ha] conntrack_sync`: where conntrackd exchanges the pair's connection-tracking state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConntrackSync {
+    /// The dedicated link between the two nodes (its first IPv4 address is this node's end).
+    pub interface: String,
+    /// The peer's address on that link: unicast UDP; absent: multicast to 225.0.0.50.
+    pub peer: Option<Ipv4Addr>,
+    /// UDP port of the exchange (both nodes use the same).
+    pub port: u16,
+}
+
+impl FromNode for ConntrackSync {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let interface: Option<String> = t.req(cx, "interface");
+            if let (Some(i), Some(n)) = (&interface, t.node("interface")) {
+                if !ifname_ok(i) {
+                    cx.error(
+                        &n,
+                        format!("{i:?} is not an interface name: expected 1 to 15 characters of letters, digits, '.', '_' and '-'"),
+                    );
+                }
+            }
+            let peer: Option<IpAddr> = t.opt(cx, "peer");
+            let peer = match (peer, t.node("peer")) {
+                (Some(IpAddr::V4(a)), _) => Some(a),
+                (Some(IpAddr::V6(_)), Some(n)) => {
+                    cx.error(
+                        &n,
+                        "the conntrack_sync link is IPv4 (conntrackd's unicast and multicast exchange here): give the peer's IPv4 address on it",
+                    );
+                    None
+                }
+                _ => None,
+            };
+            let port: u16 = t.opt(cx, "port").unwrap_or(3780);
+            if let (0, Some(n)) = (port, t.node("port")) {
+                cx.error(&n, "port must be from 1 to 65535");
+            }
+            Some(ConntrackSync {
+                interface: interface?,
+                peer,
+                port,
+            })
+        })
     }
 }
 
@@ -108,7 +186,7 @@ pub struct Ha {
     /// Unicast VRRP to these addresses; empty: multicast to 224.0.0.18.
     pub peers: Vec<IpAddr>,
     /// Addresses that move with mastership.
-    pub vips: Vec<IpNet>,
+    pub vips: Vec<Vip>,
     /// Pools whose health the priority follows; empty: every pool.
     pub track: Vec<String>,
     /// When a tracked pool has no available member: lower the priority by this much, or
@@ -121,6 +199,9 @@ pub struct Ha {
     /// The shared part of the configuration file (everything but `[admin]`, `[ha]`, `[bgp]` and
     /// `[global]`) travels to the peer over `sync` and is applied there.
     pub config_sync: bool,
+    /// Routed flows' connection tracking copied to the peer by conntrackd (FTFW), committed
+    /// to the kernel when this node becomes master.
+    pub conntrack_sync: Option<ConntrackSync>,
 }
 
 impl FromNode for Ha {
@@ -180,16 +261,13 @@ impl FromNode for Ha {
             let preempt = t.opt(cx, "preempt").unwrap_or(true);
             let preempt_delay = t.opt(cx, "preempt_delay").unwrap_or(Duration::ZERO);
             let peers: Vec<IpAddr> = t.opt(cx, "peers").unwrap_or_default();
-            let vips: Vec<IpNet> = t
-                .opt::<Vec<Vip>>(cx, "vips")
-                .map(|v| v.into_iter().map(|v| v.0).collect())
-                .unwrap_or_default();
+            let vips: Vec<Vip> = t.opt(cx, "vips").unwrap_or_default();
             if let Some(n) = t.node("vips") {
                 if matches!(n.shape(), Shape::Array(items) if items.is_empty()) {
                     cx.error(&n, "list at least one address that moves with mastership");
                 }
-                if vips.iter().any(|v| v.addr().is_ipv6())
-                    && vips.iter().any(|v| v.addr().is_ipv4())
+                if vips.iter().any(|v| v.net.addr().is_ipv6())
+                    && vips.iter().any(|v| v.net.addr().is_ipv4())
                 {
                     cx.error(
                         &n,
@@ -200,7 +278,7 @@ impl FromNode for Ha {
                 t.req::<Vec<Vip>>(cx, "vips");
             }
             if let (2, Some(n)) = (vrrp_version, t.node("vrrp_version")) {
-                if vips.iter().any(|v| v.addr().is_ipv6()) {
+                if vips.iter().any(|v| v.net.addr().is_ipv6()) {
                     cx.error(
                         &n,
                         "VRRPv2 runs over IPv4 only; IPv6 VIPs need vrrp_version = 3",
@@ -208,7 +286,10 @@ impl FromNode for Ha {
                 }
             }
             if let (Some(n), Some(first)) = (t.node("peers"), vips.first()) {
-                if peers.iter().any(|p| p.is_ipv6() != first.addr().is_ipv6()) {
+                if peers
+                    .iter()
+                    .any(|p| p.is_ipv6() != first.net.addr().is_ipv6())
+                {
                     cx.error(&n, "peers must be of the VIPs' address family");
                 }
                 // An IPv6 advert comes from its sender's link-local address (RFC 5798
@@ -232,6 +313,7 @@ impl FromNode for Ha {
                 .unwrap_or(Duration::from_millis(100));
             let sync = t.opt(cx, "sync");
             let config_sync = config_sync(t, cx, sync.is_some());
+            let conntrack_sync = t.opt(cx, "conntrack_sync");
             Some(Ha {
                 mode,
                 node: node_name,
@@ -250,6 +332,7 @@ impl FromNode for Ha {
                 garp_interval,
                 sync,
                 config_sync,
+                conntrack_sync,
             })
         })
     }
@@ -270,6 +353,7 @@ const VRRP_KEYS: &[&str] = &[
     "garp_repeat",
     "garp_interval",
     "track",
+    "conntrack_sync",
 ];
 
 /// `mode = "active_active"`: every node serves the VIPs at once and `[bgp]` announces them
@@ -305,6 +389,7 @@ fn active_active(
         garp_repeat: 0,
         garp_interval: Duration::ZERO,
         config_sync: false,
+        conntrack_sync: None,
         sync: None,
     }
     .with_sync(t, cx)

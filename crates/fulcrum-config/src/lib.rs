@@ -49,7 +49,7 @@ pub use elastic::{Elastic, ElasticOn};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
 pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use gslb::{Gslb, GslbAlgorithm, GslbName, Site};
-pub use ha::{Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
+pub use ha::{ConntrackSync, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, Cache, Compression, CompressionAlgorithm, ForwardHeaders, GslbRedirect, HttpOptions,
     HttpPoolOptions, HttpSection, LogFormat, SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS,

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use crate::member::{AdminState, Algorithm, MAX_WEIGHT};
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::string_enum;
-use crate::types::read_table;
+use crate::types::{ifname_ok, read_table};
 
 string_enum!(
     /// What a pool's members are: servers (default), links (ISP lines for outbound
@@ -113,22 +113,6 @@ pub struct LinkMember {
     pub weight: u32,
     pub priority: i32,
     pub state: AdminState,
-}
-
-/// Linux's IFNAMSIZ less the terminating NUL.
-const IFNAME_MAX: usize = 15;
-
-/// What an interface name may be here: the names reach the nftables ruleset Fulcrum writes
-/// (inside quotes), where a quote, a brace or a newline would change the ruleset. Letters,
-/// digits, '.', '_' and '-' are what interfaces are named in practice and what nft accepts
-/// in a quoted name; `.` and `..` are refused by the kernel.
-fn ifname_ok(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= IFNAME_MAX
-        && s != "."
-        && s != ".."
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Refuses, at its own line, an interface name (or array of them) under `key` that

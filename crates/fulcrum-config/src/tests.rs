@@ -984,6 +984,34 @@ fn ha_over_ipv6() {
 }
 
 #[test]
+fn ha_vips_on_other_interfaces_and_conntrack_sync() {
+    let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.1/24\", \"203.0.113.10/24 dev wan0\"]\nconntrack_sync = { interface = \"sync0\", peer = \"198.18.254.2\" }\n");
+    let ha = c.ha.expect("[ha]");
+    assert_eq!(ha.vips[0].interface, None);
+    assert_eq!(ha.vips[1].interface.as_deref(), Some("wan0"));
+    assert_eq!(ha.vips[1].to_string(), "203.0.113.10/24 dev wan0");
+    let ct = ha.conntrack_sync.expect("conntrack_sync");
+    assert_eq!(ct.interface, "sync0");
+    assert_eq!(ct.peer, Some("198.18.254.2".parse().unwrap()));
+    assert_eq!(ct.port, 3780);
+
+    let e = errs("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.1/24 dev wan\\\"0\", \"10.0.0.2/24 on wan0\"]\nconntrack_sync = { interface = \"sync 0\", peer = \"fe80::2\", port = 0 }\n");
+    has(&e, "ha.vips[0]: \"wan\\\"0\" is not an interface name");
+    has(&e, "ha.vips[1]: expected an address with its prefix length");
+    has(
+        &e,
+        "ha.conntrack_sync.interface: \"sync 0\" is not an interface name",
+    );
+    has(
+        &e,
+        "ha.conntrack_sync.peer: the conntrack_sync link is IPv4",
+    );
+    has(&e, "ha.conntrack_sync.port: port must be from 1 to 65535");
+    let e = errs("[ha]\nmode = \"active_active\"\nconntrack_sync = { interface = \"sync0\" }\n");
+    has(&e, "ha.conntrack_sync: `conntrack_sync` is a VRRP key");
+}
+
+#[test]
 fn ha_defaults() {
     let c = ok("[ha]\ninterface = \"eth0\"\nvrid = 1\nvips = [\"10.0.0.100/24\"]\n");
     let ha = c.ha.expect("[ha]");

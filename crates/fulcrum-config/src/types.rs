@@ -347,6 +347,22 @@ pub fn read_table<T>(
     out
 }
 
+/// Linux's IFNAMSIZ less the terminating NUL.
+const IFNAME_MAX: usize = 15;
+
+/// What an interface name may be here: the names reach the nftables ruleset Fulcrum writes
+/// (inside quotes), where a quote, a brace or a newline would change the ruleset. Letters,
+/// digits, '.', '_' and '-' are what interfaces are named in practice and what nft accepts
+/// in a quoted name; `.` and `..` are refused by the kernel.
+pub(crate) fn ifname_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= IFNAME_MAX
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

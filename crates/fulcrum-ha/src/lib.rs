@@ -10,6 +10,7 @@
 //! them through its local BIRD while it can serve them.
 
 pub mod bgp;
+pub mod conntrack;
 pub mod machine;
 pub mod net;
 pub mod packet;
@@ -25,6 +26,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::conntrack::{ConntrackConfig, ConntrackStatus, Conntrackd};
 use crate::machine::{Action, Machine, Params, State};
 use crate::net::{Announcer, Interface, Netlink, VrrpSocket};
 use crate::packet::Advert;
@@ -47,12 +49,31 @@ pub struct NodeConfig {
     /// Of the VIPs' family.
     pub peers: Vec<IpAddr>,
     /// All of one family: it decides whether VRRP runs over IPv4 or IPv6.
-    pub vips: Vec<IpNet>,
+    pub vips: Vec<Vip>,
     pub track_weight: Option<u8>,
     pub garp_repeat: u32,
     pub garp_interval: Duration,
     /// Start in maintenance (kept across restarts by the binary's state file).
     pub maintenance: bool,
+    /// Routed flows copied to the peer by conntrackd, committed on becoming master.
+    pub conntrack: Option<ConntrackConfig>,
+}
+
+/// An address that moves with mastership, and the interface it goes on when that is not the
+/// node's VRRP interface (a gateway pair's uplink SNAT addresses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vip {
+    pub net: IpNet,
+    pub interface: Option<String>,
+}
+
+impl std::fmt::Display for Vip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.interface {
+            Some(dev) => write!(f, "{} dev {dev}", self.net),
+            None => write!(f, "{}", self.net),
+        }
+    }
 }
 
 /// Whether this node can serve: the binary's view of its pools.
@@ -149,6 +170,8 @@ pub struct Status {
     pub sync_lag_ms: Option<f64>,
     /// Set when the node could not start (no interface, no raw socket permission).
     pub error: Option<String>,
+    /// `[ha] conntrack_sync`: conntrackd and its commits (null without it).
+    pub conntrack_sync: Option<ConntrackStatus>,
 }
 
 struct Shared {
@@ -156,6 +179,8 @@ struct Shared {
     cfg: arc_swap::ArcSwap<NodeConfig>,
     counters: Counters,
     view: Mutex<View>,
+    /// Started by the VRRP task once the sync link's address is known.
+    conntrack: std::sync::OnceLock<Arc<Conntrackd>>,
 }
 
 /// The machine's state as last published by the task.
@@ -219,6 +244,7 @@ impl Node {
             }),
             cfg: arc_swap::ArcSwap::from_pointee(cfg),
             counters: Counters::default(),
+            conntrack: std::sync::OnceLock::new(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let (maintenance, maintenance_rx) = watch::channel(shared.cfg.load().maintenance);
@@ -271,6 +297,7 @@ impl Node {
             ("vrrp_version", new.vrrp_version != cur.vrrp_version),
             ("peers", new.peers != cur.peers),
             ("vips", new.vips != cur.vips),
+            ("conntrack_sync", new.conntrack != cur.conntrack),
         ]
         .into_iter()
         .filter_map(|(k, differs)| differs.then_some(k))
@@ -307,6 +334,9 @@ impl Node {
         let done = self.done.lock().take();
         if let Some(d) = done {
             let _ = tokio::time::timeout(Duration::from_secs(5), d).await;
+        }
+        if let Some(ct) = self.shared.conntrack.get() {
+            ct.stop();
         }
     }
 
@@ -359,6 +389,7 @@ impl Node {
             netlink_errors: g(&c.netlink_errors),
             sync_lag_ms: None,
             error: v.error.clone(),
+            conntrack_sync: self.shared.conntrack.get().map(|c| c.status()),
         }
     }
 }
@@ -369,7 +400,9 @@ struct Io {
     netlink: Netlink,
     iface: Interface,
     sock: VrrpSocket,
-    announcer: Arc<Announcer>,
+    /// Each VIP with the interface it goes on and that interface's announcer (the VRRP
+    /// interface's for most; a `dev` VIP's own).
+    vips: Vec<(IpNet, Arc<VipLink>)>,
     /// Bumped on every change of mastership, so a GARP burst of an old term stops.
     term: Arc<AtomicU64>,
     /// When the last re-announcement burst went out: during a split brain the other master's
@@ -385,33 +418,27 @@ impl Io {
             vrid: cfg.vrid,
             priority,
             interval_cs: (cfg.advert_interval.as_millis() / 10).clamp(1, 0x0fff) as u16,
-            addresses: cfg.vips.iter().map(IpNet::addr).collect(),
+            addresses: cfg.vips.iter().map(|v| v.net.addr()).collect(),
         }
     }
 
     fn garp_burst(&self) {
         let cfg = self.shared.cfg.load_full();
-        let (announcer, term, shared) = (
-            self.announcer.clone(),
-            self.term.clone(),
-            self.shared.clone(),
-        );
+        let (vips, term, shared) = (self.vips.clone(), self.term.clone(), self.shared.clone());
         let my_term = term.load(Ordering::Acquire);
-        let mac = self.iface.mac;
         let (repeat, gap) = (cfg.garp_repeat.max(1), cfg.garp_interval);
-        let vips: Vec<IpAddr> = self.advert(0).addresses;
         tokio::spawn(async move {
             for i in 0..repeat {
                 if term.load(Ordering::Acquire) != my_term {
                     return;
                 }
-                for ip in &vips {
-                    match announcer.announce(mac, *ip) {
+                for (vip, link) in &vips {
+                    match link.announcer.announce(link.mac, vip.addr()) {
                         Ok(()) => {
                             shared.counters.garps_sent.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(e) => {
-                            tracing::warn!(vip = %ip, error = %e, "HA: gratuitous ARP not sent")
+                            tracing::warn!(vip = %vip.addr(), interface = %link.name, error = %e, "HA: gratuitous ARP not sent")
                         }
                     }
                 }
@@ -437,8 +464,13 @@ impl Io {
                 Action::TakeVips => {
                     self.term.fetch_add(1, Ordering::AcqRel);
                     c.became_master.fetch_add(1, Ordering::Relaxed);
-                    for vip in &self.shared.cfg.load_full().vips {
-                        if let Err(e) = self.netlink.add(self.iface.index, *vip).await {
+                    // The peer's routed flows go into the kernel before the first of their
+                    // packets can arrive here.
+                    if let Some(ct) = self.shared.conntrack.get() {
+                        ct.becoming_master().await;
+                    }
+                    for (vip, link) in &self.vips {
+                        if let Err(e) = self.netlink.add(link.index, *vip).await {
                             c.netlink_errors.fetch_add(1, Ordering::Relaxed);
                             tracing::error!(vip = %vip, error = %e, "HA: cannot add VIP");
                         }
@@ -456,14 +488,17 @@ impl Io {
                 Action::ReleaseVips => {
                     self.term.fetch_add(1, Ordering::AcqRel);
                     self.release().await;
+                    if let Some(ct) = self.shared.conntrack.get() {
+                        ct.left_master();
+                    }
                 }
             }
         }
     }
 
     async fn release(&self) {
-        for vip in &self.shared.cfg.load_full().vips {
-            if let Err(e) = self.netlink.remove(self.iface.index, *vip).await {
+        for (vip, link) in &self.vips {
+            if let Err(e) = self.netlink.remove(link.index, *vip).await {
                 self.shared
                     .counters
                     .netlink_errors
@@ -574,17 +609,18 @@ async fn run(
 ) -> Result<(), HaError> {
     let cfg = shared.cfg.load_full();
     let netlink = Netlink::open()?;
-    let v6 = cfg.vips.first().is_some_and(|v| v.addr().is_ipv6());
+    let v6 = cfg.vips.first().is_some_and(|v| v.net.addr().is_ipv6());
+    let nets: Vec<IpNet> = cfg.vips.iter().map(|v| v.net).collect();
     // The interface may not be ready yet (created later at boot, or its IPv6 link-local address
     // still tentative during duplicate address detection): try again until it is, holding no
     // VIP meanwhile, and say why in the status.
     let mut logged = false;
-    let (iface, sock, announcer) = loop {
+    let (iface, sock, vips) = loop {
         let attempt = async {
-            let iface = netlink.interface(&cfg.interface, &cfg.vips, v6).await?;
+            let iface = netlink.interface(&cfg.interface, &nets, v6).await?;
             let sock = VrrpSocket::open(&iface, &cfg.peers)?;
-            let announcer = Announcer::open(&iface)?;
-            Ok::<_, HaError>((iface, sock, announcer))
+            let vips = vip_links(&netlink, &iface, &cfg.vips).await?;
+            Ok::<_, HaError>((iface, sock, vips))
         };
         match attempt.await {
             Ok(ready) => break ready,
@@ -611,13 +647,16 @@ async fn run(
         netlink,
         iface,
         sock,
-        announcer: Arc::new(announcer),
+        vips,
         term: Arc::new(AtomicU64::new(0)),
         last_reannounce: Mutex::new(None),
     };
     // A node that died as master (kill -9) left its VIPs behind; until it is master again they
     // are not its to answer for.
     io.release().await;
+    if let Some(ct_cfg) = &cfg.conntrack {
+        start_conntrackd(&shared, &io.netlink, ct_cfg, &nets).await;
+    }
 
     let mut m = Machine::new(Params {
         vrid: cfg.vrid,
@@ -704,5 +743,85 @@ async fn run(
         };
         io.perform(acts).await;
         publish(&shared, &m, origin);
+    }
+}
+
+/// An interface VIPs go on, with what announcing them there takes.
+struct VipLink {
+    name: String,
+    index: u32,
+    mac: [u8; 6],
+    announcer: Announcer,
+}
+
+/// Each VIP with its interface: the VRRP interface, or the one its `dev` names (resolved once
+/// per interface; an interface without an address of its own announces from the VIP's).
+async fn vip_links(
+    netlink: &Netlink,
+    main: &Interface,
+    vips: &[Vip],
+) -> Result<Vec<(IpNet, Arc<VipLink>)>, HaError> {
+    let main_link = Arc::new(VipLink {
+        name: main.name.clone(),
+        index: main.index,
+        mac: main.mac,
+        announcer: Announcer::open(main)?,
+    });
+    let mut links: Vec<Arc<VipLink>> = vec![main_link.clone()];
+    let mut out = Vec::with_capacity(vips.len());
+    for vip in vips {
+        let link = match vip.interface.as_deref() {
+            None => main_link.clone(),
+            Some(name) if name == main.name => main_link.clone(),
+            Some(name) => match links.iter().find(|l| l.name == name) {
+                Some(l) => l.clone(),
+                None => {
+                    let iface = netlink.link(name, vip.net.addr()).await?;
+                    let l = Arc::new(VipLink {
+                        name: name.to_string(),
+                        index: iface.index,
+                        mac: iface.mac,
+                        announcer: Announcer::open(&iface)?,
+                    });
+                    links.push(l.clone());
+                    l
+                }
+            },
+        };
+        out.push((vip.net, link));
+    }
+    Ok(out)
+}
+
+/// Starts conntrackd for `[ha] conntrack_sync`, from this node's IPv4 address on the sync link.
+/// A failure is logged and shown; VRRP runs on without it.
+async fn start_conntrackd(
+    shared: &Arc<Shared>,
+    netlink: &Netlink,
+    cfg: &ConntrackConfig,
+    vips: &[IpNet],
+) {
+    let local = match netlink.interface(&cfg.interface, &[], false).await {
+        Ok(Interface {
+            primary: IpAddr::V4(a),
+            ..
+        }) => a,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::error!(error = %e, "HA: conntrack_sync interface unusable; routed flows will not survive a failover");
+            shared.view.lock().error = Some(format!("conntrack_sync: {e}"));
+            return;
+        }
+    };
+    let mut ignore: Vec<IpAddr> = netlink.all_addresses().await.unwrap_or_default();
+    ignore.extend(vips.iter().map(IpNet::addr));
+    match Conntrackd::start(cfg, local, &ignore) {
+        Ok(ct) => {
+            let _ = shared.conntrack.set(ct);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "HA: cannot prepare conntrackd; routed flows will not survive a failover");
+            shared.view.lock().error = Some(format!("conntrack_sync: {e}"));
+        }
     }
 }

@@ -74,31 +74,7 @@ impl Netlink {
         vips: &[IpNet],
         v6: bool,
     ) -> Result<Interface, HaError> {
-        let link = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute()
-            .try_next()
-            .await
-            .map_err(|e| nl(&format!("interface {name:?}"), e))?
-            .ok_or_else(|| HaError::Netlink(format!("no interface named {name:?}")))?;
-        let index = link.header.index;
-        let mac = link
-            .attributes
-            .iter()
-            .find_map(|a| match a {
-                LinkAttribute::Address(m) if m.len() == 6 => {
-                    let mut mac = [0u8; 6];
-                    mac.copy_from_slice(m);
-                    Some(mac)
-                }
-                _ => None,
-            })
-            .ok_or_else(|| {
-                HaError::Netlink(format!("interface {name:?} has no Ethernet address"))
-            })?;
+        let (index, mac) = self.index_and_mac(name).await?;
         let primary = self
             .addresses(index)
             .await?
@@ -124,6 +100,63 @@ impl Netlink {
             mac,
             primary,
         })
+    }
+
+    /// An interface that carries VIPs but no adverts: announcements there need its index and
+    /// hardware address; `vip` stands for its address (only the family is used).
+    pub async fn link(&self, name: &str, vip: IpAddr) -> Result<Interface, HaError> {
+        let (index, mac) = self.index_and_mac(name).await?;
+        Ok(Interface {
+            name: name.to_string(),
+            index,
+            mac,
+            primary: vip,
+        })
+    }
+
+    /// Every address of every interface (IPv6 link-local ones included).
+    pub async fn all_addresses(&self) -> Result<Vec<IpAddr>, HaError> {
+        let mut s = self.handle.address().get().execute();
+        let mut out = Vec::new();
+        while let Some(msg) = s.try_next().await.map_err(|e| nl("addresses", e))? {
+            for a in &msg.attributes {
+                match a {
+                    AddressAttribute::Local(ip @ IpAddr::V4(_))
+                    | AddressAttribute::Address(ip @ IpAddr::V6(_)) => out.push(*ip),
+                    _ => {}
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn index_and_mac(&self, name: &str) -> Result<(u32, [u8; 6]), HaError> {
+        let link = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute()
+            .try_next()
+            .await
+            .map_err(|e| nl(&format!("interface {name:?}"), e))?
+            .ok_or_else(|| HaError::Netlink(format!("no interface named {name:?}")))?;
+        let index = link.header.index;
+        let mac = link
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                LinkAttribute::Address(m) if m.len() == 6 => {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(m);
+                    Some(mac)
+                }
+                _ => None,
+            })
+            .ok_or_else(|| {
+                HaError::Netlink(format!("interface {name:?} has no Ethernet address"))
+            })?;
+        Ok((index, mac))
     }
 
     async fn addresses(&self, index: u32) -> Result<Vec<IpAddr>, HaError> {

@@ -564,6 +564,12 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         s,
         "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"
     );
+    // This host's own packets (link probes, the DNS proxy) leave from the address they were
+    // sent from: on the master that is the SNAT address they bind to; on the backup of a
+    // gateway pair, where the SNAT address is a VIP it does not hold, the interface's own, so
+    // the replies to its probes come back to it and not to the master. Only a packet with a
+    // socket has an owner: forwarded ones skip this rule.
+    let _ = writeln!(s, "    meta skuid >= 0 accept");
     for o in plan.outbounds.iter().filter(|o| o.gateway.is_none()) {
         for l in &o.links {
             let iface = &l.interface;
@@ -672,6 +678,9 @@ pool = "uplinks"
         assert!(t.contains("198.19.64.0/24 : 0x464c0002"), "{t}");
         assert!(t.contains("numgen inc mod 3 map @slots_0"), "{t}");
         assert!(t.contains("oifname \"wan0\" snat ip to 198.18.1.2"), "{t}");
+        // This host's own packets are not rewritten, and that rule comes first.
+        let own = t.find("meta skuid >= 0 accept").expect("own packets rule");
+        assert!(own < t.find("snat ip to").unwrap_or(0), "{t}");
         assert!(t.contains("oifname \"wan1\" masquerade"), "{t}");
         // A link that is down leaves the proximity map.
         let m = render_maps(&plan, &[vec![0, 0, 0]], &[vec![true, false]], &[]);

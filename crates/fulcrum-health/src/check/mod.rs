@@ -130,7 +130,13 @@ impl Via {
             socket.set_mark(self.mark)?;
         }
         if let (true, Some(ip)) = (bind_source, self.source) {
-            socket.bind(&SocketAddr::new(ip, 0).into())?;
+            match socket.bind(&SocketAddr::new(ip, 0).into()) {
+                // In a gateway pair the link's SNAT address is a VIP that the master holds: the
+                // backup probes from the interface's own address, so it knows which links work
+                // before it takes over.
+                Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {}
+                other => other?,
+            }
         }
         Ok(())
     }

@@ -55,6 +55,7 @@ fn changed_keys(n: &Ha, r: &Ha) -> Vec<&'static str> {
         ("sync.key", sync(|a, b| a.key != b.key)),
         ("sync.peers", sync(|a, b| a.peers != b.peers)),
         ("config_sync", n.config_sync != r.config_sync),
+        ("conntrack_sync", n.conntrack_sync != r.conntrack_sync),
     ]
     .into_iter()
     .filter_map(|(k, changed)| changed.then_some(k))
@@ -91,6 +92,7 @@ fn values(key: &str, n: &Ha, r: &Ha) -> (String, String) {
                 .collect::<Vec<_>>()
                 .join(", "),
             "track" => h.track.join(", "),
+            "conntrack_sync" => format!("{:?}", h.conntrack_sync),
             "sync" => if h.sync.is_some() { "set" } else { "absent" }.to_string(),
             "sync.listen" => h
                 .sync
@@ -316,11 +318,26 @@ fn node_config(ha: &Ha) -> NodeConfig {
         preempt: ha.preempt,
         preempt_delay: ha.preempt_delay,
         peers: ha.peers.clone(),
-        vips: ha.vips.clone(),
+        vips: ha
+            .vips
+            .iter()
+            .map(|v| fulcrum_ha::Vip {
+                net: v.net,
+                interface: v.interface.clone(),
+            })
+            .collect(),
         track_weight: ha.track_weight,
         garp_repeat: ha.garp_repeat,
         garp_interval: ha.garp_interval,
         maintenance: false,
+        conntrack: ha
+            .conntrack_sync
+            .as_ref()
+            .map(|c| fulcrum_ha::conntrack::ConntrackConfig {
+                interface: c.interface.clone(),
+                peer: c.peer,
+                port: c.port,
+            }),
     }
 }
 
@@ -899,6 +916,9 @@ impl HaPlane {
             "Gratuitous ARPs sent for the VIPs.",
         );
         w.sample("fulcrum_ha_garps_sent_total", &l, s.garps_sent as f64);
+        if let Some(ct) = &s.conntrack_sync {
+            conntrack_metrics(ct, &l, w);
+        }
         if let Some(sync) = self.sync.get() {
             let st = sync.status();
             w.family(
@@ -1048,6 +1068,55 @@ impl crate::planes::DataPlane for HaPlane {
             ["ha", rest @ ..] => Some(HaPlane::api(self, request.method, rest, request.body)),
             _ => None,
         }
+    }
+}
+
+/// `[ha] conntrack_sync`: conntrackd's health and its commits at failover.
+fn conntrack_metrics(
+    ct: &fulcrum_ha::conntrack::ConntrackStatus,
+    l: &[(&str, &str)],
+    w: &mut MetricsWriter,
+) {
+    for (name, kind, help, v) in [
+        (
+            "fulcrum_ha_conntrackd_up",
+            "gauge",
+            "1 while conntrackd (conntrack_sync) runs.",
+            f64::from(u8::from(ct.running)),
+        ),
+        (
+            "fulcrum_ha_conntrackd_restarts_total",
+            "counter",
+            "Times conntrackd ended by itself and was started again.",
+            ct.restarts as f64,
+        ),
+        (
+            "fulcrum_ha_conntrack_commits_total",
+            "counter",
+            "Commits of the peer's routed flows into the kernel on becoming master.",
+            ct.commits as f64,
+        ),
+        (
+            "fulcrum_ha_conntrack_commit_failures_total",
+            "counter",
+            "Commits that failed or did not finish in time (the VIPs were taken anyway).",
+            ct.commit_failures as f64,
+        ),
+        (
+            "fulcrum_ha_conntrack_last_commit_seconds",
+            "gauge",
+            "How long the last commit took.",
+            ct.last_commit_ms.unwrap_or(0.0) / 1e3,
+        ),
+        (
+            "fulcrum_ha_conntrack_control_failures_total",
+            "counter",
+            "Other conntrackd control calls (flush, resync, bulk send, timers) that failed.",
+            ct.control_failures as f64,
+        ),
+    ] {
+        w.family(name, kind, help);
+        w.sample(name, l, v);
     }
 }
 
