@@ -71,7 +71,8 @@ impl HttpSection {
         } else {
             Protocol::Http
         };
-        let stream = StreamOptions::read(t, cx);
+        let mut stream = StreamOptions::read(t, cx);
+        stream.read_source(t, cx);
         let tls = if https {
             TlsTermination::read(t, cx, node, protocol)
         } else {

@@ -74,7 +74,7 @@ pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction};
 pub use schema::*;
 pub use service::{ServiceKind, VirtualService};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
-pub use stream::{StreamOptions, STREAM_KEYS};
+pub use stream::{MemberSource, StreamOptions, SOURCE_KEYS, STREAM_KEYS};
 pub use tcp::{FtpOptions, TcpSection, FTP_KEYS};
 pub use tls::{
     ClientAuth, TlsCert, TlsOptions, TlsTermination, TlsVersion, ALPN_PROTOCOLS, TLS_KEYS,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::protocol::Protocol;
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
-use crate::stream::StreamOptions;
+use crate::stream::{MemberSource, StreamOptions};
 use crate::string_enum;
 use crate::tls::TlsTermination;
 use crate::types::{read_table, ByteSize};
@@ -53,7 +53,19 @@ impl MessageSection {
         cx: &mut Cx<'_>,
         node: &Node<'_>,
     ) -> MessageSection {
-        let stream = StreamOptions::read(t, cx);
+        let mut stream = StreamOptions::read(t, cx);
+        stream.read_source(t, cx);
+        if stream.source == MemberSource::Client {
+            // A member connection of a message service carries the messages of many clients,
+            // scheduled one by one; it has no single client whose address it could take. One
+            // set of member connections per client connection would give up the point of the
+            // service (many clients over few long-lived member connections, per-message
+            // balancing) and cost member_connections × members connects per client.
+            cx.error_path(
+                &format!("{}.source", t.path()),
+                "`source = \"client\"` is not available on message services: a member connection carries the messages of many clients, so it cannot come from one client's address; use a tcp service for members that must see each client's address",
+            );
+        }
         let tls = TlsTermination::read(t, cx, node, Protocol::Message);
         let framing: Framing = t.opt(cx, "framing").unwrap_or_default();
         let mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);

@@ -16,7 +16,7 @@ use crate::message::{MessageSection, MESSAGE_SECTION_KEYS};
 use crate::protocol::{Protocol, ProxyProtocol};
 use crate::reader::{Cx, FromNode, Node, TableReader};
 use crate::rule::Rule;
-use crate::stream::{SourceAddresses, StreamOptions, STREAM_KEYS};
+use crate::stream::{MemberSource, SourceAddresses, StreamOptions, SOURCE_KEYS, STREAM_KEYS};
 use crate::tcp::{TcpSection, FTP_KEYS};
 use crate::tls::{TlsTermination, TLS_KEYS};
 use crate::types::{read_table, OneOrMany};
@@ -52,11 +52,11 @@ pub enum ServiceKind {
 /// The protocol-specific keys each protocol takes, for the message on a key of another one.
 fn keys_of(protocol: Protocol) -> Vec<&'static str> {
     let parts: &[&[&str]] = match protocol {
-        Protocol::Tcp => &[STREAM_KEYS, TLS_KEYS, FORWARDING_KEYS],
+        Protocol::Tcp => &[STREAM_KEYS, SOURCE_KEYS, TLS_KEYS, FORWARDING_KEYS],
         Protocol::Udp => &[UDP_KEYS, FORWARDING_KEYS],
-        Protocol::Http => &[STREAM_KEYS, HTTP_SECTION_KEYS],
-        Protocol::Https => &[STREAM_KEYS, TLS_KEYS, HTTP_SECTION_KEYS],
-        Protocol::Message => &[STREAM_KEYS, TLS_KEYS, MESSAGE_SECTION_KEYS],
+        Protocol::Http => &[STREAM_KEYS, SOURCE_KEYS, HTTP_SECTION_KEYS],
+        Protocol::Https => &[STREAM_KEYS, SOURCE_KEYS, TLS_KEYS, HTTP_SECTION_KEYS],
+        Protocol::Message => &[STREAM_KEYS, SOURCE_KEYS, TLS_KEYS, MESSAGE_SECTION_KEYS],
         Protocol::Ftp => &[STREAM_KEYS, FTP_KEYS],
     };
     parts.concat()
@@ -259,6 +259,16 @@ impl VirtualService {
     /// Source addresses of member connections (stream protocols); empty = the host's choice.
     pub fn snat(&self) -> &[IpAddr] {
         self.stream().map_or(&[], |s| &s.snat)
+    }
+
+    /// Where member connections come from (`source`); `local` for udp and ftp.
+    pub fn member_source(&self) -> MemberSource {
+        self.stream().map_or(MemberSource::Local, |s| s.source)
+    }
+
+    /// `source = "client"`: member connections from the client's own address.
+    pub fn transparent(&self) -> bool {
+        self.member_source() == MemberSource::Client
     }
 
     pub fn proxy_protocol(&self) -> Option<ProxyProtocol> {

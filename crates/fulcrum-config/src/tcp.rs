@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 use crate::forwarding::ForwardingOptions;
 use crate::protocol::Protocol;
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
-use crate::stream::StreamOptions;
+use crate::stream::{MemberSource, StreamOptions};
 use crate::tls::TlsTermination;
 
 #[derive(Debug, Clone)]
@@ -49,10 +49,22 @@ impl TcpSection {
                 }),
             };
         }
+        let mut stream = StreamOptions::read(t, cx);
+        stream.read_source(t, cx);
+        let forwarding = ForwardingOptions::read(t, cx);
+        if stream.source == MemberSource::Client && forwarding.forwarding.in_kernel() {
+            cx.error_path(
+                &format!("{}.source", t.path()),
+                format!(
+                    "`source = \"client\"` applies to proxied connections (forwarding = \"proxy\"); with forwarding = \"{}\" the kernel forwards the client's packets and Fulcrum opens no member connection",
+                    forwarding.forwarding
+                ),
+            );
+        }
         TcpSection {
-            stream: StreamOptions::read(t, cx),
+            stream,
             tls: TlsTermination::read(t, cx, node, Protocol::Tcp),
-            forwarding: ForwardingOptions::read(t, cx),
+            forwarding,
             ftp: None,
         }
     }

@@ -202,6 +202,28 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 }
             }
         }
+        if vs.transparent() && protocol.is_http() {
+            // HTTP/2 member connections are one per member, shared by every client of the
+            // pool: none can come from one client's address.
+            let rule_pools = vs.rules().iter().filter_map(|r| match &r.action {
+                RuleAction::Pool(p) => Some(p.as_str()),
+                _ => None,
+            });
+            let h2 = vs
+                .pool
+                .as_deref()
+                .into_iter()
+                .chain(rule_pools)
+                .find(|p| cfg.pool(p).is_some_and(|p| p.http.http2));
+            if let Some(p) = h2 {
+                c.err(
+                    &at("source"),
+                    format!(
+                        "`source = \"client\"` needs a member connection per client, but pool {p:?} has http2 = true (one HTTP/2 connection per member, shared by every client); remove one of them"
+                    ),
+                );
+            }
+        }
         for (r, rule) in vs.rules().iter().enumerate() {
             if let RuleAction::Pool(p) = &rule.action {
                 let path = format!("virtual_service[{i}].rule[{r}].pool");
