@@ -359,6 +359,7 @@ fuzz_target!(|data: &[u8]| {
                     no_member_hook: None,
                     cache: Some(w.cache.clone()),
                     snat: None,
+                    transparent: None,
                 },
             )
             .expect("the fuzz service builds"),

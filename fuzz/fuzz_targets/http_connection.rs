@@ -71,6 +71,7 @@ fn world() -> &'static World {
                         no_member_hook: None,
                         cache: None,
                         snat: None,
+                        transparent: None,
                     },
                 )
                 .expect("the fuzz service builds"),

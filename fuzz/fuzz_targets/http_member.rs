@@ -103,6 +103,7 @@ address = "{member}"
                         no_member_hook: None,
                         cache: Some(HttpCache::new(1 << 20, 64 << 10)),
                         snat: None,
+                        transparent: None,
                     },
                 )
                 .expect("the fuzz service builds"),

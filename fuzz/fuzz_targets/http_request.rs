@@ -68,6 +68,7 @@ fn service() -> &'static Arc<HttpService> {
                     no_member_hook: None,
                     cache: None,
                     snat: None,
+                    transparent: None,
                 },
             )
             .expect("the fuzz service builds"),

@@ -60,9 +60,12 @@ impl<'a> Route<'a> {
     }
 
     /// Member connections are private to the client connection: the PROXY header describes
-    /// one client, and `reuse = "never"` shares nothing.
+    /// one client, a transparent connection (`source = "client"`) comes from one client's
+    /// address, and `reuse = "never"` shares nothing.
     pub fn private_conns(&self) -> bool {
-        self.svc.proxy_protocol.is_some() || self.target.reuse == Reuse::Never
+        self.svc.proxy_protocol.is_some()
+            || self.svc.transparent.is_some()
+            || self.target.reuse == Reuse::Never
     }
 }
 
@@ -165,8 +168,9 @@ impl<'a> Attempts<'a> {
         let http = &self.svc.http_stats;
         match f {
             Failure::Connect(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
-                // No source port left (`snat`): not the member's fault, and no other member
-                // would fare better from the same addresses.
+                // No source port left (`snat`), or the client's address cannot be taken
+                // (`source = "client"`): not the member's fault, and no other member would
+                // fare better from the same addresses.
                 Err(self.give_up(snat_exhausted()))
             }
             Failure::Connect(e) => {
@@ -269,8 +273,8 @@ pub(crate) async fn acquire(
     Ok((conn, fresh))
 }
 
-/// A new connection to `picked`: TCP from the service's `snat` addresses, the PROXY header,
-/// TLS when the pool has it.
+/// A new connection to `picked`: TCP from the service's `snat` addresses or the client's own
+/// (`source = "client"`), the PROXY header, TLS when the pool has it.
 async fn connect(route: Route<'_>, picked: &Picked, client: &ConnInfo) -> io::Result<UpstreamConn> {
     let t = &**route.target;
     let member = &picked.member;
@@ -285,12 +289,13 @@ async fn connect(route: Route<'_>, picked: &Picked, client: &ConnInfo) -> io::Re
         }
         return Ok(UpstreamConn::new(io));
     }
-    let mut io = upstream::connect(
+    let source = fulcrum_net::Source::of(
         route.svc.snat.as_deref(),
-        member.address,
-        t.pool.connect_timeout,
-    )
-    .await?;
+        route.svc.transparent.as_deref(),
+        client.peer,
+    );
+    let mut io =
+        fulcrum_net::snat::connect_from(source, member.address, t.pool.connect_timeout).await?;
     member.record_connect_success(started.elapsed());
     if let Some(v) = route.svc.proxy_protocol {
         let header = fulcrum_net::proxy_protocol::header(v, client.peer, client.local);

@@ -196,6 +196,9 @@ pub struct HttpService {
     /// Source addresses for member connections (`snat`). HTTP/2 member connections are shared
     /// by the services of a pool: they come from the pool of the service that opened them.
     pub snat: Option<Arc<fulcrum_net::Snat>>,
+    /// `source = "client"`: member connections from the client's own address; they are then
+    /// private to the client connection (never pooled for another client).
+    pub transparent: Option<Arc<fulcrum_net::Transparent>>,
     /// Set when a reload replaced this service, or at shutdown: its client connections move to
     /// the version in force (`successor`), or announce their close.
     retired: std::sync::atomic::AtomicBool,
@@ -253,6 +256,8 @@ pub struct Parts<'a> {
     pub cache: Option<Arc<crate::cache::HttpCache>>,
     /// Source addresses for member connections (`snat`).
     pub snat: Option<Arc<fulcrum_net::Snat>>,
+    /// `source = "client"`: the service's transparency counters.
+    pub transparent: Option<Arc<fulcrum_net::Transparent>>,
 }
 
 impl HttpService {
@@ -343,6 +348,7 @@ impl HttpService {
             no_member_hook: parts.no_member_hook,
             cache: parts.cache,
             snat: parts.snat,
+            transparent: parts.transparent,
             compress: http
                 .compression
                 .as_ref()

@@ -62,6 +62,7 @@ pub(crate) fn service_to(
         no_member_hook: None,
         cache: None,
         snat: None,
+        transparent: None,
     };
     Arc::new(HttpService::build(&cfg.virtual_services[0], parts).expect("service"))
 }

@@ -1,7 +1,7 @@
 //! Sockets shared by every data plane: listening sockets that outlive reloads, batched datagram
 //! I/O (`recvmmsg`/`sendmmsg`, ICMP error queues), PROXY protocol headers, the forwarding engine
 //! (buffer copy and `splice(2)`) and the byte relay for TLS streams and upgraded HTTP tunnels,
-//! source-address (SNAT) pools for member connections, client-side TCP tuning, the connection
+//! source-address (SNAT) pools and client-address transparency for member connections, client-side TCP tuning, the connection
 //! tracker used at shutdown, and per-service counters. Nothing here knows a protocol above the
 //! transport or a pool.
 
@@ -14,12 +14,14 @@ pub mod snat;
 mod splice;
 pub mod stats;
 pub mod tracker;
+pub mod transparent;
 pub mod tuning;
 
 pub use listener::{
     BindError, DatagramListeners, DatagramService, Listener, Listeners, Prepared, PreparedDatagram,
     StreamHandler,
 };
-pub use snat::Snat;
+pub use snat::{Snat, Source};
 pub use stats::{ServiceConnection, ServiceStats};
 pub use tracker::Tracker;
+pub use transparent::Transparent;

@@ -168,7 +168,7 @@ impl Snat {
 
 /// `EADDRNOTAVAIL` (no free port for the 4-tuple, with `IP_BIND_ADDRESS_NO_PORT`) or
 /// `EADDRINUSE` (the same, when the kernel had to pick the port at bind time).
-fn is_exhausted(e: &io::Error) -> bool {
+pub(crate) fn is_exhausted(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE)
@@ -178,7 +178,7 @@ fn is_exhausted(e: &io::Error) -> bool {
 /// Defers the choice of the local port from `bind` to `connect`, where the kernel knows the
 /// whole 4-tuple: without it every bound socket would hold a port of its own, and one address
 /// would give at most one port range of connections over all members together.
-fn bind_address_no_port(socket: &TcpSocket) -> io::Result<()> {
+pub(crate) fn bind_address_no_port(socket: &TcpSocket) -> io::Result<()> {
     let one: libc::c_int = 1;
     // SAFETY: the descriptor is a live socket owned by `socket` for the duration of the call;
     // the option value points to a c_int that outlives the call, and its size is passed.
@@ -198,6 +198,32 @@ fn bind_address_no_port(socket: &TcpSocket) -> io::Result<()> {
     }
 }
 
+/// Where a member connection comes from: the host's choice, the service's source pool
+/// (`snat`), or the client's own address (`source = "client"`).
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    Host,
+    Snat(&'a Snat),
+    /// The service's transparency counters and the client whose address the connection takes.
+    Client(&'a crate::transparent::Transparent, SocketAddr),
+}
+
+impl<'a> Source<'a> {
+    /// The source of a service's member connection for `client`: its transparency when it has
+    /// `source = "client"`, else its `snat` pool, else the host's choice.
+    pub fn of(
+        snat: Option<&'a Snat>,
+        transparent: Option<&'a crate::transparent::Transparent>,
+        client: SocketAddr,
+    ) -> Source<'a> {
+        match (transparent, snat) {
+            (Some(t), _) => Source::Client(t, client),
+            (None, Some(s)) => Source::Snat(s),
+            (None, None) => Source::Host,
+        }
+    }
+}
+
 /// Connects to a member within `timeout`, from the service's source pool when it has one, with
 /// TCP_NODELAY. A timeout is `TimedOut`; an exhausted pool `AddrNotAvailable` (not the
 /// member's fault).
@@ -206,10 +232,22 @@ pub async fn connect(
     member: SocketAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
+    connect_from(snat.map_or(Source::Host, Source::Snat), member, timeout).await
+}
+
+/// Connects to a member within `timeout` from `source`, with TCP_NODELAY. A timeout is
+/// `TimedOut`; a source that cannot be used (an exhausted pool, a client address that cannot
+/// be taken) `AddrNotAvailable`, which is not the member's fault.
+pub async fn connect_from(
+    source: Source<'_>,
+    member: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
     let attempt = async {
-        match snat {
-            Some(s) => s.connect(member).await,
-            None => TcpStream::connect(member).await,
+        match source {
+            Source::Host => TcpStream::connect(member).await,
+            Source::Snat(s) => s.connect(member).await,
+            Source::Client(t, client) => t.connect(client, member).await,
         }
     };
     match tokio::time::timeout(timeout, attempt).await {

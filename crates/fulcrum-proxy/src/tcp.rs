@@ -46,6 +46,9 @@ pub struct TcpService {
     pub tracker: Arc<Tracker>,
     /// Source addresses for member connections (`snat`); None connects from the default.
     pub snat: Option<Arc<fulcrum_net::snat::Snat>>,
+    /// `source = "client"`: member connections from the client's own address (and the
+    /// service's counters of them); wins over `snat`, which the configuration refuses beside it.
+    pub transparent: Option<Arc<fulcrum_net::Transparent>>,
     /// TLS termination (`tls` on the service): clients speak TLS, members get the plain bytes.
     pub tls: Option<Arc<fulcrum_tls::ServerTls>>,
     /// TLS to the members (the pool's `tls`): re-encryption.
@@ -307,8 +310,10 @@ impl TcpService {
                 return None;
             };
             let started = Instant::now();
-            match fulcrum_net::snat::connect(
-                self.snat.as_deref(),
+            let source =
+                fulcrum_net::Source::of(self.snat.as_deref(), self.transparent.as_deref(), peer);
+            match fulcrum_net::snat::connect_from(
+                source,
                 picked.member.address,
                 pool.connect_timeout,
             )
@@ -325,7 +330,8 @@ impl TcpService {
                     return Some((picked, stream, connect_time));
                 }
                 Err(e) if fulcrum_net::snat::is_snat_exhaustion(&e) => {
-                    // No source port left: not the member's fault, and no other member would
+                    // No source port left (`snat`), or the client's address cannot be taken
+                    // (`source = "client"`): not the member's fault, and no other member would
                     // fare better from the same addresses. Refuse the client at once.
                     self.stats.upstream_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(service = %self.name, client = %peer, error = %e, "no source address left");

@@ -31,7 +31,7 @@ use fulcrum_admin::{ApiRequest, MetricsWriter};
 use fulcrum_balance::{PersistTable, Pool, TableSpec};
 use fulcrum_config::{Config, Persistence, PersistenceKind, VirtualService};
 use fulcrum_http::tls::ServerTls;
-use fulcrum_net::{ServiceStats, Snat, StreamHandler, Tracker};
+use fulcrum_net::{ServiceStats, Snat, StreamHandler, Tracker, Transparent};
 use fulcrum_proxy::SourcePersistence;
 use serde_json::Value;
 
@@ -196,6 +196,12 @@ impl<'a> BuildCx<'a> {
     pub fn snat(&self, vs: &VirtualService) -> Result<Option<Arc<Snat>>, String> {
         Snat::for_service(&vs.name, vs.snat())
             .map_err(|e| format!("virtual service {:?}: {e}", vs.name))
+    }
+
+    /// The service's transparency counters when it has `source = "client"` (kept across
+    /// reloads by service name).
+    pub fn transparent(&self, vs: &VirtualService) -> Option<Arc<Transparent>> {
+        vs.transparent().then(|| Transparent::for_service(&vs.name))
     }
 
     /// `source_ip` persistence of an L4 service (tcp, udp, message).

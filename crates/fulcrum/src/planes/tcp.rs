@@ -32,6 +32,7 @@ impl DataPlane for TcpPlane {
             member_tls: crate::planes::http::tls::stream_member_tls(&pool)
                 .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?,
             snat: cx.snat(vs)?,
+            transparent: cx.transparent(vs),
             name: Arc::from(vs.name.as_str()),
             pool,
             persistence: cx.source_persistence(vs),

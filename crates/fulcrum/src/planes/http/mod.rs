@@ -147,6 +147,7 @@ impl DataPlane for HttpPlane {
                 }),
                 cache,
                 snat: cx.snat(vs)?,
+                transparent: cx.transparent(vs),
             },
         )
         .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
