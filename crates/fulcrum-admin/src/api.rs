@@ -59,6 +59,21 @@ pub struct ServiceStatus {
     /// "5xx": n}` (from the http plane, `GET /api/v1/http/responses`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub responses: Option<Value>,
+    /// Services with `source = "client"`: member connections from the clients' addresses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transparent: Option<TransparentStatus>,
+}
+
+/// The counters of a service with `source = "client"`.
+#[derive(Serialize)]
+pub struct TransparentStatus {
+    /// Member connections made from the client's address.
+    pub connections: u64,
+    /// Of those, the ones whose client port was taken towards the member (made with another
+    /// port).
+    pub port_fallbacks: u64,
+    /// Member connections that could not come from the client's address.
+    pub failures: u64,
 }
 
 #[derive(Serialize)]
@@ -241,6 +256,11 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
         ftp_refused: (s.protocol == fulcrum_config::Protocol::Ftp)
             .then(|| st.ftp_refused.load(Ordering::Relaxed)),
         responses: None,
+        transparent: s.transparent.as_ref().map(|t| TransparentStatus {
+            connections: t.connections.load(Ordering::Relaxed),
+            port_fallbacks: t.port_fallbacks.load(Ordering::Relaxed),
+            failures: t.failures.load(Ordering::Relaxed),
+        }),
     }
 }
 

@@ -46,6 +46,8 @@ pub struct ServiceInfo {
     pub protocol: Protocol,
     pub listen: Vec<SocketAddr>,
     pub stats: Arc<ServiceStats>,
+    /// `source = "client"`: the service's transparency counters.
+    pub transparent: Option<Arc<fulcrum_net::Transparent>>,
 }
 
 /// A request under `/api/v1/` that the core routes (status, pools, members, reload) do not

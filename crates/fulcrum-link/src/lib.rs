@@ -16,6 +16,7 @@ mod flows;
 mod nft;
 mod plan;
 mod route;
+pub mod transparent;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -94,6 +94,8 @@ fn load() -> Result<Lib, String> {
 pub struct Session {
     lib: &'static Lib,
     ctx: NonNull<c_void>,
+    /// The `inet` table this session owns (`fulcrum_link`, or the transparency table).
+    table: &'static str,
     /// The table exists and was created by this session (so it carries `flags owner`).
     owns_table: bool,
 }
@@ -105,6 +107,11 @@ unsafe impl Send for Session {}
 
 impl Session {
     pub fn open() -> Result<Session, String> {
+        Session::open_for(TABLE)
+    }
+
+    /// A session owning the `inet` table `table`.
+    pub fn open_for(table: &'static str) -> Result<Session, String> {
         let lib = lib()?;
         // SAFETY: nft_ctx_new(NFT_CTX_DEFAULT) has no preconditions; null means failure.
         let ctx = NonNull::new(unsafe { (lib.ctx_new)(0) })
@@ -113,6 +120,7 @@ impl Session {
         let session = Session {
             lib,
             ctx,
+            table,
             owns_table: false,
         };
         // libmnl opens the netlink socket without close-on-exec: a child (nft, conntrack, a
@@ -157,10 +165,11 @@ impl Session {
     /// directly; otherwise `table` first, so the delete cannot fail on a missing table. (Not on
     /// an owned table: declaring it without `flags owner` would try to clear the flag.)
     fn delete_script(&self) -> String {
+        let table = self.table;
         if self.owns_table {
-            format!("delete table inet {TABLE}\n")
+            format!("delete table inet {table}\n")
         } else {
-            format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
+            format!("table inet {table}\ndelete table inet {table}\n")
         }
     }
 

@@ -6,10 +6,10 @@
 //! that point at them: it removes every one of them before installing, so a restart or a
 //! reload replaces rather than duplicates, and removes them all at shutdown.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use futures_util::TryStreamExt;
-use rtnetlink::packet_route::route::RouteAttribute;
+use rtnetlink::packet_route::route::{RouteAttribute, RouteScope, RouteType};
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
@@ -38,9 +38,20 @@ async fn interface_index(handle: &Handle, name: &str) -> Result<u32, String> {
 
 /// Removes every rule and route Fulcrum installed (its tables), whoever's run left them.
 pub async fn remove_all(handle: &Handle) -> Result<(), String> {
+    remove_tables(handle, false, &ours).await
+}
+
+/// Removes every rule pointing at a table `owned` names, and every route in such a table: the
+/// IPv4 ones, or with `v6` the IPv6 ones.
+pub async fn remove_tables(
+    handle: &Handle,
+    v6: bool,
+    owned: &(dyn Fn(u32) -> bool + Sync),
+) -> Result<(), String> {
+    let version = if v6 { IpVersion::V6 } else { IpVersion::V4 };
     let rules: Vec<_> = handle
         .rule()
-        .get(IpVersion::V4)
+        .get(version)
         .execute()
         .try_collect()
         .await
@@ -54,7 +65,7 @@ pub async fn remove_all(handle: &Handle) -> Result<(), String> {
                 _ => None,
             })
             .unwrap_or(u32::from(r.header.table));
-        if ours(table) {
+        if owned(table) {
             handle
                 .rule()
                 .del(r)
@@ -63,9 +74,14 @@ pub async fn remove_all(handle: &Handle) -> Result<(), String> {
                 .map_err(|e| format!("deleting rule: {e}"))?;
         }
     }
+    let query = if v6 {
+        RouteMessageBuilder::<Ipv6Addr>::new().table_id(0).build()
+    } else {
+        RouteMessageBuilder::<Ipv4Addr>::new().table_id(0).build()
+    };
     let routes: Vec<_> = handle
         .route()
-        .get(RouteMessageBuilder::<Ipv4Addr>::new().table_id(0).build())
+        .get(query)
         .execute()
         .try_collect()
         .await
@@ -79,7 +95,7 @@ pub async fn remove_all(handle: &Handle) -> Result<(), String> {
                 _ => None,
             })
             .unwrap_or(u32::from(r.header.table));
-        if ours(table) {
+        if owned(table) {
             handle
                 .route()
                 .del(r)
@@ -89,6 +105,58 @@ pub async fn remove_all(handle: &Handle) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `ip rule add fwmark MARK lookup TABLE pref PREF` (`-6` with `v6`).
+pub async fn add_fwmark_rule(
+    handle: &Handle,
+    v6: bool,
+    mark: u32,
+    table: u32,
+    pref: u32,
+) -> Result<(), String> {
+    let request = handle
+        .rule()
+        .add()
+        .fw_mark(mark)
+        .table_id(table)
+        // The crate leaves the action unset, which the kernel takes as "no match".
+        .action(RuleAction::ToTable)
+        .priority(pref);
+    let done = if v6 {
+        request.v6().execute().await
+    } else {
+        request.v4().execute().await
+    };
+    done.map_err(|e| e.to_string())
+}
+
+/// `ip route replace local 0.0.0.0/0 dev lo table TABLE` (`::/0` with `v6`): every destination
+/// is this host's for the packets the table's rule sends here.
+pub async fn add_local_default(handle: &Handle, v6: bool, table: u32) -> Result<(), String> {
+    let lo = interface_index(handle, "lo").await?;
+    let route = if v6 {
+        RouteMessageBuilder::<Ipv6Addr>::new()
+            .table_id(table)
+            .kind(RouteType::Local)
+            .scope(RouteScope::Host)
+            .output_interface(lo)
+            .build()
+    } else {
+        RouteMessageBuilder::<Ipv4Addr>::new()
+            .table_id(table)
+            .kind(RouteType::Local)
+            .scope(RouteScope::Host)
+            .output_interface(lo)
+            .build()
+    };
+    handle
+        .route()
+        .add(route)
+        .replace()
+        .execute()
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Installs the routes and rules of `plan`, after removing Fulcrum's earlier ones.
@@ -111,16 +179,7 @@ pub async fn install(handle: &Handle, plan: &Plan) -> Result<(), String> {
                 .execute()
                 .await
                 .map_err(|e| format!("link {:?}: default route via {}: {e}", l.name, l.gateway))?;
-            handle
-                .rule()
-                .add()
-                .v4()
-                .fw_mark(l.mark)
-                .table_id(l.mark)
-                // The crate leaves the action unset, which the kernel takes as "no match".
-                .action(RuleAction::ToTable)
-                .priority(l.rule_pref)
-                .execute()
+            add_fwmark_rule(handle, false, l.mark, l.mark, l.rule_pref)
                 .await
                 .map_err(|e| format!("link {:?}: fwmark rule: {e}", l.name))?;
         }

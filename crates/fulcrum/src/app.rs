@@ -90,15 +90,18 @@ fn runtime_checks(config: &Config) -> Vec<ConfigError> {
 }
 
 /// `fulcrum check`: the summary of a valid config, or every error.
-pub fn check(path: &Path) -> Result<String, Vec<String>> {
+/// `fulcrum check`: the summary of a valid configuration, and notes on what it needs of the
+/// host (printed after the summary).
+pub fn check(path: &Path) -> Result<(String, Vec<String>), Vec<String>> {
     let c = Source::File(path.to_path_buf()).load()?;
-    Ok(format!(
+    let summary = format!(
         "{} virtual services, {} pools, {} monitors{}",
         c.virtual_services.len(),
         c.pools.len(),
         c.monitors.len(),
         crate::planes::dns::summary(&c) + &crate::planes::link::summary(&c)
-    ))
+    );
+    Ok((summary, crate::planes::stream::transparent::notes(&c)))
 }
 
 /// What the data planes and the API read; replaced whole on reload.
@@ -139,6 +142,9 @@ pub struct App {
     tls: Arc<crate::planes::http::tls::TlsAssembly>,
     /// Link and gateway load balancing: in the plane list, and here for its async shutdown.
     links: Arc<crate::planes::link::LinkPlane>,
+    /// The return path of `source = "client"`: in the plane list, and here to be removed once
+    /// the connections that use it have finished.
+    transparent: Arc<crate::planes::stream::transparent::TransparentPlane>,
     /// The configuration API's versions and write path (a process started from a file).
     config_store: Option<crate::config_store::ConfigStore>,
 }
@@ -163,6 +169,7 @@ impl App {
         ha.set_flow_sync(xdp.flow_sync());
         let tls = Arc::new(crate::planes::http::tls::TlsAssembly::default());
         let links = Arc::new(crate::planes::link::LinkPlane::new(dns.clone()));
+        let transparent = Arc::new(crate::planes::stream::transparent::TransparentPlane::default());
         // In-kernel forwarding first: it claims the tcp/udp services with `forwarding` other
         // than "proxy" before the proxies do.
         let planes: Vec<Arc<dyn DataPlane>> = vec![
@@ -174,6 +181,7 @@ impl App {
             Arc::new(crate::planes::http::HttpPlane::new(dns, tls.clone())),
             ha.clone(),
             links.clone(),
+            transparent.clone(),
         ];
         App {
             cap: Arc::new(crate::limits::GlobalCap::new(tracker.clone())),
@@ -199,6 +207,7 @@ impl App {
             ha,
             tls,
             links,
+            transparent,
             config_store,
         }
     }
@@ -264,6 +273,7 @@ impl App {
         };
         self.tls.retain(&|name| runs(name, &|v| v.tls().is_some()));
         fulcrum_net::Snat::retain(&|name| runs(name, &|v| !v.snat().is_empty()));
+        fulcrum_net::Transparent::retain(&|name| runs(name, &|v| v.transparent()));
         let checked = cx.checked_pools;
         self.health.apply(&checked, &config.monitors);
         self.snapshot.store(Arc::new(Snapshot {
@@ -335,6 +345,7 @@ impl App {
                 protocol: vs.protocol(),
                 listen: vs.listen.clone(),
                 stats: cx.stats(vs),
+                transparent: cx.transparent(vs),
             });
         }
         let wanted: Vec<SocketAddr> = handlers.iter().map(|(addr, _)| *addr).collect();
@@ -416,6 +427,7 @@ impl App {
                 "shutdown deadline reached; closing remaining connections"
             );
         }
+        self.transparent.remove();
     }
 }
 

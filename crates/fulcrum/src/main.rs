@@ -124,8 +124,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => match app::check(&config) {
-            Ok(summary) => {
+            Ok((summary, notes)) => {
                 println!("{}: OK ({summary})", config.display());
+                for note in notes {
+                    println!("{note}");
+                }
                 ExitCode::SUCCESS
             }
             Err(errors) => {

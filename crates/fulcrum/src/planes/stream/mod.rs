@@ -2,4 +2,5 @@
 
 pub mod access;
 pub mod snat;
+pub mod transparent;
 pub mod tuning;

@@ -1,0 +1,132 @@
+//! Client-address transparency (`source = "client"` on tcp, http and https services): the
+//! return path the kernel needs (`fulcrum_link::transparent`), installed while a running
+//! service has the key and removed when none has (reload) or at shutdown; its counters in
+//! `/metrics`; and what `fulcrum check` tells the operator about it.
+
+use std::sync::atomic::Ordering;
+
+use fulcrum_admin::MetricsWriter;
+use fulcrum_config::Config;
+use fulcrum_link::transparent::{ReturnPath, MARK, ROUTE_TABLE, RULE_PREF, TABLE};
+use fulcrum_net::Transparent;
+use parking_lot::Mutex;
+
+use crate::planes::{BuildCx, CommitCx, DataPlane};
+
+/// Whether `config` runs a service with `source = "client"`, and whether one listens on IPv6
+/// (its clients, and so its member connections, are IPv6).
+fn needs(config: &Config) -> Option<bool> {
+    let mut found = None;
+    for vs in config.virtual_services.iter().filter(|v| v.transparent()) {
+        let v6 = vs.listen.iter().any(|a| a.is_ipv6());
+        found = Some(found.unwrap_or(false) || v6);
+    }
+    found
+}
+
+/// What `fulcrum check` says about a configuration with `source = "client"`: what the host and
+/// the members need. Empty without such a service.
+pub fn notes(config: &Config) -> Vec<String> {
+    let names: Vec<&str> = config
+        .virtual_services
+        .iter()
+        .filter(|v| v.transparent())
+        .map(|v| v.name.as_str())
+        .collect();
+    if names.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        format!(
+            "note: source = \"client\" ({}): member connections leave from the clients' own addresses, so the members must route their replies to those clients through this host (a default route, or a route to the client networks, via Fulcrum's address on the member network)",
+            names.join(", ")
+        ),
+        format!(
+            "note: source = \"client\": Fulcrum needs CAP_NET_ADMIN (root) and installs the return path itself: nftables table inet {TABLE} (packets of transparent sockets get mark {MARK:#x}), ip rule fwmark {MARK:#x} lookup {ROUTE_TABLE} pref {RULE_PREF}, ip route local 0.0.0.0/0 (and ::/0 for IPv6 listeners) dev lo table {ROUTE_TABLE}"
+        ),
+    ]
+}
+
+/// Installs the return path once a configuration with `source = "client"` is built (refusing
+/// it when that fails), removes it when a committed configuration has none.
+#[derive(Default)]
+pub struct TransparentPlane {
+    path: ReturnPath,
+    /// Whether the return path was in place before the configuration being applied, so an
+    /// abort can take away what `complete` added.
+    before: Mutex<Option<bool>>,
+}
+
+impl TransparentPlane {
+    /// Takes the return path away at shutdown, once the connections that used it are done
+    /// (the nftables table would go with the process anyway; the rule and route would not).
+    pub fn remove(&self) {
+        if let Err(e) = self.path.remove() {
+            tracing::warn!(error = %e, "removing the return path of client-address transparency");
+        }
+    }
+}
+
+impl DataPlane for TransparentPlane {
+    fn complete(&self, cx: &BuildCx) -> Result<(), Vec<String>> {
+        *self.before.lock() = Some(self.path.installed());
+        if let Some(v6) = needs(cx.config) {
+            self.path.install(v6).map_err(|e| {
+                vec![format!(
+                    "source = \"client\": cannot install the return path for replies to client addresses (needs CAP_NET_ADMIN): {e}"
+                )]
+            })?;
+        }
+        Ok(())
+    }
+
+    fn commit(&self, cx: &mut CommitCx) {
+        *self.before.lock() = None;
+        if needs(cx.config).is_none() && self.path.installed() {
+            self.remove();
+        }
+    }
+
+    fn abort(&self) {
+        if self.before.lock().take() == Some(false) && self.path.installed() {
+            self.remove();
+        }
+    }
+
+    fn metrics(&self, w: &mut MetricsWriter) {
+        metrics(w);
+    }
+}
+
+type Counter = (&'static str, &'static str, fn(&Transparent) -> u64);
+
+/// `fulcrum_transparent_*` per service with `source = "client"`.
+pub fn metrics(w: &mut MetricsWriter) {
+    let services = Transparent::all();
+    if services.is_empty() {
+        return;
+    }
+    let families: [Counter; 3] = [
+        (
+            "fulcrum_transparent_connections_total",
+            "Member connections established from the client's own address (source = \"client\").",
+            |t| t.connections.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_transparent_port_fallbacks_total",
+            "Member connections whose client port was taken towards the member (EADDRINUSE / EADDRNOTAVAIL): made from the client's address with a port the kernel picked.",
+            |t| t.port_fallbacks.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_transparent_failures_total",
+            "Member connections that could not come from the client's address (family mismatch, socket option refused, no port left); not counted against the member.",
+            |t| t.failures.load(Ordering::Relaxed),
+        ),
+    ];
+    for (family, help, get) in families {
+        w.family(family, "counter", help);
+        for t in &services {
+            w.sample(family, &[("vs", &t.service)], get(t) as f64);
+        }
+    }
+}
