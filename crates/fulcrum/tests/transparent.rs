@@ -86,15 +86,26 @@ fn report(stream: TcpStream, peer: SocketAddr) {
         return;
     }
     if line.starts_with("GET ") {
-        // The rest of the head.
-        while r.read_line(&mut line).is_ok_and(|n| n > 2) {}
-        let body = peer.to_string();
-        let _ = write!(
-            w,
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        return;
+        // HTTP/1.1 with keep-alive: every request on the connection is answered with the peer,
+        // until one asks to close.
+        loop {
+            let mut head = std::mem::take(&mut line);
+            while r.read_line(&mut head).is_ok_and(|n| n > 2) {}
+            let close = head.to_ascii_lowercase().contains("connection: close");
+            let body = peer.to_string();
+            let connection = if close { "close" } else { "keep-alive" };
+            if write!(
+                w,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: {connection}\r\n\r\n{body}",
+                body.len()
+            )
+            .is_err()
+                || close
+                || r.read_line(&mut line).unwrap_or(0) == 0
+            {
+                return;
+            }
+        }
     }
     if writeln!(w, "{peer}").is_err() {
         return;
@@ -210,6 +221,7 @@ address = "{MEMBER6_TCP}"
 [[pool]]
 name = "web"
 monitors = []
+reuse = "always"
 [[pool.member]]
 address = "{MEMBER_HTTP}"
 "#
@@ -285,6 +297,61 @@ fn ask_http(client: &Ns, vs: &str) -> Result<(SocketAddr, SocketAddr), String> {
     })
 }
 
+/// A keep-alive HTTP/1.1 client connection in the client namespace.
+struct KeepAlive {
+    stream: BufReader<TcpStream>,
+    me: SocketAddr,
+}
+
+impl KeepAlive {
+    fn open(client: &Ns, vs: &str) -> Result<KeepAlive, String> {
+        let vs: SocketAddr = vs.parse().unwrap();
+        in_ns(client, move || {
+            let s = TcpStream::connect_timeout(&vs, Duration::from_secs(3))
+                .map_err(|e| format!("connect {vs}: {e}"))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .map_err(|e| e.to_string())?;
+            let me = s.local_addr().map_err(|e| e.to_string())?;
+            Ok(KeepAlive {
+                stream: BufReader::new(s),
+                me,
+            })
+        })
+    }
+
+    /// One GET on the connection: the member's report of the peer it saw.
+    fn get(&mut self) -> Result<SocketAddr, String> {
+        self.stream
+            .get_mut()
+            .write_all(b"GET / HTTP/1.1\r\nHost: vs\r\n\r\n")
+            .map_err(|e| e.to_string())?;
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            if self
+                .stream
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())?
+                == 0
+            {
+                return Err("closed before the answer".into());
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().map_err(|_| format!("{line:?}"))?;
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0u8; length];
+        self.stream
+            .read_exact(&mut body)
+            .map_err(|e| e.to_string())?;
+        let body = String::from_utf8_lossy(&body).to_string();
+        body.parse().map_err(|_| format!("answer {body:?}"))
+    }
+}
+
 /// From the client namespace: one HTTPS GET with curl (the certificate is self-signed); the
 /// member's report.
 fn ask_https(client: &Ns, url: &str) -> Result<SocketAddr, String> {
@@ -353,6 +420,22 @@ fn members_see_the_clients_own_address() {
     let (seen, me) =
         ask_http(&client, "198.18.50.1:8080").unwrap_or_else(|e| panic!("{e}\n{}", f.logs()));
     assert_eq!(seen, me, "http: the member saw {seen}, the client is {me}");
+
+    // Member connections are never shared between clients, even with reuse = "always": a
+    // second client connection gets a member connection of its own, from its own port, while
+    // the first keeps its own for its next request.
+    let mut a = KeepAlive::open(&client, "198.18.50.1:8080").unwrap();
+    assert_eq!(a.get().unwrap(), a.me);
+    let mut b = KeepAlive::open(&client, "198.18.50.1:8080").unwrap();
+    assert_eq!(b.get().unwrap(), b.me, "client b got a's member connection");
+    assert_eq!(a.get().unwrap(), a.me);
+    drop(a);
+    let mut c = KeepAlive::open(&client, "198.18.50.1:8080").unwrap();
+    assert_eq!(
+        c.get().unwrap(),
+        c.me,
+        "client c got a closed client's member connection"
+    );
 
     // https (TLS terminated by Fulcrum).
     let seen = ask_https(&client, "https://198.18.50.1:8443/")
