@@ -506,6 +506,41 @@ fn members_see_the_clients_own_address() {
     let (seen, _) = ask_tcp(&client, "198.18.50.1:7000", None, &mut held)
         .unwrap_or_else(|e| panic!("{e}\n{}", f.logs()));
     assert_eq!(seen.ip().to_string(), FL_MEMBER_SIDE, "after the reload");
+    drop(held);
+
+    // Back to source = "client", then a graceful stop: the rule, the route and the table go.
+    std::fs::write(
+        f.dir.path().join("fulcrum.toml"),
+        config("client", &cert, &key),
+    )
+    .unwrap();
+    let (code, body) = api_raw(&fl, "POST", "/api/v1/reload", "");
+    assert_eq!(code, 200, "{body}");
+    assert!(rules(&fl).contains("0x46540001"), "{}", rules(&fl));
+    let pid = net.lab.pid(f.index).expect("fulcrum's pid").to_string();
+    fulcrum_testkit::netns::run("kill", &["-TERM", &pid]).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || !std::path::Path::new(&format!(
+            "/proc/{pid}/status"
+        ))
+        .exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|s| s.contains("State:\tZ"))),
+        "fulcrum did not stop:\n{}",
+        f.logs()
+    );
+    let left = rules(&fl);
+    assert!(!left.contains("0x46540001"), "{left}");
+    let routes = fl
+        .ip(&["route", "show", "table", "1179910145"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    assert!(routes.trim().is_empty(), "{routes}");
+    assert!(
+        fl.exec("nft", &["list", "table", "inet", "fulcrum_transparent"])
+            .is_err(),
+        "the nftables table is left"
+    );
 }
 
 #[test]
