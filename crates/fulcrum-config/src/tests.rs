@@ -338,6 +338,53 @@ fn sections_check_their_own_keys() {
 }
 
 #[test]
+fn source_client_is_read_where_member_connections_can_take_it() {
+    let with = |protocol: &str, extra: &str| {
+        TCP.replace(
+            "protocol = \"tcp\"",
+            &format!("protocol = \"{protocol}\"\n{extra}"),
+        )
+        .replace("persistence = \"src\"\n", "")
+    };
+    for p in ["tcp", "http"] {
+        let c = ok(&with(p, "source = \"client\""));
+        assert!(c.virtual_services[0].transparent(), "{p}");
+        assert_eq!(c.virtual_services[0].member_source(), MemberSource::Client);
+        let c = ok(&with(p, "source = \"local\""));
+        assert!(!c.virtual_services[0].transparent(), "{p}");
+        let c = ok(&with(p, ""));
+        assert_eq!(c.virtual_services[0].member_source(), MemberSource::Local);
+    }
+    let e = errs(&with("tcp", "source = \"transparent\""));
+    has(
+        &e,
+        "virtual_service[0].source: unknown value \"transparent\"; expected one of: local, client",
+    );
+    let e = errs(&with("tcp", "source = \"client\"\nsnat = \"127.0.0.2\""));
+    has(&e, "virtual_service[0].source: `source = \"client\"` connects from the client's own address; it cannot be combined with `snat`");
+    let e = errs(&with(
+        "tcp",
+        "source = \"client\"\nforwarding = \"nat\"\ninterfaces = [\"eth0\"]",
+    ));
+    has(
+        &e,
+        "virtual_service[0].source: `source = \"client\"` applies to proxied connections",
+    );
+    let e = errs(&with("message", "source = \"client\""));
+    has(
+        &e,
+        "virtual_service[0].source: `source = \"client\"` is not available on message services",
+    );
+    let e = errs(&with("ftp", "source = \"client\""));
+    has(&e, "virtual_service[0].source: `source` applies to protocol tcp / http / https / message; this service is ftp");
+    let e = errs(&with("udp", "source = \"local\""));
+    has(
+        &e,
+        "virtual_service[0].source: `source` applies to protocol",
+    );
+}
+
+#[test]
 fn admin_needs_token_off_loopback() {
     let e = errs(&format!("[admin]\nlisten = \"0.0.0.0:9900\"\n{TCP}"));
     has(&e, "admin.listen: 0.0.0.0:9900 is not a loopback address");
