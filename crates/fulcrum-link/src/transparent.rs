@@ -67,45 +67,39 @@ impl ReturnPath {
         self.installed.lock().is_some()
     }
 
-    /// Puts the return path in place (IPv4 always, IPv6 with `v6`); nothing to do when it is
-    /// already, with the same families. Needs `CAP_NET_ADMIN`.
+    /// Puts the return path in place (IPv4 always, IPv6 with `v6`). Once in place it is only
+    /// added to (IPv6 when a service starts listening on it), never rebuilt, so a reload does
+    /// not take it away from running connections for a moment. Needs `CAP_NET_ADMIN`.
     pub fn install(&self, v6: bool) -> Result<(), String> {
         let mut installed = self.installed.lock();
-        if installed.as_ref().is_some_and(|i| i.v6 == v6) {
+        if let Some(i) = installed.as_mut() {
+            if v6 && !i.v6 {
+                netlink(|h| async move { add_family(&h, true).await })?;
+                i.v6 = true;
+            }
             return Ok(());
         }
-        netlink(|h| async move {
+        let routes = netlink(|h| async move {
+            // What an earlier run that did not stop cleanly left.
             remove_routes(&h).await?;
-            route::add_local_default(&h, false, ROUTE_TABLE)
-                .await
-                .map_err(|e| {
-                    format!("ip route add local 0.0.0.0/0 dev lo table {ROUTE_TABLE}: {e}")
-                })?;
-            route::add_fwmark_rule(&h, false, MARK, ROUTE_TABLE, RULE_PREF)
-                .await
-                .map_err(|e| format!("ip rule add fwmark {MARK:#x} lookup {ROUTE_TABLE}: {e}"))?;
+            add_family(&h, false).await?;
             if v6 {
-                route::add_local_default(&h, true, ROUTE_TABLE)
-                    .await
-                    .map_err(|e| {
-                        format!("ip -6 route add local ::/0 dev lo table {ROUTE_TABLE}: {e}")
-                    })?;
-                route::add_fwmark_rule(&h, true, MARK, ROUTE_TABLE, RULE_PREF)
-                    .await
-                    .map_err(|e| {
-                        format!("ip -6 rule add fwmark {MARK:#x} lookup {ROUTE_TABLE}: {e}")
-                    })?;
+                add_family(&h, true).await?;
             }
             Ok(())
-        })?;
-        let mut session = match installed.take() {
-            Some(i) => i.session,
-            None => nft::Session::open_for(TABLE)?,
+        });
+        let table = routes.and_then(|()| {
+            let mut session = nft::Session::open_for(TABLE)?;
+            session.replace_table(&table_text())?;
+            Ok(session)
+        });
+        let session = match table {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = netlink(|h| async move { remove_routes(&h).await });
+                return Err(e);
+            }
         };
-        if let Err(e) = session.replace_table(&table_text()) {
-            let _ = netlink(|h| async move { remove_routes(&h).await });
-            return Err(e);
-        }
         *installed = Some(Installed { session, v6 });
         tracing::info!(
             mark = format!("{MARK:#x}"),
@@ -128,6 +122,22 @@ impl ReturnPath {
         tracing::info!("client-address transparency: return path removed");
         table.and(routes)
     }
+}
+
+/// `ip rule add fwmark MARK lookup ROUTE_TABLE` and the local default route in that table, for
+/// IPv4 or (`v6`) IPv6.
+async fn add_family(h: &Handle, v6: bool) -> Result<(), String> {
+    let (ip, any) = if v6 {
+        ("ip -6", "::/0")
+    } else {
+        ("ip", "0.0.0.0/0")
+    };
+    route::add_local_default(h, v6, ROUTE_TABLE)
+        .await
+        .map_err(|e| format!("{ip} route add local {any} dev lo table {ROUTE_TABLE}: {e}"))?;
+    route::add_fwmark_rule(h, v6, MARK, ROUTE_TABLE, RULE_PREF)
+        .await
+        .map_err(|e| format!("{ip} rule add fwmark {MARK:#x} lookup {ROUTE_TABLE}: {e}"))
 }
 
 /// Removes the rules pointing at `ROUTE_TABLE` and its routes, IPv4 and IPv6 (a host without
