@@ -107,11 +107,16 @@ fn report(stream: TcpStream, peer: SocketAddr) {
             }
         }
     }
-    if writeln!(w, "{peer}").is_err() {
-        return;
+    // Every line is answered with the peer, until the client closes.
+    loop {
+        if writeln!(w, "{peer}").is_err() {
+            return;
+        }
+        line.clear();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
     }
-    let mut sink = [0u8; 256];
-    while matches!(r.read(&mut sink), Ok(n) if n > 0) {}
 }
 
 fn net(tag: &str) -> Net {
@@ -269,6 +274,19 @@ fn ask_tcp(
     })?;
     held.push(stream);
     Ok((seen, me))
+}
+
+/// Asks the member again over an open connection of `ask_tcp`: the peer it reports.
+fn again(stream: &TcpStream) -> Result<SocketAddr, String> {
+    let mut w = stream.try_clone().map_err(|e| e.to_string())?;
+    w.write_all(b"who\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(w)
+        .read_line(&mut line)
+        .map_err(|e| format!("read: {e}"))?;
+    line.trim()
+        .parse()
+        .map_err(|_| format!("member report {line:?}"))
 }
 
 /// From the client namespace: one HTTP GET to `vs` over a connection of its own; the member's
@@ -490,12 +508,25 @@ fn members_see_the_clients_own_address() {
         .unwrap_or_else(|e| e);
     assert!(nft.contains("socket transparent 1"), "{nft}");
 
-    // A reload without source = "client" takes it away.
+    // A reload without source = "client": the return path stays while a client connection
+    // of those services is open (its member connection still comes from the client's
+    // address), and goes with the last of them.
+    let kept = held.remove(0);
     drop(held);
+    drop((b, c));
     let local = config("local", &cert, &key);
     std::fs::write(f.dir.path().join("fulcrum.toml"), local).unwrap();
     let (code, body) = api_raw(&fl, "POST", "/api/v1/reload", "");
     assert_eq!(code, 200, "{body}");
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(rules(&fl).contains("0x46540001"), "{}", rules(&fl));
+    let me = kept.local_addr().unwrap();
+    assert_eq!(
+        again(&kept).unwrap(),
+        me,
+        "the kept connection after the reload"
+    );
+    drop(kept);
     assert!(
         wait_for(Duration::from_secs(5), || !rules(&fl)
             .contains("0x46540001")),

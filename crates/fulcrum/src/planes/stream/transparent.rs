@@ -4,11 +4,12 @@
 //! `/metrics`; and what `fulcrum check` tells the operator about it.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use fulcrum_admin::MetricsWriter;
 use fulcrum_config::Config;
 use fulcrum_link::transparent::{ReturnPath, MARK, ROUTE_TABLE, RULE_PREF, TABLE};
-use fulcrum_net::Transparent;
+use fulcrum_net::{ServiceStats, Transparent};
 use parking_lot::Mutex;
 
 use crate::planes::{BuildCx, CommitCx, DataPlane};
@@ -48,17 +49,32 @@ pub fn notes(config: &Config) -> Vec<String> {
 }
 
 /// Installs the return path once a configuration with `source = "client"` is built (refusing
-/// it when that fails), removes it when a committed configuration has none.
+/// it when that fails). When a committed configuration has none, the return path stays while
+/// client connections of the services that had it are open (their member connections still
+/// need the replies), and goes with the last of them (`refresh`, every 200 ms).
 #[derive(Default)]
 pub struct TransparentPlane {
     path: ReturnPath,
     /// Whether the return path was in place before the configuration being applied, so an
-    /// abort can take away what `complete` added.
+    /// abort can take away what `complete` added; `Some` while a configuration is applied.
     before: Mutex<Option<bool>>,
+    /// The counters of the services with `source = "client"`: of the configuration being
+    /// applied, and of the one running.
+    prepared: Mutex<Vec<Arc<ServiceStats>>>,
+    running: Mutex<Vec<Arc<ServiceStats>>>,
+    /// After a reload left no such service: the services whose open client connections still
+    /// use the return path.
+    draining: Mutex<Vec<Arc<ServiceStats>>>,
+}
+
+fn idle(services: &[Arc<ServiceStats>]) -> bool {
+    services
+        .iter()
+        .all(|s| s.connections_active.load(Ordering::Relaxed) == 0)
 }
 
 impl TransparentPlane {
-    /// Takes the return path away at shutdown, once the connections that used it are done
+    /// Takes the return path away: at shutdown, once the connections that used it are done
     /// (the nftables table would go with the process anyway; the rule and route would not).
     pub fn remove(&self) {
         if let Err(e) = self.path.remove() {
@@ -70,6 +86,13 @@ impl TransparentPlane {
 impl DataPlane for TransparentPlane {
     fn complete(&self, cx: &BuildCx) -> Result<(), Vec<String>> {
         *self.before.lock() = Some(self.path.installed());
+        *self.prepared.lock() = cx
+            .config
+            .virtual_services
+            .iter()
+            .filter(|v| v.transparent())
+            .filter_map(|v| cx.stats.get(&v.name).cloned())
+            .collect();
         if let Some(v6) = needs(cx.config) {
             self.path.install(v6).map_err(|e| {
                 vec![format!(
@@ -82,13 +105,40 @@ impl DataPlane for TransparentPlane {
 
     fn commit(&self, cx: &mut CommitCx) {
         *self.before.lock() = None;
-        if needs(cx.config).is_none() && self.path.installed() {
+        let services = std::mem::take(&mut *self.prepared.lock());
+        let mut draining = self.draining.lock();
+        if needs(cx.config).is_some() {
+            draining.clear();
+            *self.running.lock() = services;
+            return;
+        }
+        draining.append(&mut self.running.lock());
+        if self.path.installed() && idle(&draining) {
+            draining.clear();
             self.remove();
+        } else if self.path.installed() {
+            tracing::info!(
+                "no service has source = \"client\" any more: the return path stays until their client connections have closed"
+            );
         }
     }
 
     fn abort(&self) {
+        self.prepared.lock().clear();
         if self.before.lock().take() == Some(false) && self.path.installed() {
+            self.remove();
+        }
+    }
+
+    fn refresh(&self, _config: &Config) {
+        // Not while a configuration is being applied: it may be installing the path anew.
+        let applying = self.before.lock();
+        if applying.is_some() {
+            return;
+        }
+        let mut draining = self.draining.lock();
+        if !draining.is_empty() && idle(&draining) {
+            draining.clear();
             self.remove();
         }
     }
