@@ -172,3 +172,43 @@ fn open(ip: IpAddr, port: u16) -> io::Result<TcpSocket> {
     socket.bind(SocketAddr::new(ip, port))?;
     Ok(socket)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// On loopback (127.0.0.0/8 is all this host's, so no return path is needed): the member
+    /// sees the client's address and port; the same client port towards the same member again
+    /// falls back to another port, counted; a client of the other family is refused without
+    /// blaming the member. Needs CAP_NET_ADMIN (the test command runs as root).
+    #[tokio::test]
+    async fn client_address_then_port_fallback_then_family_refusal() {
+        let member = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let to = member.local_addr().unwrap();
+        let t = Transparent::for_service("unit-transparent");
+        let client: SocketAddr = "127.0.0.3:41234".parse().unwrap();
+
+        let first = t.connect(client, to).await.expect("transparent connect");
+        let (_a, seen) = member.accept().await.unwrap();
+        assert_eq!(seen, client);
+        assert_eq!(first.local_addr().unwrap(), client);
+
+        let second = t.connect(client, to).await.expect("fallback connect");
+        let (_b, seen) = member.accept().await.unwrap();
+        assert_eq!(seen.ip(), client.ip());
+        assert_ne!(seen.port(), client.port());
+        assert_eq!(second.local_addr().unwrap(), seen);
+        assert_eq!(t.port_fallbacks.load(Ordering::Relaxed), 1);
+        assert_eq!(t.connections.load(Ordering::Relaxed), 2);
+
+        let v6: SocketAddr = "[::1]:41234".parse().unwrap();
+        let e = t.connect(v6, to).await.expect_err("families differ");
+        assert!(crate::snat::is_snat_exhaustion(&e), "{e}");
+        assert!(e.to_string().contains("different address families"), "{e}");
+        assert_eq!(t.failures.load(Ordering::Relaxed), 1);
+        assert!(Transparent::all()
+            .iter()
+            .any(|s| &*s.service == "unit-transparent"));
+    }
+}
