@@ -5,6 +5,7 @@
 //! tracker used at shutdown, and per-service counters. Nothing here knows a protocol above the
 //! transport or a pool.
 
+mod bind;
 pub mod datagram;
 pub mod forward;
 pub mod listener;

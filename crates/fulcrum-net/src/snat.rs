@@ -10,12 +10,13 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
+
+use crate::bind::{bind_address_no_port, is_exhausted};
 
 /// One source address of a pool and its counters.
 #[derive(Debug)]
@@ -163,38 +164,6 @@ impl Snat {
             io::ErrorKind::AddrNotAvailable,
             format!("snat pool exhausted: no source address of the service has a free port towards {member}"),
         ))
-    }
-}
-
-/// `EADDRNOTAVAIL` (no free port for the 4-tuple, with `IP_BIND_ADDRESS_NO_PORT`) or
-/// `EADDRINUSE` (the same, when the kernel had to pick the port at bind time).
-pub(crate) fn is_exhausted(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE)
-    )
-}
-
-/// Defers the choice of the local port from `bind` to `connect`, where the kernel knows the
-/// whole 4-tuple: without it every bound socket would hold a port of its own, and one address
-/// would give at most one port range of connections over all members together.
-pub(crate) fn bind_address_no_port(socket: &TcpSocket) -> io::Result<()> {
-    let one: libc::c_int = 1;
-    // SAFETY: the descriptor is a live socket owned by `socket` for the duration of the call;
-    // the option value points to a c_int that outlives the call, and its size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
