@@ -163,7 +163,8 @@ fn net(tag: &str) -> Net {
     }
 }
 
-fn config(source: &str, cert: &str, key: &str) -> String {
+/// The services; `source` for all but the IPv6 one ("tcp6"), which has `source6`.
+fn config_v6(source: &str, source6: &str, cert: &str, key: &str) -> String {
     format!(
         r#"[admin]
 listen = "127.0.0.1:9900"
@@ -181,7 +182,7 @@ name = "tcp6"
 listen = "[fd00:50::1]:7000"
 protocol = "tcp"
 pool = "tcp6"
-source = "{source}"
+source = "{source6}"
 
 [[virtual_service]]
 name = "tcp2"
@@ -231,6 +232,10 @@ reuse = "always"
 address = "{MEMBER_HTTP}"
 "#
     )
+}
+
+fn config(source: &str, cert: &str, key: &str) -> String {
+    config_v6(source, source, cert, key)
 }
 
 /// From the client namespace: connects to `vs` (from `bind` when given, with SO_REUSEADDR),
@@ -539,7 +544,22 @@ fn members_see_the_clients_own_address() {
     assert_eq!(seen.ip().to_string(), FL_MEMBER_SIDE, "after the reload");
     drop(held);
 
-    // Back to source = "client", then a graceful stop: the rule, the route and the table go.
+    // source = "client" on IPv4 services only: no IPv6 rule. Then on the IPv6 one too: the
+    // IPv6 rule is added to the running return path, and IPv6 clients are seen again.
+    let v6_rules = || {
+        fl.ip(&["-6", "rule", "show"])
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    };
+    std::fs::write(
+        f.dir.path().join("fulcrum.toml"),
+        config_v6("client", "local", &cert, &key),
+    )
+    .unwrap();
+    let (code, body) = api_raw(&fl, "POST", "/api/v1/reload", "");
+    assert_eq!(code, 200, "{body}");
+    assert!(rules(&fl).contains("0x46540001"), "{}", rules(&fl));
+    assert!(!v6_rules().contains("0x46540001"), "{}", v6_rules());
     std::fs::write(
         f.dir.path().join("fulcrum.toml"),
         config("client", &cert, &key),
@@ -547,7 +567,14 @@ fn members_see_the_clients_own_address() {
     .unwrap();
     let (code, body) = api_raw(&fl, "POST", "/api/v1/reload", "");
     assert_eq!(code, 200, "{body}");
-    assert!(rules(&fl).contains("0x46540001"), "{}", rules(&fl));
+    assert!(v6_rules().contains("0x46540001"), "{}", v6_rules());
+    let mut held = Vec::new();
+    let (seen, me) = ask_tcp(&client, "[fd00:50::1]:7000", None, &mut held)
+        .unwrap_or_else(|e| panic!("{e}\n{}", f.logs()));
+    assert_eq!(seen, me, "tcp6 after the reload: the member saw {seen}");
+    drop(held);
+
+    // A graceful stop: the rule, the route and the table go.
     let pid = net.lab.pid(f.index).expect("fulcrum's pid").to_string();
     fulcrum_testkit::netns::run("kill", &["-TERM", &pid]).unwrap();
     assert!(
