@@ -483,6 +483,10 @@ fn routed_flows_continue_through_the_new_master_when_the_master_machine_dies() {
 /// The firewall sandwich as two pairs (inside and outside) around two stateful firewalls,
 /// which drop a flow whose first packet they see is not a SYN. Each pair has a VIP on every
 /// firewall's segment (the firewalls route through the pairs' VIPs) and its own sync link.
+/// Unlike the gateway test, this one passes without `conntrack_sync` too (checked): every
+/// namespace shares one kernel, hence one `symhash` seed, so a new master that knows nothing of
+/// a flow hashes it to the same firewall. Two machines seed it differently at boot; there the
+/// copied connection mark is what keeps the flow on its firewall.
 ///
 ///   cl 198.18.200.2 —brl— ia/ib (VIP .1) —bi0— fw0 —bo0— oa/ob (VIP 198.19.0.1) —brs— srv .10
 ///                                        —bi1— fw1 —bo1—
