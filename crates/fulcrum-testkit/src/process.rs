@@ -139,14 +139,20 @@ impl Fulcrum {
                     f.logs()
                 ));
             }
-            if f.token.is_none() {
-                f.token = std::fs::read_to_string(f.token_file())
-                    .ok()
-                    .map(|t| t.trim().to_string())
-                    .filter(|t| !t.is_empty());
-            }
+            let read_token = |f: &mut Fulcrum| {
+                if f.token.is_none() {
+                    f.token = std::fs::read_to_string(f.token_file())
+                        .ok()
+                        .map(|t| t.trim().to_string())
+                        .filter(|t| !t.is_empty());
+                }
+            };
+            read_token(&mut f);
             if let Ok(r) = f.api("GET", "/api/v1/status", None).await {
                 if r.status == 200 {
+                    // The status answers without a token on loopback: the generated one may have
+                    // been written after the read above.
+                    read_token(&mut f);
                     return Ok(f);
                 }
             }

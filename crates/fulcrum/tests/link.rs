@@ -1134,3 +1134,95 @@ pool = "firewalls"
         assert!(text.contains(expected), "{to}: {text}");
     }
 }
+
+/// The link plane's kernel state with the counters taken out (they move with traffic).
+fn link_kernel_text(fl: &Ns) -> String {
+    let mut out = String::new();
+    for args in [
+        &["nft", "list", "table", "inet", "fulcrum_link"][..],
+        &["ip", "rule", "show"][..],
+        &["ip", "route", "show", "table", "all"][..],
+    ] {
+        let o = fl.exec(args[0], &args[1..]).unwrap();
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            let line = match line.find("counter packets") {
+                Some(i) => &line[..i],
+                None => line,
+            };
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refused_after_the_links_were_applied_puts_them_back() {
+    let net = net("lrefuse");
+    let f = start(&net, &config("weighted_round_robin", [3, 1], "")).await;
+    let before = link_kernel_text(&net.fl);
+    assert!(before.contains("fulcrum_link"), "{before}");
+
+    // Another process owns the nftables table the transparency return path needs, so that
+    // step — after the link plane has applied the new weights and a new link policy — refuses.
+    let mut holder = net
+        .fl
+        .command("nft", &["-i"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut holder_in = holder.stdin.take().unwrap();
+    holder_in
+        .write_all(b"add table inet fulcrum_transparent { flags owner; }\n")
+        .unwrap();
+    holder_in.flush().unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let t = net.fl.exec("nft", &["list", "tables"]).unwrap();
+        if String::from_utf8_lossy(&t.stdout).contains("fulcrum_transparent") {
+            break;
+        }
+        assert!(Instant::now() < end, "the holder did not create its table");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let member = fulcrum_testkit::free_addr();
+    let vs = fulcrum_testkit::free_addr();
+    let transparent = format!(
+        "\n[[virtual_service]]\nname = \"seen-from-client\"\nlisten = [\"{vs}\"]\nprotocol = \"tcp\"\nsource = \"client\"\npool = \"app\"\n\n[[pool]]\nname = \"app\"\n[[pool.member]]\naddress = \"{member}\"\n"
+    );
+    f.write_config(&(config("weighted_least_connections", [1, 3], "") + &transparent));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("return path"), "{}", r.text());
+
+    // The ruleset, the rules and the routes are what ran, and so is the API's view.
+    let after = link_kernel_text(&net.fl);
+    let changed = before
+        .lines()
+        .zip(after.lines())
+        .find(|(b, a)| b != a)
+        .map(|(b, a)| format!("was: {b}\nnow: {a}"));
+    assert!(
+        after == before,
+        "the refused reload changed the links' kernel state; first change:\n{}",
+        changed.unwrap_or_else(|| "(a line added or removed)".into())
+    );
+    assert_eq!(link(&f, "a").await["weight"], 3);
+    assert_eq!(link(&f, "b").await["weight"], 1);
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 40)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        seen.get(SNAT_A).copied().unwrap_or(0) + seen.get(SNAT_B).copied().unwrap_or(0),
+        40,
+        "{seen:?}"
+    );
+    drop(holder_in);
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
