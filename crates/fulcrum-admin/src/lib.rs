@@ -96,10 +96,6 @@ pub trait Control: Send + Sync + 'static {
     /// Re-reads and applies the configuration file; on failure the running one stays and the
     /// errors are returned.
     fn reload(&self) -> Result<u64, Vec<String>>;
-    /// As `reload`, for a change `author` made (its history names them).
-    fn reload_by(&self, _author: Author) -> Result<u64, Vec<String>> {
-        self.reload()
-    }
     /// The running configuration file's text and its version (`/api/v1/config`); `None`
     /// when the process runs without a file.
     fn config_text(&self) -> Option<(String, u64)> {

@@ -285,23 +285,12 @@ impl Node {
     }
 
     /// A reload: applies what can change while running — priority, advert interval,
-    /// preemption and its delay, track weight, gratuitous ARP repeat and interval — and returns
-    /// the keys that differ but need a restart (node, interface, vrid, peers, vips: the
-    /// sockets and the addresses are set up with them).
-    pub fn reconfigure(&self, new: &NodeConfig) -> Vec<&'static str> {
+    /// preemption and its delay, track weight, gratuitous ARP repeat and interval. Every other
+    /// key (node, interface, vrid, peers, vips, conntrack_sync: the sockets, addresses and
+    /// daemons are set up with them) keeps its running value until a restart; the binary's HA
+    /// plane names those to the operator.
+    pub fn reconfigure(&self, new: &NodeConfig) {
         let cur = self.shared.cfg.load_full();
-        let pending: Vec<&'static str> = [
-            ("node", new.node != cur.node),
-            ("interface", new.interface != cur.interface),
-            ("vrid", new.vrid != cur.vrid),
-            ("vrrp_version", new.vrrp_version != cur.vrrp_version),
-            ("peers", new.peers != cur.peers),
-            ("vips", new.vips != cur.vips),
-            ("conntrack_sync", new.conntrack != cur.conntrack),
-        ]
-        .into_iter()
-        .filter_map(|(k, differs)| differs.then_some(k))
-        .collect();
         let mut next = (*cur).clone();
         next.priority = new.priority;
         // An interval checked against another VRRP version (VRRPv2 sends whole seconds) waits
@@ -325,7 +314,6 @@ impl Node {
             self.shared.cfg.store(Arc::new(next));
             self.params.send_modify(|g| *g += 1);
         }
-        pending
     }
 
     /// Resigns mastership (priority 0 advert) and removes the VIPs, then returns.

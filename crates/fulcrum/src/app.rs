@@ -477,13 +477,6 @@ impl Control for App {
         self.save_api_state(true);
     }
 
-    fn reload_by(&self, author: fulcrum_admin::Author) -> Result<u64, Vec<String>> {
-        match &self.config_store {
-            Some(store) => store.as_author(author, || self.reload()),
-            None => self.reload(),
-        }
-    }
-
     fn config_text(&self) -> Option<(String, u64)> {
         self.config_store.as_ref().map(|s| s.current())
     }

@@ -152,7 +152,7 @@ impl ConfigStore {
     }
 
     /// Runs `f` (a reload) as a change `author` made.
-    pub fn as_author<T>(&self, author: Author, f: impl FnOnce() -> T) -> T {
+    fn as_author<T>(&self, author: Author, f: impl FnOnce() -> T) -> T {
         *self.pending.lock() = Some(author);
         let r = f();
         self.pending.lock().take();

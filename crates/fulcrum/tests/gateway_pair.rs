@@ -333,13 +333,11 @@ fn hold(lan: &Ns, n: usize) -> Vec<(BufReader<TcpStream>, String)> {
     .unwrap()
 }
 
+/// How a download thread ended (the outer error: the namespace could not be entered).
+type Outcome = std::thread::JoinHandle<Result<Result<(), String>, String>>;
+
 /// A download from `lan` in a thread: its outcome, and the bytes received so far.
-fn download(
-    lan: &Ns,
-) -> (
-    std::thread::JoinHandle<Result<Result<(), String>, String>>,
-    Arc<AtomicU64>,
-) {
+fn download(lan: &Ns) -> (Outcome, Arc<AtomicU64>) {
     let received = Arc::new(AtomicU64::new(0));
     let handle = lan.thread({
         let received = received.clone();

@@ -273,20 +273,19 @@ impl ConfigSync {
         Ok((v == Verdict::PeerAhead && st.taking.is_none() && !refused).then_some(peer))
     }
 
-    /// Takes `peer`'s shared text: written into this node's file around its own sections and
-    /// applied by `reload`; a refused reload puts the file back as it was.
+    /// Takes `peer`'s shared text: merged around this node's own sections and handed to
+    /// `write`, the configuration API's one write path (validated, written, kept in the
+    /// history, applied; a refused apply leaves the file as it was).
     pub fn take(
         &self,
         peer: &PeerConfig,
-        reload: impl FnOnce() -> Result<u64, Vec<String>>,
+        write: impl FnOnce(&str) -> Result<u64, Vec<String>>,
     ) -> Result<u64, Vec<String>> {
         let old = std::fs::read_to_string(&self.file)
             .map_err(|e| vec![format!("cannot read {}: {e}", self.file.display())])?;
         let merged = shared::with_shared(&old, &peer.shared).map_err(|e| vec![e])?;
-        crate::state_file::write_bytes(&self.file, merged.as_bytes())
-            .map_err(|e| vec![format!("cannot write {}: {e}", self.file.display())])?;
         self.state.lock().taking = Some(peer.lineage.clone());
-        let r = reload();
+        let r = write(&merged);
         let mut st = self.state.lock();
         st.taking = None;
         match &r {
@@ -295,9 +294,6 @@ impl ConfigSync {
                 tracing::info!(peer = %peer.node, seq = peer.head().seq, origin = %peer.head().origin, "config_sync: took the peer's configuration");
             }
             Err(errors) => {
-                if let Err(e) = crate::state_file::write_bytes(&self.file, old.as_bytes()) {
-                    tracing::error!(error = %e, "config_sync: cannot restore the file after a refused version");
-                }
                 st.refused = Some((peer.head().id.clone(), errors.join("; ")));
                 tracing::error!(peer = %peer.node, errors = %errors.join("; "), "config_sync: the peer's configuration is refused here; this node keeps its own");
             }
@@ -421,7 +417,9 @@ mod tests {
             .unwrap()
             .expect("b takes a's change");
         assert_eq!(b.status()["behind"], "local");
-        let r = b.take(&take, || {
+        // The write path writes the merged text, then applies it.
+        let r = b.take(&take, |text| {
+            std::fs::write(&fb, text).unwrap();
             b.applied();
             Ok(2)
         });
@@ -438,12 +436,12 @@ mod tests {
         let b2 = ConfigSync::open("b", &fb).unwrap();
         assert!(b2.received(&a.document()).unwrap().is_none());
         assert_eq!(b2.status()["state"], "in_sync");
-        // A version b refuses leaves b's file as it was and is not retried.
+        // A version b refuses (the write path put the file back) is not retried.
         std::fs::write(&fa, format!("{FILE}[[pool]]\nname = \"bad\"\n")).unwrap();
         a.applied();
         let take = b2.received(&a.document()).unwrap().unwrap();
         let before = std::fs::read_to_string(&fb).unwrap();
-        assert!(b2.take(&take, || Err(vec!["port in use".into()])).is_err());
+        assert!(b2.take(&take, |_| Err(vec!["port in use".into()])).is_err());
         assert_eq!(std::fs::read_to_string(&fb).unwrap(), before);
         assert!(b2.received(&a.document()).unwrap().is_none());
         assert_eq!(b2.status()["refused"], "port in use");

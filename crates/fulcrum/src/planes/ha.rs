@@ -136,11 +136,12 @@ pub struct HaPlane {
     flows: OnceLock<Arc<crate::planes::xdp::FlowSync>>,
     /// `[ha] config_sync`: the shared part of the configuration file kept the same on both nodes.
     config_sync: Arc<OnceLock<Arc<ConfigSync>>>,
-    /// Applies the configuration file again (the app's reload), for a peer's text an operator adopts.
-    reload: OnceLock<Reload>,
+    /// Writes a peer's text through the configuration API's write path, for a version taken or adopted.
+    write_config: OnceLock<WriteConfig>,
 }
 
-type Reload = Arc<dyn Fn() -> Result<u64, Vec<String>> + Send + Sync>;
+/// Writes a whole configuration text through the configuration API's write path.
+type WriteConfig = Arc<dyn Fn(&str) -> Result<u64, Vec<String>> + Send + Sync>;
 
 /// What a reload will change in the HA node, prepared before the reload is applied.
 #[derive(Default)]
@@ -289,13 +290,13 @@ fn document(
 
 /// Takes a peer's configuration on a blocking thread (a reload waits on the planes), once at a
 /// time (`ConfigSync::received` offers nothing while a take runs).
-fn take_peer_config(cs: Arc<ConfigSync>, peer: PeerConfig, reload: Reload) {
+fn take_peer_config(cs: Arc<ConfigSync>, peer: PeerConfig, write: WriteConfig) {
     tokio::task::spawn_blocking(move || {
         let mut next = Some(peer);
         // Bounded: each round takes a newer version than the last.
         for _ in 0..16 {
             let Some(peer) = next.take() else { break };
-            let _ = cs.take(&peer, || reload());
+            let _ = cs.take(&peer, |text| write(text));
             next = cs.still_behind();
         }
     });
@@ -555,14 +556,14 @@ impl HaPlane {
                 Err(e) => (409, json!({ "error": e })),
             },
             Some("peer") => {
-                let (Some(peer), Some(reload)) = (cs.peer(), self.reload.get()) else {
+                let (Some(peer), Some(write)) = (cs.peer(), self.write_config.get()) else {
                     return (
                         409,
                         json!({ "error": "no configuration from the peer yet" }),
                     );
                 };
                 // A reload blocks on the planes: off this worker's other tasks meanwhile.
-                match tokio::task::block_in_place(|| cs.take(&peer, || reload())) {
+                match tokio::task::block_in_place(|| cs.take(&peer, |text| write(text))) {
                     Ok(_) => (200, cs.status()),
                     Err(errors) => (400, json!({ "errors": errors })),
                 }
@@ -597,16 +598,26 @@ impl HaPlane {
             let cs = ConfigSync::open(&node, file).map_err(|e| format!("config_sync: {e}"))?;
             let _ = self.config_sync.set(Arc::new(cs));
             let c = control.clone();
-            let _ = self.reload.set(Arc::new(move || match c.upgrade() {
-                Some(c) => c.reload_by(fulcrum_admin::Author {
+            let _ = self.write_config.set(Arc::new(move |text: &str| {
+                let Some(c) = c.upgrade() else {
+                    return Err(vec!["shutting down".into()]);
+                };
+                let author = fulcrum_admin::Author {
                     who: "peer".into(),
                     from: "config_sync".into(),
-                }),
-                None => Err(vec!["shutting down".into()]),
+                };
+                match c.config_write(text, None, false, author) {
+                    Ok(w) => Ok(w.generation.unwrap_or_else(|| c.generation())),
+                    Err(fulcrum_admin::ConfigRefusal::Invalid(errors)) => Err(errors),
+                    Err(fulcrum_admin::ConfigRefusal::Unavailable(e)) => Err(vec![e]),
+                    Err(fulcrum_admin::ConfigRefusal::Stale { current }) => {
+                        Err(vec![format!("version {current} changed meanwhile")])
+                    }
+                }
             }));
         }
         let config_sync = self.config_sync.clone();
-        let reload = self.reload.get().cloned();
+        let write_config = self.write_config.get().cloned();
         let changed_at = self.changed_at.clone();
         let c = control.clone();
         let (me, republish) = (node.clone(), self.sync.clone());
@@ -638,10 +649,10 @@ impl HaPlane {
             let Some(control) = c.upgrade() else {
                 return Ok(());
             };
-            if let (Some(cs), Some(reload)) = (config_sync.get(), &reload) {
+            if let (Some(cs), Some(write)) = (config_sync.get(), &write_config) {
                 if !doc["config"].is_null() {
                     if let Some(peer) = cs.received(&doc["config"])? {
-                        take_peer_config(cs.clone(), peer, reload.clone());
+                        take_peer_config(cs.clone(), peer, write.clone());
                     }
                 }
             }
