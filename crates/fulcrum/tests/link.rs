@@ -1140,8 +1140,10 @@ fn link_kernel_text(fl: &Ns) -> String {
     let mut out = String::new();
     for args in [
         &["nft", "list", "table", "inet", "fulcrum_link"][..],
-        &["ip", "rule", "show"][..],
-        &["ip", "route", "show", "table", "all"][..],
+        // IPv4 only (the link plane's family): IPv6 link-local routes appear on their own
+        // once duplicate address detection ends.
+        &["ip", "-4", "rule", "show"][..],
+        &["ip", "-4", "route", "show", "table", "all"][..],
     ] {
         let o = fl.exec(args[0], &args[1..]).unwrap();
         for line in String::from_utf8_lossy(&o.stdout).lines() {
