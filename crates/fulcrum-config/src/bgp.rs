@@ -3,6 +3,8 @@
 //! the nodes with ECMP. The contract keys (`speaker`, `control`, `announce`) plus
 //! Fulcrum additions (`include`, `interface`), documented in docs/configuration.md "Scale-out".
 
+use std::time::Duration;
+
 use ipnet::IpNet;
 
 use crate::reader::{Cx, FromNode, Node, Shape};
@@ -56,6 +58,94 @@ pub struct Bgp {
     pub include: String,
     /// The liveness interface (a TUN device held open by the process).
     pub interface: String,
+    /// Also export the healthy prefixes into OSPF through the same BIRD (speaker = "bird").
+    pub ospf: Option<BgpOspf>,
+}
+
+/// `[bgp] ospf`: BIRD's OSPF (v2 for IPv4, v3 for IPv6) in `area` on `interfaces`, exporting
+/// the prefixes as external type-1 routes: at `cost` while this node serves them, at
+/// `drain_cost` while it is in maintenance (BGP withdraws them then; OSPF keeps them reachable
+/// at a cost the other nodes beat).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BgpOspf {
+    /// Dotted quad ("0.0.0.0") or a number.
+    pub area: String,
+    pub interfaces: Vec<String>,
+    pub cost: u32,
+    pub drain_cost: u32,
+    /// Hello interval and dead interval (both sides of an adjacency must agree).
+    pub hello: Duration,
+    pub dead: Duration,
+    /// "broadcast" (elects a designated router first) or "ptp" (a point-to-point link).
+    pub network: String,
+}
+
+/// OSPF's external metrics are 24 bits (RFC 2328 A.4.5).
+const OSPF_MAX_METRIC: u32 = 0xff_ffff;
+
+impl FromNode for BgpOspf {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let area: String = t.opt(cx, "area").unwrap_or_else(|| "0.0.0.0".to_string());
+            if let Some(n) = t.node("area") {
+                let ok = area.parse::<std::net::Ipv4Addr>().is_ok() || area.parse::<u32>().is_ok();
+                if !ok {
+                    cx.error(&n, "expected an area id, dotted (\"0.0.0.0\") or a number");
+                }
+            }
+            let interfaces: Option<Vec<String>> = t.req(cx, "interfaces");
+            if let (Some(list), Some(n)) = (&interfaces, t.node("interfaces")) {
+                if list.is_empty() {
+                    cx.error(&n, "list the interfaces OSPF runs on, such as [\"eth0\"]");
+                }
+                for i in list {
+                    if !crate::types::ifname_ok(i) {
+                        cx.error(
+                            &n,
+                            format!("{i:?} is not an interface name: expected 1 to 15 characters of letters, digits, '.', '_' and '-'"),
+                        );
+                    }
+                }
+            }
+            let cost: u32 = t.opt(cx, "cost").unwrap_or(10);
+            let drain_cost: u32 = t.opt(cx, "drain_cost").unwrap_or(60_000);
+            for (key, v) in [("cost", cost), ("drain_cost", drain_cost)] {
+                if let (true, Some(n)) = (v == 0 || v > OSPF_MAX_METRIC, t.node(key)) {
+                    cx.error(&n, format!("{key} must be from 1 to {OSPF_MAX_METRIC} (OSPF external metrics are 24 bits)"));
+                }
+            }
+            if let (true, Some(n)) = (drain_cost <= cost, t.node("drain_cost")) {
+                cx.error(&n, "drain_cost must be higher than cost (it moves traffic away from a node in maintenance)");
+            }
+            let hello: Duration = t.opt(cx, "hello").unwrap_or(Duration::from_secs(10));
+            let dead: Duration = t.opt(cx, "dead").unwrap_or(hello * 4);
+            for (key, v) in [("hello", hello), ("dead", dead)] {
+                let whole = v.subsec_nanos() == 0 && v >= Duration::from_secs(1);
+                if let (false, Some(n)) = (whole && v <= Duration::from_secs(65535), t.node(key)) {
+                    cx.error(&n, format!("{key} must be whole seconds from 1s to 65535s"));
+                }
+            }
+            if let (true, Some(n)) = (dead <= hello, t.node("dead")) {
+                cx.error(&n, "dead must be longer than hello");
+            }
+            let network: String = t.opt(cx, "network").unwrap_or_else(|| "broadcast".into());
+            if let (false, Some(n)) = (
+                matches!(network.as_str(), "broadcast" | "ptp"),
+                t.node("network"),
+            ) {
+                cx.error(&n, "expected \"broadcast\" or \"ptp\"");
+            }
+            Some(BgpOspf {
+                area,
+                interfaces: interfaces?,
+                cost,
+                drain_cost,
+                hello,
+                dead,
+                network,
+            })
+        })
+    }
 }
 
 impl FromNode for Bgp {
@@ -95,7 +185,7 @@ impl FromNode for Bgp {
                 }
             }
             if speaker == Some(BgpSpeaker::Gobgp) {
-                for key in ["include", "interface"] {
+                for key in ["include", "interface", "ospf"] {
                     if let Some(n) = t.node(key) {
                         cx.error(
                             &n,
@@ -132,6 +222,7 @@ impl FromNode for Bgp {
                 }
             }
             Some(Bgp {
+                ospf: t.opt(cx, "ospf"),
                 speaker: speaker?,
                 control: control?,
                 announce: announce?,
@@ -148,6 +239,38 @@ mod tests {
 
     fn parse(text: &str) -> Result<crate::Config, Vec<String>> {
         crate::parse(text, "t.toml", std::path::Path::new("/etc/fulcrum")).map_err(|e| e.messages())
+    }
+
+    #[test]
+    fn ospf_is_read_with_defaults_and_its_errors_are_located() {
+        let base = "[bgp]\nspeaker = \"bird\"\ncontrol = \"/run/bird/bird.ctl\"\nannounce = [\"10.0.0.1/32\"]\n";
+        let c = parse(&format!("{base}ospf = {{ interfaces = [\"eth0\"] }}\n")).expect("parses");
+        let o = c.bgp.expect("bgp").ospf.expect("ospf");
+        assert_eq!(o.area, "0.0.0.0");
+        assert_eq!((o.cost, o.drain_cost), (10, 60_000));
+        assert_eq!(
+            (o.hello, o.dead),
+            (Duration::from_secs(10), Duration::from_secs(40))
+        );
+        assert_eq!(o.network, "broadcast");
+        let e = parse(&format!(
+            "{base}ospf = {{ area = \"x\", interfaces = [\"eth 0\"], cost = 0, drain_cost = 0, hello = \"500ms\", network = \"nbma\" }}\n"
+        ))
+        .expect_err("refused")
+        .join("\n");
+        for want in [
+            "bgp.ospf.area: expected an area id",
+            "bgp.ospf.interfaces: \"eth 0\" is not an interface name",
+            "bgp.ospf.cost: cost must be from 1 to 16777215",
+            "bgp.ospf.drain_cost: drain_cost must be higher than cost",
+            "bgp.ospf.hello: hello must be whole seconds",
+            "bgp.ospf.network: expected \"broadcast\" or \"ptp\"",
+        ] {
+            assert!(e.contains(want), "{want}\n{e}");
+        }
+        let gobgp = "[bgp]\nspeaker = \"gobgp\"\nannounce = [\"10.0.0.1/32\"]\nospf = { interfaces = [\"eth0\"] }\n";
+        let e = parse(gobgp).expect_err("gobgp has no ospf").join("\n");
+        assert!(e.contains("bgp.ospf: only for speaker = \"bird\""), "{e}");
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub use accel::{CompressionLevels, Keepalive, KeepaliveSetting, TcpTuning, TCP_T
 pub use access::AccessList;
 pub use admin::{token_problem, token_too_short, Admin, DEFAULT_TOKEN_FILE, MIN_TOKEN_LEN};
 pub use alert::{AlertEvent, AlertRule, Smtp};
-pub use bgp::{Bgp, BgpSpeaker, DEFAULT_BGP_INCLUDE, DEFAULT_BGP_INTERFACE};
+pub use bgp::{Bgp, BgpOspf, BgpSpeaker, DEFAULT_BGP_INCLUDE, DEFAULT_BGP_INTERFACE};
 pub use dns::{Dns, RateLimit, Zone};
 pub use elastic::{Elastic, ElasticOn};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};

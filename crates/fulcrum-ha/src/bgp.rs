@@ -57,6 +57,23 @@ const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 /// The static protocols in the fragment, by family (the operator's BGP export filters name them).
 pub const PROTOCOL_V4: &str = "fulcrum4";
 pub const PROTOCOL_V6: &str = "fulcrum6";
+/// With OSPF: the prefixes of a node in maintenance, exported into OSPF only, at the drain cost.
+pub const DRAINING_V4: &str = "fulcrum4d";
+pub const DRAINING_V6: &str = "fulcrum6d";
+
+/// `[bgp] ospf` (BIRD only): the prefixes also go into OSPF as external type-1 routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ospf {
+    pub area: String,
+    pub interfaces: Vec<String>,
+    pub cost: u32,
+    pub drain_cost: u32,
+    /// Seconds.
+    pub hello: u64,
+    pub dead: u64,
+    /// BIRD's interface type: "broadcast" or "ptp".
+    pub network: String,
+}
 
 /// One line of a BIRD control-socket reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,19 +292,66 @@ async fn read_line_bounded<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
-/// The configuration fragment announcing `prefixes` through `interface`.
-pub fn render(interface: &str, prefixes: &BTreeSet<IpNet>) -> String {
+/// What the fragment says: the prefixes announced, and (with OSPF) those of a node in
+/// maintenance, which OSPF keeps at the drain cost while BGP withdraws them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub serving: BTreeSet<IpNet>,
+    pub draining: BTreeSet<IpNet>,
+}
+
+/// The configuration fragment: the prefixes through `interface`, and the OSPF instances.
+pub fn render(interface: &str, d: &Decision, ospf: Option<&Ospf>) -> String {
     let mut out = String::from(
         "# Written by Fulcrum ([bgp]): the prefixes it announces now. Do not edit; it is\n\
          # rewritten on every change. Routes point at Fulcrum's liveness interface, so they\n\
          # vanish when the Fulcrum process ends.\n",
     );
-    for (name, family, v6) in [(PROTOCOL_V4, "ipv4", false), (PROTOCOL_V6, "ipv6", true)] {
+    let statics = |out: &mut String, name: &str, family: &str, v6: bool, set: &BTreeSet<IpNet>| {
         out.push_str(&format!("protocol static {name} {{\n  {family};\n"));
-        for p in prefixes.iter().filter(|p| p.addr().is_ipv6() == v6) {
+        for p in set.iter().filter(|p| p.addr().is_ipv6() == v6) {
             out.push_str(&format!("  route {} via \"{interface}\";\n", p.trunc()));
         }
         out.push_str("}\n");
+    };
+    for (name, family, v6) in [(PROTOCOL_V4, "ipv4", false), (PROTOCOL_V6, "ipv6", true)] {
+        statics(&mut out, name, family, v6, &d.serving);
+    }
+    let Some(o) = ospf else { return out };
+    let interfaces = o
+        .interfaces
+        .iter()
+        .map(|i| format!("\"{i}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for (proto, version, family, serving, draining, v6) in [
+        (
+            "fulcrum_ospf4",
+            "v2",
+            "ipv4",
+            PROTOCOL_V4,
+            DRAINING_V4,
+            false,
+        ),
+        (
+            "fulcrum_ospf6",
+            "v3",
+            "ipv6",
+            PROTOCOL_V6,
+            DRAINING_V6,
+            true,
+        ),
+    ] {
+        statics(&mut out, draining, family, v6, &d.draining);
+        out.push_str(&format!(
+            "protocol ospf {version} {proto} {{\n  {family} {{\n    import none;\n    export filter {{\n      if proto = \"{serving}\" then {{ ospf_metric1 = {cost}; accept; }}\n      if proto = \"{draining}\" then {{ ospf_metric1 = {drain}; accept; }}\n      reject;\n    }};\n  }};\n  area {area} {{\n    interface {interfaces} {{\n      type {network};\n      hello {hello};\n      dead {dead};\n    }};\n  }};\n}}\n",
+            cost = o.cost,
+            drain = o.drain_cost,
+            area = o.area,
+            network = o.network,
+            hello = o.hello,
+            dead = o.dead,
+        ));
     }
     out
 }
@@ -396,6 +460,8 @@ pub enum SpeakerConfig {
         include: PathBuf,
         /// The liveness interface.
         interface: String,
+        /// Also into OSPF.
+        ospf: Option<Ospf>,
     },
     Gobgp {
         /// gobgpd's gRPC API (host:port).
@@ -425,11 +491,12 @@ pub(crate) type Report<'a> = &'a (dyn Fn(String) + Sync);
 pub(crate) trait SpeakerOps: Send + 'static {
     /// `speaker` in the API.
     const NAME: &'static str;
-    /// Makes the daemon announce exactly `want` (a subset of `configured`), connecting first
-    /// when needed; called every interval, so a daemon that was down catches up.
+    /// Makes the daemon announce exactly `want.serving` (a subset of `configured`), and the
+    /// draining prefixes where it has a way to (OSPF's cost), connecting first when needed;
+    /// called every interval, so a daemon that was down catches up.
     fn announce(
         &mut self,
-        want: &BTreeSet<IpNet>,
+        want: &Decision,
         configured: &[IpNet],
         report: Report<'_>,
     ) -> impl Future<Output = ()> + Send;
@@ -533,8 +600,9 @@ impl Announcer {
                 control,
                 include,
                 interface,
+                ospf,
             } => tokio::spawn(run(
-                Bird::new(control, include, interface),
+                Bird::new(control, include, interface, ospf),
                 config.interval,
                 desired,
                 shared.clone(),
@@ -657,19 +725,21 @@ struct Bird {
     client: Option<BirdClient>,
     version: Option<String>,
     link: Option<LivenessLink>,
+    ospf: Option<Ospf>,
     /// What BIRD has accepted; `None` until the first successful configure on a connection.
-    applied: Option<BTreeSet<IpNet>>,
+    applied: Option<Decision>,
     /// What the file says.
-    written: Option<BTreeSet<IpNet>>,
+    written: Option<Decision>,
     reachable: bool,
 }
 
 impl Bird {
-    fn new(control: PathBuf, include: PathBuf, interface: String) -> Bird {
+    fn new(control: PathBuf, include: PathBuf, interface: String, ospf: Option<Ospf>) -> Bird {
         Bird {
             control,
             include,
             interface,
+            ospf,
             client: None,
             version: None,
             link: None,
@@ -683,14 +753,21 @@ impl Bird {
 impl SpeakerOps for Bird {
     const NAME: &'static str = "bird";
 
-    async fn announce(
-        &mut self,
-        want: &BTreeSet<IpNet>,
-        _configured: &[IpNet],
-        report: Report<'_>,
-    ) {
+    async fn announce(&mut self, want: &Decision, _configured: &[IpNet], report: Report<'_>) {
+        // Without OSPF there is nowhere to keep draining prefixes: the file stays as it is.
+        let want = &Decision {
+            serving: want.serving.clone(),
+            draining: if self.ospf.is_some() {
+                want.draining.clone()
+            } else {
+                BTreeSet::new()
+            },
+        };
         if self.written.as_ref() != Some(want) {
-            match write_atomically(&self.include, &render(&self.interface, want)) {
+            match write_atomically(
+                &self.include,
+                &render(&self.interface, want, self.ospf.as_ref()),
+            ) {
                 Ok(()) => self.written = Some(want.clone()),
                 Err(e) => report(format!("cannot write {}: {e}", self.include.display())),
             }
@@ -757,7 +834,7 @@ impl SpeakerOps for Bird {
     }
 
     fn announced(&self) -> Option<BTreeSet<IpNet>> {
-        self.applied.clone()
+        self.applied.as_ref().map(|d| d.serving.clone())
     }
 
     fn reachable(&self) -> bool {
@@ -784,10 +861,17 @@ async fn run<S: SpeakerOps>(
         let maintenance = shared.maintenance.load(Ordering::Acquire);
         let view = desired();
         let configured: Vec<IpNet> = view.iter().map(|(p, _)| *p).collect();
-        let want: BTreeSet<IpNet> = if stopping || maintenance {
-            BTreeSet::new()
-        } else {
-            view.iter().filter(|(_, h)| *h).map(|(p, _)| *p).collect()
+        let healthy: BTreeSet<IpNet> = view.iter().filter(|(_, h)| *h).map(|(p, _)| *p).collect();
+        let want = match (stopping, maintenance) {
+            (true, _) => Decision::default(),
+            (false, true) => Decision {
+                serving: BTreeSet::new(),
+                draining: healthy,
+            },
+            (false, false) => Decision {
+                serving: healthy,
+                draining: BTreeSet::new(),
+            },
         };
         speaker.announce(&want, &configured, &report).await;
         if speaker.reachable() && !stopping && sessions_at.elapsed() >= SESSIONS_EVERY {
@@ -930,7 +1014,12 @@ mod tests {
             .iter()
             .map(|s| s.parse().expect("prefix"))
             .collect();
-        let text = render("fulcrum-bgp", &set);
+        let d = Decision {
+            serving: set.clone(),
+            draining: BTreeSet::new(),
+        };
+        let text = render("fulcrum-bgp", &d, None);
+        assert!(!text.contains("ospf"), "{text}");
         let v4 = text
             .split("protocol static fulcrum6")
             .next()
@@ -941,8 +1030,47 @@ mod tests {
         assert!(!v4.contains("2001:db8"));
         assert!(text.contains("protocol static fulcrum6 {\n  ipv6;\n  route 2001:db8::10/128 via \"fulcrum-bgp\";\n}\n"));
         // Nothing announced: both protocols stay (the operator's filters name them), empty.
-        let empty = render("x", &BTreeSet::new());
+        let empty = render("x", &Decision::default(), None);
         assert!(empty.contains("protocol static fulcrum4 {\n  ipv4;\n}\n"));
         assert!(empty.contains("protocol static fulcrum6 {\n  ipv6;\n}\n"));
+    }
+
+    #[test]
+    fn with_ospf_draining_prefixes_get_their_own_protocol_and_the_drain_cost() {
+        let ospf = Ospf {
+            area: "0.0.0.0".into(),
+            interfaces: vec!["eth0".into(), "eth1".into()],
+            cost: 10,
+            drain_cost: 60000,
+            hello: 1,
+            dead: 3,
+            network: "ptp".into(),
+        };
+        let d = Decision {
+            serving: BTreeSet::new(),
+            draining: ["198.51.100.10/32".parse().expect("prefix")].into(),
+        };
+        let text = render("fulcrum-bgp", &d, Some(&ospf));
+        // BGP's protocol is empty (maintenance withdraws); OSPF's draining one has the prefix.
+        assert!(
+            text.contains("protocol static fulcrum4 {\n  ipv4;\n}\n"),
+            "{text}"
+        );
+        assert!(text.contains("protocol static fulcrum4d {\n  ipv4;\n  route 198.51.100.10/32 via \"fulcrum-bgp\";\n}\n"), "{text}");
+        assert!(text.contains("protocol ospf v2 fulcrum_ospf4 {"), "{text}");
+        assert!(
+            text.contains("if proto = \"fulcrum4\" then { ospf_metric1 = 10; accept; }"),
+            "{text}"
+        );
+        assert!(
+            text.contains("if proto = \"fulcrum4d\" then { ospf_metric1 = 60000; accept; }"),
+            "{text}"
+        );
+        assert!(text.contains("protocol ospf v3 fulcrum_ospf6 {"), "{text}");
+        assert!(
+            text.contains("  area 0.0.0.0 {\n    interface \"eth0\", \"eth1\" {\n      type ptp;\n      hello 1;\n      dead 3;\n    };\n  };"),
+            "{text}"
+        );
+        assert_eq!(text.matches('{').count(), text.matches('}').count());
     }
 }

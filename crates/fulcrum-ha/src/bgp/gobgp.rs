@@ -40,7 +40,7 @@ use ipnet::IpNet;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint};
 
-use super::{BgpStatus, Report, Session, SpeakerOps, SESSIONS_EVERY};
+use super::{BgpStatus, Decision, Report, Session, SpeakerOps, SESSIONS_EVERY};
 
 /// How long one gRPC call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -753,7 +753,9 @@ impl Gobgp {
 impl SpeakerOps for Gobgp {
     const NAME: &'static str = "gobgp";
 
-    async fn announce(&mut self, want: &BTreeSet<IpNet>, configured: &[IpNet], report: Report<'_>) {
+    async fn announce(&mut self, want: &Decision, configured: &[IpNet], report: Report<'_>) {
+        // GoBGP has no cost to raise: a node in maintenance withdraws.
+        let want = &want.serving;
         let watched = self.ensure_watchdog(report);
         if self.client.is_none() {
             match GobgpClient::new(&self.address) {

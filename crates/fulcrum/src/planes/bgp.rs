@@ -135,6 +135,15 @@ pub fn start<C: Control>(bgp: &Bgp, maintenance: bool, control: Weak<C>) -> Anno
             control: PathBuf::from(&bgp.control),
             include: PathBuf::from(&bgp.include),
             interface: bgp.interface.clone(),
+            ospf: bgp.ospf.as_ref().map(|o| fulcrum_ha::bgp::Ospf {
+                area: o.area.clone(),
+                interfaces: o.interfaces.clone(),
+                cost: o.cost,
+                drain_cost: o.drain_cost,
+                hello: o.hello.as_secs(),
+                dead: o.dead.as_secs(),
+                network: o.network.clone(),
+            }),
         },
         BgpSpeaker::Gobgp => SpeakerConfig::Gobgp {
             address: bgp.control.clone(),
