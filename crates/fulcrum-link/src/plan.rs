@@ -520,11 +520,10 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
     for o in &plan.outbounds {
         if let Some(p) = o.dns_proxy {
             let k = o.index;
-            // UDP only: a truncated answer sends the client to TCP, which leaves by its
-            // flow's link like any other flow.
+            // UDP and TCP: a client sent to TCP by a truncated answer is proxied the same way.
             let _ = writeln!(
                 s,
-                "    ip saddr @src_{k} ip daddr != {ip} udp dport 53 dnat ip to {p}",
+                "    ip saddr @src_{k} ip daddr != {ip} meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {p}",
                 ip = p.ip()
             );
         }
@@ -541,7 +540,7 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         if let Some(p) = o.dns_proxy {
             let _ = writeln!(
                 s,
-                "    ip daddr {ip} udp dport {port} ip saddr @src_{k} fib saddr . iif oif exists accept",
+                "    ip daddr {ip} meta l4proto {{ tcp, udp }} th dport {port} ip saddr @src_{k} fib saddr . iif oif exists accept",
                 ip = p.ip(),
                 port = p.port(),
                 k = o.index
@@ -552,7 +551,7 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         if let Some(p) = o.dns_proxy {
             let _ = writeln!(
                 s,
-                "    ip daddr {ip} udp dport {port} counter name {c} drop",
+                "    ip daddr {ip} meta l4proto {{ tcp, udp }} th dport {port} counter name {c} drop",
                 ip = p.ip(),
                 port = p.port(),
                 c = dns_refused_counter(o.index)

@@ -653,43 +653,75 @@ async fn bandwidth_ratio_spillover_and_busy_control_follow_measured_rates() {
     drop(f);
 }
 
-/// A resolver in `ns` at `addr` that answers every A query with the address the query came
-/// from, with TTL `ttl` (which says which resolver answered).
+/// A resolver in `ns` at `addr` (UDP and TCP) that answers every A query with the address the
+/// query came from, with TTL `ttl` (which says which resolver answered).
 fn resolver(ns: &Ns, addr: &'static str, ttl: u32, stop: Arc<AtomicBool>) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let tcp_stop = stop.clone();
     ns.thread(move || {
         let s = std::net::UdpSocket::bind(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
+        let l = TcpListener::bind(addr).unwrap();
+        l.set_nonblocking(true).unwrap();
         tx.send(()).unwrap();
+        std::thread::spawn(move || {
+            while !tcp_stop.load(Ordering::Relaxed) {
+                let Ok((mut c, from)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut len = [0u8; 2];
+                let mut query = Vec::new();
+                let read = std::io::Read::read_exact(&mut c, &mut len).and_then(|()| {
+                    query.resize(usize::from(u16::from_be_bytes(len)), 0);
+                    std::io::Read::read_exact(&mut c, &mut query)
+                });
+                if let (Ok(()), Some(out)) = (read, dns_answer(&query, from.ip(), ttl)) {
+                    let mut framed = (out.len() as u16).to_be_bytes().to_vec();
+                    framed.extend_from_slice(&out);
+                    let _ = c.write_all(&framed);
+                }
+            }
+        });
         let mut buf = [0u8; 512];
         while !stop.load(Ordering::Relaxed) {
             let Ok((n, from)) = s.recv_from(&mut buf) else {
                 continue;
             };
-            if n < 12 {
-                continue;
+            if let Some(out) = dns_answer(&buf[..n], from.ip(), ttl) {
+                let _ = s.send_to(&out, from);
             }
-            // Header: same ID, QR + RD + RA, one question, one answer; then the question as
-            // asked (up to the end of its name, type and class: no EDNS OPT kept).
-            let mut q_end = 12;
-            while q_end < n && buf[q_end] != 0 {
-                q_end += usize::from(buf[q_end]) + 1;
-            }
-            q_end += 5;
-            let mut out = vec![buf[0], buf[1], 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0];
-            out.extend_from_slice(&buf[12..q_end.min(n)]);
-            out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
-            out.extend_from_slice(&ttl.to_be_bytes());
-            out.extend_from_slice(&[0, 4]);
-            match from.ip() {
-                std::net::IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
-                std::net::IpAddr::V6(_) => continue,
-            }
-            let _ = s.send_to(&out, from);
         }
     });
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
+}
+
+/// The test resolver's answer to `query`: the asker's IPv4 address with TTL `ttl`.
+fn dns_answer(query: &[u8], from: std::net::IpAddr, ttl: u32) -> Option<Vec<u8>> {
+    let n = query.len();
+    if n < 12 {
+        return None;
+    }
+    // Header: same ID, QR + RD + RA, one question, one answer; then the question as asked (up
+    // to the end of its name, type and class: no EDNS OPT kept).
+    let mut q_end = 12;
+    while q_end < n && query[q_end] != 0 {
+        q_end += usize::from(query[q_end]) + 1;
+    }
+    q_end += 5;
+    let mut out = vec![query[0], query[1], 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0];
+    out.extend_from_slice(&query[12..q_end.min(n)]);
+    out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+    out.extend_from_slice(&ttl.to_be_bytes());
+    out.extend_from_slice(&[0, 4]);
+    match from {
+        std::net::IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
+        std::net::IpAddr::V6(_) => return None,
+    }
+    Some(out)
 }
 
 /// `dig` from the LAN to a resolver address that exists nowhere: (ttl, address) of the answer.
@@ -699,6 +731,11 @@ fn dig(lan: &Ns) -> (String, String) {
 
 /// `dig` from the LAN to `resolver`: (ttl, address) of the answer, `None` without one.
 fn dig_at(lan: &Ns, resolver: &str) -> Option<(String, String)> {
+    dig_with(lan, resolver, "+notcp")
+}
+
+/// As `dig_at`, with one more dig option (`+tcp`: the query over TCP).
+fn dig_with(lan: &Ns, resolver: &str, option: &str) -> Option<(String, String)> {
     let out = lan
         .exec(
             "dig",
@@ -708,6 +745,7 @@ fn dig_at(lan: &Ns, resolver: &str) -> Option<(String, String)> {
                 "+tries=1",
                 "+time=1",
                 "+noedns",
+                option,
                 &format!("@{resolver}"),
                 "www.example.test",
                 "A",
@@ -746,9 +784,16 @@ async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_
         )
     };
     let f = start(&net, &with_resolvers([1, 0])).await;
-    // Every query leaves by link a to a's resolver, which sees a's SNAT address.
+    // Every query leaves by link a to a's resolver, which sees a's SNAT address; over TCP too.
     for _ in 0..5 {
         assert_eq!(dig(&net.lan), ("53".to_string(), SNAT_A.to_string()));
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            dig_with(&net.lan, "198.19.9.9", "+tcp"),
+            Some(("53".to_string(), SNAT_A.to_string())),
+            "a TCP query through the proxy"
+        );
     }
     // The proxy serves its LAN only: the same query from the WAN side (isp0, routed to the
     // proxy's address) gets no answer, and is counted; the LAN's still does.
@@ -780,6 +825,10 @@ async fn dns_proxy_uses_the_chosen_links_resolver_and_a_restart_replaces_what_a_
     for _ in 0..5 {
         assert_eq!(dig(&net.lan), ("54".to_string(), SNAT_B.to_string()));
     }
+    assert_eq!(
+        dig_with(&net.lan, "198.19.9.9", "+tcp"),
+        Some(("54".to_string(), SNAT_B.to_string()))
+    );
 
     // Killed without a chance to clean up: the nftables table dies with the process (its
     // netlink socket owned it), so the LAN's DNS is no longer redirected to a proxy that is
