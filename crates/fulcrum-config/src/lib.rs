@@ -70,7 +70,7 @@ pub use persistence::{
 pub use pool::{HashKey, Pool, Reuse, SlowStart, UpstreamTls};
 pub use protocol::{Protocol, ProxyProtocol};
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
-pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction};
+pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction, TimeRange};
 pub use schema::*;
 pub use service::{ServiceKind, VirtualService};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
