@@ -57,9 +57,9 @@ pub use http::{
 };
 pub use iptable::{IpTable, CONTINENTS};
 pub use link::{
-    parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
-    LinkTarget, Outbound, OutboundPersistence, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
-    MAX_LINKS,
+    parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, L4Protocol, LinkMember,
+    LinkProbe, LinkTarget, Outbound, OutboundPersistence, OutboundRule, PoolKind,
+    GATEWAY_ALGORITHMS, LINK_ALGORITHMS, MAX_LINKS,
 };
 pub use member::{AdminState, Algorithm, Member, MAX_WEIGHT};
 pub use message::*;

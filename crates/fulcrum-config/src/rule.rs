@@ -300,7 +300,7 @@ pub(crate) fn check_http_rule(at: &str, protocol: Protocol, cx: &mut Cx<'_>) {
 }
 
 /// A port or a range of ports: `443`, `"443"` or `"8000-8099"`.
-struct PortSpec(RangeInclusive<u16>);
+pub(crate) struct PortSpec(pub(crate) RangeInclusive<u16>);
 
 impl FromNode for PortSpec {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
