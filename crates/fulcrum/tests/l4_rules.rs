@@ -298,3 +298,37 @@ fn check_refuses_http_conditions_and_bad_ranges_on_l4_rules() {
         "{out}"
     );
 }
+
+/// Persistence comes before the rules (H3C order): a client remembered on a member keeps it
+/// after a reload whose rules would send it to another pool, while a client without an entry
+/// follows the new rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_persistence_is_consulted_before_the_rules() {
+    let servers = id_servers(3).await;
+    let vs = free_addr();
+    let service = |rules: &str| {
+        format!(
+            "{}persistence = \"src\"\n{rules}[[persistence]]\nname = \"src\"\ntype = \"source_ip\"\ntimeout = \"10m\"\n{}",
+            tcp_service(&[vs], ""),
+            pools(&servers)
+        )
+    };
+    let first = "[[virtual_service.rule]]\nsource = \"127.0.0.2\"\npool = \"a\"\n";
+    let f = start(&service(first)).await;
+    assert_eq!(exchange_from(vs, Some(IN)).await.unwrap(), "m0");
+
+    // Now 127.0.0.2 and 127.0.0.3 should go to b, and a stays a pool of the service.
+    let second =
+        "[[virtual_service.rule]]\nsource = [\"127.0.0.2\", \"127.0.0.3\"]\npool = \"b\"\n\
+                  [[virtual_service.rule]]\nsource = \"127.0.0.9\"\npool = \"a\"\n";
+    f.write_config(&service(second));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    for _ in 0..3 {
+        assert_eq!(exchange_from(vs, Some(IN)).await.unwrap(), "m0");
+        assert_eq!(exchange_from(vs, Some(OUT)).await.unwrap(), "m2");
+    }
+    // The persisted client did not count for the rule it bypassed.
+    let status = f.get_json("/api/v1/status").await;
+    assert_eq!(status["virtual_services"][0]["rules"][0]["hits"], 3);
+}
