@@ -557,6 +557,14 @@ drop = true
         &e,
         "virtual_service[0].rule[2].pool: no pool named \"nope\"",
     );
+    let e = errs(&base(
+        "message",
+        "[[virtual_service.rule]]\nname = \"x\"\npool = \"b\"\n[[virtual_service.rule]]\nname = \"x\"\ndrop = true\n",
+    ));
+    has(
+        &e,
+        "virtual_service[0].rule[1].name: duplicate rule name \"x\": already used by rule[0]",
+    );
     // L4 conditions on an http rule, and rules on in-kernel forwarding.
     let e = errs(&base(
         "http",

@@ -224,6 +224,23 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 );
             }
         }
+        if !protocol.is_http() {
+            // The name labels the rule's counters (API, metrics): one series per rule.
+            let mut seen: HashMap<&str, usize> = HashMap::new();
+            for (r, rule) in vs.rules().iter().enumerate() {
+                let Some(name) = rule.name.as_deref() else {
+                    continue;
+                };
+                if let Some(first) = seen.insert(name, r) {
+                    c.err(
+                        &format!("virtual_service[{i}].rule[{r}].name"),
+                        format!(
+                            "duplicate rule name {name:?}: already used by rule[{first}] (the name labels the rule's counters)"
+                        ),
+                    );
+                }
+            }
+        }
         for (r, rule) in vs.rules().iter().enumerate() {
             // An L4 rule's ports are the ones the service listens on: a rule naming none of
             // them could never match (a typo, or a listen address removed).
