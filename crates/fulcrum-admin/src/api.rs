@@ -62,6 +62,20 @@ pub struct ServiceStatus {
     /// Services with `source = "client"`: member connections from the clients' addresses.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transparent: Option<TransparentStatus>,
+    /// tcp, udp and message services with rules: each rule's hits, in file order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleStatus>,
+}
+
+/// One rule of a tcp, udp or message service.
+#[derive(Serialize)]
+pub struct RuleStatus {
+    /// The rule's `name`, or `rule[i]` (its position).
+    pub rule: String,
+    /// `pool:<name>` or `drop`.
+    pub action: String,
+    /// Connections (udp: new flows; drop rules: datagrams) the rule decided.
+    pub hits: u64,
 }
 
 /// The counters of a service with `source = "client"`.
@@ -261,6 +275,16 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
             port_fallbacks: t.port_fallbacks.load(Ordering::Relaxed),
             failures: t.failures.load(Ordering::Relaxed),
         }),
+        rules: st
+            .rules
+            .load()
+            .iter()
+            .map(|h| RuleStatus {
+                rule: h.label.clone(),
+                action: h.action.clone(),
+                hits: h.hits.load(Ordering::Relaxed),
+            })
+            .collect(),
     }
 }
 

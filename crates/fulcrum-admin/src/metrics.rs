@@ -152,6 +152,21 @@ pub fn render(control: &dyn Control) -> String {
         }
     }
 
+    w.family(
+        "fulcrum_vs_rule_hits_total",
+        "counter",
+        "Connections (udp: new flows; drop rules: datagrams) decided by each rule of a tcp, udp or message service.",
+    );
+    for s in &services {
+        for h in s.stats.rules.load().iter() {
+            w.sample(
+                "fulcrum_vs_rule_hits_total",
+                &[("vs", &s.name), ("rule", &h.label), ("action", &h.action)],
+                h.hits.load(Ordering::Relaxed) as f64,
+            );
+        }
+    }
+
     let pools = control.pools();
     w.family(
         "fulcrum_pool_members_available",

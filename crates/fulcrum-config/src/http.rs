@@ -42,7 +42,6 @@ pub struct GslbRedirect {
 
 /// The keys an http / https section reads besides the stream and TLS keys.
 pub const HTTP_SECTION_KEYS: &[&str] = &[
-    "rule",
     "compression",
     "cache",
     "gslb_redirect",
@@ -93,7 +92,9 @@ impl HttpSection {
         }
         check_options(&at, &options, cx);
         for (r, rule) in rules.iter().enumerate() {
-            check_rule(&format!("{at}.rule[{r}]"), rule, cx);
+            let rule_at = format!("{at}.rule[{r}]");
+            crate::rule::check_http_rule(&rule_at, protocol, cx);
+            check_rule(&rule_at, rule, cx);
         }
         HttpSection {
             stream,

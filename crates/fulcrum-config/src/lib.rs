@@ -57,9 +57,9 @@ pub use http::{
 };
 pub use iptable::{IpTable, CONTINENTS};
 pub use link::{
-    parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, LinkMember, LinkProbe,
-    LinkTarget, Outbound, OutboundPersistence, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
-    MAX_LINKS,
+    parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, L4Protocol, LinkMember,
+    LinkProbe, LinkTarget, Outbound, OutboundPersistence, OutboundRule, PoolKind,
+    GATEWAY_ALGORITHMS, LINK_ALGORITHMS, MAX_LINKS,
 };
 pub use member::{AdminState, Algorithm, Member, MAX_WEIGHT};
 pub use message::*;
@@ -70,7 +70,7 @@ pub use persistence::{
 pub use pool::{HashKey, Pool, Reuse, SlowStart, UpstreamTls};
 pub use protocol::{Protocol, ProxyProtocol};
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
-pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction};
+pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction, TimeRange};
 pub use schema::*;
 pub use service::{ServiceKind, VirtualService};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};

@@ -294,6 +294,50 @@ pub struct Outbound {
     pub persistence: Option<OutboundPersistence>,
     /// Where LAN DNS queries are intercepted (transparent DNS proxy).
     pub dns_proxy: Option<SocketAddr>,
+    /// `[[outbound.rule]]`: links chosen by protocol and destination port, first match wins,
+    /// ahead of the pool's algorithm.
+    pub rules: Vec<OutboundRule>,
+}
+
+string_enum!(
+    /// The transport protocol an outbound rule matches.
+    L4Protocol {
+        Tcp = "tcp",
+        Udp = "udp",
+    }
+);
+
+/// One `[[outbound.rule]]`: new flows of these protocols to these destination ports leave by
+/// `link` while it is up.
+#[derive(Debug, Clone)]
+pub struct OutboundRule {
+    pub name: Option<String>,
+    /// Empty: tcp and udp.
+    pub protocol: Vec<L4Protocol>,
+    /// Empty: every port.
+    pub destination_port: Vec<std::ops::RangeInclusive<u16>>,
+    /// The name of a member of the outbound's pool.
+    pub link: String,
+}
+
+impl FromNode for OutboundRule {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let link = t.req(cx, "link");
+            Some(OutboundRule {
+                name: t.opt(cx, "name"),
+                protocol: t
+                    .opt::<crate::types::OneOrMany<L4Protocol>>(cx, "protocol")
+                    .map(|p| p.0)
+                    .unwrap_or_default(),
+                destination_port: t
+                    .opt::<crate::types::OneOrMany<crate::rule::PortSpec>>(cx, "destination_port")
+                    .map(|m| m.0.into_iter().map(|p| p.0).collect())
+                    .unwrap_or_default(),
+                link: link?,
+            })
+        })
+    }
 }
 
 impl FromNode for Outbound {
@@ -305,6 +349,7 @@ impl FromNode for Outbound {
             Some(Outbound {
                 persistence: t.opt(cx, "persistence"),
                 dns_proxy: t.opt(cx, "dns_proxy"),
+                rules: t.opt(cx, "rule").unwrap_or_default(),
                 name: name?,
                 sources: sources?,
                 pool: pool?,

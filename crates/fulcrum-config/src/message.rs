@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::protocol::Protocol;
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::rule::{read_l4_rules, Rule};
 use crate::stream::{MemberSource, StreamOptions};
 use crate::string_enum;
 use crate::tls::TlsTermination;
@@ -30,6 +31,9 @@ pub struct MessageSection {
     pub sequence: Option<Sequence>,
     /// Member connections and delivery (Fulcrum additions).
     pub options: MessageOptions,
+    /// Rules choosing the pool of a client connection (first match wins; none: the service's
+    /// pool).
+    pub rules: Vec<Rule>,
 }
 
 /// The keys a message section reads besides the stream and TLS keys.
@@ -71,6 +75,12 @@ impl MessageSection {
         let mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
         let sequence: Option<Sequence> = t.opt(cx, "sequence");
         let options = MessageOptions::read(t, cx, node, mode);
+        let rules = read_l4_rules(
+            t,
+            cx,
+            Protocol::Message,
+            &crate::forwarding::ForwardingOptions::default(),
+        );
         let at = format!("{}.sequence", t.path());
         if let Some(seq) = &sequence {
             if mode == MessageMode::Sync {
@@ -98,6 +108,7 @@ impl MessageSection {
             mode,
             sequence,
             options,
+            rules,
         }
     }
 }

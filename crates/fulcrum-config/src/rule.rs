@@ -1,13 +1,24 @@
-//! Content-switching rules of http / https services (`[[virtual_service.rule]]`): the
-//! conditions a request must all match, exactly one action, and the header edits and path
-//! rewrite that go with it.
+//! Rules of a virtual service (`[[virtual_service.rule]]`): the conditions a request (http,
+//! https) or a new connection / flow (tcp, udp, message) must all match, exactly one action, and
+//! for http the header edits and path rewrite that go with it.
+//!
+//! Both kinds are read by the same code (one syntax); `check_l4_rule` and the http section's
+//! own checks then refuse the conditions and actions the protocol cannot use, each at its key.
+
+use std::ops::RangeInclusive;
 
 use ipnet::IpNet;
 
-use crate::reader::{Cx, FromNode, Node, TableReader};
+use crate::protocol::Protocol;
+use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::types::{read_table, KeyValues, OneOrMany};
 
-/// One L7 content-switching rule: conditions (all must match) and exactly one action.
+/// The key of the rules, taken by the protocols that have rules (not ftp).
+pub const RULE_KEYS: &[&str] = &["rule"];
+
+/// One rule: conditions (all must match) and exactly one action. The http conditions and
+/// modifiers apply to http / https services, `destination_port` and `time` to tcp, udp and
+/// message services; `source` to both.
 #[derive(Debug, Clone, Default)]
 pub struct Rule {
     pub name: Option<String>,
@@ -21,6 +32,10 @@ pub struct Rule {
     pub query: KeyValues<String>,
     pub user_agent: Option<String>,
     pub source: Vec<IpNet>,
+    /// L4: the local port the client connected to is in one of these ranges.
+    pub destination_port: Vec<RangeInclusive<u16>>,
+    /// L4: the local time of day is in one of these ranges.
+    pub time: Vec<TimeRange>,
     pub action: RuleAction,
     pub request_headers: Option<HeaderEdits>,
     pub response_headers: Option<HeaderEdits>,
@@ -61,6 +76,14 @@ impl FromNode for Rule {
                 user_agent: t.opt(cx, "user_agent"),
                 source: t
                     .opt::<OneOrMany<IpNet>>(cx, "source")
+                    .map(|m| m.0)
+                    .unwrap_or_default(),
+                destination_port: t
+                    .opt::<OneOrMany<PortSpec>>(cx, "destination_port")
+                    .map(|m| m.0.into_iter().map(|p| p.0).collect())
+                    .unwrap_or_default(),
+                time: t
+                    .opt::<OneOrMany<TimeRange>>(cx, "time")
                     .map(|m| m.0)
                     .unwrap_or_default(),
                 request_headers: t.opt(cx, "request_headers"),
@@ -189,5 +212,226 @@ impl FromNode for Rewrite {
                 replace: replace?,
             })
         })
+    }
+}
+
+/// The conditions and actions only http / https rules take.
+const HTTP_ONLY: &[&str] = &[
+    "host",
+    "path",
+    "path_prefix",
+    "path_regex",
+    "method",
+    "header",
+    "cookie",
+    "query",
+    "user_agent",
+    "redirect",
+    "redirect_status",
+    "respond",
+    "body",
+    "request_headers",
+    "response_headers",
+    "rewrite_path",
+];
+
+/// The conditions only tcp / udp / message rules take.
+pub(crate) const L4_ONLY: &[&str] = &["destination_port", "time"];
+
+/// Reads the `rule` list of a tcp, udp or message service and checks each rule. Rules are
+/// run by the proxy: with in-kernel forwarding (nat / dr / tunnel) they are refused.
+pub(crate) fn read_l4_rules(
+    t: &mut TableReader<'_>,
+    cx: &mut Cx<'_>,
+    protocol: Protocol,
+    forwarding: &crate::forwarding::ForwardingOptions,
+) -> Vec<Rule> {
+    let rules: Vec<Rule> = t.opt(cx, "rule").unwrap_or_default();
+    let at = t.path().to_string();
+    if !rules.is_empty() && forwarding.forwarding.in_kernel() {
+        cx.error_path(
+            &format!("{at}.rule"),
+            format!(
+                "rules are evaluated by the proxy when it accepts a connection or a flow; with forwarding = \"{}\" the kernel forwards the packets and no rule would run (use forwarding = \"proxy\", or one service per pool)",
+                forwarding.forwarding
+            ),
+        );
+    }
+    for r in 0..rules.len() {
+        check_l4_rule(&format!("{at}.rule[{r}]"), protocol, cx);
+    }
+    rules
+}
+
+/// Checks of a rule of a tcp, udp or message service (`at` is its key path): every HTTP
+/// condition, action or modifier written is refused where it is written.
+pub(crate) fn check_l4_rule(at: &str, protocol: Protocol, cx: &mut Cx<'_>) {
+    for key in HTTP_ONLY {
+        let path = format!("{at}.{key}");
+        if cx.written(&path) {
+            let what = match *key {
+                "redirect" | "redirect_status" | "respond" | "body" => "answers an HTTP request",
+                "request_headers" | "response_headers" | "rewrite_path" => "edits an HTTP request",
+                _ => "matches HTTP requests",
+            };
+            cx.error_path(
+                &path,
+                format!(
+                    "`{key}` {what}; rules of {protocol} services take the conditions `source`, `destination_port` and `time` and the actions `pool` and `drop = true`"
+                ),
+            );
+        }
+    }
+}
+
+/// Checks of a rule of an http / https service: the L4 conditions are refused.
+pub(crate) fn check_http_rule(at: &str, protocol: Protocol, cx: &mut Cx<'_>) {
+    for key in L4_ONLY {
+        let path = format!("{at}.{key}");
+        if cx.written(&path) {
+            cx.error_path(
+                &path,
+                format!(
+                    "`{key}` is a condition of tcp / udp / message rules (chosen once per connection); rules of {protocol} services match requests: `host`, `path`, `method`, `header`, `cookie`, `query`, `user_agent`, `source`"
+                ),
+            );
+        }
+    }
+}
+
+/// A port or a range of ports: `443`, `"443"` or `"8000-8099"`.
+pub(crate) struct PortSpec(pub(crate) RangeInclusive<u16>);
+
+impl FromNode for PortSpec {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        let range = match node.shape() {
+            Shape::Int(i) => match u16::try_from(i) {
+                Ok(p) if p > 0 => Ok(p..=p),
+                _ => Err(format!("{i} is not a port 1..=65535")),
+            },
+            Shape::Str(text) if !text.contains('-') => match text.trim().parse::<u16>() {
+                Ok(p) if p > 0 => Ok(p..=p),
+                _ => Err(format!("{text:?} is not a port 1..=65535")),
+            },
+            Shape::Str(text) => crate::tcp::parse_port_range(text)
+                .map_err(|why| format!("{text:?} is not a port range: {why}")),
+            _ => Err(format!(
+                "expected a port (443) or a range as a string (\"8000-8099\"), found {}",
+                node.type_name()
+            )),
+        };
+        match range {
+            Ok(r) => Some(PortSpec(r)),
+            Err(why) => {
+                cx.error(node, why);
+                None
+            }
+        }
+    }
+}
+
+/// A range of the day, `"08:00-18:00"`, in minutes since local midnight: from `start`
+/// included to `end` excluded. `end` < `start` crosses midnight (`"22:00-06:00"`); `"24:00"`
+/// is allowed as an end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeRange {
+    pub start: u16,
+    pub end: u16,
+}
+
+impl TimeRange {
+    /// Whether `minute` (0..1440, since local midnight) is in the range.
+    pub fn contains(&self, minute: u16) -> bool {
+        if self.start < self.end {
+            self.start <= minute && minute < self.end
+        } else {
+            minute >= self.start || minute < self.end
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<TimeRange, String> {
+        let (a, b) = text
+            .split_once('-')
+            .ok_or_else(|| "expected \"HH:MM-HH:MM\", e.g. \"08:00-18:00\"".to_string())?;
+        let start = parse_clock(a, false)?;
+        let end = parse_clock(b, true)?;
+        if start == end {
+            return Err(format!(
+                "the range starts and ends at {}: it is empty; leave `time` out for a rule that holds all day",
+                a.trim()
+            ));
+        }
+        Ok(TimeRange { start, end })
+    }
+}
+
+/// `"HH:MM"` as minutes since midnight; `"24:00"` only as the end of a range.
+fn parse_clock(text: &str, end: bool) -> Result<u16, String> {
+    let t = text.trim();
+    let bad = || format!("{t:?} is not a time of day \"HH:MM\" (00:00 to 23:59)");
+    let (h, m) = t.split_once(':').ok_or_else(bad)?;
+    if h.len() != 2 || m.len() != 2 {
+        return Err(bad());
+    }
+    let h: u16 = h.parse().map_err(|_| bad())?;
+    let m: u16 = m.parse().map_err(|_| bad())?;
+    if m > 59 || h > 24 || (h == 24 && (m != 0 || !end)) {
+        return Err(bad());
+    }
+    Ok(h * 60 + m)
+}
+
+impl FromNode for TimeRange {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        let Shape::Str(text) = node.shape() else {
+            cx.error(
+                node,
+                format!(
+                    "expected a time range as a string \"HH:MM-HH:MM\", found {}",
+                    node.type_name()
+                ),
+            );
+            return None;
+        };
+        match TimeRange::parse(text) {
+            Ok(r) => Some(r),
+            Err(why) => {
+                cx.error(node, format!("{text:?} is not a time range: {why}"));
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TimeRange;
+
+    #[test]
+    fn time_ranges() {
+        let day = TimeRange::parse("08:00-18:00").unwrap();
+        assert_eq!((day.start, day.end), (480, 1080));
+        assert!(day.contains(480) && day.contains(1079));
+        assert!(!day.contains(1080) && !day.contains(479));
+        let night = TimeRange::parse("22:00-06:00").unwrap();
+        assert!(night.contains(1320) && night.contains(0) && night.contains(359));
+        assert!(!night.contains(360) && !night.contains(1319));
+        let evening = TimeRange::parse("18:00-24:00").unwrap();
+        assert!(evening.contains(1439) && !evening.contains(0));
+        let all = TimeRange::parse("00:00-24:00").unwrap();
+        assert!(all.contains(0) && all.contains(1439));
+        for bad in [
+            "08:00",
+            "8:00-18:00",
+            "08:00-18:60",
+            "25:00-26:00",
+            "24:00-06:00",
+            "10:00-10:00",
+            "24:30-01:00",
+            "ab:cd-ef:gh",
+            "-",
+        ] {
+            assert!(TimeRange::parse(bad).is_err(), "{bad}");
+        }
     }
 }

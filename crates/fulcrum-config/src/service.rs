@@ -15,7 +15,7 @@ use crate::http::{HttpSection, HTTP_SECTION_KEYS};
 use crate::message::{MessageSection, MESSAGE_SECTION_KEYS};
 use crate::protocol::{Protocol, ProxyProtocol};
 use crate::reader::{Cx, FromNode, Node, TableReader};
-use crate::rule::Rule;
+use crate::rule::{Rule, RULE_KEYS};
 use crate::stream::{MemberSource, SourceAddresses, StreamOptions, SOURCE_KEYS, STREAM_KEYS};
 use crate::tcp::{TcpSection, FTP_KEYS};
 use crate::tls::{TlsTermination, TLS_KEYS};
@@ -52,11 +52,29 @@ pub enum ServiceKind {
 /// The protocol-specific keys each protocol takes, for the message on a key of another one.
 fn keys_of(protocol: Protocol) -> Vec<&'static str> {
     let parts: &[&[&str]] = match protocol {
-        Protocol::Tcp => &[STREAM_KEYS, SOURCE_KEYS, TLS_KEYS, FORWARDING_KEYS],
-        Protocol::Udp => &[UDP_KEYS, FORWARDING_KEYS],
-        Protocol::Http => &[STREAM_KEYS, SOURCE_KEYS, HTTP_SECTION_KEYS],
-        Protocol::Https => &[STREAM_KEYS, SOURCE_KEYS, TLS_KEYS, HTTP_SECTION_KEYS],
-        Protocol::Message => &[STREAM_KEYS, SOURCE_KEYS, TLS_KEYS, MESSAGE_SECTION_KEYS],
+        Protocol::Tcp => &[
+            STREAM_KEYS,
+            SOURCE_KEYS,
+            TLS_KEYS,
+            FORWARDING_KEYS,
+            RULE_KEYS,
+        ],
+        Protocol::Udp => &[UDP_KEYS, FORWARDING_KEYS, RULE_KEYS],
+        Protocol::Http => &[STREAM_KEYS, SOURCE_KEYS, HTTP_SECTION_KEYS, RULE_KEYS],
+        Protocol::Https => &[
+            STREAM_KEYS,
+            SOURCE_KEYS,
+            TLS_KEYS,
+            HTTP_SECTION_KEYS,
+            RULE_KEYS,
+        ],
+        Protocol::Message => &[
+            STREAM_KEYS,
+            SOURCE_KEYS,
+            TLS_KEYS,
+            MESSAGE_SECTION_KEYS,
+            RULE_KEYS,
+        ],
         Protocol::Ftp => &[STREAM_KEYS, FTP_KEYS],
     };
     parts.concat()
@@ -280,9 +298,15 @@ impl VirtualService {
         self.stream().and_then(|s| s.tcp.as_ref())
     }
 
-    /// Content-switching rules (http / https); empty for the other protocols.
+    /// The service's rules: content switching (http / https), or the pool of a connection or
+    /// flow (tcp, udp, message); empty for ftp.
     pub fn rules(&self) -> &[Rule] {
-        self.as_http().map_or(&[], |h| &h.rules)
+        match &self.kind {
+            ServiceKind::Tcp(s) => &s.rules,
+            ServiceKind::Udp(s) => &s.rules,
+            ServiceKind::Http(s) => &s.rules,
+            ServiceKind::Message(s) => &s.rules,
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::ops::RangeInclusive;
 use crate::forwarding::ForwardingOptions;
 use crate::protocol::Protocol;
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
+use crate::rule::{read_l4_rules, Rule};
 use crate::stream::{MemberSource, StreamOptions};
 use crate::tls::TlsTermination;
 
@@ -19,6 +20,9 @@ pub struct TcpSection {
     pub forwarding: ForwardingOptions,
     /// `protocol = "ftp"`: the FTP helper's settings; `None` for a plain tcp service.
     pub ftp: Option<FtpOptions>,
+    /// Rules choosing the pool of a connection (first match wins; none: the service's pool).
+    /// Always empty for ftp.
+    pub rules: Vec<Rule>,
 }
 
 /// What a `protocol = "ftp"` service adds to a tcp one.
@@ -47,6 +51,7 @@ impl TcpSection {
                 ftp: Some(FtpOptions {
                     passive_ports: t.opt::<PortRange>(cx, "ftp_passive_ports").map(|r| r.0),
                 }),
+                rules: Vec::new(),
             };
         }
         let mut stream = StreamOptions::read(t, cx);
@@ -61,11 +66,13 @@ impl TcpSection {
                 ),
             );
         }
+        let rules = read_l4_rules(t, cx, Protocol::Tcp, &forwarding);
         TcpSection {
             stream,
             tls: TlsTermination::read(t, cx, node, Protocol::Tcp),
             forwarding,
             ftp: None,
+            rules,
         }
     }
 }
@@ -95,7 +102,7 @@ impl FromNode for PortRange {
     }
 }
 
-fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
+pub(crate) fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
     let (low, high) = text
         .split_once('-')
         .ok_or_else(|| "expected \"A-B\" with 1 <= A <= B <= 65535".to_string())?;

@@ -256,10 +256,13 @@ fn sections_refuse_other_protocols_keys_at_their_position() {
         &e,
         "virtual_service[0].forwarding: `forwarding` applies to protocol tcp / udp; this service is message",
     );
-    let e = errs(&with("tcp", "rule = [{ path = \"/\", pool = \"db\" }]"));
+    let e = errs(&with(
+        "ftp",
+        "rule = [{ source = \"10.0.0.0/8\", pool = \"db\" }]",
+    ));
     has(
         &e,
-        "virtual_service[0].rule: `rule` applies to protocol http / https; this service is tcp",
+        "virtual_service[0].rule: `rule` applies to protocol tcp / udp / http / https / message; this service is ftp",
     );
     // A near miss of another protocol's key is still suggested.
     let e = errs(&with("tcp", "session_timeot = \"5s\""));
@@ -468,6 +471,116 @@ name = "web"
     has(
         &e,
         "virtual_service[0].rule[1]: a rule needs exactly one action",
+    );
+}
+
+/// Rules of tcp / udp / message services: the same syntax as http rules, with the L4
+/// conditions; http conditions and actions are refused at their key, with the reason.
+#[test]
+fn l4_rules_read_and_checks() {
+    let base = |protocol: &str, rules: &str| {
+        format!(
+            r#"
+[[virtual_service]]
+name = "svc"
+listen = ["127.0.0.1:5000", "127.0.0.1:5001"]
+protocol = "{protocol}"
+pool = "a"
+{rules}
+[[pool]]
+name = "a"
+[[pool]]
+name = "b"
+"#
+        )
+    };
+    let good = r#"
+[[virtual_service.rule]]
+name = "office"
+source = ["10.0.0.0/8", "2001:db8::/32"]
+time = ["08:00-18:00", "22:00-02:00"]
+pool = "b"
+[[virtual_service.rule]]
+destination_port = [5001, "5000-5000"]
+drop = true
+"#;
+    for protocol in ["tcp", "udp", "message"] {
+        let cfg = ok(&base(protocol, good));
+        let rules = cfg.virtual_services[0].rules();
+        assert_eq!(rules.len(), 2, "{protocol}");
+        assert_eq!(rules[0].action, RuleAction::Pool("b".into()));
+        assert_eq!(
+            rules[0].time[1],
+            TimeRange {
+                start: 1320,
+                end: 120
+            }
+        );
+        assert_eq!(rules[1].destination_port, vec![5001..=5001, 5000..=5000]);
+        assert_eq!(rules[1].action, RuleAction::Drop);
+    }
+    let e = errs(&base(
+        "tcp",
+        "[[virtual_service.rule]]\npath = \"/x\"\nheader = { A = \"b\" }\nredirect = \"https://x/\"\n",
+    ));
+    has(
+        &e,
+        "t.toml:8:1: virtual_service[0].rule[0].path: `path` matches HTTP requests; rules of tcp services take the conditions `source`, `destination_port` and `time` and the actions `pool` and `drop = true`",
+    );
+    has(
+        &e,
+        "virtual_service[0].rule[0].header: `header` matches HTTP requests",
+    );
+    has(
+        &e,
+        "virtual_service[0].rule[0].redirect: `redirect` answers an HTTP request",
+    );
+    let e = errs(&base(
+        "udp",
+        "[[virtual_service.rule]]\ntime = \"18:00-08:61\"\npool = \"b\"\n[[virtual_service.rule]]\ntime = \"09:00-09:00\"\npool = \"b\"\n",
+    ));
+    has(
+        &e,
+        "t.toml:8:1: virtual_service[0].rule[0].time: \"18:00-08:61\" is not a time range: \"08:61\" is not a time of day",
+    );
+    has(&e, "virtual_service[0].rule[1].time: \"09:00-09:00\" is not a time range: the range starts and ends at 09:00: it is empty");
+    // Cross-checks (run once every section reads): ports and pool names.
+    let e = errs(&base(
+        "udp",
+        "[[virtual_service.rule]]\nsource = \"10.0.0.0/8\"\npool = \"b\"\n[[virtual_service.rule]]\nsource = \"10.0.0.0/8\"\npool = \"b\"\n[[virtual_service.rule]]\ndestination_port = 7000\npool = \"nope\"\n",
+    ));
+    has(
+        &e,
+        "virtual_service[0].rule[2].destination_port: matches none of the ports the service listens on (5000, 5001)",
+    );
+    has(
+        &e,
+        "virtual_service[0].rule[2].pool: no pool named \"nope\"",
+    );
+    let e = errs(&base(
+        "message",
+        "[[virtual_service.rule]]\nname = \"x\"\npool = \"b\"\n[[virtual_service.rule]]\nname = \"x\"\ndrop = true\n",
+    ));
+    has(
+        &e,
+        "virtual_service[0].rule[1].name: duplicate rule name \"x\": already used by rule[0]",
+    );
+    // L4 conditions on an http rule, and rules on in-kernel forwarding.
+    let e = errs(&base(
+        "http",
+        "[[virtual_service.rule]]\ntime = \"08:00-18:00\"\npool = \"b\"\n",
+    ));
+    has(
+        &e,
+        "virtual_service[0].rule[0].time: `time` is a condition of tcp / udp / message rules",
+    );
+    let e = errs(&base(
+        "tcp",
+        "forwarding = \"nat\"\n[[virtual_service.rule]]\nsource = \"10.0.0.0/8\"\npool = \"b\"\n",
+    ));
+    has(
+        &e,
+        "virtual_service[0].rule: rules are evaluated by the proxy",
     );
 }
 

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::forwarding::ForwardingOptions;
+use crate::protocol::Protocol;
 use crate::reader::{Cx, TableReader};
+use crate::rule::{read_l4_rules, Rule};
 use crate::string_enum;
 
 string_enum!(UdpMode {
@@ -24,6 +26,8 @@ pub struct UdpSection {
     /// Bound on the flow table (client address → upstream socket); idle flows go first.
     pub max_sessions: u64,
     pub forwarding: ForwardingOptions,
+    /// Rules choosing the pool of a new flow (first match wins; none: the service's pool).
+    pub rules: Vec<Rule>,
 }
 
 /// The keys `UdpSection` reads besides the forwarding keys.
@@ -38,6 +42,11 @@ impl UdpSection {
                 .unwrap_or(Duration::from_secs(30)),
             max_sessions: t.opt(cx, "max_sessions").unwrap_or(DEFAULT_MAX_SESSIONS),
             forwarding: ForwardingOptions::read(t, cx),
+            rules: Vec::new(),
+        };
+        let s = UdpSection {
+            rules: read_l4_rules(t, cx, Protocol::Udp, &s.forwarding),
+            ..s
         };
         let at = t.path().to_string();
         if s.max_sessions == 0 {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
 use fulcrum_config::{
-    Algorithm, Config, LinkMember, Monitor, OutboundPersistence, PoolKind, MAX_LINKS,
+    Algorithm, Config, L4Protocol, LinkMember, Monitor, OutboundPersistence, PoolKind, MAX_LINKS,
 };
 use ipnet::Ipv4Net;
 
@@ -53,6 +53,18 @@ pub struct OutboundPlan {
     pub links: Vec<LinkPlan>,
     /// Set for a `[[gateway_service]]` (its members are gateways, in `links`).
     pub gateway: Option<GatewaySide>,
+    /// `[[outbound.rule]]`, in file order: flows by protocol and destination port to a link.
+    pub rules: Vec<PolicyRule>,
+}
+
+/// One outbound rule as the kernel gets it: (IP protocol number, port range) pairs to a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyRule {
+    /// 6 (tcp) and / or 17 (udp).
+    pub protocols: Vec<u8>,
+    pub ports: Vec<std::ops::RangeInclusive<u16>>,
+    /// An index into the outbound's `links`.
+    pub link: usize,
 }
 
 /// What a gateway service adds: where flows towards the gateways come in, and whether the
@@ -193,6 +205,34 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
                 }
                 None => None,
             },
+            rules: ob
+                .rules
+                .iter()
+                .filter_map(|r| {
+                    let link = pool.links.iter().position(|l| l.name == r.link)?;
+                    let protocols = if r.protocol.is_empty() {
+                        vec![6, 17]
+                    } else {
+                        r.protocol
+                            .iter()
+                            .map(|p| match p {
+                                L4Protocol::Tcp => 6,
+                                L4Protocol::Udp => 17,
+                            })
+                            .collect()
+                    };
+                    let ports = if r.destination_port.is_empty() {
+                        vec![0..=u16::MAX]
+                    } else {
+                        r.destination_port.clone()
+                    };
+                    Some(PolicyRule {
+                        protocols,
+                        ports,
+                        link,
+                    })
+                })
+                .collect(),
             links,
             gateway: None,
         });
@@ -260,6 +300,7 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
             by_source: false,
             dns_proxy: None,
             links,
+            rules: Vec::new(),
             gateway: Some(GatewaySide {
                 interfaces: gs.interfaces.clone(),
                 learn,
@@ -329,6 +370,60 @@ fn slot_elements(o: &OutboundPlan, slots: &[u32]) -> String {
     }))
 }
 
+/// The elements of an outbound's policy map (`inet_proto . inet_service : mark`): the rules of
+/// links that are up, in order, each (protocol, port range) less what an earlier rule took,
+/// since the kernel's interval map holds no overlap and the first rule must win.
+fn policy_elements(o: &OutboundPlan, up: &[bool]) -> String {
+    let mut taken: Vec<(u8, u16, u16)> = Vec::new();
+    let mut parts = Vec::new();
+    for r in &o.rules {
+        let (Some(l), true) = (
+            o.links.get(r.link),
+            up.get(r.link).copied().unwrap_or(false),
+        ) else {
+            continue;
+        };
+        for &proto in &r.protocols {
+            for range in &r.ports {
+                let mut free = vec![(*range.start(), *range.end())];
+                for &(p, a, b) in &taken {
+                    if p != proto {
+                        continue;
+                    }
+                    free = free
+                        .into_iter()
+                        .flat_map(|(x, y)| {
+                            let mut left = Vec::new();
+                            if b < x || a > y {
+                                left.push((x, y));
+                            } else {
+                                if a > x {
+                                    left.push((x, a - 1));
+                                }
+                                if b < y {
+                                    left.push((b + 1, y));
+                                }
+                            }
+                            left
+                        })
+                        .collect();
+                }
+                let name = if proto == 6 { "tcp" } else { "udp" };
+                for (x, y) in free {
+                    taken.push((proto, x, y));
+                    let ports = if x == y {
+                        x.to_string()
+                    } else {
+                        format!("{x}-{y}")
+                    };
+                    parts.push(format!("{name} . {ports} : {:#x}", l.mark));
+                }
+            }
+        }
+    }
+    parts.join(", ")
+}
+
 /// Destination prefixes → link: the measured nearest link per prefix (`rtt`), then the static
 /// `isp` tables.
 pub type Nearest = Vec<(Ipv4Net, usize)>;
@@ -389,6 +484,17 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
                     "  set src_{k} {{ type ipv4_addr; flags interval; elements = {{ {} }} }}",
                     elements(o.sources.iter())
                 );
+                if !o.rules.is_empty() {
+                    let el = policy_elements(o, up.get(g).map_or(&[][..], |v| v));
+                    let _ = write!(
+                        s,
+                        "  map policy_{k} {{ type inet_proto . inet_service : mark; flags interval;"
+                    );
+                    if !el.is_empty() {
+                        let _ = write!(s, " elements = {{ {el} }}");
+                    }
+                    let _ = writeln!(s, " }}");
+                }
                 if o.proximity() {
                     let el = proximity_elements(
                         o,
@@ -464,8 +570,16 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         match &o.gateway {
             None => {
                 let _ = writeln!(s, "  chain choose_{k} {{");
+                // Outbound rules first (protocol and destination port), then proximity, then
+                // the slots: each later step only for a flow no earlier one marked.
+                let unmarked = if o.rules.is_empty() {
+                    String::new()
+                } else {
+                    let _ = writeln!(s, "    ct mark set meta l4proto . th dport map @policy_{k}");
+                    format!("ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ")
+                };
                 if o.proximity() {
-                    let _ = writeln!(s, "    ct mark set ip daddr map @prox_{k}");
+                    let _ = writeln!(s, "    {unmarked}ct mark set ip daddr map @prox_{k}");
                 }
                 let key = if o.by_source {
                     format!("jhash ip saddr mod {n} seed 0x464c")
@@ -610,6 +724,13 @@ pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Ne
         if !el.is_empty() {
             let _ = writeln!(s, "add element inet {TABLE} slots_{k} {{ {el} }}");
         }
+        if !o.rules.is_empty() && o.gateway.is_none() {
+            let _ = writeln!(s, "flush map inet {TABLE} policy_{k}");
+            let el = policy_elements(o, up.get(g).map_or(&[][..], |v| v));
+            if !el.is_empty() {
+                let _ = writeln!(s, "add element inet {TABLE} policy_{k} {{ {el} }}");
+            }
+        }
         if o.proximity() {
             let _ = writeln!(s, "flush map inet {TABLE} prox_{k}");
             let el = proximity_elements(
@@ -685,5 +806,45 @@ pool = "uplinks"
         let m = render_maps(&plan, &[vec![0, 0, 0]], &[vec![true, false]], &[]);
         assert!(!m.contains("prox_0 {"), "{m}");
         assert!(m.contains("flush map inet fulcrum_link prox_0"), "{m}");
+    }
+
+    /// `[[outbound.rule]]`: a policy map ahead of proximity and the slots, first match winning
+    /// over an overlapping later rule, and only the rules of links that are up.
+    #[test]
+    fn outbound_rules_come_first_and_skip_links_that_are_down() {
+        let text = format!(
+            "{CFG}[[outbound.rule]]\nprotocol = \"tcp\"\ndestination_port = [443, \"8000-8099\"]\nlink = \"b\"\n\
+             [[outbound.rule]]\ndestination_port = \"8050-9000\"\nlink = \"a\"\n"
+        );
+        let cfg = fulcrum_config::parse(&text, "t.toml", Path::new(".")).unwrap();
+        let plan = build(&cfg).unwrap();
+        let t = render_table(&plan, &[vec![0, 1]], &[vec![true, true]], &[]);
+        assert!(
+            t.contains("map policy_0 { type inet_proto . inet_service : mark; flags interval; elements = { tcp . 443 : 0x464c0002, tcp . 8000-8099 : 0x464c0002, tcp . 8100-9000 : 0x464c0001, udp . 8050-9000 : 0x464c0001 } }"),
+            "{t}"
+        );
+        let policy = t
+            .find("ct mark set meta l4proto . th dport map @policy_0")
+            .expect("the policy line");
+        let prox = t
+            .find("ct mark and 0xffff0000 != 0x464c0000 ct mark set ip daddr map @prox_0")
+            .expect("proximity only for unmarked flows");
+        assert!(policy < prox, "{t}");
+        // b down: its rule leaves the map, and a's takes the whole of its ranges.
+        let m = render_maps(&plan, &[vec![0]], &[vec![true, false]], &[]);
+        assert!(m.contains("flush map inet fulcrum_link policy_0"), "{m}");
+        assert!(
+            m.contains("add element inet fulcrum_link policy_0 { tcp . 8050-9000 : 0x464c0001, udp . 8050-9000 : 0x464c0001 }"),
+            "{m}"
+        );
+        // A link the pool does not have is refused by the check.
+        let bad = format!("{CFG}[[outbound.rule]]\nlink = \"c\"\n");
+        let e = fulcrum_config::parse(&bad, "t.toml", Path::new("."))
+            .expect_err("unknown link")
+            .messages();
+        assert!(
+            e.iter().any(|e| e.contains("outbound[0].rule[0].link: pool \"uplinks\" has no link named \"c\"; its links: a, b")),
+            "{e:?}"
+        );
     }
 }

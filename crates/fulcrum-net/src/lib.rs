@@ -23,6 +23,6 @@ pub use listener::{
     StreamHandler,
 };
 pub use snat::{Snat, Source};
-pub use stats::{ServiceConnection, ServiceStats};
+pub use stats::{RuleHits, ServiceConnection, ServiceStats};
 pub use tracker::Tracker;
 pub use transparent::Transparent;

@@ -23,6 +23,44 @@ pub struct ServiceStats {
     /// 227 / 229 / PORT / EPRT, PORT to a foreign address) and data connections from a
     /// foreign address.
     pub ftp_refused: AtomicU64,
+    /// tcp, udp and message services: the hits of each rule, in file order (empty without
+    /// rules). Replaced at each reload; a rule keeps its counter when its label and action stay.
+    pub rules: arc_swap::ArcSwap<Vec<std::sync::Arc<RuleHits>>>,
+}
+
+/// The hits of one rule of a service: connections (udp: new flows) the rule decided.
+#[derive(Debug, Default)]
+pub struct RuleHits {
+    /// The rule's `name`, or `rule[i]` (its position) when it has none.
+    pub label: String,
+    /// What the rule does: `pool:<name>` or `drop`.
+    pub action: String,
+    pub hits: AtomicU64,
+}
+
+impl ServiceStats {
+    /// Installs the counters of a service's rules (`(label, action)` in file order), keeping the
+    /// counter of a rule whose label and action are unchanged since the last configuration.
+    pub fn set_rules(&self, rules: Vec<(String, String)>) -> Vec<std::sync::Arc<RuleHits>> {
+        let old = self.rules.load();
+        let new: Vec<std::sync::Arc<RuleHits>> = rules
+            .into_iter()
+            .map(|(label, action)| {
+                old.iter()
+                    .find(|h| h.label == label && h.action == action)
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        std::sync::Arc::new(RuleHits {
+                            label,
+                            action,
+                            hits: AtomicU64::new(0),
+                        })
+                    })
+            })
+            .collect();
+        self.rules.store(std::sync::Arc::new(new.clone()));
+        new
+    }
 }
 
 impl ServiceStats {

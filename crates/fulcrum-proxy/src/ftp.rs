@@ -339,8 +339,9 @@ impl FtpService {
         let _conn = tcp.stats.open();
         tcp.stats.requests_total.fetch_add(1, Ordering::Relaxed);
         let (mut attempts, key) = tcp.attempts(peer);
-        let Some((picked, member_stream, _)) =
-            tcp.connect_member(peer, &mut attempts, key.as_ref()).await
+        let Some((picked, member_stream, _)) = tcp
+            .connect_member(&tcp.pool, peer, &mut attempts, key.as_ref())
+            .await
         else {
             return;
         };

@@ -4,10 +4,12 @@
 pub mod ftp;
 pub mod message;
 pub mod radius;
+pub mod rules;
 pub mod tcp;
 pub mod udp;
 
 pub use ftp::FtpService;
 pub use message::MessageService;
+pub use rules::{Choice, L4Rules};
 pub use tcp::{SourcePersistence, TcpService};
 pub use udp::{RadiusPersistence, UdpService, UdpStats};

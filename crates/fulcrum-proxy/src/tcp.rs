@@ -1,5 +1,6 @@
 //! The L4 TCP full proxy (source NAT, the seeds' one-arm mode): accept, consult persistence,
-//! schedule, connect with retries, forward both ways, report the outcome to the member.
+//! then the service's rules for the pool (`rules`), schedule, connect with retries, forward
+//! both ways, report the outcome to the member.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -18,6 +19,8 @@ use fulcrum_net::listener::StreamHandler;
 use fulcrum_net::stats::ServiceStats;
 use fulcrum_net::tracker::Tracker;
 
+use crate::rules::{Choice, L4Rules};
+
 /// Source-address persistence for a service.
 #[derive(Debug, Clone)]
 pub struct SourcePersistence {
@@ -32,11 +35,24 @@ impl SourcePersistence {
     }
 }
 
+/// A pool a connection of a tcp service can go to, with the TLS towards its members (the
+/// pool's `tls`: re-encryption).
+#[derive(Debug)]
+pub struct PoolRoute {
+    pub pool: Arc<Pool>,
+    pub member_tls: Option<Arc<fulcrum_tls::client::MemberTls>>,
+}
+
 /// A `protocol = "tcp"` virtual service, as compiled from the config.
 #[derive(Debug)]
 pub struct TcpService {
     pub name: Arc<str>,
+    /// The service's own pool (`routes[0].pool`).
     pub pool: Arc<Pool>,
+    /// The rules choosing a connection's pool: an index into `routes`, which lists
+    /// `rules.pools()` in the same order.
+    pub rules: L4Rules,
+    pub routes: Vec<PoolRoute>,
     pub persistence: Option<SourcePersistence>,
     pub proxy_protocol: Option<ProxyProtocol>,
     pub idle_timeout: Duration,
@@ -51,8 +67,6 @@ pub struct TcpService {
     pub transparent: Option<Arc<fulcrum_net::Transparent>>,
     /// TLS termination (`tls` on the service): clients speak TLS, members get the plain bytes.
     pub tls: Option<Arc<fulcrum_tls::ServerTls>>,
-    /// TLS to the members (the pool's `tls`): re-encryption.
-    pub member_tls: Option<Arc<fulcrum_tls::client::MemberTls>>,
 }
 
 /// Either side of a connection with TLS on one end: a TLS stream or a plain socket.
@@ -88,22 +102,31 @@ impl TcpService {
             self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        // Persistence, then the rules: the pool of this connection, or a `drop` rule (reset at
+        // once, as `deny` does; counted in the rule's hits, not as a connection).
+        let Some((route, key, remembered)) = self.route(peer, local) else {
+            tracing::debug!(service = %self.name, client = %peer, "dropped by a rule");
+            let _ = client.set_zero_linger();
+            return;
+        };
         let _conn = self.stats.open();
         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
         // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
-        if self.tls.is_some() || self.member_tls.is_some() {
+        if self.tls.is_some() || route.member_tls.is_some() {
             // Boxed: the handshake state would otherwise enlarge every plain connection's task.
-            return Box::pin(self.serve_tls(client, peer, local)).await;
+            return Box::pin(self.serve_tls(client, peer, local, route, key, remembered)).await;
         }
 
         let opts = ForwardOptions {
             idle_timeout: self.idle_timeout,
             splice: self.splice,
         };
-        let (mut attempts, key) = self.attempts(peer);
+        let pool = &route.pool;
+        let mut attempts = attempts_in(pool, peer, remembered);
         loop {
-            let Some((picked, mut member_stream, connect_time)) =
-                self.connect_member(peer, &mut attempts, key.as_ref()).await
+            let Some((picked, mut member_stream, connect_time)) = self
+                .connect_member(pool, peer, &mut attempts, key.as_ref())
+                .await
             else {
                 return;
             };
@@ -134,8 +157,7 @@ impl TcpService {
                     stalled.as_secs_f64()
                 ));
             };
-            let watch = self
-                .pool
+            let watch = pool
                 .config
                 .zero_window_timeout
                 .map(|after| ZeroWindowWatch {
@@ -189,7 +211,15 @@ impl TcpService {
     /// A connection with TLS on the client side (termination), the member side
     /// (re-encryption) or both: the bytes are relayed through user space (no splice); the
     /// `fastest_response` sample is taken as on the plain path.
-    async fn serve_tls(&self, client: TcpStream, peer: SocketAddr, local: SocketAddr) {
+    async fn serve_tls(
+        &self,
+        client: TcpStream,
+        peer: SocketAddr,
+        local: SocketAddr,
+        route: &PoolRoute,
+        key: Option<PersistKey>,
+        remembered: Option<SocketAddr>,
+    ) {
         let mut client: Box<dyn Stream> = match &self.tls {
             Some(tls) => match tls.accept(client, &self.name, peer).await {
                 Some((s, _)) => Box::new(s),
@@ -198,10 +228,12 @@ impl TcpService {
             },
             None => Box::new(client),
         };
-        let (mut attempts, key) = self.attempts(peer);
+        let pool = &route.pool;
+        let mut attempts = attempts_in(pool, peer, remembered);
         loop {
-            let Some((picked, member_stream, connect_time)) =
-                self.connect_member(peer, &mut attempts, key.as_ref()).await
+            let Some((picked, member_stream, connect_time)) = self
+                .connect_member(pool, peer, &mut attempts, key.as_ref())
+                .await
             else {
                 return;
             };
@@ -221,10 +253,10 @@ impl TcpService {
                     return;
                 }
             }
-            let mut member_io: Box<dyn Stream> = match &self.member_tls {
+            let mut member_io: Box<dyn Stream> = match &route.member_tls {
                 Some(mt) => {
                     let handshake = mt.connect(member_stream, member.address);
-                    match tokio::time::timeout(self.pool.connect_timeout, handshake).await {
+                    match tokio::time::timeout(pool.connect_timeout, handshake).await {
                         Ok(Ok(s)) => Box::new(s),
                         Ok(Err(e)) => {
                             if retry(&mut attempts, format!("TLS handshake: {e}")) {
@@ -235,7 +267,7 @@ impl TcpService {
                         Err(_) => {
                             let why = format!(
                                 "TLS handshake not finished within {:?}",
-                                self.pool.connect_timeout
+                                pool.connect_timeout
                             );
                             if retry(&mut attempts, why) {
                                 continue;
@@ -276,29 +308,49 @@ impl TcpService {
         }
     }
 
-    /// A client's attempts at the pool: the member its source persisted to first, then the
-    /// scheduler; with the persistence key to record the chosen member under.
-    pub(crate) fn attempts(&self, peer: SocketAddr) -> (Attempts<'_>, Option<PersistKey>) {
-        let ctx = PickContext {
-            hash: l4_hash(&self.pool.hash_key, peer),
-        };
+    /// The client's persistence key and the member it names, if any.
+    fn remembered(&self, peer: SocketAddr) -> (Option<PersistKey>, Option<SocketAddr>) {
         let key = self.persistence.as_ref().map(|p| p.key(peer));
         let remembered = match (&self.persistence, &key) {
             (Some(p), Some(k)) => p.table.get(k),
             _ => None,
         };
-        (self.pool.attempts(ctx, remembered), key)
+        (key, remembered)
     }
 
-    /// Connects to the next member of `attempts`; a failed connect is reported to the member and
-    /// the next member tried, until the pool's `retries` are spent.
+    /// Where a new connection goes (persistence, then the rules): the pool and its member TLS,
+    /// the persistence key and the member it remembers; `None`: a `drop` rule matched.
+    pub(crate) fn route(
+        &self,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Option<(&PoolRoute, Option<PersistKey>, Option<SocketAddr>)> {
+        let (key, remembered) = self.remembered(peer);
+        match self.rules.choose(peer.ip(), local.port(), remembered) {
+            Choice::Pool(i) => {
+                let route = self.routes.get(i).or(self.routes.first())?;
+                Some((route, key, remembered))
+            }
+            Choice::Drop => None,
+        }
+    }
+
+    /// A client's attempts at the service's own pool (ftp): the member its source persisted
+    /// to first, then the scheduler; with the persistence key to record the chosen member under.
+    pub(crate) fn attempts(&self, peer: SocketAddr) -> (Attempts<'_>, Option<PersistKey>) {
+        let (key, remembered) = self.remembered(peer);
+        (attempts_in(&self.pool, peer, remembered), key)
+    }
+
+    /// Connects to the next member of `attempts` (at `pool`); a failed connect is reported to
+    /// the member and the next member tried, until the pool's `retries` are spent.
     pub(crate) async fn connect_member(
         &self,
+        pool: &Pool,
         peer: SocketAddr,
         attempts: &mut Attempts<'_>,
         key: Option<&PersistKey>,
     ) -> Option<(Picked, TcpStream, Duration)> {
-        let pool = &self.pool;
         loop {
             let Some(picked) = attempts.next_member() else {
                 if attempts.tried() == 0 {
@@ -350,4 +402,13 @@ impl TcpService {
             }
         }
     }
+}
+
+/// A client's attempts at `pool`: the member persistence remembers first (when the pool holds
+/// it), then the scheduler.
+fn attempts_in(pool: &Pool, peer: SocketAddr, remembered: Option<SocketAddr>) -> Attempts<'_> {
+    let ctx = PickContext {
+        hash: l4_hash(&pool.hash_key, peer),
+    };
+    pool.attempts(ctx, remembered)
 }

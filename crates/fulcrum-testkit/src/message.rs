@@ -510,7 +510,24 @@ pub struct MessageClient {
 
 impl MessageClient {
     pub async fn connect(addr: SocketAddr, framing: WireFraming) -> io::Result<MessageClient> {
-        let s = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+        MessageClient::connect_from(addr, None, framing).await
+    }
+
+    /// As `connect`, from `source` (an address of this host, e.g. 127.0.0.2) when given.
+    pub async fn connect_from(
+        addr: SocketAddr,
+        source: Option<std::net::IpAddr>,
+        framing: WireFraming,
+    ) -> io::Result<MessageClient> {
+        let sock = if addr.is_ipv6() {
+            tokio::net::TcpSocket::new_v6()?
+        } else {
+            tokio::net::TcpSocket::new_v4()?
+        };
+        if let Some(ip) = source {
+            sock.bind(SocketAddr::new(ip, 0))?;
+        }
+        let s = tokio::time::timeout(Duration::from_secs(5), sock.connect(addr))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
         s.set_nodelay(true)?;

@@ -28,6 +28,8 @@ const NEAR_SERVER: &str = "198.19.1.10:7000";
 const SNAT_A: &str = "198.18.1.2";
 const SNAT_B: &str = "198.18.2.2";
 const SINK: &str = "198.19.0.10:7001";
+/// A whoami server on a port an outbound rule names.
+const RULED_SERVER: &str = "198.19.0.10:7002";
 const FAR_SINK: &str = "198.19.1.10:7001";
 
 struct Net {
@@ -1276,4 +1278,52 @@ async fn a_reload_refused_after_the_links_were_applied_puts_them_back() {
     drop(holder_in);
     let _ = holder.kill();
     let _ = holder.wait();
+}
+
+/// `[[outbound.rule]]`: new tcp flows to one destination port leave by the rule's link, while
+/// the others follow the pool's algorithm (here every flow on a, b at weight 0); a udp rule on
+/// the same port does not catch tcp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_rule_sends_a_destination_port_to_its_link() {
+    let net = net("orule");
+    whoami(&net.inet, RULED_SERVER, net.stop.clone());
+    let rules = "[[outbound.rule]]\nprotocol = \"udp\"\ndestination_port = 7000\nlink = \"b\"\n\
+                 [[outbound.rule]]\nname = \"to-7002\"\nprotocol = \"tcp\"\ndestination_port = \"7002-7003\"\nlink = \"b\"\n";
+    let _f = start(&net, &config("weighted_round_robin", [1, 0], rules)).await;
+    let (plain, ruled) = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || (flows(&lan, SERVER, 10), flows(&lan, RULED_SERVER, 10))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        plain,
+        BTreeMap::from([(SNAT_A.to_string(), 10)]),
+        "{plain:?}"
+    );
+    assert_eq!(
+        ruled,
+        BTreeMap::from([(SNAT_B.to_string(), 10)]),
+        "{ruled:?}"
+    );
+
+    // b stops forwarding: once its monitor takes it down, the rule is skipped and its flows
+    // are balanced as the others (a); when b comes back, the rule holds again.
+    for (forward, via) in [("0", SNAT_A), ("1", SNAT_B)] {
+        net.isps[1].sysctl("net.ipv4.ip_forward", forward).unwrap();
+        let lan = net.lan.clone();
+        let settled = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if flows(&lan, RULED_SERVER, 5).get(via) == Some(&5) {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            false
+        })
+        .await
+        .unwrap();
+        assert!(settled, "flows to the rule's port did not settle on {via}");
+    }
 }

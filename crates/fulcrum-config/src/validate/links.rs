@@ -276,6 +276,20 @@ pub(crate) fn check(cfg: &Config, out: &mut Vec<(String, String)>) {
                 ),
             ),
             Some(p) => {
+                for (r, rule) in o.rules.iter().enumerate() {
+                    if !p.links.iter().any(|l| l.name == rule.link) {
+                        let names: Vec<&str> = p.links.iter().map(|l| l.name.as_str()).collect();
+                        err(
+                            format!("outbound[{i}].rule[{r}].link"),
+                            format!(
+                                "pool {:?} has no link named {:?}; its links: {}",
+                                o.pool,
+                                rule.link,
+                                names.join(", ")
+                            ),
+                        );
+                    }
+                }
                 if o.dns_proxy.is_some() && p.links.iter().all(|l| l.resolver.is_none()) {
                     err(
                         at("dns_proxy"),

@@ -224,7 +224,43 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 );
             }
         }
+        if !protocol.is_http() {
+            // The name labels the rule's counters (API, metrics): one series per rule.
+            let mut seen: HashMap<&str, usize> = HashMap::new();
+            for (r, rule) in vs.rules().iter().enumerate() {
+                let Some(name) = rule.name.as_deref() else {
+                    continue;
+                };
+                if let Some(first) = seen.insert(name, r) {
+                    c.err(
+                        &format!("virtual_service[{i}].rule[{r}].name"),
+                        format!(
+                            "duplicate rule name {name:?}: already used by rule[{first}] (the name labels the rule's counters)"
+                        ),
+                    );
+                }
+            }
+        }
         for (r, rule) in vs.rules().iter().enumerate() {
+            // An L4 rule's ports are the ones the service listens on: a rule naming none of
+            // them could never match (a typo, or a listen address removed).
+            let ports = &rule.destination_port;
+            if !protocol.is_http()
+                && !ports.is_empty()
+                && !vs
+                    .listen
+                    .iter()
+                    .any(|a| ports.iter().any(|p| p.contains(&a.port())))
+            {
+                let listen: Vec<String> = vs.listen.iter().map(|a| a.port().to_string()).collect();
+                c.err(
+                    &format!("virtual_service[{i}].rule[{r}].destination_port"),
+                    format!(
+                        "matches none of the ports the service listens on ({}): the rule could never match",
+                        listen.join(", ")
+                    ),
+                );
+            }
             if let RuleAction::Pool(p) = &rule.action {
                 let path = format!("virtual_service[{i}].rule[{r}].pool");
                 c.reference(&path, "pool", "pool", p, pool_names.clone());

@@ -40,14 +40,21 @@ struct InOrder {
     slots: VecDeque<Option<Option<Bytes>>>,
 }
 
-pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer: SocketAddr) {
+/// One client connection, carried by `hub` (the dispatcher of the pool the service's rules
+/// chose for it).
+pub(crate) async fn serve(
+    service: Arc<MessageService>,
+    hub: Arc<Hub>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) {
     match service.tls.clone() {
-        None => serve_io(&service, stream, peer).await,
+        None => serve_io(&service, &hub, stream, peer).await,
         // Boxed: the handshake state would otherwise enlarge every plain connection's task.
         Some(tls) => {
             Box::pin(async {
-                if let Some((s, _)) = tls.accept(stream, &service.hub.name, peer).await {
-                    serve_io(&service, s, peer).await;
+                if let Some((s, _)) = tls.accept(stream, &hub.name, peer).await {
+                    serve_io(&service, &hub, s, peer).await;
                 }
             })
             .await
@@ -58,10 +65,10 @@ pub(crate) async fn serve(service: Arc<MessageService>, stream: TcpStream, peer:
 /// One client connection over a plain socket or a TLS stream (`tls` on the service).
 async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
     service: &MessageService,
+    hub: &Arc<Hub>,
     mut stream: S,
     peer: SocketAddr,
 ) {
-    let hub = &service.hub;
     if service.max_connections > 0
         && hub.stats.connections_active.load(Ordering::Relaxed)
             >= u64::from(service.max_connections)

@@ -51,11 +51,18 @@ impl Hub {
     }
 }
 
-/// A `protocol = "message"` virtual service as the listeners see it: the dispatcher its client
-/// connections use, and the client-side limits of the current configuration.
+/// A `protocol = "message"` virtual service as the listeners see it: the dispatchers its client
+/// connections use, one per pool they can go to, and the client-side limits of the current
+/// configuration.
 #[derive(Debug)]
 pub struct MessageService {
+    /// The dispatcher of the service's own pool (`hubs[0]`).
     pub hub: Arc<Hub>,
+    /// The rules choosing a client connection's pool: an index into `hubs`, which holds one
+    /// dispatcher per pool of `rules.pools()`, in the same order. A connection keeps its
+    /// dispatcher (and so its pool) for its whole life.
+    pub rules: crate::rules::L4Rules,
+    pub hubs: Vec<Arc<Hub>>,
     /// Closes a client connection after this long without a byte either way.
     pub idle_timeout: Duration,
     /// Concurrent client connections; 0 = unlimited.
@@ -66,10 +73,28 @@ pub struct MessageService {
 }
 
 impl StreamHandler for MessageService {
-    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, _local: SocketAddr) {
+    fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
+        // Persistence (`source_ip`: the member the client's messages went to), then the rules:
+        // the pool of this client connection, or a `drop` rule (reset at once, as `deny` does).
+        let remembered = if self.rules.is_empty() {
+            None
+        } else {
+            let d = self.hub.dispatch_state();
+            d.persistence
+                .as_ref()
+                .and_then(|p| p.table.get(&p.key(peer)))
+        };
+        let hub = match self.rules.choose(peer.ip(), local.port(), remembered) {
+            crate::rules::Choice::Pool(i) => self.hubs.get(i).unwrap_or(&self.hub).clone(),
+            crate::rules::Choice::Drop => {
+                tracing::debug!(service = %self.hub.name, client = %peer, "dropped by a rule");
+                let _ = stream.set_zero_linger();
+                return;
+            }
+        };
         let tracked = self.tracker.track();
         tokio::spawn(async move {
-            client::serve(self.clone(), stream, peer).await;
+            client::serve(self.clone(), hub, stream, peer).await;
             drop(tracked);
         });
     }

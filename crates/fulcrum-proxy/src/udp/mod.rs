@@ -15,6 +15,10 @@
 //!   connection of its member (`open_connection`).
 //! - `per_packet`: every datagram is scheduled on its own (the seeds' forced per-packet load,
 //!   for RADIUS and DNS where one request and one reply make a session).
+//! - rules (`rules`): a new flow's pool is chosen once, when the flow is made (persistence,
+//!   then the first matching rule, else the service's pool), and kept for the flow's life,
+//!   across reloads while the service still has a pool of that name. A `drop` rule makes no
+//!   flow: the datagram is dropped (and the next one from that client is judged again).
 //! - `radius` persistence: the configured attribute of each RADIUS packet is looked up in a
 //!   persistence table first, in both modes, so a user's Access-Request and Accounting-Request
 //!   reach the same server whatever source port the NAS used.
@@ -51,6 +55,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::radius::{self, KeyOf};
+use crate::rules::{Choice, L4Rules};
 use crate::tcp::{l4_hash, SourcePersistence};
 use fulcrum_net::listener::DatagramService;
 use fulcrum_net::stats::{ServiceConnection, ServiceStats};
@@ -198,7 +203,10 @@ pub struct RadiusPersistence {
 #[derive(Debug)]
 pub struct UdpService {
     pub name: Arc<str>,
+    /// The service's own pool (`rules.pools()[0]`).
     pub pool: Arc<Pool>,
+    /// The rules choosing the pool of a new flow.
+    pub rules: L4Rules,
     pub mode: UdpMode,
     pub session_timeout: Duration,
     pub max_sessions: u64,
@@ -258,6 +266,13 @@ struct Flow {
     _counted: ServiceConnection,
     /// Counted as one-way for its source until the client speaks after a member's answer.
     one_way: Option<OneWay>,
+    /// The flow's pool: an index into `routed_by.rules.pools()`, chosen when the flow was made.
+    route: usize,
+    /// The service (configuration) `route` indexes; after a reload the pool is found again by
+    /// name in the new one.
+    routed_by: Arc<UdpService>,
+    /// The local port the client sent to (for the rules, if the flow is judged again).
+    port: u16,
 }
 
 /// Where a datagram goes.
@@ -277,6 +292,7 @@ async fn receive_loop(socket: std::net::UdpSocket, current: Arc<ArcSwap<UdpServi
         }
     };
     let mut flows: HashMap<SocketAddr, Flow> = HashMap::new();
+    let port = local.map_or(0, |a| a.port());
     let mut next_sweep = Instant::now() + sweep_period(&current.load());
     loop {
         tokio::select! {
@@ -287,7 +303,7 @@ async fn receive_loop(socket: std::net::UdpSocket, current: Arc<ArcSwap<UdpServi
                     // A short batch means the queue was empty: report "would block" so the
                     // readiness is cleared without one more, empty, recvmmsg. A datagram that
                     // arrives after it raises a new (edge) event, which tokio keeps.
-                    let batch = |s: &AsyncFd<std::net::UdpSocket>| match receive_batch(s.get_ref(), &svc, &mut flows, &listen, &current) {
+                    let batch = |s: &AsyncFd<std::net::UdpSocket>| match receive_batch(s.get_ref(), &svc, &mut flows, &listen, &current, port) {
                         Ok(n) if n < BATCH => Err(io::ErrorKind::WouldBlock.into()),
                         other => other.map(|_| ()),
                     };
@@ -384,6 +400,7 @@ fn receive_batch(
     flows: &mut HashMap<SocketAddr, Flow>,
     listen: &Arc<AsyncFd<std::net::UdpSocket>>,
     current: &Arc<ArcSwap<UdpService>>,
+    port: u16,
 ) -> io::Result<usize> {
     datagram::with_client_batch(|b| {
         let n = b.recv(socket.as_raw_fd())?;
@@ -410,6 +427,11 @@ fn receive_batch(
                 forward_one(svc, flow, data, client, i, now, &mut plan);
                 continue;
             }
+            // A new flow: persistence, then the rules, choose its pool (once).
+            let route = match choose(svc, client, port) {
+                Choice::Pool(i) => i,
+                Choice::Drop => continue,
+            };
             let Some(one_way) = OneWay::admit(&svc.udp, client.ip(), per_source_limit(svc)) else {
                 svc.udp.source_limited.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -423,7 +445,8 @@ fn receive_batch(
                     continue;
                 }
             }
-            let mut flow = match new_flow(client, svc, listen, current, now, one_way) {
+            let mut flow = match new_flow(client, svc, listen, current, now, one_way, (route, port))
+            {
                 Ok(flow) => flow,
                 Err(e) => {
                     svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
@@ -473,9 +496,54 @@ fn flush(b: &datagram::RecvBatch, plan: &mut Vec<(i32, usize, SockAddr)>, svc: &
     plan.clear();
 }
 
+/// The pool a new flow from `client` to local `port` goes to: persistence (`source_ip`), then
+/// the rules, else the service's pool.
+fn choose(svc: &UdpService, client: SocketAddr, port: u16) -> Choice {
+    if svc.rules.is_empty() {
+        return Choice::Pool(0);
+    }
+    let remembered = svc
+        .source
+        .as_ref()
+        .and_then(|s| s.table.get(&s.key(client)));
+    svc.rules.choose(client.ip(), port, remembered)
+}
+
+/// The pool of a flow in the service running now: the one chosen when the flow was made,
+/// found again by name after a reload; chosen anew when the service no longer has it. `None`:
+/// a `drop` rule now matches the flow.
+fn flow_pool<'s>(
+    svc: &'s Arc<UdpService>,
+    flow: &mut Flow,
+    client: SocketAddr,
+) -> Option<&'s Arc<Pool>> {
+    if !Arc::ptr_eq(&flow.routed_by, svc) {
+        let old = flow.routed_by.rules.pools().get(flow.route);
+        let kept = old.and_then(|o| svc.rules.pools().iter().position(|p| p.name == o.name));
+        flow.route = match kept {
+            Some(i) => i,
+            None => match choose(svc, client, flow.port) {
+                Choice::Pool(i) => i,
+                Choice::Drop => return None,
+            },
+        };
+        flow.routed_by = svc.clone();
+    }
+    svc.rules.pools().get(flow.route)
+}
+
+/// The member of the service at `addr`, in any of the pools its flows can use (the service's
+/// own first).
+fn member_of(svc: &UdpService, addr: SocketAddr) -> Option<&Arc<Member>> {
+    svc.rules
+        .pools()
+        .iter()
+        .find_map(|p| p.member_by_addr(addr).map(|(_, m)| m))
+}
+
 /// Routes datagram `i` of the batch and adds it to the send plan.
 fn forward_one(
-    svc: &UdpService,
+    svc: &Arc<UdpService>,
     flow: &mut Flow,
     data: &[u8],
     client: SocketAddr,
@@ -516,10 +584,12 @@ fn upstream_addr(member: SocketAddr, v6: bool) -> SockAddr {
     }
 }
 
-/// Chooses the member for one datagram: RADIUS persistence, then the session's member, then
-/// the scheduler.
-fn route(svc: &UdpService, flow: &mut Flow, data: &[u8], client: SocketAddr) -> Route {
-    let pool = &svc.pool;
+/// Chooses the member for one datagram, in the flow's pool: RADIUS persistence, then the
+/// session's member, then the scheduler.
+fn route(svc: &Arc<UdpService>, flow: &mut Flow, data: &[u8], client: SocketAddr) -> Route {
+    let Some(pool) = flow_pool(svc, flow, client) else {
+        return Route::Drop;
+    };
     if let Some(r) = &svc.radius {
         match radius::key_of(data, r.attribute) {
             KeyOf::Value(v) => {
@@ -621,6 +691,7 @@ fn new_flow(
     current: &Arc<ArcSwap<UdpService>>,
     now: u64,
     one_way: OneWay,
+    (route, port): (usize, u16),
 ) -> io::Result<Flow> {
     let (socket, v6) = upstream_socket()?;
     let socket = Arc::new(register(socket)?);
@@ -645,6 +716,9 @@ fn new_flow(
         _reply: AbortOnDrop(reply),
         _counted: svc.stats.open(),
         one_way: Some(one_way),
+        route,
+        routed_by: svc.clone(),
+        port,
     })
 }
 
@@ -721,7 +795,7 @@ async fn relay_replies(
 fn report_icmp_errors(socket: &std::net::UdpSocket, svc: &UdpService, flow: &FlowShared) {
     datagram::read_errors(socket.as_raw_fd(), 64, |e| {
         svc.udp.icmp_errors.fetch_add(1, Ordering::Relaxed);
-        if let Some((_, member)) = svc.pool.member_by_addr(e.destination) {
+        if let Some(member) = member_of(svc, e.destination) {
             let detail = format!("ICMP: {}", e.error);
             tracing::debug!(service = %svc.name, member = %member.label, %detail, "udp datagram refused");
             member.record_connect_failure(&detail);
@@ -749,8 +823,8 @@ fn relay_batch(
             };
             let member = match last {
                 Some((addr, m)) if addr == from => m,
-                _ => match svc.pool.member_by_addr(from) {
-                    Some((_, m)) => {
+                _ => match member_of(svc, from) {
+                    Some(m) => {
                         last = Some((from, m));
                         m
                     }

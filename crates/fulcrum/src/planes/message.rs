@@ -1,6 +1,7 @@
-//! Assembly of `protocol = "message"` services: one dispatcher (`Hub`) per service, kept across
-//! reloads so client connections stay and their next messages go to the new pool, and the
-//! message metric families.
+//! Assembly of `protocol = "message"` services: one dispatcher (`Hub`) per pool a service's
+//! client connections can go to (its own pool, and each pool its rules name), kept across
+//! reloads by service and pool name so client connections stay and their next messages go to
+//! the new pool of that name, and the message metric families.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,10 +27,12 @@ enum Plan {
 
 #[derive(Default)]
 struct Inner {
-    hubs: HashMap<String, Arc<Hub>>,
+    /// Per service: its dispatchers, the one of its own pool first, then one per pool its
+    /// rules name.
+    hubs: HashMap<String, Vec<Arc<Hub>>>,
     /// Service counters by name, kept across reloads and dispatchers.
     stats: HashMap<String, Arc<MessageStats>>,
-    plans: Vec<(String, Plan)>,
+    plans: Vec<(String, Vec<Plan>)>,
 }
 
 /// The message services of the process.
@@ -64,42 +67,63 @@ impl DataPlane for MessagePlane {
             .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
         let persistence = cx.source_persistence(vs);
         let stats = cx.stats(vs);
+        let rules = fulcrum_proxy::L4Rules::compile(vs.rules(), pool, cx.pools, &stats)
+            .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
         // TLS towards the clients (`tls`), source addresses towards the members (`snat`).
         let tls = cx.stream_tls(vs)?;
         let snat = cx.snat(vs)?;
-        // Re-encryption to the members (the pool's `tls`), as for tcp services: no ALPN.
-        let member_tls = crate::planes::http::tls::stream_member_tls(&pool)
-            .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
-        let settings = Settings {
-            snat,
-            member_tls,
-            framing: section.framing.clone(),
-            mode: section.mode,
-            sequence: section.sequence.clone(),
-            options: section.options.clone(),
-            proxy_protocol: section.stream.proxy_protocol,
-        };
         let mut inner = self.inner.lock();
         let messages = inner.stats.entry(vs.name.clone()).or_default().clone();
-        let (hub, plan) = match inner.hubs.get(&vs.name) {
-            Some(hub) if hub.settings == settings => {
-                (hub.clone(), Plan::Retarget(hub.clone(), pool, persistence))
-            }
-            _ => {
-                let hub = Hub::new(
-                    Arc::from(vs.name.as_str()),
-                    settings,
-                    stats,
-                    messages,
-                    pool,
-                    persistence,
-                );
-                (hub.clone(), Plan::New(hub))
-            }
-        };
-        inner.plans.push((vs.name.clone(), plan));
+        let mut hubs = Vec::new();
+        let mut plans = Vec::new();
+        for pool in rules.pools() {
+            // Re-encryption to the members (the pool's `tls`), as for tcp services: no ALPN.
+            let member_tls = crate::planes::http::tls::stream_member_tls(pool)
+                .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
+            let settings = Settings {
+                snat: snat.clone(),
+                member_tls,
+                framing: section.framing.clone(),
+                mode: section.mode,
+                sequence: section.sequence.clone(),
+                options: section.options.clone(),
+                proxy_protocol: section.stream.proxy_protocol,
+            };
+            // The dispatcher this service had for a pool of that name, if its settings stay.
+            let kept = inner.hubs.get(&vs.name).and_then(|old| {
+                old.iter()
+                    .find(|h| h.dispatch_state().pool.name == pool.name && h.settings == settings)
+                    .cloned()
+            });
+            let (hub, plan) = match kept {
+                Some(hub) => (
+                    hub.clone(),
+                    Plan::Retarget(hub, pool.clone(), persistence.clone()),
+                ),
+                None => {
+                    let hub = Hub::new(
+                        Arc::from(vs.name.as_str()),
+                        settings,
+                        stats.clone(),
+                        messages.clone(),
+                        pool.clone(),
+                        persistence.clone(),
+                    );
+                    (hub.clone(), Plan::New(hub))
+                }
+            };
+            hubs.push(hub);
+            plans.push(plan);
+        }
+        inner.plans.push((vs.name.clone(), plans));
+        let hub = hubs
+            .first()
+            .cloned()
+            .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
         Ok(Some(Arc::new(MessageService {
             hub,
+            rules,
+            hubs,
             idle_timeout: vs.idle_timeout,
             max_connections: vs.max_connections,
             tracker: cx.tracker.clone(),
@@ -113,23 +137,32 @@ impl DataPlane for MessagePlane {
     fn commit(&self, _cx: &mut CommitCx) {
         let mut inner = self.inner.lock();
         let plans = std::mem::take(&mut inner.plans);
-        let mut hubs = HashMap::new();
-        for (name, plan) in plans {
-            let hub = match plan {
-                Plan::New(hub) => {
-                    hub.start();
-                    hub
-                }
-                Plan::Retarget(hub, pool, persistence) => {
-                    hub.retarget(pool, persistence);
-                    hub
-                }
-            };
-            hubs.insert(name, hub);
+        let mut hubs: HashMap<String, Vec<Arc<Hub>>> = HashMap::new();
+        for (name, plans) in plans {
+            let service = hubs.entry(name).or_default();
+            for plan in plans {
+                service.push(match plan {
+                    Plan::New(hub) => {
+                        hub.start();
+                        hub
+                    }
+                    Plan::Retarget(hub, pool, persistence) => {
+                        hub.retarget(pool, persistence);
+                        hub
+                    }
+                });
+            }
         }
+        // Dispatchers no longer in use (service removed, settings changed, or a pool no rule
+        // names any more) close their member connections after their last client connection.
         for (name, old) in &inner.hubs {
-            if !hubs.get(name).is_some_and(|h| Arc::ptr_eq(h, old)) {
-                old.unregister();
+            for hub in old {
+                let kept = hubs
+                    .get(name)
+                    .is_some_and(|new| new.iter().any(|h| Arc::ptr_eq(h, hub)));
+                if !kept {
+                    hub.unregister();
+                }
             }
         }
         inner.stats.retain(|name, _| hubs.contains_key(name));
@@ -144,7 +177,7 @@ impl DataPlane for MessagePlane {
     /// it carries are written (the tracker waits for them up to `shutdown_timeout`), and the
     /// member connections close after the last client.
     fn shutdown(&self) {
-        for hub in self.inner.lock().hubs.values() {
+        for hub in self.inner.lock().hubs.values().flatten() {
             hub.stop_clients();
             hub.unregister();
         }
@@ -158,11 +191,22 @@ impl DataPlane for MessagePlane {
 impl MessagePlane {
     /// The message metric families (see docs/operations.md).
     fn write_metrics(&self, w: &mut MetricsWriter) {
-        let mut hubs: Vec<Arc<Hub>> = self.inner.lock().hubs.values().cloned().collect();
-        if hubs.is_empty() {
+        let mut services: Vec<Vec<Arc<Hub>>> = self
+            .inner
+            .lock()
+            .hubs
+            .values()
+            .filter(|h| !h.is_empty())
+            .cloned()
+            .collect();
+        if services.is_empty() {
             return;
         }
-        hubs.sort_by(|a, b| a.name.cmp(&b.name));
+        services.sort_by(|a, b| a[0].name.cmp(&b[0].name));
+        // The dispatchers of one service share its counters: the service families are written
+        // once per service (from its first dispatcher), the member ones for every dispatcher.
+        let hubs: Vec<Arc<Hub>> = services.iter().map(|s| s[0].clone()).collect();
+        let all: Vec<Arc<Hub>> = services.iter().flatten().cloned().collect();
         type Field = fn(&MessageStats) -> f64;
         let service: [(&str, &str, &str, Field); 7] = [
             ("fulcrum_message_requests_total", "counter", "Messages received from clients.", |s| {
@@ -198,11 +242,11 @@ impl MessagePlane {
             "gauge",
             "Messages waiting in the member queues (bounded per member by member_queue).",
         );
-        for h in &hubs {
+        for s in &services {
             w.sample(
                 "fulcrum_message_queued",
-                &[("vs", &h.name)],
-                h.queued() as f64,
+                &[("vs", &s[0].name)],
+                s.iter().map(|h| h.queued()).sum::<usize>() as f64,
             );
         }
         w.family(
@@ -306,7 +350,7 @@ impl MessagePlane {
                 |s| load(&s.connections),
             ),
         ];
-        let states: Vec<_> = hubs
+        let states: Vec<_> = all
             .iter()
             .map(|h| (h.clone(), h.dispatch_state()))
             .collect();

@@ -92,13 +92,18 @@ impl DataPlane for UdpPlane {
             .ok_or_else(|| format!("virtual service {:?} has no pool", vs.name))?;
         let source = cx.source_persistence(vs);
         let stats = cx.stats(vs);
-        // Probes of passively downed members must not be TCP connects to a UDP-only server.
-        let only_udp = config
-            .virtual_services
-            .iter()
-            .filter(|v| v.pool == vs.pool)
-            .all(|v| v.protocol() == Protocol::Udp);
-        pool.set_datagram(only_udp);
+        let rules = fulcrum_proxy::L4Rules::compile(vs.rules(), pool.clone(), cx.pools, &stats)
+            .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
+        // Probes of passively downed members must not be TCP connects to a UDP-only server:
+        // each pool the service's flows can use, when only udp services use it.
+        for p in rules.pools() {
+            let only_udp = config
+                .virtual_services
+                .iter()
+                .filter(|v| uses_pool(v, &p.name))
+                .all(|v| v.protocol() == Protocol::Udp);
+            p.set_datagram(only_udp);
+        }
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let Some((_, next)) = state.pending.as_mut() else {
@@ -136,6 +141,7 @@ impl DataPlane for UdpPlane {
         let service = Arc::new(UdpService {
             name: Arc::from(vs.name.as_str()),
             pool,
+            rules,
             mode: section.mode,
             session_timeout: section.session_timeout,
             max_sessions: section.max_sessions,
@@ -178,6 +184,15 @@ impl DataPlane for UdpPlane {
     fn metrics(&self, w: &mut MetricsWriter) {
         self.write_metrics(w);
     }
+}
+
+/// Whether `vs` sends clients to pool `name` (its own pool or a rule's).
+fn uses_pool(vs: &VirtualService, name: &str) -> bool {
+    vs.pool.as_deref() == Some(name)
+        || vs
+            .rules()
+            .iter()
+            .any(|r| matches!(&r.action, fulcrum_config::RuleAction::Pool(p) if p == name))
 }
 
 impl UdpPlane {
