@@ -313,7 +313,7 @@ impl FromNode for PortSpec {
                 Ok(p) if p > 0 => Ok(p..=p),
                 _ => Err(format!("{text:?} is not a port 1..=65535")),
             },
-            Shape::Str(text) => crate::tcp::parse_port_range(text)
+            Shape::Str(text) => crate::types::parse_port_range(text)
                 .map_err(|why| format!("{text:?} is not a port range: {why}")),
             _ => Err(format!(
                 "expected a port (443) or a range as a string (\"8000-8099\"), found {}",

@@ -92,7 +92,7 @@ impl FromNode for PortRange {
             );
             return None;
         };
-        match parse_port_range(text) {
+        match crate::types::parse_port_range(text) {
             Ok(r) => Some(PortRange(r)),
             Err(why) => {
                 cx.error(node, format!("{text:?} is not a port range: {why}"));
@@ -102,24 +102,9 @@ impl FromNode for PortRange {
     }
 }
 
-pub(crate) fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
-    let (low, high) = text
-        .split_once('-')
-        .ok_or_else(|| "expected \"A-B\" with 1 <= A <= B <= 65535".to_string())?;
-    let port = |s: &str| match s.trim().parse::<u16>() {
-        Ok(p) if p > 0 => Ok(p),
-        _ => Err(format!("{s:?} is not a port 1..=65535")),
-    };
-    let (low, high) = (port(low)?, port(high)?);
-    if low > high {
-        return Err(format!("the first port {low} is above the last {high}"));
-    }
-    Ok(low..=high)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::parse_port_range;
+    use crate::types::parse_port_range;
 
     #[test]
     fn port_ranges_are_bounded_and_ordered() {

@@ -1,6 +1,7 @@
 //! `FromNode` for the value types a config uses: scalars, durations, sizes, addresses, prefixes.
 
 use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -361,6 +362,22 @@ pub(crate) fn ifname_ok(s: &str) -> bool {
         && s != ".."
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// "A-B": a range of ports, 1 <= A <= B <= 65535.
+pub(crate) fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
+    let (low, high) = text
+        .split_once('-')
+        .ok_or_else(|| "expected \"A-B\" with 1 <= A <= B <= 65535".to_string())?;
+    let port = |s: &str| match s.trim().parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(format!("{s:?} is not a port 1..=65535")),
+    };
+    let (low, high) = (port(low)?, port(high)?);
+    if low > high {
+        return Err(format!("the first port {low} is above the last {high}"));
+    }
+    Ok(low..=high)
 }
 
 #[cfg(test)]
