@@ -222,11 +222,13 @@ fuzz_target!(|data: &[u8]| {
         },
         Default::default(),
         messages.clone(),
-        pool,
+        pool.clone(),
         None,
     );
     let service = Arc::new(MessageService {
         hub: hub.clone(),
+        rules: fulcrum_proxy::rules::L4Rules::none(pool),
+        hubs: vec![hub.clone()],
         idle_timeout: vs.idle_timeout,
         max_connections: 0,
         tracker: Default::default(),
