@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vips: 2,
         conns: 65536,
         nat_entries: 1024,
+        acl_entries: 65536,
     };
     let mut dp = match std::env::var_os("FULCRUM_XDP_OBJECT") {
         Some(path) => Dataplane::load_object(&std::fs::read(path)?, limits)?,

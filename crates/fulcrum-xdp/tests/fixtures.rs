@@ -64,6 +64,7 @@ fn setup_with(mode: u32, flags: u32, member_port: u16) -> Fx {
         vips: 4,
         conns: 4096,
         nat_entries: 4096,
+        acl_entries: 65536,
     })
     .expect("load the XDP object (needs root)");
     dp.set_config(&Config {

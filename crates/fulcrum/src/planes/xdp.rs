@@ -1276,6 +1276,7 @@ pub fn run_decap(interfaces: &[String], mode: &str, sources: &[String]) -> std::
         vips: 1,
         conns: 1,
         nat_entries: 1,
+        acl_entries: 1,
     };
     let mut dp = match Dataplane::load(limits) {
         Ok(d) => d,
