@@ -612,30 +612,40 @@ impl Dataplane {
             return Err(Error::VipIndex(index, self.limits.vips));
         }
         let hz = self.hz.max(1);
+        let old = {
+            let m: Array<&MapData, FlowLimit> =
+                Array::try_from(self.map("vip_limits")?).map_err(map_err("vip_limits"))?;
+            m.get(&index, 0).map_err(map_err("vip_limits"))?
+        };
+        let entry = match limits {
+            None => FlowLimit {
+                base: old.base,
+                ..FlowLimit::default()
+            },
+            Some(l) => {
+                let rate = u128::from(l.new_per_second) * u128::from(FLOW_COST) / u128::from(hz);
+                let mut entry = FlowLimit {
+                    rate: u64::try_from(rate).unwrap_or(u64::MAX),
+                    burst: l.burst.max(1).saturating_mul(FLOW_COST),
+                    max: l.max,
+                    base: old.base,
+                };
+                if old.max == 0 && l.max > 0 {
+                    // A cap that starts now: the program did not count while there was none,
+                    // so the count starts at 0 (admitting) until `recount_flows` finds the
+                    // flows there are.
+                    let s: Array<&MapData, FlowState> =
+                        Array::try_from(self.map("vip_flows")?).map_err(map_err("vip_flows"))?;
+                    let st = s.get(&index, 0).map_err(map_err("vip_flows"))?;
+                    entry.base = st.created.wrapping_sub(st.ended);
+                }
+                entry
+            }
+        };
         let mut m: Array<&mut MapData, FlowLimit> =
             Array::try_from(self.map_mut("vip_limits")?).map_err(map_err("vip_limits"))?;
-        let old = m.get(&index, 0).map_err(map_err("vip_limits"))?;
-        let Some(l) = limits else {
-            m.set(
-                index,
-                FlowLimit {
-                    base: old.base,
-                    ..FlowLimit::default()
-                },
-                0,
-            )
-            .map_err(map_err("vip_limits"))?;
-            return Ok(0);
-        };
-        let rate = u128::from(l.new_per_second) * u128::from(FLOW_COST) / u128::from(hz);
-        let entry = FlowLimit {
-            rate: u64::try_from(rate).unwrap_or(u64::MAX),
-            burst: l.burst.max(1).saturating_mul(FLOW_COST),
-            max: l.max,
-            base: old.base,
-        };
         m.set(index, entry, 0).map_err(map_err("vip_limits"))?;
-        Ok(VIP_F_LIMITS)
+        Ok(if limits.is_some() { VIP_F_LIMITS } else { 0 })
     }
 
     /// Starts VIP `index`'s flow accounting afresh (a service new at this index): a full

@@ -1923,9 +1923,28 @@ fn flow_cap_counts_created_and_ended_flows() {
     assert_eq!(fx.dp.flow_state(0).expect("state").1, 1);
     assert_eq!(fx.run(&client_frame(false, TCP, 43003, SYN)).0, XDP_TX);
     assert_eq!(fx.dp.flow_state(0).expect("state").1, 2);
-    // Limits off: no cap, and the count resumes right once they are back (recount).
+    // Limits off: no cap, nothing counted. Back on: the count starts from 0 (the program did
+    // not count meanwhile) until the recount finds the live flows.
     fx.limits(false, TCP, None);
-    assert_eq!(fx.run(&client_frame(false, TCP, 43004, SYN)).0, XDP_TX);
+    for port in [43004, 43005] {
+        assert_eq!(fx.run(&client_frame(false, TCP, port, SYN)).0, XDP_TX);
+    }
+    fx.limits(
+        false,
+        TCP,
+        Some(FlowLimits {
+            new_per_second: 0,
+            burst: 0,
+            max: 2,
+        }),
+    );
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 0);
+    assert_eq!(
+        fx.dp.recount_flows(&[0]).expect("recount").get(&0),
+        Some(&4)
+    );
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 4);
+    assert_eq!(fx.run(&client_frame(false, TCP, 43006, SYN)).0, XDP_DROP);
 }
 
 /// A flood of ACKs and RSTs from random sources takes no state, no token and no flow from
