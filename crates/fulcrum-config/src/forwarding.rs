@@ -53,6 +53,11 @@ pub struct FlowLimits {
     pub max: Option<u64>,
 }
 
+/// Entries the kernel's access-list trie gives the nat / dr / tunnel services together: half
+/// of fulcrum-xdp's default trie, the other half is for a reload writing a new list beside the
+/// old one.
+pub const XDP_ACL_ENTRIES_MAX: usize = 131_072;
+
 /// The most `new_per_second` and `burst` take (the program's bucket arithmetic stays exact).
 pub const FLOW_RATE_MAX: u64 = 100_000_000;
 
@@ -238,6 +243,23 @@ address = "198.18.1.1:80"
                 max: Some(100000),
             })
         );
+    }
+
+    #[test]
+    fn access_lists_of_in_kernel_services_must_fit_the_kernel_trie() {
+        // 65,537 IPv4 prefixes: 131,074 entries with their IPv4-mapped copies.
+        let deny: Vec<String> = (0..65_537u32)
+            .map(|i| format!("\"{}/32\"", std::net::Ipv4Addr::from(0x0a00_0000 | i)))
+            .collect();
+        let lists = format!("deny = [{}]", deny.join(", "));
+        let e = errors(&service(
+            &format!("forwarding = \"dr\"\ninterfaces = [\"eth0\"]\n{lists}"),
+            "tcp",
+        ));
+        has(&e, "virtual_service[0].deny");
+        has(&e, "more than the 131072");
+        // The same lists on a proxied service are no kernel's business.
+        parse(&service(&lists, "tcp"), "f.toml", Path::new("/")).expect("valid");
     }
 
     #[test]
