@@ -67,7 +67,8 @@ struct Service {
 
 /// A service with `flow_limits.max`: its live flows are recounted this often (the program
 /// cannot see flows leave by idling out or LRU eviction). A walk of the connection table, about
-/// two bpf() calls per entry: well under a second for a full default table.
+/// two bpf() calls per entry: measured 2.7 µs per flow (bench/xdp.sh, 2 CPUs), so ~0.7 s for a
+/// full default table (262,144 flows), during which the plane's lock is held.
 const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 
 fn prefixes(nets: &[ipnet::IpNet]) -> Vec<(IpAddr, u8)> {
