@@ -61,7 +61,7 @@ struct Service {
     /// The access list in force (its Debug text: the lists as configured), its generation in
     /// the `acl` trie and the VIP flags it set.
     acl: (String, bool, u32),
-    /// `flow_limits` as written; with a `max`, the flows last recounted.
+    /// `flow_limits` as written into `vip_limits`.
     limits: Option<fulcrum_xdp::FlowLimits>,
 }
 
@@ -1006,6 +1006,7 @@ impl XdpPlane {
                         "burst": l.burst,
                         "max": l.max,
                         "flows": st.dp.flow_state(s.index).ok().map(|(_, n)| n.max(0)),
+                        "flows_at_last_recount": st.flow_counts.get(&s.index),
                     })),
                     "members": members,
                 })
