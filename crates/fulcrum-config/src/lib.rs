@@ -47,7 +47,7 @@ pub use bgp::{Bgp, BgpOspf, BgpSpeaker, DEFAULT_BGP_INCLUDE, DEFAULT_BGP_INTERFA
 pub use dns::{Dns, RateLimit, Zone};
 pub use elastic::{Elastic, ElasticOn};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
-pub use forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
+pub use forwarding::{FlowLimits, Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use gslb::{Gslb, GslbAlgorithm, GslbName, Site};
 pub use ha::{ConntrackSync, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{

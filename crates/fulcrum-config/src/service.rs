@@ -261,6 +261,7 @@ impl VirtualService {
             forwarding: Forwarding::Proxy,
             interfaces: Vec::new(),
             xdp_mode: XdpMode::Auto,
+            flow_limits: None,
         };
         match &self.kind {
             ServiceKind::Tcp(s) => &s.forwarding,

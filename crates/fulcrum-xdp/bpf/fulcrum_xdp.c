@@ -59,6 +59,18 @@ struct icmphdr {
 #define MODE_TUNNEL 2
 #define MODE_NAT 3
 #define VIP_F_PERSIST_SRC 0x10
+// The VIP has an access list (entries in `acl`): look the source up for packets without a flow
+// (and every UDP datagram).
+#define VIP_F_ACL 0x20
+// ... with an `allow` list: a source in no allowed prefix is refused.
+#define VIP_F_ALLOW_ONLY 0x40
+// The VIP has flow limits (`vip_limits`): checked before a flow is created.
+#define VIP_F_LIMITS 0x80
+// Which of the VIP's two access lists in `acl` is in force: userspace writes a new list under
+// the other generation, then flips this bit with one update of the VIP, then removes the old
+// list, so a reload switches a VIP's list whole.
+#define VIP_F_ACL_GEN 0x100
+#define ACL_GEN_SHIFT 16
 
 #define CONN_F_FIN 0x1
 // Written by ha.sync from the peer's table; cleared by the first packet seen here, so that
@@ -82,7 +94,11 @@ enum drop_reason {
 	DROP_FAMILY = 4,    // tunnel: member's family differs from the VIP's
 	DROP_ADJUST = 5,    // bpf_xdp_adjust_head failed (no headroom)
 	DROP_NO_FLOW = 6,   // nat: TCP segment other than a SYN, and no flow (a stray ACK/RST/FIN)
-	DROP_REASONS = 8,
+	DROP_ACL_DENIED = 7,      // source in a `deny` prefix
+	DROP_ACL_NOT_ALLOWED = 8, // `allow` set and the source in none of its prefixes
+	DROP_FLOW_RATE = 9,       // new flow past the VIP's token bucket (new_per_second, burst)
+	DROP_FLOW_MAX = 10,       // new flow while the VIP has `max` flows
+	DROP_REASONS = 12,
 };
 
 enum global_counter {
@@ -202,6 +218,43 @@ struct vip_stats {
 	__u64 drops[DROP_REASONS];
 };
 
+// A VIP's access list, one LPM trie for all VIPs: the VIP index and the family lead the data,
+// so prefixlen counts them (64 + the address bits) and a lookup only meets the VIP's own
+// prefixes. Userspace stores on each prefix the verdict of the whole list for addresses whose
+// longest listed prefix it is (ACL_DENY when a deny prefix covers it, ACL_ALLOW when an allow
+// prefix does): with deny winning whatever the lengths, the longest match alone decides.
+#define ACL_DENY 0x1
+#define ACL_ALLOW 0x2
+
+struct acl_key {
+	__u32 prefixlen;
+	__u32 vip; // index | generation << ACL_GEN_SHIFT
+	__u32 family;
+	__u32 addr[4];
+};
+
+// A VIP's flow limits (userspace writes them; `base` is its correction of the flow count, see
+// vip_flows). Token bucket in 1/65536 of a flow: `rate` per jiffy, at most `burst`.
+struct flow_limit {
+	__u64 rate;
+	__u64 burst;
+	__u64 max; // 0: no cap on concurrent flows
+	__u64 base;
+};
+
+// A VIP's flow accounting, written only here. Shared by all CPUs (not per-CPU): a per-CPU
+// bucket would split the budget nr_cpus ways and refuse traffic that RSS puts on one queue.
+// `created` and `ended` move by atomic adds; the VIP holds created - ended - base flows.
+struct flow_state {
+	__s64 tokens;
+	__u64 last; // jiffies of the last refill
+	__u64 created;
+	__u64 ended; // flows this program removed (accepted RST); idle and evicted ones are
+		     // accounted by userspace's recount (base)
+};
+
+#define FLOW_COST 65536
+
 struct real_stats {
 	__u64 packets;
 	__u64 bytes;
@@ -280,6 +333,29 @@ struct {
 	__type(key, __u32);
 	__type(value, struct real_stats);
 } real_stats SEC(".maps");
+
+// Sized by the loader (fulcrum_xdp::Limits::acl_entries).
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct acl_key);
+	__type(value, __u32);
+} acl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct flow_limit);
+} vip_limits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct flow_state);
+} vip_flows SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -768,6 +844,62 @@ static long other_cpu_conn(__u32 cpu, void *arg)
 	return 1; // stop
 }
 
+// The drop reason for the packet's source under the VIP's access list, 0 when it may pass.
+static __always_inline __u32 acl_refuses(__u32 vi, __u32 vflags, const struct pkt *p)
+{
+	struct acl_key k = {};
+	k.prefixlen = 64 + (p->k.family == 4 ? 32 : 128);
+	k.vip = vi | ((vflags & VIP_F_ACL_GEN) ? 1u << ACL_GEN_SHIFT : 0);
+	k.family = p->k.family;
+	__builtin_memcpy(k.addr, p->k.src, sizeof(k.addr));
+	__u32 *v = bpf_map_lookup_elem(&acl, &k);
+	__u32 verdict = v ? *v : 0;
+	if (verdict & ACL_DENY)
+		return DROP_ACL_DENIED;
+	if ((vflags & VIP_F_ALLOW_ONLY) && !(verdict & ACL_ALLOW))
+		return DROP_ACL_NOT_ALLOWED;
+	return 0;
+}
+
+// A new flow for VIP `vi` under its limits: the drop reason, or 0 with the flow counted.
+// The cap is checked first so a refused flow spends no token. The refill runs once per jiffy,
+// by whichever CPU sees the tick first; two CPUs refilling in the same instant may lose a take
+// made in between (the bucket is approximate by a few flows per tick, in the admitting
+// direction), while takes themselves are atomic.
+static __always_inline __u32 flow_admit(__u32 vi, __u64 now)
+{
+	struct flow_limit *l = bpf_map_lookup_elem(&vip_limits, &vi);
+	struct flow_state *s = bpf_map_lookup_elem(&vip_flows, &vi);
+	if (!l || !s)
+		return 0;
+	if (l->max && (__s64)(s->created - s->ended - l->base) >= (__s64)l->max)
+		return DROP_FLOW_MAX;
+	if (l->rate) {
+		if (s->last != now) {
+			__u64 elapsed = now - s->last;
+			if (elapsed > (1 << 24))
+				elapsed = 1 << 24;
+			__s64 t = s->tokens + (__s64)(elapsed * l->rate);
+			if (t > (__s64)l->burst)
+				t = l->burst;
+			s->tokens = t;
+			s->last = now;
+		}
+		if (s->tokens < FLOW_COST)
+			return DROP_FLOW_RATE;
+		__sync_fetch_and_add(&s->tokens, -FLOW_COST);
+	}
+	__sync_fetch_and_add(&s->created, 1);
+	return 0;
+}
+
+static __always_inline void flow_ended(__u32 vi)
+{
+	struct flow_state *s = bpf_map_lookup_elem(&vip_flows, &vi);
+	if (s)
+		__sync_fetch_and_add(&s->ended, 1);
+}
+
 static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const struct vip_meta *vip)
 {
 	__u32 vi = vip->index;
@@ -829,8 +961,22 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 	// (the reply would not be translated); dr and tunnel send it where the ring says, without
 	// state, so that flows still reach their member after a restart that lost the table.
 	int no_flow = !ri && !p->icmp && tcp && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN;
+	// allow / deny: like a proxied service, TCP is checked where a connection starts (any
+	// segment without a flow: a flow of a denied source never exists, and one that predates
+	// a reload goes on), UDP on every datagram. An ICMP error's quoted client is not its
+	// sender: not checked (it creates nothing and reaches only a flow's own member).
+	if ((vip->flags & VIP_F_ACL) && !p->icmp && (!ri || !tcp)) {
+		__u32 why = acl_refuses(vi, vip->flags, p);
+		if (why)
+			return drop_vip(vi, why);
+	}
 	if (no_flow && mode == MODE_NAT)
 		return drop_vip(vi, DROP_NO_FLOW);
+	if (!ri && !p->icmp && !no_flow && (vip->flags & VIP_F_LIMITS)) {
+		__u32 why = flow_admit(vi, now);
+		if (why)
+			return drop_vip(vi, why);
+	}
 	// Hashing 36 bytes of key is a good share of the per-packet cost: only a ring pick or a
 	// tunnel's outer header needs it, an LRU hit in dr/nat mode does not.
 	__u32 hash = 0;
@@ -857,8 +1003,10 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 				report_new_flow(ctx, p, ri, vi);
 		}
 	}
-	if (rst_accepted) // the flow ends now
+	if (rst_accepted) { // the flow ends now
 		bpf_map_delete_elem(&conns, &p->k);
+		flow_ended(vi);
+	}
 
 	struct real *r = bpf_map_lookup_elem(&reals, &ri);
 	if (!r || !r->family)
@@ -1041,6 +1189,7 @@ static __always_inline int nat_out(struct xdp_md *ctx, struct pkt *p)
 			__builtin_memcpy(fk.dst, &ip6->saddr, sizeof(fk.dst));
 		}
 		bpf_map_delete_elem(&conns, &fk);
+		flow_ended(vi);
 	}
 	return out(ctx, ifindex);
 }

@@ -1,4 +1,5 @@
 //! ns per packet through BPF_PROG_RUN: the forwarder's LRU-hit and new-flow paths (dr mode)
+//! (also with per-VIP access lists of 10 and 10,000 prefixes, a deny-list drop, flow_limits)
 //! next to a program that only returns XDP_PASS, in the same run (bench/xdp.sh; needs root).
 //!
 //! BPF_PROG_RUN repeats the program on the same buffer without resetting it, so only dr mode
@@ -28,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vips: 2,
         conns: 65536,
         nat_entries: 1024,
+        acl_entries: 65536,
     };
     let mut dp = match std::env::var_os("FULCRUM_XDP_OBJECT") {
         Some(path) => Dataplane::load_object(&std::fs::read(path)?, limits)?,
@@ -101,6 +103,116 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vs = dp.vip_stats(0)?;
     assert!(vs.new_flows >= u64::from(repeat), "new-flow path taken");
 
+    // Access list of 10,000 prefixes (lengths 16 to 32, spread over the IPv4 space, the
+    // client's /24 among them; 20,000 trie entries with the IPv4-mapped copies): a new flow of
+    // an allowed client, the drop of a denied one, and an LRU hit (TCP flows that exist are not
+    // looked up). Then flow_limits (a bucket that never runs dry, and a cap far away): the cost
+    // of the atomic accounting on the new-flow path.
+    let mut x = 0x2545_f491u32;
+    let mut prefixes: Vec<(IpAddr, u8)> = (0..9_999)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (IpAddr::V4(std::net::Ipv4Addr::from(x)), 16 + (i % 17) as u8)
+        })
+        .collect();
+    prefixes.push(("198.18.2.0".parse()?, 24));
+    let key = VipKey::new(vip, 80, TCP);
+    let few = &prefixes[prefixes.len() - 10..];
+    let few_flags = dp.set_acl(0, true, few, &[])?;
+    dp.set_vip(
+        key,
+        VipMeta {
+            index: 0,
+            flags: MODE_DR | few_flags,
+        },
+    )?;
+    let new_acl_few = median(&mut || {
+        let (act, d) = dp.bench(PROGRAM, &syn, repeat)?;
+        assert_eq!(act, XDP_TX);
+        Ok(d)
+    })?;
+    dp.clear_acl(0, false)?;
+    let acl_flags = dp.set_acl(0, false, &prefixes, &[])?;
+    dp.set_vip(
+        key,
+        VipMeta {
+            index: 0,
+            flags: MODE_DR | acl_flags,
+        },
+    )?;
+    let new_acl = median(&mut || {
+        let (act, d) = dp.bench(PROGRAM, &syn, repeat)?;
+        assert_eq!(act, XDP_TX);
+        Ok(d)
+    })?;
+    dp.clear_acl(0, true)?;
+    let acl_entries = dp.acl_len()?;
+    let deny_flags = dp.set_acl(0, true, &[], &prefixes)?;
+    dp.set_vip(
+        key,
+        VipMeta {
+            index: 0,
+            flags: MODE_DR | deny_flags,
+        },
+    )?;
+    dp.clear_acl(0, false)?;
+    let denied = median(&mut || {
+        let (act, d) = dp.bench(PROGRAM, &syn, repeat)?;
+        assert_eq!(act, XDP_DROP);
+        Ok(d)
+    })?;
+    dp.set_acl(0, false, &prefixes, &[])?;
+    dp.set_vip(
+        key,
+        VipMeta {
+            index: 0,
+            flags: MODE_DR | acl_flags,
+        },
+    )?;
+    dp.clear_acl(0, true)?;
+    dp.set_config(&Config::default())?;
+    dp.test_run(&syn)?;
+    let hit_acl = median(&mut || {
+        let (act, d) = dp.bench(PROGRAM, &frame, repeat)?;
+        assert_eq!(act, XDP_TX);
+        Ok(d)
+    })?;
+    dp.clear_acl(0, false)?;
+    dp.set_config(&Config {
+        tcp_idle: Duration::ZERO,
+        ..Config::default()
+    })?;
+    let limit_flag = dp.set_flow_limits(
+        0,
+        Some(FlowLimits {
+            new_per_second: 100_000_000,
+            burst: 100_000_000,
+            max: u64::MAX / 2,
+        }),
+    )?;
+    dp.set_vip(
+        key,
+        VipMeta {
+            index: 0,
+            flags: MODE_DR | limit_flag,
+        },
+    )?;
+    let new_limits = median(&mut || {
+        let (act, d) = dp.bench(PROGRAM, &syn, repeat)?;
+        assert_eq!(act, XDP_TX);
+        Ok(d)
+    })?;
+    dp.set_flow_limits(0, None)?;
+    dp.set_vip(
+        key,
+        VipMeta {
+            index: 0,
+            flags: MODE_DR,
+        },
+    )?;
+
     // ha.sync: rounds small enough for the ring buffer, drained between rounds.
     let small = 10_000u32;
     let mut events = dp.take_flow_events()?;
@@ -151,6 +263,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         0,
         "hits report nothing"
     );
+    // The userspace recount behind flow_limits.max: a full table (65,536 flows from distinct
+    // sources, made by SYNs through BPF_PROG_RUN) walked once.
+    dp.set_config(&Config::default())?;
+    let flows = limits.conns;
+    for i in 0..flows {
+        let src = IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 | i));
+        let p = ip(src, vip, TCP, &tcp(src, 40000, vip, 80, SYN, &[]));
+        dp.test_run(&eth([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 0xaa], ETH_IP, &p))?;
+    }
+    let t = std::time::Instant::now();
+    let live = dp.recount_flows(&[0])?;
+    let walk = t.elapsed();
+    let counted = live.get(&0).copied().unwrap_or(0);
+    println!(
+        "recount_flows over {counted} live flows ({} CPUs): {:.0} ms ({:.2} µs per flow)\n",
+        aya::util::nr_cpus().unwrap_or(1),
+        walk.as_secs_f64() * 1e3,
+        walk.as_secs_f64() * 1e6 / counted.max(1) as f64
+    );
     println!("| path | ns/packet | × XDP_PASS |");
     println!("|---|---|---|");
     println!("| XDP_PASS (baseline) | {pass:.1} | 1.00 |");
@@ -158,6 +289,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "| dr, new flow (ring pick + LRU write) | {new:.1} | {:.2} |",
         new / pass
+    );
+    println!(
+        "| dr, new flow, allow list of {} prefixes | {new_acl_few:.1} | {:.2} |",
+        few.len(),
+        new_acl_few / pass
+    );
+    println!(
+        "| dr, new flow, allow list of {} prefixes ({acl_entries} trie entries) | {new_acl:.1} | {:.2} |",
+        prefixes.len(),
+        new_acl / pass
+    );
+    println!(
+        "| dr, SYN dropped by a deny list of {} prefixes | {denied:.1} | {:.2} |",
+        prefixes.len(),
+        denied / pass
+    );
+    println!(
+        "| dr, LRU hit, with that allow list | {hit_acl:.1} | {:.2} |",
+        hit_acl / pass
+    );
+    println!(
+        "| dr, new flow, flow_limits (bucket and cap accounting) | {new_limits:.1} | {:.2} |",
+        new_limits / pass
     );
     println!(
         "| dr, new flow, rounds of {small} | {new_small:.1} | {:.2} |",

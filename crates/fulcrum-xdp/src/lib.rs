@@ -78,6 +78,9 @@ pub struct Limits {
     pub vips: u32,
     pub conns: u32,
     pub nat_entries: u32,
+    /// Entries of the `acl` trie: all VIPs' prefixes (IPv4 ones count twice, see
+    /// `acl_entries`), and during a reload a changed VIP's old and new lists.
+    pub acl_entries: u32,
 }
 
 impl Default for Limits {
@@ -89,6 +92,7 @@ impl Default for Limits {
             vips: 64,
             conns: 262_144,
             nat_entries: 262_144,
+            acl_entries: 262_144,
         }
     }
 }
@@ -284,6 +288,9 @@ impl Dataplane {
             .map_max_entries("vip_stats", limits.vips)
             .map_max_entries("conns", limits.conns)
             .map_max_entries("nat_replies", limits.nat_entries)
+            .map_max_entries("acl", limits.acl_entries.max(1))
+            .map_max_entries("vip_limits", limits.vips)
+            .map_max_entries("vip_flows", limits.vips)
             .load(elf)?;
         for name in [PROGRAM, PASS_PROGRAM, DECAP_PROGRAM, CLOCK_PROGRAM] {
             let prog: &mut Xdp = ebpf
@@ -522,6 +529,216 @@ impl Dataplane {
             trie.insert(&key, 1, 0).map_err(map_err("decap_sources"))?;
         }
         Ok(())
+    }
+
+    /// Writes generation `gen` of VIP `index`'s access list (whatever that generation held
+    /// before is removed first) and returns the VIP flags that put it in force: none for empty
+    /// lists, else VIP_F_ACL, VIP_F_ALLOW_ONLY with an allow list, VIP_F_ACL_GEN for gen 1.
+    /// The caller sets those flags on the VIP's keys, then `clear_acl`s the other generation:
+    /// the program sees the old list or the new one, never a mix.
+    pub fn set_acl(
+        &mut self,
+        index: u32,
+        gen: bool,
+        allow: &[(IpAddr, u8)],
+        deny: &[(IpAddr, u8)],
+    ) -> Result<u32, Error> {
+        if index >= self.limits.vips {
+            return Err(Error::VipIndex(index, self.limits.vips));
+        }
+        self.clear_acl(index, gen)?;
+        if allow.is_empty() && deny.is_empty() {
+            return Ok(0);
+        }
+        use aya::maps::lpm_trie::{Key, LpmTrie};
+        let vip = index | (u32::from(gen) << ACL_GEN_SHIFT);
+        let mut trie: LpmTrie<&mut MapData, AclKey, u32> =
+            LpmTrie::try_from(self.map_mut("acl")?).map_err(map_err("acl"))?;
+        for e in acl_entries(allow, deny) {
+            let (addr, family) = addr_words(e.addr);
+            let key = Key::new(
+                64 + u32::from(e.len),
+                AclKey {
+                    vip,
+                    family: u32::from(family),
+                    addr,
+                },
+            );
+            trie.insert(&key, e.verdict, 0).map_err(map_err("acl"))?;
+        }
+        Ok(VIP_F_ACL
+            | if allow.is_empty() {
+                0
+            } else {
+                VIP_F_ALLOW_ONLY
+            }
+            | if gen { VIP_F_ACL_GEN } else { 0 })
+    }
+
+    /// Removes generation `gen` of VIP `index`'s access list; the number of entries removed.
+    pub fn clear_acl(&mut self, index: u32, gen: bool) -> Result<usize, Error> {
+        use aya::maps::lpm_trie::{Key, LpmTrie};
+        let vip = index | (u32::from(gen) << ACL_GEN_SHIFT);
+        let mut trie: LpmTrie<&mut MapData, AclKey, u32> =
+            LpmTrie::try_from(self.map_mut("acl")?).map_err(map_err("acl"))?;
+        let old: Vec<Key<AclKey>> = trie
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.data().vip == vip)
+            .collect();
+        for k in &old {
+            trie.remove(k).map_err(map_err("acl"))?;
+        }
+        Ok(old.len())
+    }
+
+    /// Entries in the `acl` trie (all VIPs, both generations).
+    pub fn acl_len(&self) -> Result<usize, Error> {
+        use aya::maps::lpm_trie::LpmTrie;
+        let trie: LpmTrie<&MapData, AclKey, u32> =
+            LpmTrie::try_from(self.map("acl")?).map_err(map_err("acl"))?;
+        Ok(trie.keys().filter_map(Result::ok).count())
+    }
+
+    /// Sets VIP `index`'s flow limits (None: none) and returns the VIP flag that enables them.
+    /// The flow count's correction (`FlowLimit::base`) is kept: a reload that changes the
+    /// numbers does not forget the VIP's flows.
+    pub fn set_flow_limits(
+        &mut self,
+        index: u32,
+        limits: Option<FlowLimits>,
+    ) -> Result<u32, Error> {
+        if index >= self.limits.vips {
+            return Err(Error::VipIndex(index, self.limits.vips));
+        }
+        let hz = self.hz.max(1);
+        let old = {
+            let m: Array<&MapData, FlowLimit> =
+                Array::try_from(self.map("vip_limits")?).map_err(map_err("vip_limits"))?;
+            m.get(&index, 0).map_err(map_err("vip_limits"))?
+        };
+        let entry = match limits {
+            None => FlowLimit {
+                base: old.base,
+                ..FlowLimit::default()
+            },
+            Some(l) => {
+                let rate = u128::from(l.new_per_second) * u128::from(FLOW_COST) / u128::from(hz);
+                let mut entry = FlowLimit {
+                    rate: u64::try_from(rate).unwrap_or(u64::MAX),
+                    burst: l.burst.max(1).saturating_mul(FLOW_COST),
+                    max: l.max,
+                    base: old.base,
+                };
+                if old.max == 0 && l.max > 0 {
+                    // A cap that starts now: the program did not count while there was none,
+                    // so the count starts at 0 (admitting) until `recount_flows` finds the
+                    // flows there are.
+                    let s: Array<&MapData, FlowState> =
+                        Array::try_from(self.map("vip_flows")?).map_err(map_err("vip_flows"))?;
+                    let st = s.get(&index, 0).map_err(map_err("vip_flows"))?;
+                    entry.base = st.created.wrapping_sub(st.ended);
+                }
+                entry
+            }
+        };
+        let mut m: Array<&mut MapData, FlowLimit> =
+            Array::try_from(self.map_mut("vip_limits")?).map_err(map_err("vip_limits"))?;
+        m.set(index, entry, 0).map_err(map_err("vip_limits"))?;
+        Ok(if limits.is_some() { VIP_F_LIMITS } else { 0 })
+    }
+
+    /// Starts VIP `index`'s flow accounting afresh (a service new at this index): a full
+    /// bucket, no flows.
+    pub fn reset_flows(&mut self, index: u32) -> Result<(), Error> {
+        {
+            let mut s: Array<&mut MapData, FlowState> =
+                Array::try_from(self.map_mut("vip_flows")?).map_err(map_err("vip_flows"))?;
+            s.set(index, FlowState::default(), 0)
+                .map_err(map_err("vip_flows"))?;
+        }
+        let mut m: Array<&mut MapData, FlowLimit> =
+            Array::try_from(self.map_mut("vip_limits")?).map_err(map_err("vip_limits"))?;
+        let old = m.get(&index, 0).map_err(map_err("vip_limits"))?;
+        m.set(index, FlowLimit { base: 0, ..old }, 0)
+            .map_err(map_err("vip_limits"))
+    }
+
+    /// VIP `index`'s flow accounting as the program keeps it, and the flows it counts.
+    pub fn flow_state(&self, index: u32) -> Result<(FlowState, i64), Error> {
+        let s: Array<&MapData, FlowState> =
+            Array::try_from(self.map("vip_flows")?).map_err(map_err("vip_flows"))?;
+        let m: Array<&MapData, FlowLimit> =
+            Array::try_from(self.map("vip_limits")?).map_err(map_err("vip_limits"))?;
+        let st = s.get(&index, 0).map_err(map_err("vip_flows"))?;
+        let l = m.get(&index, 0).map_err(map_err("vip_limits"))?;
+        let n = st.created.wrapping_sub(st.ended).wrapping_sub(l.base) as i64;
+        Ok((st, n))
+    }
+
+    /// Recounts the live flows of VIPs `indices` in the connection table and corrects their
+    /// count (`FlowLimit::base`), which the program alone cannot keep: flows that go idle or
+    /// that the LRU evicts leave without a word. Reads created/ended first, then walks the
+    /// table (a key is one flow whatever the CPUs holding it; live: some CPU's entry is within
+    /// its timeout); flows created during the walk may be counted twice until the next recount
+    /// (too many, the safe side), an RST during it may be discounted twice. Returns the live
+    /// flows per index.
+    pub fn recount_flows(&mut self, indices: &[u32]) -> Result<StdHashMap<u32, u64>, Error> {
+        let mut start: StdHashMap<u32, u64> = StdHashMap::new();
+        {
+            let s: Array<&MapData, FlowState> =
+                Array::try_from(self.map("vip_flows")?).map_err(map_err("vip_flows"))?;
+            for &i in indices {
+                let st = s.get(&i, 0).map_err(map_err("vip_flows"))?;
+                start.insert(i, st.created.wrapping_sub(st.ended));
+            }
+        }
+        let vips: StdHashMap<VipKey, u32> = {
+            let m: HashMap<&MapData, VipKey, VipMeta> =
+                HashMap::try_from(self.map("vips")?).map_err(map_err("vips"))?;
+            m.iter()
+                .filter_map(Result::ok)
+                .map(|(k, v)| (k, v.index))
+                .collect()
+        };
+        let now = self.now()?;
+        let s = self.config.to_settings(self.hz);
+        let mut live: StdHashMap<u32, u64> = indices.iter().map(|&i| (i, 0)).collect();
+        {
+            let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
+                PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+            for (k, v) in conns.iter().filter_map(Result::ok) {
+                let vk = VipKey {
+                    addr: k.dst,
+                    port: k.dport,
+                    proto: k.proto,
+                    family: k.family,
+                };
+                let Some(n) = vips.get(&vk).and_then(|i| live.get_mut(i)) else {
+                    continue;
+                };
+                let alive = v.iter().any(|c| {
+                    let idle = if k.proto == 17 {
+                        s.udp_idle
+                    } else if c.flags & CONN_F_FIN != 0 {
+                        s.tcp_fin
+                    } else {
+                        s.tcp_idle
+                    };
+                    c.real != NO_REAL && now.saturating_sub(c.last) < idle
+                });
+                *n += u64::from(alive);
+            }
+        }
+        let mut m: Array<&mut MapData, FlowLimit> =
+            Array::try_from(self.map_mut("vip_limits")?).map_err(map_err("vip_limits"))?;
+        for (&i, &n) in &live {
+            let l = m.get(&i, 0).map_err(map_err("vip_limits"))?;
+            let base = start.get(&i).copied().unwrap_or(0).wrapping_sub(n);
+            m.set(i, FlowLimit { base, ..l }, 0)
+                .map_err(map_err("vip_limits"))?;
+        }
+        Ok(live)
     }
 
     /// Whether a ring last written by `set_ring` holds real `index`.
@@ -1006,6 +1223,112 @@ pub fn decap_sources(texts: &[String]) -> Result<Vec<(IpAddr, u8)>, String> {
         .collect()
 }
 
+/// One entry of a VIP's access list as the `acl` trie holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AclEntry {
+    pub family: u8,
+    /// The prefix's address, host bits cleared.
+    pub addr: IpAddr,
+    pub len: u8,
+    /// ACL_DENY and/or ACL_ALLOW.
+    pub verdict: u32,
+}
+
+/// Left-aligned bits of an address in its family's width.
+fn left_bits(addr: IpAddr) -> u128 {
+    match addr {
+        IpAddr::V4(a) => u128::from(u32::from(a)) << 96,
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+fn mask128(len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len.min(128)))
+    }
+}
+
+fn from_left_bits(family: u8, bits: u128) -> IpAddr {
+    if family == 4 {
+        IpAddr::V4(std::net::Ipv4Addr::from((bits >> 96) as u32))
+    } else {
+        IpAddr::V6(std::net::Ipv6Addr::from(bits))
+    }
+}
+
+/// The `acl` trie entries for `allow` and `deny` (prefix address, length). The trie answers
+/// with the longest listed prefix holding the source; each entry carries the verdict of the
+/// whole list for such addresses: deny when some deny prefix covers the entry, allow when some
+/// allow prefix does. Every listed prefix holding an address covers its longest one, so this is
+/// exactly "deny wins, then allow" (fulcrum_config::AccessList::permits) whatever the lengths.
+/// IPv4 prefixes are also entered as IPv4-mapped IPv6 (::ffff:a.b.c.d), matched as IPv4 like
+/// the proxy does. Cost: one set probe per distinct prefix length per entry.
+pub fn acl_entries(allow: &[(IpAddr, u8)], deny: &[(IpAddr, u8)]) -> Vec<AclEntry> {
+    use std::collections::{BTreeSet, HashSet};
+    // (family, len, left-aligned masked bits)
+    let norm = |list: &[(IpAddr, u8)]| -> HashSet<(u8, u8, u128)> {
+        let mut out = HashSet::new();
+        for &(addr, len) in list {
+            let (fam, max) = if addr.is_ipv4() {
+                (4u8, 32u8)
+            } else {
+                (6, 128)
+            };
+            let len = len.min(max);
+            let bits = left_bits(addr) & mask128(len);
+            out.insert((fam, len, bits));
+            if fam == 4 {
+                let mapped = ((0xffffu128 << 32) | (bits >> 96)) & mask128(96 + len);
+                out.insert((6, 96 + len, mapped));
+            }
+        }
+        out
+    };
+    let allow = norm(allow);
+    let deny = norm(deny);
+    let lengths = |s: &HashSet<(u8, u8, u128)>| -> BTreeSet<(u8, u8)> {
+        s.iter().map(|&(f, l, _)| (f, l)).collect()
+    };
+    let (allow_lens, deny_lens) = (lengths(&allow), lengths(&deny));
+    let covered =
+        |set: &HashSet<(u8, u8, u128)>, lens: &BTreeSet<(u8, u8)>, f: u8, l: u8, b: u128| {
+            lens.iter()
+                .filter(|&&(lf, ll)| lf == f && ll <= l)
+                .any(|&(_, ll)| set.contains(&(f, ll, b & mask128(ll))))
+        };
+    let all: BTreeSet<(u8, u8, u128)> = allow.iter().chain(deny.iter()).copied().collect();
+    all.into_iter()
+        .map(|(f, l, b)| {
+            let mut verdict = 0;
+            if covered(&deny, &deny_lens, f, l, b) {
+                verdict |= ACL_DENY;
+            }
+            if covered(&allow, &allow_lens, f, l, b) {
+                verdict |= ACL_ALLOW;
+            }
+            AclEntry {
+                family: f,
+                addr: from_left_bits(f, b),
+                len: l,
+                verdict,
+            }
+        })
+        .collect()
+}
+
+/// A VIP's flow limits (`flow_limits` of a nat / dr / tunnel service).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowLimits {
+    /// New flows per second (token bucket refill); 0: no rate limit.
+    pub new_per_second: u64,
+    /// New flows the bucket holds (a burst after a quiet period).
+    pub burst: u64,
+    /// Concurrent flows; 0: no cap.
+    pub max: u64,
+}
+
 /// The flow key of a client's packet, for tests and for predicting where a flow goes.
 pub fn flow(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, proto: u8) -> FlowKey {
     FlowKey::new(src, sport, dst, dport, proto)
@@ -1023,6 +1346,35 @@ mod tests {
                     prog/xdpdrv id 7 tag 00\n";
         assert_eq!(program_names(text), ["other_tool_pass", "?"]);
         assert!(program_names("1: lo: <LOOPBACK> mtu 65536\n").is_empty());
+    }
+
+    fn p(s: &str) -> (IpAddr, u8) {
+        let (a, l) = s.split_once('/').expect("prefix");
+        (a.parse().expect("addr"), l.parse().expect("len"))
+    }
+
+    #[test]
+    fn acl_entries_carry_the_verdict_of_the_whole_list() {
+        let allow = [p("10.0.0.0/24"), p("2001:db8::/32")];
+        let deny = [p("10.0.0.0/8"), p("10.0.0.128/25")];
+        let e = acl_entries(&allow, &deny);
+        let find = |a: &str, l: u8| {
+            e.iter()
+                .find(|x| x.addr == a.parse::<IpAddr>().expect("a") && x.len == l)
+                .map(|x| x.verdict)
+        };
+        // Deny wins over a longer allow prefix: the /24 sits inside the denied /8.
+        assert_eq!(find("10.0.0.0", 24), Some(ACL_DENY | ACL_ALLOW));
+        assert_eq!(find("10.0.0.0", 8), Some(ACL_DENY));
+        assert_eq!(find("10.0.0.128", 25), Some(ACL_DENY | ACL_ALLOW));
+        assert_eq!(find("2001:db8::", 32), Some(ACL_ALLOW));
+        // IPv4 prefixes also as IPv4-mapped IPv6.
+        assert_eq!(find("::ffff:10.0.0.0", 120), Some(ACL_DENY | ACL_ALLOW));
+        assert_eq!(find("::ffff:10.0.0.0", 104), Some(ACL_DENY));
+        assert_eq!(e.len(), 7);
+        // Host bits are cleared.
+        let e = acl_entries(&[p("192.0.2.77/24")], &[]);
+        assert_eq!(e[0].addr, "192.0.2.0".parse::<IpAddr>().expect("a"));
     }
 
     #[test]

@@ -16,6 +16,23 @@ pub const MODE_DR: u32 = 1;
 pub const MODE_TUNNEL: u32 = 2;
 pub const MODE_NAT: u32 = 3;
 pub const VIP_F_PERSIST_SRC: u32 = 0x10;
+/// The VIP has an access list in the `acl` trie (set by `Dataplane::set_acl`).
+pub const VIP_F_ACL: u32 = 0x20;
+/// ... with an `allow` list: sources in none of its prefixes are refused.
+pub const VIP_F_ALLOW_ONLY: u32 = 0x40;
+/// The VIP has flow limits (`Dataplane::set_flow_limits`).
+pub const VIP_F_LIMITS: u32 = 0x80;
+/// Which generation of the VIP's access list is in force.
+pub const VIP_F_ACL_GEN: u32 = 0x100;
+/// The bits `Dataplane::set_acl` decides.
+pub const VIP_F_ACL_MASK: u32 = VIP_F_ACL | VIP_F_ALLOW_ONLY | VIP_F_ACL_GEN;
+/// `AclKey::vip`: the VIP index, and the generation above this bit.
+pub const ACL_GEN_SHIFT: u32 = 16;
+/// `acl` values: the verdict for addresses whose longest listed prefix is the key.
+pub const ACL_DENY: u32 = 0x1;
+pub const ACL_ALLOW: u32 = 0x2;
+/// Tokens of the flow bucket are in 1/65536 of a flow.
+pub const FLOW_COST: u64 = 65536;
 pub const CONN_F_FIN: u32 = 0x1;
 /// A connection entry written by ha.sync (the peer's flow); the first packet here clears it.
 pub const CONN_F_SYNCED: u32 = 0x2;
@@ -36,10 +53,14 @@ pub enum DropReason {
     Family = 4,
     Adjust = 5,
     NoFlow = 6,
+    AclDenied = 7,
+    AclNotAllowed = 8,
+    FlowRate = 9,
+    FlowMax = 10,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 11] = [
         DropReason::NoReal,
         DropReason::Fragment,
         DropReason::Malformed,
@@ -47,6 +68,10 @@ impl DropReason {
         DropReason::Family,
         DropReason::Adjust,
         DropReason::NoFlow,
+        DropReason::AclDenied,
+        DropReason::AclNotAllowed,
+        DropReason::FlowRate,
+        DropReason::FlowMax,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +83,10 @@ impl DropReason {
             DropReason::Family => "family_mismatch",
             DropReason::Adjust => "no_headroom",
             DropReason::NoFlow => "no_flow",
+            DropReason::AclDenied => "denied",
+            DropReason::AclNotAllowed => "not_allowed",
+            DropReason::FlowRate => "flow_rate_limited",
+            DropReason::FlowMax => "flow_limit_reached",
         }
     }
 }
@@ -317,7 +346,41 @@ pub struct VipStats {
     pub new_flows: u64,
     pub reply_packets: u64,
     pub reply_bytes: u64,
-    pub drops: [u64; 8],
+    pub drops: [u64; 12],
+}
+
+/// Key of the `acl` LPM trie: `vip` (index | generation) and `family` are matched whole, then
+/// the address's leading bits (the trie's prefix length counts 64 + those bits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct AclKey {
+    pub vip: u32,
+    pub family: u32,
+    pub addr: [u32; 4],
+}
+
+/// A VIP's flow limits as the program reads them (`vip_limits`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct FlowLimit {
+    /// Tokens (1/65536 flow) added per jiffy; 0: no rate limit.
+    pub rate: u64,
+    /// Most tokens the bucket holds.
+    pub burst: u64,
+    /// Most concurrent flows; 0: no cap.
+    pub max: u64,
+    /// Userspace's correction of the flow count: the VIP holds created - ended - base flows.
+    pub base: u64,
+}
+
+/// A VIP's flow accounting, written by the program (`vip_flows`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct FlowState {
+    pub tokens: i64,
+    pub last: u64,
+    pub created: u64,
+    pub ended: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -352,6 +415,12 @@ unsafe impl aya::Pod for Settings {}
 unsafe impl aya::Pod for VipStats {}
 // SAFETY: as above.
 unsafe impl aya::Pod for RealStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AclKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowLimit {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowState {}
 
 /// A reading of the kernel's clocks by `fulcrum_clock`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -380,7 +449,10 @@ mod tests {
         assert_eq!(size_of::<NatEntry>(), 64);
         assert_eq!(size_of::<DecapSource>(), 20);
         assert_eq!(size_of::<Settings>(), 64);
-        assert_eq!(size_of::<VipStats>(), 104);
+        assert_eq!(size_of::<VipStats>(), 136);
+        assert_eq!(size_of::<AclKey>(), 24);
+        assert_eq!(size_of::<FlowLimit>(), 32);
+        assert_eq!(size_of::<FlowState>(), 32);
         assert_eq!(size_of::<RealStats>(), 24);
         assert_eq!(size_of::<FlowEvent>(), 64);
     }

@@ -57,6 +57,8 @@ fn vip_port(proto: u8) -> u16 {
 struct Fx {
     dp: Dataplane,
     mode: u32,
+    /// VIP flags as last written, per VIP index (access list and limit tests).
+    metas: std::cell::RefCell<Vec<u32>>,
 }
 
 fn setup_with(mode: u32, flags: u32, member_port: u16) -> Fx {
@@ -64,6 +66,7 @@ fn setup_with(mode: u32, flags: u32, member_port: u16) -> Fx {
         vips: 4,
         conns: 4096,
         nat_entries: 4096,
+        acl_entries: 65536,
     })
     .expect("load the XDP object (needs root)");
     dp.set_config(&Config {
@@ -93,7 +96,11 @@ fn setup_with(mode: u32, flags: u32, member_port: u16) -> Fx {
                 .expect("ring");
         }
     }
-    Fx { dp, mode }
+    Fx {
+        dp,
+        mode,
+        metas: std::cell::RefCell::new(vec![mode | flags; 4]),
+    }
 }
 
 fn setup(mode: u32) -> Fx {
@@ -1650,4 +1657,332 @@ fn a_synced_entry_becomes_this_nodes_own_with_its_first_packet() {
     let c = fx.dp.conn(&k).expect("read").expect("entry");
     assert_eq!(c.real, real_index(false, 2));
     assert_eq!(c.flags & CONN_F_SYNCED, 0, "{c:?}");
+}
+
+// ------------------------------------------------------------------- access lists, flow limits
+
+fn pfx(s: &str) -> (IpAddr, u8) {
+    let (addr, len) = s.split_once('/').expect("prefix");
+    (a(addr), len.parse().expect("length"))
+}
+
+impl Fx {
+    /// Puts an access list in force on a VIP the way the plane does: the new list under the
+    /// other generation, the VIP's flags flipped, the old generation removed.
+    fn acl(&mut self, v6: bool, proto: u8, allow: &[&str], deny: &[&str]) {
+        let idx = vip_index(v6, proto);
+        let k = VipKey::new(vip(v6), vip_port(proto), proto);
+        let meta = self.vip_meta(v6, proto);
+        let old_gen = meta.flags & VIP_F_ACL_GEN != 0;
+        let allow: Vec<_> = allow.iter().map(|s| pfx(s)).collect();
+        let deny: Vec<_> = deny.iter().map(|s| pfx(s)).collect();
+        let flags = self
+            .dp
+            .set_acl(idx, !old_gen, &allow, &deny)
+            .expect("set_acl");
+        self.dp
+            .set_vip(
+                k,
+                VipMeta {
+                    index: idx,
+                    flags: (meta.flags & !VIP_F_ACL_MASK) | flags,
+                },
+            )
+            .expect("vip");
+        self.dp.clear_acl(idx, old_gen).expect("clear_acl");
+        self.metas.borrow_mut()[idx as usize] = (meta.flags & !VIP_F_ACL_MASK) | flags;
+    }
+
+    fn limits(&mut self, v6: bool, proto: u8, l: Option<FlowLimits>) {
+        let idx = vip_index(v6, proto);
+        let meta = self.vip_meta(v6, proto);
+        let flag = self.dp.set_flow_limits(idx, l).expect("limits");
+        let flags = (meta.flags & !VIP_F_LIMITS) | flag;
+        self.dp
+            .set_vip(
+                VipKey::new(vip(v6), vip_port(proto), proto),
+                VipMeta { index: idx, flags },
+            )
+            .expect("vip");
+        self.metas.borrow_mut()[idx as usize] = flags;
+    }
+
+    fn vip_meta(&self, v6: bool, proto: u8) -> VipMeta {
+        let idx = vip_index(v6, proto);
+        VipMeta {
+            index: idx,
+            flags: self.metas.borrow()[idx as usize],
+        }
+    }
+
+    fn drops(&self, v6: bool, proto: u8, r: DropReason) -> u64 {
+        self.vs(v6, proto).drops[r as usize]
+    }
+}
+
+/// A client segment (or datagram) to the VIP from any source address.
+fn frame_from(src: IpAddr, proto: u8, sport: u16, flags: u8) -> Vec<u8> {
+    let v6 = src.is_ipv6();
+    let seg = if proto == TCP {
+        tcp(src, sport, vip(v6), vip_port(proto), flags, b"hello")
+    } else {
+        udp(src, sport, vip(v6), vip_port(proto), b"hello")
+    };
+    eth(
+        LB,
+        CLIENT_MAC,
+        ethertype(src),
+        &ip(src, vip(v6), proto, &seg),
+    )
+}
+
+fn acl_setup(mode: u32) -> Fx {
+    setup(mode)
+}
+
+/// `deny`: a source in a denied prefix is dropped before it gets a flow, counted per VIP;
+/// other sources pass (IPv4 and IPv6, TCP and UDP, every mode).
+#[test]
+fn acl_denied_source_is_dropped_and_counted() {
+    for mode in [MODE_DR, MODE_TUNNEL, MODE_NAT] {
+        for v6 in [false, true] {
+            for proto in [TCP, UDP] {
+                let mut fx = acl_setup(mode);
+                let deny = if v6 {
+                    "2001:db8:2::/48"
+                } else {
+                    "198.18.2.0/24"
+                };
+                fx.acl(v6, proto, &[], &[deny]);
+                let flags = if proto == TCP { SYN } else { 0 };
+                let (act, _) = fx.run(&client_frame(v6, proto, 41000, flags));
+                assert_eq!(act, XDP_DROP, "mode {mode} v6 {v6} proto {proto}");
+                assert_eq!(fx.drops(v6, proto, DropReason::AclDenied), 1);
+                assert!(fx.dp.conn(&key(v6, proto, 41000)).expect("conn").is_none());
+                assert_eq!(fx.vs(v6, proto).new_flows, 0);
+                let other = a(if v6 { "2001:db8:9::9" } else { "198.18.9.9" });
+                let (act, _) = fx.run(&frame_from(other, proto, 41001, flags));
+                assert_ne!(act, XDP_DROP, "mode {mode} v6 {v6} proto {proto}");
+                assert_eq!(fx.vs(v6, proto).new_flows, 1);
+                // The other VIPs have no list.
+                let (act, _) = fx.run(&client_frame(!v6, proto, 41002, flags));
+                assert_ne!(act, XDP_DROP);
+            }
+        }
+    }
+}
+
+/// `allow`: only listed sources are served; the rest is dropped as not_allowed.
+#[test]
+fn acl_allow_admits_listed_sources_only() {
+    for v6 in [false, true] {
+        let mut fx = acl_setup(MODE_DR);
+        let allow = if v6 {
+            "2001:db8:2::2/128"
+        } else {
+            "198.18.2.2/32"
+        };
+        fx.acl(v6, TCP, &[allow], &[]);
+        let (act, out) = fx.run(&client_frame(v6, TCP, 41010, SYN));
+        assert_eq!(act, XDP_TX);
+        assert_eq!(out, dr_expected(v6, TCP, 41010, SYN, 1));
+        let other = a(if v6 { "2001:db8:2::3" } else { "198.18.2.3" });
+        let (act, _) = fx.run(&frame_from(other, TCP, 41011, SYN));
+        assert_eq!(act, XDP_DROP);
+        assert_eq!(fx.drops(v6, TCP, DropReason::AclNotAllowed), 1);
+        assert_eq!(fx.drops(v6, TCP, DropReason::AclDenied), 0);
+        // Not only SYNs: a stray segment of an unlisted source goes nowhere either.
+        let (act, _) = fx.run(&frame_from(other, TCP, 41012, ACK));
+        assert_eq!(act, XDP_DROP);
+        assert_eq!(fx.drops(v6, TCP, DropReason::AclNotAllowed), 2);
+    }
+}
+
+/// `deny` wins over `allow` whatever the prefix lengths (as AccessList::permits): a denied /16
+/// holding an allowed /32 refuses it; a denied /32 inside an allowed /16 refuses only itself.
+#[test]
+fn acl_deny_wins_over_allow_whatever_the_lengths() {
+    let mut fx = acl_setup(MODE_DR);
+    fx.acl(false, TCP, &["198.18.2.2/32"], &["198.18.0.0/16"]);
+    let (act, _) = fx.run(&client_frame(false, TCP, 41020, SYN));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.drops(false, TCP, DropReason::AclDenied), 1);
+
+    fx.acl(false, TCP, &["198.18.0.0/16"], &["198.18.2.2/32"]);
+    let (act, _) = fx.run(&client_frame(false, TCP, 41021, SYN));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.drops(false, TCP, DropReason::AclDenied), 2);
+    let (act, _) = fx.run(&frame_from(a("198.18.2.3"), TCP, 41022, SYN));
+    assert_eq!(act, XDP_TX);
+    // Outside the allowed /16.
+    let (act, _) = fx.run(&frame_from(a("198.19.2.3"), TCP, 41023, SYN));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.drops(false, TCP, DropReason::AclNotAllowed), 1);
+    // IPv4 prefixes also hold IPv4-mapped IPv6 sources (to an IPv6 VIP with the same lists).
+    fx.acl(true, TCP, &["198.18.0.0/16"], &["198.18.2.2/32"]);
+    let (act, _) = fx.run(&frame_from(a("::ffff:198.18.2.2"), TCP, 41024, SYN));
+    assert_eq!(act, XDP_DROP);
+    assert_eq!(fx.drops(true, TCP, DropReason::AclDenied), 1);
+    let (act, _) = fx.run(&frame_from(a("::ffff:198.18.2.3"), TCP, 41025, SYN));
+    assert_eq!(act, XDP_TX);
+}
+
+/// A new list replaces the old one whole (generations) and leaves TCP flows that exist alone;
+/// UDP is checked on every datagram, like the proxy does.
+#[test]
+fn acl_change_keeps_established_tcp_flows_and_removes_the_old_list() {
+    let mut fx = acl_setup(MODE_DR);
+    fx.acl(false, TCP, &[], &["203.0.113.0/24"]);
+    fx.acl(false, UDP, &[], &["203.0.113.0/24"]);
+    let before = fx.dp.acl_len().expect("len");
+    fx.run(&client_frame(false, TCP, 41030, SYN));
+    fx.run(&client_frame(false, UDP, 41030, 0));
+    fx.acl(false, TCP, &[], &["198.18.2.0/24"]);
+    fx.acl(false, UDP, &[], &["198.18.2.0/24"]);
+    assert_eq!(
+        fx.dp.acl_len().expect("len"),
+        before,
+        "old generation removed"
+    );
+    let (act, _) = fx.run(&client_frame(false, TCP, 41030, ACK));
+    assert_eq!(act, XDP_TX, "an established connection goes on");
+    let (act, _) = fx.run(&client_frame(false, TCP, 41031, SYN));
+    assert_eq!(act, XDP_DROP, "a new one is refused");
+    let (act, _) = fx.run(&client_frame(false, UDP, 41030, 0));
+    assert_eq!(act, XDP_DROP, "udp: every datagram");
+    fx.acl(false, TCP, &[], &[]);
+    assert_eq!(fx.vip_meta(false, TCP).flags & VIP_F_ACL, 0);
+    let (act, _) = fx.run(&client_frame(false, TCP, 41031, SYN));
+    assert_eq!(act, XDP_TX);
+}
+
+/// new_per_second / burst: SYNs past the burst are dropped (flow_rate_limited) and take no
+/// entry; packets of flows that exist are not limited.
+#[test]
+fn flow_rate_limit_drops_syns_past_the_burst() {
+    for mode in [MODE_DR, MODE_NAT] {
+        let mut fx = acl_setup(mode);
+        fx.limits(
+            false,
+            TCP,
+            Some(FlowLimits {
+                new_per_second: 1,
+                burst: 3,
+                max: 0,
+            }),
+        );
+        for port in 42000..42003 {
+            let (act, _) = fx.run(&client_frame(false, TCP, port, SYN));
+            assert_eq!(act, XDP_TX, "mode {mode} port {port}");
+        }
+        let (act, _) = fx.run(&client_frame(false, TCP, 42003, SYN));
+        assert_eq!(act, XDP_DROP, "mode {mode}: past the burst");
+        assert_eq!(fx.drops(false, TCP, DropReason::FlowRate), 1);
+        assert!(fx.dp.conn(&key(false, TCP, 42003)).expect("conn").is_none());
+        let (act, _) = fx.run(&client_frame(false, TCP, 42000, ACK));
+        assert_eq!(act, XDP_TX, "established flows are not limited");
+        assert_eq!(fx.vs(false, TCP).new_flows, 3);
+        // Another VIP has its own bucket.
+        let (act, _) = fx.run(&client_frame(false, UDP, 42003, 0));
+        assert_eq!(act, XDP_TX);
+    }
+}
+
+/// max: at the cap new flows are dropped (flow_limit_reached); a flow that ends (accepted RST)
+/// or that userspace's recount finds idle makes room.
+#[test]
+fn flow_cap_counts_created_and_ended_flows() {
+    let mut fx = acl_setup(MODE_DR);
+    fx.limits(
+        false,
+        TCP,
+        Some(FlowLimits {
+            new_per_second: 0,
+            burst: 0,
+            max: 2,
+        }),
+    );
+    for port in [43000, 43001] {
+        assert_eq!(fx.run(&client_frame(false, TCP, port, SYN)).0, XDP_TX);
+    }
+    assert_eq!(fx.run(&client_frame(false, TCP, 43002, SYN)).0, XDP_DROP);
+    assert_eq!(fx.drops(false, TCP, DropReason::FlowMax), 1);
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 2);
+    // The RST ends a flow: room for one.
+    assert_eq!(fx.run(&client_frame(false, TCP, 43000, RST)).0, XDP_TX);
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 1);
+    assert_eq!(fx.run(&client_frame(false, TCP, 43002, SYN)).0, XDP_TX);
+    assert_eq!(fx.run(&client_frame(false, TCP, 43003, SYN)).0, XDP_DROP);
+    // A flow gone idle: the program never hears of it, the recount does.
+    let k = key(false, TCP, 43001);
+    let mut c = fx.dp.conn(&k).expect("conn").expect("entry");
+    c.last = c.last.saturating_sub(3600 * fx.dp.hz());
+    fx.dp.set_conn(k, c).expect("set_conn");
+    let live = fx.dp.recount_flows(&[0]).expect("recount");
+    assert_eq!(live.get(&0), Some(&1));
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 1);
+    assert_eq!(fx.run(&client_frame(false, TCP, 43003, SYN)).0, XDP_TX);
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 2);
+    // Limits off: no cap, nothing counted. Back on: the count starts from 0 (the program did
+    // not count meanwhile) until the recount finds the live flows.
+    fx.limits(false, TCP, None);
+    for port in [43004, 43005] {
+        assert_eq!(fx.run(&client_frame(false, TCP, port, SYN)).0, XDP_TX);
+    }
+    fx.limits(
+        false,
+        TCP,
+        Some(FlowLimits {
+            new_per_second: 0,
+            burst: 0,
+            max: 2,
+        }),
+    );
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 0);
+    assert_eq!(
+        fx.dp.recount_flows(&[0]).expect("recount").get(&0),
+        Some(&4)
+    );
+    assert_eq!(fx.dp.flow_state(0).expect("state").1, 4);
+    assert_eq!(fx.run(&client_frame(false, TCP, 43006, SYN)).0, XDP_DROP);
+}
+
+/// A flood of ACKs and RSTs from random sources takes no state, no token and no flow from
+/// the cap: after it, a real client's SYN still gets the VIP's only flow.
+#[test]
+fn stray_acks_and_rsts_from_random_sources_create_no_state() {
+    for mode in [MODE_DR, MODE_TUNNEL, MODE_NAT] {
+        let mut fx = acl_setup(mode);
+        fx.limits(
+            false,
+            TCP,
+            Some(FlowLimits {
+                new_per_second: 1,
+                burst: 1,
+                max: 1,
+            }),
+        );
+        let mut n = 0u64;
+        for i in 0..200u32 {
+            let src = std::net::Ipv4Addr::from(0x0a00_0000 | (i.wrapping_mul(2_654_435_761) >> 8));
+            let flags = [ACK, RST, RST | ACK, FIN | ACK][i as usize % 4];
+            let (act, _) = fx.run(&frame_from(IpAddr::V4(src), TCP, 1024 + i as u16, flags));
+            if mode == MODE_NAT {
+                assert_eq!(act, XDP_DROP);
+            } else {
+                assert_eq!(act, XDP_TX);
+            }
+            n += 1;
+        }
+        assert_eq!(fx.dp.conn_count().expect("count"), 0, "mode {mode}");
+        assert_eq!(fx.vs(false, TCP).new_flows, 0);
+        let (st, flows) = fx.dp.flow_state(0).expect("state");
+        assert_eq!((st.created, flows), (0, 0), "mode {mode}");
+        assert_eq!(fx.drops(false, TCP, DropReason::FlowRate), 0);
+        if mode == MODE_NAT {
+            assert_eq!(fx.drops(false, TCP, DropReason::NoFlow), n);
+        }
+        assert_eq!(fx.run(&client_frame(false, TCP, 44000, SYN)).0, XDP_TX);
+        assert_eq!(fx.dp.conn_count().expect("count"), 1);
+    }
 }

@@ -18,6 +18,7 @@ fn more_than_4095_distinct_members_over_reloads_all_get_weight() {
         vips: 1,
         conns: 1024,
         nat_entries: 1024,
+        acl_entries: 65536,
     })
     .expect("load the XDP object (needs root)");
     let mut slots = RealSlots::new(Duration::ZERO, Duration::ZERO);

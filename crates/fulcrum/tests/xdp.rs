@@ -592,6 +592,11 @@ fn dr_mode_end_to_end() {
 /// route is Fulcrum. Checksum offload is off on the hosts, so every checksum the receivers
 /// verify is one the data plane wrote.
 fn nat_lab(tag: &str) -> Setup {
+    nat_lab_with(tag, "")
+}
+
+/// The nat lab with `web_extra` added to the "web" service (tcp/80 on 198.18.10.1).
+fn nat_lab_with(tag: &str, web_extra: &str) -> Setup {
     let mut lab = Lab::new(tag);
     let sw = lab.ns("sw").expect("ns");
     sw.ip(&["link", "add", "br0", "type", "bridge"])
@@ -662,6 +667,7 @@ pool = "web"
 forwarding = "nat"
 interfaces = ["eth0", "eth1"]
 xdp_mode = "generic"
+{web_extra}
 
 [[virtual_service]]
 name = "dns"
@@ -1064,4 +1070,105 @@ fn another_tools_program_is_left_attached() {
         "the other tool's program stays attached"
     );
     s.lab.kill(index);
+}
+
+fn curl_from(ns: &Ns, source: &str, url: &str) -> Option<String> {
+    let out = ns
+        .exec(
+            "curl",
+            &["-s", "--max-time", "2", "--interface", source, "-g", url],
+        )
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// allow / deny of a nat service enforced in the kernel: a client in a denied prefix (or outside
+/// `allow`) gets nothing, an allowed one its answers; the drops are counted by reason in
+/// /metrics and the XDP API. A reload that denies a served client leaves its open connection
+/// alone and refuses its new ones.
+#[test]
+fn nat_access_lists_in_the_kernel() {
+    let lists = "allow = \"198.18.0.0/24\"\ndeny = \"198.18.0.3/32\"\nflow_limits = { new_per_second = 1000, max = 1000 }";
+    let s = nat_lab_with("xdpacl", lists);
+    s.client.addr("eth0", "198.18.0.3/24").expect("addr");
+    s.client.addr("eth0", "198.18.5.5/32").expect("addr");
+    s.wait_resolved(9);
+    let body = wait_for(
+        "an allowed client's answer",
+        Duration::from_secs(20),
+        || curl_from(&s.client, "198.18.0.2", "http://198.18.10.1/").filter(|b| !b.is_empty()),
+    );
+    assert!(body.ends_with(" 198.18.0.2"), "{body:?}");
+    for src in ["198.18.0.3", "198.18.5.5"] {
+        let b = curl_from(&s.client, src, "http://198.18.10.1/").unwrap_or_default();
+        assert!(b.is_empty(), "{src} got an answer: {b:?}");
+    }
+    let m = admin(&s.lb, "GET", "/metrics", None);
+    let denied = metric(&m, "fulcrum_xdp_vs_drops_total", "reason=\"denied\"");
+    assert!(denied >= 1.0, "{m}");
+    assert!(
+        metric(&m, "fulcrum_xdp_vs_drops_total", "reason=\"not_allowed\"") >= 1.0,
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("fulcrum_xdp_vs_drops_total")
+                && l.contains("service=\"web\"")
+                && l.contains("reason=\"denied\"")),
+        "{m}"
+    );
+    let api = admin(&s.lb, "GET", "/api/v1/xdp", None);
+    assert!(api.contains("\"denied\""), "{api}");
+    assert!(api.contains("\"flow_limits\""), "{api}");
+
+    // Reload: deny .2 instead of .3. The connection .2 holds goes on; its new ones do not.
+    let mut hold = s
+        .client
+        .command("python3", &["-c", HOLD_PY, "198.18.10.1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("client");
+    let mut out = BufReader::new(hold.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("first response");
+    assert!(line.trim_end().ends_with(" 198.18.0.2"), "{line:?}");
+    let path = s._dir.path().join("fulcrum.toml");
+    let text = std::fs::read_to_string(&path).expect("config");
+    std::fs::write(&path, text.replace("198.18.0.3/32", "198.18.0.2/32")).expect("config");
+    let r = admin(&s.lb, "POST", "/api/v1/reload", Some("{}"));
+    assert!(r.contains("generation"), "reload: {r}");
+    hold.stdin
+        .as_mut()
+        .expect("stdin")
+        .write_all(b"\n")
+        .expect("go on");
+    line.clear();
+    out.read_line(&mut line)
+        .expect("second response after the reload");
+    assert!(
+        line.trim_end().ends_with(" 198.18.0.2"),
+        "held connection cut by the reload: {line:?}"
+    );
+    let _ = hold.wait();
+    let b = curl_from(&s.client, "198.18.0.2", "http://198.18.10.1/").unwrap_or_default();
+    assert!(
+        b.is_empty(),
+        "a new connection of a now denied client: {b:?}"
+    );
+    let b = wait_for(
+        "the no longer denied client",
+        Duration::from_secs(10),
+        || curl_from(&s.client, "198.18.0.3", "http://198.18.10.1/").filter(|b| !b.is_empty()),
+    );
+    assert!(b.ends_with(" 198.18.0.3"), "{b:?}");
+    let m = admin(&s.lb, "GET", "/metrics", None);
+    assert!(
+        metric(&m, "fulcrum_xdp_vs_drops_total", "reason=\"denied\"") > denied,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "fulcrum_xdp_vs_flows", "service=\"web\"") >= 1.0,
+        "{m}"
+    );
 }

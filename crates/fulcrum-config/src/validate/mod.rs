@@ -118,6 +118,36 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         "name",
     );
     c.unique("pool", cfg.pools.iter().map(|v| v.name.as_str()), "name");
+    // allow / deny of nat / dr / tunnel services go into one kernel trie (IPv4 prefixes twice:
+    // also as IPv4-mapped IPv6), with room kept for a reload to write a list beside the old one.
+    let mut in_kernel = 0usize;
+    for (i, vs) in cfg.virtual_services.iter().enumerate() {
+        if !vs.in_kernel() {
+            continue;
+        }
+        in_kernel += vs
+            .access
+            .allow
+            .iter()
+            .chain(&vs.access.deny)
+            .map(|n| if n.addr().is_ipv4() { 2 } else { 1 })
+            .sum::<usize>();
+        if in_kernel > crate::forwarding::XDP_ACL_ENTRIES_MAX {
+            let key = if vs.access.deny.is_empty() {
+                "allow"
+            } else {
+                "deny"
+            };
+            c.err(
+                &format!("virtual_service[{i}].{key}"),
+                format!(
+                    "the allow/deny lists of the nat/dr/tunnel services take {in_kernel} kernel entries by this service (IPv4 prefixes count twice), more than the {} they may hold together",
+                    crate::forwarding::XDP_ACL_ENTRIES_MAX
+                ),
+            );
+            break;
+        }
+    }
     c.unique(
         "monitor",
         cfg.monitors.iter().map(|v| v.name.as_str()),
