@@ -114,20 +114,9 @@ impl Netlink {
         })
     }
 
-    /// Every address of every interface (IPv6 link-local ones included).
+    /// Every address of every interface (IPv6 link-local and tentative ones included).
     pub async fn all_addresses(&self) -> Result<Vec<IpAddr>, HaError> {
-        let mut s = self.handle.address().get().execute();
-        let mut out = Vec::new();
-        while let Some(msg) = s.try_next().await.map_err(|e| nl("addresses", e))? {
-            for a in &msg.attributes {
-                match a {
-                    AddressAttribute::Local(ip @ IpAddr::V4(_))
-                    | AddressAttribute::Address(ip @ IpAddr::V6(_)) => out.push(*ip),
-                    _ => {}
-                }
-            }
-        }
-        Ok(out)
+        self.addresses_of(None).await
     }
 
     async fn index_and_mac(&self, name: &str) -> Result<(u32, [u8; 6]), HaError> {
@@ -160,16 +149,20 @@ impl Netlink {
     }
 
     async fn addresses(&self, index: u32) -> Result<Vec<IpAddr>, HaError> {
-        let mut s = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
+        self.addresses_of(Some(index)).await
+    }
+
+    /// The addresses of interface `index` that can be bound now (a tentative one, duplicate
+    /// address detection running, cannot yet), or of every interface, tentative ones included.
+    async fn addresses_of(&self, index: Option<u32>) -> Result<Vec<IpAddr>, HaError> {
+        let mut req = self.handle.address().get();
+        if let Some(i) = index {
+            req = req.set_link_index_filter(i);
+        }
+        let mut s = req.execute();
         let mut out = Vec::new();
         while let Some(msg) = s.try_next().await.map_err(|e| nl("addresses", e))? {
-            // A tentative address (duplicate address detection running) cannot be bound yet.
-            if msg.header.flags.contains(AddressHeaderFlags::Tentative) {
+            if index.is_some() && msg.header.flags.contains(AddressHeaderFlags::Tentative) {
                 continue;
             }
             // IPv4 names the interface's own address IFA_LOCAL; IPv6 has IFA_ADDRESS only.

@@ -742,6 +742,26 @@ fn flows_through_a_firewall_sandwich_of_two_pairs_survive_each_side_failing() {
         ],
         2,
     );
+    // Members start up, but the inside pair's probes cross the firewalls to the server, which
+    // needs the outside pair's VIPs: they may go down, then come back once the outside pair
+    // holds them. Hold connections once a flow gets through.
+    let through = || {
+        n.cl.thread(|| {
+            let s = TcpStream::connect_timeout(&ASK.parse().unwrap(), Duration::from_secs(1))?;
+            s.set_read_timeout(Some(Duration::from_secs(1)))?;
+            ask(&mut BufReader::new(s))
+        })
+        .join()
+        .ok()
+        .and_then(|r| r.ok())
+        .is_some_and(|r| r.is_ok())
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), through),
+        "no flow through the sandwich\n{}\n{}",
+        ia.logs(),
+        oa.logs()
+    );
     let held = hold(&n.cl, 4);
     for (_, who) in &held {
         assert_eq!(who, "198.18.200.2", "the server sees the client itself");
