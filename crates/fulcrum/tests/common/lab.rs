@@ -242,6 +242,8 @@ impl NsFulcrum {
         let child = ns
             .command(bin, &["run", "-c", &path.display().to_string()])
             .env("RUST_LOG", "info")
+            // What Fulcrum keeps at run time (conntrackd's files) goes with the test's directory.
+            .env("RUNTIME_DIRECTORY", dir.path())
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
