@@ -80,11 +80,12 @@ pub fn reload_warnings(before: Option<&Bgp>, after: Option<&Bgp>) {
                 b.control.clone(),
                 b.include.clone(),
                 b.interface.clone(),
+                b.ospf.clone(),
             )
         })
     };
     if key(before) != key(after) {
-        tracing::warn!("[bgp] speaker, control, include and interface changes take effect at the next restart (announce follows the reload)");
+        tracing::warn!("[bgp] speaker, control, include, interface and ospf changes take effect at the next restart (announce follows the reload)");
     }
 }
 
