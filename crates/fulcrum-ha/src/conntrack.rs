@@ -200,6 +200,19 @@ fn spawn_daemon(conf: &Path) -> std::io::Result<Child> {
     cmd.spawn()
 }
 
+/// What a control call of conntrackd came to: its exit status, with its words when it failed.
+fn outcome(flag: &str, out: std::io::Result<std::process::Output>) -> Result<(), String> {
+    let out = out.map_err(|e| format!("conntrackd {flag}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "conntrackd {flag}: {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
+}
+
 impl Conntrackd {
     /// Writes the configuration and starts conntrackd under a supervisor thread that starts it
     /// again (after a second) whenever it ends by itself, and asks the peer for its table
@@ -310,19 +323,7 @@ impl Conntrackd {
     }
 
     fn control_blocking(&self, flag: &str) -> Result<(), String> {
-        let out = self
-            .control_command(flag)
-            .output()
-            .map_err(|e| format!("conntrackd {flag}: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "conntrackd {flag}: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        outcome(flag, self.control_command(flag).output())
     }
 
     async fn control(&self, flag: &str, wait: Duration) -> Result<(), String> {
@@ -330,13 +331,7 @@ impl Conntrackd {
             .spawn()
             .map_err(|e| format!("conntrackd {flag}: {e}"))?;
         match tokio::time::timeout(wait, child.wait_with_output()).await {
-            Ok(Ok(out)) if out.status.success() => Ok(()),
-            Ok(Ok(out)) => Err(format!(
-                "conntrackd {flag}: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )),
-            Ok(Err(e)) => Err(format!("conntrackd {flag}: {e}")),
+            Ok(out) => outcome(flag, out),
             Err(_) => Err(format!("conntrackd {flag}: no answer within {wait:?}")),
         }
     }
