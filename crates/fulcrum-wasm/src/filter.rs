@@ -1,0 +1,517 @@
+//! A configured filter (its instances, counters and failure policy), a virtual service's chain
+//! of them, and the per-stream driver that runs the chain's callbacks in order.
+//!
+//! Instances are per filter, a few of them (one per worker thread, as Envoy has one per worker),
+//! each behind its own lock held only for the length of one call: a stream opens its context in
+//! one instance and stays there, so a filter's per-stream state lives where its callbacks run.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use wasmtime::InstancePre;
+
+use crate::abi::{action, Pair};
+use crate::engine::{self, ModuleInfo};
+use crate::plugin::{Limits, LocalReply, OutgoingCall, Plugin, Props, SharedStore};
+use crate::vm::{self, Failure, HostState, HttpState, Interest, Phase, Vm};
+
+/// What happens to a request when its filter fails (traps, loops, runs out of memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// The request is answered 500 (or its response cut short).
+    #[default]
+    FailClosed,
+    /// The request goes on as if the filter were absent.
+    FailOpen,
+}
+
+/// A filter as configured.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The module's path as configured (its name everywhere).
+    pub name: String,
+    pub bytes: Vec<u8>,
+    pub config: Vec<u8>,
+    pub on_error: OnError,
+    pub limits: Limits,
+    /// Consecutive failures after which the filter is disabled (0: never).
+    pub disable_after: u32,
+    /// Instances (one per worker thread is the sound number).
+    pub instances: usize,
+}
+
+#[derive(Default)]
+pub struct FilterStats {
+    pub calls: AtomicU64,
+    pub budget_exceeded: AtomicU64,
+    pub memory_exceeded: AtomicU64,
+    pub traps: AtomicU64,
+    pub local_replies: AtomicU64,
+    pub http_calls: AtomicU64,
+    pub instance_restarts: AtomicU64,
+    pub disabled: AtomicBool,
+    consecutive: AtomicU32,
+}
+
+impl FilterStats {
+    pub fn failures(&self) -> u64 {
+        self.budget_exceeded.load(Ordering::Relaxed)
+            + self.memory_exceeded.load(Ordering::Relaxed)
+            + self.traps.load(Ordering::Relaxed)
+    }
+}
+
+type Slot = Mutex<Arc<Mutex<Vm>>>;
+
+pub struct Filter {
+    pub name: Arc<str>,
+    pub on_error: OnError,
+    pub info: ModuleInfo,
+    pub stats: FilterStats,
+    plugin: Arc<Plugin>,
+    pre: InstancePre<HostState>,
+    slots: Vec<Slot>,
+    next: AtomicUsize,
+    interest: Interest,
+    disable_after: u32,
+}
+
+impl std::fmt::Debug for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Filter").field("name", &self.name).finish()
+    }
+}
+
+impl Filter {
+    /// Compiles (or reuses) the module, links it and starts its instances: a module that does
+    /// not load, link, start or accept its configuration is refused here, at load or reload.
+    pub fn new(spec: Spec) -> Result<Filter, String> {
+        let (module, info) = engine::load(&spec.bytes)?;
+        let pre = vm::prepare(&module)?;
+        let name: Arc<str> = spec.name.into();
+        let plugin = Arc::new(Plugin {
+            name: name.clone(),
+            config: spec.config,
+            limits: spec.limits,
+            shared: SharedStore::of(&name),
+        });
+        let mut slots = Vec::new();
+        for _ in 0..spec.instances.max(1) {
+            let vm = Vm::start(&pre, plugin.clone())?;
+            slots.push(Mutex::new(Arc::new(Mutex::new(vm))));
+        }
+        let interest = slots[0].lock().lock().interest();
+        Ok(Filter {
+            name,
+            on_error: spec.on_error,
+            info,
+            stats: FilterStats::default(),
+            plugin,
+            pre,
+            slots,
+            next: AtomicUsize::new(0),
+            interest,
+            disable_after: spec.disable_after,
+        })
+    }
+
+    pub fn interest(&self) -> Interest {
+        self.interest
+    }
+
+    pub fn is_disabled(&self) -> bool {
+        self.stats.disabled.load(Ordering::Relaxed)
+    }
+
+    /// The tick period the filter's root context asked for, if any.
+    pub fn tick_period(&self) -> Option<std::time::Duration> {
+        let ms = self
+            .slots
+            .iter()
+            .map(|s| s.lock().lock().tick_ms())
+            .max()
+            .unwrap_or(0);
+        (ms > 0).then(|| std::time::Duration::from_millis(ms as u64))
+    }
+
+    /// Calls every instance's `proxy_on_tick`.
+    pub fn tick(&self) {
+        for i in 0..self.slots.len() {
+            let vm = self.slots[i].lock().clone();
+            let r = vm.lock().tick();
+            let _ = self.settle(i, &vm, r, false);
+        }
+    }
+
+    fn pick(&self) -> (usize, Arc<Mutex<Vm>>) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        (i, self.slots[i].lock().clone())
+    }
+
+    /// Counts a call's outcome (a success ends a run of consecutive failures only when
+    /// `phase`: opening a context succeeds even in a filter that fails every request); a
+    /// failed instance is replaced for the streams that come next
+    /// (its memory may be half-updated), while streams already in it finish there.
+    fn settle<T>(
+        &self,
+        slot: usize,
+        vm: &Arc<Mutex<Vm>>,
+        r: Result<T, Failure>,
+        phase: bool,
+    ) -> Result<T, Failure> {
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        match &r {
+            Ok(_) if !phase => {}
+            Ok(_) => {
+                if self.stats.consecutive.load(Ordering::Relaxed) != 0 {
+                    self.stats.consecutive.store(0, Ordering::Relaxed);
+                }
+            }
+            Err(f) => {
+                let counter = match f {
+                    Failure::Budget => &self.stats.budget_exceeded,
+                    Failure::Memory => &self.stats.memory_exceeded,
+                    Failure::Trap(_) => &self.stats.traps,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(filter = &*self.name, "filter failed: {f}");
+                let n = self.stats.consecutive.fetch_add(1, Ordering::Relaxed) + 1;
+                if self.disable_after > 0 && n >= self.disable_after && !self.is_disabled() {
+                    self.stats.disabled.store(true, Ordering::Relaxed);
+                    tracing::error!(
+                        filter = &*self.name,
+                        failures = n,
+                        "filter disabled after consecutive failures; a reload enables it again"
+                    );
+                }
+                let mut s = self.slots[slot].lock();
+                if Arc::ptr_eq(&s, vm) {
+                    match Vm::start(&self.pre, self.plugin.clone()) {
+                        Ok(fresh) => {
+                            *s = Arc::new(Mutex::new(fresh));
+                            self.stats.instance_restarts.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            tracing::error!(filter = &*self.name, "restarting the filter: {e}")
+                        }
+                    }
+                }
+            }
+        }
+        r
+    }
+}
+
+/// Makes the `proxy_http_call`s of filters: given the pool named in the call, sends the request
+/// to one of its members and returns the response (`:status` first), or `None` when no member
+/// answered in time.
+pub trait HttpCalls: Send + Sync {
+    fn call(
+        &self,
+        call: OutgoingCall,
+    ) -> Pin<Box<dyn Future<Output = Option<CallResponse>> + Send + '_>>;
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CallResponse {
+    pub headers: Vec<Pair>,
+    pub body: Vec<u8>,
+}
+
+/// A virtual service's filters, in order.
+pub struct Chain {
+    pub filters: Vec<Arc<Filter>>,
+    pub calls: Option<Arc<dyn HttpCalls>>,
+}
+
+impl Chain {
+    /// Whether any filter wants response bodies (the response is then streamed through them,
+    /// chunked).
+    pub fn wants_response_body(&self) -> bool {
+        self.filters
+            .iter()
+            .any(|f| f.interest.response_body && !f.is_disabled())
+    }
+
+    /// Opens a stream through the chain.
+    pub fn stream(self: &Arc<Self>, props: Props) -> Stream {
+        let props = Arc::new(props);
+        let mut parts = Vec::with_capacity(self.filters.len());
+        let mut refused = None;
+        for f in &self.filters {
+            if f.is_disabled() {
+                if f.on_error == OnError::FailClosed {
+                    refused = Some(format!("filter {} is disabled", f.name));
+                }
+                continue;
+            }
+            let (slot, vm) = f.pick();
+            let opened = vm.lock().open();
+            match f.settle(slot, &vm, opened, false) {
+                Ok(ctx) => parts.push(Part {
+                    filter: f.clone(),
+                    slot,
+                    vm,
+                    ctx,
+                    http: HttpState {
+                        props: props.clone(),
+                        ..HttpState::default()
+                    },
+                    live: true,
+                }),
+                Err(e) if f.on_error == OnError::FailClosed => {
+                    refused = Some(format!("filter {}: {e}", f.name));
+                }
+                Err(_) => {}
+            }
+        }
+        Stream {
+            chain: self.clone(),
+            parts,
+            refused,
+        }
+    }
+}
+
+struct Part {
+    filter: Arc<Filter>,
+    slot: usize,
+    vm: Arc<Mutex<Vm>>,
+    ctx: i32,
+    http: HttpState,
+    /// False once the filter failed open: it is skipped for the rest of the stream.
+    live: bool,
+}
+
+/// What the proxy does next with a stream after a filter phase.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    /// Answer with this instead of going on.
+    Local(LocalReply),
+    /// A filter failed closed (or closed the stream): answer 500 before any response went out,
+    /// cut the stream after.
+    Fail(String),
+}
+
+/// One request's way through a chain. Dropping it ends the filters' contexts (`proxy_on_done`,
+/// `proxy_on_log`, `proxy_on_delete`).
+pub struct Stream {
+    chain: Arc<Chain>,
+    parts: Vec<Part>,
+    refused: Option<String>,
+}
+
+/// The most body bytes a filter may hold back (pausing on body callbacks) before it fails.
+const MAX_HELD_BODY: usize = 8 << 20;
+
+impl Stream {
+    /// Runs `proxy_on_request_headers` of every filter in order over `headers` (pseudo-fields
+    /// first), waiting out the HTTP calls a filter pauses for.
+    pub async fn request_headers(
+        &mut self,
+        headers: &mut Vec<Pair>,
+        end_of_stream: bool,
+    ) -> Verdict {
+        if let Some(why) = self.refused.take() {
+            return Verdict::Fail(why);
+        }
+        self.headers(Phase::RequestHeaders, headers, end_of_stream)
+            .await
+    }
+
+    /// `proxy_on_response_headers` of every filter (`:status` first in `headers`).
+    pub async fn response_headers(
+        &mut self,
+        headers: &mut Vec<Pair>,
+        end_of_stream: bool,
+    ) -> Verdict {
+        self.headers(Phase::ResponseHeaders, headers, end_of_stream)
+            .await
+    }
+
+    /// The member the request went to, for the response phase's properties.
+    pub fn set_upstream(&mut self, pool: Option<Arc<str>>, member: Option<std::net::SocketAddr>) {
+        let Some(first) = self.parts.first() else {
+            return;
+        };
+        let mut p = (*first.http.props).clone();
+        p.pool = pool;
+        p.member = member;
+        let p = Arc::new(p);
+        for part in &mut self.parts {
+            part.http.props = p.clone();
+        }
+    }
+
+    async fn headers(&mut self, phase: Phase, headers: &mut Vec<Pair>, eos: bool) -> Verdict {
+        for i in 0..self.parts.len() {
+            let part = &mut self.parts[i];
+            let wanted = match phase {
+                Phase::RequestHeaders => part.filter.interest.request_headers,
+                _ => part.filter.interest.response_headers,
+            };
+            if !part.live || !wanted {
+                continue;
+            }
+            let slot = match phase {
+                Phase::RequestHeaders => &mut part.http.request_headers,
+                _ => &mut part.http.response_headers,
+            };
+            *slot = std::mem::take(headers);
+            let n = slot.len();
+            let r = part
+                .vm
+                .lock()
+                .phase(part.ctx, phase, &mut part.http, n, eos);
+            let r = part.filter.settle(part.slot, &part.vm, r, true);
+            let slot = match phase {
+                Phase::RequestHeaders => &mut part.http.request_headers,
+                _ => &mut part.http.response_headers,
+            };
+            *headers = std::mem::take(slot);
+            let verdict = match r {
+                Err(f) => Self::failed(part, f),
+                Ok(a) => Self::after(part, a == action::PAUSE, self.chain.calls.as_deref()).await,
+            };
+            if verdict != Verdict::Continue {
+                return verdict;
+            }
+        }
+        Verdict::Continue
+    }
+
+    fn failed(part: &mut Part, f: Failure) -> Verdict {
+        part.live = false;
+        match part.filter.on_error {
+            OnError::FailOpen => Verdict::Continue,
+            OnError::FailClosed => Verdict::Fail(format!("filter {}: {f}", part.filter.name)),
+        }
+    }
+
+    /// What a callback left behind: a local reply, a close, or a pause that waits for the
+    /// filter's HTTP calls to be answered.
+    async fn after(part: &mut Part, paused: bool, calls: Option<&dyn HttpCalls>) -> Verdict {
+        loop {
+            if let Some(l) = part.http.local.take() {
+                part.filter
+                    .stats
+                    .local_replies
+                    .fetch_add(1, Ordering::Relaxed);
+                part.http.calls.clear();
+                return Verdict::Local(l);
+            }
+            if part.http.closed {
+                return Verdict::Fail(format!("filter {} closed the stream", part.filter.name));
+            }
+            if !paused || part.http.resumed {
+                part.http.resumed = false;
+                // Calls made by a filter that did not wait for them are still made: their
+                // answers reach the filter before the stream's next phase.
+                if part.http.calls.is_empty() {
+                    return Verdict::Continue;
+                }
+            }
+            let Some(call) = (!part.http.calls.is_empty()).then(|| part.http.calls.remove(0))
+            else {
+                // Paused with nothing to wait for: the stream would hang for ever.
+                let f = Failure::Trap("paused with no HTTP call pending".into());
+                return Self::failed(part, f);
+            };
+            part.filter.stats.http_calls.fetch_add(1, Ordering::Relaxed);
+            let token = call.token;
+            let timeout = call.timeout;
+            let answer = match calls {
+                Some(c) => tokio::time::timeout(timeout, c.call(call))
+                    .await
+                    .ok()
+                    .flatten(),
+                None => None,
+            };
+            let answer = answer.unwrap_or_default();
+            part.http.call_headers = answer.headers;
+            part.http.call_body = answer.body;
+            let r = part
+                .vm
+                .lock()
+                .http_call_response(part.ctx, token, &mut part.http);
+            part.http.call_headers.clear();
+            part.http.call_body.clear();
+            if let Err(f) = part.filter.settle(part.slot, &part.vm, r, true) {
+                return Self::failed(part, f);
+            }
+        }
+    }
+
+    /// Whether any live filter of this stream reads the response body.
+    pub fn wants_response_body(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| p.live && p.filter.interest.response_body)
+    }
+
+    /// Runs `proxy_on_response_body` of every filter over `chunk` in order; what the last one
+    /// lets through is left in `chunk` (empty while a filter holds the body back). `Err` when a
+    /// filter failed closed: the response must be cut.
+    pub fn response_body(
+        &mut self,
+        chunk: &mut Vec<u8>,
+        end_of_stream: bool,
+    ) -> Result<(), String> {
+        for part in &mut self.parts {
+            if !part.live || !part.filter.interest.response_body {
+                continue;
+            }
+            if part.http.body.is_empty() {
+                part.http.body = std::mem::take(chunk);
+            } else {
+                part.http.body.append(chunk);
+            }
+            let size = part.http.body.len();
+            let r = part.vm.lock().phase(
+                part.ctx,
+                Phase::ResponseBody,
+                &mut part.http,
+                size,
+                end_of_stream,
+            );
+            match part.filter.settle(part.slot, &part.vm, r, true) {
+                Ok(a) if a == action::PAUSE && !end_of_stream => {
+                    if part.http.body.len() > MAX_HELD_BODY {
+                        let f = Failure::Trap(format!(
+                            "held back more than {MAX_HELD_BODY} bytes of body"
+                        ));
+                        if let Verdict::Fail(why) = Self::failed(part, f) {
+                            return Err(why);
+                        }
+                        *chunk = std::mem::take(&mut part.http.body);
+                        continue;
+                    }
+                    return Ok(());
+                }
+                Ok(_) => *chunk = std::mem::take(&mut part.http.body),
+                Err(f) => {
+                    if let Verdict::Fail(why) = Self::failed(part, f) {
+                        return Err(why);
+                    }
+                    *chunk = std::mem::take(&mut part.http.body);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        for part in &mut self.parts {
+            let r = part.vm.lock().close(part.ctx, &mut part.http);
+            if part.live {
+                let _ = part.filter.settle(part.slot, &part.vm, r, false);
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! The proxy-wasm host: WebAssembly filters (ABI 0.2.1, the version the public SDKs target) run
+//! around a virtual service's rules, sandboxed by wasmtime with a memory cap and a time budget
+//! per call.
+//!
+//! ```text
+//!   engine   one wasmtime engine, modules compiled once by digest, the epoch clock
+//!   vm       one instance: its store, limits, the callbacks it exports
+//!   hostcalls  what a filter may ask of the host (headers, bodies, properties, shared data,
+//!            queues, metrics, HTTP calls, local replies, logging)
+//!   filter   a configured filter (instances, counters, failure policy), a chain, and the
+//!            per-stream driver the HTTP plane calls
+//! ```
+//!
+//! Why a host of our own rather than a crate: no maintained Rust crate implements the host side
+//! of proxy-wasm on wasmtime (the reference host is C++, in Envoy); the ABI is a few dozen calls
+//! over linear memory, written here against its specification.
+
+pub mod abi;
+mod engine;
+mod filter;
+mod hostcalls;
+mod plugin;
+mod vm;
+
+pub use abi::Pair;
+pub use engine::{load, ModuleInfo};
+pub use filter::{
+    CallResponse, Chain, Filter, FilterStats, HttpCalls, OnError, Spec, Stream, Verdict,
+};
+pub use plugin::{metrics, FilterMetric, Limits, LocalReply, OutgoingCall, Props};
+pub use vm::{Failure, Interest};
+
+/// Checks a module as `fulcrum check` does: it compiles, carries an ABI marker, a memory and an
+/// allocator, links against the host calls, and starts with `config`.
+pub fn check(bytes: &[u8], config: &[u8]) -> Result<ModuleInfo, String> {
+    let f = Filter::new(Spec {
+        name: "check".into(),
+        bytes: bytes.to_vec(),
+        config: config.to_vec(),
+        on_error: OnError::FailClosed,
+        limits: Limits::default(),
+        disable_after: 0,
+        instances: 1,
+    })?;
+    Ok(f.info.clone())
+}
+
+#[cfg(test)]
+mod tests;
