@@ -16,7 +16,7 @@ use wasmtime::InstancePre;
 use crate::abi::{action, Pair};
 use crate::engine::{self, ModuleInfo};
 use crate::plugin::{Limits, LocalReply, OutgoingCall, Plugin, Props, SharedStore};
-use crate::vm::{self, Failure, HostState, HttpState, Interest, Phase, Vm};
+use crate::vm::{Failure, HostState, HttpState, Interest, Phase, Vm};
 
 /// What happens to a request when its filter fails (traps, loops, runs out of memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -90,7 +90,7 @@ impl Filter {
     /// not load, link, start or accept its configuration is refused here, at load or reload.
     pub fn new(spec: Spec) -> Result<Filter, String> {
         let (module, info) = engine::load(&spec.bytes)?;
-        let pre = vm::prepare(&module)?;
+        let pre = crate::hostcalls::prepare(&module)?;
         let name: Arc<str> = spec.name.into();
         let plugin = Arc::new(Plugin {
             name: name.clone(),

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use wasmtime::{Caller, Linker};
+use wasmtime::{Caller, InstancePre, Linker, Module};
 
 use crate::abi::{self, buffer, map, status, Pair};
 use crate::plugin::{self, LocalReply, OutgoingCall};
@@ -62,7 +62,21 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-pub(crate) fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
+/// Links `module` against the host calls once; every instance of the filter is made from it.
+pub fn prepare(module: &Module) -> Result<InstancePre<HostState>, String> {
+    let mut linker = Linker::new(crate::engine::engine());
+    define(&mut linker).map_err(|e| format!("{e:#}"))?;
+    // Filters built against a libc (WASI) import calls a proxy never answers (files, sockets):
+    // they link, and trap if ever called.
+    linker
+        .define_unknown_imports_as_traps(module)
+        .map_err(|e| format!("{e:#}"))?;
+    linker
+        .instantiate_pre(module)
+        .map_err(|e| format!("linking: {e:#}"))
+}
+
+fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
     logging(l)?;
     headers(l)?;
     buffers(l)?;

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wasmtime::{
-    Caller, Extern, Instance, InstancePre, Linker, Module, Store, StoreLimits, StoreLimitsBuilder,
-    Trap, TypedFunc,
+    Caller, Extern, Instance, InstancePre, Store, StoreLimits, StoreLimitsBuilder, Trap, TypedFunc,
 };
 
 use crate::abi::{self, status, Pair};
@@ -386,20 +385,6 @@ impl Vm {
         state.next_call_token = t.wrapping_add(1).max(1);
         t
     }
-}
-
-/// Links `module` against the host calls once; every instance of the filter is made from it.
-pub fn prepare(module: &Module) -> Result<InstancePre<HostState>, String> {
-    let mut linker = Linker::new(engine::engine());
-    crate::hostcalls::define(&mut linker).map_err(|e| format!("{e:#}"))?;
-    // Filters built against a libc (WASI) import calls a proxy never answers (files, sockets):
-    // they link, and trap if ever called.
-    linker
-        .define_unknown_imports_as_traps(module)
-        .map_err(|e| format!("{e:#}"))?;
-    linker
-        .instantiate_pre(module)
-        .map_err(|e| format!("linking: {e:#}"))
 }
 
 /// Epoch ticks for a budget: rounded up, plus one because the current tick may be about to end.
