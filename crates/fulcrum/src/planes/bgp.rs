@@ -227,30 +227,29 @@ pub fn api(a: &Announcer, node: &str, method: &str, path: &[&str], body: &[u8]) 
 
 pub fn metrics(a: &Announcer, w: &mut MetricFamilies) {
     let s = a.status();
-    let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let mut samples = w.gauge(
         "fulcrum_bgp_speaker_up",
         "1 while the BGP speaker answers (BIRD's control socket, gobgpd's gRPC API).",
     );
-    samples.sample(&[], flag(s.reachable));
+    samples.sample(&[], s.reachable);
     let mut samples = w.gauge(
         "fulcrum_bgp_maintenance",
         "1 while this node is in maintenance (every prefix withdrawn).",
     );
-    samples.sample(&[], flag(a.maintenance()));
+    samples.sample(&[], a.maintenance());
     let mut samples = w.gauge(
         "fulcrum_bgp_prefix_announced",
         "1 while the prefix is announced (BIRD accepted the configuration, the path is in gobgpd's RIB).",
     );
     for p in &s.prefixes {
-        samples.sample(&[("prefix", &p.prefix)], flag(p.announced));
+        samples.sample(&[("prefix", &p.prefix)], p.announced);
     }
     let mut samples = w.gauge(
         "fulcrum_bgp_prefix_healthy",
         "1 while a service listening in the prefix has a member that takes new clients.",
     );
     for p in &s.prefixes {
-        samples.sample(&[("prefix", &p.prefix)], flag(p.healthy));
+        samples.sample(&[("prefix", &p.prefix)], p.healthy);
     }
     let mut samples = w.gauge(
         "fulcrum_bgp_sessions_established",

@@ -195,12 +195,13 @@ impl DnsPlane {
 
     /// DNS and GSLB metric families.
     fn write_metrics(&self, w: &mut MetricFamilies) {
+        self.dns_metrics(w);
+        self.gslb_metrics(w);
+    }
+
+    fn dns_metrics(&self, w: &mut MetricFamilies) {
         let reg = self.runtime.registry();
         let engine = self.runtime.engine();
-        let counter = |w: &mut MetricFamilies, name: &str, help: &str, v: u64| {
-            let mut samples = w.counter(name, help);
-            samples.sample(&[], v);
-        };
         let mut samples = w.counter(
             "fulcrum_dns_queries_total",
             "DNS queries received, by transport.",
@@ -229,13 +230,13 @@ impl DnsPlane {
             let v = reg.sum(|c| c.rcodes[rc].load(Ordering::Relaxed));
             samples.sample(&[("rcode", name)], v);
         }
-        counter(
+        single_counter(
             w,
             "fulcrum_dns_dropped_total",
             "Packets dropped unanswered: too short or too long to be a query, or a response.",
             reg.sum(|c| c.dropped.load(Ordering::Relaxed)),
         );
-        counter(
+        single_counter(
             w,
             "fulcrum_dns_truncated_total",
             "UDP responses sent empty with TC set because they did not fit.",
@@ -267,7 +268,9 @@ impl DnsPlane {
         for z in &engine.catalog.zones {
             samples.sample(&[("zone", &z.origin_text)], z.records);
         }
+    }
 
+    fn gslb_metrics(&self, w: &mut MetricFamilies) {
         let st = self.runtime.gslb().state();
         let mut samples = w.counter(
             "fulcrum_gslb_queries_total",
@@ -295,14 +298,14 @@ impl DnsPlane {
             "1 while one of the site's addresses is up.",
         );
         for s in &st.sites {
-            samples.sample(&[("site", &s.name)], if s.is_up() { 1.0 } else { 0.0 });
+            samples.sample(&[("site", &s.name)], s.is_up());
         }
         let mut samples = w.gauge(
             "fulcrum_gslb_site_addresses_up",
             "Addresses of the site that are up.",
         );
         for s in &st.sites {
-            samples.sample(&[("site", &s.name)], f64::from(s.addresses_up()));
+            samples.sample(&[("site", &s.name)], s.addresses_up());
         }
         let mut samples = w.gauge(
             "fulcrum_gslb_share",
@@ -325,34 +328,39 @@ impl DnsPlane {
             "1 while this instance's connection to the peer is up.",
         );
         for p in &peers {
-            samples.sample(&[("peer", &p.site)], if p.connected { 1.0 } else { 0.0 });
+            samples.sample(&[("peer", &p.site)], p.connected);
         }
         let mut samples = w.gauge(
             "fulcrum_gslb_peer_stale",
             "1 while the peer's last report is older than stale_after (or none came).",
         );
         for p in &peers {
-            samples.sample(&[("peer", &p.site)], if p.stale { 1.0 } else { 0.0 });
+            samples.sample(&[("peer", &p.site)], p.stale);
         }
-        counter(
+        single_counter(
             w,
             "fulcrum_gslb_reports_received_total",
             "Site state reports accepted from peers.",
             self.runtime.gslb().reports_received(),
         );
-        counter(
+        single_counter(
             w,
             "fulcrum_gslb_auth_failures_total",
             "Exchange connections refused because a frame failed authentication.",
             self.runtime.gslb().auth_failures(),
         );
-        counter(
+        single_counter(
             w,
             "fulcrum_gslb_unauthenticated_refused_total",
             "Exchange connections closed at accept: 16 were already waiting to authenticate.",
             self.runtime.gslb().unauthenticated_refused(),
         );
     }
+}
+
+/// A counter family of one unlabelled sample.
+fn single_counter(w: &mut MetricFamilies, name: &str, help: &str, value: u64) {
+    w.counter(name, help).sample(&[], value);
 }
 
 fn member_json(m: &fulcrum_balance::Member) -> Value {

@@ -850,7 +850,7 @@ impl HaPlane {
             "VRRP state of this node: 1 for the current one.",
         );
         for st in [State::Init, State::Backup, State::Master, State::Fault] {
-            let v = if s.role == st { 1.0 } else { 0.0 };
+            let v = s.role == st;
             samples.sample(&[("vrid", &vrid), ("state", st.as_str())], v);
         }
         let mut samples = w.gauge(
@@ -931,7 +931,7 @@ impl HaPlane {
                 "1 when the peer's pools differ from this node's (pools_hash).",
             );
             let mismatch = *self.peer_config_matches.lock() == Some(false);
-            samples.sample(&l, if mismatch { 1.0 } else { 0.0 });
+            samples.sample(&l, mismatch);
             if let Some(fs) = self.flows.get() {
                 let mut samples = w.counter(
                     "fulcrum_ha_sync_flows_total",

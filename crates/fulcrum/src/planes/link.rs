@@ -126,7 +126,7 @@ impl LinkPlane {
         );
         for l in links {
             let (o, n) = (label(l, "outbound"), label(l, "name"));
-            let up = if l["health"] == "up" { 1.0 } else { 0.0 };
+            let up = l["health"] == "up";
             samples.sample(&[("outbound", &o), ("link", &n)], up);
         }
         let mut samples = out.gauge(

@@ -207,8 +207,7 @@ impl MessagePlane {
         // The dispatchers of one service share its counters: the service families are written
         // once per service (from its first dispatcher), the member ones for every dispatcher.
         let hubs: Vec<Arc<Hub>> = services.iter().map(|s| s[0].clone()).collect();
-        let all: Vec<Arc<Hub>> = services.iter().flatten().cloned().collect();
-        type Field = fn(&MessageStats) -> f64;
+        type Field = fn(&MessageStats) -> u64;
         let service: [(&str, MetricKind, &str, Field); 7] = [
             ("fulcrum_message_requests_total", MetricKind::Counter, "Messages received from clients.", |s| {
                 load(&s.requests)
@@ -217,7 +216,7 @@ impl MessagePlane {
                 load(&s.responses)
             }),
             ("fulcrum_message_in_flight", MetricKind::Gauge, "Messages received and not answered or failed yet.", |s| {
-                s.in_flight() as f64
+                s.in_flight()
             }),
             ("fulcrum_message_paused_total", MetricKind::Counter, "Times client connections stopped reading because a member queue was at member_queue (back-pressure).", |s| {
                 load(&s.paused)
@@ -284,68 +283,73 @@ impl MessagePlane {
             let count = buckets.iter().map(|(_, n)| n).sum();
             samples.histogram(&[("vs", &h.name)], lat.sum_seconds(), count, &buckets);
         }
+        let all: Vec<Arc<Hub>> = services.iter().flatten().cloned().collect();
+        member_metrics(w, &all);
+    }
+}
 
-        type MemberField = fn(&fulcrum_proxy::message::MemberMessageStats) -> f64;
-        let member: [(&str, MetricKind, &str, MemberField); 6] = [
-            (
-                "fulcrum_message_member_sent_total",
-                MetricKind::Counter,
-                "Messages written to the member (re-sends included).",
-                |s| load(&s.sent),
-            ),
-            (
-                "fulcrum_message_member_responses_total",
-                MetricKind::Counter,
-                "Answers from the member paired with their message.",
-                |s| load(&s.responses),
-            ),
-            (
-                "fulcrum_message_member_in_flight",
-                MetricKind::Gauge,
-                "Messages sent to the member and not answered yet.",
-                |s| load(&s.in_flight),
-            ),
-            (
-                "fulcrum_message_member_orphans_total",
-                MetricKind::Counter,
-                "Answers from the member that matched no waiting message (dropped).",
-                |s| load(&s.orphans),
-            ),
-            (
-                "fulcrum_message_member_timeouts_total",
-                MetricKind::Counter,
-                "Messages the member did not answer within message_timeout.",
-                |s| load(&s.timeouts),
-            ),
-            (
-                "fulcrum_message_member_connections",
-                MetricKind::Gauge,
-                "Connections open from Fulcrum to the member for this service.",
-                |s| load(&s.connections),
-            ),
-        ];
-        let states: Vec<_> = all
-            .iter()
-            .map(|h| (h.clone(), h.dispatch_state()))
-            .collect();
-        for (name, kind, help, get) in member {
-            let mut samples = w.family(name, kind, help);
-            for (h, d) in &states {
-                for links in &d.members {
-                    samples.sample(
-                        &[
-                            ("vs", &h.name),
-                            ("pool", &d.pool.name),
-                            ("member", &links.member.label),
-                        ],
-                        get(&links.stats),
-                    );
-                }
+/// The per-member families, for every dispatcher of every service.
+fn member_metrics(w: &mut MetricFamilies, all: &[Arc<Hub>]) {
+    type MemberField = fn(&fulcrum_proxy::message::MemberMessageStats) -> u64;
+    let member: [(&str, MetricKind, &str, MemberField); 6] = [
+        (
+            "fulcrum_message_member_sent_total",
+            MetricKind::Counter,
+            "Messages written to the member (re-sends included).",
+            |s| load(&s.sent),
+        ),
+        (
+            "fulcrum_message_member_responses_total",
+            MetricKind::Counter,
+            "Answers from the member paired with their message.",
+            |s| load(&s.responses),
+        ),
+        (
+            "fulcrum_message_member_in_flight",
+            MetricKind::Gauge,
+            "Messages sent to the member and not answered yet.",
+            |s| load(&s.in_flight),
+        ),
+        (
+            "fulcrum_message_member_orphans_total",
+            MetricKind::Counter,
+            "Answers from the member that matched no waiting message (dropped).",
+            |s| load(&s.orphans),
+        ),
+        (
+            "fulcrum_message_member_timeouts_total",
+            MetricKind::Counter,
+            "Messages the member did not answer within message_timeout.",
+            |s| load(&s.timeouts),
+        ),
+        (
+            "fulcrum_message_member_connections",
+            MetricKind::Gauge,
+            "Connections open from Fulcrum to the member for this service.",
+            |s| load(&s.connections),
+        ),
+    ];
+    let states: Vec<_> = all
+        .iter()
+        .map(|h| (h.clone(), h.dispatch_state()))
+        .collect();
+    for (name, kind, help, get) in member {
+        let mut samples = w.family(name, kind, help);
+        for (h, d) in &states {
+            for links in &d.members {
+                samples.sample(
+                    &[
+                        ("vs", &h.name),
+                        ("pool", &d.pool.name),
+                        ("member", &links.member.label),
+                    ],
+                    get(&links.stats),
+                );
             }
         }
     }
 }
 
-fn load(c: &std::sync::atomic::AtomicU64) -> f64 {
-    c.load(std::sync::atomic::Ordering::Relaxed) as f64
+fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -3,7 +3,6 @@
 use std::sync::atomic::Ordering;
 
 use fulcrum_admin::MetricFamilies;
-use fulcrum_admin::MetricKind;
 use fulcrum_net::snat::SnatAddress;
 use fulcrum_net::Snat;
 
@@ -36,10 +35,8 @@ pub fn metrics(w: &mut MetricFamilies) {
             }
         }
     }
-    let family = "fulcrum_snat_failures_total";
-    let mut samples = w.family(
-        family,
-        MetricKind::Counter,
+    let mut samples = w.counter(
+        "fulcrum_snat_failures_total",
         "Member connections refused because every snat address of the service was exhausted.",
     );
     for p in &pools {
