@@ -300,8 +300,11 @@ pub fn registry(control: Arc<dyn Control>, extra: Box<dyn Collector>) -> Registr
     registry.register_collector(collector(move |out| {
         process_families(core.as_ref(), out);
         service_families(core.as_ref(), out);
-        pool_families(core.as_ref(), out);
-        member_families(core.as_ref(), out);
+        // One snapshot of the pools for both, so a reload between them cannot show a member
+        // under a pool that is gone.
+        let pools = core.pools();
+        pool_families(&pools, out);
+        member_families(&pools, out);
     }));
     control.register_metrics(&mut registry);
     registry.register_collector(extra);
@@ -412,8 +415,7 @@ fn service_families(control: &dyn Control, out: &mut MetricFamilies) {
     }
 }
 
-fn pool_families(control: &dyn Control, out: &mut MetricFamilies) {
-    let pools = control.pools();
+fn pool_families(pools: &[Arc<fulcrum_balance::Pool>], out: &mut MetricFamilies) {
     type PoolField = fn(&fulcrum_balance::Pool) -> u64;
     let pool_families: [(&str, MetricKind, &str, PoolField); 4] = [
         (
@@ -443,7 +445,7 @@ fn pool_families(control: &dyn Control, out: &mut MetricFamilies) {
     ];
     for (name, kind, help, get) in pool_families {
         let mut family = out.family(name, kind, help);
-        for p in &pools {
+        for p in pools {
             family.sample(&[("pool", &p.name)], get(p));
         }
     }
@@ -505,8 +507,7 @@ fn pool_families(control: &dyn Control, out: &mut MetricFamilies) {
     }
 }
 
-fn member_families(control: &dyn Control, out: &mut MetricFamilies) {
-    let pools = control.pools();
+fn member_families(pools: &[Arc<fulcrum_balance::Pool>], out: &mut MetricFamilies) {
     type MemberField = fn(&fulcrum_balance::Member) -> f64;
     let member_families: [(&str, MetricKind, &str, MemberField); 14] = [
         (
@@ -596,7 +597,7 @@ fn member_families(control: &dyn Control, out: &mut MetricFamilies) {
     ];
     for (name, kind, help, get) in member_families {
         let mut family = out.family(name, kind, help);
-        for p in &pools {
+        for p in pools {
             for m in p.members() {
                 family.sample(&[("pool", &p.name), ("member", &m.label)], get(m));
             }
@@ -606,7 +607,7 @@ fn member_families(control: &dyn Control, out: &mut MetricFamilies) {
         "fulcrum_member_state",
         "1 for the member's effective admin state.",
     );
-    for p in &pools {
+    for p in pools {
         for m in p.members() {
             let current = m.effective_state();
             for s in fulcrum_config::AdminState::ALL {
@@ -622,7 +623,7 @@ fn member_families(control: &dyn Control, out: &mut MetricFamilies) {
         "1 while the member is in a slow-start phase.",
     );
     let now = clock::now_ms();
-    for p in &pools {
+    for p in pools {
         for m in p.members() {
             slow_start.sample(
                 &[("pool", &p.name), ("member", &m.label)],
