@@ -6,8 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricFamilies;
-use fulcrum_admin::MetricKind;
+use fulcrum_admin::{MetricFamilies, MetricKind};
 use fulcrum_balance::Pool;
 use fulcrum_config::{Config, VirtualService};
 use fulcrum_net::StreamHandler;
