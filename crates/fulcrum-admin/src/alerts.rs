@@ -558,24 +558,19 @@ impl Alerts {
     }
 
     /// `fulcrum_alert_*` metric families.
-    pub fn metrics(&self, out: &mut crate::MetricsWriter) {
+    pub fn metrics(&self, out: &mut crate::MetricFamilies) {
         let rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
-        out.family(
-            "fulcrum_alerts_firing",
-            "gauge",
-            "Alerts firing now, per rule.",
-        );
+        let mut firing = out.gauge("fulcrum_alerts_firing", "Alerts firing now, per rule.");
         for r in rules.iter() {
             let n = r
                 .tracked
                 .values()
                 .filter(|t| t.firing_since.is_some())
                 .count();
-            out.sample("fulcrum_alerts_firing", &[("rule", &r.rule.name)], n as f64);
+            firing.sample(&[("rule", &r.rule.name)], n);
         }
-        out.family(
+        let mut notifications = out.counter(
             "fulcrum_alert_notifications_total",
-            "counter",
             "Alert notifications per rule, sink and result (sent, failed after retries, retried, dropped on a full queue).",
         );
         for r in rules.iter() {
@@ -585,21 +580,19 @@ impl Alerts {
                     ("failed", &s.failed),
                     ("retried", &s.retries),
                 ] {
-                    out.sample(
-                        "fulcrum_alert_notifications_total",
+                    notifications.sample(
                         &[("rule", &r.rule.name), ("sink", sink), ("result", result)],
-                        v.load(Ordering::Relaxed) as f64,
+                        v.load(Ordering::Relaxed),
                     );
                 }
             }
-            out.sample(
-                "fulcrum_alert_notifications_total",
+            notifications.sample(
                 &[
                     ("rule", &r.rule.name),
                     ("sink", "queue"),
                     ("result", "dropped"),
                 ],
-                r.stats.dropped.load(Ordering::Relaxed) as f64,
+                r.stats.dropped.load(Ordering::Relaxed),
             );
         }
     }

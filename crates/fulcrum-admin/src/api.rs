@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -298,6 +298,7 @@ pub fn router(control: Arc<dyn Control>, bound: SocketAddr) -> Router {
         console.spawn_sampler(control.clone());
     }
     build(App {
+        metrics: metrics_registry(&control, &console),
         control,
         bound,
         console,
@@ -319,6 +320,7 @@ pub fn routers(control: Arc<dyn Control>, bound: SocketAddr) -> Routers {
         console.spawn_sampler(control.clone());
     }
     let app = App {
+        metrics: metrics_registry(&control, &console),
         control,
         bound,
         console,
@@ -331,6 +333,16 @@ pub fn routers(control: Arc<dyn Control>, bound: SocketAddr) -> Routers {
             ..app
         }),
     }
+}
+
+/// One registry for every listener: the alert rules' families come last, after the planes'.
+fn metrics_registry(
+    control: &Arc<dyn Control>,
+    console: &Arc<Console>,
+) -> Arc<crate::metrics::Registry> {
+    let console = console.clone();
+    let alerts = crate::metrics::collector(move |out| console.alerts.metrics(out));
+    Arc::new(crate::metrics::registry(control.clone(), alerts))
 }
 
 fn build(app: App) -> Router {
@@ -837,19 +849,17 @@ async fn reload(State(app): State<App>) -> Response {
     }
 }
 
-async fn metrics(State(app): State<App>) -> Response {
-    let mut text = crate::metrics::render(app.control.as_ref());
-    let mut w = crate::MetricsWriter::default();
-    app.console.alerts.metrics(&mut w);
-    text.push_str(&w.finish());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = crate::metrics::Format::from_accept(accept);
+    match crate::metrics::encode(&app.metrics, format) {
+        Ok(text) => ([(header::CONTENT_TYPE, format.content_type())], text).into_response(),
+        Err(_) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the metrics could not be encoded",
+        )
+        .into_response(),
+    }
 }
 
 #[cfg(test)]

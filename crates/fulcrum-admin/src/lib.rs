@@ -25,7 +25,7 @@ pub use api::{
     host_allowed, member_status, pool_status, router, MemberStatus, PoolStatus, ServiceStatus,
     Status,
 };
-pub use metrics::{render as render_metrics, MetricsWriter};
+pub use metrics::{collector, Family, MetricFamilies, MetricKind, Registry, Value as MetricValue};
 
 /// How the API is locked. Mutating calls always need the bearer token.
 #[derive(Clone)]
@@ -129,8 +129,10 @@ pub trait Control: Send + Sync + 'static {
     fn config(&self) -> Option<Arc<fulcrum_config::Config>> {
         None
     }
-    /// Appends data-plane specific metric families (caches, DNS, …) to `/metrics`.
-    fn extra_metrics(&self, _out: &mut MetricsWriter) {}
+    /// Registers the collectors of what the binary assembles (planes, limits) with the
+    /// registry `/metrics` serves; called once when the API starts, so a collector must read
+    /// its state at every scrape rather than hold what a reload replaces.
+    fn register_metrics(self: Arc<Self>, _registry: &mut Registry) {}
     /// Called after the API changed a member's state or weight (or a plane's mutating route
     /// succeeded), so the binary can keep `admin.state_file` current. The default keeps nothing.
     fn api_state_changed(&self) {}

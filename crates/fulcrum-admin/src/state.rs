@@ -19,6 +19,8 @@ pub(crate) struct App {
     /// The address the API is bound to (it changes only at restart).
     pub(crate) bound: SocketAddr,
     pub(crate) console: Arc<Console>,
+    /// What `/metrics` serves, registered once at start.
+    pub(crate) metrics: Arc<crate::metrics::Registry>,
     /// Requests come over the Unix socket (`admin.socket`): its file permissions authenticated
     /// the caller, so no token or Host check applies.
     pub(crate) local_socket: bool,

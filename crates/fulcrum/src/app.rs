@@ -452,14 +452,22 @@ impl Control for App {
         Some(self.snapshot.load().config.clone())
     }
 
-    fn extra_metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
-        self.cap.metrics(out);
-        let tables: Vec<_> = self.assembly.lock().tables.clone().into_iter().collect();
-        crate::limits::persistence_metrics(out, &tables);
+    fn register_metrics(self: Arc<Self>, registry: &mut fulcrum_admin::Registry) {
+        let cap = self.cap.clone();
+        registry.register_collector(fulcrum_admin::collector(move |out| cap.metrics(out)));
+        let app = self.clone();
+        registry.register_collector(fulcrum_admin::collector(move |out| {
+            // The tables of the configuration in force: a reload replaces the map.
+            let tables: Vec<_> = app.assembly.lock().tables.clone().into_iter().collect();
+            crate::limits::persistence_metrics(out, &tables);
+        }));
         for plane in &self.planes {
-            plane.metrics(out);
+            let plane = plane.clone();
+            registry.register_collector(fulcrum_admin::collector(move |out| plane.metrics(out)));
         }
-        crate::planes::stream::snat::metrics(out);
+        registry.register_collector(fulcrum_admin::collector(
+            crate::planes::stream::snat::metrics,
+        ));
     }
 
     fn plane_api(&self, request: &ApiRequest) -> Option<(u16, serde_json::Value)> {

@@ -99,49 +99,37 @@ impl GlobalCap {
         (self.tracker.active() as u64) < self.limit()
     }
 
-    pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
-        out.family(
+    pub fn metrics(&self, out: &mut fulcrum_admin::MetricFamilies) {
+        let mut samples = out.gauge(
             "fulcrum_connections_active",
-            "gauge",
             "Client connections of every stream service open now.",
         );
-        out.sample(
-            "fulcrum_connections_active",
-            &[],
-            self.tracker.active() as f64,
-        );
-        out.family(
+        samples.sample(&[], self.tracker.active());
+        let mut samples = out.gauge(
             "fulcrum_connections_limit",
-            "gauge",
             "The global client connection cap (global.max_connections, or derived from the open-file limit).",
         );
-        out.sample("fulcrum_connections_limit", &[], self.limit() as f64);
-        out.family(
+        samples.sample(&[], self.limit());
+        let mut samples = out.counter(
             "fulcrum_connections_refused_total",
-            "counter",
             "Client connections reset because the process was at its global cap.",
         );
-        out.sample(
-            "fulcrum_connections_refused_total",
-            &[],
-            self.refused.load(Ordering::Relaxed) as f64,
-        );
+        samples.sample(&[], self.refused.load(Ordering::Relaxed));
     }
 }
 
 /// Entries of each service's persistence table (source_ip, header, cookie_passive): bounded by
 /// the profile's `max_entries`, each of a fixed size.
 pub fn persistence_metrics(
-    out: &mut fulcrum_admin::MetricsWriter,
+    out: &mut fulcrum_admin::MetricFamilies,
     tables: &[(String, Arc<fulcrum_balance::PersistTable>)],
 ) {
-    out.family(
+    let mut samples = out.gauge(
         "fulcrum_persistence_entries",
-        "gauge",
         "Entries in a service's persistence table.",
     );
     for (vs, t) in tables {
-        out.sample("fulcrum_persistence_entries", &[("vs", vs)], t.len() as f64);
+        samples.sample(&[("vs", vs)], t.len());
     }
 }
 

@@ -358,6 +358,45 @@ async fn api_token_and_metrics() {
     );
     assert!(text.contains(&member_line), "{text}");
     assert!(text.contains("# TYPE fulcrum_member_up gauge"));
+    let content_type = |r: &fulcrum_testkit::HttpResponse| {
+        r.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        content_type(&metrics),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    assert!(text.contains("# TYPE fulcrum_vs_connections_total counter"));
+    assert!(!text.contains("# EOF"));
+
+    // What Prometheus asks for: the same series in OpenMetrics.
+    let open = fulcrum_testkit::http_request(
+        f.admin,
+        "GET",
+        "/metrics",
+        &[(
+            "Accept",
+            "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3",
+        )],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(open.status, 200);
+    assert_eq!(
+        content_type(&open),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let open_text = open.text();
+    assert!(
+        open_text.contains("# TYPE fulcrum_vs_connections counter"),
+        "{open_text}"
+    );
+    assert!(open_text.contains(&member_line), "{open_text}");
+    assert!(open_text.ends_with("# EOF\n"), "{open_text}");
 }
 
 #[test]

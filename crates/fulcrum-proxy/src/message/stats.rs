@@ -30,18 +30,17 @@ impl LatencyHistogram {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// (upper bound, cumulative count) per bucket, ending with (+Inf, count).
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut acc = 0;
-        let mut out = Vec::with_capacity(self.buckets.len());
-        for (i, b) in self.buckets.iter().enumerate() {
-            acc += b.load(Ordering::Relaxed);
-            out.push((
-                LATENCY_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY),
-                acc,
-            ));
-        }
-        out
+    /// (upper bound, count in that bucket alone) per bucket, ending with +Inf: the encoder
+    /// of `/metrics` accumulates them.
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let bound = LATENCY_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY);
+                (bound, b.load(Ordering::Relaxed))
+            })
+            .collect()
     }
 
     pub fn sum_seconds(&self) -> f64 {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fulcrum_admin::{Control, MetricsWriter};
+use fulcrum_admin::{Control, MetricFamilies};
 use fulcrum_config::{Bgp, BgpSpeaker, Config, ConfigError, HaMode, RuleAction, VirtualService};
 use fulcrum_ha::bgp::gobgp::WatchdogCommand;
 use fulcrum_ha::bgp::{Announcer, BgpConfig, Desired, SpeakerConfig};
@@ -225,48 +225,34 @@ pub fn api(a: &Announcer, node: &str, method: &str, path: &[&str], body: &[u8]) 
     }
 }
 
-pub fn metrics(a: &Announcer, w: &mut MetricsWriter) {
+pub fn metrics(a: &Announcer, w: &mut MetricFamilies) {
     let s = a.status();
-    let flag = |b: bool| if b { 1.0 } else { 0.0 };
-    w.family(
+    let mut samples = w.gauge(
         "fulcrum_bgp_speaker_up",
-        "gauge",
         "1 while the BGP speaker answers (BIRD's control socket, gobgpd's gRPC API).",
     );
-    w.sample("fulcrum_bgp_speaker_up", &[], flag(s.reachable));
-    w.family(
+    samples.sample(&[], s.reachable);
+    let mut samples = w.gauge(
         "fulcrum_bgp_maintenance",
-        "gauge",
         "1 while this node is in maintenance (every prefix withdrawn).",
     );
-    w.sample("fulcrum_bgp_maintenance", &[], flag(a.maintenance()));
-    w.family(
+    samples.sample(&[], a.maintenance());
+    let mut samples = w.gauge(
         "fulcrum_bgp_prefix_announced",
-        "gauge",
         "1 while the prefix is announced (BIRD accepted the configuration, the path is in gobgpd's RIB).",
     );
     for p in &s.prefixes {
-        w.sample(
-            "fulcrum_bgp_prefix_announced",
-            &[("prefix", &p.prefix)],
-            flag(p.announced),
-        );
+        samples.sample(&[("prefix", &p.prefix)], p.announced);
     }
-    w.family(
+    let mut samples = w.gauge(
         "fulcrum_bgp_prefix_healthy",
-        "gauge",
         "1 while a service listening in the prefix has a member that takes new clients.",
     );
     for p in &s.prefixes {
-        w.sample(
-            "fulcrum_bgp_prefix_healthy",
-            &[("prefix", &p.prefix)],
-            flag(p.healthy),
-        );
+        samples.sample(&[("prefix", &p.prefix)], p.healthy);
     }
-    w.family(
+    let mut samples = w.gauge(
         "fulcrum_bgp_sessions_established",
-        "gauge",
         "BGP sessions of the local speaker in the Established state.",
     );
     let up = s
@@ -274,19 +260,17 @@ pub fn metrics(a: &Announcer, w: &mut MetricsWriter) {
         .iter()
         .filter(|x| x.info.starts_with("Established"))
         .count();
-    w.sample("fulcrum_bgp_sessions_established", &[], up as f64);
-    w.family(
+    samples.sample(&[], up);
+    let mut samples = w.counter(
         "fulcrum_bgp_announce_changes_total",
-        "counter",
         "Changes of the announced prefix set that the speaker accepted.",
     );
-    w.sample("fulcrum_bgp_announce_changes_total", &[], s.changes as f64);
-    w.family(
+    samples.sample(&[], s.changes);
+    let mut samples = w.counter(
         "fulcrum_bgp_errors_total",
-        "counter",
         "Failed exchanges with the speaker (unreachable, refused configuration, file errors).",
     );
-    w.sample("fulcrum_bgp_errors_total", &[], s.errors as f64);
+    samples.sample(&[], s.errors);
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use fulcrum_admin::{ApiRequest, MetricsWriter};
+use fulcrum_admin::{ApiRequest, MetricFamilies};
 use fulcrum_config::{AdminState, Config, ConfigError};
 use fulcrum_dns::iptable::GeoCache;
 use fulcrum_dns::DnsRuntime;
@@ -70,7 +70,7 @@ impl DataPlane for DnsPlane {
         self.runtime.shutdown();
     }
 
-    fn metrics(&self, w: &mut MetricsWriter) {
+    fn metrics(&self, w: &mut MetricFamilies) {
         self.write_metrics(w);
     }
 
@@ -194,31 +194,28 @@ impl DnsPlane {
     }
 
     /// DNS and GSLB metric families.
-    fn write_metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricFamilies) {
+        self.dns_metrics(w);
+        self.gslb_metrics(w);
+    }
+
+    fn dns_metrics(&self, w: &mut MetricFamilies) {
         let reg = self.runtime.registry();
         let engine = self.runtime.engine();
-        let counter = |w: &mut MetricsWriter, name: &str, help: &str, v: u64| {
-            w.family(name, "counter", help);
-            w.sample(name, &[], v as f64);
-        };
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_dns_queries_total",
-            "counter",
             "DNS queries received, by transport.",
         );
-        w.sample(
-            "fulcrum_dns_queries_total",
+        samples.sample(
             &[("transport", "udp")],
-            reg.sum(|c| c.udp_queries.load(Ordering::Relaxed)) as f64,
+            reg.sum(|c| c.udp_queries.load(Ordering::Relaxed)),
         );
-        w.sample(
-            "fulcrum_dns_queries_total",
+        samples.sample(
             &[("transport", "tcp")],
-            reg.sum(|c| c.tcp_queries.load(Ordering::Relaxed)) as f64,
+            reg.sum(|c| c.tcp_queries.load(Ordering::Relaxed)),
         );
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_dns_responses_total",
-            "counter",
             "DNS responses, by response code.",
         );
         for (rc, name) in [
@@ -231,140 +228,94 @@ impl DnsPlane {
             (16, "BADVERS"),
         ] {
             let v = reg.sum(|c| c.rcodes[rc].load(Ordering::Relaxed));
-            w.sample("fulcrum_dns_responses_total", &[("rcode", name)], v as f64);
+            samples.sample(&[("rcode", name)], v);
         }
-        counter(
+        single_counter(
             w,
             "fulcrum_dns_dropped_total",
             "Packets dropped unanswered: too short or too long to be a query, or a response.",
             reg.sum(|c| c.dropped.load(Ordering::Relaxed)),
         );
-        counter(
+        single_counter(
             w,
             "fulcrum_dns_truncated_total",
             "UDP responses sent empty with TC set because they did not fit.",
             reg.sum(|c| c.truncated.load(Ordering::Relaxed)),
         );
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_dns_rate_limited_total",
-            "counter",
             "Responses held back by response rate limiting: dropped, or sent truncated (slip).",
         );
-        w.sample(
-            "fulcrum_dns_rate_limited_total",
+        samples.sample(
             &[("action", "drop")],
-            reg.sum(|c| c.rrl_dropped.load(Ordering::Relaxed)) as f64,
+            reg.sum(|c| c.rrl_dropped.load(Ordering::Relaxed)),
         );
-        w.sample(
-            "fulcrum_dns_rate_limited_total",
+        samples.sample(
             &[("action", "slip")],
-            reg.sum(|c| c.rrl_slipped.load(Ordering::Relaxed)) as f64,
+            reg.sum(|c| c.rrl_slipped.load(Ordering::Relaxed)),
         );
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_dns_tcp_connections",
-            "gauge",
             "DNS-over-TCP connections open now.",
         );
-        w.sample(
-            "fulcrum_dns_tcp_connections",
-            &[],
-            reg.tcp_connections.load(Ordering::Relaxed) as f64,
-        );
-        w.family(
+        samples.sample(&[], reg.tcp_connections.load(Ordering::Relaxed));
+        let mut samples = w.counter(
             "fulcrum_dns_tcp_refused_total",
-            "counter",
             "DNS-over-TCP connections closed at accept: 1024 open, or 16 from the same source.",
         );
-        w.sample(
-            "fulcrum_dns_tcp_refused_total",
-            &[],
-            reg.tcp_refused.load(Ordering::Relaxed) as f64,
-        );
-        w.family(
-            "fulcrum_dns_zone_records",
-            "gauge",
-            "Records loaded, by zone.",
-        );
+        samples.sample(&[], reg.tcp_refused.load(Ordering::Relaxed));
+        let mut samples = w.gauge("fulcrum_dns_zone_records", "Records loaded, by zone.");
         for z in &engine.catalog.zones {
-            w.sample(
-                "fulcrum_dns_zone_records",
-                &[("zone", &z.origin_text)],
-                z.records as f64,
-            );
+            samples.sample(&[("zone", &z.origin_text)], z.records);
         }
+    }
 
+    fn gslb_metrics(&self, w: &mut MetricFamilies) {
         let st = self.runtime.gslb().state();
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_gslb_queries_total",
-            "counter",
             "Address queries for a GSLB name.",
         );
         for n in &st.names {
-            w.sample(
-                "fulcrum_gslb_queries_total",
-                &[("name", &n.text)],
-                n.queries.load(Ordering::Relaxed) as f64,
-            );
+            samples.sample(&[("name", &n.text)], n.queries.load(Ordering::Relaxed));
         }
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_gslb_fallbacks_total",
-            "counter",
             "GSLB answers chosen by the fallback algorithm.",
         );
         for n in &st.names {
-            w.sample(
-                "fulcrum_gslb_fallbacks_total",
-                &[("name", &n.text)],
-                n.fallbacks.load(Ordering::Relaxed) as f64,
-            );
+            samples.sample(&[("name", &n.text)], n.fallbacks.load(Ordering::Relaxed));
         }
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_gslb_answers_total",
-            "counter",
             "GSLB answers, by name, site and client region (\"*\": in no ip_table).",
         );
         for (name, site, region, v) in st.answer_counts() {
-            w.sample(
-                "fulcrum_gslb_answers_total",
-                &[("name", &name), ("site", &site), ("region", &region)],
-                v as f64,
-            );
+            samples.sample(&[("name", &name), ("site", &site), ("region", &region)], v);
         }
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_gslb_site_up",
-            "gauge",
             "1 while one of the site's addresses is up.",
         );
         for s in &st.sites {
-            w.sample(
-                "fulcrum_gslb_site_up",
-                &[("site", &s.name)],
-                if s.is_up() { 1.0 } else { 0.0 },
-            );
+            samples.sample(&[("site", &s.name)], s.is_up());
         }
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_gslb_site_addresses_up",
-            "gauge",
             "Addresses of the site that are up.",
         );
         for s in &st.sites {
-            w.sample(
-                "fulcrum_gslb_site_addresses_up",
-                &[("site", &s.name)],
-                f64::from(s.addresses_up()),
-            );
+            samples.sample(&[("site", &s.name)], s.addresses_up());
         }
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_gslb_share",
-            "gauge",
             "Share of answers the distribution table gives a site, by name and client region.",
         );
         let table = st.table.load();
         for (name, regions) in &table.shares {
             for (region, sites) in regions {
                 for (site, share) in sites {
-                    w.sample(
-                        "fulcrum_gslb_share",
+                    samples.sample(
                         &[("name", name), ("region", region), ("site", site)],
                         *share,
                     );
@@ -372,49 +323,44 @@ impl DnsPlane {
             }
         }
         let peers = self.runtime.gslb().peers();
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_gslb_peer_connected",
-            "gauge",
             "1 while this instance's connection to the peer is up.",
         );
         for p in &peers {
-            w.sample(
-                "fulcrum_gslb_peer_connected",
-                &[("peer", &p.site)],
-                if p.connected { 1.0 } else { 0.0 },
-            );
+            samples.sample(&[("peer", &p.site)], p.connected);
         }
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_gslb_peer_stale",
-            "gauge",
             "1 while the peer's last report is older than stale_after (or none came).",
         );
         for p in &peers {
-            w.sample(
-                "fulcrum_gslb_peer_stale",
-                &[("peer", &p.site)],
-                if p.stale { 1.0 } else { 0.0 },
-            );
+            samples.sample(&[("peer", &p.site)], p.stale);
         }
-        counter(
+        single_counter(
             w,
             "fulcrum_gslb_reports_received_total",
             "Site state reports accepted from peers.",
             self.runtime.gslb().reports_received(),
         );
-        counter(
+        single_counter(
             w,
             "fulcrum_gslb_auth_failures_total",
             "Exchange connections refused because a frame failed authentication.",
             self.runtime.gslb().auth_failures(),
         );
-        counter(
+        single_counter(
             w,
             "fulcrum_gslb_unauthenticated_refused_total",
             "Exchange connections closed at accept: 16 were already waiting to authenticate.",
             self.runtime.gslb().unauthenticated_refused(),
         );
     }
+}
+
+/// A counter family of one unlabelled sample.
+fn single_counter(w: &mut MetricFamilies, name: &str, help: &str, value: u64) {
+    w.counter(name, help).sample(&[], value);
 }
 
 fn member_json(m: &fulcrum_balance::Member) -> Value {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use fulcrum_admin::{Control, MetricsWriter};
+use fulcrum_admin::{Control, MetricFamilies, MetricKind};
 use fulcrum_config::{Bgp, Config, ConfigError, Ha, HaMode};
 use fulcrum_ha::machine::State;
 use std::collections::HashMap;
@@ -837,7 +837,7 @@ impl HaPlane {
             .collect()
     }
 
-    pub fn metrics(&self, w: &mut MetricsWriter) {
+    pub fn metrics(&self, w: &mut MetricFamilies) {
         if let Some(b) = self.bgp.get() {
             crate::planes::bgp::metrics(b, w);
         }
@@ -845,56 +845,35 @@ impl HaPlane {
         let s = n.status();
         let vrid = s.vrid.to_string();
         let l = [("vrid", vrid.as_str())];
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_ha_state",
-            "gauge",
             "VRRP state of this node: 1 for the current one.",
         );
         for st in [State::Init, State::Backup, State::Master, State::Fault] {
-            let v = if s.role == st { 1.0 } else { 0.0 };
-            w.sample(
-                "fulcrum_ha_state",
-                &[("vrid", &vrid), ("state", st.as_str())],
-                v,
-            );
+            let v = s.role == st;
+            samples.sample(&[("vrid", &vrid), ("state", st.as_str())], v);
         }
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_ha_priority",
-            "gauge",
             "Priority advertised now (lowered or 0 while tracked pools are down).",
         );
-        w.sample("fulcrum_ha_priority", &l, f64::from(s.priority));
-        w.family(
-            "fulcrum_ha_transitions_total",
-            "counter",
-            "VRRP state changes.",
-        );
-        w.sample("fulcrum_ha_transitions_total", &l, s.transitions as f64);
-        w.family(
+        samples.sample(&l, f64::from(s.priority));
+        let mut samples = w.counter("fulcrum_ha_transitions_total", "VRRP state changes.");
+        samples.sample(&l, s.transitions);
+        let mut samples = w.counter(
             "fulcrum_ha_became_master_total",
-            "counter",
             "Times this node became master.",
         );
-        w.sample("fulcrum_ha_became_master_total", &l, s.became_master as f64);
-        w.family(
-            "fulcrum_ha_adverts_sent_total",
-            "counter",
-            "VRRP advertisements sent.",
-        );
-        w.sample("fulcrum_ha_adverts_sent_total", &l, s.adverts.sent as f64);
-        w.family(
+        samples.sample(&l, s.became_master);
+        let mut samples = w.counter("fulcrum_ha_adverts_sent_total", "VRRP advertisements sent.");
+        samples.sample(&l, s.adverts.sent);
+        let mut samples = w.counter(
             "fulcrum_ha_adverts_received_total",
-            "counter",
             "Valid VRRP advertisements received for this VRID.",
         );
-        w.sample(
-            "fulcrum_ha_adverts_received_total",
-            &l,
-            s.adverts.received as f64,
-        );
-        w.family(
+        samples.sample(&l, s.adverts.received);
+        let mut samples = w.counter(
             "fulcrum_ha_adverts_dropped_total",
-            "counter",
             "Received protocol-112 packets dropped, by reason.",
         );
         for (reason, v) in [
@@ -905,154 +884,93 @@ impl HaPlane {
             ("checksum", s.dropped.checksum),
             ("not_a_peer", s.dropped.not_a_peer),
         ] {
-            w.sample(
-                "fulcrum_ha_adverts_dropped_total",
-                &[("vrid", &vrid), ("reason", reason)],
-                v as f64,
-            );
+            samples.sample(&[("vrid", &vrid), ("reason", reason)], v);
         }
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_ha_address_mismatch_total",
-            "counter",
             "Adverts for this VRID listing other addresses than ha.vips (a misconfiguration).",
         );
-        w.sample(
-            "fulcrum_ha_address_mismatch_total",
-            &l,
-            s.adverts.address_mismatch as f64,
-        );
-        w.family(
+        samples.sample(&l, s.adverts.address_mismatch);
+        let mut samples = w.counter(
             "fulcrum_ha_garps_sent_total",
-            "counter",
             "Gratuitous ARPs sent for the VIPs.",
         );
-        w.sample("fulcrum_ha_garps_sent_total", &l, s.garps_sent as f64);
+        samples.sample(&l, s.garps_sent);
         if let Some(ct) = &s.conntrack_sync {
             conntrack_metrics(ct, &l, w);
         }
         if let Some(sync) = self.sync.get() {
             let st = sync.status();
-            w.family(
+            let mut samples = w.counter(
                 "fulcrum_ha_sync_frames_received_total",
-                "counter",
                 "State sync documents received from peers and applied.",
             );
-            w.sample(
-                "fulcrum_ha_sync_frames_received_total",
-                &l,
-                st.frames_received as f64,
-            );
-            w.family(
+            samples.sample(&l, st.frames_received);
+            let mut samples = w.counter(
                 "fulcrum_ha_sync_auth_failures_total",
-                "counter",
                 "State sync connections refused: a frame failed authentication.",
             );
-            w.sample(
-                "fulcrum_ha_sync_auth_failures_total",
-                &l,
-                st.auth_failures as f64,
-            );
-            w.family(
+            samples.sample(&l, st.auth_failures);
+            let mut samples = w.counter(
                 "fulcrum_ha_sync_unauthenticated_refused_total",
-                "counter",
                 "State sync connections closed at accept: too many were waiting to authenticate (from their source, or in all).",
             );
-            w.sample(
-                "fulcrum_ha_sync_unauthenticated_refused_total",
-                &l,
-                st.unauthenticated_refused as f64,
-            );
-            w.family(
+            samples.sample(&l, st.unauthenticated_refused);
+            let mut samples = w.counter(
                 "fulcrum_ha_sync_first_frame_timeouts_total",
-                "counter",
                 "State sync connections closed because their first frame did not come in time.",
             );
-            w.sample(
-                "fulcrum_ha_sync_first_frame_timeouts_total",
-                &l,
-                st.first_frame_timeouts as f64,
-            );
-            w.family(
+            samples.sample(&l, st.first_frame_timeouts);
+            let mut samples = w.gauge(
                 "fulcrum_ha_sync_lag_seconds",
-                "gauge",
                 "Sync lag of the last document: from the peer's sending to this node's applying.",
             );
-            w.sample(
-                "fulcrum_ha_sync_lag_seconds",
-                &l,
-                st.lag_ms.unwrap_or(0.0) / 1000.0,
-            );
-            w.family(
+            samples.sample(&l, st.lag_ms.unwrap_or(0.0) / 1000.0);
+            let mut samples = w.gauge(
                 "fulcrum_ha_sync_config_mismatch",
-                "gauge",
                 "1 when the peer's pools differ from this node's (pools_hash).",
             );
             let mismatch = *self.peer_config_matches.lock() == Some(false);
-            w.sample(
-                "fulcrum_ha_sync_config_mismatch",
-                &l,
-                if mismatch { 1.0 } else { 0.0 },
-            );
+            samples.sample(&l, mismatch);
             if let Some(fs) = self.flows.get() {
-                w.family(
+                let mut samples = w.counter(
                     "fulcrum_ha_sync_flows_total",
-                    "counter",
                     "Connections of nat/dr/tunnel services synchronised, by event: sent to the peers, lost (a full queue or ring buffer), received, applied to this node's tables, dropped (unknown service, member or interface).",
                 );
                 for (event, n) in fs.counts() {
-                    w.sample(
-                        "fulcrum_ha_sync_flows_total",
-                        &[("vrid", &vrid), ("event", event)],
-                        n as f64,
-                    );
+                    samples.sample(&[("vrid", &vrid), ("event", event)], n);
                 }
                 if let Some(lag) = fs.lag_ms() {
-                    w.family(
+                    let mut samples = w.gauge(
                         "fulcrum_ha_sync_flows_lag_seconds",
-                        "gauge",
                         "Sync lag of the last batch of flows received.",
                     );
-                    w.sample("fulcrum_ha_sync_flows_lag_seconds", &l, lag / 1000.0);
+                    samples.sample(&l, lag / 1000.0);
                 }
             }
             let pt = self.per_table.lock();
             if !pt.is_empty() {
-                w.family(
+                let mut samples = w.counter(
                     "fulcrum_ha_sync_entries_sent_total",
-                    "counter",
                     "Persistence entries sent to the peers, by service table.",
                 );
                 for (name, c) in pt.iter() {
-                    w.sample(
-                        "fulcrum_ha_sync_entries_sent_total",
-                        &[("vrid", &vrid), ("vs", name)],
-                        c.sent as f64,
-                    );
+                    samples.sample(&[("vrid", &vrid), ("vs", name)], c.sent);
                 }
-                w.family(
+                let mut samples = w.counter(
                     "fulcrum_ha_sync_entries_received_total",
-                    "counter",
                     "Persistence entries received from the peers and stored, by service table.",
                 );
                 for (name, c) in pt.iter() {
-                    w.sample(
-                        "fulcrum_ha_sync_entries_received_total",
-                        &[("vrid", &vrid), ("vs", name)],
-                        c.received as f64,
-                    );
+                    samples.sample(&[("vrid", &vrid), ("vs", name)], c.received);
                 }
-                w.family(
+                let mut samples = w.gauge(
                     "fulcrum_ha_sync_table_lag_seconds",
-                    "gauge",
                     "Sync lag of the last batch of entries of this service table.",
                 );
                 for (name, c) in pt.iter() {
                     if let Some(lag) = c.lags.back() {
-                        w.sample(
-                            "fulcrum_ha_sync_table_lag_seconds",
-                            &[("vrid", &vrid), ("vs", name)],
-                            lag / 1000.0,
-                        );
+                        samples.sample(&[("vrid", &vrid), ("vs", name)], lag / 1000.0);
                     }
                 }
             }
@@ -1070,7 +988,7 @@ impl crate::planes::DataPlane for HaPlane {
         self.attach_tables(cx.tables);
     }
 
-    fn metrics(&self, out: &mut MetricsWriter) {
+    fn metrics(&self, out: &mut MetricFamilies) {
         HaPlane::metrics(self, out);
     }
 
@@ -1086,48 +1004,48 @@ impl crate::planes::DataPlane for HaPlane {
 fn conntrack_metrics(
     ct: &fulcrum_ha::conntrack::ConntrackStatus,
     l: &[(&str, &str)],
-    w: &mut MetricsWriter,
+    w: &mut MetricFamilies,
 ) {
     for (name, kind, help, v) in [
         (
             "fulcrum_ha_conntrackd_up",
-            "gauge",
+            MetricKind::Gauge,
             "1 while conntrackd (conntrack_sync) runs.",
             f64::from(u8::from(ct.running)),
         ),
         (
             "fulcrum_ha_conntrackd_restarts_total",
-            "counter",
+            MetricKind::Counter,
             "Times conntrackd ended by itself and was started again.",
             ct.restarts as f64,
         ),
         (
             "fulcrum_ha_conntrack_commits_total",
-            "counter",
+            MetricKind::Counter,
             "Commits of the peer's routed flows into the kernel on becoming master.",
             ct.commits as f64,
         ),
         (
             "fulcrum_ha_conntrack_commit_failures_total",
-            "counter",
+            MetricKind::Counter,
             "Commits that failed or did not finish in time (the VIPs were taken anyway).",
             ct.commit_failures as f64,
         ),
         (
             "fulcrum_ha_conntrack_last_commit_seconds",
-            "gauge",
+            MetricKind::Gauge,
             "How long the last commit took.",
             ct.last_commit_ms.unwrap_or(0.0) / 1e3,
         ),
         (
             "fulcrum_ha_conntrack_control_failures_total",
-            "counter",
+            MetricKind::Counter,
             "Other conntrackd control calls (flush, resync, bulk send, timers) that failed.",
             ct.control_failures as f64,
         ),
     ] {
-        w.family(name, kind, help);
-        w.sample(name, l, v);
+        let mut samples = w.family(name, kind, help);
+        samples.sample(l, v);
     }
 }
 

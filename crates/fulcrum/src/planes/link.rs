@@ -105,7 +105,7 @@ impl LinkPlane {
         }
     }
 
-    pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+    pub fn metrics(&self, out: &mut fulcrum_admin::MetricFamilies) {
         let Some(l) = self.links.get() else { return };
         let view = l.view();
         let Some(links) = view["links"].as_array().filter(|l| !l.is_empty()) else {
@@ -120,70 +120,50 @@ impl LinkPlane {
             };
             v.as_str().unwrap_or("").to_string()
         };
-        out.family(
+        let mut samples = out.gauge(
             "fulcrum_link_up",
-            "gauge",
             "Whether the link's monitors pass (1) or not (0).",
         );
         for l in links {
             let (o, n) = (label(l, "outbound"), label(l, "name"));
-            let up = if l["health"] == "up" { 1.0 } else { 0.0 };
-            out.sample("fulcrum_link_up", &[("outbound", &o), ("link", &n)], up);
+            let up = l["health"] == "up";
+            samples.sample(&[("outbound", &o), ("link", &n)], up);
         }
-        out.family(
+        let mut samples = out.gauge(
             "fulcrum_link_rate_bits_per_second",
-            "gauge",
             "Link rate measured on the interface counters.",
         );
         for l in links {
             let (o, n) = (label(l, "outbound"), label(l, "name"));
             for (dir, key) in [("up", "rate_up_bps"), ("down", "rate_down_bps")] {
                 let v = l[key].as_f64().unwrap_or(0.0);
-                out.sample(
-                    "fulcrum_link_rate_bits_per_second",
-                    &[("outbound", &o), ("link", &n), ("direction", dir)],
-                    v,
-                );
+                samples.sample(&[("outbound", &o), ("link", &n), ("direction", dir)], v);
             }
         }
-        out.family(
-            "fulcrum_link_flows_total",
-            "counter",
-            "New flows placed on the link.",
-        );
+        let mut samples = out.counter("fulcrum_link_flows_total", "New flows placed on the link.");
         for l in links {
             let (o, n) = (label(l, "outbound"), label(l, "name"));
             let v = l["flows_total"].as_f64().unwrap_or(0.0);
-            out.sample(
-                "fulcrum_link_flows_total",
-                &[("outbound", &o), ("link", &n)],
-                v,
-            );
+            samples.sample(&[("outbound", &o), ("link", &n)], v);
         }
-        out.family(
+        let mut samples = out.gauge(
             "fulcrum_link_slots",
-            "gauge",
             "Slots of the flow table the link owns (its share of new flows).",
         );
         for l in links {
             let (o, n) = (label(l, "outbound"), label(l, "name"));
             let v = l["slots"].as_f64().unwrap_or(0.0);
-            out.sample("fulcrum_link_slots", &[("outbound", &o), ("link", &n)], v);
+            samples.sample(&[("outbound", &o), ("link", &n)], v);
         }
         if let Some(proxies) = view["dns_proxies"].as_array().filter(|p| !p.is_empty()) {
-            out.family(
+            let mut samples = out.counter(
                 "fulcrum_link_dns_proxy_refused_total",
-                "counter",
                 "DNS queries to the transparent DNS proxy from outside its LAN, dropped.",
             );
             for p in proxies {
                 let o = p["outbound"].as_str().unwrap_or("");
                 let v = p["refused"].as_f64().unwrap_or(0.0);
-                out.sample(
-                    "fulcrum_link_dns_proxy_refused_total",
-                    &[("outbound", o)],
-                    v,
-                );
+                samples.sample(&[("outbound", o)], v);
             }
         }
     }
@@ -226,7 +206,7 @@ impl DataPlane for LinkPlane {
         self.sync_gslb(config, &self.dns);
     }
 
-    fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+    fn metrics(&self, out: &mut fulcrum_admin::MetricFamilies) {
         LinkPlane::metrics(self, out);
     }
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricsWriter;
+use fulcrum_admin::{MetricFamilies, MetricKind};
 use fulcrum_balance::Pool;
 use fulcrum_config::{Config, VirtualService};
 use fulcrum_net::StreamHandler;
@@ -183,14 +183,14 @@ impl DataPlane for MessagePlane {
         }
     }
 
-    fn metrics(&self, w: &mut MetricsWriter) {
+    fn metrics(&self, w: &mut MetricFamilies) {
         self.write_metrics(w);
     }
 }
 
 impl MessagePlane {
     /// The message metric families (see docs/operations.md).
-    fn write_metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricFamilies) {
         let mut services: Vec<Vec<Arc<Hub>>> = self
             .inner
             .lock()
@@ -206,66 +206,60 @@ impl MessagePlane {
         // The dispatchers of one service share its counters: the service families are written
         // once per service (from its first dispatcher), the member ones for every dispatcher.
         let hubs: Vec<Arc<Hub>> = services.iter().map(|s| s[0].clone()).collect();
-        let all: Vec<Arc<Hub>> = services.iter().flatten().cloned().collect();
-        type Field = fn(&MessageStats) -> f64;
-        let service: [(&str, &str, &str, Field); 7] = [
-            ("fulcrum_message_requests_total", "counter", "Messages received from clients.", |s| {
+        type Field = fn(&MessageStats) -> u64;
+        let service: [(&str, MetricKind, &str, Field); 7] = [
+            ("fulcrum_message_requests_total", MetricKind::Counter, "Messages received from clients.", |s| {
                 load(&s.requests)
             }),
-            ("fulcrum_message_responses_total", "counter", "Answers delivered to the client that sent the message.", |s| {
+            ("fulcrum_message_responses_total", MetricKind::Counter, "Answers delivered to the client that sent the message.", |s| {
                 load(&s.responses)
             }),
-            ("fulcrum_message_in_flight", "gauge", "Messages received and not answered or failed yet.", |s| {
-                s.in_flight() as f64
+            ("fulcrum_message_in_flight", MetricKind::Gauge, "Messages received and not answered or failed yet.", |s| {
+                s.in_flight()
             }),
-            ("fulcrum_message_paused_total", "counter", "Times client connections stopped reading because a member queue was at member_queue (back-pressure).", |s| {
+            ("fulcrum_message_paused_total", MetricKind::Counter, "Times client connections stopped reading because a member queue was at member_queue (back-pressure).", |s| {
                 load(&s.paused)
             }),
-            ("fulcrum_message_redispatched_total", "counter", "Re-sends to another member after a member connection died with the message unanswered.", |s| {
+            ("fulcrum_message_redispatched_total", MetricKind::Counter, "Re-sends to another member after a member connection died with the message unanswered.", |s| {
                 load(&s.redispatched)
             }),
-            ("fulcrum_message_client_gone_total", "counter", "Answers that came back after their client connection had closed.", |s| {
+            ("fulcrum_message_client_gone_total", MetricKind::Counter, "Answers that came back after their client connection had closed.", |s| {
                 load(&s.client_gone)
             }),
-            ("fulcrum_message_member_bad_frames_total", "counter", "Member connections closed for a bad frame from the member.", |s| {
+            ("fulcrum_message_member_bad_frames_total", MetricKind::Counter, "Member connections closed for a bad frame from the member.", |s| {
                 load(&s.member_bad_frames)
             }),
         ];
         for (name, kind, help, get) in service {
-            w.family(name, kind, help);
+            let mut samples = w.family(name, kind, help);
             for h in &hubs {
-                w.sample(name, &[("vs", &h.name)], get(&h.messages));
+                samples.sample(&[("vs", &h.name)], get(&h.messages));
             }
         }
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_message_queued",
-            "gauge",
             "Messages waiting in the member queues (bounded per member by member_queue).",
         );
         for s in &services {
-            w.sample(
-                "fulcrum_message_queued",
+            samples.sample(
                 &[("vs", &s[0].name)],
-                s.iter().map(|h| h.queued()).sum::<usize>() as f64,
+                s.iter().map(|h| h.queued()).sum::<usize>(),
             );
         }
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_message_failed_total",
-            "counter",
             "Messages that failed without an answer, by reason.",
         );
         for h in &hubs {
             for r in FailReason::ALL {
-                w.sample(
-                    "fulcrum_message_failed_total",
+                samples.sample(
                     &[("vs", &h.name), ("reason", r.as_str())],
-                    h.messages.failed(r) as f64,
+                    h.messages.failed(r),
                 );
             }
         }
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_message_client_bad_frames_total",
-            "counter",
             "Client connections closed for a bad frame, by reason.",
         );
         for h in &hubs {
@@ -273,106 +267,88 @@ impl MessagePlane {
                 ("oversize", &h.messages.client_oversize),
                 ("malformed", &h.messages.client_malformed),
             ] {
-                w.sample(
-                    "fulcrum_message_client_bad_frames_total",
-                    &[("vs", &h.name), ("reason", reason)],
-                    load(c),
-                );
+                samples.sample(&[("vs", &h.name), ("reason", reason)], load(c));
             }
         }
-        w.family(
+        let mut samples = w.histogram(
             "fulcrum_message_latency_seconds",
-            "histogram",
             "From a message's arrival to its answer being handed to its client connection.",
         );
         for h in &hubs {
             let lat = &h.messages.latency;
-            for (le, count) in lat.cumulative() {
-                let le = if le.is_finite() {
-                    le.to_string()
-                } else {
-                    "+Inf".to_string()
-                };
-                w.sample(
-                    "fulcrum_message_latency_seconds_bucket",
-                    &[("vs", &h.name), ("le", &le)],
-                    count as f64,
-                );
-            }
-            w.sample(
-                "fulcrum_message_latency_seconds_sum",
-                &[("vs", &h.name)],
-                lat.sum_seconds(),
-            );
-            w.sample(
-                "fulcrum_message_latency_seconds_count",
-                &[("vs", &h.name)],
-                lat.count() as f64,
-            );
+            let buckets = lat.buckets();
+            // The count from the buckets read, so it matches the +Inf bucket even while
+            // messages are being observed.
+            let count = buckets.iter().map(|(_, n)| n).sum();
+            samples.histogram(&[("vs", &h.name)], lat.sum_seconds(), count, &buckets);
         }
+        let all: Vec<Arc<Hub>> = services.iter().flatten().cloned().collect();
+        member_metrics(w, &all);
+    }
+}
 
-        type MemberField = fn(&fulcrum_proxy::message::MemberMessageStats) -> f64;
-        let member: [(&str, &str, &str, MemberField); 6] = [
-            (
-                "fulcrum_message_member_sent_total",
-                "counter",
-                "Messages written to the member (re-sends included).",
-                |s| load(&s.sent),
-            ),
-            (
-                "fulcrum_message_member_responses_total",
-                "counter",
-                "Answers from the member paired with their message.",
-                |s| load(&s.responses),
-            ),
-            (
-                "fulcrum_message_member_in_flight",
-                "gauge",
-                "Messages sent to the member and not answered yet.",
-                |s| load(&s.in_flight),
-            ),
-            (
-                "fulcrum_message_member_orphans_total",
-                "counter",
-                "Answers from the member that matched no waiting message (dropped).",
-                |s| load(&s.orphans),
-            ),
-            (
-                "fulcrum_message_member_timeouts_total",
-                "counter",
-                "Messages the member did not answer within message_timeout.",
-                |s| load(&s.timeouts),
-            ),
-            (
-                "fulcrum_message_member_connections",
-                "gauge",
-                "Connections open from Fulcrum to the member for this service.",
-                |s| load(&s.connections),
-            ),
-        ];
-        let states: Vec<_> = all
-            .iter()
-            .map(|h| (h.clone(), h.dispatch_state()))
-            .collect();
-        for (name, kind, help, get) in member {
-            w.family(name, kind, help);
-            for (h, d) in &states {
-                for links in &d.members {
-                    w.sample(
-                        name,
-                        &[
-                            ("vs", &h.name),
-                            ("pool", &d.pool.name),
-                            ("member", &links.member.label),
-                        ],
-                        get(&links.stats),
-                    );
-                }
+/// The per-member families, for every dispatcher of every service.
+fn member_metrics(w: &mut MetricFamilies, all: &[Arc<Hub>]) {
+    type MemberField = fn(&fulcrum_proxy::message::MemberMessageStats) -> u64;
+    let member: [(&str, MetricKind, &str, MemberField); 6] = [
+        (
+            "fulcrum_message_member_sent_total",
+            MetricKind::Counter,
+            "Messages written to the member (re-sends included).",
+            |s| load(&s.sent),
+        ),
+        (
+            "fulcrum_message_member_responses_total",
+            MetricKind::Counter,
+            "Answers from the member paired with their message.",
+            |s| load(&s.responses),
+        ),
+        (
+            "fulcrum_message_member_in_flight",
+            MetricKind::Gauge,
+            "Messages sent to the member and not answered yet.",
+            |s| load(&s.in_flight),
+        ),
+        (
+            "fulcrum_message_member_orphans_total",
+            MetricKind::Counter,
+            "Answers from the member that matched no waiting message (dropped).",
+            |s| load(&s.orphans),
+        ),
+        (
+            "fulcrum_message_member_timeouts_total",
+            MetricKind::Counter,
+            "Messages the member did not answer within message_timeout.",
+            |s| load(&s.timeouts),
+        ),
+        (
+            "fulcrum_message_member_connections",
+            MetricKind::Gauge,
+            "Connections open from Fulcrum to the member for this service.",
+            |s| load(&s.connections),
+        ),
+    ];
+    let states: Vec<_> = all
+        .iter()
+        .map(|h| (h.clone(), h.dispatch_state()))
+        .collect();
+    for (name, kind, help, get) in member {
+        let mut samples = w.family(name, kind, help);
+        for (h, d) in &states {
+            for links in &d.members {
+                samples.sample(
+                    &[
+                        ("vs", &h.name),
+                        ("pool", &d.pool.name),
+                        ("member", &links.member.label),
+                    ],
+                    get(&links.stats),
+                );
             }
         }
     }
 }
 
-fn load(c: &std::sync::atomic::AtomicU64) -> f64 {
-    c.load(std::sync::atomic::Ordering::Relaxed) as f64
+fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
 }

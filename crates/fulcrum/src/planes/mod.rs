@@ -27,7 +27,7 @@ pub mod xdp;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fulcrum_admin::{ApiRequest, MetricsWriter};
+use fulcrum_admin::{ApiRequest, MetricFamilies};
 use fulcrum_balance::{PersistTable, Pool, TableSpec};
 use fulcrum_config::{Config, Persistence, PersistenceKind, VirtualService};
 use fulcrum_http::tls::ServerTls;
@@ -81,8 +81,9 @@ pub trait DataPlane: Send + Sync {
     /// Stops serving at shutdown (established connections are waited for by the tracker).
     fn shutdown(&self) {}
 
-    /// Appends this plane's metric families to `/metrics`.
-    fn metrics(&self, _out: &mut MetricsWriter) {}
+    /// Writes this plane's metric families at each scrape of `/metrics`: the plane is
+    /// registered once as a collector, so this reads whatever the last commit made live.
+    fn metrics(&self, _out: &mut MetricFamilies) {}
 
     /// Answers the routes this plane adds under `/api/v1/`; `None` if the route is not its own.
     fn api(&self, _request: &ApiRequest) -> Option<(u16, Value)> {

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use fulcrum_admin::MetricsWriter;
+use fulcrum_admin::MetricFamilies;
 use fulcrum_balance::{PersistTable, TableSpec};
 use fulcrum_config::{Config, Malformed, PersistenceKind, Protocol, VirtualService};
 use fulcrum_net::{DatagramListeners, PreparedDatagram, StreamHandler};
@@ -181,7 +181,7 @@ impl DataPlane for UdpPlane {
         self.state.lock().listeners.close_all();
     }
 
-    fn metrics(&self, w: &mut MetricsWriter) {
+    fn metrics(&self, w: &mut MetricFamilies) {
         self.write_metrics(w);
     }
 }
@@ -197,7 +197,7 @@ fn uses_pool(vs: &VirtualService, name: &str) -> bool {
 
 impl UdpPlane {
     /// The udp metric families (see docs/operations.md).
-    fn write_metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricFamilies) {
         let shown = self.shown.load();
         if shown.is_empty() {
             return;
@@ -266,9 +266,9 @@ impl UdpPlane {
             ),
         ];
         for (name, help, get) in families {
-            w.family(name, "counter", help);
+            let mut samples = w.counter(name, help);
             for (vs, s) in shown.iter() {
-                w.sample(name, &[("vs", vs)], get(s) as f64);
+                samples.sample(&[("vs", vs)], get(s));
             }
         }
     }

@@ -1027,7 +1027,7 @@ impl XdpPlane {
         )
     }
 
-    pub fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+    pub fn metrics(&self, out: &mut fulcrum_admin::MetricFamilies) {
         let guard = self.state.lock();
         let Some(st) = guard.as_ref() else {
             return;
@@ -1066,28 +1066,25 @@ impl XdpPlane {
             ),
         ];
         for (name, help, f) in families {
-            out.family(name, "counter", help);
+            let mut samples = out.counter(name, help);
             for (svc, s) in &stats {
-                out.sample(name, &[("service", svc)], f(s) as f64);
+                samples.sample(&[("service", svc)], f(s));
             }
         }
-        out.family(
+        let mut samples = out.counter(
             "fulcrum_xdp_vs_drops_total",
-            "counter",
             "Packets to the VIPs dropped in the kernel, by reason.",
         );
         for (svc, s) in &stats {
             for r in DropReason::ALL {
-                out.sample(
-                    "fulcrum_xdp_vs_drops_total",
+                samples.sample(
                     &[("service", svc), ("reason", r.name())],
-                    s.drops[r as usize] as f64,
+                    s.drops[r as usize],
                 );
             }
         }
-        out.family(
+        let mut samples = out.gauge(
             "fulcrum_xdp_vs_flows",
-            "gauge",
             "Flows of a service with flow_limits.max, as the kernel counts them against the cap.",
         );
         for s in st
@@ -1096,16 +1093,11 @@ impl XdpPlane {
             .filter(|s| s.limits.is_some_and(|l| l.max > 0))
         {
             if let Ok((_, n)) = st.dp.flow_state(s.index) {
-                out.sample(
-                    "fulcrum_xdp_vs_flows",
-                    &[("service", &s.name)],
-                    n.max(0) as f64,
-                );
+                samples.sample(&[("service", &s.name)], n.max(0));
             }
         }
-        out.family(
+        let mut samples = out.counter(
             "fulcrum_xdp_member_packets_total",
-            "counter",
             "Client packets forwarded to the member.",
         );
         let mut reals: Vec<(&SocketAddr, &RealState)> = st.reals.iter().collect();
@@ -1115,44 +1107,29 @@ impl XdpPlane {
             .filter_map(|(a, r)| Some((a.to_string(), st.dp.real_stats(r.index).ok()?)))
             .collect();
         for (a, s) in &real_stats {
-            out.sample(
-                "fulcrum_xdp_member_packets_total",
-                &[("member", a)],
-                s.packets as f64,
-            );
+            samples.sample(&[("member", a)], s.packets);
         }
-        out.family(
+        let mut samples = out.counter(
             "fulcrum_xdp_member_bytes_total",
-            "counter",
             "Bytes forwarded to the member.",
         );
         for (a, s) in &real_stats {
-            out.sample(
-                "fulcrum_xdp_member_bytes_total",
-                &[("member", a)],
-                s.bytes as f64,
-            );
+            samples.sample(&[("member", a)], s.bytes);
         }
-        out.family(
+        let mut samples = out.counter(
             "fulcrum_xdp_member_new_flows_total",
-            "counter",
             "Flows scheduled to the member.",
         );
         for (a, s) in &real_stats {
-            out.sample(
-                "fulcrum_xdp_member_new_flows_total",
-                &[("member", a)],
-                s.new_flows as f64,
-            );
+            samples.sample(&[("member", a)], s.new_flows);
         }
-        out.family(
+        let mut samples = out.counter(
             "fulcrum_xdp_packets_total",
-            "counter",
             "Packets the XDP program did not forward, by what it did.",
         );
         for g in Global::ALL {
             if let Ok(v) = st.dp.global(g) {
-                out.sample("fulcrum_xdp_packets_total", &[("kind", g.name())], v as f64);
+                samples.sample(&[("kind", g.name())], v);
             }
         }
     }
@@ -1386,7 +1363,7 @@ impl DataPlane for XdpPlane {
         XdpPlane::shutdown(self);
     }
 
-    fn metrics(&self, out: &mut fulcrum_admin::MetricsWriter) {
+    fn metrics(&self, out: &mut fulcrum_admin::MetricFamilies) {
         XdpPlane::metrics(self, out);
     }
 

@@ -3,23 +3,21 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricsWriter;
+use fulcrum_admin::MetricFamilies;
 use fulcrum_http::compress::ALGORITHMS;
 use fulcrum_http::HttpStats;
 
 /// `fulcrum_http_compressed_responses_total` and the compressors' byte counters, per service.
-pub fn metrics(w: &mut MetricsWriter, stats: &[(String, Arc<HttpStats>)]) {
-    w.family(
+pub fn metrics(w: &mut MetricFamilies, stats: &[(String, Arc<HttpStats>)]) {
+    let mut samples = w.counter(
         "fulcrum_http_compressed_responses_total",
-        "counter",
         "Responses compressed by the proxy, by algorithm (content-coding).",
     );
     for (name, s) in stats {
         for a in ALGORITHMS {
-            w.sample(
-                "fulcrum_http_compressed_responses_total",
+            samples.sample(
                 &[("vs", name), ("algorithm", a.as_str())],
-                s.compression.responses_of(a) as f64,
+                s.compression.responses_of(a),
             );
         }
     }
@@ -37,9 +35,9 @@ pub fn metrics(w: &mut MetricsWriter, stats: &[(String, Arc<HttpStats>)]) {
         ),
     ];
     for (family, help, get) in families {
-        w.family(family, "counter", help);
+        let mut samples = w.counter(family, help);
         for (name, s) in stats {
-            w.sample(family, &[("vs", name)], get(s) as f64);
+            samples.sample(&[("vs", name)], get(s));
         }
     }
 }

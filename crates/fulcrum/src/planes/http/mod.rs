@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_admin::{ApiRequest, MetricsWriter};
+use fulcrum_admin::{ApiRequest, MetricFamilies};
 use fulcrum_config::{Config, PersistenceKind, VirtualService};
 use fulcrum_dns::RedirectTarget;
 use fulcrum_http::{
@@ -193,7 +193,7 @@ impl DataPlane for HttpPlane {
         }
     }
 
-    fn metrics(&self, w: &mut MetricsWriter) {
+    fn metrics(&self, w: &mut MetricFamilies) {
         self.write_metrics(w);
     }
 
@@ -307,7 +307,7 @@ impl HttpPlane {
     }
 
     /// The `fulcrum_http_cache_*` metric families.
-    fn cache_metrics(&self, w: &mut MetricsWriter) {
+    fn cache_metrics(&self, w: &mut MetricFamilies) {
         let mut caches: Vec<(String, Arc<HttpCache>)> = self
             .caches
             .lock()
@@ -357,32 +357,30 @@ impl HttpPlane {
             ),
         ];
         for (family, help, get) in families {
-            w.family(family, "counter", help);
+            let mut samples = w.counter(family, help);
             for (name, c) in &caches {
-                w.sample(family, &[("vs", name)], get(&c.stats) as f64);
+                samples.sample(&[("vs", name)], get(&c.stats));
             }
         }
         let usage: Vec<(u64, u64, u64)> = caches.iter().map(|(_, c)| c.usage()).collect();
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_http_cache_entries",
-            "gauge",
             "Stored responses (Vary variants counted apart).",
         );
         for ((name, _), u) in caches.iter().zip(&usage) {
-            w.sample("fulcrum_http_cache_entries", &[("vs", name)], u.1 as f64);
+            samples.sample(&[("vs", name)], u.1);
         }
-        w.family(
+        let mut samples = w.gauge(
             "fulcrum_http_cache_bytes",
-            "gauge",
             "Bytes the stored responses account for against size.",
         );
         for ((name, _), u) in caches.iter().zip(&usage) {
-            w.sample("fulcrum_http_cache_bytes", &[("vs", name)], u.2 as f64);
+            samples.sample(&[("vs", name)], u.2);
         }
     }
 
     /// The `fulcrum_http_*` metric families.
-    fn write_metrics(&self, w: &mut MetricsWriter) {
+    fn write_metrics(&self, w: &mut MetricFamilies) {
         self.cache_metrics(w);
         let stats: Vec<(String, Arc<HttpStats>)> = {
             let mut v: Vec<_> = self
@@ -398,17 +396,15 @@ impl HttpPlane {
         if stats.is_empty() {
             return;
         }
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_http_responses_total",
-            "counter",
             "Responses sent to clients of http services, by status class.",
         );
         for (name, s) in &stats {
             for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
-                w.sample(
-                    "fulcrum_http_responses_total",
+                samples.sample(
                     &[("vs", name), ("code", class)],
-                    s.responses[i + 1].load(Ordering::Relaxed) as f64,
+                    s.responses[i + 1].load(Ordering::Relaxed),
                 );
             }
         }
@@ -466,9 +462,9 @@ impl HttpPlane {
             ),
         ];
         for (family, help, get) in families {
-            w.family(family, "counter", help);
+            let mut samples = w.counter(family, help);
             for (name, s) in &stats {
-                w.sample(family, &[("vs", name)], get(s) as f64);
+                samples.sample(&[("vs", name)], get(s));
             }
         }
         crate::planes::http::compression::metrics(w, &stats);

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricsWriter;
+use fulcrum_admin::MetricFamilies;
 use fulcrum_config::{Config, ConfigError, VirtualService};
 use fulcrum_http::tls::client::MemberTls;
 use fulcrum_http::tls::{FailReason, ServerTls, TlsShared, TlsStats};
@@ -85,7 +85,7 @@ impl TlsAssembly {
     }
 
     /// `fulcrum_tls_handshakes_total` and `fulcrum_tls_handshake_failures_total`.
-    pub fn metrics(&self, w: &mut MetricsWriter) {
+    pub fn metrics(&self, w: &mut MetricFamilies) {
         let mut stats: Vec<(String, Arc<TlsStats>)> = self
             .shared
             .lock()
@@ -96,36 +96,29 @@ impl TlsAssembly {
             return;
         }
         stats.sort_by(|a, b| a.0.cmp(&b.0));
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_tls_handshakes_total",
-            "counter",
             "TLS handshakes completed by https services, by protocol version and whether the session was resumed.",
         );
         for (name, s) in &stats {
             for (version, resumed, n) in s.handshakes() {
-                w.sample(
-                    "fulcrum_tls_handshakes_total",
+                samples.sample(
                     &[
                         ("vs", name),
                         ("version", version),
                         ("resumed", if resumed { "true" } else { "false" }),
                     ],
-                    n as f64,
+                    n,
                 );
             }
         }
-        w.family(
+        let mut samples = w.counter(
             "fulcrum_tls_handshake_failures_total",
-            "counter",
             "TLS handshakes that failed on https services, by reason.",
         );
         for (name, s) in &stats {
             for r in FailReason::ALL {
-                w.sample(
-                    "fulcrum_tls_handshake_failures_total",
-                    &[("vs", name), ("reason", r.as_str())],
-                    s.failures(r) as f64,
-                );
+                samples.sample(&[("vs", name), ("reason", r.as_str())], s.failures(r));
             }
         }
     }

@@ -2,14 +2,14 @@
 
 use std::sync::atomic::Ordering;
 
-use fulcrum_admin::MetricsWriter;
+use fulcrum_admin::MetricFamilies;
 use fulcrum_net::snat::SnatAddress;
 use fulcrum_net::Snat;
 
 /// A per-address counter: its family, help text and reader.
 type PerAddress = (&'static str, &'static str, fn(&SnatAddress) -> u64);
 
-pub fn metrics(w: &mut MetricsWriter) {
+pub fn metrics(w: &mut MetricFamilies) {
     let pools = Snat::all();
     if pools.is_empty() {
         return;
@@ -27,29 +27,19 @@ pub fn metrics(w: &mut MetricsWriter) {
         ),
     ];
     for (family, help, get) in per_address {
-        w.family(family, "counter", help);
+        let mut samples = w.counter(family, help);
         for p in &pools {
             for a in &p.addresses {
                 let ip = a.ip.to_string();
-                w.sample(
-                    family,
-                    &[("vs", &p.service), ("address", &ip)],
-                    get(a) as f64,
-                );
+                samples.sample(&[("vs", &p.service), ("address", &ip)], get(a));
             }
         }
     }
-    let family = "fulcrum_snat_failures_total";
-    w.family(
-        family,
-        "counter",
+    let mut samples = w.counter(
+        "fulcrum_snat_failures_total",
         "Member connections refused because every snat address of the service was exhausted.",
     );
     for p in &pools {
-        w.sample(
-            family,
-            &[("vs", &p.service)],
-            p.failures.load(Ordering::Relaxed) as f64,
-        );
+        samples.sample(&[("vs", &p.service)], p.failures.load(Ordering::Relaxed));
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricsWriter;
+use fulcrum_admin::MetricFamilies;
 use fulcrum_config::Config;
 use fulcrum_link::transparent::{ReturnPath, MARK, ROUTE_TABLE, RULE_PREF, TABLE};
 use fulcrum_net::{ServiceStats, Transparent};
@@ -143,7 +143,7 @@ impl DataPlane for TransparentPlane {
         }
     }
 
-    fn metrics(&self, w: &mut MetricsWriter) {
+    fn metrics(&self, w: &mut MetricFamilies) {
         metrics(w);
     }
 }
@@ -151,7 +151,7 @@ impl DataPlane for TransparentPlane {
 type Counter = (&'static str, &'static str, fn(&Transparent) -> u64);
 
 /// `fulcrum_transparent_*` per service with `source = "client"`.
-pub fn metrics(w: &mut MetricsWriter) {
+pub fn metrics(w: &mut MetricFamilies) {
     let services = Transparent::all();
     if services.is_empty() {
         return;
@@ -174,9 +174,9 @@ pub fn metrics(w: &mut MetricsWriter) {
         ),
     ];
     for (family, help, get) in families {
-        w.family(family, "counter", help);
+        let mut samples = w.counter(family, help);
         for t in &services {
-            w.sample(family, &[("vs", &t.service)], get(t) as f64);
+            samples.sample(&[("vs", &t.service)], get(t));
         }
     }
 }
