@@ -204,6 +204,15 @@ pub struct Monitor {
     pub link: crate::link::LinkProbe,
 }
 
+impl Monitor {
+    /// Whether its answers set the member's weight percentage: an agent (`NN%`), an snmp
+    /// monitor with `max`.
+    pub fn reports_weight(&self) -> bool {
+        self.kind == MonitorKind::Agent
+            || (self.kind == MonitorKind::Snmp && self.snmp.max.is_some())
+    }
+}
+
 /// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
 /// them on other kinds.
 pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[

@@ -1434,3 +1434,51 @@ fn weight_share_is_for_monitors_that_report_a_weight() {
     let c = ok("[[monitor]]\nname = \"m\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 10\nweight_share = 3\n");
     assert_eq!(c.monitors[0].weight_share, 3);
 }
+
+#[test]
+fn combined_weight_readings_need_an_algorithm_that_uses_weights() {
+    let snmp = |name: &str| {
+        format!("[[monitor]]\nname = \"{name}\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 100\n")
+    };
+    let two = format!(
+        "{}\n{}\n[[monitor]]\nname = \"agent\"\ntype = \"agent\"\nport = 9999\n",
+        snmp("cpu"),
+        snmp("mem")
+    );
+    let pool = |algorithm: &str, monitors: &str| {
+        TCP.replace("algorithm = \"weighted_round_robin\"", algorithm)
+            .replace("monitors = [\"tcp\"]", monitors)
+    };
+    let e = errs(&format!(
+        "{}\n{two}",
+        pool(
+            "algorithm = \"first_available\"",
+            "monitors = [\"tcp\", \"cpu\", \"agent\"]"
+        )
+    ));
+    has(&e, "t.toml:11:1: pool[0].algorithm: first_available counts every member as weight 1, so the weight readings of monitors \"cpu\" and \"agent\"");
+    // Unwritten, the algorithm is round_robin: the error still names the pool's key.
+    let e = errs(&format!(
+        "{}\n{two}",
+        pool("", "monitors = [\"cpu\", \"mem\"]")
+    ));
+    has(
+        &e,
+        "pool[0].algorithm: round_robin counts every member as weight 1",
+    );
+    // One reading combines with nothing (an agent is often there for its drain and down words).
+    ok(&format!("{}\n{two}", pool("", "monitors = [\"agent\"]")));
+    for algorithm in [
+        "dynamic_feedback",
+        "weighted_least_connections",
+        "least_request",
+    ] {
+        ok(&format!(
+            "{}\n{two}",
+            pool(
+                &format!("algorithm = \"{algorithm}\""),
+                "monitors = [\"cpu\", \"mem\", \"agent\"]"
+            )
+        ));
+    }
+}
