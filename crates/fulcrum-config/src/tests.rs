@@ -1482,3 +1482,25 @@ fn combined_weight_readings_need_an_algorithm_that_uses_weights() {
         ));
     }
 }
+
+#[test]
+fn weight_reading_refusal_lists_every_monitor() {
+    let snmp = |name: &str| {
+        format!("[[monitor]]\nname = \"{name}\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 100\n")
+    };
+    let e = errs(&format!(
+        "{}\n{}\n{}\n{}",
+        TCP.replace("algorithm = \"weighted_round_robin\"\n", "")
+            .replace(
+                "monitors = [\"tcp\"]",
+                "monitors = [\"cpu\", \"mem\", \"disk\"]"
+            ),
+        snmp("cpu"),
+        snmp("mem"),
+        snmp("disk")
+    ));
+    has(
+        &e,
+        "weight readings of monitors \"cpu\", \"mem\" and \"disk\" (combined",
+    );
+}

@@ -87,6 +87,15 @@ pub fn site_monitor_port(kind: MonitorKind) -> Option<u16> {
     }
 }
 
+/// `"a"`, `"a" and "b"`, `"a", "b" and "c"`.
+fn listed(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => quoted.concat(),
+    }
+}
+
 /// A pool that combines several monitors' weight readings (`weight_share`) must use them: an
 /// algorithm that counts every member as weight 1 would throw the combined figure away, and the
 /// operator would believe the CPU and memory feedback works.
@@ -107,7 +116,7 @@ fn weight_readings_used(c: &mut Checker<'_>, cfg: &Config, i: usize) {
         format!(
             "{} counts every member as weight 1, so the weight readings of monitors {} (combined by their weight_share) would be thrown away; expected an algorithm that uses weights: dynamic_feedback (meant for them), weighted_round_robin, weighted_least_connections, weighted_least_traffic, hash, priority, least_request",
             pool.algorithm,
-            readers.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(" and ")
+            listed(&readers)
         ),
     );
 }
