@@ -1484,6 +1484,29 @@ fn combined_weight_readings_need_an_algorithm_that_uses_weights() {
 }
 
 #[test]
+fn nntp_monitor_keys() {
+    let c = ok("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nnewsgroup = \"comp.lang.rust\"\nusername = \"probe\"\npassword = \"p\"\n");
+    assert_eq!(c.monitors[0].kind, MonitorKind::Nntp);
+    assert_eq!(c.monitors[0].newsgroup.as_deref(), Some("comp.lang.rust"));
+    ok("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\n");
+    let e = errs("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nnewsgroup = \"comp.*\"\n");
+    has(
+        &e,
+        "t.toml:4:1: monitor[0].newsgroup: \"comp.*\" is not a newsgroup name",
+    );
+    let e = errs("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nnewsgroup = \"a b\"\n");
+    has(&e, "is not a newsgroup name");
+    let e = errs("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nusername = \"probe\"\n");
+    has(&e, "give both `username` and `password`, or neither");
+    let e = errs("[[monitor]]\nname = \"m\"\ntype = \"smtp\"\nnewsgroup = \"misc.test\"\n");
+    has(
+        &e,
+        "`newsgroup` applies to monitor type nntp; this monitor is smtp",
+    );
+    assert_eq!(site_monitor_port(MonitorKind::Nntp), Some(119));
+}
+
+#[test]
 fn weight_reading_refusal_lists_every_monitor() {
     let snmp = |name: &str| {
         format!("[[monitor]]\nname = \"{name}\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 100\n")

@@ -240,6 +240,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         secret,
         username,
         password,
+        newsgroup,
         snmp,
         link,
         weight_share,
@@ -266,6 +267,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *weight_share == b.weight_share
         && *username == b.username
         && *password == b.password
+        && *newsgroup == b.newsgroup
         && *snmp == b.snmp
         && *link == b.link
 }

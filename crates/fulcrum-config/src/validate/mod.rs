@@ -81,6 +81,7 @@ pub fn site_monitor_port(kind: MonitorKind) -> Option<u16> {
         MonitorKind::Pop3 => Some(110),
         MonitorKind::Imap => Some(143),
         MonitorKind::Ftp => Some(21),
+        MonitorKind::Nntp => Some(119),
         MonitorKind::Icmp => Some(7),
         MonitorKind::Snmp => Some(161),
         MonitorKind::Tcp | MonitorKind::SendExpect | MonitorKind::Agent => None,
