@@ -372,13 +372,28 @@ impl Member {
             Some(r) => (r.1, r.2) = (pct, share.max(1)),
             None => readings.push((monitor.to_string(), pct, share.max(1))),
         }
-        let total: u64 = readings.iter().map(|r| u64::from(r.2)).sum();
-        let sum: u64 = readings
-            .iter()
-            .map(|r| u64::from(r.1) * u64::from(r.2))
-            .sum();
-        let avg = sum / total.max(1);
-        self.set_agent_weight_pct(u32::try_from(avg).unwrap_or(u32::MAX));
+        self.set_agent_weight_pct(weighted_average(&readings));
+    }
+
+    /// Forgets the readings of monitors not in `keep` (a reload removed them, or took `max` off
+    /// one): a reading nothing refreshes any more would hold the member's weight for ever.
+    /// Returns whether the percentage changed.
+    pub fn retain_weight_readings(&self, keep: &[&str]) -> bool {
+        let Ok(mut readings) = self.weight_readings.lock() else {
+            return false;
+        };
+        let before = readings.len();
+        readings.retain(|(m, _, _)| keep.contains(&m.as_str()));
+        if readings.len() == before {
+            return false;
+        }
+        let old = self.agent_weight_pct();
+        self.set_agent_weight_pct(if readings.is_empty() {
+            100
+        } else {
+            weighted_average(&readings)
+        });
+        old != self.agent_weight_pct()
     }
 
     /// The monitors that reported weights are gone: back to 100 %.
@@ -665,4 +680,14 @@ impl Drop for LiveBytes<'_> {
             self.stats.add_bytes(self.sent, self.received);
         }
     }
+}
+
+/// The readings' percentages, each counted `share` times.
+fn weighted_average(readings: &[(String, u32, u32)]) -> u32 {
+    let total: u64 = readings.iter().map(|r| u64::from(r.2)).sum();
+    let sum: u64 = readings
+        .iter()
+        .map(|r| u64::from(r.1) * u64::from(r.2))
+        .sum();
+    u32::try_from(sum / total.max(1)).unwrap_or(u32::MAX)
 }

@@ -729,6 +729,24 @@ fn fastest_response_sends_traffic_to_members_without_samples() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+fn weight_readings_combine_by_share_and_a_dropped_monitor_stops_counting() {
+    let pool = new_pool(Algorithm::DynamicFeedback, &[1]);
+    let m = &pool.members()[0];
+    m.set_weight_reading("cpu", 75, 1);
+    m.set_weight_reading("mem", 25, 3);
+    assert_eq!(m.agent_weight_pct(), 37);
+    // A new reading replaces that monitor's, not the other's.
+    m.set_weight_reading("mem", 100, 3);
+    assert_eq!(m.agent_weight_pct(), 93);
+    assert!(!m.retain_weight_readings(&["cpu", "mem"]));
+    assert!(m.retain_weight_readings(&["mem"]));
+    assert_eq!(m.agent_weight_pct(), 100);
+    m.set_weight_reading("mem", 40, 3);
+    assert!(m.retain_weight_readings(&[]));
+    assert_eq!(m.agent_weight_pct(), 100);
+}
+
+#[test]
 fn dynamic_feedback_follows_agent_weights() {
     let pool = new_pool(Algorithm::DynamicFeedback, &[1, 1]);
     assert!(pool.wants_refresh());

@@ -24,6 +24,17 @@ string_enum!(Algorithm {
     Spillover = "spillover",
 });
 
+impl Algorithm {
+    /// Whether the algorithm counts every member as weight 1 (configured weights and the
+    /// monitors' weight readings do not change its choice).
+    pub fn ignores_weights(self) -> bool {
+        matches!(
+            self,
+            Algorithm::RoundRobin | Algorithm::LeastConnections | Algorithm::FirstAvailable
+        )
+    }
+}
+
 string_enum!(
     /// Operator-set state of a member.
     AdminState {

@@ -128,11 +128,33 @@ fn check_protocol_keys(base: &str, m: &Monitor, cx: &mut Cx<'_>) {
         MonitorKind::Pop3 | MonitorKind::Imap if m.username.is_some() != m.password.is_some() => {
             cx.error_path(base, "give both `username` and `password`, or neither");
         }
+        MonitorKind::Nntp => {
+            if m.username.is_some() != m.password.is_some() {
+                cx.error_path(base, "give both `username` and `password`, or neither");
+            }
+            if let Some(g) = m.newsgroup.as_deref().filter(|g| !newsgroup_ok(g)) {
+                cx.error_path(
+                    &at("newsgroup"),
+                    format!("{g:?} is not a newsgroup name: expected a name such as \"comp.lang.rust\", without spaces, control characters or the wildmat characters ! * , ? [ \\ ]"),
+                );
+            }
+        }
         MonitorKind::Ftp if m.password.is_some() && m.username.is_none() => {
             cx.error_path(&at("password"), "`password` needs `username`");
         }
         _ => {}
     }
+}
+
+/// A newsgroup name as RFC 3977 §4.1 allows it in `GROUP` (`1*wildmat-exact`): printable, no
+/// spaces, none of the wildmat characters; 497 bytes at most so that the command line stays
+/// within the RFC's 512.
+fn newsgroup_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 497
+        && name
+            .chars()
+            .all(|c| !c.is_whitespace() && !c.is_control() && !"!*,?[\\]".contains(c))
 }
 
 /// A DNS name in text form: "." or dot-separated labels of 1–63 bytes, 253 bytes in all, no
@@ -161,6 +183,7 @@ string_enum!(MonitorKind {
     Pop3 = "pop3",
     Imap = "imap",
     Ftp = "ftp",
+    Nntp = "nntp",
     Icmp = "icmp",
     Snmp = "snmp",
 });
@@ -194,6 +217,8 @@ pub struct Monitor {
     /// radius (Access-Request instead of Status-Server), pop3, imap, ftp: log in as this user.
     pub username: Option<String>,
     pub password: Option<String>,
+    /// nntp: the newsgroup a `GROUP` command selects (211 passes), as F5's `newsgroup`.
+    pub newsgroup: Option<String>,
     /// snmp: community, OID, and the value that means "no more load" (crate::snmp).
     pub snmp: crate::snmp::SnmpOptions,
     /// How much this monitor's weight reading counts when several of a member's monitors
@@ -202,6 +227,15 @@ pub struct Monitor {
     pub weight_share: u32,
     /// Link monitors: the targets probed through the link, and how many must answer.
     pub link: crate::link::LinkProbe,
+}
+
+impl Monitor {
+    /// Whether its answers set the member's weight percentage: an agent (`NN%`), an snmp
+    /// monitor with `max`.
+    pub fn reports_weight(&self) -> bool {
+        self.kind == MonitorKind::Agent
+            || (self.kind == MonitorKind::Snmp && self.snmp.max.is_some())
+    }
 }
 
 /// Monitor keys added for the protocol monitors, with the kinds that use them; validation refuses
@@ -219,6 +253,7 @@ pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[
             MonitorKind::Pop3,
             MonitorKind::Imap,
             MonitorKind::Ftp,
+            MonitorKind::Nntp,
         ],
     ),
     (
@@ -228,8 +263,10 @@ pub const MONITOR_KIND_KEYS: &[(&str, &[MonitorKind])] = &[
             MonitorKind::Pop3,
             MonitorKind::Imap,
             MonitorKind::Ftp,
+            MonitorKind::Nntp,
         ],
     ),
+    ("newsgroup", &[MonitorKind::Nntp]),
     ("community", &[MonitorKind::Snmp]),
     ("oid", &[MonitorKind::Snmp]),
     ("max", &[MonitorKind::Snmp]),
@@ -288,6 +325,7 @@ impl FromNode for Monitor {
                 secret: t.opt(cx, "secret"),
                 username: t.opt(cx, "username"),
                 password: t.opt(cx, "password"),
+                newsgroup: t.opt(cx, "newsgroup"),
                 snmp: crate::snmp::SnmpOptions::read(t, cx),
                 weight_share: weight_share(t, cx),
                 link: crate::link::LinkProbe::read(t, cx),

@@ -1434,3 +1434,96 @@ fn weight_share_is_for_monitors_that_report_a_weight() {
     let c = ok("[[monitor]]\nname = \"m\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 10\nweight_share = 3\n");
     assert_eq!(c.monitors[0].weight_share, 3);
 }
+
+#[test]
+fn combined_weight_readings_need_an_algorithm_that_uses_weights() {
+    let snmp = |name: &str| {
+        format!("[[monitor]]\nname = \"{name}\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 100\n")
+    };
+    let two = format!(
+        "{}\n{}\n[[monitor]]\nname = \"agent\"\ntype = \"agent\"\nport = 9999\n",
+        snmp("cpu"),
+        snmp("mem")
+    );
+    let pool = |algorithm: &str, monitors: &str| {
+        TCP.replace("algorithm = \"weighted_round_robin\"", algorithm)
+            .replace("monitors = [\"tcp\"]", monitors)
+    };
+    let e = errs(&format!(
+        "{}\n{two}",
+        pool(
+            "algorithm = \"first_available\"",
+            "monitors = [\"tcp\", \"cpu\", \"agent\"]"
+        )
+    ));
+    has(&e, "t.toml:11:1: pool[0].algorithm: first_available counts every member as weight 1, so the weight readings of monitors \"cpu\" and \"agent\"");
+    // Unwritten, the algorithm is round_robin: the error still names the pool's key.
+    let e = errs(&format!(
+        "{}\n{two}",
+        pool("", "monitors = [\"cpu\", \"mem\"]")
+    ));
+    has(
+        &e,
+        "pool[0].algorithm: round_robin counts every member as weight 1",
+    );
+    // One reading combines with nothing (an agent is often there for its drain and down words).
+    ok(&format!("{}\n{two}", pool("", "monitors = [\"agent\"]")));
+    for algorithm in [
+        "dynamic_feedback",
+        "weighted_least_connections",
+        "least_request",
+    ] {
+        ok(&format!(
+            "{}\n{two}",
+            pool(
+                &format!("algorithm = \"{algorithm}\""),
+                "monitors = [\"cpu\", \"mem\", \"agent\"]"
+            )
+        ));
+    }
+}
+
+#[test]
+fn nntp_monitor_keys() {
+    let c = ok("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nnewsgroup = \"comp.lang.rust\"\nusername = \"probe\"\npassword = \"p\"\n");
+    assert_eq!(c.monitors[0].kind, MonitorKind::Nntp);
+    assert_eq!(c.monitors[0].newsgroup.as_deref(), Some("comp.lang.rust"));
+    ok("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\n");
+    let e = errs("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nnewsgroup = \"comp.*\"\n");
+    has(
+        &e,
+        "t.toml:4:1: monitor[0].newsgroup: \"comp.*\" is not a newsgroup name",
+    );
+    let e = errs("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nnewsgroup = \"a b\"\n");
+    has(&e, "is not a newsgroup name");
+    let e = errs("[[monitor]]\nname = \"news\"\ntype = \"nntp\"\nusername = \"probe\"\n");
+    has(&e, "give both `username` and `password`, or neither");
+    let e = errs("[[monitor]]\nname = \"m\"\ntype = \"smtp\"\nnewsgroup = \"misc.test\"\n");
+    has(
+        &e,
+        "`newsgroup` applies to monitor type nntp; this monitor is smtp",
+    );
+    assert_eq!(site_monitor_port(MonitorKind::Nntp), Some(119));
+}
+
+#[test]
+fn weight_reading_refusal_lists_every_monitor() {
+    let snmp = |name: &str| {
+        format!("[[monitor]]\nname = \"{name}\"\ntype = \"snmp\"\noid = \"1.3.6.1.2.1.1.3.0\"\nmax = 100\n")
+    };
+    let e = errs(&format!(
+        "{}\n{}\n{}\n{}",
+        TCP.replace("algorithm = \"weighted_round_robin\"\n", "")
+            .replace(
+                "monitors = [\"tcp\"]",
+                "monitors = [\"cpu\", \"mem\", \"disk\"]"
+            ),
+        snmp("cpu"),
+        snmp("mem"),
+        snmp("disk")
+    ));
+    has(
+        &e,
+        "weight readings of monitors \"cpu\", \"mem\" and \"disk\" (combined",
+    );
+}

@@ -1,14 +1,14 @@
 //! The service: one task per (pool, member, monitor), kept across reloads, plus the back-off
 //! probe supervisor.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use fulcrum_balance::{AgentState, Member, Pool};
-use fulcrum_config::{Monitor, MonitorKind};
+use fulcrum_config::Monitor;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
@@ -152,8 +152,13 @@ impl HealthService {
         self.pools.store(Arc::new(pools.to_vec()));
         drop(state);
 
-        for (pool_name, addr) in agents_before.difference(&agents_after) {
-            lift_agent_overrides(pools, pool_name, *addr);
+        for (pool_name, addr) in agents_before.keys() {
+            if !agents_after.contains_key(&(pool_name.clone(), *addr)) {
+                lift_agent_overrides(pools, pool_name, *addr);
+            }
+        }
+        for ((pool_name, addr), readers) in &agents_after {
+            forget_readings_but(pools, pool_name, *addr, readers);
         }
         tracing::debug!(kept, started, "health checks applied");
     }
@@ -235,6 +240,7 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         secret,
         username,
         password,
+        newsgroup,
         snmp,
         link,
         weight_share,
@@ -261,21 +267,42 @@ fn same_monitor(a: &Monitor, b: &Monitor) -> bool {
         && *weight_share == b.weight_share
         && *username == b.username
         && *password == b.password
+        && *newsgroup == b.newsgroup
         && *snmp == b.snmp
         && *link == b.link
 }
 
-/// Members with a check that sets agent overrides: an agent, or an snmp monitor with `max`
-/// (its value sets the weight percentage).
-fn agent_members(checks: &HashMap<CheckKey, Running>) -> HashSet<(Arc<str>, SocketAddr)> {
-    checks
-        .iter()
-        .filter(|(_, r)| {
-            r.monitor.kind == MonitorKind::Agent
-                || (r.monitor.kind == MonitorKind::Snmp && r.monitor.snmp.max.is_some())
-        })
-        .map(|(k, _)| (k.pool.clone(), k.member))
-        .collect()
+/// Members with a check that sets agent overrides (an agent, or an snmp monitor with `max`,
+/// whose value sets the weight percentage), with the names of those monitors.
+fn agent_members(
+    checks: &HashMap<CheckKey, Running>,
+) -> HashMap<(Arc<str>, SocketAddr), Vec<String>> {
+    let mut members: HashMap<(Arc<str>, SocketAddr), Vec<String>> = HashMap::new();
+    for (k, r) in checks {
+        if r.monitor.reports_weight() {
+            members
+                .entry((k.pool.clone(), k.member))
+                .or_default()
+                .push(r.monitor.name.clone());
+        }
+    }
+    members
+}
+
+/// A member keeps weight monitors, but a reload dropped one of them (or its `max`): its last
+/// reading goes, or it would count in the member's weight for ever.
+fn forget_readings_but(pools: &[Arc<Pool>], pool_name: &str, addr: SocketAddr, keep: &[String]) {
+    let Some(pool) = pools.iter().find(|p| &*p.name == pool_name) else {
+        return;
+    };
+    let Some((_, member)) = pool.member_by_addr(addr) else {
+        return;
+    };
+    let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+    if member.retain_weight_readings(&keep) {
+        tracing::info!(pool = %pool.name, member = %member.label, weight_percent = member.agent_weight_pct(), "a weight monitor was removed; its reading no longer counts");
+        pool.refresh();
+    }
 }
 
 fn lift_agent_overrides(pools: &[Arc<Pool>], pool_name: &str, addr: SocketAddr) {

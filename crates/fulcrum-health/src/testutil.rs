@@ -36,6 +36,7 @@ pub(crate) fn monitor(name: &str, kind: MonitorKind) -> Monitor {
         secret: None,
         username: None,
         password: None,
+        newsgroup: None,
         snmp: Default::default(),
         weight_share: 1,
         link: Default::default(),

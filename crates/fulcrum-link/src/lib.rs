@@ -392,6 +392,7 @@ fn echo_monitor() -> fulcrum_config::Monitor {
         secret: None,
         username: None,
         password: None,
+        newsgroup: None,
         link: Default::default(),
         snmp: Default::default(),
         weight_share: 1,

@@ -622,26 +622,40 @@ fall = 1
     forger.abort();
 }
 
-/// Two SNMP monitors on one member report weights that pull apart (CPU 100 of 400 -> 75 %,
-/// memory 300 of 400 -> 25 %): the member's weight is their average weighted by
-/// `weight_share` (1 and 3 -> 37 %), steady, instead of whichever answered last.
+/// Two SNMP monitors (CPU and memory) per member, on two members whose readings pull in
+/// opposite directions: m1 is idle on CPU (100 of 400 -> 75 %) and short of memory (300 -> 25 %),
+/// m2 the reverse. With memory counted three times (`weight_share`), m1 is at
+/// (75 + 3 x 25) / 4 = 37 % and m2 at (25 + 3 x 75) / 4 = 62 %, so traffic leans to m2 where
+/// CPU alone would lean to m1; readings stay steady (no monitor overwrites the other's), follow a
+/// change, and a reload that drops the CPU monitor drops its reading too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_snmp_monitors_combine_into_one_weight_by_their_shares() {
     let dir = tempfile::tempdir().unwrap();
     let port = udp_port_on_both();
-    let (cpu, mem) = (dir.path().join("cpu"), dir.path().join("mem"));
-    std::fs::write(&cpu, "100\n").unwrap();
-    std::fs::write(&mem, "300\n").unwrap();
-    let _agent = snmpd_with(
-        dir.path(),
-        SocketAddr::from(([127, 0, 0, 1], port)),
-        &format!(
-            "rocommunity fulcrum 127.0.0.0/8\nextend load /bin/cat {}\nextend mem /bin/cat {}\n",
-            cpu.display(),
-            mem.display()
-        ),
-    );
+    let file = |name: &str, value: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, value).unwrap();
+        path
+    };
+    let (cpu1, mem1) = (file("cpu1", "100\n"), file("mem1", "300\n"));
+    let (cpu2, mem2) = (file("cpu2", "300\n"), file("mem2", "100\n"));
+    let agent = |ip: [u8; 4], cpu: &Path, mem: &Path| {
+        snmpd_with(
+            dir.path(),
+            SocketAddr::from((ip, port)),
+            &format!(
+                "rocommunity fulcrum 127.0.0.0/8\nextend load /bin/cat {}\nextend mem /bin/cat {}\n",
+                cpu.display(),
+                mem.display()
+            ),
+        )
+    };
+    let _a1 = agent([127, 0, 0, 1], &cpu1, &mem1);
+    let _a2 = agent([127, 0, 0, 2], &cpu2, &mem2);
     let m1 = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 1]), "m1")
+        .await
+        .unwrap();
+    let m2 = HttpBackend::start(fulcrum_testkit::free_addr_on([127, 0, 0, 2]), "m2")
         .await
         .unwrap();
     let vs = free_addr();
@@ -650,32 +664,67 @@ async fn several_snmp_monitors_combine_into_one_weight_by_their_shares() {
             "[[monitor]]\nname = \"{name}\"\ntype = \"snmp\"\nport = {port}\ncommunity = \"fulcrum\"\noid = \"{oid}\"\nmax = 400\nweight_share = {share}\ninterval = \"150ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n"
         )
     };
-    let f = start(&format!(
-        "[[virtual_service]]\nname = \"web\"\nlisten = [\"{vs}\"]\nprotocol = \"http\"\npool = \"app\"\n\n\
-         [[pool]]\nname = \"app\"\nalgorithm = \"dynamic_feedback\"\nmonitors = [\"cpu\", \"mem\"]\n\
-         [[pool.member]]\naddress = \"{}\"\n\n{}\n{}",
-        m1.addr,
-        monitor("cpu", LOAD_OID, 1),
-        monitor("mem", MEM_OID, 3)
-    ))
-    .await;
-    let a = m1.addr.to_string();
+    let config = |algorithm: &str, monitors: &str| {
+        format!(
+            "[[virtual_service]]\nname = \"web\"\nlisten = [\"{vs}\"]\nprotocol = \"http\"\npool = \"app\"\n\n\
+             [[pool]]\nname = \"app\"\nalgorithm = \"{algorithm}\"\nmonitors = [{monitors}]\n\
+             [[pool.member]]\naddress = \"{}\"\nweight = 10\n[[pool.member]]\naddress = \"{}\"\nweight = 10\n\n{}\n{}",
+            m1.addr,
+            m2.addr,
+            monitor("cpu", LOAD_OID, 1),
+            monitor("mem", MEM_OID, 3)
+        )
+    };
+    // An algorithm that counts every member as weight 1 cannot use the combined figure.
+    let (ok, out) = check(&config("least_connections", "\"cpu\", \"mem\""));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("bad.toml:9:1: pool[0].algorithm: least_connections counts every member as weight 1, so the weight readings of monitors \"cpu\" and \"mem\""),
+        "{out}"
+    );
+    let f = start(&config("dynamic_feedback", "\"cpu\", \"mem\"")).await;
+    let (a1, a2) = (m1.addr.to_string(), m2.addr.to_string());
+    let weights = || async {
+        (
+            f.member("app", &a1).await["agent"]["weight_percent"].clone(),
+            f.member("app", &a2).await["agent"]["weight_percent"].clone(),
+        )
+    };
     let ok = wait_until(Duration::from_secs(10), || async {
-        f.member("app", &a).await["agent"]["weight_percent"] == 37
+        weights().await == (37.into(), 62.into())
     })
     .await;
-    assert!(ok, "{}\n{}", f.member("app", &a).await, f.logs());
+    assert!(ok, "{:?}\n{}", weights().await, f.logs());
     // Steady over a dozen check rounds: no monitor overwrites the other's reading.
     for _ in 0..12 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let m = f.member("app", &a).await;
-        assert_eq!(m["agent"]["weight_percent"], 37, "{m}");
+        assert_eq!(weights().await, (37.into(), 62.into()));
     }
-    // Memory frees up: (75 + 3 x 100) / 4 = 93.
-    std::fs::write(&mem, "0\n").unwrap();
+    // The scheduler follows the combined figure: 37 to m1 for 62 to m2 (smooth weighted round
+    // robin is exact; the tolerance covers a request racing a refresh).
+    for _ in 0..198 {
+        let r = fulcrum_testkit::http_get(vs, "/").await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let (n1, n2) = (m1.requests(), m2.requests());
+    assert!(
+        (68..=80).contains(&n1) && (118..=130).contains(&n2),
+        "{n1}:{n2}"
+    );
+    // m1's memory frees up: (75 + 3 x 100) / 4 = 93.
+    std::fs::write(&mem1, "0\n").unwrap();
     let ok = wait_until(Duration::from_secs(10), || async {
-        f.member("app", &a).await["agent"]["weight_percent"] == 93
+        weights().await == (93.into(), 62.into())
     })
     .await;
-    assert!(ok, "{}", f.member("app", &a).await);
+    assert!(ok, "{:?}", weights().await);
+    // A reload leaves memory alone: m1 100 %, m2 75 %, not the CPU reading's last word mixed in.
+    f.write_config(&config("dynamic_feedback", "\"mem\""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let ok = wait_until(Duration::from_secs(10), || async {
+        weights().await == (100.into(), 75.into())
+    })
+    .await;
+    assert!(ok, "{:?}\n{}", weights().await, f.logs());
 }

@@ -762,7 +762,10 @@ async fn hold(vs: std::net::SocketAddr, n: usize) -> (Vec<tokio::net::TcpStream>
     for _ in 0..n {
         let mut s = connect_from(vs, None).await.unwrap();
         let mut name = [0u8; 3];
-        s.read_exact(&mut name).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut name))
+            .await
+            .expect("the member's name within 5s")
+            .unwrap();
         who.push(String::from_utf8_lossy(&name[..2]).into_owned());
         held.push(s);
     }
@@ -816,6 +819,50 @@ async fn counting_schedulers_send_new_connections_to_the_least_loaded_member() {
     }
 }
 
+/// Least request (power of two choices) among three members: a member carrying twenty held
+/// connections loses every draw it is in while the other two carry fewer, so it takes none of
+/// the next twenty (round robin would give it seven, a random pick about as many), and the two
+/// others share them (each at least 5: a simulation of the draws puts the chance of fewer at
+/// 2 in 100,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_request_never_gives_a_new_connection_to_the_busiest_of_three() {
+    let servers = id_servers(3).await;
+    let vs = free_addr();
+    let f = start(&format!(
+        "{}[[pool]]\nname = \"p\"\nalgorithm = \"least_request\"\n{}",
+        tcp_service(vs, ""),
+        members(&servers, &[1, 1, 1])
+    ))
+    .await;
+    let state = |i: usize, state: &'static str| {
+        let path = format!("/api/v1/pools/p/members/{}/state", servers[i].addr);
+        let f = &f;
+        async move {
+            let r = f
+                .api("PUT", &path, Some(json!({ "state": state })))
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    };
+    state(1, "disabled").await;
+    state(2, "disabled").await;
+    let (_on_m0, who) = hold(vs, 20).await;
+    assert_eq!(count(&who, "m0"), 20, "{who:?}");
+    state(1, "enabled").await;
+    state(2, "enabled").await;
+    let (_more, who) = hold(vs, 20).await;
+    assert_eq!(
+        count(&who, "m0"),
+        0,
+        "the busiest member was picked: {who:?}"
+    );
+    assert!(
+        count(&who, "m1") >= 5 && count(&who, "m2") >= 5,
+        "the two idle members did not share: {who:?}"
+    );
+}
+
 /// Priority groups: only the highest-priority members serve while at least `min_active` of
 /// them are up; below that, the next group joins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -850,4 +897,26 @@ async fn priority_groups_bring_in_the_next_group_below_min_active() {
         count(&who, "m2") >= 5 && count(&who, "m1") >= 5,
         "the next group did not join: {who:?}"
     );
+    // m0 comes back: the top group has min_active members again and the lower group leaves
+    // (its held connections stay).
+    let mut back = None;
+    for _ in 0..50 {
+        match fulcrum_testkit::TcpIdServer::start(servers[0].addr, "m0").await {
+            Ok(s) => {
+                back = Some(s);
+                break;
+            }
+            // The killed listener's task may not have dropped its socket yet.
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let _back = back.expect("m0's address could be bound again");
+    let up = wait_until(Duration::from_secs(5), || async {
+        f.member("p", &servers[0].addr.to_string()).await["health"] == "up"
+    })
+    .await;
+    assert!(up, "m0 did not come back:\n{}", f.logs());
+    let (_last, who) = hold(vs, 20).await;
+    assert_eq!(count(&who, "m2"), 0, "the lower group stayed: {who:?}");
+    assert_eq!(count(&who, "m0"), 10, "{who:?}");
 }

@@ -79,10 +79,8 @@ pub fn for_algorithm(algorithm: Algorithm, min_active: u32) -> Box<dyn Scheduler
 
 /// Whether the algorithm ignores configured weights (every member counts as weight 1).
 pub fn unweighted(algorithm: Algorithm) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::RoundRobin | Algorithm::LeastConnections | Algorithm::FirstAvailable
-    )
+    // One list, shared with `fulcrum check`'s refusal of weight readings such a pool ignores.
+    algorithm.ignores_weights()
 }
 
 /// Round robin over the `n` members `usable` accepts. A member passed over uses up a turn of the

@@ -81,10 +81,45 @@ pub fn site_monitor_port(kind: MonitorKind) -> Option<u16> {
         MonitorKind::Pop3 => Some(110),
         MonitorKind::Imap => Some(143),
         MonitorKind::Ftp => Some(21),
+        MonitorKind::Nntp => Some(119),
         MonitorKind::Icmp => Some(7),
         MonitorKind::Snmp => Some(161),
         MonitorKind::Tcp | MonitorKind::SendExpect | MonitorKind::Agent => None,
     }
+}
+
+/// `"a"`, `"a" and "b"`, `"a", "b" and "c"`.
+fn listed(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => quoted.concat(),
+    }
+}
+
+/// A pool that combines several monitors' weight readings (`weight_share`) must use them: an
+/// algorithm that counts every member as weight 1 would throw the combined figure away, and the
+/// operator would believe the CPU and memory feedback works.
+fn weight_readings_used(c: &mut Checker<'_>, cfg: &Config, i: usize) {
+    let pool = &cfg.pools[i];
+    let readers: Vec<&str> = pool
+        .monitors
+        .iter()
+        .filter_map(|m| cfg.monitor(m))
+        .filter(|m| m.reports_weight())
+        .map(|m| m.name.as_str())
+        .collect();
+    if readers.len() < 2 || !pool.algorithm.ignores_weights() {
+        return;
+    }
+    c.err(
+        &format!("pool[{i}].algorithm"),
+        format!(
+            "{} counts every member as weight 1, so the weight readings of monitors {} (combined by their weight_share) would be thrown away; expected an algorithm that uses weights: dynamic_feedback (meant for them), weighted_round_robin, weighted_least_connections, weighted_least_traffic, hash, priority, least_request",
+            pool.algorithm,
+            listed(&readers)
+        ),
+    );
 }
 
 pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigError> {
@@ -313,6 +348,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 monitor_names.clone(),
             );
         }
+        weight_readings_used(&mut c, cfg, i);
         if pool.hash_key.is_l7() {
             if let Some(protos) = protocols_of_pool.get(pool.name.as_str()) {
                 if let Some(p) = protos.iter().find(|p| !p.is_http()) {

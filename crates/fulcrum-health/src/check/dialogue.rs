@@ -1,8 +1,8 @@
-//! smtp, pop3, imap and ftp: the server's greeting, then a command it must answer positively
-//! (and a login when the monitor has credentials), then a polite goodbye. Each protocol's reply
-//! syntax is read as it is specified: SMTP and FTP three-digit codes with multi-line replies
-//! (RFC 5321 §4.2, RFC 959 §4.2), POP3 `+OK`/`-ERR` (RFC 1939), IMAP tagged responses after
-//! untagged ones (RFC 9051).
+//! smtp, pop3, imap, ftp and nntp: the server's greeting, then a command it must answer
+//! positively (and a login when the monitor has credentials), then a polite goodbye. Each
+//! protocol's reply syntax is read as it is specified: SMTP and FTP three-digit codes with
+//! multi-line replies (RFC 5321 §4.2, RFC 959 §4.2), POP3 `+OK`/`-ERR` (RFC 1939), IMAP tagged
+//! responses after untagged ones (RFC 9051), NNTP one-line status responses (RFC 3977 §3.2).
 
 use fulcrum_config::{Monitor, MonitorKind};
 use tokio::io::AsyncWriteExt;
@@ -18,6 +18,8 @@ const MAX_LINE: usize = 4096;
 pub(crate) struct DialogueCheck {
     kind: MonitorKind,
     login: Option<(String, String)>,
+    /// nntp: the group `GROUP` selects.
+    newsgroup: Option<String>,
 }
 
 /// A line-oriented conversation bounded by the probe's deadline.
@@ -126,6 +128,22 @@ impl Conversation<'_> {
         }
     }
 
+    /// An NNTP status line (one line, never continued) whose code is in `ok`.
+    async fn expect_status(&mut self, waiting_for: &str, ok: &[u16]) -> Result<String, String> {
+        let line = self.line(waiting_for).await?;
+        match nntp_status(&line) {
+            Some((code, _)) if ok.contains(&code) => Ok(line),
+            Some(_) => Err(format!(
+                "NNTP {waiting_for}: \"{}\"",
+                excerpt(line.as_bytes(), EXCERPT)
+            )),
+            None => Err(format!(
+                "NNTP {waiting_for}: not a status line: \"{}\"",
+                excerpt(line.as_bytes(), EXCERPT)
+            )),
+        }
+    }
+
     /// A POP3 status line: `+OK` passes.
     async fn expect_ok(&mut self, waiting_for: &str) -> Result<(), String> {
         let line = self.line(waiting_for).await?;
@@ -165,6 +183,49 @@ impl Conversation<'_> {
     }
 }
 
+/// An NNTP status line (RFC 3977 §3.2): three digits, then the end or a space and text.
+fn nntp_status(line: &str) -> Option<(u16, &str)> {
+    let code = line.get(..3)?;
+    if !code.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let rest = line.get(3..)?;
+    let text = match rest.strip_prefix(' ') {
+        Some(text) => text,
+        None if rest.is_empty() => rest,
+        None => return None,
+    };
+    Some((code.parse().ok()?, text))
+}
+
+/// The article count of a `211 number low high group` answer to GROUP (RFC 3977 §6.1.1).
+fn group_count(line: &str) -> Option<u64> {
+    let (211, text) = nntp_status(line)? else {
+        return None;
+    };
+    let mut fields = text.split_ascii_whitespace();
+    let count = fields.next()?.parse().ok()?;
+    // low and high are article numbers (up to 2^31 - 1, but servers send more digits).
+    for _ in 0..2 {
+        fields.next()?.parse::<u64>().ok()?;
+    }
+    fields.next()?;
+    Some(count)
+}
+
+/// Fuzz entry: an NNTP member's lines as the check reads them.
+#[doc(hidden)]
+pub fn fuzz_nntp(reply: &[u8]) {
+    for line in reply.split(|&b| b == b'\n').take(64) {
+        let line = String::from_utf8_lossy(&line[..line.len().min(MAX_LINE)]);
+        let line = line.trim_end_matches('\r');
+        if let Some((code, text)) = nntp_status(line) {
+            assert!(code <= 999 && text.len() < line.len());
+        }
+        let _ = group_count(line);
+    }
+}
+
 /// An IMAP quoted string (RFC 9051 §4.3): backslash and quote escaped.
 fn imap_quote(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
@@ -178,6 +239,7 @@ impl DialogueCheck {
                 .username
                 .as_ref()
                 .map(|u| (u.clone(), monitor.password.clone().unwrap_or_default())),
+            newsgroup: monitor.newsgroup.clone(),
         }
     }
 
@@ -190,6 +252,7 @@ impl DialogueCheck {
             MonitorKind::Smtp => "SMTP",
             MonitorKind::Pop3 => "POP3",
             MonitorKind::Imap => "IMAP",
+            MonitorKind::Nntp => "NNTP",
             _ => "FTP",
         };
         let mut c = Conversation {
@@ -202,6 +265,7 @@ impl DialogueCheck {
             MonitorKind::Smtp => self.smtp(&mut c).await,
             MonitorKind::Pop3 => self.pop3(&mut c).await,
             MonitorKind::Imap => self.imap(&mut c).await,
+            MonitorKind::Nntp => self.nntp(&mut c).await,
             _ => self.ftp(&mut c).await,
         };
         match result {
@@ -300,5 +364,55 @@ impl DialogueCheck {
         };
         let _ = c.send("QUIT").await;
         Ok(detail)
+    }
+
+    /// Greeting 200 (posting allowed) or 201 (not); AUTHINFO USER/PASS (RFC 4643) with
+    /// credentials; GROUP with a newsgroup, which must be selected (211); QUIT.
+    async fn nntp(&self, c: &mut Conversation<'_>) -> Result<String, String> {
+        let greeting = c.expect_status("greeting", &[200, 201]).await?;
+        let mut detail = format!("NNTP {}", &greeting[..3]);
+        if let Some((user, password)) = &self.login {
+            c.send(&format!("AUTHINFO USER {user}")).await?;
+            let line = c.expect_status("AUTHINFO USER", &[281, 381]).await?;
+            if line.starts_with("381") {
+                c.send(&format!("AUTHINFO PASS {password}")).await?;
+                c.expect_status("AUTHINFO PASS", &[281]).await?;
+            }
+            detail.push_str(", logged in");
+        }
+        if let Some(group) = &self.newsgroup {
+            c.send(&format!("GROUP {group}")).await?;
+            let line = c.expect_status(&format!("GROUP {group}"), &[211]).await?;
+            let Some(count) = group_count(&line) else {
+                return Err(format!(
+                    "NNTP GROUP {group}: not a 211 number low high group: \"{}\"",
+                    excerpt(line.as_bytes(), EXCERPT)
+                ));
+            };
+            detail.push_str(&format!(", {group}: {count} articles"));
+        }
+        let _ = c.send("QUIT").await;
+        Ok(detail)
+    }
+}
+
+#[cfg(test)]
+mod nntp_tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_and_group_answers() {
+        assert_eq!(nntp_status("200 ready"), Some((200, "ready")));
+        assert_eq!(nntp_status("211"), Some((211, "")));
+        assert_eq!(nntp_status("200-ready"), None);
+        assert_eq!(nntp_status("20"), None);
+        assert_eq!(nntp_status("2x0 ready"), None);
+        assert_eq!(nntp_status("é00 x"), None);
+        assert_eq!(group_count("211 3 1 3 misc.test"), Some(3));
+        assert_eq!(group_count("211 0 0 0 misc.empty group selected"), Some(0));
+        assert_eq!(group_count("211 3 1 misc.test"), None);
+        assert_eq!(group_count("411 no such group"), None);
+        assert_eq!(group_count("211 x 1 3 misc.test"), None);
+        fuzz_nntp(b"200 a\r\n211 1 2 3 g\r\n\xff\xfe\n");
     }
 }

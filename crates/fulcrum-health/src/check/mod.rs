@@ -35,6 +35,7 @@ pub use snmp_v3::{parse_v3_response, Engine, LocalKeys, UsmUser, V3Reply};
 /// Entry points for the fuzz targets (fuzz/): the health checks' readers of member replies.
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use super::dialogue::fuzz_nntp as nntp_reply;
     pub use super::dns::fuzz_judge as dns_reply;
     pub use super::http::fuzz_reply as http_reply;
     pub use super::radius::fuzz_judge as radius_reply;
@@ -62,7 +63,7 @@ pub(crate) enum Check {
     Dns(dns::DnsCheck),
     /// RADIUS Status-Server, or an Access-Request with test credentials.
     Radius(radius::RadiusCheck),
-    /// SMTP, POP3, IMAP or FTP: greeting, a command (or login), goodbye.
+    /// SMTP, POP3, IMAP, FTP or NNTP: greeting, a command (or login), goodbye.
     Dialogue(dialogue::DialogueCheck),
     /// ICMP echo to the member's address.
     Icmp(icmp::IcmpCheck),
@@ -200,9 +201,11 @@ impl Check {
             MonitorKind::Agent => Check::Agent(agent::AgentCheck::new(monitor)),
             MonitorKind::Dns => Check::Dns(dns::DnsCheck::new(monitor)),
             MonitorKind::Radius => Check::Radius(radius::RadiusCheck::new(monitor)),
-            MonitorKind::Smtp | MonitorKind::Pop3 | MonitorKind::Imap | MonitorKind::Ftp => {
-                Check::Dialogue(dialogue::DialogueCheck::new(monitor))
-            }
+            MonitorKind::Smtp
+            | MonitorKind::Pop3
+            | MonitorKind::Imap
+            | MonitorKind::Ftp
+            | MonitorKind::Nntp => Check::Dialogue(dialogue::DialogueCheck::new(monitor)),
             MonitorKind::Icmp => Check::Icmp(icmp::IcmpCheck),
             MonitorKind::Snmp => Check::Snmp(snmp::SnmpCheck::new(monitor)),
         }

@@ -382,6 +382,107 @@ async fn smtp_pop3_imap_ftp_dialogues() {
 }
 
 #[tokio::test]
+async fn nntp_dialogue() {
+    let news = DialogueServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        "200 news.test InterNetNews NNRP server ready (posting ok)",
+        vec![
+            ("GROUP misc.test", Some("211 3 1 3 misc.test")),
+            ("GROUP", Some("411 No such group")),
+            ("AUTHINFO USER probe", Some("381 Enter password")),
+            ("AUTHINFO PASS right", Some("281 Authentication accepted")),
+            ("AUTHINFO PASS", Some("481 Authentication failed")),
+            ("QUIT", Some("205 bye")),
+        ],
+        "500 What?",
+    )
+    .await
+    .unwrap();
+    let plain = monitor("m", MonitorKind::Nntp);
+    passed(&run(&plain, news.addr).await, "NNTP 200");
+    let mut group = monitor("m", MonitorKind::Nntp);
+    group.newsgroup = Some("misc.test".into());
+    passed(
+        &run(&group, news.addr).await,
+        "NNTP 200, misc.test: 3 articles",
+    );
+    group.newsgroup = Some("misc.gone".into());
+    failed(
+        &run(&group, news.addr).await,
+        "NNTP GROUP misc.gone: \"411 No such group\"",
+    );
+    let mut login = monitor("m", MonitorKind::Nntp);
+    login.username = Some("probe".into());
+    login.password = Some("right".into());
+    login.newsgroup = Some("misc.test".into());
+    passed(
+        &run(&login, news.addr).await,
+        "NNTP 200, logged in, misc.test: 3 articles",
+    );
+    login.password = Some("wrong".into());
+    failed(
+        &run(&login, news.addr).await,
+        "NNTP AUTHINFO PASS: \"481 Authentication failed\"",
+    );
+    assert!(news.commands().iter().any(|c| c == "QUIT"));
+
+    // A reader that is not serving (400), and a server that is not NNTP at all.
+    let busy = DialogueServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        "400 news.test: service temporarily unavailable",
+        vec![],
+        "400",
+    )
+    .await
+    .unwrap();
+    failed(
+        &run(&plain, busy.addr).await,
+        "NNTP greeting: \"400 news.test",
+    );
+    let smtp = DialogueServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        "220 mail.test ESMTP",
+        vec![],
+        "500",
+    )
+    .await
+    .unwrap();
+    failed(
+        &run(&plain, smtp.addr).await,
+        "NNTP greeting: \"220 mail.test ESMTP\"",
+    );
+    let ftp_like = DialogueServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        "200-multi\n200 line",
+        vec![],
+        "500",
+    )
+    .await
+    .unwrap();
+    failed(
+        &run(&plain, ftp_like.addr).await,
+        "NNTP greeting: not a status line: \"200-multi\"",
+    );
+    // Silence after the greeting: the timeout says what was awaited.
+    let mute = DialogueServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        "201 read only",
+        vec![("GROUP", Some(""))],
+        "",
+    )
+    .await
+    .unwrap();
+    let mut slow_group = monitor("m", MonitorKind::Nntp);
+    slow_group.timeout = Duration::from_millis(300);
+    slow_group.newsgroup = Some("misc.test".into());
+    failed(&run(&slow_group, mute.addr).await, "NNTP GROUP misc.test");
+    failed(
+        &run(&plain, refused_addr()).await,
+        "connect: connection refused",
+    );
+}
+
+#[tokio::test]
 async fn icmp_echo_on_loopback_v4_and_v6() {
     let m = slow(monitor("ping", MonitorKind::Icmp));
     passed(
