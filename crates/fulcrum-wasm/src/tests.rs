@@ -332,3 +332,26 @@ fn modules_that_are_not_filters_are_refused_with_the_reason() {
         .iter()
         .any(|c| c == "proxy_on_request_headers"));
 }
+
+#[tokio::test]
+async fn a_filter_built_from_c_by_clang_runs_as_committed() {
+    let f = Filter::new(Spec {
+        name: "filters/add_header.wasm".into(),
+        bytes: include_bytes!("../filters/add_header.wasm").to_vec(),
+        config: b"from-c".to_vec(),
+        on_error: OnError::FailClosed,
+        limits: Limits::default(),
+        disable_after: 0,
+        instances: 2,
+    })
+    .expect("the committed C filter loads");
+    let c = chain(Arc::new(f));
+    let (v, h) = run(&c, &[("x-internal", "secret")]).await;
+    assert_eq!(v, Verdict::Continue);
+    assert_eq!(value(&h, "x-filter"), Some(&b"from-c"[..]));
+    assert_eq!(value(&h, "x-internal"), None);
+    match run(&c, &[("x-deny", "1")]).await.0 {
+        Verdict::Local(l) => assert_eq!((l.status, &l.body[..]), (403, &b"denied by filter\n"[..])),
+        v => panic!("expected 403, got {v:?}"),
+    }
+}
