@@ -23,6 +23,8 @@ pub struct HttpSection {
     pub tls: Option<TlsTermination>,
     /// Content-switching rules, first match wins; no match: the service's `pool`.
     pub rules: Vec<Rule>,
+    /// `[[virtual_service.filter]]`: proxy-wasm filters, in order around the rules.
+    pub filters: Vec<crate::filter::Filter>,
     pub compression: Option<Compression>,
     pub cache: Option<Cache>,
     /// Sends clients to another GSLB site when this one cannot serve them.
@@ -42,6 +44,7 @@ pub struct GslbRedirect {
 
 /// The keys an http / https section reads besides the stream and TLS keys.
 pub const HTTP_SECTION_KEYS: &[&str] = &[
+    "filter",
     "compression",
     "cache",
     "gslb_redirect",
@@ -78,6 +81,7 @@ impl HttpSection {
             None
         };
         let rules: Vec<Rule> = t.opt(cx, "rule").unwrap_or_default();
+        let filters = t.opt(cx, "filter").unwrap_or_default();
         let compression = t.opt(cx, "compression");
         let cache = t.opt(cx, "cache");
         let redirect: Option<String> = t.opt(cx, "gslb_redirect");
@@ -100,6 +104,7 @@ impl HttpSection {
             stream,
             tls,
             rules,
+            filters,
             compression,
             cache,
             gslb_redirect: redirect.map(|name| GslbRedirect { name, threshold }),

@@ -10,6 +10,7 @@ mod dns;
 pub mod edit;
 mod elastic;
 mod error;
+mod filter;
 mod forwarding;
 mod gslb;
 mod ha;
@@ -47,6 +48,10 @@ pub use bgp::{Bgp, BgpOspf, BgpSpeaker, DEFAULT_BGP_INCLUDE, DEFAULT_BGP_INTERFA
 pub use dns::{Dns, RateLimit, Zone};
 pub use elastic::{Elastic, ElasticOn};
 pub use error::{did_you_mean, ConfigError, ConfigErrors};
+pub use filter::{
+    Filter, FilterOnError, DEFAULT_FILTER_BUDGET, DEFAULT_FILTER_DISABLE_AFTER,
+    DEFAULT_FILTER_MEMORY,
+};
 pub use forwarding::{FlowLimits, Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 pub use gslb::{Gslb, GslbAlgorithm, GslbName, Site};
 pub use ha::{ConntrackSync, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
@@ -145,6 +150,9 @@ fn resolve_paths(config: &mut Config, base: &Path) {
         if let ServiceKind::Http(h) = &mut vs.kind {
             if let Some(log) = &mut h.options.access_log {
                 fix(&mut log.path);
+            }
+            for f in &mut h.filters {
+                fix(&mut f.module);
             }
         }
         if let Some(tls) = vs.tls_mut() {

@@ -17,21 +17,15 @@
 //! zstd's windows are capped here (`BROTLI_LGWIN`, `ZSTD_WINDOW_LOG`).
 
 use std::io::{self, Write};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use fulcrum_config::CompressionAlgorithm as Algo;
-use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncReadExt, AsyncWrite};
 
-use crate::body::{BoxError, DownBody, FramePoll, InFraming};
 use crate::chunked;
 use crate::head::{list_items, RequestHead, ResponseHead};
 use crate::sink::Sink;
-use crate::upstream::UpstreamConn;
 
 /// Encoder output is sent on once it reaches this much.
 const OUT_CHUNK: usize = 32 * 1024;
@@ -561,203 +555,6 @@ impl Stream {
         let b = Bytes::copy_from_slice(o);
         o.clear();
         Some(b)
-    }
-}
-
-/// A response body that could not be relayed completely: (body bytes sent to the client,
-/// bytes received from the member, whether the member is at fault).
-pub(crate) type Cut = (u64, u64, bool);
-
-/// The HTTP/1 client path's body relay for a compressed response: reads the member's body
-/// (framed by `framing`), encodes it, and writes it to the client chunked (or, for HTTP/1.0
-/// clients, until the connection closes). `out` holds the response head on entry. Bytes from
-/// the member reach `member`'s counters in batches while they flow. Returns (body bytes to the
-/// client, bytes from the member not yet added to `member`, whether the member connection
-/// ended cleanly and may be reused).
-pub(crate) async fn relay_h1<W: AsyncWrite + Unpin>(
-    w: &mut crate::h1_out::Client<'_, W>,
-    conn: &mut UpstreamConn,
-    mut framing: InFraming,
-    chunked_out: bool,
-    s: &mut Stream,
-    member: &fulcrum_balance::MemberStats,
-) -> Result<(u64, u64, bool), Cut> {
-    let mut to_client = 0u64;
-    let mut received = conn.buf.len() as u64;
-    // Reads that found data at once, in a row: a fast member with a very compressible body
-    // could otherwise keep this task busy without an await for as long as the body lasts.
-    let mut eager = 0u32;
-    loop {
-        let mut fed: io::Result<()> = Ok(());
-        let (consumed, finished) = match &mut framing {
-            InFraming::None => (0, true),
-            InFraming::Length(remaining) => {
-                let n = (conn.buf.len() as u64).min(*remaining) as usize;
-                *remaining -= n as u64;
-                fed = s.write(&conn.buf[..n]);
-                (n, *remaining == 0)
-            }
-            InFraming::Chunked(d) => {
-                let used = d
-                    .feed(&conn.buf, |data| {
-                        if fed.is_ok() {
-                            fed = s.write(data);
-                        }
-                    })
-                    .map_err(|_| (to_client, received, true))?;
-                (used, d.is_done())
-            }
-            InFraming::Close => {
-                fed = s.write(&conn.buf);
-                (conn.buf.len(), false)
-            }
-        };
-        fed.map_err(|_| (to_client, received, false))?;
-        if consumed == conn.buf.len() {
-            conn.buf.clear();
-        } else {
-            conn.buf.drain(..consumed);
-        }
-        if finished {
-            return finish_h1(w, s, chunked_out, to_client, received)
-                .await
-                // Bytes after the response: the member is out of step, do not reuse.
-                .map(|sent| (sent, received, conn.buf.is_empty()));
-        }
-        if s.pending() >= OUT_CHUNK {
-            to_client += s.drain_into(w.out, chunked_out) as u64;
-            w.write_out()
-                .await
-                .map_err(|_| (to_client, received, false))?;
-        }
-        conn.buf.reserve(OUT_CHUNK);
-        let read = match conn.io.try_read_buf(&mut conn.buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // The member has nothing more for now: what was encoded goes to the client.
-                s.flush().map_err(|_| (to_client, received, false))?;
-                to_client += s.drain_into(w.out, chunked_out) as u64;
-                w.write_out()
-                    .await
-                    .map_err(|_| (to_client, received, false))?;
-                w.timer.set_after(w.idle);
-                w.timer.run(conn.io.read_buf(&mut conn.buf)).await
-            }
-            r => {
-                eager += 1;
-                if eager.is_multiple_of(16) {
-                    tokio::task::yield_now().await;
-                }
-                Some(r)
-            }
-        };
-        match read {
-            Some(Ok(0)) => {
-                if let InFraming::Close = framing {
-                    let sent = finish_h1(w, s, chunked_out, to_client, received).await?;
-                    return Ok((sent, received, false));
-                }
-                return Err((to_client, received, true));
-            }
-            Some(Ok(n)) => {
-                received += n as u64;
-                member.add_live(&mut 0, &mut received);
-            }
-            Some(Err(_)) | None => return Err((to_client, received, true)),
-        }
-    }
-}
-
-async fn finish_h1<W: AsyncWrite + Unpin>(
-    w: &mut crate::h1_out::Client<'_, W>,
-    s: &mut Stream,
-    chunked_out: bool,
-    mut to_client: u64,
-    received: u64,
-) -> Result<u64, Cut> {
-    s.finish().map_err(|_| (to_client, received, false))?;
-    to_client += s.drain_into(w.out, chunked_out) as u64;
-    if chunked_out {
-        w.out.extend_from_slice(chunked::END);
-    }
-    w.write_out()
-        .await
-        .map_err(|_| (to_client, received, false))?;
-    Ok(to_client)
-}
-
-/// A response body for an HTTP/2 client, encoded as it streams. What the inner body yields is
-/// fed to the encoder; output goes out as a data frame once it reaches a chunk, or whenever
-/// the inner body has nothing ready (after a flush), so streaming responses stay live.
-pub struct CompressBody {
-    inner: DownBody,
-    s: Stream,
-    inner_done: bool,
-    finished: bool,
-    trailers: Option<http::HeaderMap>,
-}
-
-impl CompressBody {
-    pub fn new(inner: DownBody, s: Stream) -> CompressBody {
-        CompressBody {
-            inner,
-            s,
-            inner_done: false,
-            finished: false,
-            trailers: None,
-        }
-    }
-}
-
-impl Body for CompressBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
-        let this = self.get_mut();
-        loop {
-            if this.inner_done {
-                if !this.finished {
-                    this.finished = true;
-                    this.s.finish()?;
-                }
-                if let Some(b) = this.s.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(b))));
-                }
-                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
-            }
-            if this.s.pending() >= OUT_CHUNK {
-                if let Some(b) = this.s.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(b))));
-                }
-            }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => {
-                    this.s.flush()?;
-                    if let Some(b) = this.s.take() {
-                        return Poll::Ready(Some(Ok(Frame::data(b))));
-                    }
-                    return Poll::Pending;
-                }
-                Poll::Ready(None) => this.inner_done = true,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(Some(Ok(f))) => match f.into_data() {
-                    Ok(d) => this.s.write(&d)?,
-                    Err(f) => {
-                        if let Ok(t) = f.into_trailers() {
-                            this.trailers = Some(t);
-                        }
-                    }
-                },
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.finished && self.trailers.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
     }
 }
 

@@ -28,6 +28,7 @@ use crate::local::Local;
 use crate::plan::ResponsePlan;
 use crate::service::HttpService;
 use crate::upstream::UpstreamConn;
+use parking_lot::Mutex;
 
 /// What forwarding needs of the client connection: the client, the member connections
 /// private to it (`reuse = "never"`, PROXY protocol), and where interim (1xx) responses go.
@@ -35,6 +36,33 @@ pub(crate) struct Downstream<'a> {
     pub client: &'a Client,
     pub private: &'a PrivateConns,
     pub interim: Option<&'a Interim>,
+    /// The request's way through the service's filters (HTTP/2 clients): its response phase
+    /// runs here, and the body filters go with the response body.
+    pub filters: Option<&'a Mutex<Option<Box<fulcrum_wasm::Stream>>>>,
+}
+
+/// Runs the response-header callbacks of the request's filters, and hands over the filters
+/// that read the body.
+async fn response_filters(
+    down: &Downstream<'_>,
+    resp: &mut ResponseHead,
+    route: Route<'_>,
+    member: std::net::SocketAddr,
+) -> Result<Option<crate::wasm_filters::FilterBody>, Local> {
+    let Some(slot) = down.filters else {
+        return Ok(None);
+    };
+    let Some(mut stream) = slot.lock().take() else {
+        return Ok(None);
+    };
+    let r =
+        crate::wasm_filters::on_response(&mut stream, resp, &route.target.pool.name, member).await;
+    r?;
+    if stream.wants_response_body() {
+        return Ok(Some(crate::wasm_filters::FilterBody::new(stream)));
+    }
+    *slot.lock() = Some(stream);
+    Ok(None)
 }
 
 /// Interim response heads (103 Early Hints, 102, 100) from an HTTP/1.1 member, sent on as they
@@ -109,8 +137,9 @@ pub(crate) async fn forward(
             .map_err(|l| body_cut(svc, verdict.as_ref()).unwrap_or(l))?;
         let (member, index) = (r.picked.member.clone(), r.picked.index);
         let (parts, relay) = r.into_relay(svc.stats.clone());
-        let resp = ResponseHead::from_h2(&parts);
-        let mut plan = ResponsePlan::new(route, head, index, attempts.lookup(), &resp);
+        let mut resp = ResponseHead::from_h2(&parts);
+        let body_filter = response_filters(down, &mut resp, route, member.address).await?;
+        let mut plan = ResponsePlan::new(route, head, index, attempts.lookup(), &resp, body_filter);
         let mut sink = MapSink::default();
         plan.write_fields(&mut sink, route, head, &resp, false);
         let mut out = Response::new(plan.filter(DownBody::Relay(Box::new(relay))));
@@ -201,7 +230,7 @@ pub(crate) async fn forward(
             }
             Err(e) => Err(RespError::Io(e, false)),
         };
-        let resp = match head_result {
+        let mut resp = match head_result {
             Ok(r) => r,
             Err(RespError::Client) => return Err(Local::error(502, "interrupted")),
             Err(e) => {
@@ -214,7 +243,15 @@ pub(crate) async fn forward(
             member.record_passive_failure("101 Switching Protocols without an upgrade request");
             return Err(Local::error(502, "unexpected 101 from the member"));
         }
-        let mut plan = ResponsePlan::new(route, head, picked.index, attempts.lookup(), &resp);
+        let body_filter = response_filters(down, &mut resp, route, member.address).await?;
+        let mut plan = ResponsePlan::new(
+            route,
+            head,
+            picked.index,
+            attempts.lookup(),
+            &resp,
+            body_filter,
+        );
         let in_framing = plan.member_framing(&resp);
         let mut sink = MapSink::default();
         plan.write_fields(&mut sink, route, head, &resp, false);
@@ -263,6 +300,7 @@ pub(crate) async fn fetch(
         client,
         private: &private,
         interim,
+        filters: None,
     };
     forward_in_time(&down, route, head, None).await
 }

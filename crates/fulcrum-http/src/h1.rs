@@ -33,7 +33,7 @@ use crate::exchange::{self, read_response_head, Attempts, Failure, RespError, Ro
 use crate::fields::{self, ReqFraming, RequestCtx, RespFraming};
 use crate::h1_out::{write_timed, BODY_CHUNK};
 use crate::h2_upstream::Outgoing;
-use crate::head::{Parse, RequestHead, ResponseHead, Version};
+use crate::head::{FieldKind, Parse, RequestHead, ResponseHead, Version};
 use crate::local::Local;
 use crate::plan::ResponsePlan;
 use crate::rules::CompiledRule;
@@ -69,6 +69,9 @@ struct Conn<S> {
     /// A reload changed the service while this connection was idle: its next response
     /// announces the close.
     announce_close: bool,
+    /// The current request's way through the service's filters (dropped with the request,
+    /// which ends the filters' contexts).
+    filters: Option<Box<fulcrum_wasm::Stream>>,
 }
 
 /// A member's response head in hand, with the connection it came on.
@@ -114,6 +117,7 @@ where
         body_read: true,
         timer: Timer::new(),
         announce_close: false,
+        filters: None,
         svc,
     };
     c.run().await;
@@ -167,10 +171,20 @@ where
                 .fetch_add(1, Ordering::Relaxed);
             // Only the access log needs the request's start time.
             let started = self.svc.access_log.is_some().then(Instant::now);
+            let svc = self.svc.clone();
+            // Filters see the request before the rules, and may answer it themselves.
+            let refused = match &svc.filters {
+                // Boxed: the filters' states would otherwise enlarge every connection's future.
+                Some(chain) => Box::pin(self.request_filters(chain)).await,
+                None => None,
+            };
             self.pos = self.head.head_len;
             self.body_read = !self.head.has_body();
-            let svc = self.svc.clone();
-            let done = match svc.plan(&self.head, &self.client) {
+            let plan = match refused {
+                Some(local) => Plan::Local(local, None),
+                None => svc.plan(&self.head, &self.client),
+            };
+            let done = match plan {
                 Plan::Drop => {
                     svc.http_stats.dropped.fetch_add(1, Ordering::Relaxed);
                     self.log(&Done::default(), started, None);
@@ -238,6 +252,52 @@ where
         }
     }
 
+    /// Runs the request-header callbacks of the service's filters; `Some`: the answer to give
+    /// instead of going on.
+    async fn request_filters(&mut self, chain: &Arc<fulcrum_wasm::Chain>) -> Option<Local> {
+        let svc = &self.svc;
+        let r = crate::wasm_filters::on_request(
+            chain,
+            &svc.name,
+            &mut self.head,
+            &self.client,
+            svc.https,
+            &svc.limits,
+        )
+        .await;
+        match r {
+            Ok(stream) => {
+                self.filters = Some(stream);
+                None
+            }
+            Err(local) => Some(local),
+        }
+    }
+
+    /// Runs the response-header callbacks of the request's filters over `resp`; `Err`: the
+    /// answer to give instead of the member's.
+    async fn response_filters(
+        &mut self,
+        resp: &mut ResponseHead,
+        route: Route<'_>,
+        member: SocketAddr,
+    ) -> Result<(), Local> {
+        match self.filters.as_deref_mut() {
+            Some(stream) => {
+                crate::wasm_filters::on_response(stream, resp, &route.target.pool.name, member)
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The request's filters that read the response body, for the response plan.
+    fn body_filter(&mut self) -> Option<crate::wasm_filters::FilterBody> {
+        self.filters
+            .take_if(|s| s.wants_response_body())
+            .map(crate::wasm_filters::FilterBody::new)
+    }
+
     /// Ends the connection after its last response. A plain TCP socket gets no shutdown(2): the
     /// close(2) when it is dropped sends the same FIN, and on a connection per request the
     /// extra system call is a tenth of them. Layered streams (TLS) still get theirs, which
@@ -260,6 +320,7 @@ where
             buf.truncate(buf.len() - pos);
         }
         self.head.reset();
+        self.filters = None;
         self.pos = 0;
         if self.out.capacity() > KEEP_BUFFER {
             self.out = Vec::new();
@@ -869,6 +930,14 @@ where
         let (svc, rule) = (route.svc, route.rule);
         let picked = &picked;
         let member = &picked.member;
+        if let Err(l) = self
+            .response_filters(&mut resp, route, member.address)
+            .await
+        {
+            // The member's answer is replaced: its connection, mid-response, is not reused.
+            drop(conn);
+            return self.fail(l, rule).await;
+        }
         let status = resp.status;
         svc.http_stats.count_status(status);
         if let Some(c) = &svc.cache {
@@ -881,7 +950,9 @@ where
                 .fail(Local::error(502, "unexpected 101 from the member"), rule)
                 .await;
         }
-        let mut plan = ResponsePlan::new(route, &self.head, picked.index, lookup, &resp);
+        let body_filter = self.body_filter();
+        let mut plan =
+            ResponsePlan::new(route, &self.head, picked.index, lookup, &resp, body_filter);
         let in_framing = plan.member_framing(&resp);
         let out_framing = plan.framing;
         let mut encoder = plan.encoder.take();
@@ -939,7 +1010,7 @@ where
                     idle: svc.idle_timeout,
                 };
                 let chunked_out = out_framing == RespFraming::Chunked;
-                Box::pin(crate::compress::relay_h1(
+                Box::pin(crate::transform::relay_h1(
                     &mut w,
                     &mut conn,
                     in_framing,
@@ -1247,8 +1318,17 @@ pub(crate) fn write_local(
     if l.retry_after {
         out.extend_from_slice(b"retry-after: 5\r\n");
     }
-    if !l.body.is_empty() {
+    if !l.body.is_empty() && !l.fields.iter().any(|(n, _)| n == b"content-type") {
         out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
+    }
+    for (n, v) in &l.fields {
+        if FieldKind::of(n).is_hop_by_hop() || n.eq_ignore_ascii_case(b"date") {
+            continue;
+        }
+        out.extend_from_slice(n);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
     }
     if let Some(e) = rule.and_then(|r| r.response_headers.as_ref()) {
         for (n, v) in e.set.iter().chain(&e.add) {
@@ -1359,13 +1439,28 @@ where
         let (member, index) = (r.picked.member.clone(), r.picked.index);
         // The body counts the member's bytes and the service's as it flows (`Relay`).
         let (parts, relay) = r.into_relay(svc.stats.clone());
-        let resp = ResponseHead::from_h2(&parts);
+        let mut resp = ResponseHead::from_h2(&parts);
+        if let Err(l) = self
+            .response_filters(&mut resp, route, member.address)
+            .await
+        {
+            drop(relay);
+            return self.fail(l, rule).await;
+        }
         let status = resp.status;
         svc.http_stats.count_status(status);
         if let Some(c) = &svc.cache {
             invalidate(c, svc, &self.head, &resp);
         }
-        let mut plan = ResponsePlan::new(route, &self.head, index, attempts.lookup(), &resp);
+        let body_filter = self.body_filter();
+        let mut plan = ResponsePlan::new(
+            route,
+            &self.head,
+            index,
+            attempts.lookup(),
+            &resp,
+            body_filter,
+        );
         let out_framing = plan.framing;
         let mut body = plan.filter(DownBody::Relay(Box::new(relay)));
         self.announce_retirement();

@@ -132,27 +132,22 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::Read;
-    use std::sync::Arc;
+pub(crate) mod tests {
 
     use std::collections::VecDeque;
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
     use bytes::Bytes;
-    use fulcrum_config::CompressionAlgorithm as Algo;
     use http_body::Frame;
 
     use super::*;
-    use crate::body::DownBody;
     use crate::body::FramePoll;
-    use crate::compress::{Coding, CompressBody, CompressStats, Stream};
 
     type Frames = Vec<Result<Frame<Bytes>, BoxError>>;
 
     /// A member's body: these frames, then the end (or nothing more, ever, when `stall`).
-    struct Script {
+    pub(crate) struct Script {
         frames: VecDeque<Result<Frame<Bytes>, BoxError>>,
         stall: bool,
     }
@@ -170,20 +165,20 @@ mod tests {
         }
     }
 
-    fn body(frames: Frames) -> Script {
+    pub(crate) fn body(frames: Frames) -> Script {
         Script {
             frames: frames.into(),
             stall: false,
         }
     }
 
-    fn data(b: &'static [u8]) -> Result<Frame<Bytes>, BoxError> {
+    pub(crate) fn data(b: &'static [u8]) -> Result<Frame<Bytes>, BoxError> {
         Ok(Frame::data(Bytes::from_static(b)))
     }
 
     /// Relays `frames` behind a head `H\r\n`; returns what the client got, the result and the
     /// bytes `taken` counted.
-    async fn relay<B>(body: B, chunked: bool) -> (Vec<u8>, bool, usize)
+    pub(crate) async fn relay<B>(body: B, chunked: bool) -> (Vec<u8>, bool, usize)
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
@@ -224,36 +219,6 @@ mod tests {
             got, b"H\r\n4\r\npart\r\n",
             "no last chunk: the client sees a cut body"
         );
-    }
-
-    #[tokio::test]
-    async fn compressed_bodies_come_through_the_filter_into_chunks() {
-        let stats = Arc::new(CompressStats::default());
-        let coding = Coding {
-            algo: Algo::Gzip,
-            level: 1,
-        };
-        let enc = Stream::start(coding, None, stats).expect("gzip");
-        let frames = vec![data(b"hello "), data(b"world")];
-        let filtered = CompressBody::new(DownBody::filtered(body(frames)), enc);
-        let (got, ok, _) = relay(filtered, true).await;
-        assert!(ok);
-        let mut rest = &got[3..];
-        let mut gz = Vec::new();
-        while let Some(i) = rest.windows(2).position(|w| w == b"\r\n") {
-            let len = usize::from_str_radix(std::str::from_utf8(&rest[..i]).expect("hex"), 16)
-                .expect("a chunk size");
-            if len == 0 {
-                break;
-            }
-            gz.extend_from_slice(&rest[i + 2..i + 2 + len]);
-            rest = &rest[i + 2 + len + 2..];
-        }
-        let mut plain = String::new();
-        flate2::read::GzDecoder::new(&gz[..])
-            .read_to_string(&mut plain)
-            .expect("whole gzip stream");
-        assert_eq!(plain, "hello world");
     }
 
     #[tokio::test(start_paused = true)]

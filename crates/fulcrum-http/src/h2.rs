@@ -23,7 +23,7 @@ use crate::client::{Client, ConnInfo};
 use crate::exchange::Route;
 use crate::forward::{forward, forward_in_time, Downstream};
 use crate::h2guard::Watchdog;
-use crate::head::{Method, RequestHead};
+use crate::head::{FieldKind, Method, RequestHead};
 use crate::local::Local;
 use crate::rules::CompiledRule;
 use crate::service::{HttpService, Plan, Successor};
@@ -329,6 +329,18 @@ fn local_response(l: &Local, rule: Option<&CompiledRule>, method: Method) -> Res
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
     }
+    for (n, v) in &l.fields {
+        if FieldKind::of(n).is_hop_by_hop() || n.eq_ignore_ascii_case(b"date") {
+            continue;
+        }
+        if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
+            if n == http::header::CONTENT_TYPE {
+                h.insert(n, v);
+            } else {
+                h.append(n, v);
+            }
+        }
+    }
     h.insert(
         http::header::CONTENT_LENGTH,
         HeaderValue::from(l.body.len()),
@@ -372,7 +384,7 @@ async fn handle(
         .map_or("/", |p| p.as_str())
         .as_bytes();
     let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
-    let head = match RequestHead::from_h2(
+    let mut head = match RequestHead::from_h2(
         parts.method.as_str().as_bytes(),
         pq,
         authority,
@@ -411,12 +423,35 @@ async fn handle(
             head.method,
         ));
     }
+    // Filters see the request before the rules, and may answer it themselves.
+    let mut refused = None;
+    let filters = Mutex::new(None);
+    if let Some(chain) = &svc.filters {
+        let r = crate::wasm_filters::on_request(
+            chain,
+            &svc.name,
+            &mut head,
+            &st.client,
+            svc.https,
+            &svc.limits,
+        )
+        .await;
+        match r {
+            Ok(stream) => *filters.lock() = Some(stream),
+            Err(l) => refused = Some(l),
+        }
+    }
     let down = Downstream {
         client: &st.client,
         private: &st.private,
         interim: None,
+        filters: Some(&filters),
     };
-    let (response, status, member, rule) = match svc.plan(&head, &st.client) {
+    let plan = match refused {
+        Some(l) => Plan::Local(l, None),
+        None => svc.plan(&head, &st.client),
+    };
+    let (response, status, member, rule) = match plan {
         Plan::Drop => {
             svc.http_stats.dropped.fetch_add(1, Ordering::Relaxed);
             let nothing = Outcome {

@@ -573,6 +573,91 @@ impl RequestHead {
         Ok(h)
     }
 
+    /// This head as a filter left it: `pairs` holds the pseudo-fields (`:method`, `:path`,
+    /// `:authority`; `:scheme` is the connection's and is ignored) and the fields, and the result
+    /// is checked as a received head is. The bytes after the head (body, pipelined requests)
+    /// stay after it. The framing may not change: the client's body is framed as it sent it.
+    pub fn rebuilt(
+        &self,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+        limits: &Limits,
+    ) -> Result<RequestHead, HeadError> {
+        let pseudo = |n: &[u8]| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, v)| v.as_slice())
+        };
+        let method = pseudo(b":method").unwrap_or(self.method_bytes());
+        let target = pseudo(b":path").unwrap_or(self.target());
+        let authority = pseudo(b":authority");
+        if !is_token(method) {
+            return Err(bad("a filter set an invalid :method"));
+        }
+        if target.is_empty() || target.iter().any(|&b| b <= b' ' || b == 0x7f) {
+            return Err(bad("a filter set an invalid :path"));
+        }
+        if target.len() > limits.max_uri {
+            return Err(HeadError {
+                status: 414,
+                reason: "request target too long",
+            });
+        }
+        let size: usize = pairs.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+        if size > limits.max_header_size {
+            return Err(HeadError {
+                status: 431,
+                reason: "request header too large",
+            });
+        }
+        let mut buf = Vec::with_capacity(size + 16 + self.after_head().len());
+        let push = |buf: &mut Vec<u8>, b: &[u8]| {
+            let start = buf.len() as u32;
+            buf.extend_from_slice(b);
+            Span {
+                start,
+                end: buf.len() as u32,
+            }
+        };
+        let mut h = RequestHead {
+            method_span: push(&mut buf, method),
+            method: Method::of(method),
+            target: push(&mut buf, target),
+            version: self.version,
+            ..RequestHead::default()
+        };
+        let regular = pairs.iter().filter(|(n, _)| !n.starts_with(b":"));
+        let host = authority.map(|a| (&b"host"[..], a));
+        for (n, v) in host.into_iter().chain(
+            regular
+                .filter(|(n, _)| authority.is_none() || !n.eq_ignore_ascii_case(b"host"))
+                .map(|(n, v)| (n.as_slice(), v.as_slice())),
+        ) {
+            if !is_token(n) || v.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0)) {
+                return Err(bad("a filter set an invalid header field"));
+            }
+            let name = push(&mut buf, n);
+            let value = push(&mut buf, trim(v));
+            h.fields.push(Field {
+                name,
+                value,
+                kind: FieldKind::of(n),
+                hop: false,
+            });
+        }
+        h.head_len = buf.len();
+        buf.extend_from_slice(self.after_head());
+        h.buf = buf;
+        h.validate()?;
+        if h.content_length != self.content_length || h.chunked != self.chunked {
+            return Err(HeadError {
+                status: 500,
+                reason: "a filter changed the framing of the request body",
+            });
+        }
+        Ok(h)
+    }
+
     /// RFC 9112 framing checks: anything ambiguous is refused, never forwarded.
     fn validate(&mut self) -> Result<(), HeadError> {
         let buf = &self.buf[..];
@@ -926,6 +1011,78 @@ impl ResponseHead {
         let _ = h.analyse();
         h.chunked = false;
         h
+    }
+
+    /// This head as a filter left it: `:status` and the fields in `pairs`. The framing of the
+    /// member's body (length, chunked, close) stays the member's: it is how the body that
+    /// follows is read. The bytes after the head stay after it.
+    pub fn rebuilt(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<ResponseHead, HeadError> {
+        let status = pairs
+            .iter()
+            .find(|(n, _)| n == b":status")
+            .map(|(_, v)| v.as_slice());
+        let status = match status {
+            None => self.status,
+            Some(v) => std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.parse::<u16>().ok())
+                .filter(|s| (100..1000).contains(s))
+                .ok_or(HeadError {
+                    status: 500,
+                    reason: "a filter set an invalid :status",
+                })?,
+        };
+        let mut h = ResponseHead {
+            status,
+            version: self.version,
+            content_length: self.content_length,
+            chunked: self.chunked,
+            close: self.close,
+            ..ResponseHead::default()
+        };
+        let reason: &[u8] = if status == self.status {
+            self.reason()
+        } else {
+            http::StatusCode::from_u16(status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("")
+                .as_bytes()
+        };
+        h.buf.extend_from_slice(reason);
+        h.reason = Span {
+            start: 0,
+            end: reason.len() as u32,
+        };
+        for (n, v) in pairs.iter().filter(|(n, _)| !n.starts_with(b":")) {
+            if !is_token(n) || v.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0)) {
+                return Err(HeadError {
+                    status: 500,
+                    reason: "a filter set an invalid header field",
+                });
+            }
+            // A field the member's Connection named stays hop-by-hop.
+            let hop = self
+                .fields
+                .iter()
+                .any(|f| f.hop && self.name(f).eq_ignore_ascii_case(n));
+            let ns = h.buf.len() as u32;
+            h.buf.extend_from_slice(n);
+            let vs = h.buf.len() as u32;
+            h.buf.extend_from_slice(v);
+            h.fields.push(Field {
+                name: Span { start: ns, end: vs },
+                value: Span {
+                    start: vs,
+                    end: h.buf.len() as u32,
+                },
+                kind: FieldKind::of(n),
+                hop,
+            });
+        }
+        h.head_len = h.buf.len();
+        h.buf.extend_from_slice(self.after_head());
+        Ok(h)
     }
 
     fn analyse(&mut self) -> Result<(), HeadError> {

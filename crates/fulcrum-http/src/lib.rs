@@ -64,9 +64,11 @@ pub mod sticky;
 #[cfg(test)]
 mod testing;
 mod timer;
+mod transform;
 /// TLS lives in its own crate, shared with the tcp and message services.
 pub use fulcrum_tls as tls;
 pub mod upstream;
+pub mod wasm_filters;
 
 /// The error of a body that crosses hyper.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

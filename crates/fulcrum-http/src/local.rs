@@ -11,6 +11,8 @@ pub struct Local {
     pub retry_after: bool,
     /// Close the client connection after the answer.
     pub close: bool,
+    /// Fields a filter's local reply carries (names lower-case).
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Local {
@@ -30,6 +32,7 @@ impl Local {
             body: Bytes::from(body),
             retry_after: false,
             close: false,
+            fields: Vec::new(),
         }
     }
 }

@@ -10,6 +10,8 @@ use crate::exchange::Route;
 use crate::fields::{self, RespFraming, ResponseCtx, Sink};
 use crate::head::{RequestHead, ResponseHead, Version};
 use crate::sticky::{Lookup, MemberId};
+use crate::transform::{Transform, TransformBody};
+use crate::wasm_filters::FilterBody;
 
 /// What is done with one member response.
 pub(crate) struct ResponsePlan<'s> {
@@ -19,8 +21,8 @@ pub(crate) struct ResponsePlan<'s> {
     insert_cookie: Option<&'s MemberId>,
     rewrite_id: Option<&'s MemberId>,
     compress: compress::Plan,
-    /// The encoder when the body is compressed on the way.
-    pub encoder: Option<Stream>,
+    /// What changes the body on the way (filters, compression), if anything does.
+    pub encoder: Option<Transform>,
     /// How the body goes to the client.
     pub framing: RespFraming,
 }
@@ -30,19 +32,20 @@ impl<'s> ResponsePlan<'s> {
     /// filter is the same for HTTP/1 and HTTP/2 clients).
     pub fn filter(&mut self, body: DownBody) -> DownBody {
         match self.encoder.take() {
-            Some(s) => DownBody::filtered(compress::CompressBody::new(body, s)),
+            Some(s) => DownBody::filtered(TransformBody::new(body, s)),
             None => body,
         }
     }
 
     /// Plans `resp`, from the `member`-th member of the route's pool, for `req`; `lookup` is
-    /// what persistence found for the request.
+    /// what persistence found for the request; `body_filter`: the filters that read the body.
     pub fn new(
         route: Route<'s>,
         req: &RequestHead,
         member: usize,
         lookup: &Lookup,
         resp: &ResponseHead,
+        body_filter: Option<FilterBody>,
     ) -> ResponsePlan<'s> {
         let svc: &'s crate::service::HttpService = route.svc;
         // A 101 starts a tunnel: nothing of it is a body to frame or encode.
@@ -53,6 +56,7 @@ impl<'s> ResponsePlan<'s> {
         } else {
             prepare(svc, req, resp, bodiless)
         };
+        let encoder = Transform::of(body_filter.filter(|_| !bodiless), encoder);
         let length = resp.content_length.filter(|_| !resp.chunked);
         let framing = if bodiless {
             RespFraming::None
@@ -184,7 +188,7 @@ mod tests {
         };
         let (req, resp) = (request(req), response(resp));
         let a = Attempts::new(route, &req, &client(), true);
-        let plan = ResponsePlan::new(route, &req, 0, a.lookup(), &resp);
+        let plan = ResponsePlan::new(route, &req, 0, a.lookup(), &resp, None);
         let mut out = Vec::new();
         plan.write_h1_head(&mut out, route, &req, &resp, false);
         let text = String::from_utf8(out).expect("text");
@@ -257,13 +261,13 @@ mod tests {
         let req = request(GET);
         let a = Attempts::new(route, &req, &client(), true);
         let chunked = response("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
-        let plan = ResponsePlan::new(route, &req, 0, a.lookup(), &chunked);
+        let plan = ResponsePlan::new(route, &req, 0, a.lookup(), &chunked, None);
         assert!(matches!(
             plan.member_framing(&chunked),
             InFraming::Chunked(_)
         ));
         let close = response("HTTP/1.1 200 OK\r\n\r\n");
-        let plan = ResponsePlan::new(route, &req, 0, a.lookup(), &close);
+        let plan = ResponsePlan::new(route, &req, 0, a.lookup(), &close, None);
         assert!(matches!(plan.member_framing(&close), InFraming::Close));
         assert_eq!(plan.framing, RespFraming::Chunked);
     }

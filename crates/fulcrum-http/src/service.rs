@@ -74,6 +74,8 @@ pub struct HttpStats {
     pub h2_stalled_streams: AtomicU64,
     /// Response compression (`compression`).
     pub compression: Arc<crate::compress::CompressStats>,
+    /// The proxy-wasm filters' counters, by module.
+    pub filters: crate::wasm_filters::FilterCounters,
 }
 
 impl HttpStats {
@@ -193,6 +195,8 @@ pub struct HttpService {
     pub cache: Option<Arc<crate::cache::HttpCache>>,
     /// Response compression (`compression`); `None`: responses pass untouched.
     pub compress: Option<crate::compress::Compressor>,
+    /// `[[virtual_service.filter]]`: proxy-wasm filters around the rules.
+    pub filters: Option<Arc<fulcrum_wasm::Chain>>,
     /// Source addresses for member connections (`snat`). HTTP/2 member connections are shared
     /// by the services of a pool: they come from the pool of the service that opened them.
     pub snat: Option<Arc<fulcrum_net::Snat>>,
@@ -309,6 +313,11 @@ impl HttpService {
             Some(profile) => Some(Sticky::new(profile, &pools, parts.table, https)?),
             None => None,
         };
+        let filters = crate::wasm_filters::build_chain(
+            &http.filters,
+            &parts.http_stats.filters,
+            parts.pools,
+        )?;
         let access_log = match &http.options.access_log {
             Some(cfg) => Some(
                 AccessLog::open(cfg, &vs.name)
@@ -353,6 +362,7 @@ impl HttpService {
                 .compression
                 .as_ref()
                 .map(crate::compress::Compressor::new),
+            filters,
             retired: std::sync::atomic::AtomicBool::new(false),
             retire: tokio::sync::Notify::new(),
             lineage: Arc::default(),
@@ -467,6 +477,7 @@ impl HttpService {
                         body: Bytes::new(),
                         retry_after: false,
                         close: false,
+                        fields: Vec::new(),
                     },
                     Some(r),
                 ),
@@ -477,6 +488,7 @@ impl HttpService {
                         body: body.clone(),
                         retry_after: false,
                         close: false,
+                        fields: Vec::new(),
                     },
                     Some(r),
                 ),
@@ -525,6 +537,7 @@ impl HttpService {
             body: Bytes::new(),
             retry_after: false,
             close: false,
+            fields: Vec::new(),
         })
     }
 }

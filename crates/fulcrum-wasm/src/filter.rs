@@ -41,9 +41,11 @@ pub struct Spec {
     pub disable_after: u32,
     /// Instances (one per worker thread is the sound number).
     pub instances: usize,
+    /// The counters, kept by the caller across reloads; a new filter enables them again.
+    pub stats: Arc<FilterStats>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct FilterStats {
     pub calls: AtomicU64,
     pub budget_exceeded: AtomicU64,
@@ -70,7 +72,7 @@ pub struct Filter {
     pub name: Arc<str>,
     pub on_error: OnError,
     pub info: ModuleInfo,
-    pub stats: FilterStats,
+    pub stats: Arc<FilterStats>,
     plugin: Arc<Plugin>,
     pre: InstancePre<HostState>,
     slots: Vec<Slot>,
@@ -104,11 +106,13 @@ impl Filter {
             slots.push(Mutex::new(Arc::new(Mutex::new(vm))));
         }
         let interest = slots[0].lock().lock().interest();
+        spec.stats.disabled.store(false, Ordering::Relaxed);
+        spec.stats.consecutive.store(0, Ordering::Relaxed);
         Ok(Filter {
             name,
             on_error: spec.on_error,
             info,
-            stats: FilterStats::default(),
+            stats: spec.stats,
             plugin,
             pre,
             slots,

@@ -41,6 +41,7 @@ pub fn check(bytes: &[u8], config: &[u8]) -> Result<ModuleInfo, String> {
         limits: Limits::default(),
         disable_after: 0,
         instances: 1,
+        stats: Default::default(),
     })?;
     Ok(f.info.clone())
 }

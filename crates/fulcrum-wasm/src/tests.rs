@@ -5,104 +5,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::abi::{encode_pairs, Pair};
+use crate::abi::Pair;
 use crate::{
     CallResponse, Chain, Filter, HttpCalls, Limits, OnError, OutgoingCall, Props, Spec, Verdict,
 };
 
-fn escaped(b: &[u8]) -> String {
-    b.iter().map(|c| format!("\\{c:02x}")).collect()
-}
-
-/// A filter exercising the ABI: each request header below asks it for one behaviour.
+/// A filter exercising the ABI: each request header asks it for one behaviour (its comments
+/// list them). The binary's tests load the same file.
 fn module() -> String {
-    let call_headers = encode_pairs(&[
-        (b":path".to_vec(), b"/check".to_vec()),
-        (b":method".to_vec(), b"GET".to_vec()),
-        (b":authority".to_vec(), b"auth".to_vec()),
-    ]);
-    format!(
-        r#"(module
-  (import "env" "proxy_get_header_map_value" (func $get_hdr (param i32 i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_add_header_map_value" (func $add_hdr (param i32 i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_remove_header_map_value" (func $rm_hdr (param i32 i32 i32) (result i32)))
-  (import "env" "proxy_send_local_response" (func $local (param i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_set_shared_data" (func $set_shared (param i32 i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_get_shared_data" (func $get_shared (param i32 i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_http_call" (func $call (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_continue_stream" (func $continue (param i32) (result i32)))
-  (import "env" "proxy_set_buffer_bytes" (func $set_buf (param i32 i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_define_metric" (func $define (param i32 i32 i32 i32) (result i32)))
-  (import "env" "proxy_increment_metric" (func $inc (param i32 i64) (result i32)))
-  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 2)
-  (global $heap (mut i32) (i32.const 8192))
-  (func (export "proxy_abi_version_0_2_1"))
-  (func (export "proxy_on_memory_allocate") (param $n i32) (result i32) (local $p i32)
-    (local.set $p (global.get $heap))
-    (global.set $heap (i32.and (i32.add (i32.add (global.get $heap) (local.get $n)) (i32.const 7)) (i32.const -8)))
-    (if (i32.gt_u (global.get $heap) (i32.mul (memory.size) (i32.const 65536)))
-      (then (drop (memory.grow (i32.add (i32.shr_u (local.get $n) (i32.const 16)) (i32.const 1))))))
-    (local.get $p))
-  (func (export "proxy_on_context_create") (param i32 i32))
-  (func (export "proxy_on_configure") (param i32 i32) (result i32)
-    (drop (call $define (i32.const 0) (i32.const 1184) (i32.const 16) (i32.const 544)))
-    (i32.const 1))
-  (func $has (param $k i32) (param $kl i32) (result i32)
-    (i32.eqz (call $get_hdr (i32.const 0) (local.get $k) (local.get $kl) (i32.const 512) (i32.const 516))))
-  (func (export "proxy_on_request_headers") (param $ctx i32) (param $n i32) (param $eos i32) (result i32)
-    (drop (call $inc (i32.load (i32.const 544)) (i64.const 1)))
-    (if (call $has (i32.const 1024) (i32.const 6)) (then unreachable))
-    (if (call $has (i32.const 1032) (i32.const 6)) (then (loop $l (br $l))))
-    (if (call $has (i32.const 1040) (i32.const 6)) (then (loop $g (drop (memory.grow (i32.const 16))) (br $g))))
-    (if (call $has (i32.const 1048) (i32.const 6)) (then
-      (drop (call $local (i32.const 403) (i32.const 0) (i32.const 0) (i32.const 1056) (i32.const 6) (i32.const 0) (i32.const 0) (i32.const -1)))
-      (return (i32.const 1))))
-    (if (call $has (i32.const 1168) (i32.const 8)) (then (drop (call $fd_read (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0)))))
-    (drop (call $add_hdr (i32.const 0) (i32.const 1064) (i32.const 8) (i32.const 1072) (i32.const 3)))
-    (drop (call $rm_hdr (i32.const 0) (i32.const 1080) (i32.const 6)))
-    (if (call $has (i32.const 1088) (i32.const 5)) (then
-      (drop (call $set_shared (i32.const 1096) (i32.const 1) (i32.const 1100) (i32.const 2) (i32.const 0)))))
-    (if (call $has (i32.const 1104) (i32.const 5)) (then
-      (if (i32.eqz (call $get_shared (i32.const 1096) (i32.const 1) (i32.const 520) (i32.const 524) (i32.const 528)))
-        (then (drop (call $add_hdr (i32.const 0) (i32.const 1112) (i32.const 8) (i32.load (i32.const 520)) (i32.load (i32.const 524))))))))
-    (if (call $has (i32.const 1120) (i32.const 6)) (then
-      (drop (call $call (i32.const 1128) (i32.const 4) (i32.const 2048) (i32.const {hlen}) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 1000) (i32.const 532)))
-      (return (i32.const 1))))
-    (i32.const 0))
-  (func (export "proxy_on_http_call_response") (param $ctx i32) (param $tok i32) (param $nh i32) (param $bs i32) (param $nt i32)
-    (if (i32.eqz (call $get_hdr (i32.const 6) (i32.const 1136) (i32.const 7) (i32.const 536) (i32.const 540)))
-      (then (if (i32.eq (i32.load8_u (i32.load (i32.const 536))) (i32.const 50))
-        (then (drop (call $continue (i32.const 0))) (return)))))
-    (drop (call $local (i32.const 401) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const -1))))
-  (func (export "proxy_on_response_body") (param $ctx i32) (param $size i32) (param $eos i32) (result i32)
-    (if (i32.eqz (local.get $eos)) (then (return (i32.const 1))))
-    (drop (call $set_buf (i32.const 1) (i32.const 0) (local.get $size) (i32.const 1144) (i32.const 9)))
-    (i32.const 0))
-  (data (i32.const 1024) "x-trap")
-  (data (i32.const 1032) "x-loop")
-  (data (i32.const 1040) "x-grow")
-  (data (i32.const 1048) "x-deny")
-  (data (i32.const 1056) "denied")
-  (data (i32.const 1064) "x-filter")
-  (data (i32.const 1072) "yes")
-  (data (i32.const 1080) "x-drop")
-  (data (i32.const 1088) "x-set")
-  (data (i32.const 1096) "k")
-  (data (i32.const 1100) "v1")
-  (data (i32.const 1104) "x-get")
-  (data (i32.const 1112) "x-shared")
-  (data (i32.const 1120) "x-auth")
-  (data (i32.const 1128) "auth")
-  (data (i32.const 1136) ":status")
-  (data (i32.const 1144) "rewritten")
-  (data (i32.const 1184) "test_requests_ok")
-  (data (i32.const 1168) "x-libcio")
-  (data (i32.const 2048) "{blob}")
-)"#,
-        hlen = call_headers.len(),
-        blob = escaped(&call_headers),
-    )
+    include_str!("../filters/probe.wat").to_string()
 }
 
 fn filter(name: &str, on_error: OnError, disable_after: u32) -> Arc<Filter> {
@@ -118,6 +29,7 @@ fn filter(name: &str, on_error: OnError, disable_after: u32) -> Arc<Filter> {
             },
             disable_after,
             instances: 2,
+            stats: Default::default(),
         })
         .expect("the test filter loads"),
     )
@@ -311,12 +223,33 @@ async fn a_streamed_body_is_held_back_and_rewritten_at_its_end() {
     let c = chain(filter("body.wasm", OnError::FailClosed, 0));
     let mut s = c.stream(Props::default());
     assert!(s.wants_response_body());
+    let mut h = request(&[("x-rewrite", "1")]);
+    assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
     let mut chunk = b"hello ".to_vec();
     s.response_body(&mut chunk, false).unwrap();
     assert!(chunk.is_empty(), "held back until the end");
     let mut chunk = b"world".to_vec();
     s.response_body(&mut chunk, true).unwrap();
     assert_eq!(chunk, b"rewritten");
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_rewritten_piece_by_piece_or_passed_untouched() {
+    let c = chain(filter("upper.wasm", OnError::FailClosed, 0));
+    let mut s = c.stream(Props::default());
+    let mut h = request(&[("x-upper", "1")]);
+    assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
+    for (piece, end) in [(&b"hello "[..], false), (&b"world!"[..], true)] {
+        let mut chunk = piece.to_vec();
+        s.response_body(&mut chunk, end).unwrap();
+        assert_eq!(chunk, piece.to_ascii_uppercase(), "each piece as it comes");
+    }
+    let mut s = c.stream(Props::default());
+    let mut h = request(&[]);
+    assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
+    let mut chunk = b"as is".to_vec();
+    s.response_body(&mut chunk, false).unwrap();
+    assert_eq!(chunk, b"as is");
 }
 
 #[test]
@@ -343,6 +276,7 @@ async fn a_filter_built_from_c_by_clang_runs_as_committed() {
         limits: Limits::default(),
         disable_after: 0,
         instances: 2,
+        stats: Default::default(),
     })
     .expect("the committed C filter loads");
     let c = chain(Arc::new(f));

@@ -83,6 +83,7 @@ impl Source {
 fn runtime_checks(config: &Config) -> Vec<ConfigError> {
     let mut errors = crate::planes::dns::checks(config);
     errors.extend(crate::planes::http::tls::checks(config));
+    errors.extend(crate::planes::http::filters::checks(config));
     errors.extend(crate::planes::stream::tuning::checks(config));
     errors.extend(crate::planes::ha::checks(config));
     errors.extend(crate::planes::link::checks(config));

@@ -3,6 +3,7 @@
 //! HTTP metric families. `tls` is the https side, `compression` the compression families.
 
 pub mod compression;
+pub mod filters;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -44,6 +45,18 @@ struct HttpBuild {
 }
 
 impl HttpPlane {
+    /// Every service's HTTP counters, by service name.
+    fn sorted_stats(&self) -> Vec<(String, Arc<HttpStats>)> {
+        let mut v: Vec<_> = self
+            .stats
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     /// `/api/v1/http/responses`: responses sent to clients per http(s) service by status class
     /// (the counters behind `fulcrum_http_responses_total`); `/api/v1/status` merges them into
     /// its entries as `responses`.
@@ -201,6 +214,9 @@ impl DataPlane for HttpPlane {
         match request.path {
             ["cache", service] => Some(self.cache_api(request.method, service, request.query)),
             ["http", "responses"] if request.method == "GET" => Some((200, self.responses())),
+            ["http", "filters"] if request.method == "GET" => {
+                Some((200, filters::api(&self.sorted_stats())))
+            }
             _ => None,
         }
     }
@@ -382,16 +398,7 @@ impl HttpPlane {
     /// The `fulcrum_http_*` metric families.
     fn write_metrics(&self, w: &mut MetricFamilies) {
         self.cache_metrics(w);
-        let stats: Vec<(String, Arc<HttpStats>)> = {
-            let mut v: Vec<_> = self
-                .stats
-                .lock()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            v.sort_by(|a, b| a.0.cmp(&b.0));
-            v
-        };
+        let stats = self.sorted_stats();
         self.tls.metrics(w);
         if stats.is_empty() {
             return;
@@ -468,6 +475,7 @@ impl HttpPlane {
             }
         }
         crate::planes::http::compression::metrics(w, &stats);
+        crate::planes::http::filters::metrics(w, &stats);
     }
 }
 

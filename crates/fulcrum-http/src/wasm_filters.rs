@@ -1,0 +1,371 @@
+//! proxy-wasm filters (`fulcrum-wasm`) around a service's rules: the chain built from
+//! `[[virtual_service.filter]]`, the heads as a filter sees them (pseudo-fields first, names
+//! lower-case) and back, the response body as a transform beside compression, and the HTTP
+//! calls filters make to pools.
+//!
+//! Filters are the outermost layer of a service: the request meets them before the rules (so a
+//! filter may change what the rules see, or answer itself), the response after the member and
+//! before Fulcrum's own response edits (persistence cookie, rule edits, compression).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use fulcrum_balance::{PickContext, Pool};
+use fulcrum_wasm::{
+    CallResponse, Chain, Filter, FilterStats, HttpCalls, Limits, LocalReply, OnError, OutgoingCall,
+    Pair, Props, Spec, Stream, Verdict,
+};
+use http_body_util::{BodyExt, Full, Limited};
+use parking_lot::Mutex;
+
+use crate::client::{Alpn, Client};
+use crate::head::{HeadError, Limits as HeadLimits, RequestHead, ResponseHead, Version};
+use crate::local::Local;
+
+/// The counters of a service's filters by module, kept across reloads with the service's other
+/// HTTP counters.
+#[derive(Default)]
+pub struct FilterCounters(Mutex<Vec<(Arc<str>, Arc<FilterStats>)>>);
+
+impl std::fmt::Debug for FilterCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.lock().iter().map(|(n, _)| n.clone()))
+            .finish()
+    }
+}
+
+impl FilterCounters {
+    fn of(&self, name: &str) -> Arc<FilterStats> {
+        let mut v = self.0.lock();
+        if let Some((_, s)) = v.iter().find(|(n, _)| &**n == name) {
+            return s.clone();
+        }
+        let s = Arc::new(FilterStats::default());
+        v.push((name.into(), s.clone()));
+        s
+    }
+
+    /// Every filter's counters, by module, in the order they were first loaded.
+    pub fn all(&self) -> Vec<(Arc<str>, Arc<FilterStats>)> {
+        self.0.lock().clone()
+    }
+}
+
+/// Builds a service's chain: reads and compiles (or finds compiled) each module, starts its
+/// instances with its configuration. `None` for a service without filters.
+pub fn build_chain(
+    filters: &[fulcrum_config::Filter],
+    counters: &FilterCounters,
+    pools: &[Arc<Pool>],
+) -> Result<Option<Arc<Chain>>, String> {
+    if filters.is_empty() {
+        return Ok(None);
+    }
+    // One instance per worker thread: a stream's calls hold its instance's lock for the length
+    // of one callback, so more instances than threads only cost memory.
+    let instances = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
+    let mut built = Vec::with_capacity(filters.len());
+    for f in filters {
+        let name = f.module.display().to_string();
+        let bytes = std::fs::read(&f.module).map_err(|e| format!("filter module {name}: {e}"))?;
+        let filter = Filter::new(Spec {
+            name: name.clone(),
+            bytes,
+            config: f.config.clone().into_bytes(),
+            on_error: match f.on_error {
+                fulcrum_config::FilterOnError::FailClosed => OnError::FailClosed,
+                fulcrum_config::FilterOnError::FailOpen => OnError::FailOpen,
+            },
+            limits: Limits {
+                memory: usize::try_from(f.max_memory).unwrap_or(usize::MAX),
+                budget: f.time_budget,
+            },
+            disable_after: f.disable_after,
+            instances,
+            stats: counters.of(&name),
+        })
+        .map_err(|e| format!("filter module {name}: {e}"))?;
+        built.push(Arc::new(filter));
+    }
+    Ok(Some(Arc::new(Chain {
+        filters: built,
+        calls: Some(Arc::new(PoolCalls {
+            pools: pools.to_vec(),
+        })),
+    })))
+}
+
+/// Opens a request's stream through the chain and runs the request-header callbacks over
+/// `head`, which is rebuilt when a filter changed it. `Ok` carries the stream for the response
+/// phase; `Err` the answer to give instead of forwarding (a filter's local reply, or 500 when a
+/// filter failed closed).
+pub(crate) async fn on_request(
+    chain: &Arc<Chain>,
+    service: &Arc<str>,
+    head: &mut RequestHead,
+    client: &Client,
+    https: bool,
+    limits: &HeadLimits,
+) -> Result<Box<Stream>, Local> {
+    let mut stream = Box::new(chain.stream(Props {
+        source: Some(client.info.peer),
+        destination: Some(client.info.local),
+        virtual_service: service.clone(),
+        pool: None,
+        member: None,
+        sni: None,
+        protocol: match (head.version, client.info.alpn) {
+            (Version::Http2, _) | (_, Alpn::H2) => "HTTP/2",
+            (Version::Http10, _) => "HTTP/1.0",
+            _ => "HTTP/1.1",
+        },
+    }));
+    let original = request_pairs(head, https);
+    let mut pairs = original.clone();
+    match stream.request_headers(&mut pairs, !head.has_body()).await {
+        Verdict::Continue => {}
+        Verdict::Local(l) => return Err(local_of(l)),
+        Verdict::Fail(why) => return Err(failed(&why)),
+    }
+    if pairs != original {
+        *head = head
+            .rebuilt(&pairs, limits)
+            .map_err(|e| invalid(e, "request"))?;
+    }
+    Ok(stream)
+}
+
+/// Runs the response-header callbacks over `resp` (rebuilt when a filter changed it). `Err`:
+/// answer this instead of the member's response.
+pub(crate) async fn on_response(
+    stream: &mut Stream,
+    resp: &mut ResponseHead,
+    pool: &Arc<str>,
+    member: std::net::SocketAddr,
+) -> Result<(), Local> {
+    stream.set_upstream(Some(pool.clone()), Some(member));
+    let original = response_pairs(resp);
+    let mut pairs = original.clone();
+    let bodiless = resp.content_length == Some(0);
+    match stream.response_headers(&mut pairs, bodiless).await {
+        Verdict::Continue => {}
+        Verdict::Local(l) => return Err(local_of(l)),
+        Verdict::Fail(why) => return Err(failed(&why)),
+    }
+    if pairs != original {
+        *resp = resp.rebuilt(&pairs).map_err(|e| invalid(e, "response"))?;
+    }
+    Ok(())
+}
+
+fn failed(why: &str) -> Local {
+    tracing::debug!("{why}");
+    Local::error(500, "a filter failed")
+}
+
+fn invalid(e: HeadError, what: &str) -> Local {
+    tracing::warn!("a filter left an invalid {what} head: {}", e.reason);
+    Local::error(500, "a filter left an invalid head")
+}
+
+/// A filter's `proxy_send_local_response` as the proxy's own answer.
+fn local_of(l: LocalReply) -> Local {
+    let status = if (100..1000).contains(&l.status) {
+        l.status
+    } else {
+        500
+    };
+    Local {
+        status,
+        location: None,
+        body: Bytes::from(l.body),
+        retry_after: false,
+        close: false,
+        fields: l.headers,
+    }
+}
+
+fn lower(name: &[u8]) -> Vec<u8> {
+    name.to_ascii_lowercase()
+}
+
+/// The request head as filters see it: `:method`, `:scheme`, `:authority`, `:path`, then the
+/// fields (Host is `:authority`).
+fn request_pairs(head: &RequestHead, https: bool) -> Vec<Pair> {
+    let mut pairs = Vec::with_capacity(head.fields.len() + 4);
+    pairs.push((b":method".to_vec(), head.method_bytes().to_vec()));
+    let scheme: &[u8] = if https { b"https" } else { b"http" };
+    pairs.push((b":scheme".to_vec(), scheme.to_vec()));
+    if let Some(a) = head.authority() {
+        pairs.push((b":authority".to_vec(), a.to_vec()));
+    }
+    pairs.push((b":path".to_vec(), head.target().to_vec()));
+    for f in &head.fields {
+        let name = head.name(f);
+        if name.eq_ignore_ascii_case(b"host") {
+            continue;
+        }
+        pairs.push((lower(name), head.value(f).to_vec()));
+    }
+    pairs
+}
+
+/// The response head as filters see it: `:status`, then the member's fields.
+fn response_pairs(resp: &ResponseHead) -> Vec<Pair> {
+    let mut pairs = Vec::with_capacity(resp.fields.len() + 1);
+    pairs.push((
+        b":status".to_vec(),
+        itoa::Buffer::new().format(resp.status).as_bytes().to_vec(),
+    ));
+    for f in &resp.fields {
+        pairs.push((lower(resp.name(f)), resp.value(f).to_vec()));
+    }
+    pairs
+}
+
+/// The response body through the filters that read it, as a transform with the interface of
+/// the compressor's (`compress::Stream`): input in, output waiting to be drained. A filter that
+/// fails closed makes `write` / `finish` fail, which cuts the response.
+pub struct FilterBody {
+    stream: Box<Stream>,
+    out: Vec<u8>,
+}
+
+impl FilterBody {
+    pub(crate) fn new(stream: Box<Stream>) -> FilterBody {
+        FilterBody {
+            stream,
+            out: Vec::new(),
+        }
+    }
+
+    fn run(&mut self, data: &[u8], end: bool) -> std::io::Result<()> {
+        let mut chunk = data.to_vec();
+        self.stream
+            .response_body(&mut chunk, end)
+            .map_err(std::io::Error::other)?;
+        if self.out.is_empty() {
+            self.out = chunk;
+        } else {
+            self.out.extend_from_slice(&chunk);
+        }
+        Ok(())
+    }
+
+    pub fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.run(data, false)
+    }
+
+    pub fn finish(&mut self) -> std::io::Result<()> {
+        self.run(&[], true)
+    }
+
+    /// The output waiting to be sent.
+    pub fn output(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+}
+
+/// The most bytes of an HTTP call's response body handed to the filter.
+const MAX_CALL_BODY: usize = 1 << 20;
+
+/// `proxy_http_call`: the request goes to a member of the pool the call names (chosen by the
+/// pool's scheduler, another member tried once if the first cannot be reached), over HTTP/1.1.
+struct PoolCalls {
+    pools: Vec<Arc<Pool>>,
+}
+
+impl HttpCalls for PoolCalls {
+    fn call(
+        &self,
+        call: OutgoingCall,
+    ) -> Pin<Box<dyn Future<Output = Option<CallResponse>> + Send + '_>> {
+        Box::pin(async move {
+            let Some(pool) = self.pools.iter().find(|p| *p.name == *call.upstream) else {
+                tracing::warn!(pool = %call.upstream, "a filter called a pool that is not configured");
+                return None;
+            };
+            let request = call_request(&call)?;
+            let mut tried = Vec::new();
+            for _ in 0..2 {
+                let picked = pool.pick(&PickContext::default(), &tried)?;
+                tried.push(picked.index);
+                let _guard = picked.member.open_request();
+                match call_member(picked.member.address, request.clone()).await {
+                    Ok(r) => {
+                        picked.member.record_exchange_success();
+                        return Some(r);
+                    }
+                    Err(e) => {
+                        picked
+                            .member
+                            .record_passive_failure("a filter's HTTP call failed");
+                        tracing::debug!(member = %picked.member.address, "filter HTTP call: {e}");
+                    }
+                }
+            }
+            None
+        })
+    }
+}
+
+/// The call's request: `:method`, `:path` and `:authority` are required (as Envoy requires
+/// them).
+fn call_request(call: &OutgoingCall) -> Option<http::Request<Full<Bytes>>> {
+    let get = |n: &[u8]| {
+        call.headers
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.as_slice())
+    };
+    let (Some(method), Some(path), Some(authority)) =
+        (get(b":method"), get(b":path"), get(b":authority"))
+    else {
+        tracing::warn!(pool = %call.upstream, "a filter's HTTP call lacks :method, :path or :authority");
+        return None;
+    };
+    let mut b = http::Request::builder()
+        .method(http::Method::from_bytes(method).ok()?)
+        .uri(http::Uri::try_from(path).ok()?)
+        .header(http::header::HOST, authority);
+    for (n, v) in call.headers.iter().filter(|(n, _)| !n.starts_with(b":")) {
+        b = b.header(n.as_slice(), v.as_slice());
+    }
+    b.body(Full::new(Bytes::from(call.body.clone()))).ok()
+}
+
+async fn call_member(
+    addr: std::net::SocketAddr,
+    request: http::Request<Full<Bytes>>,
+) -> Result<CallResponse, crate::BoxError> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let _ = tcp.set_nodelay(true);
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+    let driver = tokio::spawn(conn);
+    let resp = send.send_request(request).await?;
+    let (parts, body) = resp.into_parts();
+    let body = Limited::new(body, MAX_CALL_BODY)
+        .collect()
+        .await?
+        .to_bytes();
+    driver.abort();
+    let mut headers = Vec::with_capacity(parts.headers.len() + 1);
+    headers.push((
+        b":status".to_vec(),
+        parts.status.as_str().as_bytes().to_vec(),
+    ));
+    for (n, v) in &parts.headers {
+        headers.push((n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()));
+    }
+    Ok(CallResponse {
+        headers,
+        body: body.to_vec(),
+    })
+}

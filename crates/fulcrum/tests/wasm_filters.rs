@@ -1,0 +1,441 @@
+//! proxy-wasm filters through the binary (`[[virtual_service.filter]]`): header edits and local
+//! replies over HTTP/1.1 and HTTP/2, response bodies rewritten as they stream, a filter that
+//! traps, one that loops and one that allocates without bound each failing only its request
+//! (counted on /metrics), shared data across instances, an HTTP call to an auth pool deciding a
+//! request, `fulcrum check` on a module that is no filter, and a reload that swaps a module
+//! under load without a failed request.
+//!
+//! The filters: `probe.wat` (text format; its header comment lists what each request header asks
+//! of it) and `add_header.wasm`, built from C by Debian's clang (crates/fulcrum-wasm/filters).
+
+mod http_common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_common::*;
+
+fn filters_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fulcrum-wasm/filters")
+}
+
+fn probe() -> String {
+    filters_dir().join("probe.wat").display().to_string()
+}
+
+fn add_header() -> String {
+    filters_dir().join("add_header.wasm").display().to_string()
+}
+
+fn filter(module: &str, extra: &str) -> String {
+    format!("[[virtual_service.filter]]\nmodule = \"{module}\"\n{extra}\n")
+}
+
+/// Request fields as the echo member saw them (`name: value` lines).
+fn seen(r: &HttpResponse) -> String {
+    r.text()
+}
+
+async fn metrics(f: &Fulcrum) -> String {
+    let r = f.api("GET", "/metrics", None).await.expect("/metrics");
+    r.text()
+}
+
+/// The value of the sample of `family` whose labels contain every one of `labels`.
+fn sample(text: &str, family: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(family) && !l.starts_with('#'))
+        .filter(|l| l[family.len()..].starts_with('{'))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_edit_heads_and_answer_over_http1_and_http2() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        filter(&add_header(), "config = \"from-c\""),
+        pool("p", &addrs(&b), "")
+    );
+    let f = start(&config).await;
+
+    let r = get_with(
+        vs,
+        "/echo",
+        &[("x-drop", "1"), ("x-internal", "1"), ("x-keep", "2")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let echo = seen(&r);
+    assert!(echo.contains("x-filter: yes"), "the probe's field: {echo}");
+    assert!(echo.contains("x-filter: from-c"), "the C filter's: {echo}");
+    assert!(echo.contains("x-keep: 2"), "{echo}");
+    assert!(!echo.contains("x-drop"), "removed by the probe: {echo}");
+    assert!(
+        !echo.contains("x-internal"),
+        "removed by the C filter: {echo}"
+    );
+    assert_eq!(r.header("x-filter"), Some("yes"), "added to the response");
+    assert_eq!(r.header("x-server"), None, "removed from the response");
+
+    let r = get_with(vs, "/echo", &[("x-deny", "1")]).await;
+    assert_eq!((r.status, r.text().as_str()), (403, "denied"));
+    assert_eq!(b[0].requests(), 1, "a local reply never reaches the member");
+
+    let url = format!("http://{vs}/echo");
+    let (ok, out, err) = curl(&[
+        "-i",
+        "--http2-prior-knowledge",
+        "-H",
+        "x-drop: 1",
+        "-H",
+        "x-internal: 1",
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("HTTP/2 200"), "{out}");
+    assert_eq!(header(&out, "x-filter"), Some("yes"), "{out}");
+    assert_eq!(header(&out, "x-server"), None, "{out}");
+    assert!(out.contains("x-filter: from-c"), "{out}");
+    assert!(
+        !out.contains("x-drop") && !out.contains("x-internal"),
+        "{out}"
+    );
+    let (ok, out, err) = curl(&["-i", "--http2-prior-knowledge", "-H", "x-deny: 1", &url]).await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("HTTP/2 403"), "{out}");
+    assert!(out.ends_with("denied"), "{out}");
+
+    let m = metrics(&f).await;
+    let local = sample(
+        &m,
+        "fulcrum_filter_local_replies_total",
+        &["vs=\"web\"", "probe.wat"],
+    );
+    assert_eq!(local, Some(2.0), "{m}");
+    let requests = sample(
+        &m,
+        "fulcrum_filter_defined_counter_total",
+        &["name=\"test_requests_ok\""],
+    );
+    assert!(
+        requests.is_some_and(|n| n >= 4.0),
+        "the filter's own metric: {m}"
+    );
+    let api = f.get_json("/api/v1/http/filters").await;
+    let list = api["filters"].as_array().cloned().unwrap_or_default();
+    assert_eq!(list.len(), 2, "{api}");
+    assert!(list.iter().all(|x| x["service"] == "web"), "{api}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_is_rewritten_as_it_streams() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        pool("p", &addrs(&b), "")
+    );
+    let _f = start(&config).await;
+    let plain: String = (0..200).map(|i| format!("m0 chunk {i}\n")).collect();
+
+    let r = get_with(vs, "/chunked/200", &[("x-upper", "1")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), plain.to_uppercase());
+    let r = get_with(vs, "/chunked/200", &[("x-rewrite", "1")]).await;
+    assert_eq!(r.text(), "rewritten");
+    let r = get(vs, "/chunked/200").await;
+    assert_eq!(r.text(), plain, "untouched without a request for it");
+    // A member that sends a length: the rewritten body goes out chunked instead.
+    let r = get_with(vs, "/bytes/5000", &[("x-rewrite", "1")]).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "rewritten"));
+    assert_eq!(r.header("content-length"), None);
+
+    let url = format!("http://{vs}/slow/5/20");
+    let (ok, out, err) = curl(&["--http2-prior-knowledge", "-H", "x-upper: 1", &url]).await;
+    assert!(ok, "{err}");
+    let want: String = (0..5).map(|i| format!("M0 CHUNK {i}\n")).collect();
+    assert_eq!(out, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_a_loop_and_unbounded_memory_fail_only_their_request() {
+    let b = backends(1).await;
+    let (closed, open) = (free_addr(), free_addr());
+    let limits = "time_budget = \"50ms\"\nmax_memory = \"4MiB\"\ndisable_after = 0";
+    let config = format!(
+        "{}{}[[virtual_service]]\nname = \"open\"\nlisten = [\"{open}\"]\nprotocol = \"http\"\npool = \"p\"\n{}{}",
+        service(closed, ""),
+        filter(&probe(), limits),
+        filter(&probe(), &format!("{limits}\non_error = \"fail_open\"")),
+        pool("p", &addrs(&b), "")
+    );
+    let f = start(&config).await;
+    for bad in ["x-trap", "x-loop", "x-grow", "x-libcio"] {
+        let r = get_with(closed, "/echo", &[(bad, "1")]).await;
+        assert_eq!(r.status, 500, "{bad}: {}", r.text());
+        // The next request, on a new connection, is served as usual.
+        let r = get_with(closed, "/echo", &[]).await;
+        assert_eq!(r.status, 200, "after {bad}");
+        assert!(seen(&r).contains("x-filter: yes"));
+        // fail_open: the request goes on as if the filter were absent.
+        let r = get_with(open, "/echo", &[(bad, "1"), ("x-drop", "kept")]).await;
+        assert_eq!(r.status, 200, "{bad} open: {}", r.text());
+        assert!(seen(&r).contains("x-drop: kept"), "{}", r.text());
+    }
+    let m = metrics(&f).await;
+    for (vs, kind, n) in [
+        ("web", "trap", 2.0),
+        ("web", "budget", 1.0),
+        ("web", "memory", 1.0),
+        ("open", "trap", 2.0),
+        ("open", "budget", 1.0),
+        ("open", "memory", 1.0),
+    ] {
+        let got = sample(
+            &m,
+            "fulcrum_filter_failures_total",
+            &[&format!("vs=\"{vs}\""), &format!("kind=\"{kind}\"")],
+        );
+        assert_eq!(got, Some(n), "{vs} {kind}: {m}");
+    }
+    let disabled = sample(&m, "fulcrum_filter_disabled", &["vs=\"web\""]);
+    assert_eq!(disabled, Some(0.0), "disable_after = 0 never disables: {m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failures_disable_a_filter_until_the_next_reload() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), "disable_after = 3\non_error = \"fail_open\""),
+        pool("p", &addrs(&b), "")
+    );
+    let f = start(&config).await;
+    for _ in 0..3 {
+        let r = get_with(vs, "/echo", &[("x-trap", "1")]).await;
+        assert_eq!(r.status, 200);
+    }
+    let r = get(vs, "/echo").await;
+    assert!(!seen(&r).contains("x-filter"), "disabled: {}", r.text());
+    let m = metrics(&f).await;
+    assert_eq!(
+        sample(&m, "fulcrum_filter_disabled", &["vs=\"web\""]),
+        Some(1.0),
+        "{m}"
+    );
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(vs, "/echo").await;
+    assert!(
+        seen(&r).contains("x-filter: yes"),
+        "enabled again: {}",
+        r.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_data_crosses_instances_and_an_http_call_decides() {
+    let b = backends(1).await;
+    let auth = backends(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        pool("p", &addrs(&b), ""),
+        pool("auth", &addrs(&auth), "")
+    );
+    let _f = start(&config).await;
+    let r = get_with(vs, "/echo", &[("x-set", "1")]).await;
+    assert_eq!(r.status, 200);
+    // Instances are taken in turn: four requests meet every one of them.
+    for _ in 0..4 {
+        let r = get_with(vs, "/echo", &[("x-get", "1")]).await;
+        assert!(seen(&r).contains("x-shared: v1"), "{}", r.text());
+    }
+
+    let r = get_with(vs, "/echo", &[("x-auth", "1")]).await;
+    assert_eq!(r.status, 200, "the auth pool said yes: {}", r.text());
+    assert_eq!(auth[0].requests(), 1);
+    auth[0].set_status(403);
+    let r = get_with(vs, "/echo", &[("x-auth", "1")]).await;
+    assert_eq!(r.status, 401, "the auth pool said no");
+    assert_eq!(auth[0].requests(), 2);
+    let before = b[0].requests();
+    let r = get_with(vs, "/echo", &[("x-auth", "1")]).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        b[0].requests(),
+        before,
+        "a refused request never reaches the member"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_a_module_that_is_not_a_filter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let module = dir.join("empty.wat");
+    std::fs::write(&module, "(module (memory (export \"memory\") 1))").unwrap();
+    let conf = dir.join("fulcrum.toml");
+    let text = format!(
+        "{}{}{}",
+        service(free_addr(), ""),
+        filter("empty.wat", ""),
+        pool("p", &[free_addr()], "")
+    );
+    std::fs::write(&conf, text).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("fulcrum.toml:"), "names the file: {err}");
+    assert!(err.contains("filter[0].module"), "names the key: {err}");
+    assert!(err.contains("not a proxy-wasm filter"), "says why: {err}");
+    std::fs::write(
+        &module,
+        std::fs::read(filters_dir().join("probe.wat")).unwrap(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Clients keep requesting over keep-alive connections while the module file changes and the
+/// configuration is reloaded: every request is answered 200, by the old module before and the
+/// new one after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_swaps_a_changed_module_under_load_without_a_failed_request() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let tmp = tempfile::tempdir().unwrap();
+    let module = tmp.path().join("filter.wasm");
+    std::fs::copy(filters_dir().join("add_header.wasm"), &module).unwrap();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&module.display().to_string(), "config = \"old\""),
+        pool("p", &addrs(&b), "")
+    );
+    let f = start(&config).await;
+
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (old, new, failed) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (done, old, new, failed) = (done.clone(), old.clone(), new.clone(), failed.clone());
+        clients.push(tokio::spawn(async move {
+            let mut conn = KeepAlive::connect(vs).await;
+            // Bounded: at most 2000 requests per client, and the test stops them.
+            for _ in 0..2000 {
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                match conn.get("/echo").await {
+                    Some((200, body)) if body.contains("x-filter: old") => {
+                        old.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some((200, body)) if body.contains("x-filter: yes") => {
+                        new.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some((200, _)) => {}
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        conn = KeepAlive::connect(vs).await;
+                    }
+                }
+            }
+        }));
+    }
+    let count = |c: &Arc<AtomicU64>| {
+        let c = c.clone();
+        move || {
+            let c = c.clone();
+            async move { c.load(Ordering::Relaxed) > 50 }
+        }
+    };
+    assert!(wait_until(Duration::from_secs(10), count(&old)).await);
+    // The new module: the probe, in the text format, at the same path.
+    std::fs::copy(filters_dir().join("probe.wat"), &module).unwrap();
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let switched = wait_until(Duration::from_secs(10), count(&new)).await;
+    assert!(
+        switched,
+        "old {} new {} failed {}: {}",
+        old.load(Ordering::Relaxed),
+        new.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        f.logs()
+    );
+    done.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed");
+    assert!(old.load(Ordering::Relaxed) > 50 && new.load(Ordering::Relaxed) > 50);
+}
+
+/// One HTTP/1.1 keep-alive connection (hyper's client), requests one at a time.
+struct KeepAlive {
+    send: hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    vs: SocketAddr,
+}
+
+impl KeepAlive {
+    async fn connect(vs: SocketAddr) -> KeepAlive {
+        let tcp = tokio::net::TcpStream::connect(vs).await.unwrap();
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        KeepAlive { send, vs }
+    }
+
+    async fn get(&mut self, path: &str) -> Option<(u16, String)> {
+        use http_body_util::BodyExt;
+        let req = http::Request::get(path)
+            .header("host", self.vs.to_string())
+            .body(http_body_util::Empty::new())
+            .ok()?;
+        let work = async {
+            let r = self.send.send_request(req).await.ok()?;
+            let status = r.status().as_u16();
+            let body = r.into_body().collect().await.ok()?.to_bytes();
+            Some((status, String::from_utf8_lossy(&body).into_owned()))
+        };
+        tokio::time::timeout(Duration::from_secs(5), work)
+            .await
+            .ok()?
+    }
+}
