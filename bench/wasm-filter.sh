@@ -1,14 +1,111 @@
 #!/usr/bin/env bash
-# The proxy-wasm host's own cost per request (crates/fulcrum-wasm, no proxy around it): open a
-# stream, run the request and response header callbacks, close it — for a filter exporting
-# only those callbacks and for the committed C filter (reads, removes and adds a header) — and
-# each module's compile-and-start time. Medians of five rounds of N requests on one thread.
-# Not yet a comparison with a peer: the host is not wired into the HTTP plane; once it is, the
-# figure to publish is CPU per request through Fulcrum with and without a filter, beside the
-# same edit made by a declarative rule (bench/http.sh's h2load/wrk harness).
+# proxy-wasm filters, what they cost per request.
+#
+# 1. Through the proxy: one Fulcrum process (pinned alone on one CPU) with five http services in
+#    front of the same nginx member ("hello, world"): no filter; the request edit made by a
+#    declarative rule (`request_headers.set`); a no-op filter (only the header callbacks, each
+#    returning Continue); the committed C filter (reads one field, removes one, adds one); and
+#    the probe filter upper-casing the response body as it streams. nginx making the same edit
+#    (proxy_set_header) is the peer. wrk on the other CPU; CPU time per request, req/s, p99;
+#    medians of ROUNDS runs of SECS seconds.
+# 2. The host alone (crates/fulcrum-wasm/examples/stream_cost.rs): header callbacks per request
+#    without a proxy, and each module's compile-and-start time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
-N=${N:-200000}
-bench_build -p fulcrum-wasm --example stream_cost
+ROUNDS=${ROUNDS:-3} SECS=${SECS:-6} CONNS=${CONNS:-32} N=${N:-200000}
+need nginx; need wrk
+bench_build -p fulcrum -p fulcrum-wasm --bin fulcrum --example stream_cost
+ulimit -n "$(ulimit -Hn)"
+
+M1=18611 M2=18612 ADMIN=18620 NGX=18630
+NONE=18621 RULE=18622 NOOP=18623 HDR=18624 BODY=18625
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+hello_members "$M1" "$M2"
+
+filters=crates/fulcrum-wasm/filters
+cat >"$work/noop.wat" <<'WAT'
+(module
+  (memory (export "memory") 1)
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "proxy_on_memory_allocate") (param i32) (result i32) (i32.const 1024))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32) (i32.const 0)))
+WAT
+service() {  # service NAME PORT EXTRA
+  printf '[[virtual_service]]\nname = "%s"\nlisten = ["127.0.0.1:%s"]\nprotocol = "http"\npool = "p"\n%b\n' "$1" "$2" "$3"
+}
+{
+  printf '[global]\nworkers = 1\n[admin]\nlisten = "127.0.0.1:%s"\n' "$ADMIN"
+  service none "$NONE" ""
+  service rule "$RULE" '[[virtual_service.rule]]\npath_prefix = "/"\npool = "p"\nrequest_headers = { set = { "x-filter" = "bench" }, remove = ["x-internal"] }'
+  service noop "$NOOP" "[[virtual_service.filter]]\nmodule = \"$work/noop.wat\""
+  service header "$HDR" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/add_header.wasm\"\nconfig = \"bench\""
+  service body "$BODY" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/probe.wat\""
+  printf '[[pool]]\nname = "p"\n[[pool.member]]\naddress = "127.0.0.1:%s"\n[[pool.member]]\naddress = "127.0.0.1:%s"\n' "$M1" "$M2"
+} >"$work/fulcrum.toml"
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$BUILD_DIR/fulcrum" run --config "$work/fulcrum.toml" 2>"$work/fulcrum.err" &
+fpid=$!; pids+=($fpid)
+for p in $NONE $RULE $NOOP $HDR $BODY; do wait_port "127.0.0.1:$p"; done
+
+cat >"$work/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+error_log stderr error;
+pid $work/nginx.pid;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream members { server 127.0.0.1:$M1; server 127.0.0.1:$M2; keepalive 64; }
+  server {
+    listen 127.0.0.1:$NGX;
+    location / {
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Filter bench;
+      proxy_set_header X-Internal "";
+      proxy_pass http://members;
+    }
+  }
+}
+CONF
+taskset -c "$BENCH_CPU_PROXY" nginx -p "$work" -c "$work/nginx.conf" 2>"$work/nginx.err" &
+npid=$!; pids+=($npid)
+wait_port "127.0.0.1:$NGX"
+sleep 0.5
+nworker=$(pgrep -P "$npid" | head -1)
+
+declare -A cpu rps p99
+rows=(none rule noop header body nginx)
+for r in $(seq "$ROUNDS"); do
+  for row in "${rows[@]}"; do
+    case $row in
+      none) port=$NONE pid=$fpid extra=() ;;
+      rule) port=$RULE pid=$fpid extra=(-H "x-internal: 1") ;;
+      noop) port=$NOOP pid=$fpid extra=() ;;
+      header) port=$HDR pid=$fpid extra=(-H "x-internal: 1") ;;
+      body) port=$BODY pid=$fpid extra=(-H "x-upper: 1") ;;
+      nginx) port=$NGX pid=$nworker extra=(-H "x-internal: 1") ;;
+    esac
+    read -r _ c q p < <(wrk_run "$pid" "http://127.0.0.1:$port/" "$SECS" "$CONNS" "${extra[@]}")
+    cpu[$row]+="$c "; rps[$row]+="$q "; p99[$row]+="$p "
+  done
+done
+base=$(median ${cpu[none]})
+echo "## Through the proxy ($PROFILE build; medians of $ROUNDS x ${SECS}s, $CONNS connections)"
+echo "| service | CPU µs/request | over no filter | req/s | p99 ms |"
+echo "|---|---:|---:|---:|---:|"
+for row in "${rows[@]}"; do
+  c=$(median ${cpu[$row]})
+  over=$(awk -v a="$c" -v b="$base" 'BEGIN { printf "%+.2f", a - b }')
+  [ "$row" = nginx ] && over="(peer)"
+  echo "| $row | $c | $over | $(median ${rps[$row]}) | $(median ${p99[$row]}) |"
+done
+echo
+echo "## The host alone"
 "$BUILD_DIR/examples/stream_cost" "$N"

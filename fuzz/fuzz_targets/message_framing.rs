@@ -27,6 +27,7 @@ fn framing(cfg: &[u8]) -> Framing {
         length_encoding: encoding,
         length_adjust: i64::from(i8::from_le_bytes([b(12)])),
         delimiter,
+        wasm: None,
     }
 }
 

@@ -219,6 +219,7 @@ fuzz_target!(|data: &[u8]| {
             proxy_protocol: None,
             snat: None,
             member_tls: None,
+            framing_hook: None,
         },
         Default::default(),
         messages.clone(),

@@ -155,6 +155,11 @@ fn resolve_paths(config: &mut Config, base: &Path) {
                 fix(&mut f.module);
             }
         }
+        if let ServiceKind::Message(m) = &mut vs.kind {
+            if let Some(w) = &mut m.framing.wasm {
+                fix(w);
+            }
+        }
         if let Some(tls) = vs.tls_mut() {
             for t in &mut tls.certs {
                 fix(&mut t.cert);

@@ -82,6 +82,12 @@ impl MessageSection {
             &crate::forwarding::ForwardingOptions::default(),
         );
         let at = format!("{}.sequence", t.path());
+        if sequence.is_some() && framing.wasm.is_some() {
+            cx.error_path(
+                &at,
+                "a framing hook (`framing.wasm`) gives each message's sequence key itself; remove `sequence`",
+            );
+        }
         if let Some(seq) = &sequence {
             if mode == MessageMode::Sync {
                 cx.error_path(
@@ -165,6 +171,9 @@ pub struct Framing {
     pub length_adjust: i64,
     /// Fulcrum addition: frames end with these bytes instead of having a length prefix.
     pub delimiter: Option<Vec<u8>>,
+    /// A WebAssembly framing hook (`fulcrum_on_message_frame`): the module says where each
+    /// message ends and where its sequence key lies, as an iRule would.
+    pub wasm: Option<std::path::PathBuf>,
 }
 
 impl Default for Framing {
@@ -178,6 +187,7 @@ impl Default for Framing {
             length_encoding: LengthEncoding::Binary,
             length_adjust: 0,
             delimiter: None,
+            wasm: None,
         }
     }
 }
@@ -258,6 +268,7 @@ impl FromNode for Framing {
                 t.opt(cx, "length_encoding").unwrap_or(d.length_encoding);
             let length_adjust: i64 = t.opt(cx, "length_adjust").unwrap_or(0);
             let delimiter: Option<DelimiterBytes> = t.opt(cx, "delimiter");
+            let wasm: Option<String> = t.opt(cx, "wasm");
 
             let (allowed, what): (&[u8], &str) = match length_encoding {
                 LengthEncoding::Binary => (&[1, 2, 4, 8], "1, 2, 4 or 8 bytes"),
@@ -350,7 +361,38 @@ impl FromNode for Framing {
                     );
                 }
             }
+            if let Some(m) = &wasm {
+                let other = [
+                    "length_bytes",
+                    "length_offset",
+                    "big_endian",
+                    "length_includes_header",
+                    "length_encoding",
+                    "length_adjust",
+                    "delimiter",
+                ];
+                if let Some(k) = other.iter().find(|k| t.has(k)) {
+                    key_error(
+                        t,
+                        cx,
+                        node,
+                        "wasm",
+                        format!(
+                            "a framing hook decides where frames end: remove `{k}` (or `wasm`)"
+                        ),
+                    );
+                } else if !(m.ends_with(".wasm") || m.ends_with(".wat")) {
+                    key_error(
+                        t,
+                        cx,
+                        node,
+                        "wasm",
+                        "expected the path of a WebAssembly module (.wasm, or .wat in the text format)".to_string(),
+                    );
+                }
+            }
             Some(Framing {
+                wasm: wasm.map(Into::into),
                 length_bytes,
                 length_offset,
                 big_endian,

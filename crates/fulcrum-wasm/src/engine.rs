@@ -64,6 +64,8 @@ pub struct ModuleInfo {
     pub compile_time: Duration,
     /// Whether this load compiled it (false: the process had it already).
     pub compiled: bool,
+    /// SHA-256 of the module's bytes: two loads of the same module have the same digest.
+    pub digest: [u8; 32],
 }
 
 /// Compiles `bytes` (binary or text format), or returns the module compiled before from the
@@ -93,6 +95,7 @@ pub fn load(bytes: &[u8]) -> Result<(Module, ModuleInfo), String> {
         ModuleInfo {
             compile_time: started.elapsed(),
             compiled,
+            digest,
             ..info
         },
     ))
@@ -133,6 +136,7 @@ fn inspect(module: &Module) -> Result<ModuleInfo, String> {
         callbacks,
         compile_time: Duration::ZERO,
         compiled: false,
+        digest: [0; 32],
     })
 }
 

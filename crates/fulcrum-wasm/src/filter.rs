@@ -150,6 +150,23 @@ impl Filter {
         }
     }
 
+    /// Asks the module's `fulcrum_on_message_frame` where the next message of a stream ends,
+    /// showing it the first `FRAME_PEEK` bytes of `buf` (a length field is near the start; the
+    /// frame announced may be longer than what it was shown). A failed call is counted as any
+    /// filter failure and reads as malformed: the connection is closed.
+    pub fn message_frame(&self, buf: &[u8]) -> MessageFrame {
+        let (slot, vm) = self.pick();
+        let mut http = HttpState {
+            body: buf[..buf.len().min(FRAME_PEEK)].to_vec(),
+            ..HttpState::default()
+        };
+        let r = vm.lock().message_frame(&mut http);
+        match self.settle(slot, &vm, r, true) {
+            Ok(v) => MessageFrame::decode(v),
+            Err(_) => MessageFrame::Malformed,
+        }
+    }
+
     fn pick(&self) -> (usize, Arc<Mutex<Vm>>) {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         (i, self.slots[i].lock().clone())
@@ -206,6 +223,46 @@ impl Filter {
             }
         }
         r
+    }
+}
+
+/// The most buffered bytes a framing hook is shown.
+pub const FRAME_PEEK: usize = 4096;
+
+/// What a framing hook says of the bytes at the start of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageFrame {
+    /// More bytes are needed.
+    More,
+    /// The bytes cannot start a message: the connection is closed.
+    Malformed,
+    /// The next message is `len` bytes long; its sequence key (pairing an answer with its
+    /// request) lies at `key` within it.
+    Frame {
+        len: usize,
+        key: Option<std::ops::Range<usize>>,
+    },
+}
+
+impl MessageFrame {
+    /// The hook's answer: 0 = more bytes; negative = malformed; else the frame's length in
+    /// bits 0-31, its key's offset in bits 32-47 and length in bits 48-62 (0: no key).
+    pub fn decode(v: i64) -> MessageFrame {
+        if v == 0 {
+            return MessageFrame::More;
+        }
+        let len = (v & 0xffff_ffff) as usize;
+        if v < 0 || len == 0 {
+            return MessageFrame::Malformed;
+        }
+        let (at, n) = (((v >> 32) & 0xffff) as usize, ((v >> 48) & 0x7fff) as usize);
+        if n > 0 && at + n > len {
+            return MessageFrame::Malformed;
+        }
+        MessageFrame::Frame {
+            len,
+            key: (n > 0).then_some(at..at + n),
+        }
     }
 }
 

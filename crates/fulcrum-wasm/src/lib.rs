@@ -25,7 +25,8 @@ mod vm;
 pub use abi::Pair;
 pub use engine::{load, ModuleInfo};
 pub use filter::{
-    CallResponse, Chain, Filter, FilterStats, HttpCalls, OnError, Spec, Stream, Verdict,
+    CallResponse, Chain, Filter, FilterStats, HttpCalls, MessageFrame, OnError, Spec, Stream,
+    Verdict, FRAME_PEEK,
 };
 pub use plugin::{metrics, FilterMetric, Limits, LocalReply, OutgoingCall, Props};
 pub use vm::{Failure, Interest};

@@ -113,6 +113,8 @@ struct Callbacks {
     done: Option<Cb1R>,
     log: Option<Cb1>,
     delete: Option<Cb1>,
+    /// Fulcrum's message framing hook (no proxy-wasm callback does this).
+    message_frame: Option<TypedFunc<(i32, i32), i64>>,
 }
 
 impl Callbacks {
@@ -132,6 +134,7 @@ impl Callbacks {
             "proxy_on_done",
             "proxy_on_log",
             "proxy_on_delete",
+            "fulcrum_on_message_frame",
         ]
         .iter()
         .map(|n| get(n))
@@ -162,6 +165,7 @@ impl Callbacks {
             done: cb!(10, "proxy_on_done"),
             log: cb!(11, "proxy_on_log"),
             delete: cb!(12, "proxy_on_delete"),
+            message_frame: cb!(13, "fulcrum_on_message_frame"),
         })
     }
 }
@@ -181,6 +185,8 @@ pub struct Interest {
     pub request_body: bool,
     pub response_headers: bool,
     pub response_body: bool,
+    /// `fulcrum_on_message_frame`: the module frames messages.
+    pub message_frame: bool,
 }
 
 /// The root context's id in every instance.
@@ -274,6 +280,7 @@ impl Vm {
             request_body: self.cb.request_body.is_some(),
             response_headers: self.cb.response_headers.is_some(),
             response_body: self.cb.response_body.is_some(),
+            message_frame: self.cb.message_frame.is_some(),
         }
     }
 
@@ -358,6 +365,16 @@ impl Vm {
             }
             Ok(())
         })
+    }
+
+    /// `fulcrum_on_message_frame(root, size)` with the buffered bytes in `http.body` (the
+    /// filter reads them as `DOWNSTREAM_DATA`): what it answers about the next message.
+    pub fn message_frame(&mut self, http: &mut HttpState) -> Result<i64, Failure> {
+        let Some(f) = self.cb.message_frame.clone() else {
+            return Ok(-1);
+        };
+        let size = http.body.len() as i32;
+        self.with(http, |vm| f.call(&mut vm.store, (ROOT, size)))
     }
 
     pub fn tick(&mut self) -> Result<(), Failure> {

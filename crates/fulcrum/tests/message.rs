@@ -1113,3 +1113,92 @@ async fn sigterm_delivers_answers_in_flight_then_closes() {
         "the late message was not forwarded"
     );
 }
+
+/// A WebAssembly framing hook (`framing.wasm`) reading an ISO 8583-style length field (four
+/// ASCII digits) and the sequence key: the same client stream is split and paired as the
+/// built-in framing with `sequence` does, answers out of order included, and bytes the hook
+/// refuses close only their client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wasm_framing_hook_splits_and_pairs_as_the_built_in_framing_does() {
+    let ascii = WireFraming::Length {
+        prefix: Vec::new(),
+        width: 4,
+        code: LengthCode::Ascii,
+        includes_header: false,
+        adjust: 0,
+    };
+    let servers = switches(1, &ascii, SwitchOptions::default()).await;
+    let (builtin, hooked) = (free_addr(), free_addr());
+    let hook = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fulcrum-wasm/filters/iso8583_frame.wat");
+    let f = start(&format!(
+        "{}\n[[virtual_service]]\nname = \"hooked\"\nlisten = \"{hooked}\"\nprotocol = \"message\"\npool = \"p\"\n\
+         message_mode = \"async\"\nmember_connections = 1\nframing = {{ wasm = \"{}\", max_message = 512 }}\n",
+        config(
+            builtin,
+            &servers,
+            &format!(
+                "{ASYNC_SEQ}\nmember_connections = 1\nframing = {}",
+                ascii.toml(512)
+            ),
+            ""
+        ),
+        hook.display()
+    ))
+    .await;
+    wait_connected(&f, &servers, 2).await;
+
+    let mut seen = Vec::new();
+    for vs in [builtin, hooked] {
+        // The switch answers the first message last: pairing is by key, not by order.
+        let mut c = MessageClient::connect(vs, ascii.clone()).await.unwrap();
+        for i in 0..8u64 {
+            c.send(&id(i), format!("sleep:{};n{i}", (8 - i) * 30).as_bytes())
+                .await
+                .unwrap();
+        }
+        let mut order = Vec::new();
+        for _ in 0..8 {
+            let a = c.recv(WAIT).await.unwrap().expect("an answer");
+            let n: u64 = std::str::from_utf8(&a.id).unwrap().parse().unwrap();
+            assert!(a.payload.ends_with(format!(";n{n}").as_bytes()), "paired");
+            order.push(n);
+        }
+        seen.push(order);
+    }
+    assert_eq!(seen[0], (0..8).rev().collect::<Vec<_>>());
+    assert_eq!(
+        seen[0], seen[1],
+        "the hook splits and pairs as the built-in framing"
+    );
+
+    let mut good = MessageClient::connect(hooked, ascii.clone()).await.unwrap();
+    let mut junk = MessageClient::connect(hooked, ascii.clone()).await.unwrap();
+    junk.send_raw(b"00x5hello").await.unwrap();
+    assert!(
+        junk.closed_within(WAIT).await,
+        "a malformed length closes the client"
+    );
+    let mut big = MessageClient::connect(hooked, ascii.clone()).await.unwrap();
+    big.send_raw(b"9999").await.unwrap();
+    assert!(
+        big.closed_within(WAIT).await,
+        "beyond max_message closes the client"
+    );
+    let mut short = MessageClient::connect(hooked, ascii.clone()).await.unwrap();
+    short.send_raw(&ascii.encode(b"tiny")).await.unwrap();
+    assert!(
+        short.closed_within(WAIT).await,
+        "no room for the key closes the client"
+    );
+    good.send(&id(42), b"still here").await.unwrap();
+    assert_eq!(
+        good.recv(WAIT).await.unwrap().unwrap().payload,
+        b"still here"
+    );
+    for (reason, n) in [("malformed", 2.0), ("oversize", 1.0)] {
+        let labels = format!("vs=\"hooked\",reason=\"{reason}\"");
+        let got = metric(&f, "fulcrum_message_client_bad_frames_total", &labels).await;
+        assert_eq!(got, n, "{reason}");
+    }
+}

@@ -87,7 +87,8 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
         .sequence
         .clone()
         .filter(|_| hub.settings.mode == fulcrum_config::MessageMode::Async);
-    let mut in_order = sequence.is_none().then(|| InOrder {
+    let by_id = hub.settings.by_id();
+    let mut in_order = (!by_id).then(|| InOrder {
         base: 0,
         slots: VecDeque::new(),
     });
@@ -135,8 +136,18 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
                     return;
                 }
             };
-            let id = match &sequence {
-                Some(seq) => {
+            let id = match (&sequence, frame.key.clone()) {
+                (_, Some(key)) if by_id => Some(key),
+                (None, _) if by_id => {
+                    bad_frame(
+                        hub,
+                        peer,
+                        "malformed",
+                        "the framing hook gave the message no sequence key",
+                    );
+                    return;
+                }
+                (Some(seq), _) => {
                     let at = frame.body.start + seq.offset;
                     if at + seq.length > frame.body.end {
                         bad_frame(hub, peer, "malformed", &format!(
@@ -147,7 +158,7 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                     Some(at..at + seq.length)
                 }
-                None => None,
+                (None, _) => None,
             };
             let bytes = rbuf.split_to(frame.len).freeze();
             let msg = Message::new(bytes, id, me.clone(), next_index, last_activity);

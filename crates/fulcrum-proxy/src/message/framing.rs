@@ -1,5 +1,6 @@
 //! Cuts a byte stream into messages: a length prefix (binary, ASCII decimal or packed BCD, after
-//! an optional fixed header) or an end delimiter.
+//! an optional fixed header), an end delimiter, or a WebAssembly framing hook (`framing.wasm`)
+//! that says where each message ends and where its sequence key lies.
 //!
 //! The framer is a pure function of the bytes it is shown: no I/O, no allocation, and every
 //! frame it accepts is bounded by `max_message`. Bytes that cannot start a valid frame (a length
@@ -8,8 +9,10 @@
 //! resynchronised safely.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use fulcrum_config::{Framing, LengthEncoding};
+use fulcrum_wasm::MessageFrame;
 
 /// One complete frame at the start of a buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +21,8 @@ pub struct Frame {
     pub len: usize,
     /// Where the body lies within the frame (after the length prefix, or before the delimiter).
     pub body: Range<usize>,
+    /// Where the sequence key lies within the frame, when a framing hook gave one.
+    pub key: Option<Range<usize>>,
 }
 
 /// Why bytes cannot be a frame.
@@ -52,6 +57,27 @@ enum Kind {
         adjust: i64,
     },
     Delimiter(Box<[u8]>),
+    Hook(Hook),
+}
+
+/// A framing hook: a loaded module exporting `fulcrum_on_message_frame`. Two hooks are the same
+/// when their modules are (by digest), so a reload that changes the module's bytes builds a new
+/// dispatcher.
+#[derive(Clone)]
+pub struct Hook(pub Arc<fulcrum_wasm::Filter>);
+
+impl PartialEq for Hook {
+    fn eq(&self, other: &Hook) -> bool {
+        self.0.info.digest == other.0.info.digest
+    }
+}
+
+impl Eq for Hook {}
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hook({})", self.0.name)
+    }
 }
 
 /// A framer built from a service's `framing`.
@@ -62,6 +88,14 @@ pub struct Framer {
 }
 
 impl Framer {
+    /// A framer whose frames a hook finds (`framing.wasm`); `max_message` still bounds them.
+    pub fn with_hook(f: &Framing, hook: Hook) -> Framer {
+        Framer {
+            kind: Kind::Hook(hook),
+            max_body: f.max_message,
+        }
+    }
+
     pub fn new(f: &Framing) -> Framer {
         let kind = match &f.delimiter {
             // An empty delimiter is refused by the config; a framer built by hand with one falls
@@ -87,14 +121,14 @@ impl Framer {
     pub fn header_len(&self) -> usize {
         match &self.kind {
             Kind::Length { offset, bytes, .. } => offset.saturating_add(*bytes),
-            Kind::Delimiter(_) => 0,
+            Kind::Delimiter(_) | Kind::Hook(_) => 0,
         }
     }
 
     /// The longest frame this framer accepts: what a connection's read buffer must be able to hold.
     pub fn max_frame(&self) -> usize {
         let trailer = match &self.kind {
-            Kind::Length { .. } => 0,
+            Kind::Length { .. } | Kind::Hook(_) => 0,
             Kind::Delimiter(d) => d.len(),
         };
         self.header_len()
@@ -149,7 +183,37 @@ impl Framer {
                 Ok(Some(Frame {
                     len,
                     body: header..len,
+                    key: None,
                 }))
+            }
+            Kind::Hook(hook) => {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                match hook.0.message_frame(buf) {
+                    MessageFrame::More if buf.len() >= self.max_frame() => {
+                        Err(FrameError::TooLarge {
+                            len: buf.len() as u64,
+                            max: self.max_body,
+                        })
+                    }
+                    MessageFrame::More => Ok(None),
+                    MessageFrame::Malformed => Err(FrameError::Malformed(
+                        "the framing hook refused the bytes (or failed)",
+                    )),
+                    MessageFrame::Frame { len, .. } if len > self.max_body => {
+                        Err(FrameError::TooLarge {
+                            len: len as u64,
+                            max: self.max_body,
+                        })
+                    }
+                    MessageFrame::Frame { len, .. } if buf.len() < len => Ok(None),
+                    MessageFrame::Frame { len, key } => Ok(Some(Frame {
+                        len,
+                        body: 0..len,
+                        key,
+                    })),
+                }
             }
             Kind::Delimiter(delim) => {
                 // A delimiter may start at most at max_body: look no further than that.
@@ -162,6 +226,7 @@ impl Framer {
                         Ok(Some(Frame {
                             len: end + delim.len(),
                             body: 0..end,
+                            key: None,
                         }))
                     }
                     None if limit >= self.max_body.saturating_add(delim.len()) => {
@@ -233,7 +298,11 @@ mod tests {
     }
 
     fn frame(len: usize, body: Range<usize>) -> Result<Option<Frame>, FrameError> {
-        Ok(Some(Frame { len, body }))
+        Ok(Some(Frame {
+            len,
+            body,
+            key: None,
+        }))
     }
 
     #[test]

@@ -50,9 +50,17 @@ pub struct Settings {
     /// by what it verifies and sends (CA certificates by content), so a reload that changes it
     /// builds a new dispatcher with new connections.
     pub member_tls: Option<Arc<fulcrum_tls::client::MemberTls>>,
+    /// `framing.wasm`: the loaded framing hook.
+    pub framing_hook: Option<crate::message::framing::Hook>,
 }
 
 impl Settings {
+    /// Answers are paired with requests by sequence key (async, with `sequence` or a framing
+    /// hook that gives keys), not by order.
+    pub(crate) fn by_id(&self) -> bool {
+        self.mode == MessageMode::Async && (self.sequence.is_some() || self.framing_hook.is_some())
+    }
+
     /// Messages one member connection carries at once.
     pub(crate) fn window(&self) -> usize {
         match self.mode {
@@ -474,7 +482,10 @@ impl Hub {
             .collect();
         Arc::new(Hub {
             name,
-            framer: Framer::new(&settings.framing),
+            framer: match &settings.framing_hook {
+                Some(hook) => Framer::with_hook(&settings.framing, hook.clone()),
+                None => Framer::new(&settings.framing),
+            },
             settings,
             current: ArcSwap::from_pointee(Dispatch {
                 pool,

@@ -467,8 +467,7 @@ impl<'a> Session<'a> {
         hub: &'a Arc<Hub>,
         tls: Option<Box<ClientConnection>>,
     ) -> Session<'a> {
-        let by_id = hub.settings.sequence.is_some()
-            && hub.settings.mode == fulcrum_config::MessageMode::Async;
+        let by_id = hub.settings.by_id();
         Session {
             links,
             hub,
@@ -748,7 +747,7 @@ impl<'a> Session<'a> {
                     Ok(Some(frame)) => {
                         let bytes = self.rbuf.split_to(frame.len).freeze();
                         let now = *now.get_or_insert_with(Instant::now);
-                        self.on_answer(bytes, frame.body.start, frame.body.end, now);
+                        self.on_answer(bytes, frame.body, frame.key, now);
                     }
                     Ok(None) => break,
                     Err(e) => {
@@ -766,7 +765,13 @@ impl<'a> Session<'a> {
         None
     }
 
-    fn on_answer(&mut self, bytes: Bytes, body_start: usize, body_end: usize, now: Instant) {
+    fn on_answer(
+        &mut self,
+        bytes: Bytes,
+        body: std::ops::Range<usize>,
+        key: Option<std::ops::Range<usize>>,
+        now: Instant,
+    ) {
         let mut released = None;
         let matched = match &mut self.pending {
             Pending::Fifo(q) => q.pop_front(),
@@ -775,9 +780,14 @@ impl<'a> Session<'a> {
                 blocked,
                 blocked_count,
             } => {
-                let (off, len) = self.id_in_body.unwrap_or((0, 0));
-                let at = body_start + off;
-                let id = (at + len <= body_end).then(|| &bytes[at..at + len]);
+                let id = match key {
+                    Some(k) => bytes.get(k),
+                    None => {
+                        let (off, len) = self.id_in_body.unwrap_or((0, 0));
+                        let at = body.start + off;
+                        (at + len <= body.end).then(|| &bytes[at..at + len])
+                    }
+                };
                 let found = id.and_then(|id| sent.remove_entry(id));
                 if let Some((id, _)) = &found {
                     // The id is free on this connection again: a message waiting for it goes.

@@ -72,6 +72,10 @@ impl DataPlane for MessagePlane {
         // TLS towards the clients (`tls`), source addresses towards the members (`snat`).
         let tls = cx.stream_tls(vs)?;
         let snat = cx.snat(vs)?;
+        let framing_hook = match &section.framing.wasm {
+            Some(path) => Some(framing_hook(path)?),
+            None => None,
+        };
         let mut inner = self.inner.lock();
         let messages = inner.stats.entry(vs.name.clone()).or_default().clone();
         let mut hubs = Vec::new();
@@ -88,6 +92,7 @@ impl DataPlane for MessagePlane {
                 sequence: section.sequence.clone(),
                 options: section.options.clone(),
                 proxy_protocol: section.stream.proxy_protocol,
+                framing_hook: framing_hook.clone(),
             };
             // The dispatcher this service had for a pool of that name, if its settings stay.
             let kept = inner.hubs.get(&vs.name).and_then(|old| {
@@ -351,4 +356,30 @@ fn member_metrics(w: &mut MetricFamilies, all: &[Arc<Hub>]) {
 
 fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
     c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Loads a message service's framing hook (`framing.wasm`): one instance per worker thread, the
+/// default sandbox limits.
+fn framing_hook(path: &std::path::Path) -> Result<fulcrum_proxy::message::framing::Hook, String> {
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| format!("framing hook {name}: {e}"))?;
+    let filter = fulcrum_wasm::Filter::new(fulcrum_wasm::Spec {
+        name: name.clone(),
+        bytes,
+        config: Vec::new(),
+        on_error: fulcrum_wasm::OnError::FailClosed,
+        limits: fulcrum_wasm::Limits::default(),
+        disable_after: 0,
+        instances: std::thread::available_parallelism().map_or(2, |n| n.get().min(16)),
+        stats: Default::default(),
+    })
+    .map_err(|e| format!("framing hook {name}: {e}"))?;
+    if !filter.interest().message_frame {
+        return Err(format!(
+            "framing hook {name}: the module exports no fulcrum_on_message_frame"
+        ));
+    }
+    Ok(fulcrum_proxy::message::framing::Hook(std::sync::Arc::new(
+        filter,
+    )))
 }

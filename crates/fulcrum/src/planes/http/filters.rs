@@ -146,11 +146,28 @@ pub fn api(stats: &[(String, Arc<HttpStats>)]) -> serde_json::Value {
     serde_json::json!({ "filters": list })
 }
 
-/// `fulcrum check` (and every reload): each filter's module is read, compiled, linked against
-/// the host calls and started with its configuration, as the service would start it.
+/// `fulcrum check` (and every reload): each filter's module (and each message service's
+/// framing hook) is read, compiled, linked against the host calls and started with its
+/// configuration, as the service would start it.
 pub fn checks(config: &fulcrum_config::Config) -> Vec<fulcrum_config::ConfigError> {
     let mut errors = Vec::new();
     for (i, vs) in config.virtual_services.iter().enumerate() {
+        if let Some(path) = vs.as_message().and_then(|m| m.framing.wasm.as_ref()) {
+            let checked = std::fs::read(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                .and_then(|bytes| fulcrum_wasm::check(&bytes, b""))
+                .and_then(|info| {
+                    info.callbacks
+                        .iter()
+                        .any(|c| c == "fulcrum_on_message_frame")
+                        .then_some(())
+                        .ok_or_else(|| "the module exports no fulcrum_on_message_frame".to_string())
+                });
+            if let Err(e) = checked {
+                let at = format!("virtual_service[{i}].framing.wasm");
+                errors.push(config.locations.error(&at, e));
+            }
+        }
         let Some(http) = vs.as_http() else {
             continue;
         };
