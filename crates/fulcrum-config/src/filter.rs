@@ -29,6 +29,9 @@ pub struct Filter {
     pub module: PathBuf,
     /// Handed to the filter's `proxy_on_configure`.
     pub config: String,
+    /// The root context the filter registers under (Envoy's `root_id`; SDK filters look their
+    /// root context up by it).
+    pub root_id: String,
     pub on_error: FilterOnError,
     /// The most linear memory one instance may grow to.
     pub max_memory: u64,
@@ -48,6 +51,7 @@ impl FromNode for Filter {
         read_table(node, cx, |t, cx| {
             let module: Option<String> = t.req(cx, "module");
             let config = t.opt(cx, "config").unwrap_or_default();
+            let root_id = t.opt(cx, "root_id").unwrap_or_default();
             let on_error = t.opt(cx, "on_error").unwrap_or(FilterOnError::FailClosed);
             let max_memory = t
                 .opt::<ByteSize>(cx, "max_memory")
@@ -80,6 +84,7 @@ impl FromNode for Filter {
             Some(Filter {
                 module: module.into(),
                 config,
+                root_id,
                 on_error,
                 max_memory,
                 time_budget,

@@ -73,6 +73,7 @@ pub fn build_chain(
         let bytes = std::fs::read(&f.module).map_err(|e| format!("filter module {name}: {e}"))?;
         let filter = Filter::new(Spec {
             name: name.clone(),
+            root_id: f.root_id.clone(),
             bytes,
             config: f.config.clone().into_bytes(),
             on_error: match f.on_error {
@@ -123,14 +124,16 @@ pub(crate) async fn on_request(
             _ => "HTTP/1.1",
         },
     }));
-    let original = request_pairs(head, https);
-    let mut pairs = original.clone();
+    if !stream.wants_request_headers() {
+        return Ok(stream);
+    }
+    let mut pairs = request_pairs(head, https);
     match stream.request_headers(&mut pairs, !head.has_body()).await {
         Verdict::Continue => {}
         Verdict::Local(l) => return Err(local_of(l)),
         Verdict::Fail(why) => return Err(failed(&why)),
     }
-    if pairs != original {
+    if stream.head_changed() {
         *head = head
             .rebuilt(&pairs, limits)
             .map_err(|e| invalid(e, "request"))?;
@@ -147,15 +150,17 @@ pub(crate) async fn on_response(
     member: std::net::SocketAddr,
 ) -> Result<(), Local> {
     stream.set_upstream(Some(pool.clone()), Some(member));
-    let original = response_pairs(resp);
-    let mut pairs = original.clone();
+    if !stream.wants_response_headers() {
+        return Ok(());
+    }
+    let mut pairs = response_pairs(resp);
     let bodiless = resp.content_length == Some(0);
     match stream.response_headers(&mut pairs, bodiless).await {
         Verdict::Continue => {}
         Verdict::Local(l) => return Err(local_of(l)),
         Verdict::Fail(why) => return Err(failed(&why)),
     }
-    if pairs != original {
+    if stream.head_changed() {
         *resp = resp.rebuilt(&pairs).map_err(|e| invalid(e, "response"))?;
     }
     Ok(())

@@ -19,6 +19,7 @@ const NOOP: &str = r#"(module
 fn chain(name: &str, bytes: Vec<u8>) -> (Arc<Chain>, std::time::Duration) {
     let started = Instant::now();
     let f = Filter::new(Spec {
+        root_id: String::new(),
         name: name.into(),
         bytes,
         config: b"bench".to_vec(),

@@ -34,6 +34,8 @@ pub struct Spec {
     /// The module's path as configured (its name everywhere).
     pub name: String,
     pub bytes: Vec<u8>,
+    /// The root id the filter's root context registers under (`""` when it registers one).
+    pub root_id: String,
     pub config: Vec<u8>,
     pub on_error: OnError,
     pub limits: Limits,
@@ -99,6 +101,7 @@ impl Filter {
             config: spec.config,
             limits: spec.limits,
             shared: SharedStore::of(&name),
+            root_id: spec.root_id,
         });
         let mut slots = Vec::new();
         for _ in 0..spec.instances.max(1) {
@@ -333,6 +336,7 @@ impl Chain {
             chain: self.clone(),
             parts,
             refused,
+            changed: false,
         }
     }
 }
@@ -364,6 +368,8 @@ pub struct Stream {
     chain: Arc<Chain>,
     parts: Vec<Part>,
     refused: Option<String>,
+    /// A filter changed the head of the last phase.
+    changed: bool,
 }
 
 /// The most body bytes a filter may hold back (pausing on body callbacks) before it fails.
@@ -408,7 +414,30 @@ impl Stream {
         }
     }
 
+    /// Whether a filter changed the head in the last header phase (add, replace, remove or set
+    /// of its fields): the proxy rebuilds the head only then.
+    pub fn head_changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Whether any live filter reads the request head (`false`: the phase can be skipped).
+    pub fn wants_request_headers(&self) -> bool {
+        self.refused.is_some()
+            || self
+                .parts
+                .iter()
+                .any(|p| p.live && p.filter.interest.request_headers)
+    }
+
+    /// Whether any live filter reads the response head.
+    pub fn wants_response_headers(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| p.live && p.filter.interest.response_headers)
+    }
+
     async fn headers(&mut self, phase: Phase, headers: &mut Vec<Pair>, eos: bool) -> Verdict {
+        self.changed = false;
         for i in 0..self.parts.len() {
             let part = &mut self.parts[i];
             let wanted = match phase {
@@ -429,6 +458,7 @@ impl Stream {
                 .lock()
                 .phase(part.ctx, phase, &mut part.http, n, eos);
             let r = part.filter.settle(part.slot, &part.vm, r, true);
+            self.changed |= std::mem::take(&mut part.http.headers_changed);
             let slot = match phase {
                 Phase::RequestHeaders => &mut part.http.request_headers,
                 _ => &mut part.http.response_headers,

@@ -48,6 +48,18 @@ fn headers_mut(http: &mut HttpState, map_type: i32) -> Option<&mut Vec<Pair>> {
     }
 }
 
+/// A header map the filter is about to change: a change to the stream's own heads is noted,
+/// so the proxy rebuilds a head only when a filter changed it.
+fn headers_to_change(http: &mut HttpState, map_type: i32) -> Option<&mut Vec<Pair>> {
+    if matches!(
+        map_type as u32,
+        map::REQUEST_HEADERS | map::RESPONSE_HEADERS
+    ) {
+        http.headers_changed = true;
+    }
+    headers_mut(http, map_type)
+}
+
 fn put_u32(c: &mut C<'_>, at: i32, v: u32) -> R {
     st(write(c, at, &v.to_le_bytes()).err().unwrap_or(status::OK))
 }
@@ -177,7 +189,7 @@ fn headers(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let Some(pairs) = abi::decode_pairs(&b) else {
                 return st(status::BAD_ARGUMENT);
             };
-            let Some(h) = headers_mut(&mut c.data_mut().http, m) else {
+            let Some(h) = headers_to_change(&mut c.data_mut().http, m) else {
                 return st(status::BAD_ARGUMENT);
             };
             *h = pairs;
@@ -219,7 +231,7 @@ fn headers(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut c: C<'_>, m: i32, kp: i32, kn: i32, vp: i32, vn: i32| -> R {
             let key = bytes!(&mut c, kp, kn).to_ascii_lowercase();
             let value = bytes!(&mut c, vp, vn);
-            let Some(h) = headers_mut(&mut c.data_mut().http, m) else {
+            let Some(h) = headers_to_change(&mut c.data_mut().http, m) else {
                 return st(status::BAD_ARGUMENT);
             };
             h.push((key, value));
@@ -232,7 +244,7 @@ fn headers(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut c: C<'_>, m: i32, kp: i32, kn: i32, vp: i32, vn: i32| -> R {
             let key = bytes!(&mut c, kp, kn).to_ascii_lowercase();
             let value = bytes!(&mut c, vp, vn);
-            let Some(h) = headers_mut(&mut c.data_mut().http, m) else {
+            let Some(h) = headers_to_change(&mut c.data_mut().http, m) else {
                 return st(status::BAD_ARGUMENT);
             };
             match h.iter().position(|(k, _)| k.eq_ignore_ascii_case(&key)) {
@@ -257,7 +269,7 @@ fn headers(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "proxy_remove_header_map_value",
         |mut c: C<'_>, m: i32, kp: i32, kn: i32| -> R {
             let key = bytes!(&mut c, kp, kn);
-            let Some(h) = headers_mut(&mut c.data_mut().http, m) else {
+            let Some(h) = headers_to_change(&mut c.data_mut().http, m) else {
                 return st(status::BAD_ARGUMENT);
             };
             h.retain(|(k, _)| !k.eq_ignore_ascii_case(&key));
@@ -492,7 +504,7 @@ fn property(http: &HttpState, plugin: &plugin::Plugin, path: &[u8]) -> Option<Ve
         }
         b"fulcrum.virtual_service" | b"xds.listener_name" => text(&p.virtual_service),
         b"plugin_name" | b"plugin_vm_id" => text(&plugin.name),
-        b"plugin_root_id" => text(""),
+        b"plugin_root_id" => text(&plugin.root_id),
         b"request.protocol" => text(p.protocol),
         b"request.path" => header(b":path"),
         b"request.method" => header(b":method"),

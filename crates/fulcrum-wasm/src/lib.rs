@@ -32,10 +32,11 @@ pub use plugin::{metrics, FilterMetric, Limits, LocalReply, OutgoingCall, Props}
 pub use vm::{Failure, Interest};
 
 /// Checks a module as `fulcrum check` does: it compiles, carries an ABI marker, a memory and an
-/// allocator, links against the host calls, and starts with `config`.
-pub fn check(bytes: &[u8], config: &[u8]) -> Result<ModuleInfo, String> {
+/// allocator, links against the host calls, and starts with `config` under `root_id`.
+pub fn check(bytes: &[u8], root_id: &str, config: &[u8]) -> Result<ModuleInfo, String> {
     let f = Filter::new(Spec {
         name: "check".into(),
+        root_id: root_id.into(),
         bytes: bytes.to_vec(),
         config: config.to_vec(),
         on_error: OnError::FailClosed,

@@ -33,6 +33,9 @@ pub struct Plugin {
     /// The module's path as configured: names the filter in logs, metrics and the API, and is
     /// its VM id (filters of one module share data and queues).
     pub name: Arc<str>,
+    /// The root context the filter registers under (Envoy's `root_id`): SDKs look their root
+    /// context up by it.
+    pub root_id: String,
     pub config: Vec<u8>,
     pub limits: Limits,
     pub shared: Arc<SharedStore>,

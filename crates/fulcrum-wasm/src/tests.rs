@@ -19,6 +19,7 @@ fn module() -> String {
 fn filter(name: &str, on_error: OnError, disable_after: u32) -> Arc<Filter> {
     Arc::new(
         Filter::new(Spec {
+            root_id: String::new(),
             name: name.into(),
             bytes: module().into_bytes(),
             config: b"cfg".to_vec(),
@@ -254,11 +255,11 @@ async fn a_streamed_body_is_rewritten_piece_by_piece_or_passed_untouched() {
 
 #[test]
 fn modules_that_are_not_filters_are_refused_with_the_reason() {
-    let e = crate::check(b"(module (memory (export \"memory\") 1))", b"").unwrap_err();
+    let e = crate::check(b"(module (memory (export \"memory\") 1))", "", b"").unwrap_err();
     assert!(e.contains("ABI 0.2.1"), "{e}");
-    let e = crate::check(b"not wasm at all", b"").unwrap_err();
+    let e = crate::check(b"not wasm at all", "", b"").unwrap_err();
     assert!(!e.is_empty());
-    let info = crate::check(module().as_bytes(), b"").expect("the test filter");
+    let info = crate::check(module().as_bytes(), "", b"").expect("the test filter");
     assert_eq!(info.abi, "proxy_abi_version_0_2_1");
     assert!(info
         .callbacks
@@ -269,6 +270,7 @@ fn modules_that_are_not_filters_are_refused_with_the_reason() {
 #[tokio::test]
 async fn a_filter_built_from_c_by_clang_runs_as_committed() {
     let f = Filter::new(Spec {
+        root_id: String::new(),
         name: "filters/add_header.wasm".into(),
         bytes: include_bytes!("../filters/add_header.wasm").to_vec(),
         config: b"from-c".to_vec(),

@@ -35,6 +35,8 @@ pub struct HttpState {
     pub resumed: bool,
     /// The filter asked to end the stream (`proxy_close_stream`).
     pub closed: bool,
+    /// The filter changed the request or response head.
+    pub headers_changed: bool,
     pub props: Arc<crate::Props>,
     /// Properties the filter set (`proxy_set_property`), readable by later filters' calls on
     /// the same stream through the same VM.

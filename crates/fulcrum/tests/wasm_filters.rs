@@ -439,3 +439,37 @@ impl KeepAlive {
             .ok()?
     }
 }
+
+/// A filter built with a public proxy-wasm SDK (AssemblyScript, @solo-io/proxy-runtime), as it
+/// would be written for Envoy: it registers its root context under a root id, reads its
+/// configuration, adds a request field and a response field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_built_with_a_public_sdk_runs_unchanged() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let module = filters_dir().join("sdk_add_header.wasm");
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(
+            &module.display().to_string(),
+            "root_id = \"add_header\"\nconfig = \"from-sdk\""
+        ),
+        pool("p", &addrs(&b), "")
+    );
+    let _f = start(&config).await;
+    for _ in 0..3 {
+        let r = get(vs, "/echo").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(seen(&r).contains("x-sdk: from-sdk"), "{}", r.text());
+        assert_eq!(r.header("hello"), Some("world!"));
+    }
+    let url = format!("http://{vs}/chunked/20");
+    let (ok, out, err) = curl(&["-i", "--http2-prior-knowledge", &url]).await;
+    assert!(ok, "{err}");
+    assert_eq!(header(&out, "hello"), Some("world!"), "{out}");
+    assert!(
+        out.contains("m0 chunk 19"),
+        "the body passes the SDK's body callbacks: {out}"
+    );
+}

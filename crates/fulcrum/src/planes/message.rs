@@ -365,6 +365,7 @@ fn framing_hook(path: &std::path::Path) -> Result<fulcrum_proxy::message::framin
     let bytes = std::fs::read(path).map_err(|e| format!("framing hook {name}: {e}"))?;
     let filter = fulcrum_wasm::Filter::new(fulcrum_wasm::Spec {
         name: name.clone(),
+        root_id: String::new(),
         bytes,
         config: Vec::new(),
         on_error: fulcrum_wasm::OnError::FailClosed,

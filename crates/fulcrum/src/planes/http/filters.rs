@@ -155,7 +155,7 @@ pub fn checks(config: &fulcrum_config::Config) -> Vec<fulcrum_config::ConfigErro
         if let Some(path) = vs.as_message().and_then(|m| m.framing.wasm.as_ref()) {
             let checked = std::fs::read(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))
-                .and_then(|bytes| fulcrum_wasm::check(&bytes, b""))
+                .and_then(|bytes| fulcrum_wasm::check(&bytes, "", b""))
                 .and_then(|info| {
                     info.callbacks
                         .iter()
@@ -175,7 +175,7 @@ pub fn checks(config: &fulcrum_config::Config) -> Vec<fulcrum_config::ConfigErro
             let at = format!("virtual_service[{i}].filter[{j}].module");
             let checked = std::fs::read(&f.module)
                 .map_err(|e| format!("cannot read {}: {e}", f.module.display()))
-                .and_then(|bytes| fulcrum_wasm::check(&bytes, f.config.as_bytes()));
+                .and_then(|bytes| fulcrum_wasm::check(&bytes, &f.root_id, f.config.as_bytes()));
             if let Err(e) = checked {
                 errors.push(config.locations.error(&at, e));
             }
