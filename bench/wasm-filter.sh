@@ -5,7 +5,8 @@
 #    front of the same nginx member ("hello, world"): no filter; the request edit made by a
 #    declarative rule (`request_headers.set`); a no-op filter (only the header callbacks, each
 #    returning Continue); the committed C filter (reads one field, removes one, adds one); and
-#    the probe filter upper-casing the response body as it streams. nginx making the same edit
+#    the probe filter upper-casing the response body as it streams; and a filter built with the
+#    AssemblyScript SDK (adds a request and a response field). nginx making the same edit
 #    (proxy_set_header) is the peer. wrk on the other CPU; CPU time per request, req/s, p99;
 #    medians of ROUNDS runs of SECS seconds.
 # 2. The host alone (crates/fulcrum-wasm/examples/stream_cost.rs): header callbacks per request
@@ -19,7 +20,7 @@ bench_build -p fulcrum -p fulcrum-wasm --bin fulcrum --example stream_cost
 ulimit -n "$(ulimit -Hn)"
 
 M1=18611 M2=18612 ADMIN=18620 NGX=18630
-NONE=18621 RULE=18622 NOOP=18623 HDR=18624 BODY=18625
+NONE=18621 RULE=18622 NOOP=18623 HDR=18624 BODY=18625 SDK=18626
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -46,11 +47,12 @@ service() {  # service NAME PORT EXTRA
   service noop "$NOOP" "[[virtual_service.filter]]\nmodule = \"$work/noop.wat\""
   service header "$HDR" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/add_header.wasm\"\nconfig = \"bench\""
   service body "$BODY" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/probe.wat\""
+  service sdk "$SDK" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/sdk_add_header.wasm\"\nroot_id = \"add_header\"\nconfig = \"bench\""
   printf '[[pool]]\nname = "p"\n[[pool.member]]\naddress = "127.0.0.1:%s"\n[[pool.member]]\naddress = "127.0.0.1:%s"\n' "$M1" "$M2"
 } >"$work/fulcrum.toml"
 RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$BUILD_DIR/fulcrum" run --config "$work/fulcrum.toml" 2>"$work/fulcrum.err" &
 fpid=$!; pids+=($fpid)
-for p in $NONE $RULE $NOOP $HDR $BODY; do wait_port "127.0.0.1:$p"; done
+for p in $NONE $RULE $NOOP $HDR $BODY $SDK; do wait_port "127.0.0.1:$p"; done
 
 cat >"$work/nginx.conf" <<CONF
 worker_processes 1;
@@ -81,7 +83,7 @@ sleep 0.5
 nworker=$(pgrep -P "$npid" | head -1)
 
 declare -A cpu rps p99
-rows=(none rule noop header body nginx)
+rows=(none rule noop header body sdk nginx)
 for r in $(seq "$ROUNDS"); do
   for row in "${rows[@]}"; do
     case $row in
@@ -90,6 +92,7 @@ for r in $(seq "$ROUNDS"); do
       noop) port=$NOOP pid=$fpid extra=() ;;
       header) port=$HDR pid=$fpid extra=(-H "x-internal: 1") ;;
       body) port=$BODY pid=$fpid extra=(-H "x-upper: 1") ;;
+      sdk) port=$SDK pid=$fpid extra=() ;;
       nginx) port=$NGX pid=$nworker extra=(-H "x-internal: 1") ;;
     esac
     read -r _ c q p < <(wrk_run "$pid" "http://127.0.0.1:$port/" "$SECS" "$CONNS" "${extra[@]}")

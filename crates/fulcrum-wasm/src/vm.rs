@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wasmtime::{
-    Caller, Extern, Instance, InstancePre, Store, StoreLimits, StoreLimitsBuilder, Trap, TypedFunc,
+    Caller, Instance, InstancePre, Store, StoreLimits, StoreLimitsBuilder, Trap, TypedFunc,
 };
 
 use crate::abi::{self, status, Pair};
@@ -50,6 +50,10 @@ pub(crate) struct HostState {
     /// The tick period the root context asked for (0: none).
     pub tick_ms: u32,
     next_call_token: u32,
+    /// The instance's memory and allocator, found once: a lookup by name per host call costs
+    /// more than most host calls.
+    memory: Option<wasmtime::Memory>,
+    alloc: Option<TypedFunc<i32, i32>>,
 }
 
 /// Why a call into a filter failed.
@@ -221,6 +225,8 @@ impl Vm {
                 http: HttpState::default(),
                 tick_ms: 0,
                 next_call_token: 1,
+                memory: None,
+                alloc: None,
             },
         );
         store.limiter(|s| &mut s.limits);
@@ -230,6 +236,13 @@ impl Vm {
             .instantiate(&mut store)
             .map_err(|e| format!("instantiating: {}", Failure::of(e)))?;
         let cb = Callbacks::find(&instance, &mut store)?;
+        let memory = instance.get_memory(&mut store, "memory");
+        let alloc = instance
+            .get_typed_func::<i32, i32>(&mut store, "proxy_on_memory_allocate")
+            .or_else(|_| instance.get_typed_func::<i32, i32>(&mut store, "malloc"))
+            .ok();
+        store.data_mut().memory = memory;
+        store.data_mut().alloc = alloc;
         for init in ["_initialize", "_start"] {
             if let Ok(f) = instance.get_typed_func::<(), ()>(&mut store, init) {
                 store.set_epoch_deadline(budget_ticks);
@@ -414,10 +427,7 @@ fn ticks(budget: Duration) -> u64 {
 
 /// The instance's memory, as the calling filter exported it.
 pub(crate) fn memory(caller: &mut Caller<'_, HostState>) -> Option<wasmtime::Memory> {
-    match caller.get_export("memory") {
-        Some(Extern::Memory(m)) => Some(m),
-        _ => None,
-    }
+    caller.data().memory
 }
 
 /// Copies `len` bytes at `ptr` out of the filter's memory.
@@ -453,12 +463,8 @@ pub(crate) fn give(
     ret_ptr: i32,
     ret_len: i32,
 ) -> wasmtime::Result<u32> {
-    let alloc = match caller
-        .get_export("proxy_on_memory_allocate")
-        .or_else(|| caller.get_export("malloc"))
-    {
-        Some(Extern::Func(f)) => f.typed::<i32, i32>(&*caller)?,
-        _ => return Ok(status::INTERNAL_FAILURE),
+    let Some(alloc) = caller.data().alloc.clone() else {
+        return Ok(status::INTERNAL_FAILURE);
     };
     // Never a null pointer for an empty value: SDKs read null as "absent".
     let p = alloc.call(&mut *caller, bytes.len().max(1) as i32)?;
