@@ -318,6 +318,7 @@ fn revalidate_in_background(
         target: t,
         index: ti,
         rule,
+        member,
     } = origin.route;
     let client = origin.client;
     let pending = {
@@ -353,7 +354,8 @@ fn revalidate_in_background(
         let _leader = leader;
         let rule = rule_index.and_then(|i| svc.rules.get(i));
         let req = Request::of(&copy);
-        let route = Route::new(&svc, &t, ti, rule);
+        let mut route = Route::new(&svc, &t, ti, rule);
+        route.member = member;
         // Nobody waits for this answer: no interim responses.
         let origin = Origin {
             route,

@@ -42,6 +42,9 @@ pub(crate) struct Route<'a> {
     /// The target's index in the service (persistence ids are per target).
     pub index: usize,
     pub rule: Option<&'a CompiledRule>,
+    /// The member a filter chose (`fulcrum.member`): tried first, ahead of persistence; the
+    /// scheduler picks when it is not in the pool or not available.
+    pub member: Option<std::net::SocketAddr>,
 }
 
 impl<'a> Route<'a> {
@@ -56,6 +59,7 @@ impl<'a> Route<'a> {
             target,
             index,
             rule,
+            member: None,
         }
     }
 
@@ -138,7 +142,7 @@ impl<'a> Attempts<'a> {
         Attempts {
             svc: route.svc,
             target: t,
-            pool: t.pool.attempts(ctx, lookup.member),
+            pool: t.pool.attempts(ctx, route.member.or(lookup.member)),
             lookup,
             retryable,
             fresh: false,
@@ -378,6 +382,7 @@ mod tests {
             target: &svc.targets[0],
             index: 0,
             rule: None,
+            member: None,
         }
     }
 

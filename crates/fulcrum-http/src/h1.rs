@@ -204,7 +204,11 @@ where
                     if svc.cache.as_ref().is_some_and(|c| c.applies(&self.head)) =>
                 {
                     let t = svc.targets[target].clone();
-                    let route = Route::new(&svc, &t, target, rule);
+                    let mut route = Route::new(&svc, &t, target, rule);
+                    route.member = self
+                        .filters
+                        .as_deref()
+                        .and_then(crate::wasm_filters::chosen_member);
                     // Boxed: the cache's states would otherwise enlarge every connection's
                     // future, idle keep-alive ones included, on services without a cache too.
                     let d = Box::pin(self.cached(route)).await;
@@ -213,7 +217,11 @@ where
                 }
                 Plan::Forward { target, rule } => {
                     let t = svc.targets[target].clone();
-                    let route = Route::new(&svc, &t, target, rule);
+                    let mut route = Route::new(&svc, &t, target, rule);
+                    route.member = self
+                        .filters
+                        .as_deref()
+                        .and_then(crate::wasm_filters::chosen_member);
                     // Boxed: an exchange's states (member connect, TLS, retries) are about 5 KiB;
                     // held inline they would make every connection's task that large, idle
                     // keep-alive ones included. One allocation per request costs far less than

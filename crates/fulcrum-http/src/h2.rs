@@ -470,7 +470,11 @@ async fn handle(
         }
         Plan::Forward { target, rule } if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) => {
             let t = svc.targets[target].clone();
-            let route = Route::new(&svc, &t, target, rule);
+            let mut route = Route::new(&svc, &t, target, rule);
+            route.member = filters
+                .lock()
+                .as_deref()
+                .and_then(crate::wasm_filters::chosen_member);
             let reply = crate::cached::serve(route, &st.client, &head, None).await;
             let answer = match reply {
                 crate::cache::Reply::Bypass => forward(&down, route, &head, Some(body))
@@ -493,7 +497,11 @@ async fn handle(
         }
         Plan::Forward { target, rule } => {
             let t = svc.targets[target].clone();
-            let route = Route::new(&svc, &t, target, rule);
+            let mut route = Route::new(&svc, &t, target, rule);
+            route.member = filters
+                .lock()
+                .as_deref()
+                .and_then(crate::wasm_filters::chosen_member);
             let result = forward_in_time(&down, route, &head, Some(body)).await;
             match result {
                 Ok((r, member)) => {

@@ -185,6 +185,7 @@ mod tests {
             target: &svc.targets[0],
             index: 0,
             rule: None,
+            member: None,
         };
         let (req, resp) = (request(req), response(resp));
         let a = Attempts::new(route, &req, &client(), true);
@@ -257,6 +258,7 @@ mod tests {
             target: &svc.targets[0],
             index: 0,
             rule: None,
+            member: None,
         };
         let req = request(GET);
         let a = Attempts::new(route, &req, &client(), true);

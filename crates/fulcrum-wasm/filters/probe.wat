@@ -3,6 +3,7 @@
 ;;   x-trap: unreachable          x-loop: never returns        x-grow: grows memory without end
 ;;   x-deny: 403 "denied"         x-set / x-get: shared data   x-auth: HTTP call to pool "auth"
 ;;   x-libcio: calls WASI fd_read (not linked: traps)
+;;   x-member: ADDR chooses the member (Fulcrum's member-choice hook: property fulcrum.member)
 ;; Every request gets x-filter: yes and loses x-drop; every response gets x-filter: yes and loses
 ;; x-server. The response body of a request with
 ;; x-rewrite is held whole and replaced by "rewritten"; with x-upper it is upper-cased piece by
@@ -18,6 +19,7 @@
   (import "env" "proxy_continue_stream" (func $continue (param i32) (result i32)))
   (import "env" "proxy_set_buffer_bytes" (func $set_buf (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_get_buffer_bytes" (func $get_buf (param i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_set_property" (func $set_prop (param i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_define_metric" (func $define (param i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_increment_metric" (func $inc (param i32 i64) (result i32)))
   (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
@@ -52,6 +54,8 @@
     (if (call $has (i32.const 1168) (i32.const 8)) (then (drop (call $fd_read (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0)))))
     (drop (call $add_hdr (i32.const 0) (i32.const 1064) (i32.const 8) (i32.const 1072) (i32.const 3)))
     (drop (call $rm_hdr (i32.const 0) (i32.const 1080) (i32.const 6)))
+    (if (call $has (i32.const 1264) (i32.const 8)) (then
+      (drop (call $set_prop (i32.const 1248) (i32.const 14) (i32.load (i32.const 512)) (i32.load (i32.const 516))))))
     (if (call $has (i32.const 1088) (i32.const 5)) (then
       (drop (call $set_shared (i32.const 1096) (i32.const 1) (i32.const 1100) (i32.const 2) (i32.const 0)))))
     (if (call $has (i32.const 1104) (i32.const 5)) (then
@@ -112,5 +116,7 @@
   (data (i32.const 1200) "x-rewrite")
   (data (i32.const 1216) "x-upper")
   (data (i32.const 1232) "x-server")
+  (data (i32.const 1248) "fulcrum.member")
+  (data (i32.const 1264) "x-member")
   (data (i32.const 2048) "\03\00\00\00\05\00\00\00\06\00\00\00\07\00\00\00\03\00\00\00\0a\00\00\00\04\00\00\00\3a\70\61\74\68\00\2f\63\68\65\63\6b\00\3a\6d\65\74\68\6f\64\00\47\45\54\00\3a\61\75\74\68\6f\72\69\74\79\00\61\75\74\68\00")
 )

@@ -414,6 +414,25 @@ impl Stream {
         }
     }
 
+    /// A property a filter set on this stream (`proxy_set_property`), by its dotted name; the
+    /// last filter that set it wins. Fulcrum reads `fulcrum.member` (the member a filter chose
+    /// for the request) this way.
+    pub fn property(&self, name: &str) -> Option<&[u8]> {
+        self.parts.iter().rev().find_map(|p| {
+            p.http
+                .custom
+                .iter()
+                .rev()
+                .find(|(k, _)| {
+                    k.len() == name.len()
+                        && k.iter()
+                            .zip(name.bytes())
+                            .all(|(a, b)| *a == b || (*a == 0 && b == b'.'))
+                })
+                .map(|(_, v)| v.as_slice())
+        })
+    }
+
     /// Whether a filter changed the head in the last header phase (add, replace, remove or set
     /// of its fields): the proxy rebuilds the head only then.
     pub fn head_changed(&self) -> bool {

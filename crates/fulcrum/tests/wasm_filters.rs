@@ -473,3 +473,42 @@ async fn a_filter_built_with_a_public_sdk_runs_unchanged() {
         "the body passes the SDK's body callbacks: {out}"
     );
 }
+
+/// Fulcrum's member-choice hook: a filter names the member (`fulcrum.member`); one that is not
+/// in the pool leaves the choice to the scheduler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_chooses_the_member_or_leaves_it_to_the_scheduler() {
+    let b = backends(2).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        pool("p", &addrs(&b), "")
+    );
+    let _f = start(&config).await;
+    let chosen = b[1].addr.to_string();
+    for _ in 0..6 {
+        let r = get_with(vs, "/", &[("x-member", &chosen)]).await;
+        assert_eq!(who(&r), "m1");
+    }
+    let url = format!("http://{vs}/");
+    for _ in 0..4 {
+        let (ok, out, err) = curl(&[
+            "--http2-prior-knowledge",
+            "-H",
+            &format!("x-member: {chosen}"),
+            &url,
+        ])
+        .await;
+        assert!(ok, "{err}");
+        assert!(out.starts_with("m1"), "{out}");
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..6 {
+        let r = get_with(vs, "/", &[("x-member", "127.0.0.1:1")]).await;
+        assert_eq!(r.status, 200);
+        seen.insert(who(&r));
+    }
+    assert_eq!(seen.len(), 2, "not in the pool: the scheduler spreads them");
+}
