@@ -207,6 +207,18 @@ pub fn encode_chunk(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Moves `data` to the end of `out`, as one chunk when `chunked`; returns the bytes added.
+pub fn drain_body(out: &mut Vec<u8>, data: &mut Vec<u8>, chunked: bool) -> usize {
+    let before = out.len();
+    if chunked {
+        encode_chunk(out, data);
+    } else {
+        out.extend_from_slice(data);
+    }
+    data.clear();
+    out.len() - before
+}
+
 /// Appends a chunk's size line only (the data follows separately).
 pub fn encode_chunk_head(out: &mut Vec<u8>, len: usize) {
     write_hex(out, len);

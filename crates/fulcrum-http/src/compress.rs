@@ -533,14 +533,7 @@ impl Stream {
         self.stats
             .bytes_out
             .fetch_add(o.len() as u64, Ordering::Relaxed);
-        let before = out.len();
-        if chunked_out {
-            chunked::encode_chunk(out, o);
-        } else {
-            out.extend_from_slice(o);
-        }
-        o.clear();
-        out.len() - before
+        chunked::drain_body(out, o, chunked_out)
     }
 
     /// Takes the waiting output as a frame's bytes.

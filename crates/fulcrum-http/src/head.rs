@@ -929,6 +929,24 @@ pub struct ResponseHead {
     pub close: bool,
 }
 
+/// Appends a field's name and value to `buf` and its spans to `fields` (heads built rather than
+/// parsed: from HTTP/2, or as a filter left them).
+fn push_field(buf: &mut Vec<u8>, fields: &mut Vec<Field>, name: &[u8], value: &[u8], hop: bool) {
+    let ns = buf.len() as u32;
+    buf.extend_from_slice(name);
+    let vs = buf.len() as u32;
+    buf.extend_from_slice(value);
+    fields.push(Field {
+        name: Span { start: ns, end: vs },
+        value: Span {
+            start: vs,
+            end: buf.len() as u32,
+        },
+        kind: FieldKind::of(name),
+        hop,
+    });
+}
+
 /// Largest response head accepted from a member.
 pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_RESPONSE_FIELDS: usize = 256;
@@ -992,19 +1010,7 @@ impl ResponseHead {
         };
         for (name, value) in &parts.headers {
             let n = name.as_str().as_bytes();
-            let ns = h.buf.len() as u32;
-            h.buf.extend_from_slice(n);
-            let vs = h.buf.len() as u32;
-            h.buf.extend_from_slice(value.as_bytes());
-            h.fields.push(Field {
-                name: Span { start: ns, end: vs },
-                value: Span {
-                    start: vs,
-                    end: h.buf.len() as u32,
-                },
-                kind: FieldKind::of(n),
-                hop: false,
-            });
+            push_field(&mut h.buf, &mut h.fields, n, value.as_bytes(), false);
         }
         h.head_len = h.buf.len();
         // Framing is HTTP/2's own; a content-length is kept as a hint for HTTP/1.1 clients.
@@ -1066,19 +1072,7 @@ impl ResponseHead {
                 .fields
                 .iter()
                 .any(|f| f.hop && self.name(f).eq_ignore_ascii_case(n));
-            let ns = h.buf.len() as u32;
-            h.buf.extend_from_slice(n);
-            let vs = h.buf.len() as u32;
-            h.buf.extend_from_slice(v);
-            h.fields.push(Field {
-                name: Span { start: ns, end: vs },
-                value: Span {
-                    start: vs,
-                    end: h.buf.len() as u32,
-                },
-                kind: FieldKind::of(n),
-                hop,
-            });
+            push_field(&mut h.buf, &mut h.fields, n, v, hop);
         }
         h.head_len = h.buf.len();
         h.buf.extend_from_slice(self.after_head());

@@ -83,20 +83,7 @@ impl Transform {
     pub fn drain_into(&mut self, out: &mut Vec<u8>, chunked_out: bool) -> usize {
         match self {
             Transform::Compress(s) | Transform::Both(_, s) => s.drain_into(out, chunked_out),
-            Transform::Filter(f) => {
-                let o = f.output();
-                if o.is_empty() {
-                    return 0;
-                }
-                let before = out.len();
-                if chunked_out {
-                    chunked::encode_chunk(out, o);
-                } else {
-                    out.extend_from_slice(o);
-                }
-                o.clear();
-                out.len() - before
-            }
+            Transform::Filter(f) => chunked::drain_body(out, f.output(), chunked_out),
         }
     }
 
