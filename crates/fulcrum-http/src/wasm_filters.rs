@@ -91,12 +91,42 @@ pub fn build_chain(
         .map_err(|e| format!("filter module {name}: {e}"))?;
         built.push(Arc::new(filter));
     }
-    Ok(Some(Arc::new(Chain {
+    let chain = Arc::new(Chain {
         filters: built,
         calls: Some(Arc::new(PoolCalls {
             pools: pools.to_vec(),
         })),
-    })))
+    });
+    drive_ticks(&chain);
+    Ok(Some(chain))
+}
+
+/// `proxy_on_tick` for the filters that asked for ticks (`proxy_set_tick_period_milliseconds`),
+/// each at its own period, for as long as the chain lives (a reload that replaces the service
+/// drops it, and the task ends at its next tick).
+fn drive_ticks(chain: &Arc<Chain>) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    for (i, f) in chain.filters.iter().enumerate() {
+        let Some(period) = f.tick_period() else {
+            continue;
+        };
+        let weak = Arc::downgrade(chain);
+        rt.spawn(async move {
+            let mut every = tokio::time::interval(period);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let Some(chain) = weak.upgrade() else { return };
+                let Some(f) = chain.filters.get(i).filter(|f| !f.is_disabled()) else {
+                    continue;
+                };
+                f.tick();
+            }
+        });
+    }
 }
 
 /// Opens a request's stream through the chain and runs the request-header callbacks over

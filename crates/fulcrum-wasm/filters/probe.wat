@@ -7,7 +7,8 @@
 ;; Every request gets x-filter: yes and loses x-drop; every response gets x-filter: yes and loses
 ;; x-server. The response body of a request with
 ;; x-rewrite is held whole and replaced by "rewritten"; with x-upper it is upper-cased piece by
-;; piece as it streams. It counts requests in the metric test_requests_ok.
+;; piece as it streams. It counts requests in the metric test_requests_ok, and its ticks (every
+;; 20 ms) in test_ticks.
 (module
   (import "env" "proxy_get_header_map_value" (func $get_hdr (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_add_header_map_value" (func $add_hdr (param i32 i32 i32 i32 i32) (result i32)))
@@ -20,6 +21,7 @@
   (import "env" "proxy_set_buffer_bytes" (func $set_buf (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_get_buffer_bytes" (func $get_buf (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_set_property" (func $set_prop (param i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_set_tick_period_milliseconds" (func $tick_every (param i32) (result i32)))
   (import "env" "proxy_define_metric" (func $define (param i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_increment_metric" (func $inc (param i32 i64) (result i32)))
   (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
@@ -35,7 +37,11 @@
   (func (export "proxy_on_context_create") (param i32 i32))
   (func (export "proxy_on_configure") (param i32 i32) (result i32)
     (drop (call $define (i32.const 0) (i32.const 1184) (i32.const 16) (i32.const 544)))
+    (drop (call $define (i32.const 0) (i32.const 1280) (i32.const 10) (i32.const 556)))
+    (drop (call $tick_every (i32.const 20)))
     (i32.const 1))
+  (func (export "proxy_on_tick") (param i32)
+    (drop (call $inc (i32.load (i32.const 556)) (i64.const 1))))
   (func $has (param $k i32) (param $kl i32) (result i32)
     (i32.eqz (call $get_hdr (i32.const 0) (local.get $k) (local.get $kl) (i32.const 512) (i32.const 516))))
   (func (export "proxy_on_request_headers") (param $ctx i32) (param $n i32) (param $eos i32) (result i32)
@@ -118,5 +124,6 @@
   (data (i32.const 1232) "x-server")
   (data (i32.const 1248) "fulcrum.member")
   (data (i32.const 1264) "x-member")
+  (data (i32.const 1280) "test_ticks")
   (data (i32.const 2048) "\03\00\00\00\05\00\00\00\06\00\00\00\07\00\00\00\03\00\00\00\0a\00\00\00\04\00\00\00\3a\70\61\74\68\00\2f\63\68\65\63\6b\00\3a\6d\65\74\68\6f\64\00\47\45\54\00\3a\61\75\74\68\6f\72\69\74\79\00\61\75\74\68\00")
 )

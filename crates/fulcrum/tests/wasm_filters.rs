@@ -512,3 +512,36 @@ async fn a_filter_chooses_the_member_or_leaves_it_to_the_scheduler() {
     }
     assert_eq!(seen.len(), 2, "not in the pool: the scheduler spreads them");
 }
+
+/// Ticks (`proxy_set_tick_period_milliseconds`): the probe asks for one every 20 ms and counts
+/// them in a metric of its own; they stop with the service that loaded it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_that_asks_for_ticks_gets_them() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        pool("p", &addrs(&b), "")
+    );
+    let f = start(&config).await;
+    let ticks = || async {
+        sample(
+            &metrics(&f).await,
+            "fulcrum_filter_defined_counter_total",
+            &["name=\"test_ticks\""],
+        )
+        .unwrap_or(0.0)
+    };
+    let ticked = wait_until(Duration::from_secs(10), || async { ticks().await >= 10.0 }).await;
+    assert!(ticked, "ticks: {}", ticks().await);
+    // Without the filter in the configuration, the ticks stop.
+    f.write_config(&format!("{}{}", service(vs, ""), pool("p", &addrs(&b), "")));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = ticks().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ticks().await, before, "no filter, no ticks");
+}
