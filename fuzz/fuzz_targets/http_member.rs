@@ -141,6 +141,7 @@ fuzz_target!(|data: &[u8]| {
             peer: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 5000),
             local: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 80),
             alpn: Alpn::Unknown,
+            sni: None,
         };
         let handler = tokio::spawn(fulcrum_http::serve_connection(w.svc.clone(), server, info));
         let _ = client.write_all(&request).await;

@@ -92,6 +92,7 @@ fuzz_target!(|data: &[u8]| {
         peer: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 5000),
         local: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 80),
         alpn: Alpn::Unknown,
+        sni: None,
     });
     let _ = fulcrum_http::rules::normalize_path(head.path());
     let _ = head.host_name();

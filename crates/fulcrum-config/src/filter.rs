@@ -40,11 +40,18 @@ pub struct Filter {
     /// Consecutive failed requests after which the filter is disabled until the next reload
     /// (0: never).
     pub disable_after: u32,
+    /// The largest request body the filter is given (buffered whole, `proxy_on_request_body`
+    /// once with end of stream); a larger one is answered 413. 0: the filter is not given
+    /// request bodies, which then stream to the member untouched.
+    pub max_request_body: u64,
 }
 
 pub const DEFAULT_FILTER_MEMORY: u64 = 32 << 20;
 pub const DEFAULT_FILTER_BUDGET: Duration = Duration::from_millis(20);
 pub const DEFAULT_FILTER_DISABLE_AFTER: u32 = 100;
+pub const DEFAULT_FILTER_REQUEST_BODY: u64 = 1 << 20;
+/// As the most a filter may hold back of a response body.
+const MAX_FILTER_REQUEST_BODY: u64 = 8 << 20;
 
 impl FromNode for Filter {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
@@ -60,7 +67,16 @@ impl FromNode for Filter {
             let disable_after = t
                 .opt(cx, "disable_after")
                 .unwrap_or(DEFAULT_FILTER_DISABLE_AFTER);
+            let max_request_body = t
+                .opt::<ByteSize>(cx, "max_request_body")
+                .map_or(DEFAULT_FILTER_REQUEST_BODY, |b| b.0);
             let at = t.path().to_string();
+            if max_request_body > MAX_FILTER_REQUEST_BODY {
+                cx.error_path(
+                    &format!("{at}.max_request_body"),
+                    "must be at most 8MiB (the body is held in memory while filters read it)",
+                );
+            }
             // A wasm page is 64 KiB; below a few pages no filter built by an SDK starts.
             if !(1 << 20..=4 << 30).contains(&max_memory) {
                 cx.error_path(
@@ -89,6 +105,7 @@ impl FromNode for Filter {
                 max_memory,
                 time_budget,
                 disable_after,
+                max_request_body,
             })
         })
     }

@@ -13,10 +13,50 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, SizeHint};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::{BoxError, FramePoll};
+
+/// An HTTP/2 client's request body: streamed as it arrives, or whole (read before the rules
+/// when a filter reads request bodies, and what the filters left of it).
+pub enum ClientBody {
+    Streamed(Incoming),
+    Whole(Full<Bytes>),
+}
+
+impl From<Incoming> for ClientBody {
+    fn from(b: Incoming) -> ClientBody {
+        ClientBody::Streamed(b)
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
+        match self.get_mut() {
+            ClientBody::Streamed(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            ClientBody::Whole(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Streamed(b) => b.is_end_stream(),
+            ClientBody::Whole(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Streamed(b) => b.size_hint(),
+            ClientBody::Whole(b) => b.size_hint(),
+        }
+    }
+}
 
 /// Why a request body was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +72,7 @@ pub(crate) enum Verdict {
 /// measured the way the HTTP/1 path measures them: the time spent waiting for the client may
 /// not exceed a grace (`header_timeout`) plus what the bytes received buy at `min_body_rate`.
 pub struct Limited {
-    inner: Incoming,
+    inner: ClientBody,
     max: Option<u64>,
     rate: u64,
     grace: Duration,
@@ -45,7 +85,7 @@ pub struct Limited {
 }
 
 impl Limited {
-    pub(crate) fn new(inner: Incoming, max: Option<u64>, rate: u64, grace: Duration) -> Limited {
+    pub(crate) fn new(inner: ClientBody, max: Option<u64>, rate: u64, grace: Duration) -> Limited {
         Limited {
             inner,
             max,
@@ -138,7 +178,7 @@ impl Body for Limited {
                         }
                         Poll::Ready(Some(Ok(f)))
                     }
-                    Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+                    Some(Err(e)) => Poll::Ready(Some(Err(e))),
                     None => Poll::Ready(None),
                 }
             }

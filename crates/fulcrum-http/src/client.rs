@@ -14,12 +14,14 @@ pub enum Alpn {
 }
 
 /// What is known about a client connection when it is handed to the HTTP data plane. A TLS
-/// acceptor in front (https) fills `alpn` from the handshake.
-#[derive(Debug, Clone, Copy)]
+/// acceptor in front (https) fills `alpn` and `sni` from the handshake.
+#[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub alpn: Alpn,
+    /// The server name the client asked for in its TLS handshake.
+    pub sni: Option<std::sync::Arc<str>>,
 }
 
 /// The client of a connection, with the text forms forwarding headers need (made once).

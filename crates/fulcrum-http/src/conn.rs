@@ -29,6 +29,7 @@ impl StreamHandler for HttpService {
                 peer,
                 local,
                 alpn: Alpn::Unknown,
+                sni: None,
             };
             match self.tls.clone() {
                 None => serve_connection(self, stream, info).await,
@@ -41,6 +42,7 @@ impl StreamHandler for HttpService {
                                 Some(b"h2") => Alpn::H2,
                                 _ => Alpn::Http1,
                             };
+                            info.sni = stream.get_ref().1.server_name().map(Into::into);
                             serve_connection(self, stream, info).await;
                         }
                     })
@@ -122,6 +124,7 @@ mod size_tests {
                 peer: "127.0.0.1:1".parse().unwrap(),
                 local: "127.0.0.1:2".parse().unwrap(),
                 alpn: super::Alpn::Unknown,
+                sni: None,
             };
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let s = tokio::net::TcpStream::connect(l.local_addr().unwrap())

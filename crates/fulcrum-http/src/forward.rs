@@ -12,12 +12,11 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Release};
-use crate::body_limit::{Limited, Verdict, VerdictHandle};
+use crate::body_limit::{ClientBody, Limited, Verdict, VerdictHandle};
 use crate::chunked;
 use crate::client::Client;
 use crate::exchange::{self, Attempts, Failure, RespError, Route};
@@ -109,7 +108,7 @@ pub(crate) async fn forward(
     down: &Downstream<'_>,
     route: Route<'_>,
     head: &RequestHead,
-    body: Option<Incoming>,
+    body: Option<ClientBody>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
     let (svc, t, rule) = (route.svc, route.target, route.rule);
     // Bodies with or without a length are held to max_body_size and min_body_rate.
@@ -310,7 +309,7 @@ pub(crate) async fn forward_in_time(
     down: &Downstream<'_>,
     route: Route<'_>,
     head: &RequestHead,
-    body: Option<Incoming>,
+    body: Option<ClientBody>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
     let svc = route.svc;
     let fwd = forward(down, route, head, body);

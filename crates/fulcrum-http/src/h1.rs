@@ -16,6 +16,8 @@
 //! it are the body and, with pipelining, the next requests. Nothing about a request is copied
 //! out of that buffer, and the same write buffer is reused for every response.
 
+mod filters;
+
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -258,52 +260,6 @@ where
             }
             self.next_request();
         }
-    }
-
-    /// Runs the request-header callbacks of the service's filters; `Some`: the answer to give
-    /// instead of going on.
-    async fn request_filters(&mut self, chain: &Arc<fulcrum_wasm::Chain>) -> Option<Local> {
-        let svc = &self.svc;
-        let r = crate::wasm_filters::on_request(
-            chain,
-            &svc.name,
-            &mut self.head,
-            &self.client,
-            svc.https,
-            &svc.limits,
-        )
-        .await;
-        match r {
-            Ok(stream) => {
-                self.filters = Some(stream);
-                None
-            }
-            Err(local) => Some(local),
-        }
-    }
-
-    /// Runs the response-header callbacks of the request's filters over `resp`; `Err`: the
-    /// answer to give instead of the member's.
-    async fn response_filters(
-        &mut self,
-        resp: &mut ResponseHead,
-        route: Route<'_>,
-        member: SocketAddr,
-    ) -> Result<(), Local> {
-        match self.filters.as_deref_mut() {
-            Some(stream) => {
-                crate::wasm_filters::on_response(stream, resp, &route.target.pool.name, member)
-                    .await
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// The request's filters that read the response body, for the response plan.
-    fn body_filter(&mut self) -> Option<crate::wasm_filters::FilterBody> {
-        self.filters
-            .take_if(|s| s.wants_response_body())
-            .map(crate::wasm_filters::FilterBody::new)
     }
 
     /// Ends the connection after its last response. A plain TCP socket gets no shutdown(2): the
@@ -1570,6 +1526,7 @@ mod tests {
             peer: "127.0.0.9:5000".parse().expect("address"),
             local: "127.0.0.1:80".parse().expect("address"),
             alpn: Alpn::Http1,
+            sni: None,
         };
         let conn = tokio::spawn(crate::serve_connection(svc, server, info));
         client.write_all(requests).await.expect("requests written");

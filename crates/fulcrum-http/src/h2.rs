@@ -10,8 +10,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use fulcrum_balance::clock;
 use http::{HeaderValue, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::Mutex;
@@ -19,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use crate::body::{DownBody, PrivateConns};
+use crate::body_limit::{ClientBody, Limited, Verdict};
 use crate::client::{Client, ConnInfo};
 use crate::exchange::Route;
 use crate::forward::{forward, forward_in_time, Downstream};
@@ -171,7 +175,7 @@ where
     let idle = svc.idle_timeout;
     let read = Arc::new(AtomicU64::new(prefix.len() as u64));
     let state = Arc::new(State {
-        client: Client::new(info),
+        client: Client::new(info.clone()),
         private: Arc::new(Mutex::new(Vec::new())),
         active: AtomicUsize::new(0),
         last: AtomicU64::new(clock::now_ms()),
@@ -368,6 +372,42 @@ impl std::fmt::Display for Dropped {
 
 impl std::error::Error for Dropped {}
 
+/// Reads the request body whole (up to `limit` and `max_body_size`) for the filters that read
+/// request bodies, runs their body callbacks and gives what they leave as the body to forward,
+/// its length in `head`. `Err`: the answer instead (413, 408, a filter's own reply).
+async fn whole_body(
+    svc: &HttpService,
+    stream: &mut fulcrum_wasm::Stream,
+    head: &mut RequestHead,
+    body: ClientBody,
+    limit: usize,
+) -> Result<ClientBody, Local> {
+    if body.is_end_stream() {
+        return Ok(body);
+    }
+    let limit = limit as u64;
+    if head.content_length.is_some_and(|n| n > limit) {
+        return Err(crate::wasm_filters::body_over_limit());
+    }
+    let max = svc.max_body_size.map_or(limit, |m| m.min(limit));
+    let limited = Limited::new(body, Some(max), svc.min_body_rate, svc.header_timeout);
+    let verdict = limited.verdict_handle();
+    let bytes = match limited.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(_) => {
+            return Err(match verdict.get() {
+                Verdict::TooLarge if max == limit => crate::wasm_filters::body_over_limit(),
+                Verdict::TooLarge => Local::error(413, "request body larger than max_body_size"),
+                Verdict::TooSlow => Local::error(408, "request body slower than min_body_rate"),
+                Verdict::Ok => Local::error(400, "the request body was cut short"),
+            })
+        }
+    };
+    let kept = crate::wasm_filters::on_request_body(stream, bytes.into()).await?;
+    head.content_length = Some(kept.len() as u64);
+    Ok(ClientBody::Whole(Full::new(Bytes::from(kept))))
+}
+
 async fn handle(
     st: Arc<State>,
     req: http::Request<Incoming>,
@@ -378,6 +418,7 @@ async fn handle(
     svc.stats.requests_total.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
     let (parts, body) = req.into_parts();
+    let mut body = ClientBody::from(body);
     let pq = parts
         .uri
         .path_and_query()
@@ -437,7 +478,18 @@ async fn handle(
         )
         .await;
         match r {
-            Ok(stream) => *filters.lock() = Some(stream),
+            Ok(mut stream) => {
+                if let Some(limit) = stream.request_body_limit() {
+                    match whole_body(&svc, &mut stream, &mut head, body, limit).await {
+                        Ok(b) => body = b,
+                        Err(l) => {
+                            refused = Some(l);
+                            body = ClientBody::Whole(Full::default());
+                        }
+                    }
+                }
+                *filters.lock() = Some(stream);
+            }
             Err(l) => refused = Some(l),
         }
     }
@@ -588,6 +640,7 @@ mod tests {
             peer: "127.0.0.9:5000".parse().expect("address"),
             local: "127.0.0.1:80".parse().expect("address"),
             alpn: Alpn::H2,
+            sni: None,
         };
         tokio::spawn(crate::serve_connection(svc, server, info));
         let (send, conn) =

@@ -658,6 +658,19 @@ impl RequestHead {
         Ok(h)
     }
 
+    /// Puts `body` in place of the request's body, which ended at `old_end` in the buffer (the
+    /// bytes after it, pipelined requests, stay): the request then has a Content-Length body
+    /// held whole in the buffer. Filters that read request bodies see them decoded and
+    /// buffered; what they leave is forwarded this way (chunked trailers are not kept).
+    pub fn replace_body(&mut self, body: &[u8], old_end: usize) {
+        let rest = self.buf.split_off(old_end.min(self.buf.len()));
+        self.buf.truncate(self.head_len);
+        self.buf.extend_from_slice(body);
+        self.buf.extend_from_slice(&rest);
+        self.content_length = Some(body.len() as u64);
+        self.chunked = false;
+    }
+
     /// RFC 9112 framing checks: anything ambiguous is refused, never forwarded.
     fn validate(&mut self) -> Result<(), HeadError> {
         let buf = &self.buf[..];
@@ -959,6 +972,14 @@ fn bad_response(reason: &'static str) -> HeadError {
 }
 
 impl ResponseHead {
+    /// Whether the head still has a Content-Length field (a filter may have removed it, which
+    /// leaves the member's framing in `content_length` for reading its body).
+    pub fn states_length(&self) -> bool {
+        self.fields
+            .iter()
+            .any(|f| f.kind == FieldKind::ContentLength)
+    }
+
     /// An empty head around `buf` (bytes already read are kept).
     pub fn with_buffer(buf: Vec<u8>) -> ResponseHead {
         ResponseHead {

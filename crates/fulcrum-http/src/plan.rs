@@ -56,11 +56,17 @@ impl<'s> ResponsePlan<'s> {
         } else {
             prepare(svc, req, resp, bodiless)
         };
-        let encoder = Transform::of(body_filter.filter(|_| !bodiless), encoder);
-        let length = resp.content_length.filter(|_| !resp.chunked);
+        // Filters alone keep the member's length, as Envoy does: a filter that changes a
+        // body's length removes content-length in its header phase (the SDKs' examples do),
+        // and one that does not is held to it. The compressor always re-frames.
+        let kept = resp
+            .content_length
+            .filter(|_| !resp.chunked && encoder.is_none() && resp.states_length());
+        let body_filter = body_filter.filter(|_| !bodiless).map(|f| f.held_to(kept));
+        let encoder = Transform::of(body_filter, encoder);
         let framing = if bodiless {
             RespFraming::None
-        } else if let Some(n) = length.filter(|_| encoder.is_none()) {
+        } else if let Some(n) = kept {
             RespFraming::Length(n)
         } else if req.version == Version::Http10 {
             RespFraming::Close

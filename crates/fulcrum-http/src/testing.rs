@@ -84,6 +84,7 @@ pub(crate) fn client() -> Client {
         peer: "127.0.0.9:5000".parse().expect("address"),
         local: "127.0.0.1:80".parse().expect("address"),
         alpn: Alpn::Unknown,
+        sni: None,
     })
 }
 

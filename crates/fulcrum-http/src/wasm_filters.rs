@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use crate::client::{Alpn, Client};
 use crate::head::{HeadError, Limits as HeadLimits, RequestHead, ResponseHead, Version};
 use crate::local::Local;
+use crate::tls::client::MemberTls;
 
 /// The counters of a service's filters by module, kept across reloads with the service's other
 /// HTTP counters.
@@ -85,6 +86,7 @@ pub fn build_chain(
                 budget: f.time_budget,
             },
             disable_after: f.disable_after,
+            max_request_body: usize::try_from(f.max_request_body).unwrap_or(usize::MAX),
             instances,
             stats: counters.of(&name),
         })
@@ -94,40 +96,64 @@ pub fn build_chain(
     let chain = Arc::new(Chain {
         filters: built,
         calls: Some(Arc::new(PoolCalls {
-            pools: pools.to_vec(),
+            pools: pools
+                .iter()
+                .map(|p| CallPool {
+                    pool: p.clone(),
+                    tls: std::sync::OnceLock::new(),
+                })
+                .collect(),
         })),
     });
-    drive_ticks(&chain);
+    drive_background(&chain);
     Ok(Some(chain))
 }
 
 /// `proxy_on_tick` for the filters that asked for ticks (`proxy_set_tick_period_milliseconds`),
-/// each at its own period, for as long as the chain lives (a reload that replaces the service
-/// drops it, and the task ends at its next tick).
-fn drive_ticks(chain: &Arc<Chain>) {
+/// each at its own period, and `proxy_on_queue_ready` for the filters that take queue
+/// notifications, for as long as the chain lives (a reload that replaces the service drops it,
+/// and each task ends when it next looks).
+fn drive_background(chain: &Arc<Chain>) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
     for (i, f) in chain.filters.iter().enumerate() {
-        let Some(period) = f.tick_period() else {
-            continue;
-        };
-        let weak = Arc::downgrade(chain);
-        rt.spawn(async move {
-            let mut every = tokio::time::interval(period);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            every.tick().await;
-            loop {
+        if let Some(period) = f.tick_period() {
+            let weak = Arc::downgrade(chain);
+            rt.spawn(async move {
+                let mut every = tokio::time::interval(period);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 every.tick().await;
-                let Some(chain) = weak.upgrade() else { return };
-                let Some(f) = chain.filters.get(i).filter(|f| !f.is_disabled()) else {
-                    continue;
-                };
-                f.tick();
-            }
-        });
+                loop {
+                    every.tick().await;
+                    let Some(chain) = weak.upgrade() else { return };
+                    let Some(f) = chain.filters.get(i).filter(|f| !f.is_disabled()) else {
+                        continue;
+                    };
+                    f.tick();
+                }
+            });
+        }
+        if f.interest().queue_ready {
+            let weak = Arc::downgrade(f);
+            rt.spawn(async move {
+                loop {
+                    let Some(f) = weak.upgrade() else { return };
+                    // Looks again after a while without items, to end once the filter is gone.
+                    let ready = tokio::time::timeout(QUEUE_LOOK, f.queues_ready()).await;
+                    if let Ok(queues) = ready {
+                        if !f.is_disabled() {
+                            f.queue_ready(&queues);
+                        }
+                    }
+                }
+            });
+        }
     }
 }
+
+/// How long a queue task waits for items before it checks that its filter still exists.
+const QUEUE_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Opens a request's stream through the chain and runs the request-header callbacks over
 /// `head`, which is rebuilt when a filter changed it. `Ok` carries the stream for the response
@@ -147,7 +173,7 @@ pub(crate) async fn on_request(
         virtual_service: service.clone(),
         pool: None,
         member: None,
-        sni: None,
+        sni: client.info.sni.as_deref().map(str::to_string),
         protocol: match (head.version, client.info.alpn) {
             (Version::Http2, _) | (_, Alpn::H2) => "HTTP/2",
             (Version::Http10, _) => "HTTP/1.0",
@@ -169,6 +195,29 @@ pub(crate) async fn on_request(
             .map_err(|e| invalid(e, "request"))?;
     }
     Ok(stream)
+}
+
+/// Runs the request-body callbacks over the whole body, decoded; `Ok`: the body to forward,
+/// `Err`: the answer to give instead (a filter's local reply, or 500 when one failed closed).
+pub(crate) async fn on_request_body(
+    stream: &mut Stream,
+    mut body: Vec<u8>,
+) -> Result<Vec<u8>, Local> {
+    match stream.request_body(&mut body, true).await {
+        Verdict::Continue => Ok(body),
+        Verdict::Local(l) => Err(local_of(l)),
+        Verdict::Fail(why) => Err(failed(&why)),
+    }
+}
+
+/// The answer to a request whose body is larger than its filters read.
+pub(crate) fn body_over_limit() -> Local {
+    let mut l = Local::error(
+        413,
+        "request body larger than the filters' max_request_body",
+    );
+    l.close = true;
+    l
 }
 
 /// Runs the response-header callbacks over `resp` (rebuilt when a filter changed it). `Err`:
@@ -274,6 +323,9 @@ fn response_pairs(resp: &ResponseHead) -> Vec<Pair> {
 pub struct FilterBody {
     stream: Box<Stream>,
     out: Vec<u8>,
+    /// The length the client was told (the member's, kept), which the filters must keep.
+    length: Option<u64>,
+    produced: u64,
 }
 
 impl FilterBody {
@@ -281,7 +333,15 @@ impl FilterBody {
         FilterBody {
             stream,
             out: Vec::new(),
+            length: None,
+            produced: 0,
         }
+    }
+
+    /// Holds the filters to the body length the client is told, if it is told one.
+    pub(crate) fn held_to(mut self, length: Option<u64>) -> FilterBody {
+        self.length = length;
+        self
     }
 
     fn run(&mut self, data: &[u8], end: bool) -> std::io::Result<()> {
@@ -289,6 +349,17 @@ impl FilterBody {
         self.stream
             .response_body(&mut chunk, end)
             .map_err(std::io::Error::other)?;
+        self.produced += chunk.len() as u64;
+        if let Some(n) = self.length {
+            if self.produced > n || (end && self.produced != n) {
+                tracing::warn!(
+                    "a filter changed a response body's length but left its content-length \
+                     (a filter that changes the length removes it in the response-header \
+                     phase): the response is cut"
+                );
+                return Err(std::io::Error::other("a filter broke the body's length"));
+            }
+        }
         if self.out.is_empty() {
             self.out = chunk;
         } else {
@@ -318,9 +389,37 @@ impl FilterBody {
 const MAX_CALL_BODY: usize = 1 << 20;
 
 /// `proxy_http_call`: the request goes to a member of the pool the call names (chosen by the
-/// pool's scheduler, another member tried once if the first cannot be reached), over HTTP/1.1.
+/// pool's scheduler, another member tried once if the first cannot be reached), over HTTP/1.1,
+/// in TLS when the pool has `tls`.
 struct PoolCalls {
-    pools: Vec<Arc<Pool>>,
+    pools: Vec<CallPool>,
+}
+
+struct CallPool {
+    pool: Arc<Pool>,
+    /// The pool's TLS client, loaded at its first call (most pools are never called).
+    tls: std::sync::OnceLock<Option<Arc<MemberTls>>>,
+}
+
+impl CallPool {
+    /// `Err` when the pool has `tls` that does not load (its files changed since the check).
+    fn tls(&self) -> Result<Option<&MemberTls>, ()> {
+        let loaded = self.tls.get_or_init(|| {
+            let cfg = self.pool.config.tls.as_ref()?;
+            match MemberTls::load(cfg, false, "pool") {
+                Ok(t) => Some(Arc::new(t)),
+                Err((k, m)) => {
+                    tracing::warn!(pool = %self.pool.name, "filter HTTP calls: {k}: {m}");
+                    None
+                }
+            }
+        });
+        match (loaded, &self.pool.config.tls) {
+            (Some(t), _) => Ok(Some(t)),
+            (None, Some(_)) => Err(()),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 impl HttpCalls for PoolCalls {
@@ -329,17 +428,25 @@ impl HttpCalls for PoolCalls {
         call: OutgoingCall,
     ) -> Pin<Box<dyn Future<Output = Option<CallResponse>> + Send + '_>> {
         Box::pin(async move {
-            let Some(pool) = self.pools.iter().find(|p| *p.name == *call.upstream) else {
+            let Some(called) = self.pools.iter().find(|p| *p.pool.name == *call.upstream) else {
                 tracing::warn!(pool = %call.upstream, "a filter called a pool that is not configured");
                 return None;
             };
+            let (pool, tls) = (&called.pool, called.tls().ok()?);
             let request = call_request(&call)?;
             let mut tried = Vec::new();
             for _ in 0..2 {
                 let picked = pool.pick(&PickContext::default(), &tried)?;
                 tried.push(picked.index);
                 let _guard = picked.member.open_request();
-                match call_member(picked.member.address, request.clone()).await {
+                let answer = call_member(
+                    picked.member.address,
+                    tls,
+                    pool.config.connect_timeout,
+                    request.clone(),
+                )
+                .await;
+                match answer {
                     Ok(r) => {
                         picked.member.record_exchange_success();
                         return Some(r);
@@ -384,12 +491,15 @@ fn call_request(call: &OutgoingCall) -> Option<http::Request<Full<Bytes>>> {
 
 async fn call_member(
     addr: std::net::SocketAddr,
+    tls: Option<&MemberTls>,
+    connect_timeout: std::time::Duration,
     request: http::Request<Full<Bytes>>,
 ) -> Result<CallResponse, crate::BoxError> {
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tcp = crate::upstream::connect(None, addr, connect_timeout).await?;
     let _ = tcp.set_nodelay(true);
+    let io = crate::upstream::secure(tcp, tls, addr, connect_timeout).await?;
     let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
     let driver = tokio::spawn(conn);
     let resp = send.send_request(request).await?;
     let (parts, body) = resp.into_parts();

@@ -26,6 +26,7 @@ fn chain(name: &str, bytes: Vec<u8>) -> (Arc<Chain>, std::time::Duration) {
         on_error: OnError::FailClosed,
         limits: Limits::default(),
         disable_after: 0,
+        max_request_body: 1 << 20,
         instances: 1,
         stats: Default::default(),
     })

@@ -4,11 +4,16 @@
 ;;   x-deny: 403 "denied"         x-set / x-get: shared data   x-auth: HTTP call to pool "auth"
 ;;   x-libcio: calls WASI fd_read (not linked: traps)
 ;;   x-member: ADDR chooses the member (Fulcrum's member-choice hook: property fulcrum.member)
+;;   x-enqueue: V adds V to the shared queue "probe-q"; the instances that registered it (all, at
+;;     configure) hear of it (proxy_on_queue_ready), and one takes V into shared data "qk"
+;;   x-get-q: the request gains x-shared with shared data "qk"
+;;   x-sni: the request gains x-sni-seen, the TLS server name (connection.requested_server_name)
 ;; Every request gets x-filter: yes and loses x-drop; every response gets x-filter: yes and loses
 ;; x-server. The response body of a request with
-;; x-rewrite is held whole and replaced by "rewritten"; with x-upper it is upper-cased piece by
-;; piece as it streams. It counts requests in the metric test_requests_ok, and its ticks (every
-;; 20 ms) in test_ticks.
+;; x-rewrite is held whole and replaced by "rewritten" (content-length removed, unless the
+;; request also has x-keep-length); with x-upper it is upper-cased piece by piece as it streams.
+;; It counts requests in the metric test_requests_ok, and its ticks (every 20 ms) in test_ticks. A request body is read whole: one that starts with "deny" is answered
+;; 403 "body refused"; with x-req-upper the body is upper-cased and gains a "!".
 (module
   (import "env" "proxy_get_header_map_value" (func $get_hdr (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_add_header_map_value" (func $add_hdr (param i32 i32 i32 i32 i32) (result i32)))
@@ -24,6 +29,10 @@
   (import "env" "proxy_set_tick_period_milliseconds" (func $tick_every (param i32) (result i32)))
   (import "env" "proxy_define_metric" (func $define (param i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_increment_metric" (func $inc (param i32 i64) (result i32)))
+  (import "env" "proxy_register_shared_queue" (func $register_q (param i32 i32 i32) (result i32)))
+  (import "env" "proxy_enqueue_shared_queue" (func $enqueue (param i32 i32 i32) (result i32)))
+  (import "env" "proxy_dequeue_shared_queue" (func $dequeue (param i32 i32 i32) (result i32)))
+  (import "env" "proxy_get_property" (func $get_prop (param i32 i32 i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 2)
   (global $heap (mut i32) (i32.const 8192))
@@ -39,18 +48,28 @@
     (drop (call $define (i32.const 0) (i32.const 1184) (i32.const 16) (i32.const 544)))
     (drop (call $define (i32.const 0) (i32.const 1280) (i32.const 10) (i32.const 556)))
     (drop (call $tick_every (i32.const 20)))
+    (drop (call $register_q (i32.const 1408) (i32.const 7) (i32.const 576)))
     (i32.const 1))
+  (func (export "proxy_on_queue_ready") (param $root i32) (param $q i32)
+    (if (i32.eqz (call $dequeue (local.get $q) (i32.const 580) (i32.const 584)))
+      (then (drop (call $set_shared (i32.const 1416) (i32.const 2) (i32.load (i32.const 580)) (i32.load (i32.const 584)) (i32.const 0))))))
   (func (export "proxy_on_tick") (param i32)
     (drop (call $inc (i32.load (i32.const 556)) (i64.const 1))))
   (func $has (param $k i32) (param $kl i32) (result i32)
     (i32.eqz (call $get_hdr (i32.const 0) (local.get $k) (local.get $kl) (i32.const 512) (i32.const 516))))
   (func (export "proxy_on_request_headers") (param $ctx i32) (param $n i32) (param $eos i32) (result i32)
     (drop (call $inc (i32.load (i32.const 544)) (i64.const 1)))
-    ;; The body mode of this stream: 1 rewrite whole, 2 upper-case as it streams.
+    ;; The body mode of this stream: 1 rewrite whole, 2 upper-case as it streams, 3 rewrite
+    ;; whole but leave content-length (a broken filter).
     (i32.store8 (i32.add (i32.const 4096) (i32.and (local.get $ctx) (i32.const 1023)))
       (select (i32.const 2)
-        (select (i32.const 1) (i32.const 0) (call $has (i32.const 1200) (i32.const 9)))
+        (select
+          (select (i32.const 3) (i32.const 1) (call $has (i32.const 1456) (i32.const 13)))
+          (i32.const 0)
+          (call $has (i32.const 1200) (i32.const 9)))
         (call $has (i32.const 1216) (i32.const 7))))
+    (i32.store8 (i32.add (i32.const 5120) (i32.and (local.get $ctx) (i32.const 1023)))
+      (call $has (i32.const 1328) (i32.const 11)))
     (if (call $has (i32.const 1024) (i32.const 6)) (then unreachable))
     (if (call $has (i32.const 1032) (i32.const 6)) (then (loop $l (br $l))))
     (if (call $has (i32.const 1040) (i32.const 6)) (then (loop $g (drop (memory.grow (i32.const 16))) (br $g))))
@@ -62,10 +81,18 @@
     (drop (call $rm_hdr (i32.const 0) (i32.const 1080) (i32.const 6)))
     (if (call $has (i32.const 1264) (i32.const 8)) (then
       (drop (call $set_prop (i32.const 1248) (i32.const 14) (i32.load (i32.const 512)) (i32.load (i32.const 516))))))
+    (if (call $has (i32.const 1424) (i32.const 9)) (then
+      (drop (call $enqueue (i32.load (i32.const 576)) (i32.load (i32.const 512)) (i32.load (i32.const 516))))))
+    (if (call $has (i32.const 1344) (i32.const 5)) (then
+      (if (i32.eqz (call $get_prop (i32.const 1352) (i32.const 32) (i32.const 568) (i32.const 572)))
+        (then (drop (call $add_hdr (i32.const 0) (i32.const 1392) (i32.const 10) (i32.load (i32.const 568)) (i32.load (i32.const 572))))))))
     (if (call $has (i32.const 1088) (i32.const 5)) (then
       (drop (call $set_shared (i32.const 1096) (i32.const 1) (i32.const 1100) (i32.const 2) (i32.const 0)))))
     (if (call $has (i32.const 1104) (i32.const 5)) (then
       (if (i32.eqz (call $get_shared (i32.const 1096) (i32.const 1) (i32.const 520) (i32.const 524) (i32.const 528)))
+        (then (drop (call $add_hdr (i32.const 0) (i32.const 1112) (i32.const 8) (i32.load (i32.const 520)) (i32.load (i32.const 524))))))))
+    (if (call $has (i32.const 1440) (i32.const 7)) (then
+      (if (i32.eqz (call $get_shared (i32.const 1416) (i32.const 2) (i32.const 520) (i32.const 524) (i32.const 528)))
         (then (drop (call $add_hdr (i32.const 0) (i32.const 1112) (i32.const 8) (i32.load (i32.const 520)) (i32.load (i32.const 524))))))))
     (if (call $has (i32.const 1120) (i32.const 6)) (then
       (drop (call $call (i32.const 1128) (i32.const 4) (i32.const 2048) (i32.const 69) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 1000) (i32.const 532)))
@@ -79,22 +106,44 @@
   (func (export "proxy_on_response_headers") (param $ctx i32) (param $n i32) (param $eos i32) (result i32)
     (drop (call $add_hdr (i32.const 2) (i32.const 1064) (i32.const 8) (i32.const 1072) (i32.const 3)))
     (drop (call $rm_hdr (i32.const 2) (i32.const 1232) (i32.const 8)))
+    ;; Rewriting changes the length: content-length goes, as the SDKs' examples do.
+    (if (i32.eq (i32.load8_u (i32.add (i32.const 4096) (i32.and (local.get $ctx) (i32.const 1023)))) (i32.const 1))
+      (then (drop (call $rm_hdr (i32.const 2) (i32.const 1472) (i32.const 14)))))
+    (i32.const 0))
+  (func $upper (param $p i32) (param $n i32) (local $i i32) (local $c i32)
+    (block $done (loop $each
+      (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $c (i32.load8_u (i32.add (local.get $p) (local.get $i))))
+      (if (i32.and (i32.ge_u (local.get $c) (i32.const 97)) (i32.le_u (local.get $c) (i32.const 122)))
+        (then (i32.store8 (i32.add (local.get $p) (local.get $i)) (i32.sub (local.get $c) (i32.const 32)))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $each))))
+  (func (export "proxy_on_request_body") (param $ctx i32) (param $size i32) (param $eos i32) (result i32)
+    (local $p i32) (local $n i32)
+    ;; Held until the whole body is there.
+    (if (i32.eqz (local.get $eos)) (then (return (i32.const 1))))
+    (if (call $get_buf (i32.const 0) (i32.const 0) (local.get $size) (i32.const 560) (i32.const 564))
+      (then (return (i32.const 0))))
+    (local.set $p (i32.load (i32.const 560)))
+    (local.set $n (i32.load (i32.const 564)))
+    (if (i32.and (i32.ge_u (local.get $n) (i32.const 4))
+                 (i32.eq (i32.load (local.get $p)) (i32.load (i32.const 1296)))) (then
+      (drop (call $local (i32.const 403) (i32.const 0) (i32.const 0) (i32.const 1304) (i32.const 12) (i32.const 0) (i32.const 0) (i32.const -1)))
+      (return (i32.const 1))))
+    (if (i32.load8_u (i32.add (i32.const 5120) (i32.and (local.get $ctx) (i32.const 1023)))) (then
+      (call $upper (local.get $p) (local.get $n))
+      (drop (call $set_buf (i32.const 0) (i32.const 0) (local.get $size) (local.get $p) (local.get $n)))
+      (drop (call $set_buf (i32.const 0) (local.get $n) (i32.const 0) (i32.const 1320) (i32.const 1)))))
     (i32.const 0))
   (func (export "proxy_on_response_body") (param $ctx i32) (param $size i32) (param $eos i32) (result i32)
-    (local $mode i32) (local $p i32) (local $n i32) (local $i i32) (local $c i32)
+    (local $mode i32) (local $p i32) (local $n i32)
     (local.set $mode (i32.load8_u (i32.add (i32.const 4096) (i32.and (local.get $ctx) (i32.const 1023)))))
     (if (i32.eqz (local.get $mode)) (then (return (i32.const 0))))
     (if (i32.eq (local.get $mode) (i32.const 2)) (then
       (if (i32.eqz (call $get_buf (i32.const 1) (i32.const 0) (local.get $size) (i32.const 548) (i32.const 552))) (then
         (local.set $p (i32.load (i32.const 548)))
         (local.set $n (i32.load (i32.const 552)))
-        (block $done (loop $each
-          (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
-          (local.set $c (i32.load8_u (i32.add (local.get $p) (local.get $i))))
-          (if (i32.and (i32.ge_u (local.get $c) (i32.const 97)) (i32.le_u (local.get $c) (i32.const 122)))
-            (then (i32.store8 (i32.add (local.get $p) (local.get $i)) (i32.sub (local.get $c) (i32.const 32)))))
-          (local.set $i (i32.add (local.get $i) (i32.const 1)))
-          (br $each)))
+        (call $upper (local.get $p) (local.get $n))
         (drop (call $set_buf (i32.const 1) (i32.const 0) (local.get $size) (local.get $p) (local.get $n)))))
       (return (i32.const 0))))
     (if (i32.eqz (local.get $eos)) (then (return (i32.const 1))))
@@ -125,5 +174,18 @@
   (data (i32.const 1248) "fulcrum.member")
   (data (i32.const 1264) "x-member")
   (data (i32.const 1280) "test_ticks")
+  (data (i32.const 1296) "deny")
+  (data (i32.const 1304) "body refused")
+  (data (i32.const 1320) "!")
+  (data (i32.const 1328) "x-req-upper")
+  (data (i32.const 1344) "x-sni")
+  (data (i32.const 1352) "connection\00requested_server_name")
+  (data (i32.const 1392) "x-sni-seen")
+  (data (i32.const 1408) "probe-q")
+  (data (i32.const 1416) "qk")
+  (data (i32.const 1424) "x-enqueue")
+  (data (i32.const 1440) "x-get-q")
+  (data (i32.const 1456) "x-keep-length")
+  (data (i32.const 1472) "content-length")
   (data (i32.const 2048) "\03\00\00\00\05\00\00\00\06\00\00\00\07\00\00\00\03\00\00\00\0a\00\00\00\04\00\00\00\3a\70\61\74\68\00\2f\63\68\65\63\6b\00\3a\6d\65\74\68\6f\64\00\47\45\54\00\3a\61\75\74\68\6f\72\69\74\79\00\61\75\74\68\00")
 )

@@ -41,6 +41,8 @@ pub struct Spec {
     pub limits: Limits,
     /// Consecutive failures after which the filter is disabled (0: never).
     pub disable_after: u32,
+    /// The largest request body the filter reads (0: it is given none).
+    pub max_request_body: usize,
     /// Instances (one per worker thread is the sound number).
     pub instances: usize,
     /// The counters, kept by the caller across reloads; a new filter enables them again.
@@ -81,6 +83,7 @@ pub struct Filter {
     next: AtomicUsize,
     interest: Interest,
     disable_after: u32,
+    max_request_body: usize,
 }
 
 impl std::fmt::Debug for Filter {
@@ -102,13 +105,15 @@ impl Filter {
             limits: spec.limits,
             shared: SharedStore::of(&name),
             root_id: spec.root_id,
+            queues_ready: Default::default(),
         });
         let mut slots = Vec::new();
         for _ in 0..spec.instances.max(1) {
             let vm = Vm::start(&pre, plugin.clone())?;
             slots.push(Mutex::new(Arc::new(Mutex::new(vm))));
         }
-        let interest = slots[0].lock().lock().interest();
+        let mut interest = slots[0].lock().lock().interest();
+        interest.request_body &= spec.max_request_body > 0;
         spec.stats.disabled.store(false, Ordering::Relaxed);
         spec.stats.consecutive.store(0, Ordering::Relaxed);
         Ok(Filter {
@@ -122,6 +127,7 @@ impl Filter {
             next: AtomicUsize::new(0),
             interest,
             disable_after: spec.disable_after,
+            max_request_body: spec.max_request_body,
         })
     }
 
@@ -150,6 +156,24 @@ impl Filter {
             let vm = self.slots[i].lock().clone();
             let r = vm.lock().tick();
             let _ = self.settle(i, &vm, r, false);
+        }
+    }
+
+    /// The queues with new items that this filter's instances registered, once there are some.
+    pub async fn queues_ready(&self) -> Vec<u32> {
+        self.plugin.queues_ready.ready().await
+    }
+
+    /// Calls `proxy_on_queue_ready` for each of `queues` on every instance that registered it.
+    pub fn queue_ready(&self, queues: &[u32]) {
+        for i in 0..self.slots.len() {
+            let vm = self.slots[i].lock().clone();
+            for q in queues {
+                let r = vm.lock().queue_ready(*q);
+                if self.settle(i, &vm, r, false).is_err() {
+                    break;
+                }
+            }
         }
     }
 
@@ -556,6 +580,56 @@ impl Stream {
         }
     }
 
+    /// The largest request body the live filters of this stream read (the smallest of their
+    /// `max_request_body`); `None` when none reads request bodies.
+    pub fn request_body_limit(&self) -> Option<usize> {
+        self.parts
+            .iter()
+            .filter(|p| p.live && p.filter.interest.request_body)
+            .map(|p| p.filter.max_request_body)
+            .min()
+    }
+
+    /// Runs `proxy_on_request_body` of every filter over `chunk` in order, waiting out the HTTP
+    /// calls a filter pauses for (a body scanner asking a service before the request goes on);
+    /// what the last one lets through is left in `chunk`. A filter may answer the request
+    /// itself (`Verdict::Local`).
+    pub async fn request_body(&mut self, chunk: &mut Vec<u8>, end_of_stream: bool) -> Verdict {
+        for i in 0..self.parts.len() {
+            let part = &mut self.parts[i];
+            if !part.live || !part.filter.interest.request_body {
+                continue;
+            }
+            let paused = match Self::body_call(part, Phase::RequestBody, chunk, end_of_stream) {
+                Err(f) => {
+                    let v = Self::failed(part, f);
+                    if v != Verdict::Continue {
+                        return v;
+                    }
+                    *chunk = std::mem::take(&mut part.http.body);
+                    continue;
+                }
+                Ok(a) => a == action::PAUSE,
+            };
+            let waits = !part.http.calls.is_empty() || part.http.local.is_some();
+            if paused && !waits && !end_of_stream {
+                // The filter holds the body back until it has seen more of it.
+                if let Err(v) = Self::held(part) {
+                    return v;
+                }
+                return Verdict::Continue;
+            }
+            // Paused at the end with nothing to wait for: the body goes on (nothing would
+            // resume it).
+            let v = Self::after(part, paused && waits, self.chain.calls.as_deref()).await;
+            if v != Verdict::Continue {
+                return v;
+            }
+            *chunk = std::mem::take(&mut part.http.body);
+        }
+        Verdict::Continue
+    }
+
     /// Whether any live filter of this stream reads the response body.
     pub fn wants_response_body(&self) -> bool {
         self.parts
@@ -575,26 +649,10 @@ impl Stream {
             if !part.live || !part.filter.interest.response_body {
                 continue;
             }
-            if part.http.body.is_empty() {
-                part.http.body = std::mem::take(chunk);
-            } else {
-                part.http.body.append(chunk);
-            }
-            let size = part.http.body.len();
-            let r = part.vm.lock().phase(
-                part.ctx,
-                Phase::ResponseBody,
-                &mut part.http,
-                size,
-                end_of_stream,
-            );
-            match part.filter.settle(part.slot, &part.vm, r, true) {
+            match Self::body_call(part, Phase::ResponseBody, chunk, end_of_stream) {
                 Ok(a) if a == action::PAUSE && !end_of_stream => {
-                    if part.http.body.len() > MAX_HELD_BODY {
-                        let f = Failure::Trap(format!(
-                            "held back more than {MAX_HELD_BODY} bytes of body"
-                        ));
-                        if let Verdict::Fail(why) = Self::failed(part, f) {
+                    if let Err(v) = Self::held(part) {
+                        if let Verdict::Fail(why) = v {
                             return Err(why);
                         }
                         *chunk = std::mem::take(&mut part.http.body);
@@ -612,6 +670,38 @@ impl Stream {
             }
         }
         Ok(())
+    }
+
+    /// Adds `chunk` to what the filter holds of the body and makes the body callback over all
+    /// of it (a filter that paused sees the bytes it held back again, as Envoy buffers them).
+    fn body_call(
+        part: &mut Part,
+        phase: Phase,
+        chunk: &mut Vec<u8>,
+        end_of_stream: bool,
+    ) -> Result<u32, Failure> {
+        if part.http.body.is_empty() {
+            part.http.body = std::mem::take(chunk);
+        } else {
+            part.http.body.append(chunk);
+        }
+        let size = part.http.body.len();
+        let r = part
+            .vm
+            .lock()
+            .phase(part.ctx, phase, &mut part.http, size, end_of_stream);
+        part.filter.settle(part.slot, &part.vm, r, true)
+    }
+
+    /// A filter paused on a body callback: fine while what it holds stays under
+    /// `MAX_HELD_BODY`; past it the filter fails (`Err` with what the stream does then, the
+    /// filter's body left in place for a fail-open filter).
+    fn held(part: &mut Part) -> Result<(), Verdict> {
+        if part.http.body.len() <= MAX_HELD_BODY {
+            return Ok(());
+        }
+        let f = Failure::Trap(format!("held back more than {MAX_HELD_BODY} bytes of body"));
+        Err(Self::failed(part, f))
     }
 }
 

@@ -563,7 +563,12 @@ fn shared(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "proxy_register_shared_queue",
         |mut c: C<'_>, np: i32, nn: i32, ret: i32| -> R {
             let name = bytes!(&mut c, np, nn.min(1024));
-            let id = c.data().plugin.shared.register_queue(&name);
+            let plugin = c.data().plugin.clone();
+            let id = plugin.shared.register_queue(&name, &plugin.queues_ready);
+            let mine = &mut c.data_mut().queues;
+            if !mine.contains(&id) {
+                mine.push(id);
+            }
             put_u32(&mut c, ret, id)
         },
     )?;

@@ -42,6 +42,7 @@ pub fn check(bytes: &[u8], root_id: &str, config: &[u8]) -> Result<ModuleInfo, S
         on_error: OnError::FailClosed,
         limits: Limits::default(),
         disable_after: 0,
+        max_request_body: 1 << 20,
         instances: 1,
         stats: Default::default(),
     })?;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -39,6 +39,40 @@ pub struct Plugin {
     pub config: Vec<u8>,
     pub limits: Limits,
     pub shared: Arc<SharedStore>,
+    /// The queues this filter's instances registered that have had items added since they
+    /// were last told (`proxy_on_queue_ready`).
+    pub queues_ready: Arc<QueueWake>,
+}
+
+/// Queue ids with new items for one filter, and the wake-up of the task that tells its
+/// instances. Enqueueing never calls into another instance itself: that instance may be the
+/// one enqueueing, or waiting on the caller's.
+#[derive(Default)]
+pub struct QueueWake {
+    pending: Mutex<Vec<u32>>,
+    notify: tokio::sync::Notify,
+}
+
+impl QueueWake {
+    fn wake(&self, id: u32) {
+        let mut p = self.pending.lock();
+        if !p.contains(&id) {
+            p.push(id);
+        }
+        drop(p);
+        self.notify.notify_one();
+    }
+
+    /// The queues with new items, once there are some.
+    pub async fn ready(&self) -> Vec<u32> {
+        loop {
+            let ids = std::mem::take(&mut *self.pending.lock());
+            if !ids.is_empty() {
+                return ids;
+            }
+            self.notify.notified().await;
+        }
+    }
 }
 
 /// An answer the filter makes itself (`proxy_send_local_response`).
@@ -92,6 +126,8 @@ struct SharedData {
 struct Queues {
     by_name: HashMap<Vec<u8>, u32>,
     items: HashMap<u32, std::collections::VecDeque<Vec<u8>>>,
+    /// The filters whose instances registered each queue (told when items arrive).
+    watchers: HashMap<u32, Vec<Weak<QueueWake>>>,
 }
 
 /// The most items a shared queue holds; an enqueue beyond it is refused.
@@ -140,14 +176,27 @@ impl SharedStore {
         Ok(())
     }
 
-    pub fn register_queue(&self, name: &[u8]) -> u32 {
+    /// Registers (or finds) the queue `name`; `watcher` is told when items are added to it.
+    pub fn register_queue(&self, name: &[u8], watcher: &Arc<QueueWake>) -> u32 {
         let mut q = self.queues.lock();
-        if let Some(id) = q.by_name.get(name) {
-            return *id;
+        let id = match q.by_name.get(name) {
+            Some(id) => *id,
+            None => {
+                let id = q.by_name.len() as u32 + 1;
+                q.by_name.insert(name.to_vec(), id);
+                q.items.insert(id, Default::default());
+                id
+            }
+        };
+        let w = q.watchers.entry(id).or_default();
+        // Filters of replaced configurations are gone: their entries go with this one.
+        w.retain(|x| x.strong_count() > 0);
+        if !w
+            .iter()
+            .any(|x| std::ptr::eq(x.as_ptr(), Arc::as_ptr(watcher)))
+        {
+            w.push(Arc::downgrade(watcher));
         }
-        let id = q.by_name.len() as u32 + 1;
-        q.by_name.insert(name.to_vec(), id);
-        q.items.insert(id, Default::default());
         id
     }
 
@@ -162,6 +211,15 @@ impl SharedStore {
             return Err(crate::abi::status::INTERNAL_FAILURE);
         }
         items.push_back(item);
+        let watchers: Vec<Arc<QueueWake>> = q
+            .watchers
+            .get(&id)
+            .map(|w| w.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
+        drop(q);
+        for w in watchers {
+            w.wake(id);
+        }
         Ok(())
     }
 

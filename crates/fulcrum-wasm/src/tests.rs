@@ -29,6 +29,7 @@ fn filter(name: &str, on_error: OnError, disable_after: u32) -> Arc<Filter> {
                 budget: Duration::from_millis(10),
             },
             disable_after,
+            max_request_body: 1 << 20,
             instances: 2,
             stats: Default::default(),
         })
@@ -277,6 +278,7 @@ async fn a_filter_built_from_c_by_clang_runs_as_committed() {
         on_error: OnError::FailClosed,
         limits: Limits::default(),
         disable_after: 0,
+        max_request_body: 1 << 20,
         instances: 2,
         stats: Default::default(),
     })

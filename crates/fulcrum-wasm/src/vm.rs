@@ -49,6 +49,8 @@ pub(crate) struct HostState {
     pub http: HttpState,
     /// The tick period the root context asked for (0: none).
     pub tick_ms: u32,
+    /// The shared queues this instance registered (`proxy_on_queue_ready` is for them).
+    pub queues: Vec<u32>,
     next_call_token: u32,
     /// The instance's memory and allocator, found once: a lookup by name per host call costs
     /// more than most host calls.
@@ -116,6 +118,7 @@ struct Callbacks {
     response_headers: Option<Cb3R>,
     response_body: Option<Cb3R>,
     http_call_response: Option<Cb5>,
+    queue_ready: Option<Cb2>,
     done: Option<Cb1R>,
     log: Option<Cb1>,
     delete: Option<Cb1>,
@@ -168,6 +171,7 @@ impl Callbacks {
             response_headers: cb!(6, "proxy_on_response_headers"),
             response_body: cb!(7, "proxy_on_response_body"),
             http_call_response: cb!(8, "proxy_on_http_call_response"),
+            queue_ready: cb!(9, "proxy_on_queue_ready"),
             done: cb!(10, "proxy_on_done"),
             log: cb!(11, "proxy_on_log"),
             delete: cb!(12, "proxy_on_delete"),
@@ -180,6 +184,7 @@ impl Callbacks {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     RequestHeaders,
+    RequestBody,
     ResponseHeaders,
     ResponseBody,
 }
@@ -193,6 +198,7 @@ pub struct Interest {
     pub response_body: bool,
     /// `fulcrum_on_message_frame`: the module frames messages.
     pub message_frame: bool,
+    pub queue_ready: bool,
 }
 
 /// The root context's id in every instance.
@@ -224,6 +230,7 @@ impl Vm {
                 plugin,
                 http: HttpState::default(),
                 tick_ms: 0,
+                queues: Vec::new(),
                 next_call_token: 1,
                 memory: None,
                 alloc: None,
@@ -296,6 +303,7 @@ impl Vm {
             response_headers: self.cb.response_headers.is_some(),
             response_body: self.cb.response_body.is_some(),
             message_frame: self.cb.message_frame.is_some(),
+            queue_ready: self.cb.queue_ready.is_some(),
         }
     }
 
@@ -328,6 +336,7 @@ impl Vm {
     ) -> Result<u32, Failure> {
         let f = match phase {
             Phase::RequestHeaders => self.cb.request_headers.clone(),
+            Phase::RequestBody => self.cb.request_body.clone(),
             Phase::ResponseHeaders => self.cb.response_headers.clone(),
             Phase::ResponseBody => self.cb.response_body.clone(),
         };
@@ -398,6 +407,19 @@ impl Vm {
         };
         self.arm();
         f.call(&mut self.store, ROOT).map_err(Failure::of)
+    }
+
+    /// `proxy_on_queue_ready` on the root context, for a queue this instance registered.
+    pub fn queue_ready(&mut self, queue: u32) -> Result<(), Failure> {
+        let Some(f) = self.cb.queue_ready.clone() else {
+            return Ok(());
+        };
+        if !self.store.data().queues.contains(&queue) {
+            return Ok(());
+        }
+        self.arm();
+        f.call(&mut self.store, (ROOT, queue as i32))
+            .map_err(Failure::of)
     }
 
     fn with<R>(

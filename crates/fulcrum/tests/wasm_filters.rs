@@ -157,10 +157,32 @@ async fn a_response_body_is_rewritten_as_it_streams() {
     assert_eq!(r.text(), "rewritten");
     let r = get(vs, "/chunked/200").await;
     assert_eq!(r.text(), plain, "untouched without a request for it");
-    // A member that sends a length: the rewritten body goes out chunked instead.
+    // A member that sends a length: a filter that keeps the length keeps the member's
+    // content-length (as in Envoy); one that removes it has its body go out chunked; one that
+    // changes the length but leaves content-length has the response cut, never mis-framed.
+    let r = get_with(vs, "/bytes/5000", &[("x-upper", "1")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-length"), Some("5000"));
+    assert_eq!(r.body.len(), 5000);
     let r = get_with(vs, "/bytes/5000", &[("x-rewrite", "1")]).await;
     assert_eq!((r.status, r.text().as_str()), (200, "rewritten"));
     assert_eq!(r.header("content-length"), None);
+    let url = format!("http://{vs}/bytes/5000");
+    for version in ["--http1.1", "--http2-prior-knowledge"] {
+        let (ok, out, _) = curl(&[
+            version,
+            "-H",
+            "x-rewrite: 1",
+            "-H",
+            "x-keep-length: 1",
+            &url,
+        ])
+        .await;
+        assert!(
+            !ok && out.len() < 5000,
+            "{version}: cut short, not mis-framed: {out}"
+        );
+    }
 
     let url = format!("http://{vs}/slow/5/20");
     let (ok, out, err) = curl(&["--http2-prior-knowledge", "-H", "x-upper: 1", &url]).await;
@@ -544,4 +566,260 @@ async fn a_filter_that_asks_for_ticks_gets_them() {
     let before = ticks().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(ticks().await, before, "no filter, no ticks");
+}
+
+/// Request bodies through a filter that reads them (`proxy_on_request_body`): read whole and
+/// decoded, edited (the member gets the new length, chunked or not as the client sent it) or
+/// refused by the filter before any member sees the request, and answered 413 past the filter's
+/// `max_request_body`; over HTTP/1.1 (pipelined, Expect: 100-continue) and HTTP/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_is_read_whole_and_edited_or_refused_by_a_filter() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), "max_request_body = \"1KiB\""),
+        pool("p", &addrs(&b), "")
+    );
+    let _f = start(&config).await;
+
+    // A Content-Length body, a chunked one, then a GET: pipelined in one write. (The probe
+    // reads response bodies, so the answers come chunked.)
+    let pipelined = "POST /echo HTTP/1.1\r\nHost: a\r\nx-req-upper: 1\r\nContent-Length: 11\r\n\r\nhello world\
+        POST /echo HTTP/1.1\r\nHost: a\r\nx-req-upper: 1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n chunk\r\n0\r\n\r\n\
+        GET /echo HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    let (out, _) = raw(vs, pipelined.as_bytes(), Duration::from_secs(10)).await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 3, "{out}");
+    let answers: Vec<&str> = out.split("HTTP/1.1 200").skip(1).collect();
+    assert!(answers[0].contains("HELLO WORLD!"), "{out}");
+    assert!(answers[0].contains("content-length: 12"), "{out}");
+    assert!(answers[1].contains("HELLO CHUNK!"), "{out}");
+    assert!(
+        answers[1].contains("content-length: 12")
+            && !answers[1].contains("transfer-encoding: chunked\n"),
+        "the decoded body goes on with its length: {out}"
+    );
+    assert!(answers[2].contains("GET /echo"), "{out}");
+
+    // Refused on its content: the member never sees it, the connection goes on.
+    let before = b[0].requests();
+    let (out, _) = raw(
+        vs,
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\ndeny this\
+          GET /echo HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(10),
+    )
+    .await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(out.contains("\r\n\r\nbody refused"), "{out}");
+    assert!(
+        out.contains("HTTP/1.1 200"),
+        "the next request is served: {out}"
+    );
+    assert_eq!(
+        b[0].requests(),
+        before + 1,
+        "only the GET reached the member"
+    );
+
+    let url = format!("http://{vs}/echo");
+    // A client that waits for 100 Continue before it sends the body the filter needs.
+    let (ok, out, err) = curl(&[
+        "-i",
+        "-H",
+        "Expect: 100-continue",
+        "-H",
+        "x-req-upper: 1",
+        "--data-binary",
+        "waited",
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("HTTP/1.1 100 Continue"), "{out}");
+    assert!(out.contains("WAITED!"), "{out}");
+
+    let big = "b".repeat(2048);
+    let (ok, out, err) = curl(&["-i", "--data-binary", &big, &url]).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("HTTP/1.1 413"),
+        "past max_request_body: {out}"
+    );
+    let (ok, out, err) = curl(&[
+        "-i",
+        "-H",
+        "Transfer-Encoding: chunked",
+        "--data-binary",
+        &big,
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("HTTP/1.1 413"), "chunked, past it: {out}");
+
+    // HTTP/2.
+    let h2 = |body: &'static str, upper: bool| {
+        let url = url.clone();
+        async move {
+            let mut args = vec!["-i", "--http2-prior-knowledge", "--data-binary", body];
+            if upper {
+                args.extend(["-H", "x-req-upper: 1"]);
+            }
+            args.push(&url);
+            curl(&args).await
+        }
+    };
+    let (ok, out, err) = h2("over http2", true).await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("HTTP/2 200"), "{out}");
+    assert!(out.contains("OVER HTTP2!"), "{out}");
+    assert!(out.contains("content-length: 11"), "{out}");
+    let (ok, out, err) = h2("deny over http2", false).await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("HTTP/2 403"), "{out}");
+    assert!(out.ends_with("body refused"), "{out}");
+    let (ok, out, err) =
+        curl(&["-i", "--http2-prior-knowledge", "--data-binary", &big, &url]).await;
+    assert!(ok || out.starts_with("HTTP/2 413"), "{err}");
+    assert!(out.starts_with("HTTP/2 413"), "{out}");
+}
+
+/// The TLS server name the client asked for reaches filters as
+/// `connection.requested_server_name`, over HTTP/1.1 and HTTP/2 (ALPN h2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_reads_the_tls_server_name() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let (crt, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=www.a.test"])
+        .args(["-addext", "subjectAltName=DNS:www.a.test"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .output()
+        .expect("openssl is installed by scripts/test.sh");
+    assert!(made.status.success(), "{made:?}");
+    let config = format!(
+        "[[virtual_service]]\nname = \"web\"\nlisten = [\"{vs}\"]\nprotocol = \"https\"\npool = \"p\"\n\
+         tls = [{{ cert = \"{}\", key = \"{}\" }}]\n{}{}",
+        crt.display(),
+        key.display(),
+        filter(&probe(), ""),
+        pool("p", &addrs(&b), "")
+    );
+    let _f = start(&config).await;
+    let resolve = format!("www.a.test:{}:127.0.0.1", vs.port());
+    let url = format!("https://www.a.test:{}/echo", vs.port());
+    for version in ["--http1.1", "--http2"] {
+        let (ok, out, err) =
+            curl(&["-k", version, "--resolve", &resolve, "-H", "x-sni: 1", &url]).await;
+        assert!(ok, "{version}: {err}");
+        assert!(out.contains("x-sni-seen: www.a.test"), "{version}: {out}");
+    }
+}
+
+/// Shared queues: an item a request adds reaches the instances that registered the queue
+/// (`proxy_on_queue_ready` on their root context), which take it off the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_item_is_announced_to_the_instances_that_registered_the_queue() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        pool("p", &addrs(&b), "")
+    );
+    let _f = start(&config).await;
+    let r = get_with(vs, "/echo", &[("x-enqueue", "queued-item")]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut last = String::new();
+    for _ in 0..100 {
+        let r = get_with(vs, "/echo", &[("x-get-q", "1")]).await;
+        last = seen(&r);
+        if last.contains("x-shared: queued-item") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the queue's item never reached its registrant: {last}");
+}
+
+/// `proxy_http_call` to a pool with `tls` goes in TLS (the member here is `openssl s_server`,
+/// which answers 200 to any GET and speaks nothing but TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_call_to_a_pool_with_tls_goes_in_tls() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let auth = free_addr();
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let (crt, key) = (dir.path().join("auth.crt"), dir.path().join("auth.key"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=auth"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .output()
+        .expect("openssl is installed by scripts/test.sh");
+    assert!(made.status.success(), "{made:?}");
+    let mut server = tokio::process::Command::new("openssl")
+        .args(["s_server", "-quiet", "-www", "-accept", &auth.to_string()])
+        .arg("-cert")
+        .arg(&crt)
+        .arg("-key")
+        .arg(&key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("openssl s_server");
+    let mut up = false;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(auth).await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(up, "openssl s_server listens on {auth}");
+    let config = format!(
+        "{}{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        pool("p", &addrs(&b), ""),
+        pool("auth", &[auth], "tls = { verify = false }")
+    );
+    let _f = start(&config).await;
+    let r = get_with(vs, "/echo", &[("x-auth", "1")]).await;
+    assert_eq!(r.status, 200, "the TLS auth member said yes: {}", r.text());
+    server.kill().await.expect("stop s_server");
+    let r = get_with(vs, "/echo", &[("x-auth", "1")]).await;
+    assert_eq!(
+        r.status, 401,
+        "no auth member: the call fails, the filter refuses"
+    );
 }

@@ -103,6 +103,7 @@ mod tests {
             peer: "127.0.0.9:5000".parse().expect("address"),
             local: "127.0.0.1:80".parse().expect("address"),
             alpn: Alpn::Http1,
+            sni: None,
         }
     }
 

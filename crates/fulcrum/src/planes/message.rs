@@ -371,6 +371,7 @@ fn framing_hook(path: &std::path::Path) -> Result<fulcrum_proxy::message::framin
         on_error: fulcrum_wasm::OnError::FailClosed,
         limits: fulcrum_wasm::Limits::default(),
         disable_after: 0,
+        max_request_body: 0,
         instances: std::thread::available_parallelism().map_or(2, |n| n.get().min(16)),
         stats: Default::default(),
     })
