@@ -23,7 +23,8 @@ pub struct Status {
     pub generation: u64,
     pub virtual_services: Vec<ServiceStatus>,
     /// Which optional planes the configuration uses, so a client (the dashboard) asks
-    /// `/api/v1/ha` and `/api/v1/links` only when they have something to say.
+    /// `/api/v1/ha`, `/api/v1/links` and `/api/v1/http/filters` only when they have something
+    /// to say.
     pub configured: Configured,
 }
 
@@ -33,6 +34,8 @@ pub struct Configured {
     pub ha: bool,
     /// `[[outbound]]` or `[[gateway_service]]` (link or gateway pools) are present.
     pub links: bool,
+    /// An http service lists proxy-wasm filters (`/api/v1/http/filters` has rows).
+    pub filters: bool,
 }
 
 #[derive(Serialize)]
@@ -679,6 +682,10 @@ async fn status(State(app): State<App>) -> Json<Status> {
             .map(|c| Configured {
                 ha: c.ha.is_some(),
                 links: !c.outbound.is_empty() || !c.gateway_services.is_empty(),
+                filters: c
+                    .virtual_services
+                    .iter()
+                    .any(|v| v.as_http().is_some_and(|h| !h.filters.is_empty())),
             })
             .unwrap_or_default(),
         virtual_services: {

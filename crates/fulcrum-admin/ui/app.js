@@ -22,6 +22,7 @@ const state = {
   gslb: true,           // false once /api/v1/gslb answered 404 (a build without GSLB)
   links: false,         // link or gateway pools configured (from /api/v1/status)
   ha: false,            // [ha] configured (from /api/v1/status)
+  filters: false,       // an http service has proxy-wasm filters (from /api/v1/status)
   lastOk: 0,
   certs: null,          // /api/v1/certificates, re-read every 30 s
   certsAt: 0,
@@ -453,6 +454,26 @@ function renderLinks(data) {
   prune(tbody);
 }
 
+function renderFilters(data) {
+  const panel = $("filters-panel");
+  if (!data || !data.filters || !data.filters.length) { panel.classList.add("hidden"); return; }
+  panel.classList.remove("hidden");
+  const tbody = $("filters").tBodies[0];
+  for (const f of data.filters) {
+    const rec = row(tbody, "filter:" + f.service + ":" + f.filter, 8, (rec) => {
+      for (const i of [3, 4, 5, 6, 7]) rec.tds[i].className = "num";
+      rec.tds[1].className = "addr";
+    });
+    const t = rec.tds;
+    setText(t[0], f.service); setText(t[1], f.filter);
+    pill(t[2], f.disabled ? "disabled" : "running", f.disabled ? "down" : "up");
+    setText(t[3], fmt(f.calls)); setText(t[4], fmt(f.local_replies)); setText(t[5], fmt(f.http_calls));
+    setText(t[6], `${fmt(f.budget_exceeded)} / ${fmt(f.memory_exceeded)} / ${fmt(f.traps)}`);
+    setText(t[7], fmt(f.restarts));
+  }
+  prune(tbody);
+}
+
 // One bar per region: each site's share of the answers, in the site's colour.
 function renderShares(names) {
   const siteColor = new Map();
@@ -683,7 +704,7 @@ async function refresh() {
   clearTimeout(timer);
   try {
     const wantCerts = Date.now() - state.certsAt > 30000;
-    const [status, pools, hist, audit, gslb, alerts, certs, links, ha] = await Promise.all([
+    const [status, pools, hist, audit, gslb, alerts, certs, links, ha, filters] = await Promise.all([
       api("GET", "/api/v1/status"),
       api("GET", "/api/v1/pools"),
       api("GET", "/api/v1/history?member_window=130&since=" + state.lastT),
@@ -694,9 +715,11 @@ async function refresh() {
       // Only what the configuration has (as of the last refresh: /api/v1/status says).
       state.links ? api("GET", "/api/v1/links").catch(() => null) : null,
       state.ha ? api("GET", "/api/v1/ha").catch(() => null) : null,
+      state.filters ? api("GET", "/api/v1/http/filters").catch(() => null) : null,
     ]);
     state.links = !!(status.configured && status.configured.links);
     state.ha = !!(status.configured && status.configured.ha);
+    state.filters = !!(status.configured && status.configured.filters);
     if (certs) { state.certs = certs; state.certsAt = Date.now(); }
     for (const s of hist.samples) state.history.push(s);
     if (hist.samples.length) state.lastT = hist.samples[hist.samples.length - 1].t;
@@ -708,6 +731,7 @@ async function refresh() {
     renderGslb(gslb);
     renderLinks(links);
     renderHa(ha);
+    renderFilters(state.filters ? filters : null);
     renderAudit(audit);
     renderAlerts(alerts);
     renderCerts(state.certs);

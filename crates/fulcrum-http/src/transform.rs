@@ -70,6 +70,14 @@ impl Transform {
         }
     }
 
+    /// Runs the filters' trailer callbacks over an HTTP/2 member's trailers.
+    pub fn trailers(&mut self, t: &mut http::HeaderMap) -> io::Result<()> {
+        match self {
+            Transform::Compress(_) => Ok(()),
+            Transform::Filter(f) | Transform::Both(f, _) => f.trailers(t),
+        }
+    }
+
     /// Bytes of output waiting.
     pub fn pending(&mut self) -> usize {
         match self {
@@ -286,7 +294,8 @@ impl Body for TransformBody {
                 Poll::Ready(Some(Ok(f))) => match f.into_data() {
                     Ok(d) => this.s.write(&d)?,
                     Err(f) => {
-                        if let Ok(t) = f.into_trailers() {
+                        if let Ok(mut t) = f.into_trailers() {
+                            this.s.trailers(&mut t)?;
                             this.trailers = Some(t);
                         }
                     }

@@ -379,6 +379,34 @@ impl FilterBody {
         self.run(&[], true)
     }
 
+    /// Runs the filters' `proxy_on_response_trailers` over `t`, rebuilt from what they leave
+    /// (a field a filter made invalid is dropped, with a warning).
+    pub fn trailers(&mut self, t: &mut http::HeaderMap) -> std::io::Result<()> {
+        if !self.stream.wants_response_trailers() {
+            return Ok(());
+        }
+        let mut pairs: Vec<Pair> = t
+            .iter()
+            .map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect();
+        self.stream
+            .response_trailers(&mut pairs)
+            .map_err(std::io::Error::other)?;
+        t.clear();
+        for (n, v) in pairs {
+            match (
+                http::HeaderName::from_bytes(&n),
+                http::HeaderValue::from_bytes(&v),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    t.append(n, v);
+                }
+                _ => tracing::warn!("a filter left an invalid trailer field; it is dropped"),
+            }
+        }
+        Ok(())
+    }
+
     /// The output waiting to be sent.
     pub fn output(&mut self) -> &mut Vec<u8> {
         &mut self.out

@@ -12,6 +12,7 @@
 ;; x-server. The response body of a request with
 ;; x-rewrite is held whole and replaced by "rewritten" (content-length removed, unless the
 ;; request also has x-keep-length); with x-upper it is upper-cased piece by piece as it streams.
+;; Response trailers (from HTTP/2 members) gain x-filter: yes and lose x-server.
 ;; It counts requests in the metric test_requests_ok, and its ticks (every 20 ms) in test_ticks. A request body is read whole: one that starts with "deny" is answered
 ;; 403 "body refused"; with x-req-upper the body is upper-cased and gains a "!".
 (module
@@ -134,6 +135,10 @@
       (call $upper (local.get $p) (local.get $n))
       (drop (call $set_buf (i32.const 0) (i32.const 0) (local.get $size) (local.get $p) (local.get $n)))
       (drop (call $set_buf (i32.const 0) (local.get $n) (i32.const 0) (i32.const 1320) (i32.const 1)))))
+    (i32.const 0))
+  (func (export "proxy_on_response_trailers") (param $ctx i32) (param $n i32) (result i32)
+    (drop (call $add_hdr (i32.const 3) (i32.const 1064) (i32.const 8) (i32.const 1072) (i32.const 3)))
+    (drop (call $rm_hdr (i32.const 3) (i32.const 1232) (i32.const 8)))
     (i32.const 0))
   (func (export "proxy_on_response_body") (param $ctx i32) (param $size i32) (param $eos i32) (result i32)
     (local $mode i32) (local $p i32) (local $n i32)

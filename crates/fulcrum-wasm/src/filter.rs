@@ -672,6 +672,34 @@ impl Stream {
         Ok(())
     }
 
+    /// Whether any live filter of this stream reads response trailers.
+    pub fn wants_response_trailers(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| p.live && p.filter.interest.response_trailers)
+    }
+
+    /// Runs `proxy_on_response_trailers` of every filter in order over `trailers`. `Err` when a
+    /// filter failed closed: the response must be cut. (A pause cannot hold trailers back:
+    /// they end the stream, so it goes on.)
+    pub fn response_trailers(&mut self, trailers: &mut Vec<Pair>) -> Result<(), String> {
+        for part in &mut self.parts {
+            if !part.live || !part.filter.interest.response_trailers {
+                continue;
+            }
+            part.http.response_trailers = std::mem::take(trailers);
+            let r = part.vm.lock().response_trailers(part.ctx, &mut part.http);
+            let r = part.filter.settle(part.slot, &part.vm, r, true);
+            *trailers = std::mem::take(&mut part.http.response_trailers);
+            if let Err(f) = r {
+                if let Verdict::Fail(why) = Self::failed(part, f) {
+                    return Err(why);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Adds `chunk` to what the filter holds of the body and makes the body callback over all
     /// of it (a filter that paused sees the bytes it held back again, as Envoy buffers them).
     fn body_call(

@@ -117,6 +117,7 @@ struct Callbacks {
     request_body: Option<Cb3R>,
     response_headers: Option<Cb3R>,
     response_body: Option<Cb3R>,
+    response_trailers: Option<Cb2R>,
     http_call_response: Option<Cb5>,
     queue_ready: Option<Cb2>,
     done: Option<Cb1R>,
@@ -144,6 +145,7 @@ impl Callbacks {
             "proxy_on_log",
             "proxy_on_delete",
             "fulcrum_on_message_frame",
+            "proxy_on_response_trailers",
         ]
         .iter()
         .map(|n| get(n))
@@ -176,6 +178,7 @@ impl Callbacks {
             log: cb!(11, "proxy_on_log"),
             delete: cb!(12, "proxy_on_delete"),
             message_frame: cb!(13, "fulcrum_on_message_frame"),
+            response_trailers: cb!(14, "proxy_on_response_trailers"),
         })
     }
 }
@@ -199,6 +202,7 @@ pub struct Interest {
     /// `fulcrum_on_message_frame`: the module frames messages.
     pub message_frame: bool,
     pub queue_ready: bool,
+    pub response_trailers: bool,
 }
 
 /// The root context's id in every instance.
@@ -304,6 +308,7 @@ impl Vm {
             response_body: self.cb.response_body.is_some(),
             message_frame: self.cb.message_frame.is_some(),
             queue_ready: self.cb.queue_ready.is_some(),
+            response_trailers: self.cb.response_trailers.is_some(),
         }
     }
 
@@ -344,6 +349,16 @@ impl Vm {
             return Ok(abi::action::CONTINUE);
         };
         let args = (ctx, size as i32, end_of_stream as i32);
+        self.with(http, |vm| f.call(&mut vm.store, args))
+            .map(|a| a as u32)
+    }
+
+    /// `proxy_on_response_trailers` over `http.response_trailers`; returns the action.
+    pub fn response_trailers(&mut self, ctx: i32, http: &mut HttpState) -> Result<u32, Failure> {
+        let Some(f) = self.cb.response_trailers.clone() else {
+            return Ok(abi::action::CONTINUE);
+        };
+        let args = (ctx, http.response_trailers.len() as i32);
         self.with(http, |vm| f.call(&mut vm.store, args))
             .map(|a| a as u32)
     }

@@ -591,3 +591,68 @@ async fn dashboard_forms_add_a_member_and_a_virtual_service_and_show_refusals() 
     let r = fulcrum_testkit::http_get(second, "/").await.unwrap();
     assert_eq!(r.status, 200);
 }
+
+/// The dashboard lists the proxy-wasm filters of http services with their counters, and marks a
+/// filter disabled after its failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_lists_loaded_filters_with_their_counters() {
+    let probe = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fulcrum-wasm/filters/probe.wat");
+    let backend = HttpBackend::start(free_addr(), "web-1").await.unwrap();
+    let vs = free_addr();
+    let config = format!(
+        "[[virtual_service]]\nname = \"shop\"\nlisten = [\"{vs}\"]\nprotocol = \"http\"\npool = \"web\"\n\
+         [[virtual_service.filter]]\nmodule = \"{}\"\ndisable_after = 2\n\
+         [[pool]]\nname = \"web\"\n[[pool.member]]\naddress = \"{}\"\n",
+        probe.display(),
+        backend.addr
+    );
+    let f = Fulcrum::start_with_token(BIN, free_addr(), Some(TOKEN), &config)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for _ in 0..3 {
+        let r = fulcrum_testkit::http_get(vs, "/").await.expect("an answer");
+        assert_eq!(r.status, 200);
+    }
+    let url = format!("http://{}/ui/#token={TOKEN}", f.admin);
+    let (shown, disabled, errors) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::launch(1440, 900).expect("chromium starts");
+        b.navigate(&url).unwrap();
+        let shown = b
+            .wait_for(
+                "(() => { const r = document.querySelector('#filters tbody tr'); return r && !document.getElementById('filters-panel').classList.contains('hidden') && r.cells[3].textContent !== '0' && r.textContent; })()",
+                Duration::from_secs(15),
+            )
+            .expect("the filter row shows with its calls");
+        // Two requests that make the filter trap disable it (disable_after = 2).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for _ in 0..2 {
+                let _ = fulcrum_testkit::http_request(vs, "GET", "/", &[("x-trap", "1")], b"").await;
+            }
+        });
+        let disabled = b
+            .wait_for(
+                "(() => { const r = document.querySelector('#filters tbody tr'); return r && r.cells[2].textContent === 'disabled' && r.textContent; })()",
+                Duration::from_secs(10),
+            )
+            .expect("the filter shows disabled");
+        (shown, disabled, b.errors())
+    })
+    .await
+    .unwrap();
+    let shown = shown.as_str().unwrap_or_default().to_string();
+    assert!(
+        shown.contains("shop") && shown.contains("probe.wat") && shown.contains("running"),
+        "{shown}"
+    );
+    let disabled = disabled.as_str().unwrap_or_default().to_string();
+    assert!(
+        disabled.contains("0 / 0 / 2"),
+        "two traps counted: {disabled}"
+    );
+    assert!(errors.is_empty(), "{errors:#?}");
+}

@@ -823,3 +823,70 @@ async fn an_http_call_to_a_pool_with_tls_goes_in_tls() {
         "no auth member: the call fails, the filter refuses"
     );
 }
+
+/// Response trailers (an HTTP/2 member's, as gRPC sends its status) go through
+/// `proxy_on_response_trailers`: the probe adds `x-filter` and removes `x-server` there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_trailers_go_through_the_filters() {
+    use http_body_util::BodyExt;
+    let member = free_addr();
+    let listener = tokio::net::TcpListener::bind(member).await.expect("bind");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    let (mut tx, body) = http_body_util::channel::Channel::<
+                        bytes::Bytes,
+                        std::convert::Infallible,
+                    >::new(2);
+                    tokio::spawn(async move {
+                        let _ = tx.send_data(bytes::Bytes::from_static(b"payload")).await;
+                        let mut t = http::HeaderMap::new();
+                        t.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        t.insert("x-server", http::HeaderValue::from_static("m0"));
+                        let _ = tx.send_trailers(t).await;
+                    });
+                    Ok::<_, std::convert::Infallible>(http::Response::new(body))
+                });
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .await;
+            });
+        }
+    });
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), ""),
+        pool("p", &[member], "http2 = true")
+    );
+    let _f = start(&config).await;
+    let tcp = tokio::net::TcpStream::connect(vs).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("an HTTP/2 connection");
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri(format!("http://{vs}/rpc"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("a request");
+    let resp = send.send_request(req).await.expect("an answer");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("the body");
+    let trailers = body.trailers().cloned().expect("trailers");
+    assert_eq!(body.to_bytes().as_ref(), b"payload");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..])
+    );
+    assert_eq!(
+        trailers.get("x-filter").map(|v| v.as_bytes()),
+        Some(&b"yes"[..])
+    );
+    assert!(trailers.get("x-server").is_none(), "{trailers:?}");
+}

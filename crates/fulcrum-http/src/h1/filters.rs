@@ -156,7 +156,7 @@ where
     /// The request's filters that read the response body, for the response plan.
     pub(super) fn body_filter(&mut self) -> Option<FilterBody> {
         self.filters
-            .take_if(|s| s.wants_response_body())
+            .take_if(|s| s.wants_response_body() || s.wants_response_trailers())
             .map(FilterBody::new)
     }
 }
