@@ -699,6 +699,17 @@ where
             crate::cache::Reply::Bypass => self.forward(route).await,
             crate::cache::Reply::Local(l) => self.fail(l, rule).await,
             r => {
+                let r = match self.filters.take() {
+                    Some(stream) => {
+                        let pool = &route.target.pool.name;
+                        let method = self.head.method;
+                        match crate::wasm_filters::on_cached(stream, r, method, pool).await {
+                            Ok(r) => r,
+                            Err(l) => return self.fail(l, rule).await,
+                        }
+                    }
+                    None => r,
+                };
                 let client = crate::h1_out::Client {
                     io: &mut self.io,
                     timer: &mut self.timer,

@@ -533,7 +533,20 @@ async fn handle(
                     .await
                     .map(|(r, m)| (r, Some(m))),
                 crate::cache::Reply::Local(l) => Err(l),
-                r => crate::cache::h2_response(r, head.method).ok_or_else(|| Local::error(502, "")),
+                r => {
+                    let stream = filters.lock().take();
+                    let r = match stream {
+                        Some(s) => {
+                            let pool = &route.target.pool.name;
+                            crate::wasm_filters::on_cached(s, r, head.method, pool).await
+                        }
+                        None => Ok(r),
+                    };
+                    r.and_then(|r| {
+                        crate::cache::h2_response(r, head.method)
+                            .ok_or_else(|| Local::error(502, ""))
+                    })
+                }
             };
             match answer {
                 Ok((r, member)) => {

@@ -17,6 +17,7 @@ use fulcrum_wasm::{
     CallResponse, Chain, Filter, FilterStats, HttpCalls, Limits, LocalReply, OnError, OutgoingCall,
     Pair, Props, Spec, Stream, Verdict,
 };
+use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use parking_lot::Mutex;
 
@@ -243,6 +244,89 @@ pub(crate) async fn on_response(
         *resp = resp.rebuilt(&pairs).map_err(|e| invalid(e, "response"))?;
     }
     Ok(())
+}
+
+/// Runs the response callbacks of the request's filters over an answer of the cache (stored,
+/// or a member's being stored): filters are the service's outermost layer, so they see cache
+/// hits as they see members' answers. The answer comes back made whole (`Reply::Ready`), its
+/// body through the body filters; `Err`: answer this instead.
+pub(crate) async fn on_cached(
+    mut stream: Box<Stream>,
+    reply: crate::cache::Reply,
+    method: crate::head::Method,
+    pool: &Arc<str>,
+) -> Result<crate::cache::Reply, Local> {
+    use crate::cache::Reply;
+    let wanted = stream.wants_response_headers()
+        || stream.wants_response_body()
+        || stream.wants_response_trailers();
+    if !wanted || !matches!(reply, Reply::Stored(_) | Reply::Member { .. }) {
+        return Ok(reply);
+    }
+    let Some((resp, member)) = crate::cache::h2_response(reply, method) else {
+        return Err(Local::error(502, ""));
+    };
+    stream.set_upstream(Some(pool.clone()), member);
+    let (mut parts, body) = resp.into_parts();
+    if stream.wants_response_headers() {
+        let mut pairs = Vec::with_capacity(parts.headers.len() + 1);
+        pairs.push((
+            b":status".to_vec(),
+            parts.status.as_str().as_bytes().to_vec(),
+        ));
+        for (n, v) in &parts.headers {
+            pairs.push((n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()));
+        }
+        let bodiless = body.is_end_stream();
+        match stream.response_headers(&mut pairs, bodiless).await {
+            Verdict::Continue => {}
+            Verdict::Local(l) => return Err(local_of(l)),
+            Verdict::Fail(why) => return Err(failed(&why)),
+        }
+        if stream.head_changed() {
+            let (status, headers) = map_of(&pairs).ok_or_else(|| {
+                tracing::warn!("a filter left an invalid response head");
+                Local::error(500, "a filter left an invalid head")
+            })?;
+            parts.status = status.unwrap_or(parts.status);
+            parts.headers = headers;
+        }
+    }
+    let body = if stream.wants_response_body() || stream.wants_response_trailers() {
+        let length = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let f = FilterBody::new(stream).held_to(length);
+        crate::body::DownBody::filtered(crate::transform::TransformBody::new(
+            body,
+            crate::transform::Transform::Filter(f),
+        ))
+    } else {
+        body
+    };
+    Ok(Reply::Ready {
+        resp: http::Response::from_parts(parts, body),
+        member,
+    })
+}
+
+/// A response head from pairs (`:status`, then fields); `None` when a filter left a name,
+/// value or status that is not valid.
+fn map_of(pairs: &[Pair]) -> Option<(Option<http::StatusCode>, http::HeaderMap)> {
+    let mut status = None;
+    let mut map = http::HeaderMap::with_capacity(pairs.len());
+    for (n, v) in pairs {
+        if n == b":status" {
+            status = Some(http::StatusCode::from_bytes(v).ok()?);
+        } else if !n.starts_with(b":") {
+            map.append(
+                http::HeaderName::from_bytes(n).ok()?,
+                http::HeaderValue::from_bytes(v).ok()?,
+            );
+        }
+    }
+    Some((status, map))
 }
 
 /// The member a filter chose for the request (`proxy_set_property("fulcrum.member", "ip:port")`),

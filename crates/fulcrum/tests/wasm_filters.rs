@@ -890,3 +890,47 @@ async fn response_trailers_go_through_the_filters() {
     );
     assert!(trailers.get("x-server").is_none(), "{trailers:?}");
 }
+
+/// Filters are the service's outermost layer: answers from the HTTP cache (hits, and the
+/// member's answer being stored) go through their response callbacks too, while the cache keeps
+/// the member's own response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_answers_go_through_the_response_filters() {
+    use fulcrum_testkit::{Origin, Reply};
+    let origin = Origin::start(free_addr(), |_, n| {
+        Reply::ok(
+            &format!("v{n}"),
+            &[("cache-control", "max-age=60"), ("x-server", "o")],
+        )
+    })
+    .await
+    .expect("the origin starts");
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, "cache = { size = \"16MiB\", max_object = \"1MiB\" }"),
+        filter(&probe(), ""),
+        pool("p", &[origin.addr], "")
+    );
+    let _f = start(&config).await;
+    let miss = get_with(vs, "/a", &[("x-upper", "1")]).await;
+    let hit = get_with(vs, "/a", &[("x-upper", "1")]).await;
+    for (r, what) in [(&miss, "the stored miss"), (&hit, "the hit")] {
+        assert_eq!(r.status, 200, "{what}");
+        assert_eq!(r.text(), "V0", "{what}: the body filter ran");
+        assert_eq!(r.header("x-filter"), Some("yes"), "{what}");
+        assert_eq!(r.header("x-server"), None, "{what}");
+        assert_eq!(r.header("content-length"), Some("2"), "{what}");
+    }
+    assert!(miss.header("cache-status").unwrap_or("").contains("stored"));
+    assert_eq!(hit.header("cache-status"), Some("fulcrum; hit"));
+    let plain = get(vs, "/a").await;
+    assert_eq!(plain.text(), "v0", "the cache holds the member's body");
+    assert_eq!(origin.count(), 1);
+    let url = format!("http://{vs}/a");
+    let (ok, out, err) = curl(&["-i", "--http2-prior-knowledge", "-H", "x-upper: 1", &url]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("cache-status: fulcrum; hit"), "{out}");
+    assert_eq!(header(&out, "x-filter"), Some("yes"), "{out}");
+    assert!(out.ends_with("V0"), "{out}");
+}

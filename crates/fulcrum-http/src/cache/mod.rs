@@ -181,6 +181,12 @@ pub(crate) enum Reply {
     Local(Local),
     /// Not for the cache: forward as usual.
     Bypass,
+    /// A stored or member answer made whole, its fields final (the service's filters ran over
+    /// it): sent as it is.
+    Ready {
+        resp: Response<DownBody>,
+        member: Option<SocketAddr>,
+    },
 }
 
 /// An answer from a stored response.
@@ -784,6 +790,7 @@ pub(crate) fn h2_response(
             );
             Some((resp, Some(member)))
         }
+        Reply::Ready { resp, member } => Some((resp, member)),
         Reply::Local(_) | Reply::Bypass => None,
     }
 }
@@ -886,55 +893,77 @@ pub(crate) async fn write_h1<W: AsyncWrite + Unpin>(
             status,
             stored,
         } => {
-            let (parts, mut body) = resp.into_parts();
-            let code = parts.status.as_u16();
-            crate::sink::write_status_line(out, code, b"");
-            let mut length = None;
-            for (n, v) in &parts.headers {
-                if n == http::header::CONTENT_LENGTH {
-                    length = v.to_str().ok().and_then(|v| v.parse::<u64>().ok());
-                }
-                out.field(n.as_str().as_bytes(), v.as_bytes());
-            }
-            out.field(b"cache-status", status.header(stored).as_bytes());
-            let bodiless = head.method == Method::Head || code == 204 || code == 304;
-            let chunked = !bodiless && length.is_none() && head.version != Version::Http10;
-            let close = !bodiless && length.is_none() && !chunked;
-            if chunked {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-            }
-            connection_fields(out, head, close);
-            out.extend_from_slice(b"\r\n");
-            let mut bytes = 0u64;
-            let ok = if bodiless {
-                // Drained (nothing to read for a bodiless answer) so the member connection is
-                // released.
-                let idle = client.idle;
-                loop {
-                    client.timer.set_after(idle);
-                    let Some(Some(Ok(_))) = client.timer.run(body.frame()).await else {
-                        break;
-                    };
-                }
-                write_timed(client.io, client.timer, client.out, idle)
-                    .await
-                    .is_ok()
-            } else {
-                crate::h1_out::relay_body(client, &mut body, chunked, |n| bytes += n as u64).await
-            };
-            Written {
-                status: code,
-                bytes,
-                member: Some(member),
-                keep: ok && !close && !head.close,
-            }
+            write_response(
+                client,
+                head,
+                resp,
+                Some(member),
+                Some(status.header(stored)),
+            )
+            .await
         }
+        Reply::Ready { resp, member } => write_response(client, head, resp, member, None).await,
         Reply::Local(_) | Reply::Bypass => Written {
             status: 0,
             bytes: 0,
             member: None,
             keep: false,
         },
+    }
+}
+
+/// Writes a whole response to an HTTP/1.x client, with `cache_status` when it has none yet.
+async fn write_response<W: AsyncWrite + Unpin>(
+    client: crate::h1_out::Client<'_, W>,
+    head: &RequestHead,
+    resp: Response<DownBody>,
+    member: Option<SocketAddr>,
+    cache_status: Option<&str>,
+) -> Written {
+    let out = &mut *client.out;
+    let (parts, mut body) = resp.into_parts();
+    let code = parts.status.as_u16();
+    crate::sink::write_status_line(out, code, b"");
+    let mut length = None;
+    for (n, v) in &parts.headers {
+        if n == http::header::CONTENT_LENGTH {
+            length = v.to_str().ok().and_then(|v| v.parse::<u64>().ok());
+        }
+        out.field(n.as_str().as_bytes(), v.as_bytes());
+    }
+    if let Some(cs) = cache_status {
+        out.field(b"cache-status", cs.as_bytes());
+    }
+    let bodiless = head.method == Method::Head || code == 204 || code == 304;
+    let chunked = !bodiless && length.is_none() && head.version != Version::Http10;
+    let close = !bodiless && length.is_none() && !chunked;
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    connection_fields(out, head, close);
+    out.extend_from_slice(b"\r\n");
+    let mut bytes = 0u64;
+    let ok = if bodiless {
+        // Drained (nothing to read for a bodiless answer) so the member connection is
+        // released.
+        let idle = client.idle;
+        loop {
+            client.timer.set_after(idle);
+            let Some(Some(Ok(_))) = client.timer.run(body.frame()).await else {
+                break;
+            };
+        }
+        write_timed(client.io, client.timer, client.out, idle)
+            .await
+            .is_ok()
+    } else {
+        crate::h1_out::relay_body(client, &mut body, chunked, |n| bytes += n as u64).await
+    };
+    Written {
+        status: code,
+        bytes,
+        member,
+        keep: ok && !close && !head.close,
     }
 }
 
