@@ -210,7 +210,7 @@ where
                     route.member = self
                         .filters
                         .as_deref()
-                        .and_then(crate::wasm_filters::chosen_member);
+                        .and_then(fulcrum_wasm::Stream::chosen_member);
                     // Boxed: the cache's states would otherwise enlarge every connection's
                     // future, idle keep-alive ones included, on services without a cache too.
                     let d = Box::pin(self.cached(route)).await;
@@ -223,7 +223,7 @@ where
                     route.member = self
                         .filters
                         .as_deref()
-                        .and_then(crate::wasm_filters::chosen_member);
+                        .and_then(fulcrum_wasm::Stream::chosen_member);
                     // Boxed: an exchange's states (member connect, TLS, retries) are about 5 KiB;
                     // held inline they would make every connection's task that large, idle
                     // keep-alive ones included. One allocation per request costs far less than

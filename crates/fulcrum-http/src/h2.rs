@@ -526,7 +526,7 @@ async fn handle(
             route.member = filters
                 .lock()
                 .as_deref()
-                .and_then(crate::wasm_filters::chosen_member);
+                .and_then(fulcrum_wasm::Stream::chosen_member);
             let reply = crate::cached::serve(route, &st.client, &head, None).await;
             let answer = match reply {
                 crate::cache::Reply::Bypass => forward(&down, route, &head, Some(body))
@@ -566,7 +566,7 @@ async fn handle(
             route.member = filters
                 .lock()
                 .as_deref()
-                .and_then(crate::wasm_filters::chosen_member);
+                .and_then(fulcrum_wasm::Stream::chosen_member);
             let result = forward_in_time(&down, route, &head, Some(body)).await;
             match result {
                 Ok((r, member)) => {

@@ -329,13 +329,6 @@ fn map_of(pairs: &[Pair]) -> Option<(Option<http::StatusCode>, http::HeaderMap)>
     Some((status, map))
 }
 
-/// The member a filter chose for the request (`proxy_set_property("fulcrum.member", "ip:port")`),
-/// Fulcrum's member-choice hook: proxy-wasm has none.
-pub(crate) fn chosen_member(stream: &Stream) -> Option<std::net::SocketAddr> {
-    let v = stream.property("fulcrum.member")?;
-    std::str::from_utf8(v).ok()?.trim().parse().ok()
-}
-
 fn failed(why: &str) -> Local {
     tracing::debug!("{why}");
     Local::error(500, "a filter failed")

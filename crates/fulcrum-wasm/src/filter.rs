@@ -189,7 +189,14 @@ impl Filter {
         };
         let r = vm.lock().message_frame(&mut http);
         match self.settle(slot, &vm, r, true) {
-            Ok(v) => MessageFrame::decode(v),
+            Ok(v) => match MessageFrame::decode(v) {
+                MessageFrame::Frame { len, key, .. } => MessageFrame::Frame {
+                    len,
+                    key,
+                    member: http.chosen_member(),
+                },
+                other => other,
+            },
             Err(_) => MessageFrame::Malformed,
         }
     }
@@ -268,6 +275,8 @@ pub enum MessageFrame {
     Frame {
         len: usize,
         key: Option<std::ops::Range<usize>>,
+        /// The member the hook chose for the message (`fulcrum.member`), if it chose one.
+        member: Option<std::net::SocketAddr>,
     },
 }
 
@@ -289,6 +298,7 @@ impl MessageFrame {
         MessageFrame::Frame {
             len,
             key: (n > 0).then_some(at..at + n),
+            member: None,
         }
     }
 }
@@ -442,19 +452,16 @@ impl Stream {
     /// last filter that set it wins. Fulcrum reads `fulcrum.member` (the member a filter chose
     /// for the request) this way.
     pub fn property(&self, name: &str) -> Option<&[u8]> {
-        self.parts.iter().rev().find_map(|p| {
-            p.http
-                .custom
-                .iter()
-                .rev()
-                .find(|(k, _)| {
-                    k.len() == name.len()
-                        && k.iter()
-                            .zip(name.bytes())
-                            .all(|(a, b)| *a == b || (*a == 0 && b == b'.'))
-                })
-                .map(|(_, v)| v.as_slice())
-        })
+        self.parts
+            .iter()
+            .rev()
+            .find_map(|p| p.http.custom_property(name))
+    }
+
+    /// The member a filter chose for the request (`fulcrum.member`), the last filter's choice
+    /// winning.
+    pub fn chosen_member(&self) -> Option<std::net::SocketAddr> {
+        self.parts.iter().rev().find_map(|p| p.http.chosen_member())
     }
 
     /// Whether a filter changed the head in the last header phase (add, replace, remove or set

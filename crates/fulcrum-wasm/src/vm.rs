@@ -43,6 +43,30 @@ pub struct HttpState {
     pub custom: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl HttpState {
+    /// A property the filter set, by its dotted name (the filter's path separates with NUL or
+    /// dots); the last one set wins.
+    pub fn custom_property(&self, name: &str) -> Option<&[u8]> {
+        self.custom
+            .iter()
+            .rev()
+            .find(|(k, _)| {
+                k.len() == name.len()
+                    && k.iter()
+                        .zip(name.bytes())
+                        .all(|(a, b)| *a == b || (*a == 0 && b == b'.'))
+            })
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The member a filter chose (`fulcrum.member` set to `"ip:port"`), Fulcrum's member-choice
+    /// hook.
+    pub fn chosen_member(&self) -> Option<std::net::SocketAddr> {
+        let v = self.custom_property("fulcrum.member")?;
+        std::str::from_utf8(v).ok()?.trim().parse().ok()
+    }
+}
+
 pub(crate) struct HostState {
     limits: StoreLimits,
     pub plugin: Arc<Plugin>,

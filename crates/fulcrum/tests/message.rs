@@ -1202,3 +1202,67 @@ async fn a_wasm_framing_hook_splits_and_pairs_as_the_built_in_framing_does() {
         assert_eq!(got, n, "{reason}");
     }
 }
+
+/// Fulcrum's member-choice hook on message services, an iRule's `node` command: the framing
+/// hook sets `fulcrum.member` from the message ("@ip:port;" at the start of its payload) and
+/// the message goes to that member; messages without a choice, or naming a member that is not
+/// in the pool, are scheduled as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wasm_framing_hook_chooses_the_member_of_each_message() {
+    let ascii = WireFraming::Length {
+        prefix: Vec::new(),
+        width: 4,
+        code: LengthCode::Ascii,
+        includes_header: false,
+        adjust: 0,
+    };
+    let servers = switches(2, &ascii, SwitchOptions::default()).await;
+    let vs = free_addr();
+    let hook = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fulcrum-wasm/filters/iso8583_frame.wat");
+    let f = start(&config(
+        vs,
+        &servers,
+        &format!(
+            "message_mode = \"async\"\nmember_connections = 1\nframing = {{ wasm = \"{}\", max_message = 512 }}",
+            hook.display()
+        ),
+        "",
+    ))
+    .await;
+    wait_connected(&f, &servers, 1).await;
+    let mut c = MessageClient::connect(vs, ascii.clone()).await.unwrap();
+    let target = servers[1].addr;
+    for i in 0..6u64 {
+        c.send(&id(i), format!("@{target};to s1").as_bytes())
+            .await
+            .unwrap();
+        c.recv(WAIT).await.unwrap().expect("an answer");
+    }
+    assert_eq!(
+        (servers[0].messages(), servers[1].messages()),
+        (0, 6),
+        "every chosen message went to s1"
+    );
+    for i in 6..12u64 {
+        let payload: &[u8] = if i % 2 == 0 {
+            b"plain"
+        } else {
+            b"@127.0.0.1:9;gone"
+        };
+        c.send(&id(i), payload).await.unwrap();
+        c.recv(WAIT).await.unwrap().expect("an answer");
+    }
+    assert_eq!(
+        servers[0].messages() + servers[1].messages(),
+        12,
+        "{} / {}",
+        servers[0].messages(),
+        servers[1].messages()
+    );
+    assert!(
+        servers[0].messages() >= 2,
+        "without a usable choice the scheduler spreads them: {}",
+        servers[0].messages()
+    );
+}

@@ -161,7 +161,14 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
                 (None, _) => None,
             };
             let bytes = rbuf.split_to(frame.len).freeze();
-            let msg = Message::new(bytes, id, me.clone(), next_index, last_activity);
+            let msg = Message::new(
+                bytes,
+                id,
+                me.clone(),
+                next_index,
+                last_activity,
+                frame.member,
+            );
             if let Some(o) = &mut in_order {
                 o.slots.push_back(None);
             }

@@ -23,6 +23,8 @@ pub struct Frame {
     pub body: Range<usize>,
     /// Where the sequence key lies within the frame, when a framing hook gave one.
     pub key: Option<Range<usize>>,
+    /// The member a framing hook chose for the message (`fulcrum.member`), if it chose one.
+    pub member: Option<std::net::SocketAddr>,
 }
 
 /// Why bytes cannot be a frame.
@@ -184,6 +186,7 @@ impl Framer {
                     len,
                     body: header..len,
                     key: None,
+                    member: None,
                 }))
             }
             Kind::Hook(hook) => {
@@ -208,10 +211,11 @@ impl Framer {
                         })
                     }
                     MessageFrame::Frame { len, .. } if buf.len() < len => Ok(None),
-                    MessageFrame::Frame { len, key } => Ok(Some(Frame {
+                    MessageFrame::Frame { len, key, member } => Ok(Some(Frame {
                         len,
                         body: 0..len,
                         key,
+                        member,
                     })),
                 }
             }
@@ -227,6 +231,7 @@ impl Framer {
                             len: end + delim.len(),
                             body: 0..end,
                             key: None,
+                            member: None,
                         }))
                     }
                     None if limit >= self.max_body.saturating_add(delim.len()) => {
@@ -302,6 +307,7 @@ mod tests {
             len,
             body,
             key: None,
+            member: None,
         }))
     }
 

@@ -119,6 +119,8 @@ pub(crate) struct Message {
     done: bool,
     /// Members whose connection died with this message, or could not take it: avoided next.
     tried: Option<Box<[SocketAddr]>>,
+    /// The member the framing hook chose (`fulcrum.member`); boxed, as rarely set.
+    chosen: Option<Box<SocketAddr>>,
 }
 
 impl Message {
@@ -128,6 +130,7 @@ impl Message {
         client: Arc<Client>,
         index: u64,
         accepted: Instant,
+        chosen: Option<SocketAddr>,
     ) -> Message {
         // The client connection bounds frames by max_message (at most 64 MiB) and ids by 64
         // bytes, so both fit; anything else would be a bug, and then the message has no id.
@@ -145,6 +148,7 @@ impl Message {
             bounces: 0,
             done: false,
             tried: None,
+            chosen: chosen.map(Box::new),
         }
     }
 
@@ -372,13 +376,16 @@ impl Dispatch {
             (Some(p), Some(k)) => p.table.get(k),
             _ => None,
         };
+        // The framing hook's choice comes ahead of persistence; a member not in the pool, or
+        // out, leaves the choice to the attempts below, as a forgotten one would.
+        let preferred = msg.chosen.as_deref().copied().or(remembered);
         // Only the hash algorithm reads the key: skip hashing the client per message otherwise.
         let ctx = PickContext {
             hash: (pool.algorithm == Algorithm::Hash)
                 .then(|| l4_hash(&pool.hash_key, msg.peer()))
                 .flatten(),
         };
-        let mut attempts = pool.attempts(ctx, remembered).after(msg.tried());
+        let mut attempts = pool.attempts(ctx, preferred).after(msg.tried());
         let mut full = None;
         let mut fallback = None;
         let mut chosen = None;
@@ -748,6 +755,7 @@ mod tests {
             client,
             0,
             Instant::now(),
+            None,
         );
         for a in tried {
             msg.avoid(*a);
