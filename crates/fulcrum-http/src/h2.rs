@@ -372,6 +372,33 @@ impl std::fmt::Display for Dropped {
 
 impl std::error::Error for Dropped {}
 
+/// The most of a refused request body read (and dropped) before the refusal is sent, and for
+/// how long at most.
+const DISCARD_MAX: u64 = 64 << 10;
+const DISCARD_TIME: Duration = Duration::from_secs(1);
+
+/// Before refusing a body by its announced `length`: when it is small enough, reads and drops
+/// it first (for at most `DISCARD_TIME`), so that a client still uploading gets the refusal
+/// rather than a stream reset it may report instead of the answer (curl does, when the reset
+/// overtakes its upload). Larger bodies are refused at once, as HTTP/1 servers stop lingering
+/// past a bound.
+async fn discard_briefly<B: Body + Unpin>(mut body: B, length: u64) {
+    if length > DISCARD_MAX {
+        return;
+    }
+    let until = tokio::time::sleep(DISCARD_TIME);
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            f = body.frame() => match f {
+                Some(Ok(_)) => {}
+                _ => return,
+            },
+            _ = &mut until => return,
+        }
+    }
+}
+
 /// Reads the request body whole (up to `limit` and `max_body_size`) for the filters that read
 /// request bodies, runs their body callbacks and gives what they leave as the body to forward,
 /// its length in `head`. `Err`: the answer instead (413, 408, a filter's own reply).
@@ -386,7 +413,8 @@ async fn whole_body(
         return Ok(body);
     }
     let limit = limit as u64;
-    if head.content_length.is_some_and(|n| n > limit) {
+    if let Some(n) = head.content_length.filter(|n| *n > limit) {
+        discard_briefly(body, n).await;
         return Err(crate::wasm_filters::body_over_limit());
     }
     let max = svc.max_body_size.map_or(limit, |m| m.min(limit));
@@ -449,6 +477,7 @@ async fn handle(
                 .bodies_too_large
                 .fetch_add(1, Ordering::Relaxed);
             svc.http_stats.count_status(413);
+            discard_briefly(body, n).await;
             return Ok(local_response(
                 &Local::error(413, "request body larger than max_body_size"),
                 None,

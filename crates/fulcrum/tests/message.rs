@@ -48,6 +48,17 @@ fn config(vs: SocketAddr, servers: &[MessageSwitch], extra: &str, pool_extra: &s
     )
 }
 
+/// ISO 8583-style framing: the body's length in four ASCII digits.
+fn ascii_four_digits() -> WireFraming {
+    WireFraming::Length {
+        prefix: Vec::new(),
+        width: 4,
+        code: LengthCode::Ascii,
+        includes_header: false,
+        adjust: 0,
+    }
+}
+
 const ASYNC_SEQ: &str = "message_mode = \"async\"\nsequence = { offset = 0, length = 12 }";
 
 /// Waits until every member of pool `p` has its member connections up, so the first messages
@@ -475,13 +486,7 @@ async fn async_order_matching_without_sequence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_frames_close_only_the_client_that_sent_them() {
     let framing = WireFraming::two_byte();
-    let ascii = WireFraming::Length {
-        prefix: Vec::new(),
-        width: 4,
-        code: LengthCode::Ascii,
-        includes_header: false,
-        adjust: 0,
-    };
+    let ascii = ascii_four_digits();
     let bin_servers = switches(2, &framing, SwitchOptions::default()).await;
     let ascii_server =
         MessageSwitch::start(free_addr(), "a0", ascii.clone(), SwitchOptions::default())
@@ -1120,13 +1125,7 @@ async fn sigterm_delivers_answers_in_flight_then_closes() {
 /// refuses close only their client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wasm_framing_hook_splits_and_pairs_as_the_built_in_framing_does() {
-    let ascii = WireFraming::Length {
-        prefix: Vec::new(),
-        width: 4,
-        code: LengthCode::Ascii,
-        includes_header: false,
-        adjust: 0,
-    };
+    let ascii = ascii_four_digits();
     let servers = switches(1, &ascii, SwitchOptions::default()).await;
     let (builtin, hooked) = (free_addr(), free_addr());
     let hook = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -1209,13 +1208,7 @@ async fn a_wasm_framing_hook_splits_and_pairs_as_the_built_in_framing_does() {
 /// in the pool, are scheduled as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wasm_framing_hook_chooses_the_member_of_each_message() {
-    let ascii = WireFraming::Length {
-        prefix: Vec::new(),
-        width: 4,
-        code: LengthCode::Ascii,
-        includes_header: false,
-        adjust: 0,
-    };
+    let ascii = ascii_four_digits();
     let servers = switches(2, &ascii, SwitchOptions::default()).await;
     let vs = free_addr();
     let hook = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
