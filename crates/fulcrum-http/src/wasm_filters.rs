@@ -292,7 +292,9 @@ pub(crate) async fn on_cached(
             parts.headers = headers;
         }
     }
-    let body = if stream.wants_response_body() || stream.wants_response_trailers() {
+    // A bodiless answer (HEAD, 304) has nothing for the body filters, whatever its length says.
+    let filtered = stream.wants_response_body() || stream.wants_response_trailers();
+    let body = if filtered && !body.is_end_stream() {
         let length = parts
             .headers
             .get(http::header::CONTENT_LENGTH)

@@ -661,6 +661,23 @@ async fn a_request_body_is_read_whole_and_edited_or_refused_by_a_filter() {
     assert!(ok, "{err}");
     assert!(out.starts_with("HTTP/1.1 413"), "chunked, past it: {out}");
 
+    // Chunk framing counts against the limit too: a few bytes of body in 200 chunks, each with
+    // a long extension, is refused rather than buffered.
+    let ext = "x".repeat(400);
+    let mut chunked = String::from(
+        "POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    );
+    for _ in 0..200 {
+        chunked.push_str(&format!("1;{ext}\r\nb\r\n"));
+    }
+    chunked.push_str("0\r\n\r\n");
+    let (out, _) = raw(vs, chunked.as_bytes(), Duration::from_secs(10)).await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert!(
+        out.starts_with("HTTP/1.1 413"),
+        "framing past the allowance: {out}"
+    );
+
     // HTTP/2.
     let h2 = |body: &'static str, upper: bool| {
         let url = url.clone();
@@ -682,8 +699,14 @@ async fn a_request_body_is_read_whole_and_edited_or_refused_by_a_filter() {
     assert!(ok, "{err}");
     assert!(out.starts_with("HTTP/2 403"), "{out}");
     assert!(out.ends_with("body refused"), "{out}");
-    let (ok, out, err) =
-        curl(&["-iS", "--http2-prior-knowledge", "--data-binary", &big, &url]).await;
+    let (ok, out, err) = curl(&[
+        "-iS",
+        "--http2-prior-knowledge",
+        "--data-binary",
+        &big,
+        &url,
+    ])
+    .await;
     assert!(out.starts_with("HTTP/2 413"), "{ok} {out} {err}");
 }
 
@@ -896,4 +919,16 @@ async fn cache_answers_go_through_the_response_filters() {
     assert!(out.contains("cache-status: fulcrum; hit"), "{out}");
     assert_eq!(header(&out, "x-filter"), Some("yes"), "{out}");
     assert!(out.ends_with("V0"), "{out}");
+    // HEAD from the cache: the fields through the filters, no body to filter.
+    for version in ["--http1.1", "--http2-prior-knowledge"] {
+        let (ok, out, err) = curl(&["-I", version, "-H", "x-upper: 1", &url]).await;
+        assert!(ok, "{version}: {err}");
+        assert!(out.contains(" 200"), "{version}: {out}");
+        assert_eq!(header(&out, "x-filter"), Some("yes"), "{version}: {out}");
+        assert_eq!(
+            header(&out, "content-length"),
+            Some("2"),
+            "{version}: {out}"
+        );
+    }
 }

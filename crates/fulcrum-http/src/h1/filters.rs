@@ -15,6 +15,10 @@ use crate::head::{ResponseHead, Version};
 use crate::local::Local;
 use crate::wasm_filters::{body_over_limit, on_request_body, FilterBody};
 
+/// How much chunk framing (size lines, extensions) a filtered body may carry beyond twice its
+/// data before it is refused.
+const FRAMING_ALLOWANCE: usize = 64 << 10;
+
 impl<S> Conn<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -93,7 +97,9 @@ where
                             Err(e) => return closing(400, e.0),
                         };
                     fed += used;
-                    if body.len() > limit {
+                    // The framing counts too: one-byte chunks would otherwise hold six bytes
+                    // of buffer per byte of body.
+                    if body.len() > limit || fed - start > 2 * limit + FRAMING_ALLOWANCE {
                         return Some(body_over_limit());
                     }
                     if d.is_done() {
