@@ -34,6 +34,21 @@ fn filter(module: &str, extra: &str) -> String {
     format!("[[virtual_service.filter]]\nmodule = \"{module}\"\n{extra}\n")
 }
 
+/// An http service `web` with the probe filter (and `extra` keys on it) in front of `n`
+/// backends: the backends, the service's address and the running process.
+async fn probe_service(n: usize, extra: &str) -> (Vec<HttpBackend>, SocketAddr, Fulcrum) {
+    let b = backends(n).await;
+    let vs = free_addr();
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&probe(), extra),
+        pool("p", &addrs(&b), "")
+    );
+    let f = start(&config).await;
+    (b, vs, f)
+}
+
 /// Request fields as the echo member saw them (`name: value` lines).
 fn seen(r: &HttpResponse) -> String {
     r.text()
@@ -139,15 +154,7 @@ async fn filters_edit_heads_and_answer_over_http1_and_http2() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_body_is_rewritten_as_it_streams() {
-    let b = backends(1).await;
-    let vs = free_addr();
-    let config = format!(
-        "{}{}{}",
-        service(vs, ""),
-        filter(&probe(), ""),
-        pool("p", &addrs(&b), "")
-    );
-    let _f = start(&config).await;
+    let (_b, vs, _f) = probe_service(1, "").await;
     let plain: String = (0..200).map(|i| format!("m0 chunk {i}\n")).collect();
 
     let r = get_with(vs, "/chunked/200", &[("x-upper", "1")]).await;
@@ -238,15 +245,7 @@ async fn a_trap_a_loop_and_unbounded_memory_fail_only_their_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_failures_disable_a_filter_until_the_next_reload() {
-    let b = backends(1).await;
-    let vs = free_addr();
-    let config = format!(
-        "{}{}{}",
-        service(vs, ""),
-        filter(&probe(), "disable_after = 3\non_error = \"fail_open\""),
-        pool("p", &addrs(&b), "")
-    );
-    let f = start(&config).await;
+    let (_b, vs, f) = probe_service(1, "disable_after = 3\non_error = \"fail_open\"").await;
     for _ in 0..3 {
         let r = get_with(vs, "/echo", &[("x-trap", "1")]).await;
         assert_eq!(r.status, 200);
@@ -500,15 +499,7 @@ async fn a_filter_built_with_a_public_sdk_runs_unchanged() {
 /// in the pool leaves the choice to the scheduler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filter_chooses_the_member_or_leaves_it_to_the_scheduler() {
-    let b = backends(2).await;
-    let vs = free_addr();
-    let config = format!(
-        "{}{}{}",
-        service(vs, ""),
-        filter(&probe(), ""),
-        pool("p", &addrs(&b), "")
-    );
-    let _f = start(&config).await;
+    let (b, vs, _f) = probe_service(2, "").await;
     let chosen = b[1].addr.to_string();
     for _ in 0..6 {
         let r = get_with(vs, "/", &[("x-member", &chosen)]).await;
@@ -539,15 +530,7 @@ async fn a_filter_chooses_the_member_or_leaves_it_to_the_scheduler() {
 /// them in a metric of its own; they stop with the service that loaded it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filter_that_asks_for_ticks_gets_them() {
-    let b = backends(1).await;
-    let vs = free_addr();
-    let config = format!(
-        "{}{}{}",
-        service(vs, ""),
-        filter(&probe(), ""),
-        pool("p", &addrs(&b), "")
-    );
-    let f = start(&config).await;
+    let (b, vs, f) = probe_service(1, "").await;
     let ticks = || async {
         sample(
             &metrics(&f).await,
@@ -574,15 +557,7 @@ async fn a_filter_that_asks_for_ticks_gets_them() {
 /// `max_request_body`; over HTTP/1.1 (pipelined, Expect: 100-continue) and HTTP/2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_is_read_whole_and_edited_or_refused_by_a_filter() {
-    let b = backends(1).await;
-    let vs = free_addr();
-    let config = format!(
-        "{}{}{}",
-        service(vs, ""),
-        filter(&probe(), "max_request_body = \"1KiB\""),
-        pool("p", &addrs(&b), "")
-    );
-    let _f = start(&config).await;
+    let (b, vs, _f) = probe_service(1, "max_request_body = \"1KiB\"").await;
 
     // A Content-Length body, a chunked one, then a GET: pipelined in one write. (The probe
     // reads response bodies, so the answers come chunked.)
@@ -740,15 +715,7 @@ async fn a_filter_reads_the_tls_server_name() {
 /// (`proxy_on_queue_ready` on their root context), which take it off the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_item_is_announced_to_the_instances_that_registered_the_queue() {
-    let b = backends(1).await;
-    let vs = free_addr();
-    let config = format!(
-        "{}{}{}",
-        service(vs, ""),
-        filter(&probe(), ""),
-        pool("p", &addrs(&b), "")
-    );
-    let _f = start(&config).await;
+    let (_b, vs, _f) = probe_service(1, "").await;
     let r = get_with(vs, "/echo", &[("x-enqueue", "queued-item")]).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let mut last = String::new();
