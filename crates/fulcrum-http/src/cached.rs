@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Response};
+use http_body::Body;
 use http_body_util::BodyExt;
 
 use crate::body::DownBody;
@@ -31,6 +32,7 @@ use crate::exchange::Route;
 use crate::forward::Interim;
 use crate::head::{FieldKind, Method, RequestHead};
 use crate::local::Local;
+use crate::wasm_filters;
 
 fn find_variant(list: &[Arc<Entry>], head: &RequestHead) -> Option<Arc<Entry>> {
     list.iter()
@@ -644,4 +646,71 @@ fn take_response(
         status,
         stored: true,
     }
+}
+
+/// Runs the response callbacks of the request's filters over an answer of the cache (stored,
+/// or a member's being stored): filters are the service's outermost layer, so they see cache
+/// hits as they see members' answers. The answer comes back made whole (`Reply::Ready`), its
+/// body through the body filters; `Err`: answer this instead.
+pub(crate) async fn filtered(
+    mut stream: Box<fulcrum_wasm::Stream>,
+    reply: crate::cache::Reply,
+    method: crate::head::Method,
+    pool: &Arc<str>,
+) -> Result<crate::cache::Reply, Local> {
+    use crate::cache::Reply;
+    let wanted = stream.wants_response_headers()
+        || stream.wants_response_body()
+        || stream.wants_response_trailers();
+    if !wanted || !matches!(reply, Reply::Stored(_) | Reply::Member { .. }) {
+        return Ok(reply);
+    }
+    let Some((resp, member)) = crate::cache::h2_response(reply, method) else {
+        return Err(Local::error(502, ""));
+    };
+    stream.set_upstream(Some(pool.clone()), member);
+    let (mut parts, body) = resp.into_parts();
+    if stream.wants_response_headers() {
+        let mut pairs = Vec::with_capacity(parts.headers.len() + 1);
+        pairs.push((
+            b":status".to_vec(),
+            parts.status.as_str().as_bytes().to_vec(),
+        ));
+        for (n, v) in &parts.headers {
+            pairs.push((n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()));
+        }
+        let bodiless = body.is_end_stream();
+        match stream.response_headers(&mut pairs, bodiless).await {
+            fulcrum_wasm::Verdict::Continue => {}
+            fulcrum_wasm::Verdict::Local(l) => return Err(wasm_filters::local_of(l)),
+            fulcrum_wasm::Verdict::Fail(why) => return Err(wasm_filters::failed(&why)),
+        }
+        if stream.head_changed() {
+            let (status, headers) = wasm_filters::map_of(&pairs).ok_or_else(|| {
+                tracing::warn!("a filter left an invalid response head");
+                Local::error(500, "a filter left an invalid head")
+            })?;
+            parts.status = status.unwrap_or(parts.status);
+            parts.headers = headers;
+        }
+    }
+    // A bodiless answer (HEAD, 304) has nothing for the body filters, whatever its length says.
+    let filtered = stream.wants_response_body() || stream.wants_response_trailers();
+    let body = if filtered && !body.is_end_stream() {
+        let length = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let f = wasm_filters::FilterBody::new(stream).held_to(length);
+        crate::body::DownBody::filtered(crate::transform::TransformBody::new(
+            body,
+            crate::transform::Transform::Filter(f),
+        ))
+    } else {
+        body
+    };
+    Ok(Reply::Ready {
+        resp: http::Response::from_parts(parts, body),
+        member,
+    })
 }

@@ -703,7 +703,7 @@ where
                     Some(stream) => {
                         let pool = &route.target.pool.name;
                         let method = self.head.method;
-                        match crate::wasm_filters::on_cached(stream, r, method, pool).await {
+                        match crate::cached::filtered(stream, r, method, pool).await {
                             Ok(r) => r,
                             Err(l) => return self.fail(l, rule).await,
                         }

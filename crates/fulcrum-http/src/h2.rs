@@ -567,7 +567,7 @@ async fn handle(
                     let r = match stream {
                         Some(s) => {
                             let pool = &route.target.pool.name;
-                            crate::wasm_filters::on_cached(s, r, head.method, pool).await
+                            crate::cached::filtered(s, r, head.method, pool).await
                         }
                         None => Ok(r),
                     };

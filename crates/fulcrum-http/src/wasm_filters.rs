@@ -17,7 +17,6 @@ use fulcrum_wasm::{
     CallResponse, Chain, Filter, FilterStats, HttpCalls, Limits, LocalReply, OnError, OutgoingCall,
     Pair, Props, Spec, Stream, Verdict,
 };
-use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use parking_lot::Mutex;
 
@@ -246,76 +245,9 @@ pub(crate) async fn on_response(
     Ok(())
 }
 
-/// Runs the response callbacks of the request's filters over an answer of the cache (stored,
-/// or a member's being stored): filters are the service's outermost layer, so they see cache
-/// hits as they see members' answers. The answer comes back made whole (`Reply::Ready`), its
-/// body through the body filters; `Err`: answer this instead.
-pub(crate) async fn on_cached(
-    mut stream: Box<Stream>,
-    reply: crate::cache::Reply,
-    method: crate::head::Method,
-    pool: &Arc<str>,
-) -> Result<crate::cache::Reply, Local> {
-    use crate::cache::Reply;
-    let wanted = stream.wants_response_headers()
-        || stream.wants_response_body()
-        || stream.wants_response_trailers();
-    if !wanted || !matches!(reply, Reply::Stored(_) | Reply::Member { .. }) {
-        return Ok(reply);
-    }
-    let Some((resp, member)) = crate::cache::h2_response(reply, method) else {
-        return Err(Local::error(502, ""));
-    };
-    stream.set_upstream(Some(pool.clone()), member);
-    let (mut parts, body) = resp.into_parts();
-    if stream.wants_response_headers() {
-        let mut pairs = Vec::with_capacity(parts.headers.len() + 1);
-        pairs.push((
-            b":status".to_vec(),
-            parts.status.as_str().as_bytes().to_vec(),
-        ));
-        for (n, v) in &parts.headers {
-            pairs.push((n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()));
-        }
-        let bodiless = body.is_end_stream();
-        match stream.response_headers(&mut pairs, bodiless).await {
-            Verdict::Continue => {}
-            Verdict::Local(l) => return Err(local_of(l)),
-            Verdict::Fail(why) => return Err(failed(&why)),
-        }
-        if stream.head_changed() {
-            let (status, headers) = map_of(&pairs).ok_or_else(|| {
-                tracing::warn!("a filter left an invalid response head");
-                Local::error(500, "a filter left an invalid head")
-            })?;
-            parts.status = status.unwrap_or(parts.status);
-            parts.headers = headers;
-        }
-    }
-    // A bodiless answer (HEAD, 304) has nothing for the body filters, whatever its length says.
-    let filtered = stream.wants_response_body() || stream.wants_response_trailers();
-    let body = if filtered && !body.is_end_stream() {
-        let length = parts
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse().ok());
-        let f = FilterBody::new(stream).held_to(length);
-        crate::body::DownBody::filtered(crate::transform::TransformBody::new(
-            body,
-            crate::transform::Transform::Filter(f),
-        ))
-    } else {
-        body
-    };
-    Ok(Reply::Ready {
-        resp: http::Response::from_parts(parts, body),
-        member,
-    })
-}
-
 /// A response head from pairs (`:status`, then fields); `None` when a filter left a name,
 /// value or status that is not valid.
-fn map_of(pairs: &[Pair]) -> Option<(Option<http::StatusCode>, http::HeaderMap)> {
+pub(crate) fn map_of(pairs: &[Pair]) -> Option<(Option<http::StatusCode>, http::HeaderMap)> {
     let mut status = None;
     let mut map = http::HeaderMap::with_capacity(pairs.len());
     for (n, v) in pairs {
@@ -331,7 +263,7 @@ fn map_of(pairs: &[Pair]) -> Option<(Option<http::StatusCode>, http::HeaderMap)>
     Some((status, map))
 }
 
-fn failed(why: &str) -> Local {
+pub(crate) fn failed(why: &str) -> Local {
     tracing::debug!("{why}");
     Local::error(500, "a filter failed")
 }
@@ -342,7 +274,7 @@ fn invalid(e: HeadError, what: &str) -> Local {
 }
 
 /// A filter's `proxy_send_local_response` as the proxy's own answer.
-fn local_of(l: LocalReply) -> Local {
+pub(crate) fn local_of(l: LocalReply) -> Local {
     let status = if (100..1000).contains(&l.status) {
         l.status
     } else {
