@@ -659,9 +659,7 @@ pub(crate) async fn filtered(
     pool: &Arc<str>,
 ) -> Result<crate::cache::Reply, Local> {
     use crate::cache::Reply;
-    let wanted = stream.wants_response_headers()
-        || stream.wants_response_body()
-        || stream.wants_response_trailers();
+    let wanted = stream.wants_response_headers() || stream.wants_response_transform();
     if !wanted || !matches!(reply, Reply::Stored(_) | Reply::Member { .. }) {
         return Ok(reply);
     }
@@ -671,14 +669,11 @@ pub(crate) async fn filtered(
     stream.set_upstream(Some(pool.clone()), member);
     let (mut parts, body) = resp.into_parts();
     if stream.wants_response_headers() {
-        let mut pairs = Vec::with_capacity(parts.headers.len() + 1);
-        pairs.push((
+        let status = (
             b":status".to_vec(),
             parts.status.as_str().as_bytes().to_vec(),
-        ));
-        for (n, v) in &parts.headers {
-            pairs.push((n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()));
-        }
+        );
+        let mut pairs = wasm_filters::pairs_of(Some(status), &parts.headers);
         let bodiless = body.is_end_stream();
         match stream.response_headers(&mut pairs, bodiless).await {
             fulcrum_wasm::Verdict::Continue => {}
@@ -695,8 +690,7 @@ pub(crate) async fn filtered(
         }
     }
     // A bodiless answer (HEAD, 304) has nothing for the body filters, whatever its length says.
-    let filtered = stream.wants_response_body() || stream.wants_response_trailers();
-    let body = if filtered && !body.is_end_stream() {
+    let body = if stream.wants_response_transform() && !body.is_end_stream() {
         let length = parts
             .headers
             .get(http::header::CONTENT_LENGTH)

@@ -57,7 +57,7 @@ async fn response_filters(
     let r =
         crate::wasm_filters::on_response(&mut stream, resp, &route.target.pool.name, member).await;
     r?;
-    if stream.wants_response_body() || stream.wants_response_trailers() {
+    if stream.wants_response_transform() {
         return Ok(Some(crate::wasm_filters::FilterBody::new(stream)));
     }
     *slot.lock() = Some(stream);

@@ -766,8 +766,6 @@ where
         // at `min_body_rate` on top of a grace of `header_timeout`.
         let (mut decoded, mut received, mut waited) = (0u64, 0u64, Duration::ZERO);
         let max_body = self.svc.max_body_size;
-        let rate = self.svc.min_body_rate;
-        let grace = self.svc.header_timeout;
         let UpstreamConn {
             io: up,
             buf: up_buf,
@@ -862,16 +860,7 @@ where
                 self.pos = self.head.head_len;
             }
             self.head.buf.reserve(BODY_CHUNK);
-            let mut wait = idle;
-            let mut slow = false;
-            if rate > 0 {
-                let earned = grace + Duration::from_secs_f64(received as f64 / rate as f64);
-                let left = earned.saturating_sub(waited);
-                if left < wait {
-                    wait = left;
-                    slow = true;
-                }
-            }
+            let (wait, slow) = self.body_wait(received, waited);
             self.timer.set_after(wait);
             let asked = Instant::now();
             tokio::select! {
@@ -890,6 +879,24 @@ where
                 }
             }
             waited += asked.elapsed();
+        }
+    }
+
+    /// How long to wait for more of the request body: `idle_timeout`, or less when the
+    /// slow-body guard (a grace of `header_timeout` plus what the `received` bytes buy at
+    /// `min_body_rate`, against the time already `waited`) runs out first, which `true` says.
+    fn body_wait(&self, received: u64, waited: Duration) -> (Duration, bool) {
+        let (idle, rate) = (self.svc.idle_timeout, self.svc.min_body_rate);
+        if rate == 0 {
+            return (idle, false);
+        }
+        let earned =
+            self.svc.header_timeout + Duration::from_secs_f64(received as f64 / rate as f64);
+        let left = earned.saturating_sub(waited);
+        if left < idle {
+            (left, true)
+        } else {
+            (idle, false)
         }
     }
 

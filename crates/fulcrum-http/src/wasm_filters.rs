@@ -245,6 +245,17 @@ pub(crate) async fn on_response(
     Ok(())
 }
 
+/// A header map as filters see it, after `first` (a pseudo-field) when given.
+pub(crate) fn pairs_of(first: Option<Pair>, map: &http::HeaderMap) -> Vec<Pair> {
+    let mut pairs = Vec::with_capacity(map.len() + 1);
+    pairs.extend(first);
+    pairs.extend(
+        map.iter()
+            .map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec())),
+    );
+    pairs
+}
+
 /// A response head from pairs (`:status`, then fields); `None` when a filter left a name,
 /// value or status that is not valid.
 pub(crate) fn map_of(pairs: &[Pair]) -> Option<(Option<http::StatusCode>, http::HeaderMap)> {
@@ -396,10 +407,7 @@ impl FilterBody {
         if !self.stream.wants_response_trailers() {
             return Ok(());
         }
-        let mut pairs: Vec<Pair> = t
-            .iter()
-            .map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()))
-            .collect();
+        let mut pairs = pairs_of(None, t);
         self.stream
             .response_trailers(&mut pairs)
             .map_err(std::io::Error::other)?;

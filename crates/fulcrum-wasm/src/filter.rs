@@ -679,6 +679,12 @@ impl Stream {
         Ok(())
     }
 
+    /// Whether the response must go through the filters' body transform: a live filter reads
+    /// its body or its trailers.
+    pub fn wants_response_transform(&self) -> bool {
+        self.wants_response_body() || self.wants_response_trailers()
+    }
+
     /// Whether any live filter of this stream reads response trailers.
     pub fn wants_response_trailers(&self) -> bool {
         self.parts

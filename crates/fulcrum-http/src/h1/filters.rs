@@ -84,9 +84,7 @@ where
         let mut body = Vec::new();
         // Where the undecoded bytes start (chunked), and where the body ends once known.
         let mut fed = start;
-        // The slow-body guard of the streamed path: waiting may not pass a grace
-        // (`header_timeout`) plus what the bytes received buy at `min_body_rate`.
-        let (rate, grace) = (self.svc.min_body_rate, self.svc.header_timeout);
+        // What the slow-body guard (`body_wait`) counts.
         let (mut received, mut waited) = (0u64, Duration::ZERO);
         let end = loop {
             match &mut decoder {
@@ -114,11 +112,7 @@ where
                     }
                 }
             }
-            let mut wait = self.svc.idle_timeout;
-            if rate > 0 {
-                let earned = grace + Duration::from_secs_f64(received as f64 / rate as f64);
-                wait = wait.min(earned.saturating_sub(waited));
-            }
+            let (wait, slow) = self.body_wait(received, waited);
             self.timer.set_after(wait);
             let asked = Instant::now();
             self.head.buf.reserve(crate::h1_out::BODY_CHUNK);
@@ -127,6 +121,7 @@ where
                     return closing(400, "the request body was cut short")
                 }
                 Some(Ok(n)) => received += n as u64,
+                None if slow => return closing(408, "request body slower than min_body_rate"),
                 None => return closing(408, "request body timeout"),
             }
             waited += asked.elapsed();
@@ -162,7 +157,7 @@ where
     /// The request's filters that read the response body, for the response plan.
     pub(super) fn body_filter(&mut self) -> Option<FilterBody> {
         self.filters
-            .take_if(|s| s.wants_response_body() || s.wants_response_trailers())
+            .take_if(|s| s.wants_response_transform())
             .map(FilterBody::new)
     }
 }
