@@ -556,8 +556,6 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> Computed {
         let (slots, shares) = kernel_slots(o.plan.algorithm, members, &loads, o.plan.busy, &names);
         for (k, st) in o.stats.iter().enumerate() {
             st.share.store(u64::from(shares[k]), Ordering::Relaxed);
-            let n = slots.iter().filter(|&&s| s as usize == k).count();
-            st.slots.store(n as u64, Ordering::Relaxed);
         }
         // Proximity follows health and admin state, not weight: a weight of 0 only keeps a
         // link out of the spread of the other destinations.
@@ -594,6 +592,17 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> Computed {
         all_slots.push(slots);
     }
     (all_slots, all_up, all_nearest)
+}
+
+/// Each link's count of slots, stored once the kernel's maps hold them, so that the API never
+/// reports a spread the kernel does not apply yet.
+fn publish_slots(outbounds: &[Arc<OutboundState>], all_slots: &[Vec<u32>]) {
+    for (o, slots) in outbounds.iter().zip(all_slots) {
+        for (k, st) in o.stats.iter().enumerate() {
+            let n = slots.iter().filter(|&&s| s as usize == k).count();
+            st.slots.store(n as u64, Ordering::Relaxed);
+        }
+    }
 }
 
 async fn control(
@@ -727,6 +736,7 @@ fn refresh(
     match nft.run(&plan::render_maps(&run.plan, &slots, &up, &nearest)) {
         Ok(()) => {
             tracing::debug!("link slot maps rewritten");
+            publish_slots(&run.outbounds, &slots);
             run.slots = slots;
             run.up = up;
             run.nearest = nearest;
@@ -855,6 +865,7 @@ async fn apply(
         };
         return Err(vec![e]);
     }
+    publish_slots(&outbounds, &slots);
     let mut probes: Vec<tokio::task::JoinHandle<()>> = proxies
         .into_iter()
         .map(|(s, links, pool)| tokio::spawn(dns_proxy::serve(s, links, pool)))
