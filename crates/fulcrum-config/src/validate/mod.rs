@@ -15,6 +15,7 @@ use crate::persistence::PersistenceKind;
 use crate::protocol::Protocol;
 use crate::rule::RuleAction;
 use crate::schema::Config;
+use crate::service::VirtualService;
 use crate::Locations;
 
 struct Checker<'a> {
@@ -122,12 +123,86 @@ fn weight_readings_used(c: &mut Checker<'_>, cfg: &Config, i: usize) {
     );
 }
 
+/// Who listens on each address, one owner per (transport, address); the owner's description is
+/// what a later claimant is told.
+#[derive(Default)]
+struct Listeners {
+    stream: HashMap<SocketAddr, String>,
+    dgram: HashMap<SocketAddr, String>,
+}
+
+fn pool_names(cfg: &Config) -> impl Iterator<Item = &str> + Clone {
+    cfg.pools.iter().map(|p| p.name.as_str())
+}
+
+fn monitor_names(cfg: &Config) -> impl Iterator<Item = &str> + Clone {
+    cfg.monitors.iter().map(|p| p.name.as_str())
+}
+
+fn site_names(cfg: &Config) -> impl Iterator<Item = &str> + Clone {
+    cfg.gslb.sites.iter().map(|s| s.name.as_str())
+}
+
 pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigError> {
     let mut c = Checker {
         loc: &cfg.locations,
         errors: Vec::new(),
         broken,
     };
+    check_admin_ha_global(&mut c, cfg);
+
+    c.unique(
+        "virtual_service",
+        cfg.virtual_services.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique("pool", cfg.pools.iter().map(|v| v.name.as_str()), "name");
+    check_kernel_acl_room(&mut c, cfg);
+    c.unique(
+        "monitor",
+        cfg.monitors.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique(
+        "persistence",
+        cfg.persistence.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique(
+        "ip_table",
+        cfg.ip_tables.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+    c.unique(
+        "gslb.site",
+        cfg.gslb.sites.iter().map(|v| v.name.as_str()),
+        "name",
+    );
+
+    let mut listeners = Listeners::default();
+    listeners
+        .stream
+        .insert(cfg.admin.listen, "admin.listen".into());
+    let protocols_of_pool = check_virtual_services(&mut c, cfg, &mut listeners);
+    check_pools(&mut c, cfg, &protocols_of_pool);
+
+    let mut errs = Vec::new();
+    links::check(cfg, &mut errs);
+    for (path, msg) in errs {
+        c.err(&path, msg);
+    }
+
+    check_dns_listen(&mut c, cfg, &mut listeners);
+    check_gslb_sites(&mut c, cfg);
+    check_gslb_local_site(&mut c, cfg, &mut listeners);
+    check_gslb_names(&mut c, cfg);
+
+    c.errors.extend(messages::validate(cfg));
+    c.errors
+}
+
+/// The admin API's exposure, the pools HA tracks and the shutdown timeout.
+fn check_admin_ha_global(c: &mut Checker<'_>, cfg: &Config) {
     if !cfg.admin.listen.ip().is_loopback() && !cfg.admin.token_configured() {
         c.err(
             "admin.listen",
@@ -139,22 +214,23 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
     }
     if let Some(ha) = &cfg.ha {
         for (i, name) in ha.track.iter().enumerate() {
-            let pools = cfg.pools.iter().map(|p| p.name.as_str());
-            c.reference(&format!("ha.track[{i}]"), "pool", "pool", name, pools);
+            c.reference(
+                &format!("ha.track[{i}]"),
+                "pool",
+                "pool",
+                name,
+                pool_names(cfg),
+            );
         }
     }
     if cfg.global.shutdown_timeout.is_zero() && cfg.locations.contains("global.shutdown_timeout") {
         c.err("global.shutdown_timeout", "must be longer than 0s");
     }
+}
 
-    c.unique(
-        "virtual_service",
-        cfg.virtual_services.iter().map(|v| v.name.as_str()),
-        "name",
-    );
-    c.unique("pool", cfg.pools.iter().map(|v| v.name.as_str()), "name");
-    // allow / deny of nat / dr / tunnel services go into one kernel trie (IPv4 prefixes twice:
-    // also as IPv4-mapped IPv6), with room kept for a reload to write a list beside the old one.
+/// allow / deny of nat / dr / tunnel services go into one kernel trie (IPv4 prefixes twice:
+/// also as IPv4-mapped IPv6), with room kept for a reload to write a list beside the old one.
+fn check_kernel_acl_room(c: &mut Checker<'_>, cfg: &Config) {
     let mut in_kernel = 0usize;
     for (i, vs) in cfg.virtual_services.iter().enumerate() {
         if !vs.in_kernel() {
@@ -183,237 +259,276 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             break;
         }
     }
-    c.unique(
-        "monitor",
-        cfg.monitors.iter().map(|v| v.name.as_str()),
-        "name",
-    );
-    c.unique(
-        "persistence",
-        cfg.persistence.iter().map(|v| v.name.as_str()),
-        "name",
-    );
-    c.unique(
-        "ip_table",
-        cfg.ip_tables.iter().map(|v| v.name.as_str()),
-        "name",
-    );
-    c.unique(
-        "gslb.site",
-        cfg.gslb.sites.iter().map(|v| v.name.as_str()),
-        "name",
-    );
+}
 
-    let pool_names = cfg.pools.iter().map(|p| p.name.as_str());
-    let monitor_names = cfg.monitors.iter().map(|p| p.name.as_str());
-    let persistence_names = cfg.persistence.iter().map(|p| p.name.as_str());
-
-    // Listening addresses: one owner per (transport, address).
-    let mut stream_owner: HashMap<SocketAddr, String> = HashMap::new();
-    let mut dgram_owner: HashMap<SocketAddr, String> = HashMap::new();
-    stream_owner.insert(cfg.admin.listen, "admin.listen".into());
-
+/// Checks each virtual service; returns the protocols each pool is used with (by a service or
+/// one of its rules), which decide the keys a pool may set.
+fn check_virtual_services<'a>(
+    c: &mut Checker<'_>,
+    cfg: &'a Config,
+    listeners: &mut Listeners,
+) -> HashMap<&'a str, Vec<Protocol>> {
     let mut protocols_of_pool: HashMap<&str, Vec<Protocol>> = HashMap::new();
-
     for (i, vs) in cfg.virtual_services.iter().enumerate() {
-        let at = |k: &str| format!("virtual_service[{i}].{k}");
         let protocol = vs.protocol();
-        for (j, addr) in vs.listen.iter().enumerate() {
-            let owners = if protocol.is_datagram() {
-                &mut dgram_owner
-            } else {
-                &mut stream_owner
-            };
-            let me = format!("virtual_service[{i}] ({})", vs.name);
-            if let Some(prev) = owners.insert(*addr, me) {
-                c.err(
-                    &format!("{}[{j}]", at("listen")),
-                    format!("{addr} is already used by {prev}"),
-                );
-            }
-        }
+        claim_service_listen(c, i, vs, listeners);
         if let Some(p) = &vs.pool {
-            c.reference(&at("pool"), "pool", "pool", p, pool_names.clone());
+            let at = format!("virtual_service[{i}].pool");
+            c.reference(&at, "pool", "pool", p, pool_names(cfg));
             protocols_of_pool
                 .entry(p.as_str())
                 .or_default()
                 .push(protocol);
         }
         if let Some(p) = &vs.persistence {
-            c.reference(
-                &at("persistence"),
-                "persistence profile",
-                "persistence",
-                p,
-                persistence_names.clone(),
-            );
-            if let Some(prof) = cfg.persistence(p) {
-                let ok = match prof.kind {
-                    PersistenceKind::SourceIp => true,
-                    PersistenceKind::CookieInsert
-                    | PersistenceKind::CookiePassive
-                    | PersistenceKind::CookieRewrite
-                    | PersistenceKind::Header => protocol.is_http(),
-                    PersistenceKind::Radius => protocol == Protocol::Udp,
-                };
-                if !ok {
-                    c.err(
-                        &at("persistence"),
-                        format!(
-                            "persistence {p:?} is of type {}, which does not apply to protocol {protocol}",
-                            prof.kind
-                        ),
-                    );
-                }
-            }
+            check_service_persistence(c, cfg, i, p, protocol);
         }
         if vs.transparent() && protocol.is_http() {
-            // HTTP/2 member connections are one per member, shared by every client of the
-            // pool: none can come from one client's address.
-            let rule_pools = vs.rules().iter().filter_map(|r| match &r.action {
-                RuleAction::Pool(p) => Some(p.as_str()),
-                _ => None,
-            });
-            let h2 = vs
-                .pool
-                .as_deref()
-                .into_iter()
-                .chain(rule_pools)
-                .find(|p| cfg.pool(p).is_some_and(|p| p.http.http2));
-            if let Some(p) = h2 {
-                c.err(
-                    &at("source"),
-                    format!(
-                        "`source = \"client\"` needs a member connection per client, but pool {p:?} has http2 = true (one HTTP/2 connection per member, shared by every client); remove one of them"
-                    ),
-                );
-            }
+            check_transparent_without_http2(c, cfg, i, vs);
         }
         if !protocol.is_http() {
-            // The name labels the rule's counters (API, metrics): one series per rule.
-            let mut seen: HashMap<&str, usize> = HashMap::new();
-            for (r, rule) in vs.rules().iter().enumerate() {
-                let Some(name) = rule.name.as_deref() else {
-                    continue;
-                };
-                if let Some(first) = seen.insert(name, r) {
-                    c.err(
-                        &format!("virtual_service[{i}].rule[{r}].name"),
-                        format!(
-                            "duplicate rule name {name:?}: already used by rule[{first}] (the name labels the rule's counters)"
-                        ),
-                    );
-                }
-            }
+            check_rule_names_unique(c, i, vs);
         }
-        for (r, rule) in vs.rules().iter().enumerate() {
-            // An L4 rule's ports are the ones the service listens on: a rule naming none of
-            // them could never match (a typo, or a listen address removed).
-            let ports = &rule.destination_port;
-            if !protocol.is_http()
-                && !ports.is_empty()
-                && !vs
-                    .listen
-                    .iter()
-                    .any(|a| ports.iter().any(|p| p.contains(&a.port())))
-            {
-                let listen: Vec<String> = vs.listen.iter().map(|a| a.port().to_string()).collect();
-                c.err(
-                    &format!("virtual_service[{i}].rule[{r}].destination_port"),
-                    format!(
-                        "matches none of the ports the service listens on ({}): the rule could never match",
-                        listen.join(", ")
-                    ),
-                );
-            }
-            if let RuleAction::Pool(p) = &rule.action {
-                let path = format!("virtual_service[{i}].rule[{r}].pool");
-                c.reference(&path, "pool", "pool", p, pool_names.clone());
-                protocols_of_pool
-                    .entry(p.as_str())
-                    .or_default()
-                    .push(protocol);
-            }
+        check_service_rules(c, cfg, i, vs, &mut protocols_of_pool);
+    }
+    protocols_of_pool
+}
+
+fn claim_service_listen(
+    c: &mut Checker<'_>,
+    i: usize,
+    vs: &VirtualService,
+    listeners: &mut Listeners,
+) {
+    let owners = if vs.protocol().is_datagram() {
+        &mut listeners.dgram
+    } else {
+        &mut listeners.stream
+    };
+    for (j, addr) in vs.listen.iter().enumerate() {
+        let me = format!("virtual_service[{i}] ({})", vs.name);
+        if let Some(prev) = owners.insert(*addr, me) {
+            c.err(
+                &format!("virtual_service[{i}].listen[{j}]"),
+                format!("{addr} is already used by {prev}"),
+            );
         }
     }
+}
 
+/// The persistence profile exists and its kind applies to the service's protocol.
+fn check_service_persistence(
+    c: &mut Checker<'_>,
+    cfg: &Config,
+    i: usize,
+    p: &str,
+    protocol: Protocol,
+) {
+    let at = format!("virtual_service[{i}].persistence");
+    let persistence_names = cfg.persistence.iter().map(|p| p.name.as_str());
+    c.reference(
+        &at,
+        "persistence profile",
+        "persistence",
+        p,
+        persistence_names,
+    );
+    let Some(prof) = cfg.persistence(p) else {
+        return;
+    };
+    let ok = match prof.kind {
+        PersistenceKind::SourceIp => true,
+        PersistenceKind::CookieInsert
+        | PersistenceKind::CookiePassive
+        | PersistenceKind::CookieRewrite
+        | PersistenceKind::Header => protocol.is_http(),
+        PersistenceKind::Radius => protocol == Protocol::Udp,
+    };
+    if !ok {
+        c.err(
+            &at,
+            format!(
+                "persistence {p:?} is of type {}, which does not apply to protocol {protocol}",
+                prof.kind
+            ),
+        );
+    }
+}
+
+/// HTTP/2 member connections are one per member, shared by every client of the pool: none can
+/// come from one client's address.
+fn check_transparent_without_http2(
+    c: &mut Checker<'_>,
+    cfg: &Config,
+    i: usize,
+    vs: &VirtualService,
+) {
+    let rule_pools = vs.rules().iter().filter_map(|r| match &r.action {
+        RuleAction::Pool(p) => Some(p.as_str()),
+        _ => None,
+    });
+    let h2 = vs
+        .pool
+        .as_deref()
+        .into_iter()
+        .chain(rule_pools)
+        .find(|p| cfg.pool(p).is_some_and(|p| p.http.http2));
+    if let Some(p) = h2 {
+        c.err(
+            &format!("virtual_service[{i}].source"),
+            format!(
+                "`source = \"client\"` needs a member connection per client, but pool {p:?} has http2 = true (one HTTP/2 connection per member, shared by every client); remove one of them"
+            ),
+        );
+    }
+}
+
+/// The name labels the rule's counters (API, metrics): one series per rule.
+fn check_rule_names_unique(c: &mut Checker<'_>, i: usize, vs: &VirtualService) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (r, rule) in vs.rules().iter().enumerate() {
+        let Some(name) = rule.name.as_deref() else {
+            continue;
+        };
+        if let Some(first) = seen.insert(name, r) {
+            c.err(
+                &format!("virtual_service[{i}].rule[{r}].name"),
+                format!(
+                    "duplicate rule name {name:?}: already used by rule[{first}] (the name labels the rule's counters)"
+                ),
+            );
+        }
+    }
+}
+
+/// Each rule's ports and pool; records the protocol each rule's pool is used with.
+fn check_service_rules<'a>(
+    c: &mut Checker<'_>,
+    cfg: &Config,
+    i: usize,
+    vs: &'a VirtualService,
+    protocols_of_pool: &mut HashMap<&'a str, Vec<Protocol>>,
+) {
+    let protocol = vs.protocol();
+    for (r, rule) in vs.rules().iter().enumerate() {
+        // An L4 rule's ports are the ones the service listens on: a rule naming none of
+        // them could never match (a typo, or a listen address removed).
+        let ports = &rule.destination_port;
+        if !protocol.is_http()
+            && !ports.is_empty()
+            && !vs
+                .listen
+                .iter()
+                .any(|a| ports.iter().any(|p| p.contains(&a.port())))
+        {
+            let listen: Vec<String> = vs.listen.iter().map(|a| a.port().to_string()).collect();
+            c.err(
+                &format!("virtual_service[{i}].rule[{r}].destination_port"),
+                format!(
+                    "matches none of the ports the service listens on ({}): the rule could never match",
+                    listen.join(", ")
+                ),
+            );
+        }
+        if let RuleAction::Pool(p) = &rule.action {
+            let path = format!("virtual_service[{i}].rule[{r}].pool");
+            c.reference(&path, "pool", "pool", p, pool_names(cfg));
+            protocols_of_pool
+                .entry(p.as_str())
+                .or_default()
+                .push(protocol);
+        }
+    }
+}
+
+/// Each pool's monitors, weight readings and the keys that only some protocols use.
+fn check_pools(
+    c: &mut Checker<'_>,
+    cfg: &Config,
+    protocols_of_pool: &HashMap<&str, Vec<Protocol>>,
+) {
     for (i, pool) in cfg.pools.iter().enumerate() {
-        let at = |k: &str| format!("pool[{i}].{k}");
         for (j, m) in pool.monitors.iter().enumerate() {
             c.reference(
-                &format!("{}[{j}]", at("monitors")),
+                &format!("pool[{i}].monitors[{j}]"),
                 "monitor",
                 "monitor",
                 m,
-                monitor_names.clone(),
+                monitor_names(cfg),
             );
         }
-        weight_readings_used(&mut c, cfg, i);
+        weight_readings_used(c, cfg, i);
+        let Some(protos) = protocols_of_pool.get(pool.name.as_str()) else {
+            continue;
+        };
         if pool.hash_key.is_l7() {
-            if let Some(protos) = protocols_of_pool.get(pool.name.as_str()) {
-                if let Some(p) = protos.iter().find(|p| !p.is_http()) {
-                    c.err(
-                        &at("hash_key"),
-                        format!(
-                            "hash key {} needs an HTTP request, but a {p} service uses this pool",
-                            pool.hash_key
-                        ),
-                    );
-                }
+            if let Some(p) = protos.iter().find(|p| !p.is_http()) {
+                c.err(
+                    &format!("pool[{i}].hash_key"),
+                    format!(
+                        "hash key {} needs an HTTP request, but a {p} service uses this pool",
+                        pool.hash_key
+                    ),
+                );
             }
         }
-        if let Some(protos) = protocols_of_pool.get(pool.name.as_str()) {
-            if let Some(p) = protos
-                .iter()
-                .find(|p| !p.is_http())
-                .filter(|_| protos.iter().all(|p| !p.is_http()))
-            {
-                // `tls` also re-encrypts for tcp and message services.
-                let tls_ok = protos
-                    .iter()
-                    .all(|p| matches!(p, Protocol::Tcp | Protocol::Message));
-                for key in ["reuse", "tls"]
-                    .iter()
-                    .chain(crate::http::HTTP_POOL_KEYS)
-                    .filter(|k| !(tls_ok && **k == "tls"))
-                {
-                    if cfg.locations.contains(&at(key)) {
-                        let users = if *key == "tls" {
-                            "http, https, tcp and message services"
-                        } else {
-                            "http/https services"
-                        };
-                        c.err(
-                            &at(key),
-                            format!("`{key}` applies to pools of {users}; this pool serves {p}"),
-                        );
-                    }
-                }
+        check_http_pool_keys(c, cfg, i, protos);
+    }
+}
+
+/// A pool no HTTP service uses may not set the HTTP-only keys (nor `tls`, unless all its users
+/// are tcp or message services, for which it re-encrypts too).
+fn check_http_pool_keys(c: &mut Checker<'_>, cfg: &Config, i: usize, protos: &[Protocol]) {
+    let Some(p) = protos
+        .iter()
+        .find(|p| !p.is_http())
+        .filter(|_| protos.iter().all(|p| !p.is_http()))
+    else {
+        return;
+    };
+    let at = |k: &str| format!("pool[{i}].{k}");
+    let tls_ok = protos
+        .iter()
+        .all(|p| matches!(p, Protocol::Tcp | Protocol::Message));
+    for key in ["reuse", "tls"]
+        .iter()
+        .chain(crate::http::HTTP_POOL_KEYS)
+        .filter(|k| !(tls_ok && **k == "tls"))
+    {
+        if cfg.locations.contains(&at(key)) {
+            let users = if *key == "tls" {
+                "http, https, tcp and message services"
+            } else {
+                "http/https services"
+            };
+            c.err(
+                &at(key),
+                format!("`{key}` applies to pools of {users}; this pool serves {p}"),
+            );
+        }
+    }
+}
+
+/// The DNS server listens on both transports of each address.
+fn check_dns_listen(c: &mut Checker<'_>, cfg: &Config, listeners: &mut Listeners) {
+    let Some(dns) = &cfg.dns else {
+        return;
+    };
+    for (j, addr) in dns.listen.iter().enumerate() {
+        for owners in [&mut listeners.stream, &mut listeners.dgram] {
+            if let Some(prev) = owners.insert(*addr, "dns".into()) {
+                c.err(
+                    &format!("dns.listen[{j}]"),
+                    format!("{addr} is already used by {prev}"),
+                );
             }
         }
     }
+}
 
-    let mut errs = Vec::new();
-    links::check(cfg, &mut errs);
-    for (path, msg) in errs {
-        c.err(&path, msg);
-    }
-
-    if let Some(dns) = &cfg.dns {
-        for (j, addr) in dns.listen.iter().enumerate() {
-            for owners in [&mut stream_owner, &mut dgram_owner] {
-                if let Some(prev) = owners.insert(*addr, "dns".into()) {
-                    c.err(
-                        &format!("dns.listen[{j}]"),
-                        format!("{addr} is already used by {prev}"),
-                    );
-                }
-            }
-        }
-    }
-
+/// Each GSLB site's regions and monitor; the monitor must know which port to probe.
+fn check_gslb_sites(c: &mut Checker<'_>, cfg: &Config) {
     let table_names = cfg.ip_tables.iter().map(|t| t.name.as_str());
-    let site_names = cfg.gslb.sites.iter().map(|s| s.name.as_str());
     for (i, s) in cfg.gslb.sites.iter().enumerate() {
         for (j, r) in s.regions.iter().enumerate() {
             c.reference(
@@ -430,7 +545,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 "monitor",
                 "monitor",
                 m,
-                monitor_names.clone(),
+                monitor_names(cfg),
             );
         }
         if let Some(m) = s.monitor.as_deref().and_then(|m| cfg.monitor(m)) {
@@ -445,41 +560,54 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             }
         }
     }
+}
+
+/// The local site exists and, when site state is exchanged with peers, there is a key and an
+/// address to accept the peers on.
+fn check_gslb_local_site(c: &mut Checker<'_>, cfg: &Config, listeners: &mut Listeners) {
     let g = &cfg.gslb;
-    if let Some(local) = &g.local_site {
-        c.reference(
-            "gslb.local_site",
-            "gslb.site",
-            "gslb.site",
-            local,
-            site_names.clone(),
+    let Some(local) = &g.local_site else {
+        return;
+    };
+    c.reference(
+        "gslb.local_site",
+        "gslb.site",
+        "gslb.site",
+        local,
+        site_names(cfg),
+    );
+    let local_peer = g.site(local).and_then(|s| s.peer);
+    let exchanging =
+        g.listen.is_some() || g.sites.iter().any(|s| s.peer.is_some() && s.name != *local);
+    if exchanging && g.keys.is_empty() {
+        c.err(
+            "gslb",
+            "site state exchange with peers needs `key`: a shared secret of at least 16 characters, the same on every instance",
         );
-        let local_peer = g.site(local).and_then(|s| s.peer);
-        let exchanging =
-            g.listen.is_some() || g.sites.iter().any(|s| s.peer.is_some() && s.name != *local);
-        if exchanging && g.keys.is_empty() {
-            c.err(
-                "gslb",
-                "site state exchange with peers needs `key`: a shared secret of at least 16 characters, the same on every instance",
-            );
-        }
-        if exchanging && g.listen.is_none() && local_peer.is_none() {
-            c.err(
-                "gslb.local_site",
-                format!("the local site {local:?} has no `peer` address to accept the other instances on: set its `peer` or gslb.listen"),
-            );
-        }
-        if let Some(addr) = g.listen.or(local_peer) {
-            if let Some(prev) = stream_owner.insert(addr, "gslb site state exchange".into()) {
-                let at = if g.listen.is_some() {
-                    "gslb.listen"
-                } else {
-                    "gslb.local_site"
-                };
-                c.err(at, format!("{addr} is already used by {prev}"));
-            }
+    }
+    if exchanging && g.listen.is_none() && local_peer.is_none() {
+        c.err(
+            "gslb.local_site",
+            format!("the local site {local:?} has no `peer` address to accept the other instances on: set its `peer` or gslb.listen"),
+        );
+    }
+    if let Some(addr) = g.listen.or(local_peer) {
+        if let Some(prev) = listeners
+            .stream
+            .insert(addr, "gslb site state exchange".into())
+        {
+            let at = if g.listen.is_some() {
+                "gslb.listen"
+            } else {
+                "gslb.local_site"
+            };
+            c.err(at, format!("{addr} is already used by {prev}"));
         }
     }
+}
+
+/// GSLB names are unique, name existing sites, and are what HTTP services redirect to.
+fn check_gslb_names(c: &mut Checker<'_>, cfg: &Config) {
     c.unique(
         "gslb.name",
         cfg.gslb.names.iter().map(|n| n.fqdn.as_str()),
@@ -492,7 +620,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
                 "gslb.site",
                 "gslb.site",
                 s,
-                site_names.clone(),
+                site_names(cfg),
             );
         }
     }
@@ -503,7 +631,4 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
             c.reference(&at, "gslb.name", "gslb.name", &r.name, gslb_names.clone());
         }
     }
-
-    c.errors.extend(messages::validate(cfg));
-    c.errors
 }
