@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
 use fulcrum_config::{
-    Algorithm, Config, L4Protocol, LinkMember, Monitor, OutboundPersistence, PoolKind, MAX_LINKS,
+    Algorithm, Config, GatewayMember, GatewayService, L4Protocol, LinkMember, Monitor, Outbound,
+    OutboundPersistence, OutboundRule, Pool, PoolKind, MAX_LINKS,
 };
 use ipnet::Ipv4Net;
 
@@ -127,191 +128,246 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
         )]);
     }
     for (o, ob) in cfg.outbound.iter().enumerate() {
-        let Some(pool) = cfg.pool(&ob.pool).filter(|p| p.kind == PoolKind::Link) else {
-            errors.push(format!(
-                "outbound {:?}: no link pool {:?}",
-                ob.name, ob.pool
-            ));
-            continue;
-        };
-        let mut links = Vec::new();
-        for (i, l) in pool.links.iter().enumerate().take(MAX_LINKS) {
-            let (IpAddr::V4(gateway), snat) = (l.gateway, l.snat) else {
-                errors.push(format!("link {:?}: the gateway must be IPv4", l.name));
-                continue;
-            };
-            let snat = match snat {
-                Some(IpAddr::V4(a)) => Some(a),
-                None => None,
-                Some(IpAddr::V6(_)) => {
-                    errors.push(format!("link {:?}: snat must be IPv4", l.name));
-                    continue;
-                }
-            };
-            let isp_prefixes = match &l.isp {
-                Some(t) if pool.algorithm == Algorithm::Proximity => match isp_prefixes(cfg, t) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        errors.push(e);
-                        Vec::new()
-                    }
-                },
-                _ => Vec::new(),
-            };
-            let monitors = l
-                .monitors
-                .iter()
-                .filter_map(|m| cfg.monitor(m).cloned())
-                .collect();
-            let mark = mark_of(o, i);
-            links.push(LinkPlan {
-                name: l.name.clone(),
-                interface: l.interface.clone(),
-                gateway,
-                snat,
-                mark,
-                rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
-                isp_prefixes,
-                monitors,
-                config: l.clone(),
-            });
-        }
-        outbounds.push(OutboundPlan {
-            name: ob.name.clone(),
-            index: o,
-            sources: ob
-                .sources
-                .iter()
-                .filter_map(|s| match s {
-                    ipnet::IpNet::V4(n) => Some(*n),
-                    ipnet::IpNet::V6(_) => None,
-                })
-                .collect(),
-            pool: pool.name.clone(),
-            algorithm: pool.algorithm,
-            busy: pool.busy,
-            by_source: matches!(
-                ob.persistence,
-                Some(OutboundPersistence::BySource | OutboundPersistence::SourceIp)
-            ),
-            dns_proxy: match ob.dns_proxy {
-                Some(std::net::SocketAddr::V4(a)) => Some(a),
-                Some(std::net::SocketAddr::V6(a)) => {
-                    errors.push(format!(
-                        "outbound {:?}: dns_proxy {a} must be IPv4",
-                        ob.name
-                    ));
-                    None
-                }
-                None => None,
-            },
-            rules: ob
-                .rules
-                .iter()
-                .filter_map(|r| {
-                    let link = pool.links.iter().position(|l| l.name == r.link)?;
-                    let protocols = if r.protocol.is_empty() {
-                        vec![6, 17]
-                    } else {
-                        r.protocol
-                            .iter()
-                            .map(|p| match p {
-                                L4Protocol::Tcp => 6,
-                                L4Protocol::Udp => 17,
-                            })
-                            .collect()
-                    };
-                    let ports = if r.destination_port.is_empty() {
-                        vec![0..=u16::MAX]
-                    } else {
-                        r.destination_port.clone()
-                    };
-                    Some(PolicyRule {
-                        protocols,
-                        ports,
-                        link,
-                    })
-                })
-                .collect(),
-            links,
-            gateway: None,
-        });
+        outbounds.extend(outbound_plan(cfg, o, ob, &mut errors));
     }
     for (s, gs) in cfg.gateway_services.iter().enumerate() {
-        let Some(pool) = cfg.pool(&gs.pool).filter(|p| p.kind == PoolKind::Gateway) else {
-            errors.push(format!(
-                "gateway_service {:?}: no gateway pool {:?}",
-                gs.name, gs.pool
-            ));
-            continue;
-        };
-        let o = MAX_OUTBOUNDS + s;
-        let mut links = Vec::new();
-        for (i, g) in pool.gateways.iter().enumerate().take(MAX_LINKS) {
-            let (IpAddr::V4(gateway), Some(interface)) = (g.address, g.interface.clone()) else {
-                errors.push(format!(
-                    "gateway {}: an IPv4 address and an interface are needed",
-                    g.address
-                ));
-                continue;
-            };
-            let name = g.name.clone().unwrap_or_else(|| format!("#{}", i + 1));
-            let mark = mark_of(o, i);
-            links.push(LinkPlan {
-                config: LinkMember {
-                    name: name.clone(),
-                    interface: interface.clone(),
-                    gateway: g.address,
-                    snat: None,
-                    bandwidth: None,
-                    isp: None,
-                    resolver: None,
-                    monitors: g.monitors.clone(),
-                    weight: g.weight,
-                    priority: 0,
-                    state: g.state,
-                },
-                name,
-                interface,
-                gateway,
-                snat: None,
-                mark,
-                rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
-                isp_prefixes: Vec::new(),
-                monitors: g
-                    .monitors
-                    .iter()
-                    .filter_map(|m| cfg.monitor(m).cloned())
-                    .collect(),
-            });
-        }
-        let mut ifs: Vec<&str> = links.iter().map(|l| l.interface.as_str()).collect();
-        ifs.sort_unstable();
-        ifs.dedup();
-        let learn =
-            ifs.len() == links.len() && !links.iter().any(|l| gs.interfaces.contains(&l.interface));
-        outbounds.push(OutboundPlan {
-            name: gs.name.clone(),
-            index: o,
-            sources: Vec::new(),
-            pool: pool.name.clone(),
-            algorithm: pool.algorithm,
-            busy: None,
-            by_source: false,
-            dns_proxy: None,
-            links,
-            rules: Vec::new(),
-            gateway: Some(GatewaySide {
-                interfaces: gs.interfaces.clone(),
-                learn,
-            }),
-        });
+        outbounds.extend(gateway_service_plan(
+            cfg,
+            MAX_OUTBOUNDS + s,
+            gs,
+            &mut errors,
+        ));
     }
     if errors.is_empty() {
         Ok(Plan { outbounds })
     } else {
         Err(errors)
     }
+}
+
+/// The plan of `[[outbound]]` number `o`; `None` when its pool is not a link pool.
+fn outbound_plan(
+    cfg: &Config,
+    o: usize,
+    ob: &Outbound,
+    errors: &mut Vec<String>,
+) -> Option<OutboundPlan> {
+    let Some(pool) = cfg.pool(&ob.pool).filter(|p| p.kind == PoolKind::Link) else {
+        errors.push(format!(
+            "outbound {:?}: no link pool {:?}",
+            ob.name, ob.pool
+        ));
+        return None;
+    };
+    let links = pool
+        .links
+        .iter()
+        .enumerate()
+        .take(MAX_LINKS)
+        .filter_map(|(i, l)| link_plan(cfg, pool, o, i, l, errors))
+        .collect();
+    Some(OutboundPlan {
+        name: ob.name.clone(),
+        index: o,
+        sources: ob
+            .sources
+            .iter()
+            .filter_map(|s| match s {
+                ipnet::IpNet::V4(n) => Some(*n),
+                ipnet::IpNet::V6(_) => None,
+            })
+            .collect(),
+        pool: pool.name.clone(),
+        algorithm: pool.algorithm,
+        busy: pool.busy,
+        by_source: matches!(
+            ob.persistence,
+            Some(OutboundPersistence::BySource | OutboundPersistence::SourceIp)
+        ),
+        dns_proxy: match ob.dns_proxy {
+            Some(std::net::SocketAddr::V4(a)) => Some(a),
+            Some(std::net::SocketAddr::V6(a)) => {
+                errors.push(format!(
+                    "outbound {:?}: dns_proxy {a} must be IPv4",
+                    ob.name
+                ));
+                None
+            }
+            None => None,
+        },
+        rules: ob
+            .rules
+            .iter()
+            .filter_map(|r| policy_rule(pool, r))
+            .collect(),
+        links,
+        gateway: None,
+    })
+}
+
+/// Link `i` of outbound `o`'s pool; `None` when an address of it is not IPv4.
+fn link_plan(
+    cfg: &Config,
+    pool: &Pool,
+    o: usize,
+    i: usize,
+    l: &LinkMember,
+    errors: &mut Vec<String>,
+) -> Option<LinkPlan> {
+    let (IpAddr::V4(gateway), snat) = (l.gateway, l.snat) else {
+        errors.push(format!("link {:?}: the gateway must be IPv4", l.name));
+        return None;
+    };
+    let snat = match snat {
+        Some(IpAddr::V4(a)) => Some(a),
+        None => None,
+        Some(IpAddr::V6(_)) => {
+            errors.push(format!("link {:?}: snat must be IPv4", l.name));
+            return None;
+        }
+    };
+    let isp_prefixes = match &l.isp {
+        Some(t) if pool.algorithm == Algorithm::Proximity => match isp_prefixes(cfg, t) {
+            Ok(p) => p,
+            Err(e) => {
+                errors.push(e);
+                Vec::new()
+            }
+        },
+        _ => Vec::new(),
+    };
+    let monitors = l
+        .monitors
+        .iter()
+        .filter_map(|m| cfg.monitor(m).cloned())
+        .collect();
+    Some(LinkPlan {
+        name: l.name.clone(),
+        interface: l.interface.clone(),
+        gateway,
+        snat,
+        mark: mark_of(o, i),
+        rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
+        isp_prefixes,
+        monitors,
+        config: l.clone(),
+    })
+}
+
+/// An `[[outbound.rule]]` as the kernel gets it; `None` when it names no link of the pool.
+fn policy_rule(pool: &Pool, r: &OutboundRule) -> Option<PolicyRule> {
+    let link = pool.links.iter().position(|l| l.name == r.link)?;
+    let protocols = if r.protocol.is_empty() {
+        vec![6, 17]
+    } else {
+        r.protocol
+            .iter()
+            .map(|p| match p {
+                L4Protocol::Tcp => 6,
+                L4Protocol::Udp => 17,
+            })
+            .collect()
+    };
+    let ports = if r.destination_port.is_empty() {
+        vec![0..=u16::MAX]
+    } else {
+        r.destination_port.clone()
+    };
+    Some(PolicyRule {
+        protocols,
+        ports,
+        link,
+    })
+}
+
+/// The plan of a `[[gateway_service]]` as group `o`; `None` when its pool is not a gateway
+/// pool.
+fn gateway_service_plan(
+    cfg: &Config,
+    o: usize,
+    gs: &GatewayService,
+    errors: &mut Vec<String>,
+) -> Option<OutboundPlan> {
+    let Some(pool) = cfg.pool(&gs.pool).filter(|p| p.kind == PoolKind::Gateway) else {
+        errors.push(format!(
+            "gateway_service {:?}: no gateway pool {:?}",
+            gs.name, gs.pool
+        ));
+        return None;
+    };
+    let links: Vec<LinkPlan> = pool
+        .gateways
+        .iter()
+        .enumerate()
+        .take(MAX_LINKS)
+        .filter_map(|(i, g)| gateway_plan(cfg, o, i, g, errors))
+        .collect();
+    let mut ifs: Vec<&str> = links.iter().map(|l| l.interface.as_str()).collect();
+    ifs.sort_unstable();
+    ifs.dedup();
+    let learn =
+        ifs.len() == links.len() && !links.iter().any(|l| gs.interfaces.contains(&l.interface));
+    Some(OutboundPlan {
+        name: gs.name.clone(),
+        index: o,
+        sources: Vec::new(),
+        pool: pool.name.clone(),
+        algorithm: pool.algorithm,
+        busy: None,
+        by_source: false,
+        dns_proxy: None,
+        links,
+        rules: Vec::new(),
+        gateway: Some(GatewaySide {
+            interfaces: gs.interfaces.clone(),
+            learn,
+        }),
+    })
+}
+
+/// Gateway `i` of group `o`, as a link; `None` without an IPv4 address and an interface.
+fn gateway_plan(
+    cfg: &Config,
+    o: usize,
+    i: usize,
+    g: &GatewayMember,
+    errors: &mut Vec<String>,
+) -> Option<LinkPlan> {
+    let (IpAddr::V4(gateway), Some(interface)) = (g.address, g.interface.clone()) else {
+        errors.push(format!(
+            "gateway {}: an IPv4 address and an interface are needed",
+            g.address
+        ));
+        return None;
+    };
+    let name = g.name.clone().unwrap_or_else(|| format!("#{}", i + 1));
+    Some(LinkPlan {
+        config: LinkMember {
+            name: name.clone(),
+            interface: interface.clone(),
+            gateway: g.address,
+            snat: None,
+            bandwidth: None,
+            isp: None,
+            resolver: None,
+            monitors: g.monitors.clone(),
+            weight: g.weight,
+            priority: 0,
+            state: g.state,
+        },
+        name,
+        interface,
+        gateway,
+        snat: None,
+        mark: mark_of(o, i),
+        rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
+        isp_prefixes: Vec::new(),
+        monitors: g
+            .monitors
+            .iter()
+            .filter_map(|m| cfg.monitor(m).cloned())
+            .collect(),
+    })
 }
 
 /// The IPv4 prefixes of ip_table `name`: its `cidrs`, and the lines of its `file` (one prefix
@@ -463,77 +519,103 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
     let mut s = String::new();
     let _ = writeln!(s, "table inet {TABLE} {{\n  flags owner;");
     for (g, o) in plan.outbounds.iter().enumerate() {
-        let k = o.index;
-        let slot_el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
-        // The key type only sets the width (32-bit integer) of the slot number.
-        let _ = write!(s, "  map slots_{k} {{ typeof numgen inc mod 2 : ct mark;");
-        if !slot_el.is_empty() {
-            let _ = write!(s, " elements = {{ {slot_el} }}");
-        }
-        let _ = writeln!(s, " }}");
-        for l in &o.links {
-            let _ = writeln!(s, "  counter flows_{k}_{} {{ }}", l.mark & 0xff);
-        }
-        if o.dns_proxy.is_some() {
-            let _ = writeln!(s, "  counter {} {{ }}", dns_refused_counter(k));
-        }
+        let slots = slots.get(g).map_or(&[][..], |v| v);
+        let up = up.get(g).map_or(&[][..], |v| v);
+        let nearest = nearest.get(g).map_or(&[][..], |v| v);
+        render_group_maps(&mut s, o, slots, up, nearest);
+    }
+    render_prerouting(&mut s, plan);
+    for (g, o) in plan.outbounds.iter().enumerate() {
+        let n = slots.get(g).map_or(0, |v| v.len()).max(1);
         match &o.gateway {
-            None => {
-                let _ = writeln!(
+            None => render_choose_chain(&mut s, o, n),
+            Some(_) => render_gateway_chain(&mut s, o, n),
+        }
+    }
+    render_redirect_dns(&mut s, plan);
+    render_dns_proxy_input(&mut s, plan);
+    render_postrouting(&mut s, plan);
+    let _ = writeln!(s, "}}");
+    s
+}
+
+/// `  map NAME { DECLARATION; elements = { ELEMENTS } }`, without `elements` when there are
+/// none.
+fn render_map(s: &mut String, head: &str, el: &str) {
+    let _ = write!(s, "  map {head};");
+    if !el.is_empty() {
+        let _ = write!(s, " elements = {{ {el} }}");
+    }
+    let _ = writeln!(s, " }}");
+}
+
+/// One group's slot map, counters, and the sets and maps its chain looks up.
+fn render_group_maps(
+    s: &mut String,
+    o: &OutboundPlan,
+    slots: &[u32],
+    up: &[bool],
+    nearest: &[(Ipv4Net, usize)],
+) {
+    let k = o.index;
+    // The key type only sets the width (32-bit integer) of the slot number.
+    render_map(
+        s,
+        &format!("slots_{k} {{ typeof numgen inc mod 2 : ct mark"),
+        &slot_elements(o, slots),
+    );
+    for l in &o.links {
+        let _ = writeln!(s, "  counter flows_{k}_{} {{ }}", l.mark & 0xff);
+    }
+    if o.dns_proxy.is_some() {
+        let _ = writeln!(s, "  counter {} {{ }}", dns_refused_counter(k));
+    }
+    match &o.gateway {
+        None => {
+            let _ = writeln!(
+                s,
+                "  set src_{k} {{ type ipv4_addr; flags interval; elements = {{ {} }} }}",
+                elements(o.sources.iter())
+            );
+            if !o.rules.is_empty() {
+                render_map(
                     s,
-                    "  set src_{k} {{ type ipv4_addr; flags interval; elements = {{ {} }} }}",
-                    elements(o.sources.iter())
+                    &format!("policy_{k} {{ type inet_proto . inet_service : mark; flags interval"),
+                    &policy_elements(o, up),
                 );
-                if !o.rules.is_empty() {
-                    let el = policy_elements(o, up.get(g).map_or(&[][..], |v| v));
-                    let _ = write!(
-                        s,
-                        "  map policy_{k} {{ type inet_proto . inet_service : mark; flags interval;"
-                    );
-                    if !el.is_empty() {
-                        let _ = write!(s, " elements = {{ {el} }}");
-                    }
-                    let _ = writeln!(s, " }}");
-                }
-                if o.proximity() {
-                    let el = proximity_elements(
-                        o,
-                        up.get(g).map_or(&[][..], |v| v),
-                        nearest.get(g).map_or(&[][..], |v| v),
-                    );
-                    let _ = write!(
-                        s,
-                        "  map prox_{k} {{ type ipv4_addr : mark; flags interval;"
-                    );
-                    if !el.is_empty() {
-                        let _ = write!(s, " elements = {{ {el} }}");
-                    }
-                    let _ = writeln!(s, " }}");
-                }
             }
-            Some(side) => {
+            if o.proximity() {
+                render_map(
+                    s,
+                    &format!("prox_{k} {{ type ipv4_addr : mark; flags interval"),
+                    &proximity_elements(o, up, nearest),
+                );
+            }
+        }
+        Some(side) => {
+            let _ = writeln!(
+                s,
+                "  set in_{k} {{ type ifname; elements = {{ {} }} }}",
+                elements(side.interfaces.iter().map(|i| format!("\"{i}\"")))
+            );
+            if side.learn {
                 let _ = writeln!(
                     s,
-                    "  set in_{k} {{ type ifname; elements = {{ {} }} }}",
-                    elements(side.interfaces.iter().map(|i| format!("\"{i}\"")))
+                    "  map from_{k} {{ type ifname : mark; elements = {{ {} }} }}",
+                    elements(
+                        o.links
+                            .iter()
+                            .map(|l| format!("\"{}\" : {:#x}", l.interface, l.mark))
+                    )
                 );
-                if side.learn {
-                    let _ = writeln!(
-                        s,
-                        "  map from_{k} {{ type ifname : mark; elements = {{ {} }} }}",
-                        elements(
-                            o.links
-                                .iter()
-                                .map(|l| format!("\"{}\" : {:#x}", l.interface, l.mark))
-                        )
-                    );
-                }
             }
         }
     }
-    // Every packet of a marked outbound flow takes its link (the firewall mark the routing
-    // rules match): only the original direction, so replies coming back in route to the LAN by
-    // `main`.
+}
+
+/// Every packet of a marked outbound flow takes its link (the firewall mark the routing rules
+/// match): only the original direction, so replies coming back in route to the LAN by `main`.
+fn render_prerouting(s: &mut String, plan: &Plan) {
     let _ = writeln!(
         s,
         "  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    ct direction original ct mark and {OUTBOUND_MASK:#x} == {MARK_BASE:#x} meta mark set ct mark return"
@@ -564,69 +646,73 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         }
     }
     let _ = writeln!(s, "  }}");
-    for (g, o) in plan.outbounds.iter().enumerate() {
-        let k = o.index;
-        let n = slots.get(g).map_or(0, |v| v.len()).max(1);
-        match &o.gateway {
-            None => {
-                let _ = writeln!(s, "  chain choose_{k} {{");
-                // Outbound rules first (protocol and destination port), then proximity, then
-                // the slots: each later step only for a flow no earlier one marked.
-                let unmarked = if o.rules.is_empty() {
-                    String::new()
-                } else {
-                    let _ = writeln!(s, "    ct mark set meta l4proto . th dport map @policy_{k}");
-                    format!("ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ")
-                };
-                if o.proximity() {
-                    let _ = writeln!(s, "    {unmarked}ct mark set ip daddr map @prox_{k}");
-                }
-                let key = if o.by_source {
-                    format!("jhash ip saddr mod {n} seed 0x464c")
-                } else {
-                    // Consecutive new flows walk the slot table: each link gets exactly its
-                    // share over every pass, with no hashing bias.
-                    format!("numgen inc mod {n}")
-                };
-                let _ = writeln!(
-                    s,
-                    "    ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ct mark set {key} map @slots_{k}"
-                );
-                for l in &o.links {
-                    let _ = writeln!(
-                        s,
-                        "    ct mark {:#x} counter name flows_{k}_{} meta mark set ct mark",
-                        l.mark,
-                        l.mark & 0xff
-                    );
-                }
-            }
-            Some(_) => {
-                let base = o.mark_base();
-                let _ = writeln!(s, "  chain gateway_{k} {{");
-                // symhash: the same value for both directions of a flow, so the other side of
-                // the sandwich picks the same slot for the replies.
-                let _ = writeln!(
-                    s,
-                    "    ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {n} map @slots_{k}"
-                );
-                for l in &o.links {
-                    let _ = writeln!(
-                        s,
-                        "    ct mark {:#x} ct state new counter name flows_{k}_{}",
-                        l.mark,
-                        l.mark & 0xff
-                    );
-                }
-                let _ = writeln!(
-                    s,
-                    "    ct mark and {GROUP_MASK:#x} == {base:#x} meta mark set ct mark"
-                );
-            }
-        }
-        let _ = writeln!(s, "  }}");
+}
+
+/// How a new flow of outbound `o` (with `n` slots) gets its link.
+fn render_choose_chain(s: &mut String, o: &OutboundPlan, n: usize) {
+    let k = o.index;
+    let _ = writeln!(s, "  chain choose_{k} {{");
+    // Outbound rules first (protocol and destination port), then proximity, then the slots:
+    // each later step only for a flow no earlier one marked.
+    let unmarked = if o.rules.is_empty() {
+        String::new()
+    } else {
+        let _ = writeln!(s, "    ct mark set meta l4proto . th dport map @policy_{k}");
+        format!("ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ")
+    };
+    if o.proximity() {
+        let _ = writeln!(s, "    {unmarked}ct mark set ip daddr map @prox_{k}");
     }
-    // The transparent DNS proxy: LAN queries to any resolver go to Fulcrum instead.
+    let key = if o.by_source {
+        format!("jhash ip saddr mod {n} seed 0x464c")
+    } else {
+        // Consecutive new flows walk the slot table: each link gets exactly its share over
+        // every pass, with no hashing bias.
+        format!("numgen inc mod {n}")
+    };
+    let _ = writeln!(
+        s,
+        "    ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ct mark set {key} map @slots_{k}"
+    );
+    for l in &o.links {
+        let _ = writeln!(
+            s,
+            "    ct mark {:#x} counter name flows_{k}_{} meta mark set ct mark",
+            l.mark,
+            l.mark & 0xff
+        );
+    }
+    let _ = writeln!(s, "  }}");
+}
+
+/// How a flow through gateway service `o` (with `n` slots) gets its gateway.
+fn render_gateway_chain(s: &mut String, o: &OutboundPlan, n: usize) {
+    let k = o.index;
+    let base = o.mark_base();
+    let _ = writeln!(s, "  chain gateway_{k} {{");
+    // symhash: the same value for both directions of a flow, so the other side of the
+    // sandwich picks the same slot for the replies.
+    let _ = writeln!(
+        s,
+        "    ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {n} map @slots_{k}"
+    );
+    for l in &o.links {
+        let _ = writeln!(
+            s,
+            "    ct mark {:#x} ct state new counter name flows_{k}_{}",
+            l.mark,
+            l.mark & 0xff
+        );
+    }
+    let _ = writeln!(
+        s,
+        "    ct mark and {GROUP_MASK:#x} == {base:#x} meta mark set ct mark"
+    );
+    let _ = writeln!(s, "  }}");
+}
+
+/// The transparent DNS proxy: LAN queries to any resolver go to Fulcrum instead.
+fn render_redirect_dns(s: &mut String, plan: &Plan) {
     let _ = writeln!(
         s,
         "  chain redirect_dns {{\n    type nat hook prerouting priority dstnat; policy accept;"
@@ -643,9 +729,12 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         }
     }
     let _ = writeln!(s, "  }}");
-    // The proxy serves the LAN only: a query to its address is taken from `sources` arriving
-    // on the interface that leads back to them (a WAN packet with a LAN source address fails
-    // the reverse-path lookup); every other one is dropped and counted.
+}
+
+/// The proxy serves the LAN only: a query to its address is taken from `sources` arriving on
+/// the interface that leads back to them (a WAN packet with a LAN source address fails the
+/// reverse-path lookup); every other one is dropped and counted.
+fn render_dns_proxy_input(s: &mut String, plan: &Plan) {
     let _ = writeln!(
         s,
         "  chain dns_proxy_input {{\n    type filter hook input priority filter; policy accept;"
@@ -673,6 +762,10 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
         }
     }
     let _ = writeln!(s, "  }}");
+}
+
+/// Source NAT of each link's flows to its `snat` address, or the interface's own.
+fn render_postrouting(s: &mut String, plan: &Plan) {
     let _ = writeln!(
         s,
         "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;"
@@ -704,8 +797,7 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
             }
         }
     }
-    let _ = writeln!(s, "  }}\n}}");
-    s
+    let _ = writeln!(s, "  }}");
 }
 
 /// The named counter of the DNS queries outbound `index`'s proxy refused (not from its LAN).
