@@ -33,8 +33,6 @@ pub enum InFraming {
     Close,
 }
 
-pub use crate::upstream::UpBody;
-
 /// Member connections private to one HTTP/2 client connection (`reuse = "never"`).
 pub type PrivateConns = Arc<Mutex<Vec<(Arc<Member>, UpstreamConn)>>>;
 

@@ -10,9 +10,10 @@
 //!      persistence)
 //! ```
 //!
-//! The client adapters (`h1`, `h2`) and the HTTP/2 member session (`h2_upstream`) only move
-//! bytes and frames; every decision about which member, whether to try again and what the
-//! member is told about its health is made here, once.
+//! `request_loop` drives these steps, the same for every client session (`h1`, `forward`)
+//! and both member protocols (`h2_upstream` for HTTP/2 members); every decision about which
+//! member, whether to try again and what the member is told about its health is made here,
+//! once.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -158,6 +159,11 @@ impl<'a> Attempts<'a> {
             None if self.pool.tried() == 0 => Err(self.svc.no_member(self.target, req, client)),
             None => Err(self.give_up(Local::error(502, "no member could be reached"))),
         }
+    }
+
+    /// Whether the request may be sent again (idempotent, with a body that can be replayed).
+    pub fn retryable(&self) -> bool {
+        self.retryable
     }
 
     /// Whether this attempt must open a new connection; asked once per attempt.

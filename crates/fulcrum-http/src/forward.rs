@@ -19,14 +19,16 @@ use crate::body::{DownBody, InFraming, MemberBody, PrivateConns, Release};
 use crate::body_limit::{ClientBody, Limited, Verdict, VerdictHandle};
 use crate::chunked;
 use crate::client::Client;
-use crate::exchange::{self, Attempts, Failure, RespError, Route};
+use crate::exchange::{self, Attempts, RespError, Route};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
-use crate::h2_upstream::Outgoing;
 use crate::head::{RequestHead, ResponseHead, Version};
 use crate::local::Local;
 use crate::plan::ResponsePlan;
+use crate::request_loop::{self, Ended, Http1Answer, MemberAnswer, SendError, Sent, SentH2};
 use crate::service::HttpService;
-use crate::upstream::UpstreamConn;
+use crate::upstream::{UpBody, UpstreamConn};
+use fulcrum_balance::Member;
+use hyper::client::conn::http2::SendRequest;
 use parking_lot::Mutex;
 
 /// What forwarding needs of the client connection: the client, the member connections
@@ -110,7 +112,7 @@ pub(crate) async fn forward(
     head: &RequestHead,
     body: Option<ClientBody>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
-    let (svc, t, rule) = (route.svc, route.target, route.rule);
+    let svc = route.svc;
     // Bodies with or without a length are held to max_body_size and min_body_rate.
     let body =
         body.map(|b| Limited::new(b, svc.max_body_size, svc.min_body_rate, svc.header_timeout));
@@ -123,166 +125,216 @@ pub(crate) async fn forward(
     };
     let retryable = head.method.is_idempotent() && !has_body;
     let mut attempts = Attempts::new(route, head, down.client, retryable);
-    if t.http2 {
-        let out = Outgoing {
-            body: body
-                .filter(|_| has_body)
-                .map(|b| crate::body::UpBody::Limited(Box::new(b))),
-            replay: (!has_body).then(Bytes::new),
-            framing,
-        };
-        let r = crate::h2_upstream::exchange(route, &mut attempts, head, down.client, out)
-            .await
-            .map_err(|l| body_cut(svc, verdict.as_ref()).unwrap_or(l))?;
-        let (member, index) = (r.picked.member.clone(), r.picked.index);
-        let (parts, relay) = r.into_relay(svc.stats.clone());
-        let mut resp = ResponseHead::from_h2(&parts);
-        let body_filter = response_filters(down, &mut resp, route, member.address).await?;
-        let mut plan = ResponsePlan::new(route, head, index, attempts.lookup(), &resp, body_filter);
-        let mut sink = MapSink::default();
-        plan.write_fields(&mut sink, route, head, &resp, false);
-        let mut out = Response::new(plan.filter(DownBody::Relay(Box::new(relay))));
-        *out.status_mut() = parts.status;
-        *out.headers_mut() = sink.map;
-        return Ok((out, member.address));
+    let mut session = StreamSession {
+        svc,
+        down,
+        head,
+        body: body.filter(|_| has_body),
+        framing,
+        verdict,
+        private: route.private_conns(),
+    };
+    let answer = match request_loop::run(route, &mut attempts, &mut session).await {
+        Ok(a) => a,
+        Err(Ended::Answer(l)) => return Err(session.body_cut().unwrap_or(l)),
+        Err(Ended::ClientGone) => return Err(Local::error(502, "interrupted")),
+        Err(Ended::Stop(l)) => return Err(l),
+    };
+    match answer {
+        MemberAnswer::Http2(r) => {
+            let (member, index) = (r.picked.member.clone(), r.picked.index);
+            let (parts, relay) = r.into_relay(svc.stats.clone());
+            let mut resp = ResponseHead::from_h2(&parts);
+            let body_filter = response_filters(down, &mut resp, route, member.address).await?;
+            let mut plan =
+                ResponsePlan::new(route, head, index, attempts.lookup(), &resp, body_filter);
+            let mut sink = MapSink::default();
+            plan.write_fields(&mut sink, route, head, &resp, false);
+            let mut out = Response::new(plan.filter(DownBody::Relay(Box::new(relay))));
+            *out.status_mut() = parts.status;
+            *out.headers_mut() = sink.map;
+            Ok((out, member.address))
+        }
+        MemberAnswer::Http1(a) => {
+            let lookup = attempts.lookup();
+            respond_h1(down, route, head, lookup, a).await
+        }
+    }
+}
+
+/// A member's HTTP/1.1 answer as a response whose body streams from the member connection
+/// (which goes back to its store when the body ends).
+async fn respond_h1(
+    down: &Downstream<'_>,
+    route: Route<'_>,
+    head: &RequestHead,
+    lookup: &crate::sticky::Lookup,
+    a: Http1Answer,
+) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
+    let (svc, t) = (route.svc, route.target);
+    let Http1Answer {
+        picked,
+        mut conn,
+        mut resp,
+        sent,
+        request,
+        ..
+    } = a;
+    let member = picked.member.clone();
+    if resp.status == 101 {
+        member.record_passive_failure("101 Switching Protocols without an upgrade request");
+        return Err(Local::error(502, "unexpected 101 from the member"));
+    }
+    let body_filter = response_filters(down, &mut resp, route, member.address).await?;
+    let mut plan = ResponsePlan::new(route, head, picked.index, lookup, &resp, body_filter);
+    let in_framing = plan.member_framing(&resp);
+    let mut sink = MapSink::default();
+    plan.write_fields(&mut sink, route, head, &resp, false);
+    let status = http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
+    let mut buf = std::mem::take(&mut conn.buf);
+    let mut rb = resp.buf;
+    rb.drain(..resp.head_len);
+    buf.clear();
+    conn.buf = rb;
+    drop(buf);
+    let private = route.private_conns();
+    let body = MemberBody::new(
+        conn,
+        in_framing,
+        Release {
+            stats: svc.stats.clone(),
+            store: (!private)
+                .then(|| t.conns.get(picked.index).cloned())
+                .flatten(),
+            member: member.clone(),
+            private: private.then(|| down.private.clone()),
+            reusable,
+            sent,
+        },
+        svc.idle_timeout,
+        request,
+    );
+    let mut out = Response::new(plan.filter(DownBody::Member(Box::new(body))));
+    *out.status_mut() = status;
+    *out.headers_mut() = sink.map;
+    Ok((out, member.address))
+}
+
+/// A stream's request as the request loop sends it: an HTTP/2 client's (its body under the
+/// service's limits), or the cache's bodiless fetch.
+struct StreamSession<'a, 'd> {
+    svc: &'a HttpService,
+    down: &'a Downstream<'d>,
+    head: &'a RequestHead,
+    /// The body still to send (taken by the one attempt that sends it: a request with a body
+    /// is not tried again once it went out).
+    body: Option<Limited>,
+    framing: ReqFraming,
+    verdict: Option<VerdictHandle>,
+    /// The route keeps member connections private to the client connection.
+    private: bool,
+}
+
+impl StreamSession<'_, '_> {
+    /// The answer to a body its limits cut, counted; `None` when they did not.
+    fn body_cut(&self) -> Option<Local> {
+        body_cut(self.svc, self.verdict.as_ref())
+    }
+}
+
+impl request_loop::ClientSession for StreamSession<'_, '_> {
+    type Stop = Local;
+
+    fn request(&self) -> (&RequestHead, &Client) {
+        (self.head, self.down.client)
     }
 
-    let mut body = body;
-    let private = route.private_conns();
-    loop {
-        let picked = attempts.next(head, down.client)?;
-        let member = picked.member.clone();
-        let mine = if private {
-            let mut p = down.private.lock();
-            p.iter_mut()
-                .position(|(m, c)| Arc::ptr_eq(m, &member) && c.is_idle_alive())
-                .map(|i| p.swap_remove(i).1)
-        } else {
-            None
-        };
-        let fresh_only = attempts.fresh_only();
-        let acquired = exchange::acquire(
-            route,
-            &picked,
-            &down.client.info,
-            mine,
-            fresh_only,
-            retryable,
-        )
-        .await;
-        let (mut conn, fresh) = match acquired {
-            Ok(c) => c,
-            Err(e) => {
-                attempts.failed(&picked, Failure::Connect(e))?;
-                continue;
-            }
-        };
-        let request_guard = member.open_request();
+    fn take_private(&mut self, member: &Arc<Member>) -> Option<UpstreamConn> {
+        if !self.private {
+            return None;
+        }
+        let mut p = self.down.private.lock();
+        p.iter_mut()
+            .position(|(m, c)| Arc::ptr_eq(m, member) && c.is_idle_alive())
+            .map(|i| p.swap_remove(i).1)
+    }
+
+    async fn send_h1(
+        &mut self,
+        route: Route<'_>,
+        _member: &Member,
+        conn: &mut UpstreamConn,
+    ) -> Result<Sent, SendError<Local>> {
+        let svc = route.svc;
         let mut out = Vec::with_capacity(1024);
-        fields::write_request_line(&mut out, head, rule);
+        fields::write_request_line(&mut out, self.head, route.rule);
         fields::write_request_fields(
             &mut out,
-            head,
+            self.head,
             &RequestCtx {
                 settings: svc.field_settings(),
-                client: down.client,
-                rule,
-                framing,
+                client: self.down.client,
+                rule: route.rule,
+                framing: self.framing,
                 h2: false,
             },
         );
         out.extend_from_slice(b"\r\n");
         let mut sent = out.len() as u64;
-        let mut written = conn.io.write_all(&out).await;
-        if written.is_ok() {
-            if let Some(mut b) = body.take().filter(|_| has_body) {
-                match send_body(&mut b, &mut conn, framing, svc.idle_timeout).await {
-                    Ok(n) => sent += n,
-                    Err(BodyError::Client) => {
-                        return Err(body_cut(svc, verdict.as_ref()).unwrap_or_else(|| {
-                            Local::error(400, "the request body was cut short")
-                        }));
-                    }
-                    Err(BodyError::Member(e)) => written = Err(e),
+        conn.io.write_all(&out).await.map_err(SendError::Member)?;
+        if let Some(mut b) = self.body.take() {
+            match send_body(&mut b, conn, self.framing, svc.idle_timeout).await {
+                Ok(n) => sent += n,
+                Err(BodyError::Client) => {
+                    let cut = body_cut(svc, self.verdict.as_ref())
+                        .unwrap_or_else(|| Local::error(400, "the request body was cut short"));
+                    return Err(SendError::Stop(cut));
                 }
+                Err(BodyError::Member(e)) => return Err(SendError::Member(e)),
             }
         }
-        let sent_at = Instant::now();
-        let head_result = match written {
-            Ok(()) => {
-                let mut timer = crate::timer::Timer::new();
-                timer.set(sent_at + t.response_timeout);
-                // Interim heads reach an HTTP/1.1 client only (HTTP/2 clients: hyper's server
-                // sends none; HTTP/1.0 has none).
-                let interim = down.interim;
-                exchange::read_response_head(
-                    &mut conn,
-                    &mut timer,
-                    &mut InterimWriter(interim),
-                    if interim.is_some() {
-                        Version::Http11
-                    } else {
-                        Version::Http2
-                    },
-                )
-                .await
-            }
-            Err(e) => Err(RespError::Io(e, false)),
+        Ok(Sent {
+            bytes: sent,
+            early: false,
+        })
+    }
+
+    async fn read_h1_head(
+        &mut self,
+        conn: &mut UpstreamConn,
+        deadline: Instant,
+    ) -> Result<ResponseHead, RespError> {
+        let mut timer = crate::timer::Timer::new();
+        timer.set(deadline);
+        // Interim heads reach an HTTP/1.1 client only (HTTP/2 clients: hyper's server sends
+        // none; HTTP/1.0 has none).
+        let interim = self.down.interim;
+        let version = if interim.is_some() {
+            Version::Http11
+        } else {
+            Version::Http2
         };
-        let mut resp = match head_result {
-            Ok(r) => r,
-            Err(RespError::Client) => return Err(Local::error(502, "interrupted")),
-            Err(e) => {
-                attempts.failed(&picked, Failure::of_response(e, fresh))?;
-                continue;
-            }
+        exchange::read_response_head(conn, &mut timer, &mut InterimWriter(interim), version).await
+    }
+
+    fn rewind(&mut self) {
+        // Only a request without a body is tried again: nothing to rewind.
+    }
+
+    async fn send_h2(
+        &mut self,
+        sender: &mut SendRequest<UpBody>,
+        head: http::Request<()>,
+        timeout: Duration,
+        fresh: bool,
+    ) -> Result<SentH2, Local> {
+        let body = match self.body.take() {
+            Some(b) => UpBody::Limited(Box::new(b)),
+            None => UpBody::Empty,
         };
-        attempts.answered(&picked, resp.status, sent_at.elapsed());
-        if resp.status == 101 {
-            member.record_passive_failure("101 Switching Protocols without an upgrade request");
-            return Err(Local::error(502, "unexpected 101 from the member"));
-        }
-        let body_filter = response_filters(down, &mut resp, route, member.address).await?;
-        let mut plan = ResponsePlan::new(
-            route,
-            head,
-            picked.index,
-            attempts.lookup(),
-            &resp,
-            body_filter,
-        );
-        let in_framing = plan.member_framing(&resp);
-        let mut sink = MapSink::default();
-        plan.write_fields(&mut sink, route, head, &resp, false);
-        let status =
-            http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-        let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
-        let mut buf = std::mem::take(&mut conn.buf);
-        let mut rb = resp.buf;
-        rb.drain(..resp.head_len);
-        buf.clear();
-        conn.buf = rb;
-        drop(buf);
-        let body = MemberBody::new(
-            conn,
-            in_framing,
-            Release {
-                stats: svc.stats.clone(),
-                store: (!private)
-                    .then(|| t.conns.get(picked.index).cloned())
-                    .flatten(),
-                member: member.clone(),
-                private: private.then(|| down.private.clone()),
-                reusable,
-                sent,
-            },
-            svc.idle_timeout,
-            request_guard,
-        );
-        let mut out = Response::new(plan.filter(DownBody::Member(Box::new(body))));
-        *out.status_mut() = status;
-        *out.headers_mut() = sink.map;
-        return Ok((out, member.address));
+        let r = crate::h2_upstream::send(sender, head.map(|()| body), timeout, fresh).await;
+        Ok((r, 0))
     }
 }
 

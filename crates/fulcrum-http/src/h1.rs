@@ -20,19 +20,20 @@ mod body;
 mod filters;
 mod forward;
 mod respond;
+mod session;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_balance::{Member, Picked};
+use fulcrum_balance::Member;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::client::{Client, ConnInfo};
 use crate::exchange::Route;
 use crate::fields;
-use crate::head::{FieldKind, Parse, RequestHead, ResponseHead, Version};
+use crate::head::{FieldKind, Parse, RequestHead, Version};
 use crate::local::Local;
 use crate::rules::CompiledRule;
 use crate::service::{HttpService, Plan, Successor};
@@ -69,17 +70,6 @@ struct Conn<S> {
     /// The current request's way through the service's filters (dropped with the request,
     /// which ends the filters' contexts).
     filters: Option<Box<fulcrum_wasm::Stream>>,
-}
-
-/// A member's response head in hand, with the connection it came on.
-struct Answer {
-    picked: Picked,
-    conn: UpstreamConn,
-    resp: ResponseHead,
-    /// Request bytes sent to the member.
-    sent: u64,
-    /// The member began to answer before the request body was complete.
-    early: bool,
 }
 
 /// How an exchange ended, for the access log and the keep-alive decision.

@@ -1,14 +1,15 @@
 //! The HTTP/2 member session of an exchange (`http2 = true` on a pool): a request sent as a
-//! stream on the member's shared connection (`upstream::H2Member`), through the same attempts
-//! as every other request.
+//! stream on the member's shared connection (`upstream::H2Member`), one attempt of the
+//! request loop (`request_loop`).
 
-use bytes::Bytes;
-use fulcrum_balance::{ConnectionGuard, Picked, RequestGuard};
+use std::time::Duration;
+
+use fulcrum_balance::{ConnectionGuard, Member, Picked, RequestGuard};
 use hyper::body::Incoming;
-use tokio::time::Instant;
+use hyper::client::conn::http2::SendRequest;
 
 use crate::client::Client;
-use crate::exchange::{Attempts, Failure, Route};
+use crate::exchange::{Failure, Route};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
 use crate::head::RequestHead;
 use crate::local::Local;
@@ -46,128 +47,78 @@ impl H2Response {
     }
 }
 
-/// A request body for an HTTP/2 member: `body` to send, `replay` a copy of it when it may be
-/// sent again (no body or a buffered one), and its framing.
-pub struct Outgoing {
-    pub body: Option<UpBody>,
-    pub replay: Option<Bytes>,
-    pub framing: ReqFraming,
-}
-
-/// Sends a request to an HTTP/2 member of the route's pool through `attempts`: retries on
-/// connect failures, and on refused streams for requests that can be sent again.
-pub(crate) async fn exchange(
+/// The request head for a stream to `member`: the fields as an HTTP/2 member gets them, the
+/// authority from the Host field (or the member's address), the target as the rule rewrote it.
+pub(crate) fn request_head(
     route: Route<'_>,
-    attempts: &mut Attempts<'_>,
     req: &RequestHead,
     client: &Client,
-    out: Outgoing,
-) -> Result<H2Response, Local> {
-    let (svc, t, rule) = (&**route.svc, &**route.target, route.rule);
-    let Outgoing {
-        mut body,
-        replay,
-        framing,
-    } = out;
-    loop {
-        let picked = attempts.next(req, client)?;
-        let member = picked.member.clone();
-        let Some(h2) = t.h2.get(picked.index) else {
-            return Err(Local::error(502, "no HTTP/2 connection for the member"));
-        };
-        if attempts.fresh_only() {
-            h2.reset();
-        }
-        let (mut sender, fresh) = match h2
-            .sender(
-                t.pool.connect_timeout,
-                t.tls.as_deref(),
-                svc.snat.as_deref(),
-            )
-            .await
-        {
-            Ok(s) => s,
-            Err(e) => {
-                attempts.failed(&picked, Failure::Connect(e))?;
-                continue;
-            }
-        };
-        let request_guard = member.open_request();
-        let connection_guard = member.use_connection(fresh);
+    member: &Member,
+) -> Result<http::Request<()>, Local> {
+    let rule = route.rule;
+    // The framing of a body to HTTP/2 is the stream's own: only its length is told.
+    let framing = match req.content_length {
+        Some(n) if n > 0 => ReqFraming::Length(n),
+        _ => ReqFraming::None,
+    };
+    let mut sink = MapSink::default();
+    fields::write_request_fields(
+        &mut sink,
+        req,
+        &RequestCtx {
+            settings: route.svc.field_settings(),
+            client,
+            rule,
+            framing,
+            h2: true,
+        },
+    );
+    let authority = sink
+        .map
+        .remove(http::header::HOST)
+        .map(|h| h.as_bytes().to_vec())
+        .unwrap_or_else(|| member.address.to_string().into_bytes());
+    let mut target = Vec::with_capacity(64);
+    fields::write_target(&mut target, req, rule);
+    let uri = http::Uri::builder()
+        .scheme("http")
+        .authority(authority.as_slice())
+        .path_and_query(target.as_slice())
+        .build();
+    let method = http::Method::from_bytes(req.method_bytes());
+    let (Ok(uri), Ok(method)) = (uri, method) else {
+        return Err(Local::error(
+            400,
+            "the request cannot be expressed in HTTP/2",
+        ));
+    };
+    let mut request = http::Request::new(());
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = sink.map;
+    Ok(request)
+}
 
-        let mut sink = MapSink::default();
-        fields::write_request_fields(
-            &mut sink,
-            req,
-            &RequestCtx {
-                settings: svc.field_settings(),
-                client,
-                rule,
-                framing,
-                h2: true,
-            },
-        );
-        let authority = sink
-            .map
-            .remove(http::header::HOST)
-            .map(|h| h.as_bytes().to_vec())
-            .unwrap_or_else(|| member.address.to_string().into_bytes());
-        let mut target = Vec::with_capacity(64);
-        fields::write_target(&mut target, req, rule);
-        let uri = http::Uri::builder()
-            .scheme("http")
-            .authority(authority.as_slice())
-            .path_and_query(target.as_slice())
-            .build();
-        let method = http::Method::from_bytes(req.method_bytes());
-        let (Ok(uri), Ok(method)) = (uri, method) else {
-            return Err(Local::error(
-                400,
-                "the request cannot be expressed in HTTP/2",
-            ));
-        };
-        let this_body = match body.take() {
-            Some(b) => b,
-            None => match &replay {
-                Some(b) if b.is_empty() => UpBody::Empty,
-                Some(b) => UpBody::Full(Some(b.clone())),
-                None => UpBody::Empty,
-            },
-        };
-        let sent = replay.as_ref().map_or(0, |b| b.len() as u64);
-        let mut request = http::Request::new(this_body);
-        *request.method_mut() = method;
-        *request.uri_mut() = uri;
-        *request.headers_mut() = sink.map;
-        let sent_at = Instant::now();
-        let result = async {
-            sender.ready().await?;
-            sender.send_request(request).await
-        };
-        let failure = match tokio::time::timeout(t.response_timeout, result).await {
-            Ok(Ok(response)) => {
-                attempts.answered(&picked, response.status().as_u16(), sent_at.elapsed());
-                return Ok(H2Response {
-                    picked,
-                    response,
-                    request_guard,
-                    connection_guard,
-                    sent,
-                });
-            }
-            Ok(Err(e)) => {
-                // The shared connection is gone or refused the stream: the next request opens
-                // another.
-                h2.reset();
-                Failure::Broken {
-                    why: format!("HTTP/2 request: {e}"),
-                    answered: false,
-                    reused: !fresh,
-                }
-            }
-            Err(_) => Failure::Timeout,
-        };
-        attempts.failed(&picked, failure)?;
+/// Sends `request` on the member's connection and waits `timeout` for its response head. A
+/// stream refused or a connection gone is a `Failure::Broken` (`reused` unless `fresh`).
+pub(crate) async fn send(
+    sender: &mut SendRequest<UpBody>,
+    request: http::Request<UpBody>,
+    timeout: Duration,
+    fresh: bool,
+) -> Result<http::Response<Incoming>, Failure> {
+    let result = async {
+        sender.ready().await?;
+        sender.send_request(request).await
+    };
+    match tokio::time::timeout(timeout, result).await {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(e)) => Err(Failure::Broken {
+            why: format!("HTTP/2 request: {e}"),
+            answered: false,
+            reused: !fresh,
+        }),
+        Err(_) => Err(Failure::Timeout),
     }
 }
 

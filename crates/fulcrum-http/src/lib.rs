@@ -57,6 +57,7 @@ mod h2guard;
 pub mod head;
 pub mod local;
 mod plan;
+mod request_loop;
 pub mod rules;
 pub mod service;
 mod sink;

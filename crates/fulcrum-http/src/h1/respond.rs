@@ -4,10 +4,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fulcrum_balance::{clock, MemberStats, Picked};
+use fulcrum_balance::{clock, Member, MemberStats, Picked};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{Answer, Conn, Done, Private};
+use super::{Conn, Done, Private};
 use crate::body::InFraming;
 use crate::chunked;
 use crate::exchange::Route;
@@ -16,6 +16,7 @@ use crate::h1_out::{write_timed, BODY_CHUNK};
 use crate::head::{RequestHead, ResponseHead};
 use crate::local::Local;
 use crate::plan::ResponsePlan;
+use crate::request_loop::Http1Answer;
 use crate::service::HttpService;
 use crate::sticky::Lookup;
 use crate::upstream::UpstreamConn;
@@ -25,13 +26,20 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     /// Sends the response head and body to the client, then puts the member connection back.
-    pub(super) async fn respond(&mut self, route: Route<'_>, lookup: &Lookup, a: Answer) -> Done {
-        let Answer {
+    pub(super) async fn respond(
+        &mut self,
+        route: Route<'_>,
+        lookup: &Lookup,
+        a: Http1Answer,
+    ) -> Done {
+        // `_request` keeps the request open on its member until the body has been relayed.
+        let Http1Answer {
             picked,
             mut conn,
             mut resp,
             sent,
             early,
+            request: _request,
         } = a;
         let (svc, rule) = (route.svc, route.rule);
         let picked = &picked;
@@ -76,34 +84,7 @@ where
         drop(resp);
 
         if upgrade {
-            let sent_head = self.io.write_all(&self.out).await;
-            if sent_head.is_err() {
-                return Done::default();
-            }
-            let leftover_client = self.head.buf.split_off(self.pos.min(self.head.buf.len()));
-            let mut live = member.stats.live();
-            let (up, down) = fulcrum_net::relay::run(
-                &mut self.io,
-                &leftover_client,
-                &mut conn.io,
-                &conn.buf,
-                svc.idle_timeout,
-                &mut |sent, received| live.add(sent, received),
-            )
-            .await;
-            drop(live);
-            member.stats.add_bytes(sent, 0);
-            svc.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
-            svc.stats
-                .bytes_out
-                .fetch_add(head_bytes + down, Ordering::Relaxed);
-            member.record_exchange_success();
-            return Done {
-                status,
-                bytes: down,
-                member: Some(member.address),
-                keep: false,
-            };
+            return self.tunnel(route, member, conn, sent, head_bytes).await;
         }
 
         let relayed = match &mut encoder {
@@ -173,6 +154,46 @@ where
             bytes: body_bytes,
             member: Some(member.address),
             keep: !close,
+        }
+    }
+
+    /// After a 101 the connection is a tunnel: the response head (in `self.out`) goes out, then
+    /// bytes both ways until either side closes.
+    async fn tunnel(
+        &mut self,
+        route: Route<'_>,
+        member: &Member,
+        mut conn: UpstreamConn,
+        sent: u64,
+        head_bytes: u64,
+    ) -> Done {
+        let svc = route.svc;
+        if self.io.write_all(&self.out).await.is_err() {
+            return Done::default();
+        }
+        let leftover_client = self.head.buf.split_off(self.pos.min(self.head.buf.len()));
+        let mut live = member.stats.live();
+        let (up, down) = fulcrum_net::relay::run(
+            &mut self.io,
+            &leftover_client,
+            &mut conn.io,
+            &conn.buf,
+            svc.idle_timeout,
+            &mut |sent, received| live.add(sent, received),
+        )
+        .await;
+        drop(live);
+        member.stats.add_bytes(sent, 0);
+        svc.stats.bytes_in.fetch_add(up, Ordering::Relaxed);
+        svc.stats
+            .bytes_out
+            .fetch_add(head_bytes + down, Ordering::Relaxed);
+        member.record_exchange_success();
+        Done {
+            status: 101,
+            bytes: down,
+            member: Some(member.address),
+            keep: false,
         }
     }
 
