@@ -145,6 +145,87 @@ fn synthetic_soa(origin: &[u8]) -> ZoneRecord {
     }
 }
 
+/// A zone as read: its origin (lower-case wire form), the origin as text, and its records.
+struct ZoneSource {
+    origin: Vec<u8>,
+    text: String,
+    records: Vec<ZoneRecord>,
+}
+
+/// The `[dns]` zones, in order, each with the records of its file and its `records`; a zone
+/// whose origin is not a name, or that repeats an earlier one, is left out (and reported).
+fn read_zones(
+    dns: Option<&fulcrum_config::Dns>,
+    errors: &mut Vec<CatalogError>,
+) -> Vec<ZoneSource> {
+    let mut per_zone: Vec<ZoneSource> = Vec::new();
+    for (zi, z) in dns
+        .map(|d| d.zones.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let key = format!("dns.zone[{zi}]");
+        let origin = match Name::from_ascii(&z.origin) {
+            Ok(o) => o,
+            Err(e) => {
+                errors.push(CatalogError {
+                    key: format!("{key}.origin"),
+                    file: None,
+                    message: format!("{:?} is not a domain name: {e}", z.origin),
+                });
+                continue;
+            }
+        };
+        let wire = zone::wire_name(&origin);
+        if per_zone.iter().any(|s| s.origin == wire) {
+            errors.push(CatalogError {
+                key: format!("{key}.origin"),
+                file: None,
+                message: format!("zone {} is configured twice", z.origin),
+            });
+            continue;
+        }
+        per_zone.push(ZoneSource {
+            origin: wire,
+            text: z.origin.to_ascii_lowercase(),
+            records: read_zone_records(&key, z, &origin, errors),
+        });
+    }
+    per_zone
+}
+
+/// The records of zone `z` (config key `key`): its file's, then its `records` lines.
+fn read_zone_records(
+    key: &str,
+    z: &fulcrum_config::Zone,
+    origin: &Name,
+    errors: &mut Vec<CatalogError>,
+) -> Vec<ZoneRecord> {
+    let mut records = Vec::new();
+    if let Some(path) = &z.file {
+        match zone::load_file(path, origin) {
+            Ok(r) => records.extend(r),
+            Err(e) => errors.push(CatalogError {
+                key: format!("{key}.file"),
+                file: Some((path.clone(), e.line)),
+                message: e.message,
+            }),
+        }
+    }
+    for (ri, line) in z.records.iter().enumerate() {
+        match zone::parse_master(line, origin) {
+            Ok(r) => records.extend(r),
+            Err(e) => errors.push(CatalogError {
+                key: format!("{key}.records[{ri}]"),
+                file: None,
+                message: e.message,
+            }),
+        }
+    }
+    records
+}
+
 impl Catalog {
     /// Builds the catalog from the `[dns]` zones and the GSLB names (each answered at its fqdn;
     /// a name outside every zone gets an implicit zone of its own).
@@ -154,121 +235,102 @@ impl Catalog {
     ) -> Result<Catalog, Vec<CatalogError>> {
         let mut errors = Vec::new();
         let mut cat = Catalog::default();
-        let mut per_zone: Vec<(Vec<u8>, String, Vec<ZoneRecord>)> = Vec::new();
-        for (zi, z) in dns
-            .map(|d| d.zones.as_slice())
-            .unwrap_or_default()
-            .iter()
-            .enumerate()
-        {
-            let key = format!("dns.zone[{zi}]");
-            let origin = match Name::from_ascii(&z.origin) {
-                Ok(o) => o,
-                Err(e) => {
+        let mut per_zone = read_zones(dns, &mut errors);
+        for name in gslb_names {
+            if !per_zone.iter().any(|s| in_zone(name, &s.origin)) {
+                per_zone.push(ZoneSource {
+                    origin: name.clone(),
+                    text: wire_to_text(name),
+                    records: Vec::new(),
+                });
+            }
+        }
+        for zi in 0..per_zone.len() {
+            cat.add_zone(&per_zone, zi, &mut errors);
+        }
+        cat.check_cnames_stand_alone(&mut errors);
+        cat.add_gslb_names(gslb_names, &mut errors);
+        let names: Vec<Vec<u8>> = cat.nodes.keys().cloned().collect();
+        for n in names {
+            if let Some(z) = cat.nodes.get(&n).map(|x| x.zone) {
+                cat.add_ancestors(&n, z);
+            }
+        }
+        if errors.is_empty() {
+            Ok(cat)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Indexes zone `zi` of `per_zone`: its records (those a deeper zone does not own) and its
+    /// SOA, synthesized when it has none.
+    fn add_zone(&mut self, per_zone: &[ZoneSource], zi: usize, errors: &mut Vec<CatalogError>) {
+        let ZoneSource {
+            origin,
+            text,
+            records,
+        } = &per_zone[zi];
+        let mut soa = None;
+        let mut count = 0;
+        for r in records {
+            // Zones nest (example.com. and sub.example.com.): a record goes to the deepest zone.
+            let deepest = per_zone
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| in_zone(&r.owner, &s.origin))
+                .max_by_key(|(_, s)| s.origin.len())
+                .map(|(i, _)| i);
+            if deepest != Some(zi) {
+                if !in_zone(&r.owner, origin) {
                     errors.push(CatalogError {
-                        key: format!("{key}.origin"),
+                        key: format!("dns.zone[{zi}]"),
                         file: None,
-                        message: format!("{:?} is not a domain name: {e}", z.origin),
+                        message: format!("{} is outside the zone {text}", r.text),
+                    });
+                }
+                continue;
+            }
+            if r.rtype == TYPE_SOA {
+                if r.owner != *origin {
+                    errors.push(CatalogError {
+                        key: format!("dns.zone[{zi}]"),
+                        file: None,
+                        message: format!(
+                            "an SOA belongs at the zone's apex {text}, not at {}",
+                            wire_to_text(&r.owner)
+                        ),
                     });
                     continue;
                 }
-            };
-            let wire = zone::wire_name(&origin);
-            if per_zone.iter().any(|(o, _, _)| *o == wire) {
-                errors.push(CatalogError {
-                    key: format!("{key}.origin"),
-                    file: None,
-                    message: format!("zone {} is configured twice", z.origin),
-                });
-                continue;
-            }
-            let mut records = Vec::new();
-            if let Some(path) = &z.file {
-                match zone::load_file(path, &origin) {
-                    Ok(r) => records.extend(r),
-                    Err(e) => errors.push(CatalogError {
-                        key: format!("{key}.file"),
-                        file: Some((path.clone(), e.line)),
-                        message: e.message,
-                    }),
-                }
-            }
-            for (ri, line) in z.records.iter().enumerate() {
-                match zone::parse_master(line, &origin) {
-                    Ok(r) => records.extend(r),
-                    Err(e) => errors.push(CatalogError {
-                        key: format!("{key}.records[{ri}]"),
-                        file: None,
-                        message: e.message,
-                    }),
-                }
-            }
-            per_zone.push((wire, z.origin.to_ascii_lowercase(), records));
-        }
-        for name in gslb_names {
-            if !per_zone.iter().any(|(o, _, _)| in_zone(name, o)) {
-                per_zone.push((name.clone(), wire_to_text(name), Vec::new()));
-            }
-        }
-        // Zones nest (example.com. and sub.example.com.): a record goes to the deepest zone.
-        for (zi, (origin, text, records)) in per_zone.iter().enumerate() {
-            let mut soa = None;
-            let mut count = 0;
-            for r in records {
-                let deepest = per_zone
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (o, _, _))| in_zone(&r.owner, o))
-                    .max_by_key(|(_, (o, _, _))| o.len())
-                    .map(|(i, _)| i);
-                if deepest != Some(zi) {
-                    if !in_zone(&r.owner, origin) {
-                        errors.push(CatalogError {
-                            key: format!("dns.zone[{zi}]"),
-                            file: None,
-                            message: format!("{} is outside the zone {text}", r.text),
-                        });
-                    }
+                if soa.is_some() {
                     continue;
                 }
-                if r.rtype == TYPE_SOA {
-                    if r.owner != *origin {
-                        errors.push(CatalogError {
-                            key: format!("dns.zone[{zi}]"),
-                            file: None,
-                            message: format!(
-                                "an SOA belongs at the zone's apex {text}, not at {}",
-                                wire_to_text(&r.owner)
-                            ),
-                        });
-                        continue;
-                    }
-                    if soa.is_some() {
-                        continue;
-                    }
-                    soa = Some(r.clone());
-                }
-                cat.insert(zi as u16, r);
-                count += 1;
+                soa = Some(r.clone());
             }
-            let synthetic = soa.is_none();
-            let soa = soa.unwrap_or_else(|| {
-                let s = synthetic_soa(origin);
-                cat.insert(zi as u16, &s);
-                s
-            });
-            let neg = soa.ttl.min(soa.soa_minimum.unwrap_or(soa.ttl));
-            cat.zone_index.insert(origin.clone(), zi as u16);
-            cat.zones.push(ZoneMeta {
-                origin: origin.clone(),
-                origin_text: text.clone(),
-                negative_soa: fixed(&soa, neg),
-                synthetic_soa: synthetic,
-                records: count,
-            });
+            self.insert(zi as u16, r);
+            count += 1;
         }
-        // CNAME and other data cannot share a name (RFC 1034 §3.6.2).
-        for (name, node) in &cat.nodes {
+        let synthetic = soa.is_none();
+        let soa = soa.unwrap_or_else(|| {
+            let s = synthetic_soa(origin);
+            self.insert(zi as u16, &s);
+            s
+        });
+        let neg = soa.ttl.min(soa.soa_minimum.unwrap_or(soa.ttl));
+        self.zone_index.insert(origin.clone(), zi as u16);
+        self.zones.push(ZoneMeta {
+            origin: origin.clone(),
+            origin_text: text.clone(),
+            negative_soa: fixed(&soa, neg),
+            synthetic_soa: synthetic,
+            records: count,
+        });
+    }
+
+    /// CNAME and other data cannot share a name (RFC 1034 §3.6.2).
+    fn check_cnames_stand_alone(&self, errors: &mut Vec<CatalogError>) {
+        for (name, node) in &self.nodes {
             if node.get(TYPE_CNAME).is_some() && node.rrsets.len() > 1 {
                 errors.push(CatalogError {
                     key: format!("dns.zone[{}]", node.zone),
@@ -280,9 +342,14 @@ impl Catalog {
                 });
             }
         }
+    }
+
+    /// Marks each GSLB name's node (creating it in the zone the name is in), which must not be
+    /// a CNAME.
+    fn add_gslb_names(&mut self, gslb_names: &[Vec<u8>], errors: &mut Vec<CatalogError>) {
         for (gi, name) in gslb_names.iter().enumerate() {
-            let zone = cat.zone_of(name).unwrap_or(0);
-            let node = cat.nodes.entry(name.clone()).or_insert_with(|| Node {
+            let zone = self.zone_of(name).unwrap_or(0);
+            let node = self.nodes.entry(name.clone()).or_insert_with(|| Node {
                 zone,
                 ..Node::default()
             });
@@ -294,18 +361,7 @@ impl Catalog {
                 });
             }
             node.gslb = Some(gi as u16);
-            cat.add_ancestors(name, zone);
-        }
-        let names: Vec<Vec<u8>> = cat.nodes.keys().cloned().collect();
-        for n in names {
-            if let Some(z) = cat.nodes.get(&n).map(|x| x.zone) {
-                cat.add_ancestors(&n, z);
-            }
-        }
-        if errors.is_empty() {
-            Ok(cat)
-        } else {
-            Err(errors)
+            self.add_ancestors(name, zone);
         }
     }
 

@@ -61,6 +61,7 @@ pub struct Engine {
 
 /// The client address GSLB should use, and the ECS option to echo.
 struct Ecs {
+    peer: IpAddr,
     subnet: Option<ClientSubnet>,
     scope: u8,
 }
@@ -187,52 +188,65 @@ impl Engine {
         transport: Transport,
         out: &mut Vec<u8>,
     ) -> u8 {
-        let ecs_in = q.edns.and_then(|e| e.ecs);
         let mut ecs = Ecs {
-            subnet: ecs_in,
+            peer,
+            subnet: q.edns.and_then(|e| e.ecs),
             scope: 0,
         };
-        let refuse = |out: &mut Vec<u8>, ecs: &Ecs| {
-            let mut w = Writer::start(out, packet, q, false, RCODE_REFUSED);
-            if q.edns.is_some() {
-                w.opt(self.udp_payload, 0, ecs.subnet.map(|s| (s, 0)));
-            }
-            w.finish();
-            RCODE_REFUSED
-        };
         if q.qclass != CLASS_IN && q.qclass != CLASS_ANY {
-            return refuse(out, &ecs);
+            return self.refuse(packet, q, &ecs, out);
         }
         if q.qtype == TYPE_AXFR || q.qtype == TYPE_IXFR {
             // Zone transfers are not offered.
-            return refuse(out, &ecs);
+            return self.refuse(packet, q, &ecs, out);
         }
-        let lname = q.lower_name();
-        let Some(mut zone) = self.catalog.zone_of(lname) else {
-            return refuse(out, &ecs);
+        let Some(zone) = self.catalog.zone_of(q.lower_name()) else {
+            return self.refuse(packet, q, &ecs, out);
         };
         let mut w = Writer::start(out, packet, q, true, RCODE_NOERROR);
+        let rcode = self.answer_chain(&mut w, q, transport, zone, &mut ecs);
+        w.set_rcode(rcode);
+        if q.edns.is_some() {
+            let echo = ecs
+                .subnet
+                .map(|s| (s, ecs.scope.min(if s.family == 1 { 32 } else { 128 })));
+            w.opt(self.udp_payload, 0, echo);
+        }
+        w.finish();
+        rcode
+    }
+
+    fn refuse(&self, packet: &[u8], q: &Query, ecs: &Ecs, out: &mut Vec<u8>) -> u8 {
+        let mut w = Writer::start(out, packet, q, false, RCODE_REFUSED);
+        if q.edns.is_some() {
+            w.opt(self.udp_payload, 0, ecs.subnet.map(|s| (s, 0)));
+        }
+        w.finish();
+        RCODE_REFUSED
+    }
+
+    /// Answers the query's name (in `zone`), following CNAMEs through the zones served for up
+    /// to `MAX_CHAIN` hops; returns the rcode.
+    fn answer_chain(
+        &self,
+        w: &mut Writer<'_>,
+        q: &Query,
+        transport: Transport,
+        mut zone: u16,
+        ecs: &mut Ecs,
+    ) -> u8 {
+        let lname = q.lower_name();
         // The name being answered: where it sits in the response (for compression pointers) and
         // its lower-case wire form.
         let mut name_at = 12usize;
         let mut name_buf = [0u8; MAX_NAME];
         name_buf[..lname.len()].copy_from_slice(lname);
         let mut name_len = lname.len();
-        let mut rcode = RCODE_NOERROR;
         for hop in 0..=MAX_CHAIN {
             let name = &name_buf[..name_len];
             if let Some(cut) = self.catalog.cut_above(name, zone) {
                 if hop == 0 {
-                    // A referral: the child's NS, not authoritative.
-                    w.set_aa(false);
-                    if let Some(ns) = self.catalog.node(cut).and_then(|n| n.get(TYPE_NS)) {
-                        let ptr = name_at + (name.len() - cut.len());
-                        for k in 0..ns.count as usize {
-                            write_rr(&mut w, ptr, cut, ns, k);
-                            w.ns += 1;
-                        }
-                        self.glue(&mut w, ns);
-                    }
+                    self.referral(w, name_at, name, cut);
                 }
                 break;
             }
@@ -241,74 +255,30 @@ impl Engine {
                 None => self.catalog.wildcard(name, zone).map(|(n, _)| n),
             };
             let Some(node) = node else {
-                rcode = RCODE_NXDOMAIN;
-                self.negative(&mut w, zone, name_at, name);
-                break;
+                self.negative(w, zone, name_at, name);
+                return RCODE_NXDOMAIN;
             };
             // A GSLB name answers addresses by site; other types from the zone's data.
             if let Some(gi) = node.gslb {
-                let mut wrote = false;
-                if q.qtype == TYPE_A || q.qtype == TYPE_AAAA || q.qtype == TYPE_ANY {
-                    let client_ip = match ecs_in {
-                        Some(s) if s.source_prefix > 0 => s.addr,
-                        _ => peer,
-                    };
-                    let client = self.gslb.client(
-                        client_ip,
-                        ecs_in.map(|s| s.source_prefix).filter(|p| *p > 0),
-                    );
-                    let ttl = self.gslb.names[gi as usize].ttl;
-                    let families: &[bool] = match q.qtype {
-                        TYPE_A => &[false],
-                        TYPE_AAAA => &[true],
-                        _ => &[false, true],
-                    };
-                    for &v6 in families {
-                        let mut n = 0;
-                        let scope = self.gslb.select(gi as usize, &client, v6, None, &mut |ip| {
-                            w.address(name_at, name, ip, ttl);
-                            n += 1;
-                        });
-                        if let Some(s) = scope {
-                            ecs.scope = ecs.scope.max(s);
-                        }
-                        w.an += n;
-                        wrote |= n > 0;
-                    }
-                }
+                let wrote = self.gslb_addresses(w, q, ecs, gi as usize, name_at, name)
+                    || self.rrset_of(w, name_at, name, node, q.qtype);
                 if !wrote {
-                    if let Some(set) = node.get(q.qtype) {
-                        self.rrset(&mut w, name_at, name, set);
-                        wrote = true;
-                    }
-                }
-                if !wrote {
-                    self.negative(&mut w, zone, name_at, name);
+                    self.negative(w, zone, name_at, name);
                 }
                 break;
             }
             if q.qtype == TYPE_ANY {
-                if transport == Transport::Udp && !node.rrsets.is_empty() {
-                    // RFC 8482: over UDP, ANY gets a small synthesized answer, not everything.
-                    hinfo_rfc8482(&mut w, name_at, name);
-                } else if node.rrsets.is_empty() {
-                    self.negative(&mut w, zone, name_at, name);
-                } else {
-                    for set in &node.rrsets {
-                        self.rrset(&mut w, name_at, name, set);
-                    }
-                }
+                self.answer_any(w, transport, node, zone, name_at, name);
                 break;
             }
-            if let Some(set) = node.get(q.qtype) {
-                self.rrset(&mut w, name_at, name, set);
+            if self.rrset_of(w, name_at, name, node, q.qtype) {
                 break;
             }
             let Some(cname) = node.get(TYPE_CNAME) else {
-                self.negative(&mut w, zone, name_at, name);
+                self.negative(w, zone, name_at, name);
                 break;
             };
-            let rdata_at = write_rr(&mut w, name_at, name, cname, 0);
+            let rdata_at = write_rr(w, name_at, name, cname, 0);
             w.an += 1;
             let Some(target) = cname.target.as_deref() else {
                 break;
@@ -324,15 +294,99 @@ impl Engine {
                 _ => break,
             }
         }
-        w.set_rcode(rcode);
-        if q.edns.is_some() {
-            let echo = ecs
-                .subnet
-                .map(|s| (s, ecs.scope.min(if s.family == 1 { 32 } else { 128 })));
-            w.opt(self.udp_payload, 0, echo);
+        RCODE_NOERROR
+    }
+
+    /// A referral: the child's NS, not authoritative.
+    fn referral(&self, w: &mut Writer<'_>, name_at: usize, name: &[u8], cut: &[u8]) {
+        w.set_aa(false);
+        if let Some(ns) = self.catalog.node(cut).and_then(|n| n.get(TYPE_NS)) {
+            let ptr = name_at + (name.len() - cut.len());
+            for k in 0..ns.count as usize {
+                write_rr(w, ptr, cut, ns, k);
+                w.ns += 1;
+            }
+            self.glue(w, ns);
         }
-        w.finish();
-        rcode
+    }
+
+    /// The addresses GSLB name `gi` answers an A, AAAA or ANY query with; widens the ECS scope
+    /// to what the choice depended on. Returns whether any was written.
+    fn gslb_addresses(
+        &self,
+        w: &mut Writer<'_>,
+        q: &Query,
+        ecs: &mut Ecs,
+        gi: usize,
+        name_at: usize,
+        name: &[u8],
+    ) -> bool {
+        let families: &[bool] = match q.qtype {
+            TYPE_A => &[false],
+            TYPE_AAAA => &[true],
+            TYPE_ANY => &[false, true],
+            _ => return false,
+        };
+        let client_ip = match ecs.subnet {
+            Some(s) if s.source_prefix > 0 => s.addr,
+            _ => ecs.peer,
+        };
+        let client = self.gslb.client(
+            client_ip,
+            ecs.subnet.map(|s| s.source_prefix).filter(|p| *p > 0),
+        );
+        let ttl = self.gslb.names[gi].ttl;
+        let mut wrote = false;
+        for &v6 in families {
+            let mut n = 0;
+            let scope = self.gslb.select(gi, &client, v6, None, &mut |ip| {
+                w.address(name_at, name, ip, ttl);
+                n += 1;
+            });
+            if let Some(s) = scope {
+                ecs.scope = ecs.scope.max(s);
+            }
+            w.an += n;
+            wrote |= n > 0;
+        }
+        wrote
+    }
+
+    /// Writes the node's records of type `qtype`, if it has them; returns whether it did.
+    fn rrset_of(
+        &self,
+        w: &mut Writer<'_>,
+        name_at: usize,
+        name: &[u8],
+        node: &Node,
+        qtype: u16,
+    ) -> bool {
+        let Some(set) = node.get(qtype) else {
+            return false;
+        };
+        self.rrset(w, name_at, name, set);
+        true
+    }
+
+    fn answer_any(
+        &self,
+        w: &mut Writer<'_>,
+        transport: Transport,
+        node: &Node,
+        zone: u16,
+        name_at: usize,
+        name: &[u8],
+    ) {
+        if transport == Transport::Udp && !node.rrsets.is_empty() {
+            // RFC 8482: over UDP, ANY gets a small synthesized answer, not everything.
+            hinfo_rfc8482(w, name_at, name);
+        } else if node.rrsets.is_empty() {
+            self.negative(w, zone, name_at, name);
+        } else {
+            for set in &node.rrsets {
+                self.rrset(w, name_at, name, set);
+            }
+        }
     }
 
     fn rrset(&self, w: &mut Writer<'_>, name_at: usize, name: &[u8], set: &crate::catalog::RrSet) {

@@ -253,6 +253,48 @@ fn fqdn_wire(s: &str) -> Vec<u8> {
     crate::zone::parse_name(s).unwrap_or_else(|_| vec![0])
 }
 
+/// A pool configuration for the scheduler library: GSLB's pools are built in code, not read,
+/// so everything but what a site or name decides is the library's plain default.
+fn scheduler_pool_config(
+    name: String,
+    algorithm: Algorithm,
+    monitors: Vec<String>,
+    connect_timeout: std::time::Duration,
+    members: Vec<fulcrum_config::Member>,
+) -> fulcrum_config::Pool {
+    fulcrum_config::Pool {
+        name,
+        algorithm,
+        hash_key: fulcrum_config::HashKey::SourceIp,
+        monitors,
+        slow_start: None,
+        min_active: 1,
+        retries: 0,
+        connect_timeout,
+        zero_window_timeout: None,
+        members,
+        reuse: fulcrum_config::Reuse::Safe,
+        tls: None,
+        http: Default::default(),
+        kind: fulcrum_config::PoolKind::Server,
+        links: vec![],
+        gateways: vec![],
+        busy: None,
+        elastic: None,
+    }
+}
+
+fn plain_member(address: SocketAddr, weight: u32) -> fulcrum_config::Member {
+    fulcrum_config::Member {
+        address,
+        weight,
+        priority: 0,
+        max_connections: 0,
+        standby: false,
+        state: AdminState::Enabled,
+    }
+}
+
 impl GslbState {
     /// Builds from the config; pools of `previous` are reused by name so health, counters and
     /// the state of members survive a reload.
@@ -265,166 +307,15 @@ impl GslbState {
         let sites: Vec<Site> = g
             .sites
             .iter()
-            .map(|sc| {
-                let monitor = sc.monitor.as_deref().and_then(|m| config.monitor(m));
-                let pool = monitor.map(|m| {
-                    let pc = fulcrum_config::Pool {
-                        name: site_pool_name(&sc.name),
-                        algorithm: Algorithm::RoundRobin,
-                        hash_key: fulcrum_config::HashKey::SourceIp,
-                        monitors: vec![m.name.clone()],
-                        slow_start: None,
-                        min_active: 1,
-                        retries: 0,
-                        connect_timeout: m.timeout,
-                        zero_window_timeout: None,
-                        members: sc
-                            .addresses
-                            .iter()
-                            .map(|a| fulcrum_config::Member {
-                                address: SocketAddr::new(*a, probe_port(m)),
-                                weight: 1,
-                                priority: 0,
-                                max_connections: 0,
-                                standby: false,
-                                state: AdminState::Enabled,
-                            })
-                            .collect(),
-                        reuse: fulcrum_config::Reuse::Safe,
-                        tls: None,
-                        http: Default::default(),
-                        kind: fulcrum_config::PoolKind::Server,
-                        links: vec![],
-                        gateways: vec![],
-                        busy: None,
-                        elastic: None,
-                    };
-                    let checks = [CheckSpec {
-                        monitor: m.name.clone(),
-                        rise: m.rise,
-                        fall: m.fall,
-                    }];
-                    let prev = previous
-                        .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
-                        .and_then(|s| s.pool.as_deref());
-                    Arc::new(Pool::new(&pc, &checks, prev))
-                });
-                Site {
-                    name: Arc::from(sc.name.as_str()),
-                    addresses: sc.addresses.clone(),
-                    regions: sc
-                        .regions
-                        .iter()
-                        .filter_map(|r| locator.names().iter().position(|n| n == r))
-                        .map(|i| i as u16)
-                        .collect(),
-                    weight: sc.weight,
-                    redirect_host: sc.redirect_host.as_deref().map(Arc::from),
-                    pool,
-                    cursor: AtomicUsize::new(0),
-                    link_ok: std::sync::atomic::AtomicBool::new(
-                        previous
-                            .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
-                            .is_none_or(|s| s.link_ok.load(Ordering::Relaxed)),
-                    ),
-                    admin: AtomicU8::new(
-                        previous
-                            .and_then(|p| p.sites.iter().find(|s| *s.name == sc.name))
-                            .map_or(0, |s| s.admin.load(Ordering::Relaxed)),
-                    ),
-                }
-            })
+            .map(|sc| Site::build(config, &locator, previous, sc))
             .collect();
         let slots = locator.names().len() + 1;
         let names = g
             .names
             .iter()
             .map(|nc| {
-                let idx: Vec<usize> = nc
-                    .sites
-                    .iter()
-                    .filter_map(|s| sites.iter().position(|x| *x.name == *s))
-                    .take(MAX_SITES)
-                    .collect();
                 let prev = previous.and_then(|p| p.names.iter().find(|n| n.text == nc.fqdn));
-                let make = |alg: GslbAlgorithm, tag: &str, prev_pool: Option<&Pool>| {
-                    let pc = fulcrum_config::Pool {
-                        name: format!("gslb:{}:{tag}", nc.fqdn),
-                        algorithm: pool_algorithm(alg),
-                        hash_key: fulcrum_config::HashKey::SourceIp,
-                        monitors: vec![],
-                        slow_start: None,
-                        min_active: 1,
-                        retries: 0,
-                        connect_timeout: std::time::Duration::from_secs(1),
-                        zero_window_timeout: None,
-                        members: idx
-                            .iter()
-                            .enumerate()
-                            .map(|(k, &s)| fulcrum_config::Member {
-                                address: site_member_addr(k),
-                                weight: sites[s].weight,
-                                priority: 0,
-                                max_connections: 0,
-                                standby: false,
-                                state: AdminState::Enabled,
-                            })
-                            .collect(),
-                        reuse: fulcrum_config::Reuse::Safe,
-                        tls: None,
-                        http: Default::default(),
-                        kind: fulcrum_config::PoolKind::Server,
-                        links: vec![],
-                        gateways: vec![],
-                        busy: None,
-                        elastic: None,
-                    };
-                    let labels: Vec<Arc<str>> =
-                        idx.iter().map(|&s| sites[s].name.clone()).collect();
-                    Arc::new(Pool::new_labeled(&pc, &[], prev_pool, &labels))
-                };
-                let rd = region_dependent(nc.algorithm);
-                let pools: Vec<Arc<Pool>> = (0..if rd { slots } else { 1 })
-                    .map(|slot| {
-                        let pp = prev.and_then(|p| p.pools.get(slot)).map(|p| p.as_ref());
-                        make(nc.algorithm, &slot.to_string(), pp)
-                    })
-                    .collect();
-                let fb = if nc.fallback == GslbAlgorithm::Topology {
-                    GslbAlgorithm::Weighted
-                } else {
-                    nc.fallback
-                };
-                let fallback_pool = make(fb, "fallback", prev.map(|p| p.fallback_pool.as_ref()));
-                let answers_by = (0..slots * idx.len()).map(|_| AtomicU64::new(0)).collect();
-                let n = Name {
-                    fqdn: fqdn_wire(&nc.fqdn),
-                    text: nc.fqdn.clone(),
-                    sites: idx,
-                    algorithm: nc.algorithm,
-                    fallback: nc.fallback,
-                    ttl: nc.ttl,
-                    answers: nc.answers.clamp(1, MAX_ANSWERS),
-                    region_dependent: rd,
-                    pools,
-                    fallback_pool,
-                    answers_by,
-                    queries: AtomicU64::new(0),
-                    fallbacks: AtomicU64::new(0),
-                };
-                // Counters carry over when the shape stays.
-                if let Some(p) = prev {
-                    if p.answers_by.len() == n.answers_by.len() && p.sites.len() == n.sites.len() {
-                        for (a, b) in n.answers_by.iter().zip(&p.answers_by) {
-                            a.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
-                        }
-                        n.queries
-                            .store(p.queries.load(Ordering::Relaxed), Ordering::Relaxed);
-                        n.fallbacks
-                            .store(p.fallbacks.load(Ordering::Relaxed), Ordering::Relaxed);
-                    }
-                }
-                n
+                Name::build(nc, &sites, slots, prev)
             })
             .collect();
         GslbState {
@@ -438,7 +329,165 @@ impl GslbState {
             table: ArcSwap::from_pointee(TableView::default()),
         }
     }
+}
 
+impl Site {
+    /// Site `sc`, keeping the health pool, link state and admin state of the site of the same
+    /// name in `previous`.
+    fn build(
+        config: &fulcrum_config::Config,
+        locator: &Locator,
+        previous: Option<&GslbState>,
+        sc: &fulcrum_config::Site,
+    ) -> Site {
+        let prev = previous.and_then(|p| p.sites.iter().find(|s| *s.name == sc.name));
+        let monitor = sc.monitor.as_deref().and_then(|m| config.monitor(m));
+        let pool = monitor.map(|m| Site::health_pool(sc, m, prev.and_then(|s| s.pool.as_deref())));
+        Site {
+            name: Arc::from(sc.name.as_str()),
+            addresses: sc.addresses.clone(),
+            regions: sc
+                .regions
+                .iter()
+                .filter_map(|r| locator.names().iter().position(|n| n == r))
+                .map(|i| i as u16)
+                .collect(),
+            weight: sc.weight,
+            redirect_host: sc.redirect_host.as_deref().map(Arc::from),
+            pool,
+            cursor: AtomicUsize::new(0),
+            link_ok: std::sync::atomic::AtomicBool::new(
+                prev.is_none_or(|s| s.link_ok.load(Ordering::Relaxed)),
+            ),
+            admin: AtomicU8::new(prev.map_or(0, |s| s.admin.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// The site's addresses as members of a pool checked by monitor `m` at its probe port.
+    fn health_pool(
+        sc: &fulcrum_config::Site,
+        m: &fulcrum_config::Monitor,
+        prev: Option<&Pool>,
+    ) -> Arc<Pool> {
+        let members = sc
+            .addresses
+            .iter()
+            .map(|a| plain_member(SocketAddr::new(*a, probe_port(m)), 1))
+            .collect();
+        let pc = scheduler_pool_config(
+            site_pool_name(&sc.name),
+            Algorithm::RoundRobin,
+            vec![m.name.clone()],
+            m.timeout,
+            members,
+        );
+        let checks = [CheckSpec {
+            monitor: m.name.clone(),
+            rise: m.rise,
+            fall: m.fall,
+        }];
+        Arc::new(Pool::new(&pc, &checks, prev))
+    }
+}
+
+impl Name {
+    /// Name `nc` over `sites`, with `slots` region slots; pools and counters of `prev` (the
+    /// name of the same fqdn before a reload) carry over.
+    fn build(
+        nc: &fulcrum_config::GslbName,
+        sites: &[Site],
+        slots: usize,
+        prev: Option<&Name>,
+    ) -> Name {
+        let idx: Vec<usize> = nc
+            .sites
+            .iter()
+            .filter_map(|s| sites.iter().position(|x| *x.name == *s))
+            .take(MAX_SITES)
+            .collect();
+        let rd = region_dependent(nc.algorithm);
+        let pools: Vec<Arc<Pool>> = (0..if rd { slots } else { 1 })
+            .map(|slot| {
+                let pp = prev.and_then(|p| p.pools.get(slot)).map(|p| p.as_ref());
+                Name::site_pool(nc, sites, &idx, nc.algorithm, &slot.to_string(), pp)
+            })
+            .collect();
+        let fb = if nc.fallback == GslbAlgorithm::Topology {
+            GslbAlgorithm::Weighted
+        } else {
+            nc.fallback
+        };
+        let fallback_pool = Name::site_pool(
+            nc,
+            sites,
+            &idx,
+            fb,
+            "fallback",
+            prev.map(|p| p.fallback_pool.as_ref()),
+        );
+        let answers_by = (0..slots * idx.len()).map(|_| AtomicU64::new(0)).collect();
+        let n = Name {
+            fqdn: fqdn_wire(&nc.fqdn),
+            text: nc.fqdn.clone(),
+            sites: idx,
+            algorithm: nc.algorithm,
+            fallback: nc.fallback,
+            ttl: nc.ttl,
+            answers: nc.answers.clamp(1, MAX_ANSWERS),
+            region_dependent: rd,
+            pools,
+            fallback_pool,
+            answers_by,
+            queries: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+        };
+        if let Some(p) = prev {
+            n.carry_counters(p);
+        }
+        n
+    }
+
+    /// A pool whose members stand for the name's sites `idx` (placeholder addresses, labelled
+    /// with the sites' names), scheduled by `alg`.
+    fn site_pool(
+        nc: &fulcrum_config::GslbName,
+        sites: &[Site],
+        idx: &[usize],
+        alg: GslbAlgorithm,
+        tag: &str,
+        prev_pool: Option<&Pool>,
+    ) -> Arc<Pool> {
+        let members = idx
+            .iter()
+            .enumerate()
+            .map(|(k, &s)| plain_member(site_member_addr(k), sites[s].weight))
+            .collect();
+        let pc = scheduler_pool_config(
+            format!("gslb:{}:{tag}", nc.fqdn),
+            pool_algorithm(alg),
+            vec![],
+            std::time::Duration::from_secs(1),
+            members,
+        );
+        let labels: Vec<Arc<str>> = idx.iter().map(|&s| sites[s].name.clone()).collect();
+        Arc::new(Pool::new_labeled(&pc, &[], prev_pool, &labels))
+    }
+
+    /// Counters carry over when the shape stays.
+    fn carry_counters(&self, p: &Name) {
+        if p.answers_by.len() == self.answers_by.len() && p.sites.len() == self.sites.len() {
+            for (a, b) in self.answers_by.iter().zip(&p.answers_by) {
+                a.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            self.queries
+                .store(p.queries.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.fallbacks
+                .store(p.fallbacks.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+}
+
+impl GslbState {
     /// The pools of site addresses, for `HealthService::apply`.
     pub fn site_pools(&self) -> Vec<Arc<Pool>> {
         self.sites.iter().filter_map(|s| s.pool.clone()).collect()
