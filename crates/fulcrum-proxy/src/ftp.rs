@@ -8,13 +8,14 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::RangeInclusive;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fulcrum_net::forward::{forward, ForwardOptions};
 use fulcrum_net::listener::StreamHandler;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::tcp::TcpService;
@@ -381,6 +382,71 @@ struct Session<'a> {
     data_busy: Arc<AtomicUsize>,
 }
 
+/// What the two directions of a control channel share while it is relayed line by line.
+struct ControlChannel {
+    /// Both writers are shared: a refused PORT is answered to the client from the command
+    /// direction, in order with the member's replies.
+    client_wr: tokio::sync::Mutex<OwnedWriteHalf>,
+    member_wr: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// Bytes client→member and member→client.
+    up: AtomicU64,
+    down: AtomicU64,
+    /// Set by the reply direction when an `AUTH TLS` was answered (true: 234).
+    tls_tx: tokio::sync::watch::Sender<Option<bool>>,
+    awaiting_auth: AtomicBool,
+    idle: Duration,
+}
+
+/// Runs both directions of the control channel until both turned to TLS (true each) or one
+/// ended without (false): the first direction to end without TLS ends the session.
+async fn first_to_end(
+    commands: impl std::future::Future<Output = bool>,
+    replies: impl std::future::Future<Output = bool>,
+) -> (bool, bool) {
+    tokio::pin!(commands, replies);
+    let mut up_done = None;
+    let mut down_done = None;
+    while up_done.is_none() || down_done.is_none() {
+        tokio::select! {
+            r = &mut commands, if up_done.is_none() => {
+                up_done = Some(r);
+                if !r { break; }
+            }
+            r = &mut replies, if down_done.is_none() => {
+                down_done = Some(r);
+                if !r { break; }
+            }
+        }
+    }
+    (up_done == Some(true), down_done == Some(true))
+}
+
+/// Explicit FTPS: from here on the control channel is opaque. Bytes already buffered past the
+/// last line go first. Returns (client→member, member→client) bytes.
+async fn relay_opaque(
+    (client_rd, client_wr): (BufReader<OwnedReadHalf>, OwnedWriteHalf),
+    (member_rd, member_wr): (BufReader<OwnedReadHalf>, OwnedWriteHalf),
+    idle: Duration,
+) -> (u64, u64) {
+    let to_member = client_rd.buffer().to_vec();
+    let to_client = member_rd.buffer().to_vec();
+    let client = client_wr.reunite(client_rd.into_inner());
+    let member = member_wr.reunite(member_rd.into_inner());
+    let (Ok(mut client), Ok(mut member)) = (client, member) else {
+        return (0, 0);
+    };
+    fulcrum_net::relay::run_timed(
+        &mut client,
+        &to_member,
+        &mut member,
+        &to_client,
+        idle,
+        &mut |_, _| {},
+        None,
+    )
+    .await
+}
+
 impl Session<'_> {
     fn refused(&self) {
         self.service
@@ -397,175 +463,166 @@ impl Session<'_> {
         let (member_rd, member_wr) = member.into_split();
         let mut client_rd = BufReader::new(client_rd);
         let mut member_rd = BufReader::new(member_rd);
-        // Both writers are shared: a refused PORT is answered to the client from the command
-        // direction, in order with the member's replies.
-        let client_wr = tokio::sync::Mutex::new(client_wr);
-        let member_wr = tokio::sync::Mutex::new(member_wr);
-        let up = AtomicU64::new(0);
-        let down = AtomicU64::new(0);
-        // Set by the reply direction when an `AUTH TLS` was answered (true: 234).
         let (tls_tx, mut tls_rx) = tokio::sync::watch::channel(None::<bool>);
-        let awaiting_auth = std::sync::atomic::AtomicBool::new(false);
-        let idle = self.service.tcp.idle_timeout;
-
-        let commands = async {
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                match tokio::time::timeout(idle, read_line(&mut client_rd, &mut line)).await {
-                    Ok(Ok(true)) => {}
-                    Ok(Err(_)) => {
-                        self.refused();
-                        return false;
-                    }
-                    Ok(Ok(false)) => return false,
-                    // A silent control connection is normal while its transfer runs (the data
-                    // relay has its own idle timeout).
-                    Err(_) if self.data_busy.load(Ordering::Relaxed) > 0 => continue,
-                    Err(_) => return false,
-                }
-                let out = match classify_command(&line) {
-                    ControlLine::Active(target) => match self.open_active(target) {
-                        Ok(rewritten) => rewritten.into_bytes(),
-                        Err(answer) => {
-                            let mut w = client_wr.lock().await;
-                            if w.write_all(answer.as_bytes()).await.is_err() {
-                                return false;
-                            }
-                            continue;
-                        }
-                    },
-                    ControlLine::Malformed => {
-                        self.refused();
-                        let mut w = client_wr.lock().await;
-                        if w.write_all(b"501 Syntax error in parameters.\r\n")
-                            .await
-                            .is_err()
-                        {
-                            return false;
-                        }
-                        continue;
-                    }
-                    ControlLine::AuthTls => {
-                        // Forget the answer to an earlier AUTH the member refused.
-                        tls_tx.send_replace(None);
-                        awaiting_auth.store(true, Ordering::Relaxed);
-                        line.clone()
-                    }
-                    _ => line.clone(),
-                };
-                if member_wr.lock().await.write_all(&out).await.is_err() {
-                    return false;
-                }
-                up.fetch_add(out.len() as u64, Ordering::Relaxed);
-                if awaiting_auth.load(Ordering::Relaxed) {
-                    // The client sends nothing more in clear text until the answer: wait for it
-                    // (bounded by the idle timeout) to know whether TLS bytes follow.
-                    let answered =
-                        tokio::time::timeout(idle, tls_rx.wait_for(|a| a.is_some())).await;
-                    match answered.ok().and_then(|r| r.ok()).map(|a| *a) {
-                        Some(Some(true)) => return true,
-                        Some(_) => {}
-                        None => return false,
-                    }
-                }
-            }
+        let ch = ControlChannel {
+            client_wr: tokio::sync::Mutex::new(client_wr),
+            member_wr: tokio::sync::Mutex::new(member_wr),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            tls_tx,
+            awaiting_auth: AtomicBool::new(false),
+            idle: self.service.tcp.idle_timeout,
         };
-        let replies = async {
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                match read_line(&mut member_rd, &mut line).await {
-                    Ok(true) => {}
-                    Ok(false) => return false,
-                    Err(_) => {
-                        self.refused();
-                        return false;
-                    }
-                }
-                let classified = classify_reply(&line);
-                let out = match classified {
-                    ControlLine::Passive(target) => self.open_passive(target, true, &line),
-                    ControlLine::ExtendedPassive(port) => self.open_passive(
-                        SocketAddr::new(self.member_addr.ip(), port),
-                        false,
-                        &line,
-                    ),
-                    ControlLine::Malformed => {
-                        self.refused();
-                        line.clone()
-                    }
-                    _ => line.clone(),
-                };
-                let is_final = line.get(3) == Some(&b' ');
-                if awaiting_auth.load(Ordering::Relaxed) && is_final {
-                    awaiting_auth.store(false, Ordering::Relaxed);
-                    let accepted = classified == ControlLine::TlsAccepted;
-                    if accepted {
-                        self.open_tls_passthrough();
-                    }
-                    if client_wr.lock().await.write_all(&out).await.is_err() {
-                        return false;
-                    }
-                    down.fetch_add(out.len() as u64, Ordering::Relaxed);
-                    let _ = tls_tx.send(Some(accepted));
-                    if accepted {
-                        return true;
-                    }
-                    continue;
-                }
-                if client_wr.lock().await.write_all(&out).await.is_err() {
-                    return false;
-                }
-                down.fetch_add(out.len() as u64, Ordering::Relaxed);
-            }
-        };
-        let (to_tls_up, to_tls_down) = {
-            tokio::pin!(commands, replies);
-            // The first direction to end without TLS ends the session.
-            let mut up_done = None;
-            let mut down_done = None;
-            while up_done.is_none() || down_done.is_none() {
-                tokio::select! {
-                    r = &mut commands, if up_done.is_none() => {
-                        up_done = Some(r);
-                        if !r { break; }
-                    }
-                    r = &mut replies, if down_done.is_none() => {
-                        down_done = Some(r);
-                        if !r { break; }
-                    }
-                }
-            }
-            (up_done == Some(true), down_done == Some(true))
-        };
+        let (to_tls_up, to_tls_down) = first_to_end(
+            self.relay_commands(&ch, &mut client_rd, &mut tls_rx),
+            self.relay_replies(&ch, &mut member_rd),
+        )
+        .await;
+        let ControlChannel {
+            client_wr,
+            member_wr,
+            up,
+            down,
+            idle,
+            ..
+        } = ch;
         let (mut up_total, mut down_total) = (up.into_inner(), down.into_inner());
         if to_tls_up && to_tls_down {
-            // Explicit FTPS: from here on the control channel is opaque. Bytes already
-            // buffered past the last line go first.
-            let to_member = client_rd.buffer().to_vec();
-            let to_client = member_rd.buffer().to_vec();
-            let client = client_wr.into_inner().reunite(client_rd.into_inner());
-            let member = member_wr.into_inner().reunite(member_rd.into_inner());
-            if let (Ok(mut client), Ok(mut member)) = (client, member) {
-                let (u, d) = fulcrum_net::relay::run_timed(
-                    &mut client,
-                    &to_member,
-                    &mut member,
-                    &to_client,
-                    idle,
-                    &mut |_, _| {},
-                    None,
-                )
-                .await;
-                up_total += u;
-                down_total += d;
-            }
+            let client = (client_rd, client_wr.into_inner());
+            let member = (member_rd, member_wr.into_inner());
+            let (u, d) = relay_opaque(client, member, idle).await;
+            up_total += u;
+            down_total += d;
         }
         let stats = &self.service.tcp.stats;
         stats.bytes_in.fetch_add(up_total, Ordering::Relaxed);
         stats.bytes_out.fetch_add(down_total, Ordering::Relaxed);
         (up_total, down_total)
+    }
+
+    /// The client's commands to the member, line by line, with PORT / EPRT rewritten; returns
+    /// true when an `AUTH TLS` the member accepted turns the channel to TLS.
+    async fn relay_commands(
+        &self,
+        ch: &ControlChannel,
+        client_rd: &mut BufReader<OwnedReadHalf>,
+        tls_rx: &mut tokio::sync::watch::Receiver<Option<bool>>,
+    ) -> bool {
+        let idle = ch.idle;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match tokio::time::timeout(idle, read_line(client_rd, &mut line)).await {
+                Ok(Ok(true)) => {}
+                Ok(Err(_)) => {
+                    self.refused();
+                    return false;
+                }
+                Ok(Ok(false)) => return false,
+                // A silent control connection is normal while its transfer runs (the data
+                // relay has its own idle timeout).
+                Err(_) if self.data_busy.load(Ordering::Relaxed) > 0 => continue,
+                Err(_) => return false,
+            }
+            let out = match classify_command(&line) {
+                ControlLine::Active(target) => match self.open_active(target) {
+                    Ok(rewritten) => rewritten.into_bytes(),
+                    Err(answer) => {
+                        let mut w = ch.client_wr.lock().await;
+                        if w.write_all(answer.as_bytes()).await.is_err() {
+                            return false;
+                        }
+                        continue;
+                    }
+                },
+                ControlLine::Malformed => {
+                    self.refused();
+                    let mut w = ch.client_wr.lock().await;
+                    if w.write_all(b"501 Syntax error in parameters.\r\n")
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                    continue;
+                }
+                ControlLine::AuthTls => {
+                    // Forget the answer to an earlier AUTH the member refused.
+                    ch.tls_tx.send_replace(None);
+                    ch.awaiting_auth.store(true, Ordering::Relaxed);
+                    line.clone()
+                }
+                _ => line.clone(),
+            };
+            if ch.member_wr.lock().await.write_all(&out).await.is_err() {
+                return false;
+            }
+            ch.up.fetch_add(out.len() as u64, Ordering::Relaxed);
+            if ch.awaiting_auth.load(Ordering::Relaxed) {
+                // The client sends nothing more in clear text until the answer: wait for it
+                // (bounded by the idle timeout) to know whether TLS bytes follow.
+                let answered = tokio::time::timeout(idle, tls_rx.wait_for(|a| a.is_some())).await;
+                match answered.ok().and_then(|r| r.ok()).map(|a| *a) {
+                    Some(Some(true)) => return true,
+                    Some(_) => {}
+                    None => return false,
+                }
+            }
+        }
+    }
+
+    /// The member's replies to the client, line by line, with passive addresses rewritten;
+    /// returns true when it accepted an `AUTH TLS`.
+    async fn relay_replies(
+        &self,
+        ch: &ControlChannel,
+        member_rd: &mut BufReader<OwnedReadHalf>,
+    ) -> bool {
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match read_line(member_rd, &mut line).await {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(_) => {
+                    self.refused();
+                    return false;
+                }
+            }
+            let classified = classify_reply(&line);
+            let out = match classified {
+                ControlLine::Passive(target) => self.open_passive(target, true, &line),
+                ControlLine::ExtendedPassive(port) => {
+                    self.open_passive(SocketAddr::new(self.member_addr.ip(), port), false, &line)
+                }
+                ControlLine::Malformed => {
+                    self.refused();
+                    line.clone()
+                }
+                _ => line.clone(),
+            };
+            let is_final = line.get(3) == Some(&b' ');
+            if ch.awaiting_auth.load(Ordering::Relaxed) && is_final {
+                ch.awaiting_auth.store(false, Ordering::Relaxed);
+                let accepted = classified == ControlLine::TlsAccepted;
+                if accepted {
+                    self.open_tls_passthrough();
+                }
+                if ch.client_wr.lock().await.write_all(&out).await.is_err() {
+                    return false;
+                }
+                ch.down.fetch_add(out.len() as u64, Ordering::Relaxed);
+                let _ = ch.tls_tx.send(Some(accepted));
+                if accepted {
+                    return true;
+                }
+                continue;
+            }
+            if ch.client_wr.lock().await.write_all(&out).await.is_err() {
+                return false;
+            }
+            ch.down.fetch_add(out.len() as u64, Ordering::Relaxed);
+        }
     }
 
     /// The member announced `target` for a passive transfer: listen on the virtual address and

@@ -8,15 +8,19 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use fulcrum_config::Sequence;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::message::framing::Frame;
 use crate::message::hub::{Client, Hub, Message, Reply};
 use crate::message::MessageService;
 
@@ -81,182 +85,51 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
     let _client = ClientGuard(hub);
     // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).
 
-    let framer = &hub.framer;
-    let sequence = hub
-        .settings
-        .sequence
-        .clone()
-        .filter(|_| hub.settings.mode == fulcrum_config::MessageMode::Async);
-    let by_id = hub.settings.by_id();
-    let mut in_order = (!by_id).then(|| InOrder {
-        base: 0,
-        slots: VecDeque::new(),
-    });
-    let limit = hub.settings.options.client_max_pending as usize;
-    let idle_timeout = service.idle_timeout;
-
     let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
-    let me = Client::new(tx, peer);
-    let mut rbuf = BytesMut::new();
-    let mut scanned = 0usize;
-    let mut wbuf: Vec<u8> = Vec::new();
-    let mut next_index = 0u64;
-    let mut in_flight = 0usize;
-    let mut eof = false;
-    let mut last_activity = Instant::now();
-    let idle = tokio::time::sleep(idle_timeout);
+    let mut c = Conn::new(service, hub, Client::new(tx, peer), peer);
+    let idle = tokio::time::sleep(c.idle_timeout);
     tokio::pin!(idle);
     let mut flow = hub.flow();
-    // Bytes were read that may hold messages not yet taken.
-    let mut parse = false;
 
     loop {
         // Back-pressure: while a member queue is full, stop reading (the client's socket buffer
         // fills and its sends block) instead of queueing more. At shutdown, stop reading for
         // good: the answers to what is in flight are written, then the connection closes.
         let now = *flow.borrow_and_update();
-        if now.stopping && !eof {
-            eof = true;
-            tracing::debug!(service = %hub.name, client = %peer, in_flight, "shutting down: reading no new message");
+        if now.stopping && !c.eof {
+            c.eof = true;
+            tracing::debug!(service = %hub.name, client = %peer, in_flight = c.in_flight, "shutting down: reading no new message");
         }
-        // The messages read so far, one by one while no member queue is full and the client's
-        // own limit allows: what stays in the buffer waits (back-pressure).
-        while parse && !now.stopping {
-            if in_flight >= limit || hub.is_congested() {
-                break;
-            }
-            let frame = match framer.parse(&rbuf, &mut scanned) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => {
-                    parse = false;
-                    break;
-                }
-                Err(e) => {
-                    bad_frame(hub, peer, e.kind(), &e.to_string());
-                    return;
-                }
-            };
-            let id = match (&sequence, frame.key.clone()) {
-                (_, Some(key)) if by_id => Some(key),
-                (None, _) if by_id => {
-                    bad_frame(
-                        hub,
-                        peer,
-                        "malformed",
-                        "the framing hook gave the message no sequence key",
-                    );
-                    return;
-                }
-                (Some(seq), _) => {
-                    let at = frame.body.start + seq.offset;
-                    if at + seq.length > frame.body.end {
-                        bad_frame(hub, peer, "malformed", &format!(
-                            "a message of {} bytes is too short for its sequence id at bytes {}..{} of the body",
-                            frame.body.len(), seq.offset, seq.offset + seq.length
-                        ));
-                        return;
-                    }
-                    Some(at..at + seq.length)
-                }
-                (None, _) => None,
-            };
-            let bytes = rbuf.split_to(frame.len).freeze();
-            let msg = Message::new(
-                bytes,
-                id,
-                me.clone(),
-                next_index,
-                last_activity,
-                frame.member,
-            );
-            if let Some(o) = &mut in_order {
-                o.slots.push_back(None);
-            }
-            next_index += 1;
-            in_flight += 1;
-            hub.stats.requests_total.fetch_add(1, Ordering::Relaxed);
-            hub.messages.requests.fetch_add(1, Ordering::Relaxed);
-            hub.dispatch(msg);
+        if !now.stopping && c.take_messages().is_err() {
+            return;
         }
         // Done when the client sent its last message (or shutdown stopped reading) and every
         // answer is written; messages still waiting in the buffer are taken first.
-        if eof && in_flight == 0 && (!parse || now.stopping) {
+        if c.eof && c.in_flight == 0 && (!c.parse || now.stopping) {
             break;
         }
-        if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
-            rbuf.reserve(READ_CHUNK);
+        if c.rbuf.capacity() - c.rbuf.len() < READ_CHUNK / 4 {
+            c.rbuf.reserve(READ_CHUNK);
         }
         tokio::select! {
             biased;
             reply = rx.recv() => {
                 // This task holds a sender, so the channel stays open.
                 let Some(reply) = reply else { break };
-                take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
-                while let Ok(reply) = rx.try_recv() {
-                    take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
+                if c.write_replies(reply, &mut rx, &mut stream).await.is_err() {
+                    return;
                 }
-                if in_flight > 0 {
-                    // More answers are on their way, often already readable on other member
-                    // connections. Yielding lets the runtime poll for them (a yielded task runs
-                    // after the next I/O poll), so one write carries them all: an event loop's
-                    // gather-then-flush, instead of one write per member connection.
-                    tokio::task::yield_now().await;
-                    while let Ok(reply) = rx.try_recv() {
-                        take_reply(reply, &mut in_order, &mut wbuf, &mut in_flight);
-                    }
-                }
-                if !wbuf.is_empty() {
-                    // A client that stops reading its answers is closed after idle_timeout, as
-                    // HAProxy's `timeout client` would: it must not hold its answers for ever.
-                    // The flush matters for TLS: tokio-rustls keeps sealed records it could not
-                    // write at once until flushed (a no-op on a plain socket).
-                    let write = async {
-                        stream.write_all(&wbuf).await?;
-                        stream.flush().await
-                    };
-                    match tokio::time::timeout(idle_timeout, write).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(service = %hub.name, client = %peer, "client does not read its answers; closing");
-                            return;
-                        }
-                    }
-                    hub.stats.bytes_out.fetch_add(wbuf.len() as u64, Ordering::Relaxed);
-                    wbuf.clear();
-                    if wbuf.capacity() > 256 * 1024 {
-                        wbuf = Vec::new();
-                    }
-                }
-                last_activity = Instant::now();
             }
             _ = flow.changed() => {}
-            r = stream.read_buf(&mut rbuf), if !eof && !parse && in_flight < limit && !now.congested => {
-                let n = match r {
-                    Ok(n) => n,
-                    Err(e) => {
-                        tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed");
-                        return;
-                    }
-                };
-                if n == 0 {
-                    eof = true;
-                    if !rbuf.is_empty() {
-                        tracing::debug!(service = %hub.name, client = %peer, bytes = rbuf.len(), "client closed in the middle of a message");
-                    }
-                    continue;
+            r = stream.read_buf(&mut c.rbuf), if !c.eof && !c.parse && c.in_flight < c.limit && !now.congested => {
+                if c.took_read(r).is_err() {
+                    return;
                 }
-                last_activity = Instant::now();
-                hub.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-                parse = true;
             }
             _ = &mut idle => {
-                let deadline = last_activity + idle_timeout;
+                let deadline = c.last_activity + c.idle_timeout;
                 if Instant::now() >= deadline {
-                    tracing::debug!(service = %hub.name, client = %peer, in_flight, "idle timeout");
+                    tracing::debug!(service = %hub.name, client = %peer, in_flight = c.in_flight, "idle timeout");
                     return;
                 }
                 idle.as_mut().reset(deadline);
@@ -265,6 +138,232 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
     }
     // Every answer is written: end the connection cleanly (FIN; close_notify first over TLS).
     let _ = stream.shutdown().await;
+}
+
+/// The connection is to close at once (the reason is counted or logged where it was found).
+struct Close;
+
+/// One client connection's messages between its socket and the dispatcher.
+struct Conn<'a> {
+    hub: &'a Arc<Hub>,
+    peer: SocketAddr,
+    me: Arc<Client>,
+    /// Where a message's sequence id sits, for a client whose answers are written as they
+    /// arrive (async mode).
+    sequence: Option<Sequence>,
+    by_id: bool,
+    in_order: Option<InOrder>,
+    /// Messages the client may have in flight (`client_max_pending`).
+    limit: usize,
+    idle_timeout: Duration,
+    rbuf: BytesMut,
+    /// How far the framer has looked into `rbuf` for the end of the next message.
+    scanned: usize,
+    wbuf: Vec<u8>,
+    next_index: u64,
+    in_flight: usize,
+    eof: bool,
+    last_activity: Instant,
+    /// Bytes were read that may hold messages not yet taken.
+    parse: bool,
+}
+
+impl<'a> Conn<'a> {
+    fn new(service: &MessageService, hub: &'a Arc<Hub>, me: Arc<Client>, peer: SocketAddr) -> Self {
+        let sequence = hub
+            .settings
+            .sequence
+            .clone()
+            .filter(|_| hub.settings.mode == fulcrum_config::MessageMode::Async);
+        let by_id = hub.settings.by_id();
+        Conn {
+            hub,
+            peer,
+            me,
+            sequence,
+            by_id,
+            in_order: (!by_id).then(|| InOrder {
+                base: 0,
+                slots: VecDeque::new(),
+            }),
+            limit: hub.settings.options.client_max_pending as usize,
+            idle_timeout: service.idle_timeout,
+            rbuf: BytesMut::new(),
+            scanned: 0,
+            wbuf: Vec::new(),
+            next_index: 0,
+            in_flight: 0,
+            eof: false,
+            last_activity: Instant::now(),
+            parse: false,
+        }
+    }
+
+    /// Dispatches the messages read so far, one by one while no member queue is full and the
+    /// client's own limit allows: what stays in the buffer waits (back-pressure).
+    fn take_messages(&mut self) -> Result<(), Close> {
+        let hub = self.hub;
+        while self.parse {
+            if self.in_flight >= self.limit || hub.is_congested() {
+                break;
+            }
+            let frame = match hub.framer.parse(&self.rbuf, &mut self.scanned) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => {
+                    self.parse = false;
+                    break;
+                }
+                Err(e) => {
+                    bad_frame(hub, self.peer, e.kind(), &e.to_string());
+                    return Err(Close);
+                }
+            };
+            let id = self.message_id(&frame)?;
+            let bytes = self.rbuf.split_to(frame.len).freeze();
+            let msg = Message::new(
+                bytes,
+                id,
+                self.me.clone(),
+                self.next_index,
+                self.last_activity,
+                frame.member,
+            );
+            if let Some(o) = &mut self.in_order {
+                o.slots.push_back(None);
+            }
+            self.next_index += 1;
+            self.in_flight += 1;
+            hub.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+            hub.messages.requests.fetch_add(1, Ordering::Relaxed);
+            hub.dispatch(msg);
+        }
+        Ok(())
+    }
+
+    /// Where the message's sequence id lies in it (`None` when answers go in request order).
+    fn message_id(&self, frame: &Frame) -> Result<Option<Range<usize>>, Close> {
+        match (&self.sequence, frame.key.clone()) {
+            (_, Some(key)) if self.by_id => Ok(Some(key)),
+            (None, _) if self.by_id => {
+                bad_frame(
+                    self.hub,
+                    self.peer,
+                    "malformed",
+                    "the framing hook gave the message no sequence key",
+                );
+                Err(Close)
+            }
+            (Some(seq), _) => {
+                let at = frame.body.start + seq.offset;
+                if at + seq.length > frame.body.end {
+                    bad_frame(self.hub, self.peer, "malformed", &format!(
+                        "a message of {} bytes is too short for its sequence id at bytes {}..{} of the body",
+                        frame.body.len(), seq.offset, seq.offset + seq.length
+                    ));
+                    return Err(Close);
+                }
+                Ok(Some(at..at + seq.length))
+            }
+            (None, _) => Ok(None),
+        }
+    }
+
+    /// Takes `first` and every other answer at hand, and writes those the client may have.
+    async fn write_replies<S: AsyncWrite + Unpin>(
+        &mut self,
+        first: Reply,
+        rx: &mut mpsc::UnboundedReceiver<Reply>,
+        stream: &mut S,
+    ) -> Result<(), Close> {
+        take_reply(
+            first,
+            &mut self.in_order,
+            &mut self.wbuf,
+            &mut self.in_flight,
+        );
+        while let Ok(reply) = rx.try_recv() {
+            take_reply(
+                reply,
+                &mut self.in_order,
+                &mut self.wbuf,
+                &mut self.in_flight,
+            );
+        }
+        if self.in_flight > 0 {
+            // More answers are on their way, often already readable on other member
+            // connections. Yielding lets the runtime poll for them (a yielded task runs after
+            // the next I/O poll), so one write carries them all: an event loop's
+            // gather-then-flush, instead of one write per member connection.
+            tokio::task::yield_now().await;
+            while let Ok(reply) = rx.try_recv() {
+                take_reply(
+                    reply,
+                    &mut self.in_order,
+                    &mut self.wbuf,
+                    &mut self.in_flight,
+                );
+            }
+        }
+        if !self.wbuf.is_empty() {
+            self.flush_answers(stream).await?;
+        }
+        self.last_activity = Instant::now();
+        Ok(())
+    }
+
+    async fn flush_answers<S: AsyncWrite + Unpin>(&mut self, stream: &mut S) -> Result<(), Close> {
+        let (hub, peer) = (self.hub, self.peer);
+        // A client that stops reading its answers is closed after idle_timeout, as HAProxy's
+        // `timeout client` would: it must not hold its answers for ever. The flush matters for
+        // TLS: tokio-rustls keeps sealed records it could not write at once until flushed (a
+        // no-op on a plain socket).
+        let write = async {
+            stream.write_all(&self.wbuf).await?;
+            stream.flush().await
+        };
+        match tokio::time::timeout(self.idle_timeout, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed while writing answers");
+                return Err(Close);
+            }
+            Err(_) => {
+                tracing::debug!(service = %hub.name, client = %peer, "client does not read its answers; closing");
+                return Err(Close);
+            }
+        }
+        hub.stats
+            .bytes_out
+            .fetch_add(self.wbuf.len() as u64, Ordering::Relaxed);
+        self.wbuf.clear();
+        if self.wbuf.capacity() > 256 * 1024 {
+            self.wbuf = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Accounts for a read from the client (`r`: its outcome).
+    fn took_read(&mut self, r: std::io::Result<usize>) -> Result<(), Close> {
+        let (hub, peer) = (self.hub, self.peer);
+        let n = match r {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!(service = %hub.name, client = %peer, error = %e, "client connection failed");
+                return Err(Close);
+            }
+        };
+        if n == 0 {
+            self.eof = true;
+            if !self.rbuf.is_empty() {
+                tracing::debug!(service = %hub.name, client = %peer, bytes = self.rbuf.len(), "client closed in the middle of a message");
+            }
+            return Ok(());
+        }
+        self.last_activity = Instant::now();
+        hub.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+        self.parse = true;
+        Ok(())
+    }
 }
 
 fn bad_frame(hub: &Hub, peer: SocketAddr, kind: &str, detail: &str) {
