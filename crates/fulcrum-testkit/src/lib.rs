@@ -4,6 +4,7 @@
 pub mod browser;
 pub mod client;
 pub mod dialogue;
+pub mod echo;
 pub mod h2abuse;
 pub mod message;
 pub mod mmdb;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
 pub use dialogue::DialogueServer;
+pub use echo::EchoMember;
 pub use message::{MessageClient, MessageSwitch, SwitchOptions, WireFraming};
 pub use origin::{Origin, Reply, Seen};
 pub use process::Fulcrum;

@@ -1614,3 +1614,67 @@ async fn an_upload_to_a_member_that_stops_reading_is_a_passive_failure() {
     assert!(transitions.contains("zero receive window"), "{transitions}");
     holder.abort();
 }
+
+/// The request loop is one for HTTP/1.1 and HTTP/2 clients and members: the same requests
+/// through each of the four pairs get the same answers — a GET, a 70,000-byte upload (past
+/// HTTP/2's initial window), a body without a length, a body behind `Expect: 100-continue` —
+/// and the first requests, whose member refuses the connection, are sent on to the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_and_member_protocol_pair_takes_the_same_path() {
+    use fulcrum_testkit::echo::{echo_line, EchoMember};
+    let echo = EchoMember::start(free_addr()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let upload: Vec<u8> = (0..70_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let file = dir.path().join("upload");
+    std::fs::write(&file, &upload).unwrap();
+    let data = format!("@{}", file.display());
+    let mut answered = 0;
+    for (client_h2, member_h2) in [(false, false), (false, true), (true, false), (true, true)] {
+        let pair = format!("client h2 {client_h2}, member h2 {member_h2}");
+        let vs = free_addr();
+        // Nothing listens on the first member: each attempt at it is refused and tried again
+        // on the echo member, until its failures take it down.
+        let members = [free_addr(), echo.addr];
+        let extra = if member_h2 { "http2 = true" } else { "" };
+        let f = start(&format!(
+            "{}{}",
+            service(vs, ""),
+            pool("p", &members, extra)
+        ))
+        .await;
+        let proto = if member_h2 { "HTTP/2.0" } else { "HTTP/1.1" };
+        let url = |path: &str| format!("http://{vs}{path}");
+        let upload_to = |path: &str, field: Option<&str>| {
+            let mut args = Vec::new();
+            if let Some(field) = field {
+                args.extend(["-H".to_string(), field.to_string()]);
+            }
+            args.extend(["--data-binary".to_string(), data.clone(), url(path)]);
+            (args, echo_line(proto, "POST", path, &upload))
+        };
+        let mut cases = vec![
+            (vec![url("/get")], echo_line(proto, "GET", "/get", b"")),
+            (vec![url("/get")], echo_line(proto, "GET", "/get", b"")),
+            upload_to("/up", None),
+            upload_to("/chunked", Some("transfer-encoding: chunked")),
+            upload_to("/continue", Some("expect: 100-continue")),
+        ];
+        for (args, want) in cases.drain(..) {
+            let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if client_h2 {
+                args.insert(0, "--http2-prior-knowledge");
+            }
+            let (ok, out, err) = curl(&args).await;
+            assert!(ok, "{pair}: curl {args:?}: {err}\n{}", f.logs());
+            assert_eq!(out, want, "{pair}: curl {args:?}");
+            answered += 1;
+        }
+        let p = f.get_json("/api/v1/pools/p").await;
+        assert!(
+            p["members"][0]["connect_failures"].as_u64() > Some(0),
+            "{pair}: the refused member was tried: {p}"
+        );
+        assert_eq!(p["members"][1]["requests_total"], 5, "{pair}: {p}");
+    }
+    assert_eq!(echo.requests(), answered);
+}
