@@ -72,44 +72,7 @@ pub(crate) async fn serve(
         let variants = cache.store.get(&key);
         let found = variants.as_deref().and_then(|l| find_variant(l, head));
         if let Some(e) = found {
-            let age = e.age(now);
-            let stored = policy::Stored {
-                cc: &e.cc,
-                lifetime: e.lifetime,
-                age,
-            };
-            match policy::usable(&req.cc, req.no_cache, &stored) {
-                Usable::Fresh => {
-                    cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-                    return stored_reply(&req, e, age, Status::Hit);
-                }
-                Usable::StaleAllowed => {
-                    cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                    return stored_reply(&req, e, age, Status::Stale);
-                }
-                Usable::Validate => {
-                    if policy::stale_while_revalidate(&req.cc, req.no_cache, &stored)
-                        && head.method == Method::Get
-                    {
-                        cache.stats.stale.fetch_add(1, Ordering::Relaxed);
-                        revalidate_in_background(&cache, origin, head, &key, &e);
-                        return stored_reply(&req, e, age, Status::Stale);
-                    }
-                    if req.cc.only_if_cached {
-                        return Reply::Local(Local::error(504, "only-if-cached: not fresh"));
-                    }
-                    if head.method != Method::Get {
-                        return head_update(&cache, origin, head, &req, &key, e).await;
-                    }
-                    if req.range.is_some() && !e.has_validator() {
-                        // Nothing to validate with: the Range goes to the member as it is.
-                        return Reply::Bypass;
-                    }
-                    let bypass =
-                        req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
-                    return revalidate(&cache, origin, head, &req, key, e, bypass).await;
-                }
-            }
+            return from_stored(&cache, origin, head, &req, key, e, now).await;
         }
         if req.cc.only_if_cached {
             cache.stats.misses.fetch_add(1, Ordering::Relaxed);
@@ -154,28 +117,7 @@ pub(crate) async fn serve(
                 }
             };
             if !lead {
-                let other = |v: &Vec<(String, Option<Vec<u8>>)>| {
-                    !v.iter().all(|(n, val)| {
-                        policy::vary_value(n, head.values_named(n.as_bytes())) == *val
-                    })
-                };
-                let deadline = tokio::time::Instant::now() + COLLAPSE_WAIT;
-                let mut elsewhere = None;
-                loop {
-                    let notified = pending.notify.notified();
-                    tokio::pin!(notified);
-                    notified.as_mut().enable();
-                    if pending.done.load(Ordering::Acquire) {
-                        break;
-                    }
-                    if let Some(v) = pending.variant.get().filter(|v| other(v)) {
-                        elsewhere = Some(v.iter().map(|(n, _)| n.clone()).collect());
-                        break;
-                    }
-                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                        break;
-                    }
-                }
+                let elsewhere = wait_for_fetch(&pending, head).await;
                 if elsewhere.is_some() && learned.is_none() {
                     // Another variant is being fetched: this one collapses on its own key.
                     learned = elsewhere;
@@ -214,6 +156,83 @@ pub(crate) async fn serve(
             Err(l) => Reply::Local(l),
         };
     }
+}
+
+/// A stored variant answers: fresh, stale where that is allowed, or after revalidation with
+/// the member (in the background under stale-while-revalidate).
+async fn from_stored(
+    cache: &Arc<HttpCache>,
+    origin: Origin<'_>,
+    head: &RequestHead,
+    req: &Request,
+    key: Arc<str>,
+    e: Arc<Entry>,
+    now: i64,
+) -> Reply {
+    let age = e.age(now);
+    let stored = policy::Stored {
+        cc: &e.cc,
+        lifetime: e.lifetime,
+        age,
+    };
+    match policy::usable(&req.cc, req.no_cache, &stored) {
+        Usable::Fresh => {
+            cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+            stored_reply(req, e, age, Status::Hit)
+        }
+        Usable::StaleAllowed => {
+            cache.stats.stale.fetch_add(1, Ordering::Relaxed);
+            stored_reply(req, e, age, Status::Stale)
+        }
+        Usable::Validate => {
+            if policy::stale_while_revalidate(&req.cc, req.no_cache, &stored)
+                && head.method == Method::Get
+            {
+                cache.stats.stale.fetch_add(1, Ordering::Relaxed);
+                revalidate_in_background(cache, origin, head, &key, &e);
+                return stored_reply(req, e, age, Status::Stale);
+            }
+            if req.cc.only_if_cached {
+                return Reply::Local(Local::error(504, "only-if-cached: not fresh"));
+            }
+            if head.method != Method::Get {
+                return head_update(cache, origin, head, req, &key, e).await;
+            }
+            if req.range.is_some() && !e.has_validator() {
+                // Nothing to validate with: the Range goes to the member as it is.
+                return Reply::Bypass;
+            }
+            let bypass = req.no_cache || req.cc.max_age.is_some() || req.cc.min_fresh.is_some();
+            revalidate(cache, origin, head, req, key, e, bypass).await
+        }
+    }
+}
+
+/// Waits, up to `COLLAPSE_WAIT`, for the fetch in progress that `pending` stands for. `Some`:
+/// that fetch turned out to be of another variant, which varies on these fields.
+async fn wait_for_fetch(pending: &Pending, head: &RequestHead) -> Option<Vec<String>> {
+    let other = |v: &Vec<(String, Option<Vec<u8>>)>| {
+        !v.iter()
+            .all(|(n, val)| policy::vary_value(n, head.values_named(n.as_bytes())) == *val)
+    };
+    let deadline = tokio::time::Instant::now() + COLLAPSE_WAIT;
+    let mut elsewhere = None;
+    loop {
+        let notified = pending.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if pending.done.load(Ordering::Acquire) {
+            break;
+        }
+        if let Some(v) = pending.variant.get().filter(|v| other(v)) {
+            elsewhere = Some(v.iter().map(|(n, _)| n.clone()).collect());
+            break;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            break;
+        }
+    }
+    elsewhere
 }
 
 /// A request's way to a member when the cache asks one: its route and client.

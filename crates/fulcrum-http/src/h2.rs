@@ -447,81 +447,19 @@ async fn handle(
     let started = Instant::now();
     let (parts, body) = req.into_parts();
     let mut body = ClientBody::from(body);
-    let pq = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .as_bytes();
-    let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
-    let mut head = match RequestHead::from_h2(
-        parts.method.as_str().as_bytes(),
-        pq,
-        authority,
-        &parts.headers,
-        &svc.limits,
-    ) {
-        Ok(h) => h,
-        Err(e) => {
-            svc.http_stats.bad_requests.fetch_add(1, Ordering::Relaxed);
-            svc.http_stats.count_status(e.status);
-            return Ok(local_response(
-                &Local::error(e.status, e.reason),
-                None,
-                Method::Get,
-            ));
+    let mut head = match checked_head(&svc, &parts, body).await {
+        Ok((h, b)) => {
+            body = b;
+            h
         }
+        Err(refused) => return Ok(refused),
     };
-    if let (Some(max), Some(n)) = (svc.max_body_size, head.content_length) {
-        if n > max {
-            svc.http_stats
-                .bodies_too_large
-                .fetch_add(1, Ordering::Relaxed);
-            svc.http_stats.count_status(413);
-            discard_briefly(body, n).await;
-            return Ok(local_response(
-                &Local::error(413, "request body larger than max_body_size"),
-                None,
-                head.method,
-            ));
-        }
-    }
-    if head.method == Method::Connect {
-        svc.http_stats.count_status(405);
-        return Ok(local_response(
-            &Local::error(405, "CONNECT is not served here"),
-            None,
-            head.method,
-        ));
-    }
     // Filters see the request before the rules, and may answer it themselves.
-    let mut refused = None;
     let filters = Mutex::new(None);
-    if let Some(chain) = &svc.filters {
-        let r = crate::wasm_filters::on_request(
-            chain,
-            &svc.name,
-            &mut head,
-            &st.client,
-            svc.https,
-            &svc.limits,
-        )
-        .await;
-        match r {
-            Ok(mut stream) => {
-                if let Some(limit) = stream.request_body_limit() {
-                    match whole_body(&svc, &mut stream, &mut head, body, limit).await {
-                        Ok(b) => body = b,
-                        Err(l) => {
-                            refused = Some(l);
-                            body = ClientBody::Whole(Full::default());
-                        }
-                    }
-                }
-                *filters.lock() = Some(stream);
-            }
-            Err(l) => refused = Some(l),
-        }
-    }
+    let refused = match &svc.filters {
+        Some(chain) => request_filters(&st, &svc, chain, &mut head, &mut body, &filters).await,
+        None => None,
+    };
     let down = Downstream {
         client: &st.client,
         private: &st.private,
@@ -532,7 +470,7 @@ async fn handle(
         Some(l) => Plan::Local(l, None),
         None => svc.plan(&head, &st.client),
     };
-    let (response, status, member, rule) = match plan {
+    let (rule, answer) = match plan {
         Plan::Drop => {
             svc.http_stats.dropped.fetch_add(1, Ordering::Relaxed);
             let nothing = Outcome {
@@ -543,52 +481,7 @@ async fn handle(
             log(&st, &svc, &head, nothing, started, None);
             return Err(Dropped);
         }
-        Plan::Local(l, rule) => {
-            svc.http_stats.count_status(l.status);
-            let r = local_response(&l, rule, head.method);
-            let status = l.status;
-            (r, status, None, rule)
-        }
-        Plan::Forward { target, rule } if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) => {
-            let t = svc.targets[target].clone();
-            let mut route = Route::new(&svc, &t, target, rule);
-            route.member = filters
-                .lock()
-                .as_deref()
-                .and_then(fulcrum_wasm::Stream::chosen_member);
-            let reply = crate::cached::serve(route, &st.client, &head, None).await;
-            let answer = match reply {
-                crate::cache::Reply::Bypass => forward(&down, route, &head, Some(body))
-                    .await
-                    .map(|(r, m)| (r, Some(m))),
-                crate::cache::Reply::Local(l) => Err(l),
-                r => {
-                    let stream = filters.lock().take();
-                    let r = match stream {
-                        Some(s) => {
-                            let pool = &route.target.pool.name;
-                            crate::cached::filtered(s, r, head.method, pool).await
-                        }
-                        None => Ok(r),
-                    };
-                    r.and_then(|r| {
-                        crate::cache::h2_response(r, head.method)
-                            .ok_or_else(|| Local::error(502, ""))
-                    })
-                }
-            };
-            match answer {
-                Ok((r, member)) => {
-                    let status = r.status().as_u16();
-                    svc.http_stats.count_status(status);
-                    (r, status, member, rule)
-                }
-                Err(l) => {
-                    svc.http_stats.count_status(l.status);
-                    (local_response(&l, rule, head.method), l.status, None, rule)
-                }
-            }
-        }
+        Plan::Local(l, rule) => (rule, Err(l)),
         Plan::Forward { target, rule } => {
             let t = svc.targets[target].clone();
             let mut route = Route::new(&svc, &t, target, rule);
@@ -596,28 +489,23 @@ async fn handle(
                 .lock()
                 .as_deref()
                 .and_then(fulcrum_wasm::Stream::chosen_member);
-            let result = forward_in_time(&down, route, &head, Some(body)).await;
-            match result {
-                Ok((r, member)) => {
-                    let status = r.status().as_u16();
-                    svc.http_stats.count_status(status);
-                    if let Some(c) = &svc.cache {
-                        let h = r.headers();
-                        c.after_unsafe(
-                            svc.scheme(),
-                            &head,
-                            status,
-                            h.get(http::header::LOCATION).map(|v| v.as_bytes()),
-                            h.get(http::header::CONTENT_LOCATION).map(|v| v.as_bytes()),
-                        );
-                    }
-                    (r, status, Some(member), rule)
-                }
-                Err(l) => {
-                    svc.http_stats.count_status(l.status);
-                    (local_response(&l, rule, head.method), l.status, None, rule)
-                }
-            }
+            let answer = if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) {
+                through_cache(&st, &down, route, &head, body, &filters).await
+            } else {
+                to_member(&svc, &down, route, &head, body).await
+            };
+            (rule, answer)
+        }
+    };
+    let (response, status, member) = match answer {
+        Ok((r, member)) => {
+            let status = r.status().as_u16();
+            svc.http_stats.count_status(status);
+            (r, status, member)
+        }
+        Err(l) => {
+            svc.http_stats.count_status(l.status);
+            (local_response(&l, rule, head.method), l.status, None)
         }
     };
     let response = response.map(|b| st.watchdog.watch(b));
@@ -634,6 +522,133 @@ async fn handle(
     };
     log(&st, &svc, &head, outcome, started, rule);
     Ok(response)
+}
+
+/// The request head from the stream's fields, checked: a head that cannot be forwarded, a
+/// declared body past `max_body_size` and CONNECT are answered here.
+async fn checked_head(
+    svc: &HttpService,
+    parts: &http::request::Parts,
+    body: ClientBody,
+) -> Result<(RequestHead, ClientBody), Response<DownBody>> {
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .as_bytes();
+    let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
+    let method = parts.method.as_str().as_bytes();
+    let head = match RequestHead::from_h2(method, pq, authority, &parts.headers, &svc.limits) {
+        Ok(h) => h,
+        Err(e) => {
+            svc.http_stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+            svc.http_stats.count_status(e.status);
+            let l = Local::error(e.status, e.reason);
+            return Err(local_response(&l, None, Method::Get));
+        }
+    };
+    if let (Some(max), Some(n)) = (svc.max_body_size, head.content_length) {
+        if n > max {
+            svc.http_stats
+                .bodies_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            svc.http_stats.count_status(413);
+            discard_briefly(body, n).await;
+            let l = Local::error(413, "request body larger than max_body_size");
+            return Err(local_response(&l, None, head.method));
+        }
+    }
+    if head.method == Method::Connect {
+        svc.http_stats.count_status(405);
+        let l = Local::error(405, "CONNECT is not served here");
+        return Err(local_response(&l, None, head.method));
+    }
+    Ok((head, body))
+}
+
+/// Runs the request callbacks of the service's filters (the head, and the body read whole
+/// when a filter reads bodies); the filters' stream goes in `filters` for the response.
+/// `Some`: the answer to give instead of going on.
+async fn request_filters(
+    st: &State,
+    svc: &HttpService,
+    chain: &Arc<fulcrum_wasm::Chain>,
+    head: &mut RequestHead,
+    body: &mut ClientBody,
+    filters: &Mutex<Option<Box<fulcrum_wasm::Stream>>>,
+) -> Option<Local> {
+    let r =
+        crate::wasm_filters::on_request(chain, &svc.name, head, &st.client, svc.https, &svc.limits)
+            .await;
+    let mut stream = match r {
+        Ok(stream) => stream,
+        Err(l) => return Some(l),
+    };
+    let mut refused = None;
+    if let Some(limit) = stream.request_body_limit() {
+        let whole = std::mem::replace(body, ClientBody::Whole(Full::default()));
+        match whole_body(svc, &mut stream, head, whole, limit).await {
+            Ok(b) => *body = b,
+            Err(l) => refused = Some(l),
+        }
+    }
+    *filters.lock() = Some(stream);
+    refused
+}
+
+/// The answer to a request to members: a member's response, and its address.
+type Answer = Result<(Response<DownBody>, Option<std::net::SocketAddr>), Local>;
+
+/// A GET or HEAD through the service's cache: a stored answer (through the response filters),
+/// or the member's, which the cache may keep.
+async fn through_cache(
+    st: &State,
+    down: &Downstream<'_>,
+    route: Route<'_>,
+    head: &RequestHead,
+    body: ClientBody,
+    filters: &Mutex<Option<Box<fulcrum_wasm::Stream>>>,
+) -> Answer {
+    match crate::cached::serve(route, &st.client, head, None).await {
+        crate::cache::Reply::Bypass => forward(down, route, head, Some(body))
+            .await
+            .map(|(r, m)| (r, Some(m))),
+        crate::cache::Reply::Local(l) => Err(l),
+        r => {
+            let stream = filters.lock().take();
+            let r = match stream {
+                Some(s) => {
+                    let pool = &route.target.pool.name;
+                    crate::cached::filtered(s, r, head.method, pool).await?
+                }
+                None => r,
+            };
+            crate::cache::h2_response(r, head.method).ok_or_else(|| Local::error(502, ""))
+        }
+    }
+}
+
+/// The request to a member within `request_timeout`; an unsafe method's answer invalidates
+/// what the cache holds for its target.
+async fn to_member(
+    svc: &HttpService,
+    down: &Downstream<'_>,
+    route: Route<'_>,
+    head: &RequestHead,
+    body: ClientBody,
+) -> Answer {
+    let (r, member) = forward_in_time(down, route, head, Some(body)).await?;
+    if let Some(c) = &svc.cache {
+        let h = r.headers();
+        c.after_unsafe(
+            svc.scheme(),
+            head,
+            r.status().as_u16(),
+            h.get(http::header::LOCATION).map(|v| v.as_bytes()),
+            h.get(http::header::CONTENT_LOCATION).map(|v| v.as_bytes()),
+        );
+    }
+    Ok((r, Some(member)))
 }
 
 /// How a stream ended, for the access log.
