@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use fulcrum_balance::Pool;
 use fulcrum_config::{AlertEvent, AlertRule, Config};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
@@ -292,177 +293,58 @@ impl Alerts {
         let mut out = Vec::new();
         let pools = control.pools();
         if wants(AlertEvent::MemberDown) {
-            for p in &pools {
-                for m in p.members().iter() {
-                    if m.health.is_up() {
-                        continue;
-                    }
-                    let reason = m
-                        .health
-                        .last_transition()
-                        .map(|t| t.reason)
-                        .unwrap_or_default();
-                    let addr = m.label.to_string();
-                    out.push(Condition {
-                        event: AlertEvent::MemberDown,
-                        labels: labels(&[
-                            ("alertname", alertname(AlertEvent::MemberDown)),
-                            ("event", "member_down"),
-                            ("severity", "warning"),
-                            ("pool", &p.name),
-                            ("member", &addr),
-                        ]),
-                        summary: format!("member {addr} of pool {} is down: {reason}", p.name),
-                    });
-                }
-            }
+            members_down(&pools, &mut out);
         }
         if wants(AlertEvent::ElasticJoined) {
-            for p in pools.iter().filter(|p| p.elastic.is_some()) {
-                for m in p.members().iter().filter(|m| m.is_joined()) {
-                    let addr = m.label.to_string();
-                    out.push(Condition {
-                        event: AlertEvent::ElasticJoined,
-                        labels: labels(&[
-                            ("alertname", alertname(AlertEvent::ElasticJoined)),
-                            ("event", "elastic_joined"),
-                            ("severity", "info"),
-                            ("pool", &p.name),
-                            ("member", &addr),
-                        ]),
-                        summary: format!(
-                            "standby member {addr} joined pool {}: utilisation reached its `join` threshold",
-                            p.name
-                        ),
-                    });
-                }
-            }
+            elastic_members_joined(&pools, &mut out);
         }
         if wants(AlertEvent::PoolBelowMin) {
-            for p in &pools {
-                let (available, min) = (p.available(), p.config.min_active as usize);
-                if available < min {
-                    out.push(Condition {
-                        event: AlertEvent::PoolBelowMin,
-                        labels: labels(&[
-                            ("alertname", alertname(AlertEvent::PoolBelowMin)),
-                            ("event", "pool_below_min"),
-                            ("severity", "critical"),
-                            ("pool", &p.name),
-                        ]),
-                        summary: format!(
-                            "pool {} has {available} available members, below min_active {min}",
-                            p.name
-                        ),
-                    });
-                }
-            }
+            pools_below_min(&pools, &mut out);
         }
         if wants(AlertEvent::SiteDown) {
-            let (code, v) = control.plane_get(&["gslb", "sites"], &[]);
-            if code == 200 {
-                for s in v["sites"].as_array().into_iter().flatten() {
-                    if s["health"] == "down" {
-                        let name = s["name"].as_str().unwrap_or("?");
-                        out.push(Condition {
-                            event: AlertEvent::SiteDown,
-                            labels: labels(&[
-                                ("alertname", alertname(AlertEvent::SiteDown)),
-                                ("event", "site_down"),
-                                ("severity", "critical"),
-                                ("site", name),
-                            ]),
-                            summary: format!("GSLB site {name} is down"),
-                        });
-                    }
-                }
-            }
+            sites_down(control, &mut out);
         }
         if wants(AlertEvent::LinkDown) {
-            let (code, v) = control.plane_get(&["links"], &[]);
-            if code == 200 {
-                for l in v["links"].as_array().into_iter().flatten() {
-                    if l["health"] == "down" {
-                        let name = l["name"].as_str().unwrap_or("?");
-                        let kind = l["kind"].as_str().unwrap_or("link");
-                        out.push(Condition {
-                            event: AlertEvent::LinkDown,
-                            labels: labels(&[
-                                ("alertname", alertname(AlertEvent::LinkDown)),
-                                ("event", "link_down"),
-                                ("severity", "critical"),
-                                ("link", name),
-                                ("kind", kind),
-                            ]),
-                            summary: format!("{kind} {name} is down: its new flows go elsewhere"),
-                        });
-                    }
-                }
-            }
+            links_down(control, &mut out);
         }
         if wants(AlertEvent::Failover) {
-            // A failover is an event, not a state: the alert fires when this node gains or
-            // loses mastership (or goes to fault) and resolves FAILOVER_SHOWN later.
-            let (code, v) = control.plane_get(&["ha"], &[]);
-            let t = &v["last_transition"];
-            let (from, to) = (
-                t["from"].as_str().unwrap_or(""),
-                t["to"].as_str().unwrap_or(""),
-            );
-            let at = t["at"].as_f64().unwrap_or(0.0);
-            let now = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
-            let role_change = from != to
-                && (from == "master" || to == "master" || to == "fault")
-                && from != "init";
-            if code == 200 && role_change && now - at < FAILOVER_SHOWN.as_secs_f64() {
-                let node = v["node"].as_str().unwrap_or("");
-                let reason = t["reason"].as_str().unwrap_or("");
+            recent_failover(control, &mut out);
+        }
+        if wants(AlertEvent::CertExpiry) {
+            self.certs_expiring(config, rules, &mut out);
+        }
+        out
+    }
+
+    /// Certificates that expire within the longest `cert_expiry` of the rules that want them.
+    fn certs_expiring(&self, config: &Config, rules: &[RuleRuntime], out: &mut Vec<Condition>) {
+        let threshold = rules
+            .iter()
+            .filter(|r| r.rule.on.contains(&AlertEvent::CertExpiry))
+            .map(|r| r.rule.cert_expiry)
+            .max()
+            .unwrap_or_default();
+        let now = SystemTime::now();
+        for (service, file, not_after) in self.certs(config) {
+            let left = not_after.duration_since(now).unwrap_or_default();
+            if left <= threshold {
+                let days = left.as_secs() / 86400;
                 out.push(Condition {
-                    event: AlertEvent::Failover,
+                    event: AlertEvent::CertExpiry,
                     labels: labels(&[
-                        ("alertname", alertname(AlertEvent::Failover)),
-                        ("event", "failover"),
-                        ("severity", "critical"),
-                        ("node", node),
-                        ("from", from),
-                        ("to", to),
+                        ("alertname", alertname(AlertEvent::CertExpiry)),
+                        ("event", "cert_expiry"),
+                        ("severity", if days < 7 { "critical" } else { "warning" }),
+                        ("service", &service),
+                        ("certificate", &file),
                     ]),
-                    summary: format!("HA node {node} went from {from} to {to}: {reason}"),
+                    summary: format!(
+                        "certificate {file} of service {service} expires in {days} days ({})",
+                        humantime::format_rfc3339_seconds(not_after)
+                    ),
                 });
             }
         }
-        if wants(AlertEvent::CertExpiry) {
-            let threshold = rules
-                .iter()
-                .filter(|r| r.rule.on.contains(&AlertEvent::CertExpiry))
-                .map(|r| r.rule.cert_expiry)
-                .max()
-                .unwrap_or_default();
-            let now = SystemTime::now();
-            for (service, file, not_after) in self.certs(config) {
-                let left = not_after.duration_since(now).unwrap_or_default();
-                if left <= threshold {
-                    let days = left.as_secs() / 86400;
-                    out.push(Condition {
-                        event: AlertEvent::CertExpiry,
-                        labels: labels(&[
-                            ("alertname", alertname(AlertEvent::CertExpiry)),
-                            ("event", "cert_expiry"),
-                            ("severity", if days < 7 { "critical" } else { "warning" }),
-                            ("service", &service),
-                            ("certificate", &file),
-                        ]),
-                        summary: format!(
-                            "certificate {file} of service {service} expires in {days} days ({})",
-                            humantime::format_rfc3339_seconds(not_after)
-                        ),
-                    });
-                }
-            }
-        }
-        out
     }
 
     fn certs(&self, config: &Config) -> Vec<(String, String, SystemTime)> {
@@ -595,6 +477,155 @@ impl Alerts {
                 r.stats.dropped.load(Ordering::Relaxed),
             );
         }
+    }
+}
+
+fn members_down(pools: &[Arc<Pool>], out: &mut Vec<Condition>) {
+    for p in pools {
+        for m in p.members().iter() {
+            if m.health.is_up() {
+                continue;
+            }
+            let reason = m
+                .health
+                .last_transition()
+                .map(|t| t.reason)
+                .unwrap_or_default();
+            let addr = m.label.to_string();
+            out.push(Condition {
+                event: AlertEvent::MemberDown,
+                labels: labels(&[
+                    ("alertname", alertname(AlertEvent::MemberDown)),
+                    ("event", "member_down"),
+                    ("severity", "warning"),
+                    ("pool", &p.name),
+                    ("member", &addr),
+                ]),
+                summary: format!("member {addr} of pool {} is down: {reason}", p.name),
+            });
+        }
+    }
+}
+
+fn elastic_members_joined(pools: &[Arc<Pool>], out: &mut Vec<Condition>) {
+    for p in pools.iter().filter(|p| p.elastic.is_some()) {
+        for m in p.members().iter().filter(|m| m.is_joined()) {
+            let addr = m.label.to_string();
+            out.push(Condition {
+                event: AlertEvent::ElasticJoined,
+                labels: labels(&[
+                    ("alertname", alertname(AlertEvent::ElasticJoined)),
+                    ("event", "elastic_joined"),
+                    ("severity", "info"),
+                    ("pool", &p.name),
+                    ("member", &addr),
+                ]),
+                summary: format!(
+                    "standby member {addr} joined pool {}: utilisation reached its `join` threshold",
+                    p.name
+                ),
+            });
+        }
+    }
+}
+
+fn pools_below_min(pools: &[Arc<Pool>], out: &mut Vec<Condition>) {
+    for p in pools {
+        let (available, min) = (p.available(), p.config.min_active as usize);
+        if available < min {
+            out.push(Condition {
+                event: AlertEvent::PoolBelowMin,
+                labels: labels(&[
+                    ("alertname", alertname(AlertEvent::PoolBelowMin)),
+                    ("event", "pool_below_min"),
+                    ("severity", "critical"),
+                    ("pool", &p.name),
+                ]),
+                summary: format!(
+                    "pool {} has {available} available members, below min_active {min}",
+                    p.name
+                ),
+            });
+        }
+    }
+}
+
+fn sites_down(control: &dyn Control, out: &mut Vec<Condition>) {
+    let (code, v) = control.plane_get(&["gslb", "sites"], &[]);
+    if code != 200 {
+        return;
+    }
+    for s in v["sites"].as_array().into_iter().flatten() {
+        if s["health"] == "down" {
+            let name = s["name"].as_str().unwrap_or("?");
+            out.push(Condition {
+                event: AlertEvent::SiteDown,
+                labels: labels(&[
+                    ("alertname", alertname(AlertEvent::SiteDown)),
+                    ("event", "site_down"),
+                    ("severity", "critical"),
+                    ("site", name),
+                ]),
+                summary: format!("GSLB site {name} is down"),
+            });
+        }
+    }
+}
+
+fn links_down(control: &dyn Control, out: &mut Vec<Condition>) {
+    let (code, v) = control.plane_get(&["links"], &[]);
+    if code != 200 {
+        return;
+    }
+    for l in v["links"].as_array().into_iter().flatten() {
+        if l["health"] == "down" {
+            let name = l["name"].as_str().unwrap_or("?");
+            let kind = l["kind"].as_str().unwrap_or("link");
+            out.push(Condition {
+                event: AlertEvent::LinkDown,
+                labels: labels(&[
+                    ("alertname", alertname(AlertEvent::LinkDown)),
+                    ("event", "link_down"),
+                    ("severity", "critical"),
+                    ("link", name),
+                    ("kind", kind),
+                ]),
+                summary: format!("{kind} {name} is down: its new flows go elsewhere"),
+            });
+        }
+    }
+}
+
+/// A failover is an event, not a state: the alert fires when this node gains or loses
+/// mastership (or goes to fault) and resolves FAILOVER_SHOWN later.
+fn recent_failover(control: &dyn Control, out: &mut Vec<Condition>) {
+    let (code, v) = control.plane_get(&["ha"], &[]);
+    let t = &v["last_transition"];
+    let (from, to) = (
+        t["from"].as_str().unwrap_or(""),
+        t["to"].as_str().unwrap_or(""),
+    );
+    let at = t["at"].as_f64().unwrap_or(0.0);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let role_change =
+        from != to && (from == "master" || to == "master" || to == "fault") && from != "init";
+    if code == 200 && role_change && now - at < FAILOVER_SHOWN.as_secs_f64() {
+        let node = v["node"].as_str().unwrap_or("");
+        let reason = t["reason"].as_str().unwrap_or("");
+        out.push(Condition {
+            event: AlertEvent::Failover,
+            labels: labels(&[
+                ("alertname", alertname(AlertEvent::Failover)),
+                ("event", "failover"),
+                ("severity", "critical"),
+                ("node", node),
+                ("from", from),
+                ("to", to),
+            ]),
+            summary: format!("HA node {node} went from {from} to {to}: {reason}"),
+        });
     }
 }
 
