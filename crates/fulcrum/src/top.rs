@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
-use ratatui::layout::{Constraint, Layout};
+use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
@@ -90,6 +90,20 @@ fn draw(f: &mut Frame, v: &View, admin: &str) {
         Constraint::Length(1),
     ])
     .areas(f.area());
+    draw_header(f, v, admin, head);
+    draw_services(f, v, &services, svc);
+    draw_members(f, v, pools);
+    let age = v.updated.map_or("never".into(), |u| {
+        format!("{:.0} s ago", u.elapsed().as_secs_f64())
+    });
+    f.render_widget(
+        Paragraph::new(format!(" q quit · refreshed every 1 s · last update {age}"))
+            .style(Style::default().fg(Color::DarkGray)),
+        foot,
+    );
+}
+
+fn draw_header(f: &mut Frame, v: &View, admin: &str, area: Rect) {
     let mut header = vec![
         Span::styled(
             " fulcrum top ",
@@ -111,37 +125,18 @@ fn draw(f: &mut Frame, v: &View, admin: &str) {
             Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
         ));
     }
-    f.render_widget(Paragraph::new(Line::from(header)), head);
+    f.render_widget(Paragraph::new(Line::from(header)), area);
+}
 
+fn draw_services(f: &mut Frame, v: &View, services: &[Value], area: Rect) {
     let samples = v.sample["services"].as_array().cloned().unwrap_or_default();
-    let bold = Style::default().add_modifier(Modifier::BOLD);
     let rows = services.iter().map(|s| {
         let r = samples
             .iter()
             .find(|x| x["name"] == s["name"])
             .cloned()
             .unwrap_or_default();
-        Row::new(vec![
-            Cell::from(text(&s["name"])),
-            Cell::from(text(&s["protocol"])),
-            Cell::from(rate(&r["requests_per_s"])),
-            Cell::from(rate(&r["connections_per_s"])),
-            Cell::from(rate(&r["errors_per_s"])).style(
-                if r["errors_per_s"].as_f64().unwrap_or(0.0) > 0.0 {
-                    Style::default().fg(Color::Red)
-                } else {
-                    Style::default()
-                },
-            ),
-            Cell::from(text(&s["connections_active"])),
-            Cell::from(text(&s["connections_total"])),
-            Cell::from(
-                s["listen"]
-                    .as_array()
-                    .map(|l| l.iter().map(text).collect::<Vec<_>>().join(","))
-                    .unwrap_or_default(),
-            ),
-        ])
+        service_row(s, &r)
     });
     let table = Table::new(
         rows,
@@ -160,11 +155,38 @@ fn draw(f: &mut Frame, v: &View, admin: &str) {
         Row::new([
             "SERVICE", "PROTO", "REQ/S", "CONN/S", "ERR/S", "ACTIVE", "CONNS", "LISTEN",
         ])
-        .style(bold),
+        .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .block(Block::bordered().title(" Virtual services "));
-    f.render_widget(table, svc);
+    f.render_widget(table, area);
+}
 
+/// Service `s` of the status, with its rates from sample `r`.
+fn service_row(s: &Value, r: &Value) -> Row<'static> {
+    Row::new(vec![
+        Cell::from(text(&s["name"])),
+        Cell::from(text(&s["protocol"])),
+        Cell::from(rate(&r["requests_per_s"])),
+        Cell::from(rate(&r["connections_per_s"])),
+        Cell::from(rate(&r["errors_per_s"])).style(
+            if r["errors_per_s"].as_f64().unwrap_or(0.0) > 0.0 {
+                Style::default().fg(Color::Red)
+            } else {
+                Style::default()
+            },
+        ),
+        Cell::from(text(&s["connections_active"])),
+        Cell::from(text(&s["connections_total"])),
+        Cell::from(
+            s["listen"]
+                .as_array()
+                .map(|l| l.iter().map(text).collect::<Vec<_>>().join(","))
+                .unwrap_or_default(),
+        ),
+    ])
+}
+
+fn draw_members(f: &mut Frame, v: &View, area: Rect) {
     let member_samples = v.sample["members"].as_array().cloned().unwrap_or_default();
     let mut rows = Vec::new();
     for p in v.pools["pools"].as_array().into_iter().flatten() {
@@ -174,39 +196,7 @@ fn draw(f: &mut Frame, v: &View, admin: &str) {
                 .find(|x| x["pool"] == p["name"] && x["address"] == m["address"])
                 .cloned()
                 .unwrap_or_default();
-            let health = text(&m["health"]);
-            let state = text(&m["state"]);
-            let check = m["checks"]
-                .as_array()
-                .and_then(|c| c.first())
-                .map(|c| text(&c["last"]))
-                .unwrap_or_else(|| "-".into());
-            rows.push(Row::new(vec![
-                Cell::from(text(&p["name"])),
-                Cell::from(text(&m["address"])),
-                Cell::from(health.clone()).style(health_style(&health)),
-                Cell::from(state.clone()).style(health_style(&state)),
-                Cell::from(text(&m["weight"])),
-                Cell::from(
-                    m["effective_weight"]
-                        .as_f64()
-                        .map_or("-".into(), |w| format!("{w:.1}")),
-                ),
-                Cell::from(text(&m["active_connections"])),
-                Cell::from(rate(
-                    &if r["requests_per_s"].as_f64().unwrap_or(0.0) > 0.0 {
-                        r["requests_per_s"].clone()
-                    } else {
-                        r["connections_per_s"].clone()
-                    },
-                )),
-                Cell::from(
-                    m["response_time_ms"]
-                        .as_f64()
-                        .map_or("-".into(), |t| format!("{t:.1}")),
-                ),
-                Cell::from(check),
-            ]));
+            rows.push(member_row(p, m, &r));
         }
     }
     let table = Table::new(
@@ -237,18 +227,47 @@ fn draw(f: &mut Frame, v: &View, admin: &str) {
             "RESP_MS",
             "LAST CHECK",
         ])
-        .style(bold),
+        .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .block(Block::bordered().title(" Pools and members "));
-    f.render_widget(table, pools);
-    let age = v.updated.map_or("never".into(), |u| {
-        format!("{:.0} s ago", u.elapsed().as_secs_f64())
-    });
-    f.render_widget(
-        Paragraph::new(format!(" q quit · refreshed every 1 s · last update {age}"))
-            .style(Style::default().fg(Color::DarkGray)),
-        foot,
-    );
+    f.render_widget(table, area);
+}
+
+/// Member `m` of pool `p`, with its rates from sample `r`.
+fn member_row(p: &Value, m: &Value, r: &Value) -> Row<'static> {
+    let health = text(&m["health"]);
+    let state = text(&m["state"]);
+    let check = m["checks"]
+        .as_array()
+        .and_then(|c| c.first())
+        .map(|c| text(&c["last"]))
+        .unwrap_or_else(|| "-".into());
+    Row::new(vec![
+        Cell::from(text(&p["name"])),
+        Cell::from(text(&m["address"])),
+        Cell::from(health.clone()).style(health_style(&health)),
+        Cell::from(state.clone()).style(health_style(&state)),
+        Cell::from(text(&m["weight"])),
+        Cell::from(
+            m["effective_weight"]
+                .as_f64()
+                .map_or("-".into(), |w| format!("{w:.1}")),
+        ),
+        Cell::from(text(&m["active_connections"])),
+        Cell::from(rate(
+            &if r["requests_per_s"].as_f64().unwrap_or(0.0) > 0.0 {
+                r["requests_per_s"].clone()
+            } else {
+                r["connections_per_s"].clone()
+            },
+        )),
+        Cell::from(
+            m["response_time_ms"]
+                .as_f64()
+                .map_or("-".into(), |t| format!("{t:.1}")),
+        ),
+        Cell::from(check),
+    ])
 }
 
 pub fn run(t: &Target) -> Result<(), Failure> {

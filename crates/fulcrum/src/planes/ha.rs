@@ -288,6 +288,88 @@ fn document(
     serde_json::to_vec(&doc).unwrap_or_default()
 }
 
+/// The receiving side of `ha.sync`: what it needs of the plane, held apart from it since it
+/// runs in the sync tasks.
+struct SyncReceiver<C> {
+    /// This node's name, in the document it republishes.
+    me: String,
+    control: Weak<C>,
+    state_file: Option<PathBuf>,
+    changed_at: Arc<AtomicU64>,
+    republish: Arc<OnceLock<StateSync>>,
+    peer_config_matches: Arc<parking_lot::Mutex<Option<bool>>>,
+    tables: Arc<ArcSwap<HashMap<String, Arc<PersistTable>>>>,
+    per_table: PerTable,
+    flow_sync: Option<Arc<crate::planes::xdp::FlowSync>>,
+    config_sync: Arc<OnceLock<Arc<ConfigSync>>>,
+    write_config: Option<WriteConfig>,
+}
+
+impl<C: Control> SyncReceiver<C> {
+    fn receive(&self, kind: Kind, sent_ms: u64, bytes: &[u8]) -> Result<(), String> {
+        if kind == Kind::Entries {
+            self.take_entries(sent_ms, bytes)
+        } else {
+            self.take_document(bytes)
+        }
+    }
+
+    /// A batch of the peer's persistence entries and flows, sent at `sent_ms`.
+    fn take_entries(&self, sent_ms: u64, bytes: &[u8]) -> Result<(), String> {
+        let mut flows = Vec::new();
+        let got = apply_entries(bytes, &self.tables.load(), &mut flows)?;
+        if let Some(fs) = &self.flow_sync {
+            fs.apply(&flows, sent_ms);
+        }
+        let lag = pair::now_ms().saturating_sub(sent_ms) as f64;
+        let mut pt = self.per_table.lock();
+        for (name, n) in got {
+            let c = pt.entry(Arc::from(name.as_str())).or_default();
+            c.received += n;
+            if c.lags.len() == LAG_WINDOW {
+                c.lags.pop_front();
+            }
+            c.lags.push_back(lag);
+        }
+        Ok(())
+    }
+
+    /// The peer's document: its configuration (config_sync), its pools fingerprint, and its
+    /// member and site states, taken over when newer than this node's.
+    fn take_document(&self, bytes: &[u8]) -> Result<(), String> {
+        let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+        let theirs = doc["changed_at_ms"].as_u64().ok_or("no changed_at_ms")?;
+        let Some(control) = self.control.upgrade() else {
+            return Ok(());
+        };
+        if let (Some(cs), Some(write)) = (self.config_sync.get(), &self.write_config) {
+            if !doc["config"].is_null() {
+                if let Some(peer) = cs.received(&doc["config"])? {
+                    take_peer_config(cs.clone(), peer, write.clone());
+                }
+            }
+        }
+        let same = doc["pools_hash"].as_str() == Some(pools_hash(control.as_ref()).as_str());
+        if self.peer_config_matches.lock().replace(same) != Some(same) && !same {
+            tracing::warn!(peer = %doc["node"], "HA sync: the peer's pools differ from this node's configuration (pools_hash); a failover changes what is served");
+        }
+        if theirs <= self.changed_at.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.changed_at.store(theirs, Ordering::Release);
+        let n = crate::state_file::apply_remote(&doc["state"], control.as_ref());
+        tracing::info!(peer = %doc["node"], changes = n, "HA sync: took over the peer's newer member and site states");
+        if let Some(path) = &self.state_file {
+            crate::state_file::save(control.as_ref(), path, theirs);
+        }
+        // This node's document now says the same, so a peer that restarts gets it back.
+        if let Some(sync) = self.republish.get() {
+            let cs = self.config_sync.get().map(Arc::as_ref);
+            sync.publish(document(&self.me, theirs, control.as_ref(), cs));
+        }
+        Ok(())
+    }
+}
 /// Takes a peer's configuration on a blocking thread (a reload waits on the planes), once at a
 /// time (`ConfigSync::received` offers nothing while a take runs).
 fn take_peer_config(cs: Arc<ConfigSync>, peer: PeerConfig, write: WriteConfig) {
@@ -592,93 +674,81 @@ impl HaPlane {
         let node = ha.node.clone().unwrap_or_else(host_name);
         let _ = self.node_name.set(node.clone());
         if ha.config_sync {
-            let file = config_file.ok_or(
-                "[ha] config_sync needs a configuration file (it writes the peer's changes into it)",
-            )?;
-            let cs = ConfigSync::open(&node, file).map_err(|e| format!("config_sync: {e}"))?;
-            let _ = self.config_sync.set(Arc::new(cs));
-            let c = control.clone();
-            let _ = self.write_config.set(Arc::new(move |text: &str| {
-                let Some(c) = c.upgrade() else {
-                    return Err(vec!["shutting down".into()]);
-                };
-                let author = fulcrum_admin::Author {
-                    who: "peer".into(),
-                    from: "config_sync".into(),
-                };
-                match c.config_write(text, None, false, author) {
-                    Ok(w) => Ok(w.generation.unwrap_or_else(|| c.generation())),
-                    Err(fulcrum_admin::ConfigRefusal::Invalid(errors)) => Err(errors),
-                    Err(fulcrum_admin::ConfigRefusal::Unavailable(e)) => Err(vec![e]),
-                    Err(fulcrum_admin::ConfigRefusal::Stale { current }) => {
-                        Err(vec![format!("version {current} changed meanwhile")])
-                    }
-                }
-            }));
+            self.open_config_sync(&node, config_file, control.clone())?;
         }
-        let config_sync = self.config_sync.clone();
-        let write_config = self.write_config.get().cloned();
-        let changed_at = self.changed_at.clone();
-        let c = control.clone();
-        let (me, republish) = (node.clone(), self.sync.clone());
-        let matches = self.peer_config_matches.clone();
-        let tables = self.tables.clone();
-        let per_table = self.per_table.clone();
-        let flow_sync = self.flows.get().cloned();
+        let receiver = SyncReceiver {
+            me: node,
+            control: control.clone(),
+            state_file,
+            changed_at: self.changed_at.clone(),
+            republish: self.sync.clone(),
+            peer_config_matches: self.peer_config_matches.clone(),
+            tables: self.tables.clone(),
+            per_table: self.per_table.clone(),
+            flow_sync: self.flows.get().cloned(),
+            config_sync: self.config_sync.clone(),
+            write_config: self.write_config.get().cloned(),
+        };
         let on_receive: OnReceive = Arc::new(move |kind: Kind, sent_ms: u64, bytes: &[u8]| {
-            if kind == Kind::Entries {
-                let mut flows = Vec::new();
-                let got = apply_entries(bytes, &tables.load(), &mut flows)?;
-                if let Some(fs) = &flow_sync {
-                    fs.apply(&flows, sent_ms);
-                }
-                let lag = pair::now_ms().saturating_sub(sent_ms) as f64;
-                let mut pt = per_table.lock();
-                for (name, n) in got {
-                    let c = pt.entry(Arc::from(name.as_str())).or_default();
-                    c.received += n;
-                    if c.lags.len() == LAG_WINDOW {
-                        c.lags.pop_front();
-                    }
-                    c.lags.push_back(lag);
-                }
-                return Ok(());
-            }
-            let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-            let theirs = doc["changed_at_ms"].as_u64().ok_or("no changed_at_ms")?;
-            let Some(control) = c.upgrade() else {
-                return Ok(());
-            };
-            if let (Some(cs), Some(write)) = (config_sync.get(), &write_config) {
-                if !doc["config"].is_null() {
-                    if let Some(peer) = cs.received(&doc["config"])? {
-                        take_peer_config(cs.clone(), peer, write.clone());
-                    }
-                }
-            }
-            let same = doc["pools_hash"].as_str() == Some(pools_hash(control.as_ref()).as_str());
-            if matches.lock().replace(same) != Some(same) && !same {
-                tracing::warn!(peer = %doc["node"], "HA sync: the peer's pools differ from this node's configuration (pools_hash); a failover changes what is served");
-            }
-            if theirs <= changed_at.load(Ordering::Acquire) {
-                return Ok(());
-            }
-            changed_at.store(theirs, Ordering::Release);
-            let n = crate::state_file::apply_remote(&doc["state"], control.as_ref());
-            tracing::info!(peer = %doc["node"], changes = n, "HA sync: took over the peer's newer member and site states");
-            if let Some(path) = &state_file {
-                crate::state_file::save(control.as_ref(), path, theirs);
-            }
-            // This node's document now says the same, so a peer that restarts gets it back.
-            if let Some(sync) = republish.get() {
-                let cs = config_sync.get().map(Arc::as_ref);
-                sync.publish(document(&me, theirs, control.as_ref(), cs));
-            }
-            Ok(())
+            receiver.receive(kind, sent_ms, bytes)
         });
+        let s = StateSync::start(
+            sync.listen,
+            &sync.peers,
+            std::slice::from_ref(&sync.key),
+            on_receive,
+            self.full_dump(),
+        )
+        .await
+        .map_err(|e| format!("cannot listen on {} (ha.sync.listen): {e}", sync.listen))?;
+        let _ = self.sync.set(s);
+        self.start_sending();
+        if let Some(c) = control.upgrade() {
+            self.publish(c.as_ref());
+        }
+        tracing::info!(listen = %sync.listen, peers = sync.peers.len(), "HA sync: running (member and site states set through the API, persistence tables)");
+        Ok(())
+    }
+
+    /// `[ha] config_sync`: opens its record beside `config_file` and sets the path a peer's
+    /// configuration is written through (the configuration API's, as the peer's author).
+    fn open_config_sync<C: Control>(
+        &self,
+        node: &str,
+        config_file: Option<&std::path::Path>,
+        control: Weak<C>,
+    ) -> Result<(), String> {
+        let file = config_file.ok_or(
+            "[ha] config_sync needs a configuration file (it writes the peer's changes into it)",
+        )?;
+        let cs = ConfigSync::open(node, file).map_err(|e| format!("config_sync: {e}"))?;
+        let _ = self.config_sync.set(Arc::new(cs));
+        let _ = self.write_config.set(Arc::new(move |text: &str| {
+            let Some(c) = control.upgrade() else {
+                return Err(vec!["shutting down".into()]);
+            };
+            let author = fulcrum_admin::Author {
+                who: "peer".into(),
+                from: "config_sync".into(),
+            };
+            match c.config_write(text, None, false, author) {
+                Ok(w) => Ok(w.generation.unwrap_or_else(|| c.generation())),
+                Err(fulcrum_admin::ConfigRefusal::Invalid(errors)) => Err(errors),
+                Err(fulcrum_admin::ConfigRefusal::Unavailable(e)) => Err(vec![e]),
+                Err(fulcrum_admin::ConfigRefusal::Stale { current }) => {
+                    Err(vec![format!("version {current} changed meanwhile")])
+                }
+            }
+        }));
+        Ok(())
+    }
+
+    /// Every persistence entry and flow as batches, for a peer that (re)connects or fell
+    /// behind.
+    fn full_dump(&self) -> FullDump {
         let all = self.tables.clone();
         let dump_flows = self.flows.get().cloned();
-        let full_dump: FullDump = Arc::new(move || {
+        Arc::new(move || {
             let mut out = Vec::new();
             // Services sharing one table (a RADIUS profile) send it once.
             let mut seen = std::collections::HashSet::new();
@@ -701,18 +771,11 @@ impl HaPlane {
                 out.extend(flows.chunks(BATCH).map(batch));
             }
             out
-        });
-        let s = StateSync::start(
-            sync.listen,
-            &sync.peers,
-            std::slice::from_ref(&sync.key),
-            on_receive,
-            full_dump,
-        )
-        .await
-        .map_err(|e| format!("cannot listen on {} (ha.sync.listen): {e}", sync.listen))?;
-        let _ = self.sync.set(s);
-        // New persistence entries: a bounded queue, drained in batches by one task.
+        })
+    }
+
+    /// New persistence entries and flows: a bounded queue, drained in batches by one task.
+    fn start_sending(&self) {
         let (tx, mut rx) = tokio::sync::mpsc::channel(QUEUE);
         if let Some(fs) = self.flows.get() {
             // A full queue loses the flow (counted in `sync.flows.lost`).
@@ -738,11 +801,6 @@ impl HaPlane {
                 buf.clear();
             }
         });
-        if let Some(c) = control.upgrade() {
-            self.publish(c.as_ref());
-        }
-        tracing::info!(listen = %sync.listen, peers = sync.peers.len(), "HA sync: running (member and site states set through the API, persistence tables)");
-        Ok(())
     }
 
     /// Resigns mastership and removes the VIPs (before connections drain, so the peer takes

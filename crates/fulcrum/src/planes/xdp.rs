@@ -712,54 +712,14 @@ impl XdpPlane {
         let Some(st) = guard.as_mut() else {
             return Ok(());
         };
-        let err = |e: fulcrum_xdp::Error| vec![format!("XDP: {e}")];
-        let nat = services
-            .iter()
-            .any(|v| v.forwarding().forwarding == Forwarding::Nat);
-        let tcp_idle = services
-            .iter()
-            .filter(|v| v.protocol() == Protocol::Tcp)
-            .map(|v| v.idle_timeout)
-            .max()
-            .unwrap_or(Duration::from_secs(900));
-        let udp_idle = services
-            .iter()
-            .filter_map(|v| v.as_udp())
-            .map(|u| u.session_timeout)
-            .max()
-            .unwrap_or(Duration::from_secs(300));
-        // ha.sync on (a running node keeps the [ha] it started with: see HaPlane::reload).
-        let sync = config
-            .ha
-            .as_ref()
-            .is_some_and(|h| h.sync.is_some() && h.mode != HaMode::ActiveActive);
-        st.dp
-            .set_config(&fulcrum_xdp::Config {
-                tcp_idle,
-                udp_idle,
-                nat,
-                sync,
-                ..fulcrum_xdp::Config::default()
-            })
-            .map_err(err)?;
-        st.timeouts = (tcp_idle, udp_idle);
-        let wanted: HashSet<&str> = services
-            .iter()
-            .flat_map(|v| v.forwarding().interfaces.iter().map(String::as_str))
-            .collect();
-        for ifname in st.dp.attached() {
-            if !wanted.contains(ifname.as_str()) {
-                st.dp.detach(&ifname).map_err(err)?;
-                tracing::info!(interface = %ifname, "XDP forwarder detached (no longer listed)");
-            }
-        }
+        set_program_config(st, services, config)?;
+        detach_unlisted(st, services)?;
         // VIP indices: kept by service name, new services take the lowest free index.
         let limit = st.dp.limits().vips;
         let mut used: HashSet<u32> = HashSet::new();
         let mut next = Vec::new();
-        let old: HashMap<String, Service> =
+        let mut old: HashMap<String, Service> =
             st.services.drain(..).map(|s| (s.name.clone(), s)).collect();
-        let mut old = old;
         for vs in services {
             let Some(pool) = vs
                 .pool
@@ -781,131 +741,12 @@ impl XdpPlane {
                     .ok_or_else(|| vec![format!("more than {limit} nat/dr/tunnel services")])?,
             };
             used.insert(index);
-            let persist = vs
-                .persistence
-                .as_ref()
-                .and_then(|n| config.persistence(n))
-                .is_some_and(|p| p.kind == PersistenceKind::SourceIp);
-            if prev.is_none() {
-                // A new service at this index: no flows, a full bucket, no stale list.
-                st.dp.reset_flows(index).map_err(err)?;
-                st.dp.clear_acl(index, true).map_err(err)?;
-                st.dp.clear_acl(index, false).map_err(err)?;
-            }
-            // allow / deny: a changed list goes in under the other generation and is put in
-            // force by the VIP update below; the previous one is removed after it.
-            let acl_text = format!("{:?}", vs.access);
-            let old_gen = prev.as_ref().is_none_or(|p| p.acl.1);
-            let acl = match &prev {
-                Some(p) if p.acl.0 == acl_text => p.acl.clone(),
-                _ => {
-                    let gen = !old_gen;
-                    let flags = st
-                        .dp
-                        .set_acl(
-                            index,
-                            gen,
-                            &prefixes(&vs.access.allow),
-                            &prefixes(&vs.access.deny),
-                        )
-                        .map_err(err)?;
-                    (acl_text, gen, flags)
-                }
-            };
-            let limits = flow_limits(vs);
-            let limit_flag = st.dp.set_flow_limits(index, limits).map_err(err)?;
-            let meta = VipMeta {
-                index,
-                flags: mode_flags(vs.forwarding().forwarding)
-                    | if persist { VIP_F_PERSIST_SRC } else { 0 }
-                    | acl.2
-                    | limit_flag,
-            };
-            let keys: Vec<VipKey> = vs
-                .listen
-                .iter()
-                .map(|a| VipKey::new(a.ip(), a.port(), proto_number(vs.protocol())))
-                .collect();
-            for k in &keys {
-                st.dp.set_vip(*k, meta).map_err(err)?;
-            }
-            if let Some(p) = &prev {
-                for k in p.keys.iter().filter(|k| !keys.contains(k)) {
-                    st.dp.remove_vip(k).map_err(err)?;
-                }
-            }
-            if acl.1 != old_gen {
-                st.dp.clear_acl(index, old_gen).map_err(err)?;
-            }
-            for m in pool.members() {
-                if !st.reals.contains_key(&m.address) {
-                    let Some(index) = st.slots.allocate() else {
-                        tracing::warn!(member = %m.address, "XDP: all member numbers in use; the member gets no new flows");
-                        continue;
-                    };
-                    st.reals.insert(
-                        m.address,
-                        RealState {
-                            index,
-                            resolved: false,
-                            hop: None,
-                            forgotten: false,
-                            last_try: None,
-                            nat_port: 0,
-                        },
-                    );
-                }
-                if let Some(r) = st.reals.get_mut(&m.address) {
-                    let port = if vs.forwarding().forwarding == Forwarding::Nat {
-                        m.address.port()
-                    } else {
-                        0
-                    };
-                    if r.nat_port != port {
-                        r.nat_port = port;
-                        r.resolved = false;
-                        r.last_try = None;
-                    }
-                }
-            }
-            next.push(Service {
-                name: vs.name.clone(),
-                index,
-                flags: meta.flags,
-                pool,
-                keys,
-                // Forces the first ring write of a new service; a kept service keeps its ring.
-                built_from: prev
-                    .as_ref()
-                    .map(|p| p.built_from.clone())
-                    .unwrap_or_default(),
-                weights: prev.map(|p| p.weights).unwrap_or_default(),
-                acl,
-                limits,
-            });
+            next.push(program_service(st, vs, config, pool, index, prev)?);
         }
         for gone in old.into_values() {
-            for k in &gone.keys {
-                st.dp.remove_vip(k).map_err(err)?;
-            }
-            st.dp.set_ring(gone.index, &[]).map_err(err)?;
-            st.dp.clear_acl(gone.index, gone.acl.1).map_err(err)?;
-            st.dp.set_flow_limits(gone.index, None).map_err(err)?;
+            remove_service(st, &gone)?;
         }
-        // Members in no pool any more: their numbers retire (their flows keep them, see
-        // RealSlots); refresh rewrites the rings without them below.
-        let listed: HashSet<SocketAddr> = next
-            .iter()
-            .flat_map(|s| s.pool.members().iter().map(|m| m.address))
-            .collect();
-        let (slots, now) = (&mut st.slots, Instant::now());
-        st.reals.retain(|addr, r| {
-            let keep = listed.contains(addr);
-            if !keep {
-                slots.retire(r.index, now);
-            }
-            keep
-        });
+        retire_unlisted_reals(st, &next);
         st.services = next;
         *self.flows.names.write() = Names {
             reals: st.reals.iter().map(|(a, r)| (r.index, *a)).collect(),
@@ -1135,6 +976,211 @@ impl XdpPlane {
     }
 }
 
+fn xdp_err(e: fulcrum_xdp::Error) -> Vec<String> {
+    vec![format!("XDP: {e}")]
+}
+
+/// The program's settings for `services`: NAT on or off, flow timeouts, and whether new flows
+/// are reported for ha.sync.
+fn set_program_config(
+    st: &mut State,
+    services: &[VirtualService],
+    config: &Config,
+) -> Result<(), Vec<String>> {
+    let nat = services
+        .iter()
+        .any(|v| v.forwarding().forwarding == Forwarding::Nat);
+    let tcp_idle = services
+        .iter()
+        .filter(|v| v.protocol() == Protocol::Tcp)
+        .map(|v| v.idle_timeout)
+        .max()
+        .unwrap_or(Duration::from_secs(900));
+    let udp_idle = services
+        .iter()
+        .filter_map(|v| v.as_udp())
+        .map(|u| u.session_timeout)
+        .max()
+        .unwrap_or(Duration::from_secs(300));
+    // ha.sync on (a running node keeps the [ha] it started with: see HaPlane::reload).
+    let sync = config
+        .ha
+        .as_ref()
+        .is_some_and(|h| h.sync.is_some() && h.mode != HaMode::ActiveActive);
+    st.dp
+        .set_config(&fulcrum_xdp::Config {
+            tcp_idle,
+            udp_idle,
+            nat,
+            sync,
+            ..fulcrum_xdp::Config::default()
+        })
+        .map_err(xdp_err)?;
+    st.timeouts = (tcp_idle, udp_idle);
+    Ok(())
+}
+
+fn detach_unlisted(st: &mut State, services: &[VirtualService]) -> Result<(), Vec<String>> {
+    let wanted: HashSet<&str> = services
+        .iter()
+        .flat_map(|v| v.forwarding().interfaces.iter().map(String::as_str))
+        .collect();
+    for ifname in st.dp.attached() {
+        if !wanted.contains(ifname.as_str()) {
+            st.dp.detach(&ifname).map_err(xdp_err)?;
+            tracing::info!(interface = %ifname, "XDP forwarder detached (no longer listed)");
+        }
+    }
+    Ok(())
+}
+
+/// Writes service `vs` at VIP `index` (its access list, flow limits, VIP keys and member
+/// numbers); `prev` is the service of the same name before, whose state carries over.
+fn program_service(
+    st: &mut State,
+    vs: &VirtualService,
+    config: &Config,
+    pool: Arc<Pool>,
+    index: u32,
+    prev: Option<Service>,
+) -> Result<Service, Vec<String>> {
+    let persist = vs
+        .persistence
+        .as_ref()
+        .and_then(|n| config.persistence(n))
+        .is_some_and(|p| p.kind == PersistenceKind::SourceIp);
+    if prev.is_none() {
+        // A new service at this index: no flows, a full bucket, no stale list.
+        st.dp.reset_flows(index).map_err(xdp_err)?;
+        st.dp.clear_acl(index, true).map_err(xdp_err)?;
+        st.dp.clear_acl(index, false).map_err(xdp_err)?;
+    }
+    // allow / deny: a changed list goes in under the other generation and is put in force by
+    // the VIP update below; the previous one is removed after it.
+    let acl_text = format!("{:?}", vs.access);
+    let old_gen = prev.as_ref().is_none_or(|p| p.acl.1);
+    let acl = match &prev {
+        Some(p) if p.acl.0 == acl_text => p.acl.clone(),
+        _ => {
+            let gen = !old_gen;
+            let flags = st
+                .dp
+                .set_acl(
+                    index,
+                    gen,
+                    &prefixes(&vs.access.allow),
+                    &prefixes(&vs.access.deny),
+                )
+                .map_err(xdp_err)?;
+            (acl_text, gen, flags)
+        }
+    };
+    let limits = flow_limits(vs);
+    let limit_flag = st.dp.set_flow_limits(index, limits).map_err(xdp_err)?;
+    let meta = VipMeta {
+        index,
+        flags: mode_flags(vs.forwarding().forwarding)
+            | if persist { VIP_F_PERSIST_SRC } else { 0 }
+            | acl.2
+            | limit_flag,
+    };
+    let keys: Vec<VipKey> = vs
+        .listen
+        .iter()
+        .map(|a| VipKey::new(a.ip(), a.port(), proto_number(vs.protocol())))
+        .collect();
+    for k in &keys {
+        st.dp.set_vip(*k, meta).map_err(xdp_err)?;
+    }
+    if let Some(p) = &prev {
+        for k in p.keys.iter().filter(|k| !keys.contains(k)) {
+            st.dp.remove_vip(k).map_err(xdp_err)?;
+        }
+    }
+    if acl.1 != old_gen {
+        st.dp.clear_acl(index, old_gen).map_err(xdp_err)?;
+    }
+    number_members(st, vs, &pool);
+    Ok(Service {
+        name: vs.name.clone(),
+        index,
+        flags: meta.flags,
+        pool,
+        keys,
+        // Forces the first ring write of a new service; a kept service keeps its ring.
+        built_from: prev
+            .as_ref()
+            .map(|p| p.built_from.clone())
+            .unwrap_or_default(),
+        weights: prev.map(|p| p.weights).unwrap_or_default(),
+        acl,
+        limits,
+    })
+}
+
+/// Gives each member of `pool` a real number (once), and the port NAT rewrites to: a member
+/// whose port changed is resolved again.
+fn number_members(st: &mut State, vs: &VirtualService, pool: &Pool) {
+    for m in pool.members() {
+        if !st.reals.contains_key(&m.address) {
+            let Some(index) = st.slots.allocate() else {
+                tracing::warn!(member = %m.address, "XDP: all member numbers in use; the member gets no new flows");
+                continue;
+            };
+            st.reals.insert(
+                m.address,
+                RealState {
+                    index,
+                    resolved: false,
+                    hop: None,
+                    forgotten: false,
+                    last_try: None,
+                    nat_port: 0,
+                },
+            );
+        }
+        if let Some(r) = st.reals.get_mut(&m.address) {
+            let port = if vs.forwarding().forwarding == Forwarding::Nat {
+                m.address.port()
+            } else {
+                0
+            };
+            if r.nat_port != port {
+                r.nat_port = port;
+                r.resolved = false;
+                r.last_try = None;
+            }
+        }
+    }
+}
+
+/// A service no longer configured: its VIPs, ring, access list and flow limits go.
+fn remove_service(st: &mut State, gone: &Service) -> Result<(), Vec<String>> {
+    for k in &gone.keys {
+        st.dp.remove_vip(k).map_err(xdp_err)?;
+    }
+    st.dp.set_ring(gone.index, &[]).map_err(xdp_err)?;
+    st.dp.clear_acl(gone.index, gone.acl.1).map_err(xdp_err)?;
+    st.dp.set_flow_limits(gone.index, None).map_err(xdp_err)?;
+    Ok(())
+}
+
+/// Members in no pool any more: their numbers retire (their flows keep them, see RealSlots);
+/// refresh rewrites the rings without them.
+fn retire_unlisted_reals(st: &mut State, services: &[Service]) {
+    let listed: HashSet<SocketAddr> = services
+        .iter()
+        .flat_map(|s| s.pool.members().iter().map(|m| m.address))
+        .collect();
+    let (slots, now) = (&mut st.slots, Instant::now());
+    st.reals.retain(|addr, r| {
+        let keep = listed.contains(addr);
+        if !keep {
+            slots.retire(r.index, now);
+        }
+        keep
+    });
+}
 /// Recounts the live flows of the services with `flow_limits.max` (see RECOUNT_EVERY).
 fn recount(st: &mut State) {
     if st.last_recount.is_some_and(|t| t.elapsed() < RECOUNT_EVERY) {
