@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -251,7 +251,8 @@ pub struct Relay {
     pub inner: Incoming,
     pub member: Arc<Member>,
     pub stats: Arc<ServiceStats>,
-    pub sent: u64,
+    /// Request body bytes sent (counted as the body goes out, `UpBody::Counted`).
+    pub sent: Arc<AtomicU64>,
     pub received: u64,
     /// Of `received`, the bytes already added to the member's counters while the body flowed.
     pub reported: u64,
@@ -264,10 +265,11 @@ impl Relay {
     fn account(&mut self) {
         if !self.finished {
             self.finished = true;
+            let sent = self.sent.load(Ordering::Relaxed);
             self.member
                 .stats
-                .add_bytes(self.sent, self.received - self.reported);
-            self.stats.bytes_in.fetch_add(self.sent, Ordering::Relaxed);
+                .add_bytes(sent, self.received - self.reported);
+            self.stats.bytes_in.fetch_add(sent, Ordering::Relaxed);
             self.stats
                 .bytes_out
                 .fetch_add(self.received, Ordering::Relaxed);

@@ -21,10 +21,11 @@ use crate::chunked;
 use crate::client::Client;
 use crate::exchange::{self, Attempts, RespError, Route};
 use crate::fields::{self, MapSink, ReqFraming, RequestCtx};
+use crate::h2_upstream::SentH2;
 use crate::head::{RequestHead, ResponseHead, Version};
 use crate::local::Local;
 use crate::plan::ResponsePlan;
-use crate::request_loop::{self, Ended, Http1Answer, MemberAnswer, SendError, Sent, SentH2};
+use crate::request_loop::{self, Ended, Http1Answer, MemberAnswer, SendError, Sent};
 use crate::service::HttpService;
 use crate::upstream::{UpBody, UpstreamConn};
 use fulcrum_balance::Member;
@@ -333,8 +334,7 @@ impl request_loop::ClientSession for StreamSession<'_, '_> {
             Some(b) => UpBody::Limited(Box::new(b)),
             None => UpBody::Empty,
         };
-        let r = crate::h2_upstream::send(sender, head.map(|()| body), timeout, fresh).await;
-        Ok((r, 0))
+        Ok(crate::h2_upstream::send(sender, head.map(|()| body), timeout, fresh).await)
     }
 }
 

@@ -2,6 +2,8 @@
 //! stream on the member's shared connection (`upstream::H2Member`), one attempt of the
 //! request loop (`request_loop`).
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fulcrum_balance::{ConnectionGuard, Member, Picked, RequestGuard};
@@ -21,7 +23,8 @@ pub struct H2Response {
     pub response: http::Response<Incoming>,
     pub request_guard: RequestGuard,
     pub connection_guard: ConnectionGuard,
-    pub sent: u64,
+    /// Request body bytes sent so far (the body may still be going out).
+    pub sent: Arc<AtomicU64>,
 }
 
 impl H2Response {
@@ -29,7 +32,7 @@ impl H2Response {
     /// added to the member's and the service's (`stats`) counters as it flows and at its end.
     pub fn into_relay(
         self,
-        stats: std::sync::Arc<fulcrum_net::ServiceStats>,
+        stats: Arc<fulcrum_net::ServiceStats>,
     ) -> (http::response::Parts, crate::body::Relay) {
         let (parts, inner) = self.response.into_parts();
         let relay = crate::body::Relay {
@@ -99,19 +102,27 @@ pub(crate) fn request_head(
     Ok(request)
 }
 
+/// What a client session sent as a stream on an HTTP/2 member connection: the member's answer
+/// or why the attempt failed, and the count of request body bytes sent, which goes on while
+/// the body does.
+pub(crate) type SentH2 = (Result<http::Response<Incoming>, Failure>, Arc<AtomicU64>);
+
 /// Sends `request` on the member's connection and waits `timeout` for its response head. A
-/// stream refused or a connection gone is a `Failure::Broken` (`reused` unless `fresh`).
+/// stream refused or a connection gone is a `Failure::Broken` (`reused` unless `fresh`). With
+/// the answer comes the count of body bytes sent, which goes on while the body does.
 pub(crate) async fn send(
     sender: &mut SendRequest<UpBody>,
     request: http::Request<UpBody>,
     timeout: Duration,
     fresh: bool,
-) -> Result<http::Response<Incoming>, Failure> {
+) -> SentH2 {
+    let sent = Arc::new(AtomicU64::new(0));
+    let request = request.map(|b| UpBody::Counted(Box::new(b), sent.clone()));
     let result = async {
         sender.ready().await?;
         sender.send_request(request).await
     };
-    match tokio::time::timeout(timeout, result).await {
+    let r = match tokio::time::timeout(timeout, result).await {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(e)) => Err(Failure::Broken {
             why: format!("HTTP/2 request: {e}"),
@@ -119,7 +130,8 @@ pub(crate) async fn send(
             reused: !fresh,
         }),
         Err(_) => Err(Failure::Timeout),
-    }
+    };
+    (r, sent)
 }
 
 #[cfg(test)]

@@ -17,13 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fulcrum_balance::{Member, Picked, RequestGuard};
-use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::exchange::{self, Attempts, Failure, RespError, Route};
-use crate::h2_upstream::{self, H2Response};
+use crate::h2_upstream::{self, H2Response, SentH2};
 use crate::head::{RequestHead, ResponseHead};
 use crate::local::Local;
 use crate::upstream::{UpBody, UpstreamConn};
@@ -45,10 +44,6 @@ pub(crate) enum SendError<S> {
     /// was refused or cut); no member answer follows.
     Stop(S),
 }
-
-/// What a client session sent as a stream on an HTTP/2 member connection: the member's answer
-/// or why the attempt failed, and the request bytes sent.
-pub(crate) type SentH2 = (Result<http::Response<Incoming>, Failure>, u64);
 
 /// A member's answer over HTTP/1.1, with the connection it came on.
 pub(crate) struct Http1Answer {

@@ -448,6 +448,9 @@ pub enum UpBody {
     Incoming(Incoming),
     /// An HTTP/2 client's body under `max_body_size` and `min_body_rate`.
     Limited(Box<crate::body_limit::Limited>),
+    /// Another body, its data bytes added to the counter as they go out (the member's and the
+    /// service's byte counters, when the response ends).
+    Counted(Box<UpBody>, Arc<AtomicU64>),
 }
 
 impl Body for UpBody {
@@ -465,6 +468,14 @@ impl Body for UpBody {
             },
             UpBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpBody::Limited(b) => Pin::new(b.as_mut()).poll_frame(cx),
+            UpBody::Counted(b, sent) => {
+                let frame = ready!(Pin::new(b.as_mut()).poll_frame(cx));
+                let data = frame.as_ref().and_then(|f| f.as_ref().ok());
+                if let Some(data) = data.and_then(Frame::data_ref) {
+                    sent.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                Poll::Ready(frame)
+            }
         }
     }
 
@@ -475,6 +486,7 @@ impl Body for UpBody {
             UpBody::Channel(_) => false,
             UpBody::Incoming(b) => b.is_end_stream(),
             UpBody::Limited(b) => b.is_end_stream(),
+            UpBody::Counted(b, _) => b.is_end_stream(),
         }
     }
 
@@ -485,6 +497,7 @@ impl Body for UpBody {
             UpBody::Channel(_) => SizeHint::default(),
             UpBody::Incoming(b) => b.size_hint(),
             UpBody::Limited(b) => b.size_hint(),
+            UpBody::Counted(b, _) => b.size_hint(),
         }
     }
 }

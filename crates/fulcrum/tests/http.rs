@@ -1618,7 +1618,8 @@ async fn an_upload_to_a_member_that_stops_reading_is_a_passive_failure() {
 /// The request loop is one for HTTP/1.1 and HTTP/2 clients and members: the same requests
 /// through each of the four pairs get the same answers — a GET, a 70,000-byte upload (past
 /// HTTP/2's initial window), a body without a length, a body behind `Expect: 100-continue` —
-/// and the first requests, whose member refuses the connection, are sent on to the other.
+/// and the first requests, whose member refuses the connection, are sent on to the other;
+/// the member's byte counters see every upload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_and_member_protocol_pair_takes_the_same_path() {
     use fulcrum_testkit::echo::{echo_line, EchoMember};
@@ -1675,6 +1676,12 @@ async fn every_client_and_member_protocol_pair_takes_the_same_path() {
             "{pair}: the refused member was tried: {p}"
         );
         assert_eq!(p["members"][1]["requests_total"], 5, "{pair}: {p}");
+        // Streamed bodies count too, to HTTP/2 members as well.
+        let body_bytes = 3 * upload.len() as u64;
+        assert!(
+            p["members"][1]["bytes_sent"].as_u64() >= Some(body_bytes),
+            "{pair}: the uploads are counted as sent to the member: {p}"
+        );
     }
     assert_eq!(echo.requests(), answered);
 }

@@ -18,8 +18,9 @@ use crate::client::Client;
 use crate::exchange::{read_response_head, RespError, Route};
 use crate::fields::{self, ReqFraming, RequestCtx};
 use crate::h1_out::BODY_CHUNK;
+use crate::h2_upstream::SentH2;
 use crate::head::{RequestHead, ResponseHead, Version};
-use crate::request_loop::{ClientSession, SendError, Sent, SentH2};
+use crate::request_loop::{ClientSession, SendError, Sent};
 use crate::upstream::{UpBody, UpstreamConn};
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -125,14 +126,12 @@ where
                 }
                 _ => bytes::Bytes::new(),
             };
-            let sent = body.len() as u64;
             let body = if body.is_empty() {
                 UpBody::Empty
             } else {
                 UpBody::Full(Some(body))
             };
-            let r = crate::h2_upstream::send(sender, head.map(|()| body), timeout, fresh).await;
-            return Ok((r, sent));
+            return Ok(crate::h2_upstream::send(sender, head.map(|()| body), timeout, fresh).await);
         }
         if self.head.expect_continue
             && self.head.version == Version::Http11
@@ -165,7 +164,7 @@ where
             }
             Err(()) => self.head.close = true,
         }
-        Ok((r, 0))
+        Ok(r)
     }
 }
 
