@@ -522,7 +522,7 @@ fn members_see_the_clients_own_address() {
     let local = config("local", &cert, &key);
     std::fs::write(f.dir.path().join("fulcrum.toml"), local).unwrap();
     let (code, body) = api_raw(&fl, "POST", "/api/v1/reload", "");
-    assert_eq!(code, 200, "{body}");
+    assert_eq!(code, 200, "{body}\n{}", f.logs());
     std::thread::sleep(Duration::from_millis(600));
     assert!(rules(&fl).contains("0x46540001"), "{}", rules(&fl));
     let me = kept.local_addr().unwrap();
@@ -557,7 +557,7 @@ fn members_see_the_clients_own_address() {
     )
     .unwrap();
     let (code, body) = api_raw(&fl, "POST", "/api/v1/reload", "");
-    assert_eq!(code, 200, "{body}");
+    assert_eq!(code, 200, "{body}\n{}", f.logs());
     assert!(rules(&fl).contains("0x46540001"), "{}", rules(&fl));
     assert!(!v6_rules().contains("0x46540001"), "{}", v6_rules());
     std::fs::write(
@@ -566,7 +566,7 @@ fn members_see_the_clients_own_address() {
     )
     .unwrap();
     let (code, body) = api_raw(&fl, "POST", "/api/v1/reload", "");
-    assert_eq!(code, 200, "{body}");
+    assert_eq!(code, 200, "{body}\n{}", f.logs());
     assert!(v6_rules().contains("0x46540001"), "{}", v6_rules());
     let mut held = Vec::new();
     let (seen, me) = ask_tcp(&client, "[fd00:50::1]:7000", None, &mut held)

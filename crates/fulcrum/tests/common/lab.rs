@@ -189,7 +189,7 @@ pub fn api_raw(ns: &Ns, method: &str, path: &str, body: &str) -> (u16, String) {
         ) else {
             return (0, String::new());
         };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
         let _ = write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:9900\r\nConnection: close\r\n\
