@@ -1,5 +1,6 @@
-//! Servers and clients that Fulcrum's tests, benchmarks and demo mode run against: small,
-//! observable, and controllable (a backend can be made unhealthy, an agent can change its reply).
+//! Servers and clients that Fulcrum's tests and benchmarks run against: small, observable, and
+//! controllable (a backend can be made unhealthy, an agent can change its reply). A
+//! dev-dependency only: `fulcrum demo` has its own backends in the binary.
 
 pub mod browser;
 pub mod client;

@@ -2,11 +2,17 @@
 //! forwarding headers, member connection reuse, a content-switching rule), with an HTTP health
 //! monitor and slow start — Fulcrum's main job on a built-in config, no file needed.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use fulcrum_testkit::{free_addr, HttpBackend};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
 
 use crate::app::{self, Source};
 
@@ -62,7 +68,19 @@ fall = 2
 }
 
 pub fn run(listen: SocketAddr, admin: SocketAddr) -> ExitCode {
-    let backends: Vec<(SocketAddr, u32)> = [3, 2, 1].iter().map(|&w| (free_addr(), w)).collect();
+    // The backends' sockets are bound (port 0: the kernel's choice) and kept before the
+    // configuration is written, so no other process can take an address between the two.
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        match bind_backend() {
+            Ok(l) => listeners.push(l),
+            Err(e) => {
+                eprintln!("cannot start a demo backend on 127.0.0.1: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let backends: Vec<(SocketAddr, u32)> = listeners.iter().map(|l| l.1).zip([3, 2, 1]).collect();
     // The demo's token lives in a per-user temporary directory, not in /var/lib/fulcrum, so the
     // demo runs without root; it is read here first to show it in the banner.
     let token_dir =
@@ -91,16 +109,16 @@ pub fn run(listen: SocketAddr, admin: SocketAddr) -> ExitCode {
     };
     let first = backends[0].0;
     let setup = move || async move {
-        let mut servers = Vec::new();
-        for (i, (addr, _)) in backends.iter().enumerate() {
-            let name = format!("backend-{}", i + 1);
-            let s = HttpBackend::start(*addr, &name)
-                .await
+        for (i, (listener, addr)) in listeners.into_iter().enumerate() {
+            let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|e| format!("cannot start demo backend on {addr}: {e}"))?;
-            servers.push(s);
+            tokio::spawn(serve_backend(
+                listener,
+                Arc::from(format!("backend-{}", i + 1)),
+            ));
         }
         println!("{}", banner(listen, admin, first, &token, &text));
-        Ok(servers)
+        Ok(())
     };
     app::run_blocking(source, config, setup)
 }
@@ -140,4 +158,61 @@ Ctrl-C stops. The configuration in use:
 
 {text}"#
     )
+}
+
+// The demo's backends live here rather than in fulcrum-testkit: the test kit is a
+// dev-dependency only (it brings test servers, namespace labs and fixtures a product build must
+// not carry), and the demo needs no more of a backend than the few lines below.
+
+/// A listening socket for one demo backend on a free loopback port, and its address.
+fn bind_backend() -> std::io::Result<(std::net::TcpListener, SocketAddr)> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    Ok((listener, addr))
+}
+
+/// One demo backend, until the runtime ends: HTTP/1.1 with keep-alive. `/health` (the demo's
+/// monitor) answers 200 "OK"; every other request 200 with the backend's name as the body and
+/// in `X-Server`, so the client sees which member answered.
+async fn serve_backend(listener: tokio::net::TcpListener, name: Arc<str>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of file descriptors or the like: try again shortly rather than spin.
+                tracing::warn!(backend = %name, error = %e, "demo backend cannot accept");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let name = name.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let name = name.clone();
+                async move { Ok::<_, Infallible>(backend_answer(&req, &name)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn backend_answer(req: &Request<Incoming>, name: &str) -> Response<Full<Bytes>> {
+    let mut response = if req.uri().path() == "/health" {
+        Response::new(Full::new(Bytes::from_static(b"OK\n")))
+    } else {
+        let mut r = Response::new(Full::new(Bytes::from(format!("{name}\n"))));
+        if let Ok(v) = hyper::header::HeaderValue::from_str(name) {
+            r.headers_mut().insert("x-server", v);
+        }
+        r
+    };
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain"),
+    );
+    response
 }

@@ -45,7 +45,7 @@ enum Command {
     },
     /// Starts built-in demo backends and a load-balanced service in front of them; no file needed.
     Demo {
-        /// Address of the demo's TCP virtual service.
+        /// Address of the demo's HTTP virtual service.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
         /// Address of the admin API.
