@@ -5,10 +5,17 @@
 //! The program is written in C because an eBPF program in Rust needs a nightly toolchain and
 //! bpf-linker. The compiled object is checked in and embedded, so `cargo build` needs no clang;
 //! tests/object.rs rebuilds it with bpf/build.sh and requires it to be byte-identical.
+//!
+//! Above `Dataplane`: `tables` holds what the process wrote into the maps (services and reals)
+//! and `flow_sync` syncs the connection tables with an HA peer through a transport the caller
+//! gives (`FlowSink`, `FlowSync::apply`); `neighbours` reads this node's interfaces.
 
+pub mod flow_sync;
 pub mod hash;
 pub mod maps;
+pub mod neighbours;
 pub mod packet;
+pub mod tables;
 
 use std::collections::HashMap as StdHashMap;
 use std::net::IpAddr;

@@ -18,12 +18,12 @@
 //! - With `ha.sync`, the program reports every new flow (`flow_events`); a thread drains them
 //!   into the HA plane's stream as `FlowEntry`s (by service name and member address: the peer
 //!   numbers its VIPs and reals its own way), and writes the peer's flows into this node's
-//!   tables (`FlowSync`).
+//!   tables (fulcrum_xdp::flow_sync; `FlowSync` here carries its flows as the HA stream's).
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fulcrum_balance::Pool;
@@ -32,9 +32,11 @@ use fulcrum_config::{
 };
 use fulcrum_ha::sync::{FlowEntry, FlowHop};
 use fulcrum_net::StreamHandler;
+use fulcrum_xdp::flow_sync;
+use fulcrum_xdp::neighbours::parse_mac;
+use fulcrum_xdp::tables::{RealState, Service, State};
 use fulcrum_xdp::{
-    addr_words, build_ring, port_raw, Conn, Dataplane, DropReason, FlowEvent, FlowKey, Global,
-    Limits, NatEntry, Real, VipKey, VipMeta, CONN_F_SYNCED, MODE_DR, MODE_MASK, MODE_NAT,
+    build_ring, Dataplane, DropReason, Global, Limits, Real, VipKey, VipMeta, MODE_DR, MODE_NAT,
     MODE_TUNNEL, VIP_F_PERSIST_SRC,
 };
 use parking_lot::Mutex;
@@ -45,25 +47,6 @@ const REFRESH_EVERY: Duration = Duration::from_millis(200);
 const RESOLVE_EVERY: Duration = Duration::from_secs(1);
 /// A resolved next hop is looked up again this often (a member's NIC or router may change).
 const REVERIFY_EVERY: Duration = Duration::from_secs(30);
-
-struct Service {
-    name: String,
-    index: u32,
-    /// MODE_* and VIP_F_* as written into the vips map.
-    flags: u32,
-    pool: Arc<Pool>,
-    keys: Vec<VipKey>,
-    /// Ring weights last written, per pool member.
-    weights: Vec<u32>,
-    /// What the ring was last built from (member names and real numbers): a reload that
-    /// replaces members with others of the same weights must still rebuild it.
-    built_from: (Vec<String>, Vec<u32>),
-    /// The access list in force (its Debug text: the lists as configured), its generation in
-    /// the `acl` trie and the VIP flags it set.
-    acl: (String, bool, u32),
-    /// `flow_limits` as written into `vip_limits`.
-    limits: Option<fulcrum_xdp::FlowLimits>,
-}
 
 /// A service with `flow_limits.max`: its live flows are recounted this often (the program
 /// cannot see flows leave by idling out or LRU eviction). A walk of the connection table, about
@@ -95,32 +78,6 @@ fn flow_limits(vs: &VirtualService) -> Option<fulcrum_xdp::FlowLimits> {
         })
 }
 
-struct RealState {
-    index: u32,
-    resolved: bool,
-    /// The next hop written into the reals map (MAC, egress interface).
-    hop: Option<([u8; 6], u32)>,
-    /// Flows were dropped from the table since the member last accepted traffic.
-    forgotten: bool,
-    last_try: Option<Instant>,
-    nat_port: u16,
-}
-
-struct State {
-    dp: Dataplane,
-    services: Vec<Service>,
-    reals: HashMap<SocketAddr, RealState>,
-    /// Real numbers, reused once a member left every pool and its flows are gone.
-    slots: fulcrum_xdp::RealSlots,
-    /// The timeouts the program runs with (a flow idle longer is not sent to the peer).
-    timeouts: (Duration, Duration),
-    /// Lives as long as this loaded program: the thread draining its flow events ends with it.
-    _alive: Arc<()>,
-    /// Flows of the services with `flow_limits.max` at the last recount, by VIP index.
-    flow_counts: HashMap<u32, u64>,
-    last_recount: Option<Instant>,
-}
-
 pub struct XdpPlane {
     state: Arc<Mutex<Option<State>>>,
     running: Arc<AtomicBool>,
@@ -136,13 +93,7 @@ impl Default for XdpPlane {
     fn default() -> XdpPlane {
         let state = Arc::new(Mutex::new(None));
         XdpPlane {
-            flows: Arc::new(FlowSync {
-                state: state.clone(),
-                sink: OnceLock::new(),
-                names: parking_lot::RwLock::new(Names::default()),
-                counters: FlowCounters::default(),
-                lags: Mutex::new(std::collections::VecDeque::new()),
-            }),
+            flows: Arc::new(FlowSync(Arc::new(flow_sync::FlowSync::new(state.clone())))),
             state,
             running: Arc::new(AtomicBool::new(false)),
             collected: Mutex::new(Vec::new()),
@@ -151,338 +102,67 @@ impl Default for XdpPlane {
     }
 }
 
+/// `ha.sync` of the connection tables (fulcrum_xdp::flow_sync) in the HA stream's terms: its
+/// flows as `FlowEntry`s, its counters as `sync.flows` of `GET /api/v1/ha`.
+pub struct FlowSync(Arc<flow_sync::FlowSync>);
+
 /// Where a new flow goes: the HA plane's bounded queue (false: it was full).
 pub type FlowSink = Box<dyn Fn(FlowEntry) -> bool + Send + Sync>;
 
-/// What the drain thread needs to name a flow event: this node's numbers to names.
-#[derive(Default)]
-struct Names {
-    /// Real index -> member address.
-    reals: HashMap<u32, SocketAddr>,
-    /// VIP index -> (service name, nat).
-    vips: HashMap<u32, (String, bool)>,
-}
-
-#[derive(Default)]
-struct FlowCounters {
-    /// New flows (and refreshes of active ones) queued for the peers.
-    sent: AtomicU64,
-    /// Flows not queued: the queue was full (the kernel's own losses are `sync_events_lost`).
-    lost: AtomicU64,
-    /// Flows received from a peer.
-    received: AtomicU64,
-    /// Received flows written into this node's tables.
-    applied: AtomicU64,
-    /// Received flows of a service, member or interface this node does not have.
-    dropped: AtomicU64,
-}
-
-/// `ha.sync` of the connection tables: new flows out to the HA stream, the peer's in.
-pub struct FlowSync {
-    state: Arc<Mutex<Option<State>>>,
-    sink: OnceLock<FlowSink>,
-    names: parking_lot::RwLock<Names>,
-    counters: FlowCounters,
-    /// Lags (ms) of the last batches that carried flows.
-    lags: Mutex<std::collections::VecDeque<f64>>,
-}
-
-/// How often the flows active since the last time are sent again, so that the peer's entries
-/// of long flows do not expire while the flow lives here (IPVS's sync daemon resends a
-/// connection every `sync_refresh_period` for the same reason): a third of the shortest
-/// timeout, within these bounds.
-const REFRESH_MIN: Duration = Duration::from_secs(5);
-const REFRESH_MAX: Duration = Duration::from_secs(300);
-/// Events taken from the ring buffer per wakeup.
-const DRAIN_MAX: usize = 4096;
-
-fn ip_of(words: [u32; 4], family: u8) -> IpAddr {
-    let b = |w: u32| w.to_ne_bytes();
-    if family == 4 {
-        IpAddr::from(b(words[0]))
-    } else {
-        let mut o = [0u8; 16];
-        for (i, w) in words.iter().enumerate() {
-            o[i * 4..i * 4 + 4].copy_from_slice(&b(*w));
-        }
-        IpAddr::from(o)
+fn flow_entry(f: flow_sync::Flow) -> FlowEntry {
+    FlowEntry {
+        vs: f.vs,
+        client: f.client,
+        vip: f.vip,
+        proto: f.proto,
+        member: f.member,
+        hop: f.hop.map(|h| FlowHop {
+            mac: h.mac,
+            interface: h.interface,
+        }),
+        idle_ms: f.idle_ms,
     }
 }
 
-fn port_of(raw: u16) -> u16 {
-    u16::from_be_bytes(raw.to_ne_bytes())
-}
-
-/// (client, VIP) of a client -> VIP flow key.
-fn flow_addrs(k: &FlowKey) -> (SocketAddr, SocketAddr) {
-    (
-        SocketAddr::new(ip_of(k.src, k.family), port_of(k.sport)),
-        SocketAddr::new(ip_of(k.dst, k.family), port_of(k.dport)),
-    )
-}
-
-fn interface_name(ifindex: u32) -> Option<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `buf` has IF_NAMESIZE bytes, what if_indextoname may write (NUL included).
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return None;
+fn flow_of(e: &FlowEntry) -> flow_sync::Flow {
+    flow_sync::Flow {
+        vs: e.vs.clone(),
+        client: e.client,
+        vip: e.vip,
+        proto: e.proto,
+        member: e.member,
+        hop: e.hop.as_ref().map(|h| flow_sync::Hop {
+            mac: h.mac,
+            interface: h.interface.clone(),
+        }),
+        idle_ms: e.idle_ms,
     }
-    // SAFETY: on success if_indextoname wrote a NUL-terminated name into `buf`.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    name.to_str().ok().map(str::to_string)
-}
-
-/// This node's interface `name`: its index and MAC address.
-fn local_interface(name: &str) -> Option<(u32, [u8; 6])> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: if_nametoindex reads the NUL-terminated string `c`, which outlives the call.
-    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if ifindex == 0 {
-        return None;
-    }
-    let mac = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok()?;
-    Some((ifindex, parse_mac(mac.trim())?))
 }
 
 impl FlowSync {
     /// Turns the stream of new flows on (ha.sync has started): each goes to `sink`.
     pub fn set_sink(&self, sink: FlowSink) {
-        let _ = self.sink.set(sink);
+        self.0.set_sink(Box::new(move |f| sink(flow_entry(f))));
     }
 
-    fn send(&self, e: FlowEntry) {
-        let Some(sink) = self.sink.get() else { return };
-        if sink(e) {
-            self.counters.sent.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.counters.lost.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// The drain thread's naming of an event: `None` when its VIP or real is gone (a reload).
-    /// `ifnames` caches interface names (if_indextoname costs a socket and an ioctl).
-    fn entry(&self, ev: &FlowEvent, ifnames: &mut HashMap<u32, String>) -> Option<FlowEntry> {
-        let names = self.names.read();
-        let (vs, nat) = names.vips.get(&ev.vip_index)?;
-        let member = *names.reals.get(&ev.real)?;
-        let (client, vip) = flow_addrs(&ev.key);
-        let hop = if *nat {
-            let interface = match ifnames.get(&ev.ifindex) {
-                Some(n) => n.clone(),
-                None => {
-                    let n = interface_name(ev.ifindex)?;
-                    ifnames.insert(ev.ifindex, n.clone());
-                    n
-                }
-            };
-            Some(FlowHop {
-                mac: ev.client_mac,
-                interface,
-            })
-        } else {
-            None
-        };
-        Some(FlowEntry {
-            vs: vs.clone(),
-            client,
-            vip,
-            proto: ev.key.proto,
-            member,
-            hop,
-            idle_ms: 0,
-        })
-    }
-
-    /// Every live flow of this node, with its age, for a peer that (re)connects; with
-    /// `active_within`, the periodic refresh: only flows that had a packet *here* that
-    /// recently (not the peer's flows this node holds for it, which would echo back and
-    /// forth and never expire).
+    /// Every live flow of this node (see `fulcrum_xdp::flow_sync::FlowSync::dump`).
     pub fn dump(&self, active_within: Option<Duration>) -> Vec<FlowEntry> {
-        let guard = self.state.lock();
-        let Some(st) = guard.as_ref() else {
-            return Vec::new();
-        };
-        let (Ok(now), Ok(conns)) = (st.dp.now(), st.dp.connections()) else {
-            return Vec::new();
-        };
-        let hz = st.dp.hz();
-        let ticks = |d: Duration| (d.as_millis() as u64).saturating_mul(hz) / 1000;
-        let by_index: HashMap<u32, SocketAddr> =
-            st.reals.iter().map(|(a, r)| (r.index, *a)).collect();
-        let mut ifnames: HashMap<u32, Option<String>> = HashMap::new();
-        let mut out = Vec::new();
-        for (k, c) in conns {
-            let idle = if k.proto == 17 {
-                st.timeouts.1
-            } else {
-                st.timeouts.0
-            };
-            let age = now.saturating_sub(c.last);
-            if age >= ticks(idle) || active_within.is_some_and(|w| age > ticks(w)) {
-                continue;
-            }
-            if active_within.is_some() && c.flags & CONN_F_SYNCED != 0 {
-                continue;
-            }
-            let vk = VipKey {
-                addr: k.dst,
-                port: k.dport,
-                proto: k.proto,
-                family: k.family,
-            };
-            let Some(svc) = st.services.iter().find(|s| s.keys.contains(&vk)) else {
-                continue;
-            };
-            let Some(member) = by_index.get(&c.real).copied() else {
-                continue;
-            };
-            let (client, vip) = flow_addrs(&k);
-            let hop = if svc.flags & MODE_MASK == MODE_NAT {
-                let nat_port = st.reals.get(&member).map_or(0, |r| r.nat_port);
-                let rk = reply_key(member, nat_port, client, vip, k.proto);
-                let Some(ne) = st.dp.nat_entry(&rk).ok().flatten() else {
-                    continue;
-                };
-                let name = ifnames
-                    .entry(ne.ifindex)
-                    .or_insert_with(|| interface_name(ne.ifindex))
-                    .clone();
-                let Some(interface) = name else { continue };
-                Some(FlowHop {
-                    mac: ne.client_mac,
-                    interface,
-                })
-            } else {
-                None
-            };
-            out.push(FlowEntry {
-                vs: svc.name.clone(),
-                client,
-                vip,
-                proto: k.proto,
-                member,
-                hop,
-                idle_ms: age.saturating_mul(1000) / hz.max(1),
-            });
-        }
-        out
+        self.0
+            .dump(active_within)
+            .into_iter()
+            .map(flow_entry)
+            .collect()
     }
 
-    /// Writes a peer's flows into this node's tables: the connection entry on every CPU with
-    /// this node's real index for the member's address, and for nat the reply entry through
-    /// this node's interface of the same name. Flows of a service, VIP, member or interface
-    /// this node does not have are dropped and counted.
+    /// Writes a peer's flows, sent at `sent_ms`, into this node's tables.
     pub fn apply(&self, flows: &[FlowEntry], sent_ms: u64) {
-        if flows.is_empty() {
-            return;
-        }
-        let c = &self.counters;
-        c.received.fetch_add(flows.len() as u64, Ordering::Relaxed);
-        let mut guard = self.state.lock();
-        let Some(st) = guard.as_mut() else {
-            c.dropped.fetch_add(flows.len() as u64, Ordering::Relaxed);
-            return;
-        };
-        let Ok(now) = st.dp.now() else {
-            c.dropped.fetch_add(flows.len() as u64, Ordering::Relaxed);
-            return;
-        };
-        let hz = st.dp.hz();
-        let mut interfaces: HashMap<&str, Option<(u32, [u8; 6])>> = HashMap::new();
-        let (mut applied, mut dropped) = (0u64, 0u64);
-        for f in flows {
-            // The sender's age of the flow, so the entry expires here when it would there.
-            let last = now.saturating_sub(f.idle_ms.saturating_mul(hz) / 1000);
-            let written = (|| {
-                let vk = VipKey::new(f.vip.ip(), f.vip.port(), f.proto);
-                let svc = st
-                    .services
-                    .iter()
-                    .find(|s| s.name == f.vs && s.keys.contains(&vk))?;
-                if !svc.pool.members().iter().any(|m| m.address == f.member) {
-                    return None;
-                }
-                let real = st.reals.get(&f.member)?;
-                let nat = if svc.flags & MODE_MASK == MODE_NAT {
-                    let hop = f.hop.as_ref()?;
-                    let (ifindex, local_mac) = (*interfaces
-                        .entry(hop.interface.as_str())
-                        .or_insert_with(|| local_interface(&hop.interface)))?;
-                    let (vip_addr, _) = addr_words(f.vip.ip());
-                    let entry = NatEntry {
-                        vip_addr,
-                        vip_port: port_raw(f.vip.port()),
-                        client_mac: hop.mac,
-                        local_mac,
-                        ifindex,
-                        vip_index: svc.index,
-                        last,
-                        ..NatEntry::default()
-                    };
-                    Some((
-                        reply_key(f.member, real.nat_port, f.client, f.vip, f.proto),
-                        entry,
-                    ))
-                } else {
-                    None
-                };
-                let key = FlowKey::new(
-                    f.client.ip(),
-                    f.client.port(),
-                    f.vip.ip(),
-                    f.vip.port(),
-                    f.proto,
-                );
-                let conn = Conn {
-                    real: real.index,
-                    flags: CONN_F_SYNCED,
-                    last,
-                    ..Conn::default()
-                };
-                st.dp.set_conn(key, conn).ok()?;
-                if let Some((rk, entry)) = nat {
-                    st.dp.set_nat_entry(rk, entry).ok()?;
-                }
-                Some(())
-            })();
-            match written {
-                Some(()) => applied += 1,
-                None => dropped += 1,
-            }
-        }
-        c.applied.fetch_add(applied, Ordering::Relaxed);
-        c.dropped.fetch_add(dropped, Ordering::Relaxed);
-        if dropped > 0 {
-            tracing::debug!(
-                dropped,
-                "HA sync: flows of services or members this node does not have were dropped"
-            );
-        }
-        let lag = crate::planes::pair::now_ms().saturating_sub(sent_ms) as f64;
-        let mut lags = self.lags.lock();
-        if lags.len() == 256 {
-            lags.pop_front();
-        }
-        lags.push_back(lag);
+        let flows: Vec<flow_sync::Flow> = flows.iter().map(flow_of).collect();
+        self.0.apply(&flows, sent_ms);
     }
 
     /// Counters for `sync.flows` of `GET /api/v1/ha` and the metrics.
     pub fn counts(&self) -> [(&'static str, u64); 5] {
-        let c = &self.counters;
-        let kernel_lost = self
-            .state
-            .lock()
-            .as_ref()
-            .and_then(|st| st.dp.global(Global::SyncLost).ok())
-            .unwrap_or(0);
-        [
-            ("sent", c.sent.load(Ordering::Relaxed)),
-            ("lost", c.lost.load(Ordering::Relaxed) + kernel_lost),
-            ("received", c.received.load(Ordering::Relaxed)),
-            ("applied", c.applied.load(Ordering::Relaxed)),
-            ("dropped", c.dropped.load(Ordering::Relaxed)),
-        ]
+        self.0.counts()
     }
 
     /// `sync.flows` of `GET /api/v1/ha`.
@@ -491,68 +171,15 @@ impl FlowSync {
         for (k, n) in self.counts() {
             v.insert(k.to_string(), serde_json::json!(n));
         }
-        let lags = self.lags.lock();
-        v.insert("lag_ms".into(), serde_json::json!(lags.back()));
-        v.insert(
-            "lag_max_ms".into(),
-            serde_json::json!(lags.iter().copied().reduce(f64::max)),
-        );
+        let (last, max) = self.0.lags();
+        v.insert("lag_ms".into(), serde_json::json!(last));
+        v.insert("lag_max_ms".into(), serde_json::json!(max));
         serde_json::Value::Object(v)
     }
 
     /// The last flow batch's lag (ms).
     pub fn lag_ms(&self) -> Option<f64> {
-        self.lags.lock().back().copied()
-    }
-}
-
-/// The key of a nat flow's replies: member -> client.
-fn reply_key(
-    member: SocketAddr,
-    nat_port: u16,
-    client: SocketAddr,
-    vip: SocketAddr,
-    proto: u8,
-) -> FlowKey {
-    let sport = if nat_port != 0 { nat_port } else { vip.port() };
-    FlowKey::new(member.ip(), sport, client.ip(), client.port(), proto)
-}
-
-/// Drains the program's flow events into the HA stream until the program is unloaded, and
-/// resends the recently active flows every `refresh`.
-fn drain_flow_events(
-    mut events: fulcrum_xdp::FlowEvents,
-    flows: Arc<FlowSync>,
-    alive: Weak<()>,
-    refresh: Duration,
-) {
-    let mut last_refresh = Instant::now();
-    // Interface names by index, forgotten at every refresh (an interface may be renamed).
-    let mut ifnames = HashMap::new();
-    while alive.upgrade().is_some() {
-        let got = events.read(Duration::from_millis(200), DRAIN_MAX);
-        if flows.sink.get().is_none() {
-            continue;
-        }
-        for ev in &got {
-            match flows.entry(ev, &mut ifnames) {
-                Some(e) => flows.send(e),
-                None => {
-                    flows.counters.lost.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        if last_refresh.elapsed() >= refresh {
-            // Flows with a packet since the last refresh (and a margin for the walk itself).
-            let active = flows.dump(Some(refresh + refresh / 4));
-            let n = active.len();
-            for e in active {
-                flows.send(e);
-            }
-            tracing::debug!(flows = n, "HA sync: active flows sent again");
-            last_refresh = Instant::now();
-            ifnames.clear();
-        }
+        self.0.lag_ms()
     }
 }
 
@@ -595,31 +222,21 @@ impl XdpPlane {
                 .take_flow_events()
                 .map_err(|e| vec![format!("cannot load the XDP forwarder: {e}")])?;
             let alive = Arc::new(());
-            let (flows, weak) = (self.flows.clone(), Arc::downgrade(&alive));
-            let refresh = services
-                .iter()
-                .map(|v| match v.as_udp() {
-                    Some(udp) => udp.session_timeout,
-                    None => v.idle_timeout,
-                })
-                .min()
-                .unwrap_or(REFRESH_MAX)
-                .div_f64(3.0)
-                .clamp(REFRESH_MIN, REFRESH_MAX);
+            let (flows, weak) = (self.flows.0.clone(), Arc::downgrade(&alive));
+            let refresh = flow_sync::refresh_period(
+                services
+                    .iter()
+                    .map(|v| match v.as_udp() {
+                        Some(udp) => udp.session_timeout,
+                        None => v.idle_timeout,
+                    })
+                    .min(),
+            );
             std::thread::Builder::new()
                 .name("fulcrum-xdp-sync".into())
-                .spawn(move || drain_flow_events(events, flows, weak, refresh))
+                .spawn(move || flow_sync::drain_flow_events(events, flows, weak, refresh))
                 .map_err(|e| vec![format!("cannot start the XDP flow sync thread: {e}")])?;
-            *guard = Some(State {
-                dp,
-                services: Vec::new(),
-                reals: HashMap::new(),
-                slots: fulcrum_xdp::RealSlots::default(),
-                timeouts: (Duration::from_secs(900), Duration::from_secs(300)),
-                _alive: alive,
-                flow_counts: HashMap::new(),
-                last_recount: None,
-            });
+            *guard = Some(State::new(dp, alive));
             self.start_refresher();
         }
         Ok(())
@@ -748,14 +365,7 @@ impl XdpPlane {
         }
         retire_unlisted_reals(st, &next);
         st.services = next;
-        *self.flows.names.write() = Names {
-            reals: st.reals.iter().map(|(a, r)| (r.index, *a)).collect(),
-            vips: st
-                .services
-                .iter()
-                .map(|s| (s.index, (s.name.clone(), s.flags & MODE_MASK == MODE_NAT)))
-                .collect(),
-        };
+        self.flows.0.set_names(st);
         // A cap that is new or changed counts from the flows there are now.
         st.last_recount = None;
         refresh(st);
@@ -1127,17 +737,7 @@ fn number_members(st: &mut State, vs: &VirtualService, pool: &Pool) {
                 tracing::warn!(member = %m.address, "XDP: all member numbers in use; the member gets no new flows");
                 continue;
             };
-            st.reals.insert(
-                m.address,
-                RealState {
-                    index,
-                    resolved: false,
-                    hop: None,
-                    forgotten: false,
-                    last_try: None,
-                    nat_port: 0,
-                },
-            );
+            st.reals.insert(m.address, RealState::new(index));
         }
         if let Some(r) = st.reals.get_mut(&m.address) {
             let port = if vs.forwarding().forwarding == Forwarding::Nat {
@@ -1300,15 +900,6 @@ fn fmt_mac(m: [u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
-}
-
-fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut out = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in &mut out {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(out)
 }
 
 fn ip_json(args: &[&str]) -> Option<serde_json::Value> {
@@ -1497,35 +1088,6 @@ pub fn run_decap(interfaces: &[String], mode: &str, sources: &[String]) -> std::
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flow_keys_name_their_addresses_for_the_peer() {
-        for (client, vip, member) in [
-            ("198.18.0.2:40000", "198.18.10.1:80", "198.18.1.21:8080"),
-            (
-                "[2001:db8::2]:40000",
-                "[2001:db8:10::1]:53",
-                "[2001:db8:1::11]:53",
-            ),
-        ] {
-            let (c, v, m): (SocketAddr, SocketAddr, SocketAddr) = (
-                client.parse().expect("addr"),
-                vip.parse().expect("addr"),
-                member.parse().expect("addr"),
-            );
-            let k = FlowKey::new(c.ip(), c.port(), v.ip(), v.port(), 6);
-            assert_eq!(flow_addrs(&k), (c, v));
-            // The nat reply: member (its own port, or the VIP's) -> client.
-            assert_eq!(
-                reply_key(m, m.port(), c, v, 6),
-                FlowKey::new(m.ip(), m.port(), c.ip(), c.port(), 6)
-            );
-            assert_eq!(
-                reply_key(m, 0, c, v, 17),
-                FlowKey::new(m.ip(), v.port(), c.ip(), c.port(), 17)
-            );
-        }
-    }
 
     #[test]
     fn macs_parse_strictly() {
