@@ -8,13 +8,16 @@
 //!
 //! Above `Dataplane`: `tables` holds what the process wrote into the maps (services and reals)
 //! and `flow_sync` syncs the connection tables with an HA peer through a transport the caller
-//! gives (`FlowSink`, `FlowSync::apply`); `neighbours` reads this node's interfaces.
+//! gives (`FlowSink`, `FlowSync::apply`); `refresh` keeps rings, reals and the connection
+//! table in line with the members, and `neighbours` resolves their next hops and reads this
+//! node's interfaces.
 
 pub mod flow_sync;
 pub mod hash;
 pub mod maps;
 pub mod neighbours;
 pub mod packet;
+pub mod refresh;
 pub mod tables;
 
 use std::collections::HashMap as StdHashMap;

@@ -14,7 +14,8 @@
 //!   its clients are rescheduled on their next packet; a drained member keeps them.
 //! - Next-hop MACs come from the kernel's routing and neighbour tables (`ip -j route get`,
 //!   `ip -j neigh`), retried every second while unknown and checked again every 30 s; an
-//!   unresolved member gets no ring slots.
+//!   unresolved member gets no ring slots. Rings, next hops and flows are kept current by
+//!   fulcrum_xdp::refresh; this plane turns the configuration into its tables.
 //! - With `ha.sync`, the program reports every new flow (`flow_events`); a thread drains them
 //!   into the HA plane's stream as `FlowEntry`s (by service name and member address: the peer
 //!   numbers its VIPs and reals its own way), and writes the peer's flows into this node's
@@ -24,35 +25,21 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fulcrum_balance::Pool;
-use fulcrum_config::{
-    AdminState, Config, Forwarding, HaMode, PersistenceKind, Protocol, VirtualService,
-};
+use fulcrum_config::{Config, Forwarding, HaMode, PersistenceKind, Protocol, VirtualService};
 use fulcrum_ha::sync::{FlowEntry, FlowHop};
 use fulcrum_net::StreamHandler;
-use fulcrum_xdp::flow_sync;
-use fulcrum_xdp::neighbours::parse_mac;
 use fulcrum_xdp::tables::{RealState, Service, State};
+use fulcrum_xdp::{flow_sync, refresh};
 use fulcrum_xdp::{
-    build_ring, Dataplane, DropReason, Global, Limits, Real, VipKey, VipMeta, MODE_DR, MODE_NAT,
-    MODE_TUNNEL, VIP_F_PERSIST_SRC,
+    Dataplane, DropReason, Global, Limits, VipKey, VipMeta, MODE_DR, MODE_NAT, MODE_TUNNEL,
+    VIP_F_PERSIST_SRC,
 };
 use parking_lot::Mutex;
 
 use crate::planes::{BuildCx, DataPlane};
-
-const REFRESH_EVERY: Duration = Duration::from_millis(200);
-const RESOLVE_EVERY: Duration = Duration::from_secs(1);
-/// A resolved next hop is looked up again this often (a member's NIC or router may change).
-const REVERIFY_EVERY: Duration = Duration::from_secs(30);
-
-/// A service with `flow_limits.max`: its live flows are recounted this often (the program
-/// cannot see flows leave by idling out or LRU eviction). A walk of the connection table, about
-/// two bpf() calls per entry: measured 2.7 µs per flow (bench/xdp.sh, 2 CPUs), so ~0.7 s for a
-/// full default table (262,144 flows), during which the plane's lock is held.
-const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 
 fn prefixes(nets: &[ipnet::IpNet]) -> Vec<(IpAddr, u8)> {
     nets.iter().map(|n| (n.addr(), n.prefix_len())).collect()
@@ -363,12 +350,12 @@ impl XdpPlane {
         for gone in old.into_values() {
             remove_service(st, &gone)?;
         }
-        retire_unlisted_reals(st, &next);
+        refresh::retire_unlisted_reals(st, &next);
         st.services = next;
         self.flows.0.set_names(st);
         // A cap that is new or changed counts from the flows there are now.
         st.last_recount = None;
-        refresh(st);
+        refresh::refresh(st);
         Ok(())
     }
 
@@ -381,19 +368,7 @@ impl XdpPlane {
         if self.running.swap(true, Ordering::AcqRel) {
             return;
         }
-        let state = self.state.clone();
-        let running = self.running.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fulcrum-xdp".into())
-            .spawn(move || {
-                while running.load(Ordering::Acquire) {
-                    std::thread::sleep(REFRESH_EVERY);
-                    if let Some(st) = state.lock().as_mut() {
-                        refresh(st);
-                    }
-                }
-            });
-        if let Err(e) = spawned {
+        if let Err(e) = refresh::spawn(self.state.clone(), self.running.clone()) {
             tracing::error!(error = %e, "cannot start the XDP refresh thread");
         }
     }
@@ -765,195 +740,6 @@ fn remove_service(st: &mut State, gone: &Service) -> Result<(), Vec<String>> {
     Ok(())
 }
 
-/// Members in no pool any more: their numbers retire (their flows keep them, see RealSlots);
-/// refresh rewrites the rings without them.
-fn retire_unlisted_reals(st: &mut State, services: &[Service]) {
-    let listed: HashSet<SocketAddr> = services
-        .iter()
-        .flat_map(|s| s.pool.members().iter().map(|m| m.address))
-        .collect();
-    let (slots, now) = (&mut st.slots, Instant::now());
-    st.reals.retain(|addr, r| {
-        let keep = listed.contains(addr);
-        if !keep {
-            slots.retire(r.index, now);
-        }
-        keep
-    });
-}
-/// Recounts the live flows of the services with `flow_limits.max` (see RECOUNT_EVERY).
-fn recount(st: &mut State) {
-    if st.last_recount.is_some_and(|t| t.elapsed() < RECOUNT_EVERY) {
-        return;
-    }
-    st.last_recount = Some(Instant::now());
-    let capped: Vec<u32> = st
-        .services
-        .iter()
-        .filter(|s| s.limits.is_some_and(|l| l.max > 0))
-        .map(|s| s.index)
-        .collect();
-    if capped.is_empty() {
-        st.flow_counts.clear();
-        return;
-    }
-    match st.dp.recount_flows(&capped) {
-        Ok(counts) => st.flow_counts = counts,
-        Err(e) => tracing::warn!(error = %e, "XDP: recounting the flows of capped services failed"),
-    }
-}
-
-/// Brings rings, reals and the connection table in line with members' health, state, weights.
-fn refresh(st: &mut State) {
-    recount(st);
-    if st.slots.retiring() > 0 {
-        match st.slots.reclaim(&mut st.dp, Instant::now()) {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(freed = n, "XDP member numbers freed"),
-            Err(e) => tracing::warn!(error = %e, "XDP: freeing member numbers failed"),
-        }
-    }
-    let now = fulcrum_balance::clock::now_ms();
-    // Next hops first: a member without a MAC cannot get slots.
-    let mut to_resolve: Vec<SocketAddr> = Vec::new();
-    for (addr, r) in &st.reals {
-        let every = if r.resolved {
-            REVERIFY_EVERY
-        } else {
-            RESOLVE_EVERY
-        };
-        if r.last_try.is_none_or(|t| t.elapsed() >= every) {
-            to_resolve.push(*addr);
-        }
-    }
-    for addr in to_resolve {
-        let resolved = resolve(addr.ip());
-        if let Some(r) = st.reals.get_mut(&addr) {
-            r.last_try = Some(Instant::now());
-            if let Some((mac, ifindex)) = resolved {
-                if r.resolved && r.hop == Some((mac, ifindex)) {
-                    continue;
-                }
-                let real = Real::new(addr.ip(), mac, r.nat_port, ifindex);
-                match st.dp.set_real(r.index, real) {
-                    Ok(()) => {
-                        r.resolved = true;
-                        r.hop = Some((mac, ifindex));
-                        tracing::info!(member = %addr, mac = %fmt_mac(mac), ifindex, "XDP member next hop resolved");
-                    }
-                    Err(e) => {
-                        tracing::warn!(member = %addr, error = %e, "XDP member update failed")
-                    }
-                }
-            }
-        }
-    }
-    for svc in &mut st.services {
-        let members = svc.pool.members();
-        let mut weights = Vec::with_capacity(members.len());
-        let mut ids = Vec::with_capacity(members.len());
-        for m in members {
-            let real = st.reals.get_mut(&m.address);
-            let (id, resolved) = real.as_ref().map_or((0, false), |r| (r.index, r.resolved));
-            ids.push(id);
-            let w = if resolved && m.accepts_new(now) {
-                m.effective_weight().max(1)
-            } else {
-                0
-            };
-            weights.push(w);
-            // Down or disabled: its flows go (clients are rescheduled); drain keeps them.
-            let gone = !m.health.is_up() || m.effective_state() == AdminState::Disabled;
-            if let Some(r) = real {
-                if gone && !r.forgotten {
-                    match st.dp.forget_real(r.index) {
-                        Ok(n) => {
-                            r.forgotten = true;
-                            tracing::info!(member = %m.address, flows = n, "XDP: member out, its flows dropped");
-                        }
-                        Err(e) => {
-                            tracing::warn!(member = %m.address, error = %e, "XDP: dropping flows failed")
-                        }
-                    }
-                } else if !gone {
-                    r.forgotten = false;
-                }
-            }
-        }
-        let names: Vec<String> = members.iter().map(|m| m.label.to_string()).collect();
-        if weights != svc.weights || svc.built_from.0 != names || svc.built_from.1 != ids {
-            let ring = build_ring(&names, &weights, &ids);
-            match st.dp.set_ring(svc.index, &ring) {
-                Ok(changed) => {
-                    tracing::debug!(service = %svc.name, changed, "XDP ring updated");
-                    svc.weights = weights;
-                    svc.built_from = (names, ids);
-                }
-                Err(e) => tracing::warn!(service = %svc.name, error = %e, "XDP ring update failed"),
-            }
-        }
-    }
-}
-
-fn fmt_mac(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-fn ip_json(args: &[&str]) -> Option<serde_json::Value> {
-    let out = std::process::Command::new("ip").args(args).output().ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
-}
-
-/// The next hop's MAC and the egress interface for `addr`, from the kernel's routing and
-/// neighbour tables. iproute2's JSON output is used rather than a netlink library: two
-/// read-only queries, off the packet path, once per member until resolved. When the neighbour
-/// is not known yet, a datagram to the discard port makes the kernel resolve it.
-fn resolve(addr: IpAddr) -> Option<([u8; 6], u32)> {
-    let a = addr.to_string();
-    let route = ip_json(&["-j", "route", "get", &a])?;
-    let r = route.get(0)?;
-    let dev = r.get("dev")?.as_str()?.to_string();
-    let hop = r
-        .get("gateway")
-        .and_then(|g| g.as_str())
-        .unwrap_or(&a)
-        .to_string();
-    let neigh = ip_json(&["-j", "neigh", "show", "to", &hop, "dev", &dev])?;
-    let mac = neigh
-        .as_array()?
-        .iter()
-        .filter(|n| {
-            n.get("state").and_then(|s| s.as_array()).is_none_or(|s| {
-                !s.iter()
-                    .any(|v| v.as_str() == Some("FAILED") || v.as_str() == Some("INCOMPLETE"))
-            })
-        })
-        .find_map(|n| parse_mac(n.get("lladdr")?.as_str()?));
-    let Some(mac) = mac else {
-        if let Ok(hop_ip) = hop.parse::<IpAddr>() {
-            let bind: SocketAddr = if hop_ip.is_ipv4() {
-                "0.0.0.0:0".parse().ok()?
-            } else {
-                "[::]:0".parse().ok()?
-            };
-            if let Ok(s) = std::net::UdpSocket::bind(bind) {
-                let _ = s.send_to(b"", SocketAddr::new(hop_ip, 9));
-            }
-        }
-        return None;
-    };
-    let c = std::ffi::CString::new(dev).ok()?;
-    // SAFETY: if_nametoindex reads the NUL-terminated string `c`, which outlives the call.
-    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (ifindex != 0).then_some((mac, ifindex))
-}
-
 /// The XDP forwarder in the assembly: it claims the services with in-kernel forwarding, collects
 /// them as they are built, and programs the kernel for all of them at once in `complete`, the
 /// last step that may refuse a configuration (an interface that does not exist, a program the
@@ -1088,18 +874,6 @@ pub fn run_decap(interfaces: &[String], mode: &str, sources: &[String]) -> std::
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn macs_parse_strictly() {
-        assert_eq!(
-            parse_mac("02:00:5e:10:00:ff"),
-            Some([2, 0, 0x5e, 0x10, 0, 0xff])
-        );
-        assert_eq!(parse_mac("02:00:5e:10:00"), None);
-        assert_eq!(parse_mac("02:00:5e:10:00:ff:01"), None);
-        assert_eq!(parse_mac("zz:00:5e:10:00:ff"), None);
-        assert_eq!(fmt_mac([2, 0, 0x5e, 0x10, 0, 0xff]), "02:00:5e:10:00:ff");
-    }
 
     #[test]
     fn in_kernel_services_are_claimed_by_xdp_and_not_by_the_proxy() {
