@@ -35,6 +35,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// An acceptor hears at least a heartbeat a second; this much silence ends the connection.
 const IDLE: Duration = Duration::from_secs(5);
 
+/// The purposes the binary derives secrets for (`derive_secret`), so that both nodes of a pair
+/// hold the same secret without sending it.
+pub mod purpose {
+    /// The keyed hash of persistence tables' byte keys (header, cookie_passive, RADIUS).
+    pub const TABLE_HASH: &str = "persistence-table-hash";
+    /// The persistence-cookie secret of profiles that set none (cookie_insert, cookie_rewrite).
+    pub const COOKIE: &str = "persistence-cookie-secret";
+    /// TLS session-ticket keys (`fulcrum_tls::ticket`).
+    pub const TICKETS: &str = "tls-session-tickets";
+}
+
 /// A 32-byte secret for `purpose`, derived from the sync key: `HMAC-SHA256(key,
 /// "fulcrum-ha-derive-1" NUL purpose)`. Both nodes of a pair hold the same key, so they derive
 /// the same secrets without sending them: the persistence tables' hash key (header, cookie and
@@ -285,7 +296,9 @@ pub struct StateSync {
     runtime: tokio::runtime::Handle,
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds of wall-clock time: what each frame carries as its sending time, and what the
+/// binary stamps on everything a peer compares with its own clock (lags, `changed_at_ms`).
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -166,7 +166,7 @@ pub fn fill_cookie_secrets(config: &mut fulcrum_config::Config) -> Result<(), St
     }
     let path = cookie_secret_path(&config.admin);
     let (newest, lines) =
-        match crate::planes::pair::shared_secret(config, crate::planes::pair::purpose::COOKIE) {
+        match crate::planes::pair::shared_secret(config, fulcrum_ha::sync::purpose::COOKIE) {
             // An HA pair signs with the secret both nodes derive from ha.sync.key, so a cookie
             // one node issued sticks on the other; cookies signed with this node's own file
             // before are still honoured (and re-issued).

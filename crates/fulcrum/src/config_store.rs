@@ -10,7 +10,7 @@ use fulcrum_admin::{Author, ConfigRefusal, ConfigWrite};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::planes::pair::now_ms;
+use fulcrum_ha::sync::now_ms;
 
 /// Versions kept (their text and their history entry).
 const KEEP: usize = 50;

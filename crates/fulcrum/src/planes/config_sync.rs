@@ -18,7 +18,7 @@ use fulcrum_config::shared;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::planes::pair::now_ms;
+use fulcrum_ha::sync::now_ms;
 
 /// Changes a lineage keeps: a node that missed more than this while apart reports a
 /// divergence instead of catching up.

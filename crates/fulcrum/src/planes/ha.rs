@@ -321,7 +321,7 @@ impl<C: Control> SyncReceiver<C> {
         if let Some(fs) = &self.flow_sync {
             fs.apply(&flows, sent_ms);
         }
-        let lag = pair::now_ms().saturating_sub(sent_ms) as f64;
+        let lag = fulcrum_ha::sync::now_ms().saturating_sub(sent_ms) as f64;
         let mut pt = self.per_table.lock();
         for (name, n) in got {
             let c = pt.entry(Arc::from(name.as_str())).or_default();
@@ -557,7 +557,7 @@ impl HaPlane {
     /// An operator change here: newer than anything this node has seen, even within one
     /// millisecond of the last (two API calls in a row must both reach the peer).
     pub fn operator_changed(&self) {
-        let now = pair::now_ms();
+        let now = fulcrum_ha::sync::now_ms();
         let _ = self
             .changed_at
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
@@ -1147,12 +1147,12 @@ mod tests {
         );
         // Derived secrets follow the key the sync channel runs with.
         assert_eq!(
-            pair::shared_secret(&new, pair::purpose::COOKIE),
-            pair::shared_secret(&running, pair::purpose::COOKIE)
+            pair::shared_secret(&new, fulcrum_ha::sync::purpose::COOKIE),
+            pair::shared_secret(&running, fulcrum_ha::sync::purpose::COOKIE)
         );
         assert_ne!(
-            pair::shared_secret(&new, pair::purpose::COOKIE),
-            pair::shared_secret(&new, pair::purpose::TICKETS)
+            pair::shared_secret(&new, fulcrum_ha::sync::purpose::COOKIE),
+            pair::shared_secret(&new, fulcrum_ha::sync::purpose::TICKETS)
         );
     }
 

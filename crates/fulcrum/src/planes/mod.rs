@@ -165,10 +165,8 @@ impl<'a> BuildCx<'a> {
             max_entries: profile.max_entries,
         };
         // With ha.sync, byte keys hash under the secret both nodes derive, so entries travel.
-        let secret = crate::planes::pair::shared_secret(
-            self.config,
-            crate::planes::pair::purpose::TABLE_HASH,
-        );
+        let secret =
+            crate::planes::pair::shared_secret(self.config, fulcrum_ha::sync::purpose::TABLE_HASH);
         let table = match self
             .tables
             .get(&vs.name)

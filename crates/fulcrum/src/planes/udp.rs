@@ -121,7 +121,7 @@ impl DataPlane for UdpPlane {
                 };
                 let secret = crate::planes::pair::shared_secret(
                     config,
-                    crate::planes::pair::purpose::TABLE_HASH,
+                    fulcrum_ha::sync::purpose::TABLE_HASH,
                 );
                 let table = next.radius.get(&p.name).cloned().unwrap_or_else(|| {
                     match state.radius.get(&p.name) {

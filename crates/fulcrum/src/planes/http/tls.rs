@@ -67,7 +67,7 @@ impl TlsAssembly {
         };
         // With ha.sync, ticket keys both nodes derive: a client resumes on the new master.
         shared.share_tickets(
-            crate::planes::pair::shared_secret(config, crate::planes::pair::purpose::TICKETS),
+            crate::planes::pair::shared_secret(config, fulcrum_ha::sync::purpose::TICKETS),
             &vs.name,
         )?;
         ServerTls::load(vs, &format!("virtual_service[{i}]"), shared)
