@@ -268,6 +268,23 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// Takes one member's answer: written now, or held until the ones before it (in order).
+    fn take_answer(&mut self, reply: Reply) {
+        take_reply(
+            reply,
+            &mut self.in_order,
+            &mut self.wbuf,
+            &mut self.in_flight,
+        );
+    }
+
+    /// Takes every answer already in the channel.
+    fn take_ready(&mut self, rx: &mut mpsc::UnboundedReceiver<Reply>) {
+        while let Ok(reply) = rx.try_recv() {
+            self.take_answer(reply);
+        }
+    }
+
     /// Takes `first` and every other answer at hand, and writes those the client may have.
     async fn write_replies<S: AsyncWrite + Unpin>(
         &mut self,
@@ -275,34 +292,15 @@ impl<'a> Conn<'a> {
         rx: &mut mpsc::UnboundedReceiver<Reply>,
         stream: &mut S,
     ) -> Result<(), Close> {
-        take_reply(
-            first,
-            &mut self.in_order,
-            &mut self.wbuf,
-            &mut self.in_flight,
-        );
-        while let Ok(reply) = rx.try_recv() {
-            take_reply(
-                reply,
-                &mut self.in_order,
-                &mut self.wbuf,
-                &mut self.in_flight,
-            );
-        }
+        self.take_answer(first);
+        self.take_ready(rx);
         if self.in_flight > 0 {
             // More answers are on their way, often already readable on other member
             // connections. Yielding lets the runtime poll for them (a yielded task runs after
             // the next I/O poll), so one write carries them all: an event loop's
             // gather-then-flush, instead of one write per member connection.
             tokio::task::yield_now().await;
-            while let Ok(reply) = rx.try_recv() {
-                take_reply(
-                    reply,
-                    &mut self.in_order,
-                    &mut self.wbuf,
-                    &mut self.in_flight,
-                );
-            }
+            self.take_ready(rx);
         }
         if !self.wbuf.is_empty() {
             self.flush_answers(stream).await?;
