@@ -9,43 +9,57 @@ use arc_swap::ArcSwap;
 use super::{rotate, PickContext, RebuildInput, Scheduler};
 use crate::member::Member;
 
-/// Picks the member with the lowest `load / weight` among those `ok` accepts. The scan starts at
-/// the next usable member in round robin, which wins ties: all-idle members take turns, and the
-/// turns of a member that is out spread over all the others rather than onto its neighbour.
-fn lowest_ratio(
-    n: usize,
-    cursor: &AtomicUsize,
-    weights: &[u32],
-    ok: &dyn Fn(usize) -> bool,
-    load: impl Fn(usize) -> f64,
-) -> Option<usize> {
-    let usable = |i: usize| weights.get(i).is_some_and(|&w| w > 0) && ok(i);
-    let ratio = |i: usize| load(i) / f64::from(weights[i]);
-    let start = rotate(cursor, n, usable)?;
-    let mut best = (start, ratio(start));
-    for k in 1..n {
-        let i = (start + k) % n;
-        if usable(i) {
-            let score = ratio(i);
-            if score < best.1 {
-                best = (i, score);
+/// What each least-load scheduler keeps between picks: the weights of the last rebuild, and the
+/// round-robin cursor its scan starts from.
+#[derive(Default)]
+struct WeightsAndCursor {
+    weights: ArcSwap<Vec<u32>>,
+    cursor: AtomicUsize,
+}
+
+impl WeightsAndCursor {
+    fn rebuild(&self, input: &RebuildInput) {
+        self.weights.store(Arc::new(input.weights.clone()));
+    }
+
+    /// Picks the member with the lowest `load / weight` among those `ok` accepts. The scan starts
+    /// at the next usable member in round robin, which wins ties: all-idle members take turns,
+    /// and the turns of a member that is out spread over all the others rather than onto its
+    /// neighbour.
+    fn lowest_ratio(
+        &self,
+        n: usize,
+        ok: &dyn Fn(usize) -> bool,
+        load: impl Fn(usize) -> f64,
+    ) -> Option<usize> {
+        let weights = self.weights.load();
+        let usable = |i: usize| weights.get(i).is_some_and(|&w| w > 0) && ok(i);
+        let ratio = |i: usize| load(i) / f64::from(weights[i]);
+        let start = rotate(&self.cursor, n, usable)?;
+        let mut best = (start, ratio(start));
+        for k in 1..n {
+            let i = (start + k) % n;
+            if usable(i) {
+                let score = ratio(i);
+                if score < best.1 {
+                    best = (i, score);
+                }
             }
         }
+        Some(best.0)
     }
-    Some(best.0)
 }
 
 /// (Weighted) least connections: the fewest active connections per unit of weight. Counting the
 /// new connection itself (`active + 1`) makes a heavier idle member win over a lighter one.
 #[derive(Default)]
 pub struct LeastConnections {
-    weights: ArcSwap<Vec<u32>>,
-    cursor: AtomicUsize,
+    state: WeightsAndCursor,
 }
 
 impl Scheduler for LeastConnections {
     fn rebuild(&self, input: &RebuildInput) {
-        self.weights.store(Arc::new(input.weights.clone()));
+        self.state.rebuild(input);
     }
 
     fn pick(
@@ -54,7 +68,7 @@ impl Scheduler for LeastConnections {
         _: &PickContext,
         ok: &dyn Fn(usize) -> bool,
     ) -> Option<usize> {
-        lowest_ratio(members.len(), &self.cursor, &self.weights.load(), ok, |i| {
+        self.state.lowest_ratio(members.len(), ok, |i| {
             members[i].stats.active_connections.load(Ordering::Relaxed) as f64 + 1.0
         })
     }
@@ -66,13 +80,12 @@ impl Scheduler for LeastConnections {
 /// idlest at the last sample.
 #[derive(Default)]
 pub struct LeastTraffic {
-    weights: ArcSwap<Vec<u32>>,
-    cursor: AtomicUsize,
+    state: WeightsAndCursor,
 }
 
 impl Scheduler for LeastTraffic {
     fn rebuild(&self, input: &RebuildInput) {
-        self.weights.store(Arc::new(input.weights.clone()));
+        self.state.rebuild(input);
     }
 
     fn pick(
@@ -93,7 +106,7 @@ impl Scheduler for LeastTraffic {
             0.0
         }
         .max(1.0);
-        lowest_ratio(members.len(), &self.cursor, &self.weights.load(), ok, |i| {
+        self.state.lowest_ratio(members.len(), ok, |i| {
             let m = &members[i];
             m.stats.traffic_bps()
                 + (m.stats.active_connections.load(Ordering::Relaxed) + 1) as f64 * per_conn
@@ -106,13 +119,12 @@ impl Scheduler for LeastTraffic {
 /// one member when many proxies (or threads) decide at once.
 #[derive(Default)]
 pub struct LeastRequest {
-    weights: ArcSwap<Vec<u32>>,
-    cursor: AtomicUsize,
+    state: WeightsAndCursor,
 }
 
 impl Scheduler for LeastRequest {
     fn rebuild(&self, input: &RebuildInput) {
-        self.weights.store(Arc::new(input.weights.clone()));
+        self.state.rebuild(input);
     }
 
     fn pick(
@@ -122,7 +134,7 @@ impl Scheduler for LeastRequest {
         ok: &dyn Fn(usize) -> bool,
     ) -> Option<usize> {
         let n = members.len();
-        let weights = self.weights.load();
+        let weights = self.state.weights.load();
         let usable = |i: usize| weights.get(i).copied().unwrap_or(0) > 0 && ok(i);
         let score = |i: usize| {
             (members[i].stats.active_requests.load(Ordering::Relaxed) as f64 + 1.0)
@@ -144,7 +156,7 @@ impl Scheduler for LeastRequest {
             [Some(a), Some(b)] => Some(if score(b) < score(a) { b } else { a }),
             [Some(a), None] => Some(a),
             // Few members are usable: fall back to round robin over them.
-            _ => rotate(&self.cursor, n, usable),
+            _ => rotate(&self.state.cursor, n, usable),
         }
     }
 }
