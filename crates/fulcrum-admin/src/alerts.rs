@@ -36,6 +36,26 @@ struct Condition {
     summary: String,
 }
 
+impl Condition {
+    /// A condition of `event`: the `alertname`, `event` and `severity` labels every alert
+    /// carries, and those of what it is `about` (the pool and member, the site, the link...).
+    fn new(event: AlertEvent, severity: &str, about: &[(&str, &str)], summary: String) -> Self {
+        let mut labels = labels(about);
+        for (k, v) in [
+            ("alertname", alertname(event)),
+            ("event", event.as_str()),
+            ("severity", severity),
+        ] {
+            labels.insert(k.to_string(), v.to_string());
+        }
+        Condition {
+            event,
+            labels,
+            summary,
+        }
+    }
+}
+
 struct Tracked {
     cond: Condition,
     seen_since: Instant,
@@ -329,20 +349,15 @@ impl Alerts {
             let left = not_after.duration_since(now).unwrap_or_default();
             if left <= threshold {
                 let days = left.as_secs() / 86400;
-                out.push(Condition {
-                    event: AlertEvent::CertExpiry,
-                    labels: labels(&[
-                        ("alertname", alertname(AlertEvent::CertExpiry)),
-                        ("event", "cert_expiry"),
-                        ("severity", if days < 7 { "critical" } else { "warning" }),
-                        ("service", &service),
-                        ("certificate", &file),
-                    ]),
-                    summary: format!(
+                out.push(Condition::new(
+                    AlertEvent::CertExpiry,
+                    if days < 7 { "critical" } else { "warning" },
+                    &[("service", &service), ("certificate", &file)],
+                    format!(
                         "certificate {file} of service {service} expires in {days} days ({})",
                         humantime::format_rfc3339_seconds(not_after)
                     ),
-                });
+                ));
             }
         }
     }
@@ -492,17 +507,12 @@ fn members_down(pools: &[Arc<Pool>], out: &mut Vec<Condition>) {
                 .map(|t| t.reason)
                 .unwrap_or_default();
             let addr = m.label.to_string();
-            out.push(Condition {
-                event: AlertEvent::MemberDown,
-                labels: labels(&[
-                    ("alertname", alertname(AlertEvent::MemberDown)),
-                    ("event", "member_down"),
-                    ("severity", "warning"),
-                    ("pool", &p.name),
-                    ("member", &addr),
-                ]),
-                summary: format!("member {addr} of pool {} is down: {reason}", p.name),
-            });
+            out.push(Condition::new(
+                AlertEvent::MemberDown,
+                "warning",
+                &[("pool", &p.name), ("member", &addr)],
+                format!("member {addr} of pool {} is down: {reason}", p.name),
+            ));
         }
     }
 }
@@ -511,20 +521,15 @@ fn elastic_members_joined(pools: &[Arc<Pool>], out: &mut Vec<Condition>) {
     for p in pools.iter().filter(|p| p.elastic.is_some()) {
         for m in p.members().iter().filter(|m| m.is_joined()) {
             let addr = m.label.to_string();
-            out.push(Condition {
-                event: AlertEvent::ElasticJoined,
-                labels: labels(&[
-                    ("alertname", alertname(AlertEvent::ElasticJoined)),
-                    ("event", "elastic_joined"),
-                    ("severity", "info"),
-                    ("pool", &p.name),
-                    ("member", &addr),
-                ]),
-                summary: format!(
+            out.push(Condition::new(
+                AlertEvent::ElasticJoined,
+                "info",
+                &[("pool", &p.name), ("member", &addr)],
+                format!(
                     "standby member {addr} joined pool {}: utilisation reached its `join` threshold",
                     p.name
                 ),
-            });
+            ));
         }
     }
 }
@@ -533,19 +538,15 @@ fn pools_below_min(pools: &[Arc<Pool>], out: &mut Vec<Condition>) {
     for p in pools {
         let (available, min) = (p.available(), p.config.min_active as usize);
         if available < min {
-            out.push(Condition {
-                event: AlertEvent::PoolBelowMin,
-                labels: labels(&[
-                    ("alertname", alertname(AlertEvent::PoolBelowMin)),
-                    ("event", "pool_below_min"),
-                    ("severity", "critical"),
-                    ("pool", &p.name),
-                ]),
-                summary: format!(
+            out.push(Condition::new(
+                AlertEvent::PoolBelowMin,
+                "critical",
+                &[("pool", &p.name)],
+                format!(
                     "pool {} has {available} available members, below min_active {min}",
                     p.name
                 ),
-            });
+            ));
         }
     }
 }
@@ -558,16 +559,12 @@ fn sites_down(control: &dyn Control, out: &mut Vec<Condition>) {
     for s in v["sites"].as_array().into_iter().flatten() {
         if s["health"] == "down" {
             let name = s["name"].as_str().unwrap_or("?");
-            out.push(Condition {
-                event: AlertEvent::SiteDown,
-                labels: labels(&[
-                    ("alertname", alertname(AlertEvent::SiteDown)),
-                    ("event", "site_down"),
-                    ("severity", "critical"),
-                    ("site", name),
-                ]),
-                summary: format!("GSLB site {name} is down"),
-            });
+            out.push(Condition::new(
+                AlertEvent::SiteDown,
+                "critical",
+                &[("site", name)],
+                format!("GSLB site {name} is down"),
+            ));
         }
     }
 }
@@ -581,17 +578,12 @@ fn links_down(control: &dyn Control, out: &mut Vec<Condition>) {
         if l["health"] == "down" {
             let name = l["name"].as_str().unwrap_or("?");
             let kind = l["kind"].as_str().unwrap_or("link");
-            out.push(Condition {
-                event: AlertEvent::LinkDown,
-                labels: labels(&[
-                    ("alertname", alertname(AlertEvent::LinkDown)),
-                    ("event", "link_down"),
-                    ("severity", "critical"),
-                    ("link", name),
-                    ("kind", kind),
-                ]),
-                summary: format!("{kind} {name} is down: its new flows go elsewhere"),
-            });
+            out.push(Condition::new(
+                AlertEvent::LinkDown,
+                "critical",
+                &[("link", name), ("kind", kind)],
+                format!("{kind} {name} is down: its new flows go elsewhere"),
+            ));
         }
     }
 }
@@ -614,18 +606,12 @@ fn recent_failover(control: &dyn Control, out: &mut Vec<Condition>) {
     if code == 200 && role_change && now - at < FAILOVER_SHOWN.as_secs_f64() {
         let node = v["node"].as_str().unwrap_or("");
         let reason = t["reason"].as_str().unwrap_or("");
-        out.push(Condition {
-            event: AlertEvent::Failover,
-            labels: labels(&[
-                ("alertname", alertname(AlertEvent::Failover)),
-                ("event", "failover"),
-                ("severity", "critical"),
-                ("node", node),
-                ("from", from),
-                ("to", to),
-            ]),
-            summary: format!("HA node {node} went from {from} to {to}: {reason}"),
-        });
+        out.push(Condition::new(
+            AlertEvent::Failover,
+            "critical",
+            &[("node", node), ("from", from), ("to", to)],
+            format!("HA node {node} went from {from} to {to}: {reason}"),
+        ));
     }
 }
 
