@@ -26,6 +26,22 @@ fn host_of(authority: &str) -> &str {
     authority.rsplit_once(':').map_or(authority, |(h, _)| h)
 }
 
+/// An HTTP/1.1 client connection over `stream` (plain or TLS) to `addr`, its driver spawned.
+async fn http1_sender<S>(
+    stream: S,
+    addr: SocketAddr,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
 /// POSTs `body` as JSON to an `http://` or `https://host:port/path` URL; a 2xx answer is
 /// success. https goes through fulcrum-tls's client (the one pools re-encrypt with): the
 /// receiver's certificate must name the URL's host and chain to `tls.ca` or the Mozilla roots.
@@ -71,19 +87,9 @@ pub async fn http_post(
             .connect(stream, addr)
             .await
             .map_err(|e| format!("TLS with {authority}: {e}"))?;
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| format!("{addr}: {e}"))?;
-        tokio::spawn(conn);
-        sender
+        http1_sender(stream, addr).await?
     } else {
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| format!("{addr}: {e}"))?;
-        tokio::spawn(conn);
-        sender
+        http1_sender(stream, addr).await?
     };
     let req = http::Request::post(path)
         .header(http::header::HOST, authority)
