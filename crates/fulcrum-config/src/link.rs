@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-use crate::member::{AdminState, Algorithm, MAX_WEIGHT};
+use crate::member::{read_weight, AdminState, Algorithm};
 use crate::reader::{Cx, FromNode, Node, Shape, TableReader};
 use crate::string_enum;
 use crate::types::{ifname_ok, read_table};
@@ -142,14 +142,7 @@ impl FromNode for LinkMember {
             let interface = t.req::<String>(cx, "interface");
             check_ifnames(t, cx, "interface");
             let gateway = t.req(cx, "gateway");
-            let weight = t.opt(cx, "weight").unwrap_or(1);
-            if weight > MAX_WEIGHT {
-                cx.error_at(
-                    node.span.clone(),
-                    &format!("{}.weight", t.path()),
-                    format!("{weight} is too large; expected 0 to {MAX_WEIGHT}"),
-                );
-            }
+            let weight = read_weight(node, t, cx);
             let resolver = t.node("resolver").and_then(|n| socket_or_ip(&n, cx, 53));
             Some(LinkMember {
                 snat: t.opt(cx, "snat"),
@@ -204,14 +197,7 @@ impl FromNode for GatewayMember {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let address = t.req(cx, "address");
-            let weight = t.opt(cx, "weight").unwrap_or(1);
-            if weight > MAX_WEIGHT {
-                cx.error_at(
-                    node.span.clone(),
-                    &format!("{}.weight", t.path()),
-                    format!("{weight} is too large; expected 0 to {MAX_WEIGHT}"),
-                );
-            }
+            let weight = read_weight(node, t, cx);
             let interface = t.opt(cx, "interface");
             check_ifnames(t, cx, "interface");
             Some(GatewayMember {

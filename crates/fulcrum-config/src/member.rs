@@ -1,7 +1,7 @@
 //! What every kind of member shares (server, link, gateway): the scheduling algorithms, the
 //! operator's state and the weight bound, and a server pool's member.
 
-use crate::reader::{Cx, FromNode, Node};
+use crate::reader::{Cx, FromNode, Node, TableReader};
 use crate::string_enum;
 use crate::types::read_table;
 use std::net::SocketAddr;
@@ -58,18 +58,24 @@ pub struct Member {
 /// The largest weight a member may have (F5's ratio range); big enough for capacity ratios.
 pub const MAX_WEIGHT: u32 = 65535;
 
+/// A member's `weight` (default 1); one over MAX_WEIGHT is an error at `node`.
+pub(crate) fn read_weight(node: &Node<'_>, t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> u32 {
+    let weight = t.opt(cx, "weight").unwrap_or(1);
+    if weight > MAX_WEIGHT {
+        cx.error_at(
+            node.span.clone(),
+            &format!("{}.weight", t.path()),
+            format!("{weight} is too large; expected 0 to {MAX_WEIGHT}"),
+        );
+    }
+    weight
+}
+
 impl FromNode for Member {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let address = t.req(cx, "address");
-            let weight = t.opt(cx, "weight").unwrap_or(1);
-            if weight > MAX_WEIGHT {
-                cx.error_at(
-                    node.span.clone(),
-                    &format!("{}.weight", t.path()),
-                    format!("{weight} is too large; expected 0 to {MAX_WEIGHT}"),
-                );
-            }
+            let weight = read_weight(node, t, cx);
             Some(Member {
                 weight,
                 priority: t.opt(cx, "priority").unwrap_or(0),
