@@ -615,6 +615,17 @@ impl GslbState {
         Some(scope)
     }
 
+    /// How this instance sees each site, in configuration order.
+    fn site_views(&self) -> impl Iterator<Item = SiteView> + '_ {
+        self.sites.iter().map(|s| SiteView {
+            name: s.name.to_string(),
+            up: s.is_up(),
+            addresses_up: s.addresses_up(),
+            addresses: s.addresses.len() as u32,
+            check_ms: s.check_ms(),
+        })
+    }
+
     /// This instance's view of every site, and its own site's figures.
     pub fn local_report(&self, version: u64, own: LocalFigures) -> Option<Report> {
         let local = self.local_site?;
@@ -622,14 +633,10 @@ impl GslbState {
             instance: self.sites[local].name.to_string(),
             version,
             sites: self
-                .sites
-                .iter()
-                .map(|s| SiteView {
-                    name: s.name.to_string(),
-                    up: s.is_up(),
-                    addresses_up: s.addresses_up(),
-                    addresses: s.addresses.len() as u32,
-                    check_ms: s.check_ms().map(|v| (v * 1000.0).round() / 1000.0),
+                .site_views()
+                .map(|v| SiteView {
+                    check_ms: v.check_ms.map(|ms| (ms * 1000.0).round() / 1000.0),
+                    ..v
                 })
                 .collect(),
             capacity: own.capacity,
@@ -644,17 +651,7 @@ impl GslbState {
         Report {
             instance: String::new(),
             version: 0,
-            sites: self
-                .sites
-                .iter()
-                .map(|s| SiteView {
-                    name: s.name.to_string(),
-                    up: s.is_up(),
-                    addresses_up: s.addresses_up(),
-                    addresses: s.addresses.len() as u32,
-                    check_ms: s.check_ms(),
-                })
-                .collect(),
+            sites: self.site_views().collect(),
             capacity: None,
             cpu: None,
             response_ms: None,
