@@ -2,7 +2,6 @@
 //! answers our query with the expected response code and, if configured, an answer record
 //! containing the expected text.
 
-use std::net::SocketAddr;
 use std::str::FromStr;
 
 use fulcrum_config::Monitor;
@@ -10,6 +9,7 @@ use hickory_proto::op::{Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, RecordType};
 use tokio::net::UdpSocket;
 
+use super::udp::{any_local, udp_exchange, UdpExchange};
 use super::{Probe, Verdict};
 use crate::text;
 
@@ -105,12 +105,7 @@ impl DnsCheck {
             Ok(w) => w,
             Err(e) => return Verdict::fail(format!("cannot encode the query: {e}")),
         };
-        let local: SocketAddr = if probe.addr.is_ipv6() {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        } else {
-            ([0, 0, 0, 0], 0).into()
-        };
-        let io = |what: &str, e: std::io::Error| format!("{what}: {}", text::io_error(&e));
+        let local = any_local(probe.addr);
         let bound = || -> std::io::Result<UdpSocket> {
             let s = socket2::Socket::new(
                 socket2::Domain::for_address(local),
@@ -130,51 +125,35 @@ impl DnsCheck {
         };
         let socket = match bound() {
             Ok(s) => s,
-            Err(e) => return Verdict::fail(io("socket", e)),
+            Err(e) => return Verdict::fail(format!("socket: {}", text::io_error(&e))),
         };
-        // Connected: only the member's datagrams are read, and its ICMP errors surface.
-        if let Err(e) = socket.connect(probe.addr).await {
-            return Verdict::fail(io("connect", e));
-        }
-        // UDP may lose the query: send it again a few times within the timeout.
-        let resend = (probe.timeout / 3).max(std::time::Duration::from_millis(50));
-        let mut buf = vec![0u8; 4096];
-        loop {
-            if let Err(e) = socket.send(&wire).await {
-                return Verdict::fail(io("send", e));
+        let exchange = udp_exchange(socket, &wire, probe, "DNS", |datagram| {
+            let Ok(answer) = Message::from_vec(datagram) else {
+                return Some(Err(Verdict::fail(format!(
+                    "not a DNS message: \"{}\"",
+                    text::excerpt(datagram, text::EXCERPT)
+                ))));
+            };
+            if answer.metadata.id != id || answer.metadata.message_type != MessageType::Response {
+                return None; // a late answer to an earlier check
             }
-            let wait = (tokio::time::Instant::now() + resend).min(probe.deadline);
-            loop {
-                match tokio::time::timeout_at(wait, socket.recv(&mut buf)).await {
-                    Err(_) if wait >= probe.deadline => {
-                        return Verdict::fail(format!("{}: no DNS answer", probe.timed_out()))
-                    }
-                    Err(_) => break,
-                    Ok(Err(e)) => return Verdict::fail(io("DNS", e)),
-                    Ok(Ok(n)) => {
-                        let Ok(answer) = Message::from_vec(&buf[..n]) else {
-                            return Verdict::fail(format!(
-                                "not a DNS message: \"{}\"",
-                                text::excerpt(&buf[..n], text::EXCERPT)
-                            ));
-                        };
-                        if answer.metadata.id != id
-                            || answer.metadata.message_type != MessageType::Response
-                        {
-                            continue; // a late answer to an earlier check
-                        }
-                        if answer.metadata.truncation {
-                            // Too big for a datagram: ask again over TCP (RFC 7766).
-                            return match query_tcp(probe, &wire, id).await {
-                                Ok(full) => self.judge(&full, &query),
-                                Err(e) => Verdict::fail(format!("truncated over UDP; TCP: {e}")),
-                            };
-                        }
-                        return self.judge(&answer, &query);
-                    }
-                }
+            Some(Ok(answer))
+        });
+        let answer = match exchange.await {
+            UdpExchange::Answer(Ok(answer)) => answer,
+            UdpExchange::Answer(Err(v)) | UdpExchange::Failed(v) => return v,
+            UdpExchange::TimedOut => {
+                return Verdict::fail(format!("{}: no DNS answer", probe.timed_out()))
             }
+        };
+        if answer.metadata.truncation {
+            // Too big for a datagram: ask again over TCP (RFC 7766).
+            return match query_tcp(probe, &wire, id).await {
+                Ok(full) => self.judge(&full, &query),
+                Err(e) => Verdict::fail(format!("truncated over UDP; TCP: {e}")),
+            };
         }
+        self.judge(&answer, &query)
     }
 
     fn judge(&self, answer: &Message, query: &Query) -> Verdict {

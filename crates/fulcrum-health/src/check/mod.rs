@@ -17,6 +17,7 @@ mod snmp_ber;
 mod snmp_v3;
 mod tcp;
 mod tls;
+mod udp;
 
 use std::io;
 use std::net::SocketAddr;

@@ -11,6 +11,7 @@ use tokio::net::UdpSocket;
 
 use fulcrum_config::Monitor;
 
+use super::udp::{any_local, udp_exchange, UdpExchange};
 use super::{Probe, Verdict};
 use crate::text;
 
@@ -87,46 +88,27 @@ impl RadiusCheck {
         let mut auth = [0u8; 16];
         auth.iter_mut().for_each(|b| *b = fastrand::u8(..));
         let request = self.request(id, &auth);
-        let local: std::net::SocketAddr = if probe.addr.is_ipv6() {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        } else {
-            ([0, 0, 0, 0], 0).into()
-        };
-        let io = |what: &str, e: std::io::Error| format!("{what}: {}", text::io_error(&e));
-        let socket = match UdpSocket::bind(local).await {
+        let socket = match UdpSocket::bind(any_local(probe.addr)).await {
             Ok(s) => s,
-            Err(e) => return Verdict::fail(io("socket", e)),
+            Err(e) => return Verdict::fail(format!("socket: {}", text::io_error(&e))),
         };
-        if let Err(e) = socket.connect(probe.addr).await {
-            return Verdict::fail(io("connect", e));
-        }
-        let resend = (probe.timeout / 3).max(std::time::Duration::from_millis(50));
-        let mut buf = vec![0u8; 4096];
         let mut bad = None;
-        loop {
-            // A retransmission keeps identifier and authenticator (RFC 2865 §2.5).
-            if let Err(e) = socket.send(&request).await {
-                return Verdict::fail(io("send", e));
-            }
-            let wait = (tokio::time::Instant::now() + resend).min(probe.deadline);
-            loop {
-                match tokio::time::timeout_at(wait, socket.recv(&mut buf)).await {
-                    Err(_) if wait >= probe.deadline => {
-                        return Verdict::fail(
-                            bad.unwrap_or_else(|| {
-                                format!("{}: no RADIUS answer", probe.timed_out())
-                            }),
-                        )
-                    }
-                    Err(_) => break,
-                    Ok(Err(e)) => return Verdict::fail(io("RADIUS", e)),
-                    Ok(Ok(n)) => match self.judge(&buf[..n], id, &auth) {
-                        Ok(v) => return v,
-                        // Not ours or not authentic: keep waiting, remember why.
-                        Err(why) => bad = Some(why),
-                    },
+        // A retransmission keeps identifier and authenticator (RFC 2865 §2.5).
+        let exchange = udp_exchange(socket, &request, probe, "RADIUS", |reply| {
+            match self.judge(reply, id, &auth) {
+                Ok(v) => Some(v),
+                // Not ours or not authentic: keep waiting, remember why.
+                Err(why) => {
+                    bad = Some(why);
+                    None
                 }
             }
+        });
+        match exchange.await {
+            UdpExchange::Answer(v) | UdpExchange::Failed(v) => v,
+            UdpExchange::TimedOut => Verdict::fail(
+                bad.unwrap_or_else(|| format!("{}: no RADIUS answer", probe.timed_out())),
+            ),
         }
     }
 

@@ -17,6 +17,7 @@ use fulcrum_config::Monitor;
 use tokio::net::UdpSocket;
 
 use super::snmp_ber::*;
+use super::udp::any_local;
 use super::{AgentReply, Probe, Verdict};
 use crate::text;
 
@@ -99,12 +100,7 @@ impl SnmpCheck {
             Some(_) => probe.addr,
             None => SocketAddr::new(probe.addr.ip(), SNMP_PORT),
         };
-        let bind: SocketAddr = if addr.is_ipv6() {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        } else {
-            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-        };
-        let sock = match UdpSocket::bind(bind).await {
+        let sock = match UdpSocket::bind(any_local(addr)).await {
             Ok(s) => s,
             Err(e) => return Verdict::fail(format!("snmp: socket: {}", text::io_error(&e))),
         };
