@@ -56,24 +56,20 @@ pub async fn remove_tables(
         .try_collect()
         .await
         .map_err(|e| format!("listing rules: {e}"))?;
-    for r in rules {
-        let table = r
-            .attributes
-            .iter()
-            .find_map(|a| match a {
+    delete_owned(
+        rules,
+        |r| {
+            let table = r.attributes.iter().find_map(|a| match a {
                 RuleAttribute::Table(t) => Some(*t),
                 _ => None,
-            })
-            .unwrap_or(u32::from(r.header.table));
-        if owned(table) {
-            handle
-                .rule()
-                .del(r)
-                .execute()
-                .await
-                .map_err(|e| format!("deleting rule: {e}"))?;
-        }
-    }
+            });
+            table.unwrap_or(u32::from(r.header.table))
+        },
+        owned,
+        |r| handle.rule().del(r).execute(),
+        "deleting rule",
+    )
+    .await?;
     let query = if v6 {
         RouteMessageBuilder::<Ipv6Addr>::new().table_id(0).build()
     } else {
@@ -86,22 +82,37 @@ pub async fn remove_tables(
         .try_collect()
         .await
         .map_err(|e| format!("listing routes: {e}"))?;
-    for r in routes {
-        let table = r
-            .attributes
-            .iter()
-            .find_map(|a| match a {
+    delete_owned(
+        routes,
+        |r| {
+            let table = r.attributes.iter().find_map(|a| match a {
                 RouteAttribute::Table(t) => Some(*t),
                 _ => None,
-            })
-            .unwrap_or(u32::from(r.header.table));
-        if owned(table) {
-            handle
-                .route()
-                .del(r)
-                .execute()
-                .await
-                .map_err(|e| format!("deleting route: {e}"))?;
+            });
+            table.unwrap_or(u32::from(r.header.table))
+        },
+        owned,
+        |r| handle.route().del(r).execute(),
+        "deleting route",
+    )
+    .await
+}
+
+/// Deletes, one after the other, each of `listed` (rules or routes) whose table, as `table`
+/// reads it, `owned` names. `what` starts an error's text.
+async fn delete_owned<M, F>(
+    listed: Vec<M>,
+    table: impl Fn(&M) -> u32,
+    owned: &(dyn Fn(u32) -> bool + Sync),
+    delete: impl Fn(M) -> F,
+    what: &str,
+) -> Result<(), String>
+where
+    F: std::future::Future<Output = Result<(), rtnetlink::Error>>,
+{
+    for m in listed {
+        if owned(table(&m)) {
+            delete(m).await.map_err(|e| format!("{what}: {e}"))?;
         }
     }
     Ok(())
