@@ -862,11 +862,20 @@ impl Dataplane {
         nat.remove(key).map_err(map_err("nat_replies"))
     }
 
+    /// Entry `index` of the per-CPU array `name`, one value a CPU.
+    fn per_cpu<T: aya::Pod>(
+        &self,
+        name: &'static str,
+        index: u32,
+    ) -> Result<aya::maps::PerCpuValues<T>, Error> {
+        let m: PerCpuArray<&MapData, T> =
+            PerCpuArray::try_from(self.map(name)?).map_err(map_err(name))?;
+        m.get(&index, 0).map_err(map_err(name))
+    }
+
     /// A VIP's counters summed over CPUs.
     pub fn vip_stats(&self, index: u32) -> Result<VipStats, Error> {
-        let m: PerCpuArray<&MapData, VipStats> =
-            PerCpuArray::try_from(self.map("vip_stats")?).map_err(map_err("vip_stats"))?;
-        let v = m.get(&index, 0).map_err(map_err("vip_stats"))?;
+        let v = self.per_cpu::<VipStats>("vip_stats", index)?;
         let mut sum = VipStats::default();
         for s in v.iter() {
             sum.packets += s.packets;
@@ -883,9 +892,7 @@ impl Dataplane {
 
     /// A real's counters summed over CPUs.
     pub fn real_stats(&self, index: u32) -> Result<RealStats, Error> {
-        let m: PerCpuArray<&MapData, RealStats> =
-            PerCpuArray::try_from(self.map("real_stats")?).map_err(map_err("real_stats"))?;
-        let v = m.get(&index, 0).map_err(map_err("real_stats"))?;
+        let v = self.per_cpu::<RealStats>("real_stats", index)?;
         let mut sum = RealStats::default();
         for s in v.iter() {
             sum.packets += s.packets;
@@ -897,9 +904,7 @@ impl Dataplane {
 
     /// A global counter summed over CPUs.
     pub fn global(&self, which: Global) -> Result<u64, Error> {
-        let m: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.map("global_stats")?).map_err(map_err("global_stats"))?;
-        let v = m.get(&(which as u32), 0).map_err(map_err("global_stats"))?;
+        let v = self.per_cpu::<u64>("global_stats", which as u32)?;
         Ok(v.iter().sum())
     }
 
