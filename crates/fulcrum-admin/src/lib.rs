@@ -25,7 +25,9 @@ pub use api::{
     host_allowed, member_status, pool_status, router, MemberStatus, PoolStatus, ServiceStatus,
     Status,
 };
-pub use metrics::{collector, Family, MetricFamilies, MetricKind, Registry, Value as MetricValue};
+pub use metrics::{
+    collector, CounterFamily, Family, MetricFamilies, MetricKind, Registry, Value as MetricValue,
+};
 
 /// How the API is locked. Mutating calls always need the bearer token.
 #[derive(Clone)]

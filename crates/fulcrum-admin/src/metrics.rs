@@ -119,6 +119,9 @@ impl Value {
     }
 }
 
+/// A counter family read from each of many `S`: its name, its help, and how to read it.
+pub type CounterFamily<S> = (&'static str, &'static str, fn(&S) -> u64);
+
 /// The families one collector writes in one scrape.
 pub struct MetricFamilies<'a> {
     encoder: DescriptorEncoder<'a>,
@@ -130,6 +133,22 @@ impl MetricFamilies<'_> {
     /// adds the suffix, so it is taken off the descriptor).
     pub fn counter<'s>(&'s mut self, name: &'s str, help: &str) -> Family<'s> {
         self.family(name, MetricKind::Counter, help)
+    }
+
+    /// Counter families, one per `(name, help, read)` of `families`, each with a sample per
+    /// virtual service of `services` (its name and its counters): `read` of the counters,
+    /// labelled `vs`.
+    pub fn counters_per_vs<'a, S: 'a>(
+        &mut self,
+        families: &[CounterFamily<S>],
+        services: impl Iterator<Item = (&'a str, &'a S)> + Clone,
+    ) {
+        for (name, help, read) in families {
+            let mut samples = self.counter(name, help);
+            for (vs, counters) in services.clone() {
+                samples.sample(&[("vs", vs)], read(counters));
+            }
+        }
     }
 
     pub fn gauge<'s>(&'s mut self, name: &'s str, help: &str) -> Family<'s> {

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use fulcrum_admin::MetricFamilies;
+use fulcrum_admin::{CounterFamily, MetricFamilies};
 use fulcrum_balance::{PersistTable, TableSpec};
 use fulcrum_config::{Config, Malformed, PersistenceKind, Protocol, VirtualService};
 use fulcrum_net::{DatagramListeners, PreparedDatagram, StreamHandler};
@@ -202,8 +202,7 @@ impl UdpPlane {
         if shown.is_empty() {
             return;
         }
-        type Field = fn(&UdpStats) -> u64;
-        let families: [(&str, &str, Field); 12] = [
+        let families: [CounterFamily<UdpStats>; 12] = [
             (
                 "fulcrum_udp_datagrams_out_total",
                 "Datagrams relayed from members to clients.",
@@ -265,11 +264,6 @@ impl UdpPlane {
                 |s| s.radius_dropped.load(Ordering::Relaxed),
             ),
         ];
-        for (name, help, get) in families {
-            let mut samples = w.counter(name, help);
-            for (vs, s) in shown.iter() {
-                samples.sample(&[("vs", vs)], get(s));
-            }
-        }
+        w.counters_per_vs(&families, shown.iter().map(|(vs, s)| (vs.as_str(), &**s)));
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricFamilies;
+use fulcrum_admin::{CounterFamily, MetricFamilies};
 use fulcrum_http::compress::ALGORITHMS;
 use fulcrum_http::HttpStats;
 
@@ -21,8 +21,7 @@ pub fn metrics(w: &mut MetricFamilies, stats: &[(String, Arc<HttpStats>)]) {
             );
         }
     }
-    type Field = fn(&HttpStats) -> u64;
-    let families: [(&str, &str, Field); 2] = [
+    let families: [CounterFamily<HttpStats>; 2] = [
         (
             "fulcrum_http_compression_in_bytes_total",
             "Response body bytes fed to the compressors (before compression).",
@@ -34,10 +33,8 @@ pub fn metrics(w: &mut MetricFamilies, stats: &[(String, Arc<HttpStats>)]) {
             |s| s.compression.bytes_out.load(Ordering::Relaxed),
         ),
     ];
-    for (family, help, get) in families {
-        let mut samples = w.counter(family, help);
-        for (name, s) in stats {
-            samples.sample(&[("vs", name)], get(s));
-        }
-    }
+    w.counters_per_vs(
+        &families,
+        stats.iter().map(|(name, s)| (name.as_str(), &**s)),
+    );
 }

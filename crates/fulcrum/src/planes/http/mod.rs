@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_admin::{ApiRequest, MetricFamilies};
+use fulcrum_admin::{ApiRequest, CounterFamily, MetricFamilies};
 use fulcrum_config::{Config, PersistenceKind, VirtualService};
 use fulcrum_dns::RedirectTarget;
 use fulcrum_http::{
@@ -334,8 +334,7 @@ impl HttpPlane {
             return;
         }
         caches.sort_by(|a, b| a.0.cmp(&b.0));
-        type Field = fn(&fulcrum_http::cache::CacheStats) -> u64;
-        let families: [(&str, &str, Field); 7] = [
+        let families: [CounterFamily<fulcrum_http::cache::CacheStats>; 7] = [
             (
                 "fulcrum_http_cache_hits_total",
                 "Requests answered from the cache with a fresh stored response.",
@@ -372,12 +371,10 @@ impl HttpPlane {
                 |s| s.abandoned.load(Ordering::Relaxed),
             ),
         ];
-        for (family, help, get) in families {
-            let mut samples = w.counter(family, help);
-            for (name, c) in &caches {
-                samples.sample(&[("vs", name)], get(&c.stats));
-            }
-        }
+        w.counters_per_vs(
+            &families,
+            caches.iter().map(|(name, c)| (name.as_str(), &*c.stats)),
+        );
         let usage: Vec<(u64, u64, u64)> = caches.iter().map(|(_, c)| c.usage()).collect();
         let mut samples = w.gauge(
             "fulcrum_http_cache_entries",
@@ -415,8 +412,7 @@ impl HttpPlane {
                 );
             }
         }
-        type Field = fn(&HttpStats) -> u64;
-        let families: [(&str, &str, Field); 10] = [
+        let families: [CounterFamily<HttpStats>; 10] = [
             (
                 "fulcrum_http_bad_requests_total",
                 "Requests refused as malformed or ambiguous (400, 414, 431, 505), connection closed.",
@@ -468,12 +464,10 @@ impl HttpPlane {
                 |s| s.h2_stalled_streams.load(Ordering::Relaxed),
             ),
         ];
-        for (family, help, get) in families {
-            let mut samples = w.counter(family, help);
-            for (name, s) in &stats {
-                samples.sample(&[("vs", name)], get(s));
-            }
-        }
+        w.counters_per_vs(
+            &families,
+            stats.iter().map(|(name, s)| (name.as_str(), &**s)),
+        );
         crate::planes::http::compression::metrics(w, &stats);
         crate::planes::http::filters::metrics(w, &stats);
     }

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fulcrum_admin::MetricFamilies;
+use fulcrum_admin::{CounterFamily, MetricFamilies};
 use fulcrum_config::Config;
 use fulcrum_link::transparent::{ReturnPath, MARK, ROUTE_TABLE, RULE_PREF, TABLE};
 use fulcrum_net::{ServiceStats, Transparent};
@@ -148,15 +148,13 @@ impl DataPlane for TransparentPlane {
     }
 }
 
-type Counter = (&'static str, &'static str, fn(&Transparent) -> u64);
-
 /// `fulcrum_transparent_*` per service with `source = "client"`.
 pub fn metrics(w: &mut MetricFamilies) {
     let services = Transparent::all();
     if services.is_empty() {
         return;
     }
-    let families: [Counter; 3] = [
+    let families: [CounterFamily<Transparent>; 3] = [
         (
             "fulcrum_transparent_connections_total",
             "Member connections established from the client's own address (source = \"client\").",
@@ -173,10 +171,5 @@ pub fn metrics(w: &mut MetricFamilies) {
             |t| t.failures.load(Ordering::Relaxed),
         ),
     ];
-    for (family, help, get) in families {
-        let mut samples = w.counter(family, help);
-        for t in &services {
-            samples.sample(&[("vs", &t.service)], get(t));
-        }
-    }
+    w.counters_per_vs(&families, services.iter().map(|t| (&*t.service, &**t)));
 }
