@@ -253,6 +253,16 @@ impl FromNode for DelimiterBytes {
     }
 }
 
+/// The keys that describe a length prefix (a frame with a `delimiter` or a `wasm` hook has none).
+const LENGTH_PREFIX_KEYS: [&str; 6] = [
+    "length_bytes",
+    "length_offset",
+    "big_endian",
+    "length_includes_header",
+    "length_encoding",
+    "length_adjust",
+];
+
 impl FromNode for Framing {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
@@ -341,15 +351,7 @@ impl FromNode for Framing {
                         ),
                     );
                 }
-                let prefix_keys = [
-                    "length_bytes",
-                    "length_offset",
-                    "big_endian",
-                    "length_includes_header",
-                    "length_encoding",
-                    "length_adjust",
-                ];
-                if let Some(k) = prefix_keys.iter().find(|k| t.has(k)) {
+                if let Some(k) = LENGTH_PREFIX_KEYS.iter().find(|k| t.has(k)) {
                     key_error(
                         t,
                         cx,
@@ -362,16 +364,8 @@ impl FromNode for Framing {
                 }
             }
             if let Some(m) = &wasm {
-                let other = [
-                    "length_bytes",
-                    "length_offset",
-                    "big_endian",
-                    "length_includes_header",
-                    "length_encoding",
-                    "length_adjust",
-                    "delimiter",
-                ];
-                if let Some(k) = other.iter().find(|k| t.has(k)) {
+                let mut other = LENGTH_PREFIX_KEYS.iter().chain(&["delimiter"]);
+                if let Some(k) = other.find(|k| t.has(k)) {
                     key_error(
                         t,
                         cx,
