@@ -26,18 +26,16 @@ fn host_of(authority: &str) -> &str {
     authority.rsplit_once(':').map_or(authority, |(h, _)| h)
 }
 
-/// An HTTP/1.1 client connection over `stream` (plain or TLS) to `addr`, its driver spawned.
-async fn http1_sender<S>(
+/// An HTTP/1.1 client connection over `stream` (TCP, TLS, a Unix socket); its connection task
+/// runs beside.
+pub async fn http1_client<S>(
     stream: S,
-    addr: SocketAddr,
-) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String>
+) -> hyper::Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     Ok(sender)
 }
@@ -87,9 +85,13 @@ pub async fn http_post(
             .connect(stream, addr)
             .await
             .map_err(|e| format!("TLS with {authority}: {e}"))?;
-        http1_sender(stream, addr).await?
+        http1_client(stream)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?
     } else {
-        http1_sender(stream, addr).await?
+        http1_client(stream)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?
     };
     let req = http::Request::post(path)
         .header(http::header::HOST, authority)

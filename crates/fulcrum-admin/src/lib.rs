@@ -25,6 +25,7 @@ pub use api::{
     host_allowed, member_status, pool_status, router, MemberStatus, PoolStatus, ServiceStatus,
     Status,
 };
+pub use deliver::http1_client;
 pub use metrics::{
     collector, CounterFamily, Family, MetricFamilies, MetricKind, Registry, Value as MetricValue,
 };

@@ -289,13 +289,17 @@ impl Client {
                 let stream = tokio::net::TcpStream::connect(addr)
                     .await
                     .map_err(|e| unreachable(e.to_string()))?;
-                handshake(stream).await.map_err(unreachable)?
+                fulcrum_admin::http1_client(stream)
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?
             }
             Endpoint::Socket(path) => {
                 let stream = tokio::net::UnixStream::connect(path)
                     .await
                     .map_err(|e| unreachable(e.to_string()))?;
-                handshake(stream).await.map_err(unreachable)?
+                fulcrum_admin::http1_client(stream)
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?
             }
         };
         let mut req = http::Request::builder()
@@ -373,21 +377,6 @@ pub struct RawAnswer {
     pub status: u16,
     pub etag: Option<String>,
     pub body: Bytes,
-}
-
-/// An HTTP/1.1 client connection over `stream`; its connection task runs beside.
-async fn handshake<S>(
-    stream: S,
-) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    Ok(sender)
 }
 
 pub fn unix_now() -> f64 {
