@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fulcrum_balance::hash::{hash_ip, hash_socket_addr};
+use fulcrum_balance::member::{ConnectionGuard, RequestGuard};
 use fulcrum_balance::{Attempts, PersistKey, PersistTable, PickContext, Picked, Pool};
 use fulcrum_config::{HashKey, ProxyProtocol};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -124,26 +125,18 @@ impl TcpService {
         let pool = &route.pool;
         let mut attempts = attempts_in(pool, peer, remembered);
         loop {
-            let Some((picked, mut member_stream, connect_time)) = self
-                .connect_member(pool, peer, &mut attempts, key.as_ref())
+            let Some(MemberConnection {
+                picked,
+                stream: mut member_stream,
+                connect_time,
+                _counted,
+            }) = self
+                .open_member(pool, peer, local, &mut attempts, key.as_ref())
                 .await
             else {
                 return;
             };
             let member = &picked.member;
-            let _connection = member.open_connection();
-            let _request = member.open_request();
-
-            if let Some(version) = self.proxy_protocol {
-                let header = fulcrum_net::proxy_protocol::header(version, peer, local);
-                if let Err(e) = write_all(&member_stream, &header).await {
-                    member.record_passive_failure(&format!("writing PROXY header: {e}"));
-                    if attempts.failed(&picked) {
-                        continue;
-                    }
-                    return;
-                }
-            }
 
             // fastest_response: one sample per connection, the connect time plus the member's
             // time to its first byte (see `forward_watched`); the connect time alone when nobody
@@ -231,28 +224,22 @@ impl TcpService {
         let pool = &route.pool;
         let mut attempts = attempts_in(pool, peer, remembered);
         loop {
-            let Some((picked, member_stream, connect_time)) = self
-                .connect_member(pool, peer, &mut attempts, key.as_ref())
+            let Some(MemberConnection {
+                picked,
+                stream: member_stream,
+                connect_time,
+                _counted,
+            }) = self
+                .open_member(pool, peer, local, &mut attempts, key.as_ref())
                 .await
             else {
                 return;
             };
             let member = &picked.member;
-            let _connection = member.open_connection();
-            let _request = member.open_request();
             let retry = |attempts: &mut Attempts<'_>, why: String| {
                 member.record_passive_failure(&why);
                 attempts.failed(&picked)
             };
-            if let Some(version) = self.proxy_protocol {
-                let header = fulcrum_net::proxy_protocol::header(version, peer, local);
-                if let Err(e) = write_all(&member_stream, &header).await {
-                    if retry(&mut attempts, format!("writing PROXY header: {e}")) {
-                        continue;
-                    }
-                    return;
-                }
-            }
             let mut member_io: Box<dyn Stream> = match &route.member_tls {
                 Some(mt) => {
                     let handshake = mt.connect(member_stream, member.address);
@@ -342,6 +329,42 @@ impl TcpService {
         (attempts_in(&self.pool, peer, remembered), key)
     }
 
+    /// A member connection for a client from `peer` to `local`, ready for its bytes: connected
+    /// (see `connect_member`), counted as a connection and a request of the member while it
+    /// lives, and sent the PROXY header when the service sends one. A member that cannot take
+    /// the header is a passive failure, and the next one is tried.
+    async fn open_member(
+        &self,
+        pool: &Pool,
+        peer: SocketAddr,
+        local: SocketAddr,
+        attempts: &mut Attempts<'_>,
+        key: Option<&PersistKey>,
+    ) -> Option<MemberConnection> {
+        loop {
+            let (picked, stream, connect_time) =
+                self.connect_member(pool, peer, attempts, key).await?;
+            let member = &picked.member;
+            let counted = (member.open_connection(), member.open_request());
+            if let Some(version) = self.proxy_protocol {
+                let header = fulcrum_net::proxy_protocol::header(version, peer, local);
+                if let Err(e) = write_all(&stream, &header).await {
+                    member.record_passive_failure(&format!("writing PROXY header: {e}"));
+                    if attempts.failed(&picked) {
+                        continue;
+                    }
+                    return None;
+                }
+            }
+            return Some(MemberConnection {
+                picked,
+                stream,
+                connect_time,
+                _counted: counted,
+            });
+        }
+    }
+
     /// Connects to the next member of `attempts` (at `pool`); a failed connect is reported to
     /// the member and the next member tried, until the pool's `retries` are spent.
     pub(crate) async fn connect_member(
@@ -402,6 +425,16 @@ impl TcpService {
             }
         }
     }
+}
+
+/// A member connection `TcpService::open_member` made ready.
+struct MemberConnection {
+    picked: Picked,
+    stream: TcpStream,
+    /// How long the connect took (folded into the first-byte sample).
+    connect_time: Duration,
+    /// The member's connection and request counts, up while this lives.
+    _counted: (ConnectionGuard, RequestGuard),
 }
 
 /// A client's attempts at `pool`: the member persistence remembers first (when the pool holds
