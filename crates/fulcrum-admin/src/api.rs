@@ -773,25 +773,40 @@ fn body_field(body: &[u8], field: &str) -> Result<Value, ApiError> {
     })
 }
 
+/// Sets what `read` takes from the request on the member the path names (found first: a
+/// wrong member is a 404 before a wrong body is a 400); then its pool picks up the change, the
+/// control plane hears of it, and the answer is the member's new status.
+fn change_member<T>(
+    app: &App,
+    pool: &str,
+    address: &str,
+    read: impl FnOnce() -> Result<T, ApiError>,
+    set: impl FnOnce(&Member, T),
+) -> Result<Json<MemberStatus>, ApiError> {
+    let (p, m) = find_member(app, pool, address)?;
+    set(&m, read()?);
+    p.refresh();
+    app.control.api_state_changed();
+    Ok(Json(member_status(&m)))
+}
+
 async fn set_state(
     State(app): State<App>,
     Path((pool, address)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<MemberStatus>, ApiError> {
-    let (p, m) = find_member(&app, &pool, &address)?;
-    let state = body_field(&body, "state")?
-        .as_str()
-        .and_then(AdminState::parse)
-        .ok_or_else(|| {
-            error(
-                StatusCode::BAD_REQUEST,
-                format!("\"state\" must be one of: {}", AdminState::ALL.join(", ")),
-            )
-        })?;
-    m.set_state(state);
-    p.refresh();
-    app.control.api_state_changed();
-    Ok(Json(member_status(&m)))
+    let read = || {
+        body_field(&body, "state")?
+            .as_str()
+            .and_then(AdminState::parse)
+            .ok_or_else(|| {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    format!("\"state\" must be one of: {}", AdminState::ALL.join(", ")),
+                )
+            })
+    };
+    change_member(&app, &pool, &address, read, Member::set_state)
 }
 
 async fn set_weight(
@@ -799,20 +814,20 @@ async fn set_weight(
     Path((pool, address)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<MemberStatus>, ApiError> {
-    let (p, m) = find_member(&app, &pool, &address)?;
-    let weight = body_field(&body, "weight")?
-        .as_u64()
-        .filter(|w| *w <= u64::from(MAX_WEIGHT))
-        .ok_or_else(|| {
-            error(
-                StatusCode::BAD_REQUEST,
-                format!("\"weight\" must be an integer from 0 to {MAX_WEIGHT}"),
-            )
-        })?;
-    m.set_weight(weight as u32);
-    p.refresh();
-    app.control.api_state_changed();
-    Ok(Json(member_status(&m)))
+    let read = || {
+        body_field(&body, "weight")?
+            .as_u64()
+            .filter(|w| *w <= u64::from(MAX_WEIGHT))
+            .ok_or_else(|| {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    format!("\"weight\" must be an integer from 0 to {MAX_WEIGHT}"),
+                )
+            })
+    };
+    change_member(&app, &pool, &address, read, |m, weight| {
+        m.set_weight(weight as u32)
+    })
 }
 
 /// Everything under `/api/v1/` the core routes do not have goes to the data planes.
