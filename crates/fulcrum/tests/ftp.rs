@@ -397,3 +397,87 @@ async fn explicit_ftps_is_passed_through_with_the_passive_range() {
         "{status}"
     );
 }
+
+/// Drained mid-session: the session on the drained member goes on — its next passive transfer
+/// still reaches that member, through the service's range — while every new session goes to
+/// the other member, and the drained member shows the session as its one open connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_member_keeps_its_session_while_new_ones_go_elsewhere() {
+    let a = vsftpd([127, 0, 0, 25], "epsilon", free_range(10)).await;
+    let b = vsftpd([127, 0, 0, 26], "zeta", free_range(10)).await;
+    let vs = free_addr();
+    let (low, high) = free_range(10);
+    let f = start(&ftp_config(vs, &format!("{low}-{high}"), &[&a, &b])).await;
+    let stream = tokio::net::TcpStream::connect(vs).await.expect("connect");
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let banner = reply(&mut rd).await;
+    let (mine, marker, other) = if banner.contains("epsilon") {
+        (&a, "epsilon", "zeta")
+    } else {
+        (&b, "zeta", "epsilon")
+    };
+    // The members take anonymous users without a password (`no_anon_password`).
+    wr.write_all(b"USER anonymous\r\n").await.expect("send");
+    let answer = reply(&mut rd).await;
+    assert!(answer.starts_with("230"), "{answer}");
+
+    let path = format!("/api/v1/pools/p/members/{}/state", mine.addr);
+    let r = f
+        .api("PUT", &path, Some(serde_json::json!({"state": "drain"})))
+        .await
+        .expect("admin API");
+    assert_eq!(r.status, 200, "{}", r.text());
+    for _ in 0..4 {
+        assert_eq!(listed_marker(vs, &["--ftp-pasv"]), other, "a new session");
+    }
+
+    wr.write_all(b"PASV\r\n").await.expect("send");
+    let pasv = reply(&mut rd).await;
+    assert!(pasv.starts_with("227"), "{pasv}");
+    let numbers: Vec<u16> = pasv
+        .split(['(', ')'])
+        .nth(1)
+        .unwrap_or_else(|| panic!("no address in {pasv:?}"))
+        .split(',')
+        .map(|n| n.trim().parse().expect("a number"))
+        .collect();
+    assert_eq!(numbers.len(), 6, "{pasv}");
+    let data_port = numbers[4] * 256 + numbers[5];
+    assert!(
+        (low..=high).contains(&data_port),
+        "{pasv}: not in the service's range"
+    );
+    let data_addr = SocketAddr::new(vs.ip(), data_port);
+    let mut data = tokio::net::TcpStream::connect(data_addr)
+        .await
+        .expect("data connection");
+    wr.write_all(b"NLST\r\n").await.expect("send");
+    let opening = reply(&mut rd).await;
+    assert!(opening.starts_with("150"), "{opening}");
+    let mut listing = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_string(&mut data, &mut listing),
+    )
+    .await
+    .expect("listing in time")
+    .expect("listing");
+    assert!(
+        listing.contains(&format!("{marker}.txt")),
+        "the drained member's session listed {listing:?}"
+    );
+    let done = reply(&mut rd).await;
+    assert!(done.starts_with("226"), "{done}");
+
+    let pool = f.get_json("/api/v1/pools/p").await;
+    let drained = pool["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["address"] == mine.addr.to_string()))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(drained["state"], "drain", "{pool}");
+    assert_eq!(drained["active_connections"], 1, "{pool}");
+    wr.write_all(b"QUIT\r\n").await.expect("send");
+    assert!(reply(&mut rd).await.starts_with("221"));
+}
