@@ -24,6 +24,8 @@ echo "== format"
 cargo fmt --all -- --check
 echo "== module circles"
 python3 scripts/module-cycles.py
+echo "== code shape"
+python3 scripts/code-shape.py
 echo "== lint"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== fuzz targets build"
