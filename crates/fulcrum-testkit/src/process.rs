@@ -44,15 +44,26 @@ impl Fulcrum {
         token: Option<&str>,
         config: &str,
     ) -> Result<Fulcrum, String> {
-        Self::start_inner(
-            bin,
-            admin,
-            &Self::admin_table(admin, token),
-            token,
-            config,
-            None,
-        )
-        .await
+        // The admin address is chosen free by the test (`free_addr`) but bound only when
+        // Fulcrum starts: a concurrent test may take it in between. Then Fulcrum starts again
+        // on another (the test reaches the API through `Fulcrum::admin`); any other refusal is
+        // the test's to see.
+        let mut admin = admin;
+        for _ in 0..3 {
+            let table = Self::admin_table(admin, token);
+            match Self::start_inner(bin, admin, &table, token, config, None).await {
+                Err(e) if e.contains("(admin.listen): Address already in use") => {
+                    let ip = match admin.ip() {
+                        std::net::IpAddr::V4(ip) => ip.octets(),
+                        std::net::IpAddr::V6(_) => [127, 0, 0, 1],
+                    };
+                    admin = crate::free_addr_on(ip);
+                }
+                r => return r,
+            }
+        }
+        let table = Self::admin_table(admin, token);
+        Self::start_inner(bin, admin, &table, token, config, None).await
     }
 
     /// The `[admin]` lines `start` writes: the given token, or a `token_file` in the test's
