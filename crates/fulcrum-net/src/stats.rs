@@ -70,6 +70,18 @@ impl ServiceStats {
         self.connections_total.fetch_add(1, Ordering::Relaxed);
         ServiceConnection(self.clone())
     }
+
+    /// As `open`, unless `limit` connections are active already: the check and the count are
+    /// one atomic step, so workers opening at once cannot pass the limit together.
+    pub fn open_within(self: &std::sync::Arc<Self>, limit: u64) -> Option<ServiceConnection> {
+        self.connections_active
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        self.connections_total.fetch_add(1, Ordering::Relaxed);
+        Some(ServiceConnection(self.clone()))
+    }
 }
 
 #[derive(Debug)]

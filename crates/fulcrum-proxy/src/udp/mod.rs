@@ -436,17 +436,37 @@ fn receive_batch(
                 svc.udp.source_limited.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            if svc.stats.connections_active.load(Ordering::Relaxed) >= svc.max_sessions {
-                // The plan names flow sockets by descriptor: send before any flow is evicted,
-                // so no descriptor is closed (and reused) under a planned datagram.
-                flush(b, &mut plan, svc);
-                if !make_room(flows, svc, now) {
-                    svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
-                    continue;
+            // The flow's place in `max_sessions`, taken in one atomic step: the workers' tables
+            // share the bound.
+            let counted = match svc.stats.open_within(svc.max_sessions) {
+                Some(c) => c,
+                None => {
+                    // The plan names flow sockets by descriptor: send before any flow is
+                    // evicted, so no descriptor is closed (and reused) under a planned datagram.
+                    flush(b, &mut plan, svc);
+                    let room = make_room(flows, svc, now);
+                    match room
+                        .then(|| svc.stats.open_within(svc.max_sessions))
+                        .flatten()
+                    {
+                        Some(c) => c,
+                        None => {
+                            svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    }
                 }
-            }
-            let mut flow = match new_flow(client, svc, listen, current, now, one_way, (route, port))
-            {
+            };
+            let admitted = (one_way, counted);
+            let mut flow = match new_flow(
+                client,
+                svc,
+                listen,
+                current,
+                now,
+                admitted,
+                (route, port),
+            ) {
                 Ok(flow) => flow,
                 Err(e) => {
                     svc.udp.table_full.fetch_add(1, Ordering::Relaxed);
@@ -690,7 +710,7 @@ fn new_flow(
     listen: &Arc<AsyncFd<std::net::UdpSocket>>,
     current: &Arc<ArcSwap<UdpService>>,
     now: u64,
-    one_way: OneWay,
+    (one_way, counted): (OneWay, ServiceConnection),
     (route, port): (usize, u16),
 ) -> io::Result<Flow> {
     let (socket, v6) = upstream_socket()?;
@@ -714,7 +734,7 @@ fn new_flow(
         shared,
         session: None,
         _reply: AbortOnDrop(reply),
-        _counted: svc.stats.open(),
+        _counted: counted,
         one_way: Some(one_way),
         route,
         routed_by: svc.clone(),
