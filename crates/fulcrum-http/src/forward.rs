@@ -193,12 +193,10 @@ async fn respond_h1(
     plan.write_fields(&mut sink, route, head, &resp, false);
     let status = http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let reusable = !resp.close && !matches!(in_framing, InFraming::Close);
-    let mut buf = std::mem::take(&mut conn.buf);
-    let mut rb = resp.buf;
-    rb.drain(..resp.head_len);
-    buf.clear();
-    conn.buf = rb;
-    drop(buf);
+    // The body bytes that came with the head are the member body's first.
+    let mut body_start = resp.buf;
+    body_start.drain(..resp.head_len);
+    conn.buf = body_start;
     let private = route.private_conns();
     let body = MemberBody::new(
         conn,

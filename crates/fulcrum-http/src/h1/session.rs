@@ -57,7 +57,7 @@ where
         let framing = self.member_framing();
         let body_buffered = self.body_buffered();
         let (head_len, mut bytes) = self.write_member_head(route, framing, body_buffered);
-        let wants_continue = self.head.expect_continue && self.head.version == Version::Http11;
+        let wants_continue = self.wants_continue();
         let carry = !body_buffered && !wants_continue;
         if !carry {
             conn.io
@@ -119,24 +119,14 @@ where
         if !self.head.has_body() || self.body_buffered() {
             let body = match self.head.content_length {
                 Some(n) if n > 0 => {
-                    let start = self.head.head_len;
-                    self.pos = start + n as usize;
-                    self.body_read = true;
-                    bytes::Bytes::copy_from_slice(&self.head.buf[start..start + n as usize])
+                    let body = self.take_buffered_body(n);
+                    UpBody::Full(Some(bytes::Bytes::copy_from_slice(&self.head.buf[body])))
                 }
-                _ => bytes::Bytes::new(),
-            };
-            let body = if body.is_empty() {
-                UpBody::Empty
-            } else {
-                UpBody::Full(Some(body))
+                _ => UpBody::Empty,
             };
             return Ok(crate::h2_upstream::send(sender, head.map(|()| body), timeout, fresh).await);
         }
-        if self.head.expect_continue
-            && self.head.version == Version::Http11
-            && self.io.write_all(CONTINUE).await.is_err()
-        {
+        if self.wants_continue() && self.io.write_all(CONTINUE).await.is_err() {
             return Err(PumpError::Client);
         }
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -172,6 +162,21 @@ impl<S> Conn<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    /// The client waits for 100 Continue before it sends its body (HTTP/1.1 `Expect`).
+    fn wants_continue(&self) -> bool {
+        self.head.expect_continue && self.head.version == Version::Http11
+    }
+
+    /// The Content-Length body of `n` bytes that came whole with the head, marked read (the
+    /// connection goes on after it): its place in the read buffer.
+    fn take_buffered_body(&mut self, n: u64) -> std::ops::Range<usize> {
+        let start = self.head.head_len;
+        let end = start + n as usize;
+        self.pos = end;
+        self.body_read = true;
+        start..end
+    }
+
     /// How the request body is framed towards an HTTP/1.1 member.
     fn member_framing(&self) -> ReqFraming {
         if self.head.chunked {
@@ -210,11 +215,9 @@ where
         let mut sent = head_len as u64;
         if body_buffered {
             if let ReqFraming::Length(n) = framing {
-                let body = &self.head.buf[self.head.head_len..self.head.head_len + n as usize];
-                self.out.extend_from_slice(body);
+                let body = self.take_buffered_body(n);
+                self.out.extend_from_slice(&self.head.buf[body]);
                 sent += n;
-                self.pos = self.head.head_len + n as usize;
-                self.body_read = true;
             }
         }
         (head_len, sent)
