@@ -46,6 +46,21 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
+/// Whether no earlier call in this process handed out `port`, remembering it from now on.
+/// A port found free may belong to a concurrent test of this process whose Fulcrum has not
+/// bound it yet; without this, a second test could take it and one of the two fail with
+/// "address already in use".
+fn never_handed_out(port: u16) -> bool {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let mut seen = HANDED_OUT
+        .get_or_init(|| Mutex::new(HashSet::new()))
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    seen.insert(port)
+}
+
 /// A port on 127.0.0.1 that was free for TCP and UDP a moment ago, outside the ephemeral range.
 pub fn free_port() -> u16 {
     free_addr_on([127, 0, 0, 1]).port()
@@ -58,7 +73,10 @@ pub fn free_addr_on(ip: [u8; 4]) -> SocketAddr {
     for _ in 0..200 {
         let port = TEST_PORTS.start + (random_u64() % span) as u16;
         let addr = SocketAddr::from((ip, port));
-        if TcpListener::bind(addr).is_ok() && std::net::UdpSocket::bind(addr).is_ok() {
+        if TcpListener::bind(addr).is_ok()
+            && std::net::UdpSocket::bind(addr).is_ok()
+            && never_handed_out(port)
+        {
             return addr;
         }
     }
