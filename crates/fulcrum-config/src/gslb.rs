@@ -41,12 +41,6 @@ pub(crate) fn check(base: &str, g: &Gslb, cx: &mut Cx<'_>) {
 
 /// Checks of the site at `base` (such as `gslb.site[0]`).
 pub(crate) fn check_site(base: &str, s: &Site, cx: &mut Cx<'_>) {
-    if s.addresses.is_empty() {
-        cx.error_path(
-            &format!("{base}.addresses"),
-            "at least one address is required",
-        );
-    }
     if let Some(h) = &s.redirect_host {
         if let Err(why) = check_redirect_host(h) {
             cx.error_path(&format!("{base}.redirect_host"), why);
@@ -170,6 +164,9 @@ impl FromNode for Gslb {
 #[derive(Debug, Clone)]
 pub struct Site {
     pub name: String,
+    /// Addresses answered for the site for every name listing it. May be empty when the site's
+    /// addresses are learnt: from this instance's virtual services with `gslb` (the local site)
+    /// or from the site's reports over the exchange (another site with a `peer`).
     pub addresses: Vec<IpAddr>,
     pub regions: Vec<String>,
     pub monitor: Option<String>,
@@ -187,8 +184,8 @@ impl FromNode for Site {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
-            let addresses = t.req(cx, "addresses");
             let value = Site {
+                addresses: t.opt(cx, "addresses").unwrap_or_default(),
                 regions: t.opt(cx, "regions").unwrap_or_default(),
                 monitor: t.opt(cx, "monitor"),
                 weight: t.opt(cx, "weight").unwrap_or(1),
@@ -196,7 +193,6 @@ impl FromNode for Site {
                 redirect_host: t.opt(cx, "redirect_host"),
                 link: t.opt(cx, "link"),
                 name: name?,
-                addresses: addresses?,
             };
             crate::gslb::check_site(t.path(), &value, cx);
             Some(value)

@@ -35,6 +35,9 @@ pub struct VirtualService {
     pub max_connections: u32,
     /// `allow` / `deny`: source prefixes, checked first.
     pub access: AccessList,
+    /// `gslb`: the GSLB name (fully qualified, lower case) whose local site answers this
+    /// service's listen addresses, with the service's health.
+    pub gslb: Option<String>,
     /// The protocol and its own keys.
     pub kind: ServiceKind,
 }
@@ -149,6 +152,7 @@ impl FromNode for VirtualService {
             let idle_timeout: Option<Duration> = t.opt(cx, "idle_timeout");
             let max_connections = t.opt(cx, "max_connections").unwrap_or(0);
             let access = AccessList::read(t, cx);
+            let gslb: Option<String> = t.opt(cx, "gslb");
             let kind = protocol.map(|p| ServiceKind::read(p, t, cx, node));
             refuse_other_protocols(t, cx, protocol);
             let (protocol, kind) = (protocol?, kind?);
@@ -162,6 +166,9 @@ impl FromNode for VirtualService {
                     &at,
                     format!("missing required key `pool` (protocol {protocol})"),
                 );
+            }
+            if gslb.is_some() {
+                check_gslb_listen(&at, listen.as_ref().map_or(&[][..], |l| &l.0), cx);
             }
             if idle_timeout.is_some_and(|d| d.is_zero()) {
                 cx.error_path(&format!("{at}.idle_timeout"), "must be longer than 0s");
@@ -178,9 +185,36 @@ impl FromNode for VirtualService {
                 idle_timeout: idle_timeout.unwrap_or(default_idle),
                 max_connections,
                 access,
+                gslb: gslb.map(|g| gslb_fqdn(&g)),
                 kind,
             })
         })
+    }
+}
+
+/// A GSLB name as `gslb.name` writes it: lower case, ending in a dot (`gslb = "app.example.com"`
+/// and `"App.Example.com."` name the same one).
+pub fn gslb_fqdn(name: &str) -> String {
+    let lower = name.trim().to_ascii_lowercase();
+    if lower.ends_with('.') {
+        lower
+    } else {
+        format!("{lower}.")
+    }
+}
+
+/// A service that adds its listen addresses to a GSLB name must listen on addresses clients can
+/// be sent to: a wildcard address is not one.
+fn check_gslb_listen(at: &str, listen: &[SocketAddr], cx: &mut Cx<'_>) {
+    for a in listen {
+        if a.ip().is_unspecified() {
+            cx.error_path(
+                &format!("{at}.listen"),
+                format!(
+                    "{a} is a wildcard address, and `gslb` answers clients with this service's listen addresses: listen on the address clients reach"
+                ),
+            );
+        }
     }
 }
 

@@ -863,6 +863,59 @@ fn gslb_checks() {
     has(&e, "dns.udp_payload: 100 is below 512");
 }
 
+/// A tcp service at `listen` with `gslb = name`, and its pool, after `GSLB`.
+fn gslb_service(listen: &str, name: &str) -> String {
+    format!(
+        "{GSLB}\n[[virtual_service]]\nname = \"t\"\nlisten = \"{listen}\"\nprotocol = \"tcp\"\npool = \"p\"\ngslb = \"{name}\"\n[[pool]]\nname = \"p\"\n"
+    )
+}
+
+#[test]
+fn learnt_gslb_addresses_need_a_name_listing_the_local_site() {
+    let c = ok(&gslb_service("192.0.2.30:80", "App.Example.com"));
+    assert_eq!(
+        c.virtual_services[0].gslb.as_deref(),
+        Some("app.example.com."),
+        "lower case, fully qualified"
+    );
+    let e = errs(&gslb_service("192.0.2.30:80", "ap.example.com"));
+    has(
+        &e,
+        "virtual_service[0].gslb: no gslb.name named \"ap.example.com.\" (did you mean \"app.example.com.\"?)",
+    );
+    let e = errs(&gslb_service("0.0.0.0:80", "app.example.com"));
+    has(
+        &e,
+        "virtual_service[0].listen: 0.0.0.0:80 is a wildcard address, and `gslb` answers clients",
+    );
+    let e = errs(
+        &gslb_service("192.0.2.30:80", "app.example.com")
+            .replace("sites = [\"east\", \"west\"]", "sites = [\"west\"]"),
+    );
+    has(
+        &e,
+        "virtual_service[0].gslb: gslb.name \"app.example.com.\" does not list the local site \"east\"",
+    );
+    let e = errs(
+        &gslb_service("192.0.2.30:80", "app.example.com")
+            .replace("local_site = \"east\"\n", "")
+            .replace("peer = \"127.0.0.2:7400\"\n", "")
+            .replace("peer = \"127.0.0.3:7400\"\n", "")
+            .replace("key = \"0123456789abcdef0123\"\n", ""),
+    );
+    has(&e, "virtual_service[0].gslb: \"app.example.com.\": the service's addresses are added to the name at this instance's own site, and gslb.local_site is not set");
+    // Sites without addresses of their own: the local one learns from its services, another
+    // from its instance's reports.
+    ok(&GSLB.replace("addresses = [\"192.0.2.10\"]\n", ""));
+    ok(&GSLB.replace("addresses = [\"192.0.2.20\"]\n", ""));
+    let e = errs(
+        &GSLB
+            .replace("addresses = [\"192.0.2.20\"]\n", "")
+            .replace("peer = \"127.0.0.3:7400\"\n", ""),
+    );
+    has(&e, "gslb.site[1].addresses: site \"west\" has no addresses, and another site's addresses can only be learnt from its own instance's reports: it needs `peer`");
+}
+
 #[test]
 fn gslb_redirect_needs_an_http_service_and_a_name() {
     let e = errs(&format!(

@@ -29,6 +29,9 @@ pub const TAG_LEN: usize = fulcrum_frame::TAG_LEN;
 /// Largest report accepted (a report is a few hundred bytes per site).
 pub const MAX_FRAME: usize = 64 * 1024;
 
+/// Virtual services with `gslb` one report may carry.
+pub const MAX_SERVICES: usize = 4096;
+
 /// The frame format, shared with the HA state sync (crate fulcrum-frame).
 const CHANNEL: Channel = Channel {
     magic: MAGIC,
@@ -122,6 +125,17 @@ fn decode_report(payload: &[u8]) -> Result<Report, FrameError> {
             "no instance, or too many sites".into(),
         ));
     }
+    if report.services.len() > MAX_SERVICES
+        || report
+            .services
+            .iter()
+            .any(|s| s.addresses.len() > crate::learnt::MAX_LEARNT_ADDRESSES)
+    {
+        return Err(FrameError::BadReport(format!(
+            "more than {MAX_SERVICES} services, or more than {} addresses in one",
+            crate::learnt::MAX_LEARNT_ADDRESSES
+        )));
+    }
     Ok(report)
 }
 
@@ -157,6 +171,7 @@ mod tests {
             capacity: Some(0.5),
             cpu: None,
             response_ms: None,
+            services: vec![],
         }
     }
 

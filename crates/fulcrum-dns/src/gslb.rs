@@ -23,7 +23,8 @@ use fulcrum_config::{AdminState, Algorithm, GslbAlgorithm};
 use serde::Serialize;
 
 use crate::iptable::{Locator, Region};
-use crate::table::{self, Report, SiteFactors, SiteView, TableSite};
+use crate::learnt::{LearntAddress, LearntTable};
+use crate::table::{self, LearntService, Report, SiteFactors, SiteView, TableSite};
 
 /// Sites one name may list (the per-query exclusion list lives on the stack).
 pub const MAX_SITES: usize = 64;
@@ -128,10 +129,18 @@ impl Site {
         (!t.is_empty()).then(|| t.iter().sum::<f64>() / t.len() as f64 / 1000.0)
     }
 
-    /// Emits up to `max` of its addresses of the family, rotating; only healthy ones unless
-    /// `all`.
-    fn emit(&self, v6: bool, all: bool, max: u32, out: &mut dyn FnMut(IpAddr)) -> u32 {
-        let n = self.addresses.len();
+    /// Emits up to `max` of its addresses of the family and of the `learnt` ones (the name's
+    /// for this site), rotating; only healthy ones unless `all`.
+    fn emit(
+        &self,
+        v6: bool,
+        all: bool,
+        max: u32,
+        learnt: &[LearntAddress],
+        out: &mut dyn FnMut(IpAddr),
+    ) -> u32 {
+        let own = self.addresses.len();
+        let n = own + learnt.len();
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
         let mut emitted = 0;
         for k in 0..n {
@@ -139,8 +148,11 @@ impl Site {
                 break;
             }
             let i = (start + k) % n;
-            let a = self.addresses[i];
-            if a.is_ipv6() == v6 && (all || self.address_up(i)) {
+            let (a, up) = match learnt.get(i.wrapping_sub(own)) {
+                Some(l) if i >= own => (l.address, l.up),
+                _ => (self.addresses[i], all || self.address_up(i)),
+            };
+            if a.is_ipv6() == v6 && (all || up) {
                 out(a);
                 emitted += 1;
             }
@@ -199,6 +211,8 @@ pub struct GslbState {
     pub locator: Arc<Locator>,
     pub local_site: Option<usize>,
     pub table: ArcSwap<TableView>,
+    /// Addresses learnt from virtual services with `gslb` (this instance's and the peers').
+    pub learnt: ArcSwap<LearntTable>,
 }
 
 fn site_pool_name(site: &str) -> String {
@@ -327,6 +341,7 @@ impl GslbState {
             names,
             locator,
             table: ArcSwap::from_pointee(TableView::default()),
+            learnt: ArcSwap::from_pointee(LearntTable::default()),
         }
     }
 }
@@ -519,17 +534,26 @@ impl GslbState {
     ) -> Option<u8> {
         let n = &self.names[ni];
         n.queries.fetch_add(1, Ordering::Relaxed);
+        let learnt = self.learnt.load();
         let count = n.sites.len();
         let mut down = [true; MAX_SITES];
         let mut any_family = false;
         let mut any_up = false;
+        let of_family = |k: usize, s: usize| {
+            self.sites[s].has_family(v6)
+                || learnt.at(ni, k).iter().any(|a| a.address.is_ipv6() == v6)
+        };
         for (k, &s) in n.sites.iter().enumerate() {
             let site = &self.sites[s];
-            if Some(s) == skip || !site.has_family(v6) || !site.answerable() {
+            if Some(s) == skip || !of_family(k, s) || !site.answerable() {
                 continue;
             }
             any_family = true;
-            if site.up_for(v6) {
+            let learnt_up = learnt
+                .at(ni, k)
+                .iter()
+                .any(|a| a.up && a.address.is_ipv6() == v6);
+            if site.link_ok.load(Ordering::Relaxed) && (site.up_for(v6) || learnt_up) {
                 down[k] = false;
                 any_up = true;
             }
@@ -541,7 +565,7 @@ impl GslbState {
         if fail_open {
             for (k, &s) in n.sites.iter().enumerate() {
                 let site = &self.sites[s];
-                down[k] = Some(s) == skip || !site.has_family(v6) || !site.answerable();
+                down[k] = Some(s) == skip || !of_family(k, s) || !site.answerable();
             }
         }
         let region_slot = client.region.map_or(0, |r| r.table as usize + 1);
@@ -594,7 +618,13 @@ impl GslbState {
             let Some(k) = picked else { break };
             chosen[nchosen] = k;
             nchosen += 1;
-            let got = self.sites[n.sites[k]].emit(v6, fail_open, n.answers - emitted, out);
+            let got = self.sites[n.sites[k]].emit(
+                v6,
+                fail_open,
+                n.answers - emitted,
+                learnt.at(ni, k),
+                out,
+            );
             if got > 0 {
                 n.answers_by[region_slot * count + k].fetch_add(1, Ordering::Relaxed);
             }
@@ -615,19 +645,72 @@ impl GslbState {
         Some(scope)
     }
 
-    /// How this instance sees each site, in configuration order.
+    /// The learnt addresses of site `s`, over every name that lists it.
+    pub fn learnt_of_site(&self, s: usize) -> Vec<(usize, LearntAddress)> {
+        let learnt = self.learnt.load();
+        let mut out = Vec::new();
+        for (ni, n) in self.names.iter().enumerate() {
+            for (k, _) in n.sites.iter().enumerate().filter(|(_, &x)| x == s) {
+                out.extend(learnt.at(ni, k).iter().map(|a| (ni, a.clone())));
+            }
+        }
+        out
+    }
+
+    /// Every name with its lower-case fqdn and its sites' names, for `LearntTable::build`.
+    pub fn name_sites(&self) -> Vec<(String, Vec<Arc<str>>)> {
+        self.names
+            .iter()
+            .map(|n| {
+                (
+                    n.text.to_ascii_lowercase(),
+                    n.sites
+                        .iter()
+                        .map(|&s| self.sites[s].name.clone())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// The site answering `ip` for name `ni`: the one with that address of its own, else the
+    /// one that learnt it.
+    pub fn site_of(&self, ni: usize, ip: IpAddr) -> Option<usize> {
+        if let Some(s) = self.sites.iter().position(|s| s.addresses.contains(&ip)) {
+            return Some(s);
+        }
+        let learnt = self.learnt.load();
+        let n = self.names.get(ni)?;
+        n.sites
+            .iter()
+            .enumerate()
+            .find(|(k, _)| learnt.at(ni, *k).iter().any(|a| a.address == ip))
+            .map(|(_, &s)| s)
+    }
+
+    /// How this instance sees each site, in configuration order: its own addresses and those
+    /// it learnt for the site.
     fn site_views(&self) -> impl Iterator<Item = SiteView> + '_ {
-        self.sites.iter().map(|s| SiteView {
-            name: s.name.to_string(),
-            up: s.is_up(),
-            addresses_up: s.addresses_up(),
-            addresses: s.addresses.len() as u32,
-            check_ms: s.check_ms(),
+        self.sites.iter().enumerate().map(|(i, s)| {
+            let learnt = self.learnt_of_site(i);
+            let learnt_up = learnt.iter().filter(|(_, a)| a.up).count() as u32;
+            SiteView {
+                name: s.name.to_string(),
+                up: s.is_up() || learnt_up > 0,
+                addresses_up: s.addresses_up() + learnt_up,
+                addresses: (s.addresses.len() + learnt.len()) as u32,
+                check_ms: s.check_ms(),
+            }
         })
     }
 
-    /// This instance's view of every site, and its own site's figures.
-    pub fn local_report(&self, version: u64, own: LocalFigures) -> Option<Report> {
+    /// This instance's view of every site, its own site's figures and its services with `gslb`.
+    pub fn local_report(
+        &self,
+        version: u64,
+        own: LocalFigures,
+        services: Vec<LearntService>,
+    ) -> Option<Report> {
         let local = self.local_site?;
         Some(Report {
             instance: self.sites[local].name.to_string(),
@@ -642,6 +725,7 @@ impl GslbState {
             capacity: own.capacity,
             cpu: own.cpu,
             response_ms: own.response_ms,
+            services,
         })
     }
 
@@ -655,6 +739,7 @@ impl GslbState {
             capacity: None,
             cpu: None,
             response_ms: None,
+            services: Vec::new(),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod exchange;
 pub mod gslb;
 pub mod iptable;
+pub mod learnt;
 pub mod rrl;
 pub mod server;
 pub mod service;
@@ -195,8 +196,14 @@ impl DnsRuntime {
         let previous = self.gslb.state();
         let state = GslbState::build(config, p.compiled.locator.clone(), Some(&previous));
         let site_pools = state.site_pools();
-        self.gslb
-            .apply(state, config, p.exchange_listener.take(), local_pools);
+        let services = learnt::LocalService::from_config(config, &local_pools);
+        self.gslb.apply(
+            state,
+            config,
+            p.exchange_listener.take(),
+            local_pools,
+            services,
+        );
         let engine = Engine {
             catalog: p.compiled.catalog,
             gslb: self.gslb.state(),

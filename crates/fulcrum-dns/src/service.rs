@@ -30,7 +30,8 @@ use tokio::task::JoinHandle;
 
 use crate::exchange::{self, FrameError, MAGIC, NONCE_LEN};
 use crate::gslb::{local_figures, GslbState};
-use crate::table::Report;
+use crate::learnt::{LearntTable, LocalService};
+use crate::table::{LearntService, Report};
 
 /// How often this instance's own view is sampled (health changes are reported within this).
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
@@ -95,6 +96,9 @@ struct Shared {
     received: Mutex<BTreeMap<String, Received>>,
     peers: Mutex<BTreeMap<String, PeerStatus>>,
     local_pools: ArcSwap<Vec<Arc<Pool>>>,
+    /// This instance's virtual services with `gslb`, and what was last sampled of them.
+    local_services: ArcSwap<Vec<LocalService>>,
+    own_services: Mutex<Vec<LearntService>>,
     own: watch::Sender<Option<Arc<Report>>>,
     version: AtomicU64,
     auth_failures: AtomicU64,
@@ -144,6 +148,8 @@ impl GslbService {
             received: Mutex::new(BTreeMap::new()),
             peers: Mutex::new(BTreeMap::new()),
             local_pools: ArcSwap::from_pointee(Vec::new()),
+            local_services: ArcSwap::from_pointee(Vec::new()),
+            own_services: Mutex::new(Vec::new()),
             own,
             version: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
@@ -198,9 +204,12 @@ impl GslbService {
         config: &fulcrum_config::Config,
         listener: Option<std::net::TcpListener>,
         local_pools: Vec<Arc<Pool>>,
+        local_services: Vec<LocalService>,
     ) {
         let sh = &self.shared;
         sh.local_pools.store(Arc::new(local_pools));
+        *sh.own_services.lock() = local_services.iter().map(sample_service).collect();
+        sh.local_services.store(Arc::new(local_services));
         sh.keys.store(Arc::new(exchange::keys(&config.gslb.keys)));
         let xc = exchange_config(config);
         sh.config.store(Arc::new(xc.clone()));
@@ -211,6 +220,7 @@ impl GslbService {
         sh.peers
             .lock()
             .retain(|k, _| xc.peers.iter().any(|(s, _)| s == k));
+        refresh_learnt(sh);
         recompute(sh);
 
         let mut tasks = self.tasks.lock();
@@ -277,10 +287,8 @@ impl GslbService {
         let ip = found?;
         // The site that owns the chosen address names the host to keep the client's name on.
         let host = st
-            .sites
-            .iter()
-            .find(|s| s.addresses.contains(&ip))
-            .and_then(|s| s.redirect_host.clone());
+            .site_of(ni, ip)
+            .and_then(|s| st.sites[s].redirect_host.clone());
         Some(match host {
             Some(h) => RedirectTarget::Host(h),
             None => RedirectTarget::Address(ip),
@@ -377,6 +385,12 @@ impl GslbService {
                     "weight": s.weight,
                     "regions": s.regions.iter().filter_map(|r| st.locator.names().get(*r as usize)).collect::<Vec<_>>(),
                     "addresses": addrs,
+                    "learnt": st.learnt_of_site(i).iter().map(|(ni, a)| json!({
+                        "name": st.names[*ni].text,
+                        "address": a.address.to_string(),
+                        "service": &*a.service,
+                        "health": if a.up { "up" } else { "down" },
+                    })).collect::<Vec<_>>(),
                     "factors": table.factors.get(i),
                 })
             })
@@ -451,6 +465,32 @@ fn exchange_config(c: &fulcrum_config::Config) -> ExchangeConfig {
     }
 }
 
+/// Rebuilds the learnt addresses from this instance's services (its own site) and the peers'
+/// reports (theirs; down once stale); stored only when something changed.
+fn refresh_learnt(sh: &Shared) {
+    let st = sh.state.load();
+    let xc = sh.config.load();
+    let own = sh.own_services.lock().clone();
+    let received = sh.received.lock();
+    let local = xc.local.as_deref().filter(|_| st.local_site.is_some());
+    let sources = local.map(|l| (l, own.as_slice(), true)).into_iter().chain(
+        received
+            .iter()
+            .filter(|(k, _)| Some(k.as_str()) != local)
+            .map(|(k, r)| {
+                (
+                    k.as_str(),
+                    r.report.services.as_slice(),
+                    r.at.elapsed() < xc.stale_after,
+                )
+            }),
+    );
+    let table = LearntTable::build(&st.name_sites(), sources);
+    if **st.learnt.load() != table {
+        st.learnt.store(Arc::new(table));
+    }
+}
+
 /// Recomputes the table from the fresh reports and this instance's own view.
 fn recompute(sh: &Shared) {
     let st = sh.state.load();
@@ -515,16 +555,29 @@ async fn sample(sh: Arc<Shared>) {
             cpu_value = cpu.sample().map(|c| (c * 1000.0).round() / 1000.0);
             last_cpu = Instant::now();
         }
+        let services: Vec<LearntService> = sh
+            .local_services
+            .load()
+            .iter()
+            .map(sample_service)
+            .collect();
+        let services_changed = {
+            let mut own = sh.own_services.lock();
+            let changed = !same_services(&own, &services);
+            *own = services.clone();
+            changed
+        };
+        refresh_learnt(&sh);
         let health: Vec<(bool, u32)> = st
             .sites
             .iter()
             .map(|s| (s.is_up(), s.addresses_up()))
             .collect();
-        let changed = health != last_health;
+        let changed = health != last_health || services_changed;
         if changed || last_publish.elapsed() >= xc.interval {
             let figures = local_figures(&sh.local_pools.load(), cpu_value);
             let version = sh.version.fetch_add(1, Ordering::Relaxed) + 1;
-            let report = st.local_report(version, figures).map(Arc::new);
+            let report = st.local_report(version, figures, services).map(Arc::new);
             sh.own.send_replace(report);
             last_publish = Instant::now();
             if changed && !last_health.is_empty() {
@@ -537,6 +590,20 @@ async fn sample(sh: Arc<Shared>) {
             last_recompute = Instant::now();
         }
     }
+}
+
+/// What this instance's report says of one of its services with `gslb` now.
+fn sample_service(s: &LocalService) -> LearntService {
+    s.sample(local_figures(&s.pools, None).capacity)
+}
+
+/// Whether two samples of the local services differ in what peers answer from: which addresses
+/// each name has and whether they are up (capacity alone travels with the periodic report).
+fn same_services(a: &[LearntService], b: &[LearntService]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.name == y.name && x.addresses == y.addresses && x.up == y.up)
 }
 
 fn set_peer(sh: &Shared, site: &str, addr: SocketAddr, f: impl FnOnce(&mut PeerStatus)) {
@@ -726,6 +793,8 @@ async fn receive(
             );
             before.as_ref() != Some(&now)
         };
+        // The peer's learnt addresses are answered from now on (cheap: stored only if changed).
+        refresh_learnt(sh);
         if changed {
             recompute(sh);
         }

@@ -51,6 +51,25 @@ pub struct Report {
     /// Response time of the instance's own servers (data plane average), milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_ms: Option<f64>,
+    /// The instance's virtual services with `gslb`: addresses its site answers for those names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<LearntService>,
+}
+
+/// A virtual service of the reporting instance that adds its listen addresses to a GSLB name
+/// at the instance's site (`gslb = "app.example.com"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LearntService {
+    /// The GSLB name, lower case and fully qualified.
+    pub name: String,
+    /// The virtual service's name (for the API).
+    pub service: String,
+    pub addresses: Vec<std::net::IpAddr>,
+    /// Whether the service's pool has a member that takes new clients.
+    pub up: bool,
+    /// Capacity left in the service's pools, 0 to 1 (as the site's `capacity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<f64>,
 }
 
 /// A site as the table needs it.
@@ -261,6 +280,7 @@ mod tests {
             capacity: Some(capacity),
             cpu: None,
             response_ms: None,
+            services: vec![],
         }
     }
 

@@ -331,3 +331,182 @@ async fn unauthenticated_connections_are_bounded_and_timed_out() {
     let p = a.get_json("/api/v1/gslb/peers").await;
     assert_eq!(p["unauthenticated_refused"], 36, "{p}");
 }
+
+/// The addresses `server` answers for `name` (A), by dig.
+fn dig_a(server: SocketAddr, name: &str) -> Vec<String> {
+    let out = std::process::Command::new("dig")
+        .arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string()])
+        .args(["+norec", "+time=2", "+tries=2", "+short", name, "A"])
+        .output()
+        .expect("dig (dnsutils) is installed by scripts/test-packages");
+    let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with(';'))
+        .map(String::from)
+        .collect();
+    v.sort();
+    v
+}
+
+/// The config of an instance for learnt addresses: east has no address of its own (its
+/// instance's virtual service `vip` adds one with `gslb`), west has a fixed one. `vip` is
+/// the virtual service block (empty on west's instance).
+fn learnt_config(s: &Setup, local: &str, dns: SocketAddr, vip: &str) -> String {
+    format!(
+        r#"
+[dns]
+listen = "{dns}"
+
+[[dns.zone]]
+origin = "example.com."
+
+[gslb]
+local_site = "{local}"
+key = "a-shared-secret-for-tests"
+interval = "4s"
+stale_after = "5s"
+
+[[gslb.site]]
+name = "east"
+peer = "{east_peer}"
+
+[[gslb.site]]
+name = "west"
+addresses = ["127.0.0.12"]
+peer = "{west_peer}"
+
+[[gslb.name]]
+fqdn = "app.example.com."
+sites = ["east", "west"]
+algorithm = "round_robin"
+answers = 4
+{vip}
+"#,
+        east_peer = s.east_peer,
+        west_peer = s.west_peer,
+    )
+}
+
+fn vip_block(vip: SocketAddr, member: SocketAddr, gslb: &str) -> String {
+    format!(
+        r#"
+[[monitor]]
+name = "member-check"
+type = "tcp"
+interval = "200ms"
+timeout = "150ms"
+rise = 1
+fall = 1
+
+[[virtual_service]]
+name = "vip"
+listen = "{vip}"
+protocol = "tcp"
+pool = "web"
+{gslb}
+
+[[pool]]
+name = "web"
+monitors = ["member-check"]
+[[pool.member]]
+address = "{member}"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vip_with_gslb_on_one_site_is_answered_by_every_instance() {
+    let s = setup();
+    let vip = free_addr_on([127, 0, 0, 21]);
+    let member_addr = free_addr();
+    let member = TcpIdServer::start(member_addr, "m0").await.unwrap();
+    let (dns_a, dns_b) = (free_addr(), free_addr());
+    let with_gslb = vip_block(vip, member_addr, "gslb = \"app.example.com\"");
+    let a = Fulcrum::start(
+        BIN,
+        free_addr(),
+        &learnt_config(&s, "east", dns_a, &with_gslb),
+    )
+    .await
+    .unwrap();
+    let b = Fulcrum::start(BIN, free_addr(), &learnt_config(&s, "west", dns_b, ""))
+        .await
+        .unwrap();
+    let both = vec!["127.0.0.12".to_string(), vip.ip().to_string()];
+    let west_only = vec!["127.0.0.12".to_string()];
+
+    // The VIP is configured only on east's instance; west's answers it for east too.
+    for (f, dns) in [(&a, dns_a), (&b, dns_b)] {
+        assert!(
+            wait_until(Duration::from_secs(10), || async {
+                dig_a(dns, "app.example.com") == both
+            })
+            .await,
+            "{:?}\n{}\n{}",
+            dig_a(dns, "app.example.com"),
+            f.get_json("/api/v1/gslb/sites").await,
+            f.logs()
+        );
+    }
+    let sites = b.get_json("/api/v1/gslb/sites").await;
+    let learnt = &sites["sites"][0]["learnt"][0];
+    assert_eq!(learnt["address"], vip.ip().to_string(), "{sites}");
+    assert_eq!(learnt["service"], "vip", "{sites}");
+    assert_eq!(learnt["health"], "up", "{sites}");
+
+    // Its member goes down: the VIP leaves the answers of both instances (west stays up, so
+    // no fail-open).
+    member.kill();
+    for (f, dns) in [(&a, dns_a), (&b, dns_b)] {
+        assert!(
+            wait_until(Duration::from_secs(10), || async {
+                dig_a(dns, "app.example.com") == west_only
+            })
+            .await,
+            "{:?}\n{}",
+            dig_a(dns, "app.example.com"),
+            f.get_json("/api/v1/gslb/sites").await
+        );
+    }
+    let m = b.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(
+        m.contains("fulcrum_gslb_learnt_addresses{site=\"east\",health=\"down\"} 1"),
+        "{m}"
+    );
+
+    // It comes back.
+    let _member = TcpIdServer::start(member_addr, "m0").await.unwrap();
+    for dns in [dns_a, dns_b] {
+        assert!(
+            wait_until(Duration::from_secs(10), || async {
+                dig_a(dns, "app.example.com") == both
+            })
+            .await,
+            "{:?}",
+            dig_a(dns, "app.example.com")
+        );
+    }
+
+    // A reload of east's instance without the key takes the VIP out everywhere.
+    a.write_config(&learnt_config(
+        &s,
+        "east",
+        dns_a,
+        &vip_block(vip, member_addr, ""),
+    ));
+    let r = a.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    for (f, dns) in [(&a, dns_a), (&b, dns_b)] {
+        assert!(
+            wait_until(Duration::from_secs(10), || async {
+                dig_a(dns, "app.example.com") == west_only
+            })
+            .await,
+            "{:?}\n{}",
+            dig_a(dns, "app.example.com"),
+            f.get_json("/api/v1/gslb/sites").await
+        );
+    }
+}

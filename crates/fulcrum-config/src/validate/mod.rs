@@ -631,4 +631,49 @@ fn check_gslb_names(c: &mut Checker<'_>, cfg: &Config) {
             c.reference(&at, "gslb.name", "gslb.name", &r.name, gslb_names.clone());
         }
     }
+    check_learnt_addresses(c, cfg);
+}
+
+/// Services adding their addresses to a GSLB name (`gslb`) add them at the local site, so there
+/// must be one and the name must list it; a site with no address of its own must be able to
+/// learn some (the local site from such services, another site from its instance's reports).
+fn check_learnt_addresses(c: &mut Checker<'_>, cfg: &Config) {
+    let g = &cfg.gslb;
+    let local = g.local_site.as_deref();
+    for (i, vs) in cfg.virtual_services.iter().enumerate() {
+        let Some(name) = &vs.gslb else { continue };
+        let at = format!("virtual_service[{i}].gslb");
+        let Some(n) = g.names.iter().find(|n| n.fqdn.eq_ignore_ascii_case(name)) else {
+            c.reference(
+                &at,
+                "gslb.name",
+                "gslb.name",
+                name,
+                g.names.iter().map(|n| n.fqdn.as_str()),
+            );
+            continue;
+        };
+        match local {
+            None => c.err(
+                &at,
+                format!("{name:?}: the service's addresses are added to the name at this instance's own site, and gslb.local_site is not set; expected gslb.local_site naming the site this instance runs at"),
+            ),
+            Some(l) if !n.sites.iter().any(|s| s == l) => c.err(
+                &at,
+                format!("gslb.name {name:?} does not list the local site {l:?} in its `sites`, so this service's addresses would never be answered; add {l:?} to its sites"),
+            ),
+            Some(_) => {}
+        }
+    }
+    // The local site may have none while no service adds one (the last VIP was taken out by a
+    // reload): it is answered again when one does.
+    for (i, s) in g.sites.iter().enumerate() {
+        let is_local = local == Some(s.name.as_str());
+        if s.addresses.is_empty() && !is_local && (s.peer.is_none() || local.is_none()) {
+            c.err(
+                &format!("gslb.site[{i}].addresses"),
+                format!("site {:?} has no addresses, and another site's addresses can only be learnt from its own instance's reports: it needs `peer` (and this instance gslb.local_site); expected `addresses` or `peer`", s.name),
+            );
+        }
+    }
 }

@@ -308,6 +308,16 @@ impl DnsPlane {
             samples.sample(&[("site", &s.name)], s.addresses_up());
         }
         let mut samples = w.gauge(
+            "fulcrum_gslb_learnt_addresses",
+            "Addresses learnt from virtual services with `gslb` (this instance's and its peers'), by site and health.",
+        );
+        for (i, s) in st.sites.iter().enumerate() {
+            let learnt = st.learnt_of_site(i);
+            let up = learnt.iter().filter(|(_, a)| a.up).count();
+            samples.sample(&[("site", &s.name), ("health", "up")], up);
+            samples.sample(&[("site", &s.name), ("health", "down")], learnt.len() - up);
+        }
+        let mut samples = w.gauge(
             "fulcrum_gslb_share",
             "Share of answers the distribution table gives a site, by name and client region.",
         );
