@@ -87,6 +87,7 @@ fn config(algorithm: Algorithm, weights: &[u32]) -> fulcrum_config::Pool {
         gateways: vec![],
         busy: None,
         elastic: None,
+        vrf: None,
         tls: None,
     }
 }

@@ -30,6 +30,12 @@ pub(crate) fn check(base: &str, pool: &Pool, cx: &mut Cx<'_>) {
             format!("{:?}: pool names starting with \"gslb:\" or \"gslb-site:\" are reserved for GSLB's own pools", pool.name),
         );
     }
+    if pool.vrf.is_some() && pool.kind != crate::link::PoolKind::Server {
+        cx.error_path(
+            &at("vrf"),
+            "`vrf` applies to server pools; links and gateways leave by their own interfaces",
+        );
+    }
     crate::http::check_pool(base, &pool.http, cx);
     if pool.min_active == 0 {
         cx.error_path(&at("min_active"), "must be at least 1");
@@ -151,6 +157,8 @@ pub struct Pool {
     pub busy: Option<f64>,
     /// Standby members joining on utilisation (crate::elastic; Fulcrum addition).
     pub elastic: Option<crate::elastic::Elastic>,
+    /// `vrf`: member connections and health checks leave from this VRF device.
+    pub vrf: Option<String>,
 }
 
 impl FromNode for Pool {
@@ -167,6 +175,7 @@ impl FromNode for Pool {
                 }
             }
             let elastic = t.opt(cx, "elastic");
+            let vrf = crate::service::read_vrf(t, cx);
             let path = t.path().to_string();
             crate::elastic::check_pool(elastic.as_ref(), &members, node, &path, cx);
             let value = Pool {
@@ -174,6 +183,7 @@ impl FromNode for Pool {
                 links,
                 gateways,
                 elastic,
+                vrf,
                 busy: t.opt(cx, "busy"),
                 algorithm: t.opt(cx, "algorithm").unwrap_or(Algorithm::RoundRobin),
                 hash_key: t.opt(cx, "hash_key").unwrap_or(HashKey::SourceIp),

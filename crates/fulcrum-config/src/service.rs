@@ -35,6 +35,9 @@ pub struct VirtualService {
     pub max_connections: u32,
     /// `allow` / `deny`: source prefixes, checked first.
     pub access: AccessList,
+    /// `vrf`: the VRF (an l3mdev device) the listeners are bound into; the same address and
+    /// port in two VRFs are two services.
+    pub vrf: Option<String>,
     /// `gslb`: the GSLB name (fully qualified, lower case) whose local site answers this
     /// service's listen addresses, with the service's health.
     pub gslb: Option<String>,
@@ -152,6 +155,7 @@ impl FromNode for VirtualService {
             let idle_timeout: Option<Duration> = t.opt(cx, "idle_timeout");
             let max_connections = t.opt(cx, "max_connections").unwrap_or(0);
             let access = AccessList::read(t, cx);
+            let vrf = read_vrf(t, cx);
             let gslb: Option<String> = t.opt(cx, "gslb");
             let kind = protocol.map(|p| ServiceKind::read(p, t, cx, node));
             refuse_other_protocols(t, cx, protocol);
@@ -185,6 +189,7 @@ impl FromNode for VirtualService {
                 idle_timeout: idle_timeout.unwrap_or(default_idle),
                 max_connections,
                 access,
+                vrf,
                 gslb: gslb.map(|g| gslb_fqdn(&g)),
                 kind,
             })
@@ -216,6 +221,20 @@ fn check_gslb_listen(at: &str, listen: &[SocketAddr], cx: &mut Cx<'_>) {
             );
         }
     }
+}
+
+/// `vrf`: a VRF device's name (an interface name: sockets are bound to it with
+/// SO_BINDTODEVICE, as `ip vrf exec` does).
+pub(crate) fn read_vrf(t: &mut TableReader<'_>, cx: &mut Cx<'_>) -> Option<String> {
+    let vrf: String = t.opt(cx, "vrf")?;
+    if crate::types::ifname_ok(&vrf) {
+        return Some(vrf);
+    }
+    cx.error_path(
+        &format!("{}.vrf", t.path()),
+        format!("{vrf:?} is not a VRF device name: expected 1 to 15 characters of letters, digits, '.', '_' and '-'"),
+    );
+    None
 }
 
 impl VirtualService {
@@ -408,6 +427,7 @@ mod tests {
                 "max_connections",
                 "allow",
                 "deny",
+                "vrf",
             ];
             for key in known.split(", ") {
                 assert!(

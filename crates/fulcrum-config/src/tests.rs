@@ -1580,3 +1580,55 @@ fn weight_reading_refusal_lists_every_monitor() {
         "weight readings of monitors \"cpu\", \"mem\" and \"disk\" (combined",
     );
 }
+
+/// `vrf`: a device name; the same address and port in two VRFs are two listeners, twice in one
+/// VRF a conflict; not on in-kernel forwarding nor on link pools.
+#[test]
+fn vrf_is_part_of_a_listeners_identity() {
+    let vs = |name: &str, vrf: &str| {
+        format!("[[virtual_service]]\nname = \"{name}\"\nlisten = \"10.0.0.1:80\"\nprotocol = \"tcp\"\npool = \"p\"\n{vrf}\n")
+    };
+    let pool = "[[pool]]\nname = \"p\"\nvrf = \"blue\"\n";
+    let c = ok(&format!(
+        "{}{}{pool}",
+        vs("a", "vrf = \"blue\""),
+        vs("b", "vrf = \"red\"")
+    ));
+    assert_eq!(c.virtual_services[0].vrf.as_deref(), Some("blue"));
+    assert_eq!(c.pools[0].vrf.as_deref(), Some("blue"));
+    ok(&format!(
+        "{}{}{pool}",
+        vs("a", "vrf = \"blue\""),
+        vs("b", "")
+    ));
+    let e = errs(&format!(
+        "{}{}{pool}",
+        vs("a", "vrf = \"blue\""),
+        vs("b", "vrf = \"blue\"")
+    ));
+    has(
+        &e,
+        "virtual_service[1].listen[0]: 10.0.0.1:80 in vrf \"blue\" is already used by virtual_service[0] (a)",
+    );
+    let e = errs(&format!("{}{pool}", vs("a", "vrf = \"bl ue\"")));
+    has(
+        &e,
+        "virtual_service[0].vrf: \"bl ue\" is not a VRF device name",
+    );
+    let e = errs(&format!(
+        "{}{pool}",
+        vs(
+            "a",
+            "vrf = \"blue\"\nforwarding = \"nat\"\ninterfaces = [\"eth0\"]"
+        )
+    ));
+    has(
+        &e,
+        "virtual_service[0].vrf: `vrf` applies to proxied services",
+    );
+    let e = errs(&format!(
+        "{}{pool}[[pool]]\nname = \"l\"\nkind = \"link\"\nvrf = \"blue\"\n",
+        vs("a", "")
+    ));
+    has(&e, "pool[1].vrf: `vrf` applies to server pools");
+}

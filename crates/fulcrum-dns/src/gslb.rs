@@ -295,6 +295,7 @@ fn scheduler_pool_config(
         gateways: vec![],
         busy: None,
         elastic: None,
+        vrf: None,
     }
 }
 

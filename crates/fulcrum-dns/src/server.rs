@@ -179,9 +179,9 @@ impl DnsServer {
             move |errs| errs.iter().map(|e| format!("{e} (dns, {proto})")).collect()
         }
         let n = per_address.max(1);
-        let udp = bind_new(wanted, listening, n, bind_udp).map_err(named("udp"));
+        let udp = bind_new(wanted, listening, n, |a| bind_udp(*a)).map_err(named("udp"));
         // TCP carries only truncated retries and large answers: two sockets are plenty.
-        let tcp = bind_new(wanted, listening, n.min(2), bind_stream).map_err(named("tcp"));
+        let tcp = bind_new(wanted, listening, n.min(2), |a| bind_stream(*a)).map_err(named("tcp"));
         match (udp, tcp) {
             (Ok(mut udp), Ok(mut tcp)) => Ok(Prepared {
                 sockets: wanted

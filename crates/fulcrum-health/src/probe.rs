@@ -70,6 +70,7 @@ pub(crate) async fn supervise(pools: Arc<ArcSwap<Vec<Arc<Pool>>>>, timing: Probe
                         pool.connect_timeout,
                         timing,
                         pool.is_datagram(),
+                        pool.config.vrf.clone(),
                     ));
                     probes.insert(key, (member.clone(), task));
                 }
@@ -80,7 +81,13 @@ pub(crate) async fn supervise(pools: Arc<ArcSwap<Vec<Arc<Pool>>>>, timing: Probe
     }
 }
 
-async fn probe_member(member: Arc<Member>, timeout: Duration, timing: ProbeTiming, datagram: bool) {
+async fn probe_member(
+    member: Arc<Member>,
+    timeout: Duration,
+    timing: ProbeTiming,
+    datagram: bool,
+    vrf: Option<String>,
+) {
     let mut attempt = 0;
     loop {
         tokio::time::sleep(timing.delay(attempt)).await;
@@ -90,7 +97,7 @@ async fn probe_member(member: Arc<Member>, timeout: Duration, timing: ProbeTimin
         let result = if datagram {
             udp_probe(member.address, timeout).await
         } else {
-            connect(&Probe::new(member.address, None, timeout))
+            connect(&Probe::new(member.address, None, timeout).in_vrf(vrf.as_deref()))
                 .await
                 .map(|_| "connected")
         };

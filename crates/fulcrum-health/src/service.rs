@@ -336,10 +336,12 @@ async fn run_check(
     loop {
         tokio::time::sleep_until(next).await;
         let started = Instant::now();
-        let address = target.load().member.address;
-        let verdict = check
-            .run(&Probe::new(address, monitor.port, monitor.timeout))
-            .await;
+        let (address, vrf) = {
+            let t = target.load();
+            (t.member.address, t.pool.config.vrf.clone())
+        };
+        let probe = Probe::new(address, monitor.port, monitor.timeout).in_vrf(vrf.as_deref());
+        let verdict = check.run(&probe).await;
         if let Verdict::Health { ok: true, .. } = verdict {
             target
                 .load()

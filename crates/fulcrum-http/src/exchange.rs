@@ -304,8 +304,10 @@ async fn connect(route: Route<'_>, picked: &Picked, client: &ConnInfo) -> io::Re
         route.svc.transparent.as_deref(),
         client.peer,
     );
+    let vrf = t.pool.config.vrf.as_deref();
     let mut io =
-        fulcrum_net::snat::connect_from(source, member.address, t.pool.connect_timeout).await?;
+        fulcrum_net::snat::connect_from(source, vrf, member.address, t.pool.connect_timeout)
+            .await?;
     member.record_connect_success(started.elapsed());
     if let Some(v) = route.svc.proxy_protocol {
         let header = fulcrum_net::proxy_protocol::header(v, client.peer, client.local);

@@ -229,6 +229,7 @@ async fn attempt_h2<C: ClientSession>(
             t.pool.connect_timeout,
             t.tls.as_deref(),
             svc.snat.as_deref(),
+            t.pool.config.vrf.as_deref(),
         )
         .await;
     let (mut sender, fresh) = match connected {

@@ -409,6 +409,7 @@ impl H2Member {
         connect_timeout: Duration,
         tls: Option<&crate::tls::client::MemberTls>,
         snat: Option<&fulcrum_net::Snat>,
+        vrf: Option<&str>,
     ) -> io::Result<(SendRequest<UpBody>, bool)> {
         if let Some(s) = self.current() {
             return Ok((s, false));
@@ -418,7 +419,7 @@ impl H2Member {
             return Ok((s, false));
         }
         let started = Instant::now();
-        let io = open(snat, self.member.address, connect_timeout, tls).await?;
+        let io = open(snat, vrf, self.member.address, connect_timeout, tls).await?;
         let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(TokioIo::new(io));
@@ -608,16 +609,18 @@ impl Upstreams {
 /// (`fulcrum_net::snat::is_snat_exhaustion`), not the member's fault.
 pub async fn connect(
     snat: Option<&fulcrum_net::Snat>,
+    vrf: Option<&str>,
     addr: SocketAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
-    fulcrum_net::snat::connect(snat, addr, timeout).await
+    fulcrum_net::snat::connect(snat, vrf, addr, timeout).await
 }
 
 /// A new connection to the HTTP/2 member at `addr`: TCP, then TLS when the pool has it (an
 /// in-memory member instead in fuzz and test builds, when one listens at `addr`).
 async fn open(
     snat: Option<&fulcrum_net::Snat>,
+    vrf: Option<&str>,
     addr: SocketAddr,
     timeout: Duration,
     tls: Option<&crate::tls::client::MemberTls>,
@@ -626,7 +629,7 @@ async fn open(
     if let Some(io) = memory_member(addr, tls.is_some()) {
         return io;
     }
-    let io = connect(snat, addr, timeout).await?;
+    let io = connect(snat, vrf, addr, timeout).await?;
     secure(io, tls, addr, timeout).await
 }
 

@@ -542,7 +542,7 @@ async fn call_member(
     connect_timeout: std::time::Duration,
     request: http::Request<Full<Bytes>>,
 ) -> Result<CallResponse, crate::BoxError> {
-    let tcp = crate::upstream::connect(None, addr, connect_timeout).await?;
+    let tcp = crate::upstream::connect(None, None, addr, connect_timeout).await?;
     let _ = tcp.set_nodelay(true);
     let io = crate::upstream::secure(tcp, tls, addr, connect_timeout).await?;
     let (mut send, conn) =

@@ -193,6 +193,7 @@ fn balance_pool(o: &plan::OutboundPlan, previous: Option<&Pool>) -> Pool {
         busy: o.busy,
         elastic: None,
         zero_window_timeout: None,
+        vrf: None,
     };
     let labels: Vec<Arc<str>> = o.links.iter().map(|l| Arc::from(l.name.as_str())).collect();
     let pool = Pool::new_labeled(&pc, &[], previous, &labels);

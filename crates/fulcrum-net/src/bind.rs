@@ -4,7 +4,24 @@
 use std::io;
 use std::os::fd::AsRawFd;
 
+use std::net::SocketAddr;
+
 use tokio::net::TcpSocket;
+
+/// A TCP socket of `member`'s family for a member connection, bound into `vrf` (the VRF
+/// device, SO_BINDTODEVICE: routes and source addresses then come from the VRF's table, as
+/// with `ip vrf exec`) when the pool has one.
+pub(crate) fn member_socket(member: SocketAddr, vrf: Option<&str>) -> io::Result<TcpSocket> {
+    let socket = if member.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(device) = vrf {
+        socket2::SockRef::from(&socket).bind_device(Some(device.as_bytes()))?;
+    }
+    Ok(socket)
+}
 
 /// `EADDRNOTAVAIL` (no free port for the 4-tuple, with `IP_BIND_ADDRESS_NO_PORT`) or
 /// `EADDRINUSE` (the same, when the kernel had to pick the port at bind time).

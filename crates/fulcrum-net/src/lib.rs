@@ -19,8 +19,8 @@ pub mod transparent;
 pub mod tuning;
 
 pub use listener::{
-    BindError, DatagramListeners, DatagramService, Listener, Listeners, Prepared, PreparedDatagram,
-    StreamHandler,
+    BindError, DatagramListeners, DatagramService, ListenAddr, Listener, Listeners, Prepared,
+    PreparedDatagram, StreamHandler,
 };
 pub use snat::{Snat, Source};
 pub use stats::{RuleHits, ServiceConnection, ServiceStats};

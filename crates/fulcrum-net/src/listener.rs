@@ -6,6 +6,8 @@
 //! atomically; connections already accepted keep the handler they started with.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +28,48 @@ pub trait StreamHandler: Send + Sync + 'static {
 /// The handler installed on a listener, swapped on reload.
 pub type HandlerSlot = ArcSwap<Arc<dyn StreamHandler>>;
 
+/// Where a virtual service listens: an address in the main routing domain or inside a VRF.
+/// The same address and port in two VRFs are two listeners.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ListenAddr {
+    pub addr: SocketAddr,
+    /// The VRF device the sockets are bound to (SO_BINDTODEVICE on the l3mdev, as `ip vrf exec`
+    /// does); `None`: the main routing domain.
+    pub vrf: Option<Arc<str>>,
+}
+
+impl ListenAddr {
+    pub fn new(addr: SocketAddr, vrf: Option<&str>) -> ListenAddr {
+        ListenAddr {
+            addr,
+            vrf: vrf.map(Arc::from),
+        }
+    }
+}
+
+impl From<SocketAddr> for ListenAddr {
+    fn from(addr: SocketAddr) -> ListenAddr {
+        ListenAddr { addr, vrf: None }
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.vrf {
+            Some(vrf) => write!(f, "{} in vrf {vrf}", self.addr),
+            None => write!(f, "{}", self.addr),
+        }
+    }
+}
+
+/// Binds the socket to `at`'s VRF device, if it has one, before it binds its address.
+fn enter_vrf(socket: &Socket, at: &ListenAddr) -> io::Result<()> {
+    match &at.vrf {
+        Some(vrf) => socket.bind_device(Some(vrf.as_bytes())),
+        None => Ok(()),
+    }
+}
+
 /// How many sockets (SO_REUSEPORT) each address gets: the kernel spreads new connections over
 /// them, so several accept loops run in parallel without sharing one accept queue.
 pub fn default_sockets_per_address(workers: usize) -> usize {
@@ -37,7 +81,14 @@ pub fn default_sockets_per_address(workers: usize) -> usize {
 /// can both be configured), non-blocking, a deep backlog, and TCP_NODELAY, which accepted
 /// connections inherit (a proxy forwards what it has at once; `tcp.nodelay = false` undoes it).
 pub fn bind_stream(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    bind_stream_at(&addr.into())
+}
+
+/// `bind_stream` inside `at`'s VRF.
+pub fn bind_stream_at(at: &ListenAddr) -> io::Result<std::net::TcpListener> {
+    let addr = at.addr;
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    enter_vrf(&socket, at)?;
     socket.set_reuse_address(true)?;
     socket.set_tcp_nodelay(true)?;
     socket.set_reuse_port(true)?;
@@ -53,26 +104,29 @@ pub fn bind_stream(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 /// Binds `per_address` sockets with `bind` for every address of `wanted` not yet `listening`:
 /// the first step of a reload, before anything running changes. On any failure every error is
 /// returned, and the sockets bound so far are closed again when the map is dropped.
-pub fn bind_new<T>(
-    wanted: &[SocketAddr],
-    listening: impl Fn(&SocketAddr) -> bool,
+pub fn bind_new<K: Clone + Eq + Hash + fmt::Display, T>(
+    wanted: &[K],
+    listening: impl Fn(&K) -> bool,
     per_address: usize,
-    bind: impl Fn(SocketAddr) -> io::Result<T>,
-) -> Result<HashMap<SocketAddr, Vec<T>>, Vec<BindError>> {
+    bind: impl Fn(&K) -> io::Result<T>,
+) -> Result<HashMap<K, Vec<T>>, Vec<BindError>> {
     let mut sockets = HashMap::new();
     let mut errors = Vec::new();
-    for &addr in wanted {
-        if listening(&addr) || sockets.contains_key(&addr) {
+    for at in wanted {
+        if listening(at) || sockets.contains_key(at) {
             continue;
         }
         match (0..per_address.max(1))
-            .map(|_| bind(addr))
+            .map(|_| bind(at))
             .collect::<io::Result<Vec<T>>>()
         {
             Ok(s) => {
-                sockets.insert(addr, s);
+                sockets.insert(at.clone(), s);
             }
-            Err(error) => errors.push(BindError { addr, error }),
+            Err(error) => errors.push(BindError {
+                at: at.to_string(),
+                error,
+            }),
         }
     }
     if errors.is_empty() {
@@ -84,7 +138,7 @@ pub fn bind_new<T>(
 
 /// One listening address: its sockets, their accept loops and the current handler.
 pub struct Listener {
-    pub addr: SocketAddr,
+    pub at: ListenAddr,
     slot: Arc<HandlerSlot>,
     tasks: Vec<JoinHandle<()>>,
     /// The sockets, shared with their accept loops (for TCP tuning on reload).
@@ -105,18 +159,18 @@ impl Drop for Listener {
 impl Listener {
     /// Binds `sockets` sockets on `addr` and starts accepting into `handler`.
     pub fn bind(
-        addr: SocketAddr,
+        at: ListenAddr,
         sockets: usize,
         handler: Arc<dyn StreamHandler>,
     ) -> io::Result<Listener> {
         let bound: Vec<std::net::TcpListener> = (0..sockets.max(1))
-            .map(|_| bind_stream(addr))
+            .map(|_| bind_stream_at(&at))
             .collect::<io::Result<_>>()?;
-        Self::from_sockets(addr, bound, handler)
+        Self::from_sockets(at, bound, handler)
     }
 
     fn from_sockets(
-        addr: SocketAddr,
+        at: ListenAddr,
         bound: Vec<std::net::TcpListener>,
         handler: Arc<dyn StreamHandler>,
     ) -> io::Result<Listener> {
@@ -129,7 +183,7 @@ impl Listener {
             tasks.push(tokio::spawn(accept_loop(listener, slot.clone())));
         }
         Ok(Listener {
-            addr,
+            at,
             slot,
             tasks,
             sockets,
@@ -182,21 +236,22 @@ async fn accept_loop(listener: Arc<TcpListener>, slot: Arc<HandlerSlot>) {
 /// Every stream listener of the process, by address.
 #[derive(Default)]
 pub struct Listeners {
-    by_addr: HashMap<SocketAddr, Listener>,
+    by_addr: HashMap<ListenAddr, Listener>,
 }
 
 /// An address that could not be bound.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr}: {error}")]
+#[error("cannot listen on {at}: {error}")]
 pub struct BindError {
-    pub addr: SocketAddr,
+    /// The address (and VRF) as the operator wrote it.
+    pub at: String,
     #[source]
     pub error: io::Error,
 }
 
 /// Sockets bound for addresses a new configuration adds, not yet accepting.
 pub struct Prepared {
-    sockets: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
+    sockets: HashMap<ListenAddr, Vec<std::net::TcpListener>>,
 }
 
 impl Listeners {
@@ -204,14 +259,14 @@ impl Listeners {
     /// any address fails, every failure is returned and the new sockets are closed again.
     pub fn prepare(
         &self,
-        wanted: &[SocketAddr],
+        wanted: &[ListenAddr],
         sockets_per_address: usize,
     ) -> Result<Prepared, Vec<BindError>> {
         bind_new(
             wanted,
             |a| self.by_addr.contains_key(a),
             sockets_per_address,
-            bind_stream,
+            bind_stream_at,
         )
         .map(|sockets| Prepared { sockets })
     }
@@ -222,26 +277,26 @@ impl Listeners {
     pub fn commit(
         &mut self,
         prepared: Prepared,
-        wanted: Vec<(SocketAddr, Arc<dyn StreamHandler>)>,
+        wanted: Vec<(ListenAddr, Arc<dyn StreamHandler>)>,
     ) -> io::Result<()> {
-        let keep: HashMap<SocketAddr, Arc<dyn StreamHandler>> = wanted.into_iter().collect();
+        let keep: HashMap<ListenAddr, Arc<dyn StreamHandler>> = wanted.into_iter().collect();
         self.by_addr.retain(|addr, _| keep.contains_key(addr));
         for (addr, l) in &self.by_addr {
             if let Some(h) = keep.get(addr) {
                 l.set_handler(h.clone());
             }
         }
-        for (addr, sockets) in prepared.sockets {
-            if let Some(h) = keep.get(&addr) {
-                self.by_addr
-                    .insert(addr, Listener::from_sockets(addr, sockets, h.clone())?);
+        for (at, sockets) in prepared.sockets {
+            if let Some(h) = keep.get(&at) {
+                let listener = Listener::from_sockets(at.clone(), sockets, h.clone())?;
+                self.by_addr.insert(at, listener);
             }
         }
         Ok(())
     }
 
-    pub fn addresses(&self) -> Vec<SocketAddr> {
-        self.by_addr.keys().copied().collect()
+    pub fn addresses(&self) -> Vec<ListenAddr> {
+        self.by_addr.keys().cloned().collect()
     }
 
     /// Sets the client-side TCP options of `addr`'s sockets (`tcp` on its virtual service; the
@@ -249,10 +304,10 @@ impl Listeners {
     /// before and now unset go back to the system's defaults.
     pub fn tune(
         &mut self,
-        addr: SocketAddr,
+        at: &ListenAddr,
         tuning: Option<&fulcrum_config::TcpTuning>,
     ) -> io::Result<()> {
-        let Some(l) = self.by_addr.get_mut(&addr) else {
+        let Some(l) = self.by_addr.get_mut(at) else {
             return Ok(());
         };
         if tuning == l.tuned.as_ref() {
@@ -287,7 +342,14 @@ pub trait DatagramService: Send + Sync + Sized + 'static {
 /// IPv6-only, non-blocking, and receive/send buffers as large as the system allows so bursts
 /// are not dropped while a worker is busy.
 pub fn bind_datagram(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    bind_datagram_at(&addr.into())
+}
+
+/// `bind_datagram` inside `at`'s VRF.
+pub fn bind_datagram_at(at: &ListenAddr) -> io::Result<std::net::UdpSocket> {
+    let addr = at.addr;
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    enter_vrf(&socket, at)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     if addr.is_ipv6() {
@@ -319,7 +381,7 @@ impl<S> Drop for DatagramListener<S> {
 /// steps as `Listeners`: a reload binds new addresses before anything changes, kept sockets
 /// (and the flows their loops hold) get the new service, removed ones close.
 pub struct DatagramListeners<S> {
-    by_addr: HashMap<SocketAddr, DatagramListener<S>>,
+    by_addr: HashMap<ListenAddr, DatagramListener<S>>,
 }
 
 impl<S> Default for DatagramListeners<S> {
@@ -332,7 +394,7 @@ impl<S> Default for DatagramListeners<S> {
 
 /// Datagram sockets bound for addresses a new configuration adds, not yet receiving.
 pub struct PreparedDatagram {
-    sockets: HashMap<SocketAddr, Vec<std::net::UdpSocket>>,
+    sockets: HashMap<ListenAddr, Vec<std::net::UdpSocket>>,
 }
 
 impl<S: DatagramService> DatagramListeners<S> {
@@ -340,41 +402,41 @@ impl<S: DatagramService> DatagramListeners<S> {
     /// is returned and the new sockets are closed again.
     pub fn prepare(
         &self,
-        wanted: &[SocketAddr],
+        wanted: &[ListenAddr],
         sockets_per_address: usize,
     ) -> Result<PreparedDatagram, Vec<BindError>> {
         bind_new(
             wanted,
             |a| self.by_addr.contains_key(a),
             sockets_per_address,
-            bind_datagram,
+            bind_datagram_at,
         )
         .map(|sockets| PreparedDatagram { sockets })
     }
 
     /// Makes the listening set exactly `wanted`.
-    pub fn commit(&mut self, prepared: PreparedDatagram, wanted: Vec<(SocketAddr, Arc<S>)>) {
-        let keep: HashMap<SocketAddr, Arc<S>> = wanted.into_iter().collect();
+    pub fn commit(&mut self, prepared: PreparedDatagram, wanted: Vec<(ListenAddr, Arc<S>)>) {
+        let keep: HashMap<ListenAddr, Arc<S>> = wanted.into_iter().collect();
         self.by_addr.retain(|addr, _| keep.contains_key(addr));
         for (addr, l) in &self.by_addr {
             if let Some(s) = keep.get(addr) {
                 l.slot.store(s.clone());
             }
         }
-        for (addr, sockets) in prepared.sockets {
-            if let Some(s) = keep.get(&addr) {
+        for (at, sockets) in prepared.sockets {
+            if let Some(s) = keep.get(&at) {
                 let slot = Arc::new(ArcSwap::new(s.clone()));
                 let tasks = sockets
                     .into_iter()
                     .map(|sock| tokio::spawn(S::run(sock, slot.clone())))
                     .collect();
-                self.by_addr.insert(addr, DatagramListener { slot, tasks });
+                self.by_addr.insert(at, DatagramListener { slot, tasks });
             }
         }
     }
 
-    pub fn addresses(&self) -> Vec<SocketAddr> {
-        self.by_addr.keys().copied().collect()
+    pub fn addresses(&self) -> Vec<ListenAddr> {
+        self.by_addr.keys().cloned().collect()
     }
 
     /// Stops receiving everywhere (shutdown).

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
-use crate::bind::{bind_address_no_port, is_exhausted};
+use crate::bind::{bind_address_no_port, is_exhausted, member_socket};
 
 /// One source address of a pool and its counters.
 #[derive(Debug)]
@@ -123,7 +123,7 @@ impl Snat {
     /// Connects to `member` from the next address of the pool of the member's family, moving on
     /// to the following one while an address is exhausted. Fails with `AddrNotAvailable` when
     /// every address is (or none has the member's family), after counting it.
-    async fn connect(&self, member: SocketAddr) -> io::Result<TcpStream> {
+    async fn connect(&self, member: SocketAddr, vrf: Option<&str>) -> io::Result<TcpStream> {
         let n = self.addresses.len();
         // One shared counter per connection: the only cost on the connect path besides the
         // bind and setsockopt syscalls.
@@ -133,11 +133,7 @@ impl Snat {
             if a.ip.is_ipv4() != member.is_ipv4() {
                 continue;
             }
-            let socket = if member.is_ipv4() {
-                TcpSocket::new_v4()?
-            } else {
-                TcpSocket::new_v6()?
-            };
+            let socket = member_socket(member, vrf)?;
             // Without the option (an old kernel) the pool still works, with a port per socket.
             let _ = bind_address_no_port(&socket);
             let bound = socket.bind(SocketAddr::new(a.ip, 0));
@@ -198,25 +194,35 @@ impl<'a> Source<'a> {
 /// member's fault).
 pub async fn connect(
     snat: Option<&Snat>,
+    vrf: Option<&str>,
     member: SocketAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
-    connect_from(snat.map_or(Source::Host, Source::Snat), member, timeout).await
+    connect_from(
+        snat.map_or(Source::Host, Source::Snat),
+        vrf,
+        member,
+        timeout,
+    )
+    .await
 }
 
 /// Connects to a member within `timeout` from `source`, with TCP_NODELAY. A timeout is
 /// `TimedOut`; a source that cannot be used (an exhausted pool, a client address that cannot
 /// be taken) `AddrNotAvailable`, which is not the member's fault.
+/// `vrf`: the pool's VRF device, which the connection is bound into.
 pub async fn connect_from(
     source: Source<'_>,
+    vrf: Option<&str>,
     member: SocketAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
     let attempt = async {
         match source {
-            Source::Host => TcpStream::connect(member).await,
-            Source::Snat(s) => s.connect(member).await,
-            Source::Client(t, client) => t.connect(client, member).await,
+            Source::Host if vrf.is_none() => TcpStream::connect(member).await,
+            Source::Host => member_socket(member, vrf)?.connect(member).await,
+            Source::Snat(s) => s.connect(member, vrf).await,
+            Source::Client(t, client) => t.connect(client, member, vrf).await,
         }
     };
     match tokio::time::timeout(timeout, attempt).await {

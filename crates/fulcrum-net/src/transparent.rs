@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::bind::{bind_address_no_port, is_exhausted};
+use crate::bind::{bind_address_no_port, is_exhausted, member_socket};
 
 /// A service's transparency counters, kept across reloads by service name.
 #[derive(Debug)]
@@ -87,6 +87,7 @@ impl Transparent {
         &self,
         client: SocketAddr,
         member: SocketAddr,
+        vrf: Option<&str>,
     ) -> io::Result<TcpStream> {
         let ip = client.ip().to_canonical();
         if ip.is_ipv4() != member.is_ipv4() {
@@ -94,7 +95,7 @@ impl Transparent {
                 "source = \"client\": the client {ip} and the member {member} are of different address families"
             )));
         }
-        let first = match open(ip, client.port()) {
+        let first = match open(ip, client.port(), member, vrf) {
             Ok(socket) => socket.connect(member).await,
             Err(e) => Err(e),
         };
@@ -116,7 +117,7 @@ impl Transparent {
             }
             Err(e) => return Err(e),
         }
-        let second = match open(ip, 0) {
+        let second = match open(ip, 0, member, vrf) {
             Ok(socket) => socket.connect(member).await,
             Err(e) => Err(e),
         };
@@ -148,12 +149,8 @@ fn is_socket_setup_error(errno: i32) -> bool {
 
 /// A transparent TCP socket bound to `ip:port` (`port` 0: the kernel picks it at connect time,
 /// per 4-tuple).
-fn open(ip: IpAddr, port: u16) -> io::Result<TcpSocket> {
-    let socket = if ip.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
+fn open(ip: IpAddr, port: u16, member: SocketAddr, vrf: Option<&str>) -> io::Result<TcpSocket> {
+    let socket = member_socket(member, vrf)?;
     let sock = socket2::SockRef::from(&socket);
     if ip.is_ipv4() {
         sock.set_ip_transparent_v4(true)?;
@@ -189,12 +186,15 @@ mod tests {
         let t = Transparent::for_service("unit-transparent");
         let client: SocketAddr = "127.0.0.3:41234".parse().unwrap();
 
-        let first = t.connect(client, to).await.expect("transparent connect");
+        let first = t
+            .connect(client, to, None)
+            .await
+            .expect("transparent connect");
         let (_a, seen) = member.accept().await.unwrap();
         assert_eq!(seen, client);
         assert_eq!(first.local_addr().unwrap(), client);
 
-        let second = t.connect(client, to).await.expect("fallback connect");
+        let second = t.connect(client, to, None).await.expect("fallback connect");
         let (_b, seen) = member.accept().await.unwrap();
         assert_eq!(seen.ip(), client.ip());
         assert_ne!(seen.port(), client.port());
@@ -203,7 +203,7 @@ mod tests {
         assert_eq!(t.connections.load(Ordering::Relaxed), 2);
 
         let v6: SocketAddr = "[::1]:41234".parse().unwrap();
-        let e = t.connect(v6, to).await.expect_err("families differ");
+        let e = t.connect(v6, to, None).await.expect_err("families differ");
         assert_eq!(e.kind(), io::ErrorKind::AddrNotAvailable, "{e}");
         assert!(e.to_string().contains("different address families"), "{e}");
         assert_eq!(t.failures.load(Ordering::Relaxed), 1);

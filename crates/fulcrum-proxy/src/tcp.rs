@@ -389,6 +389,7 @@ impl TcpService {
                 fulcrum_net::Source::of(self.snat.as_deref(), self.transparent.as_deref(), peer);
             match fulcrum_net::snat::connect_from(
                 source,
+                pool.config.vrf.as_deref(),
                 picked.member.address,
                 pool.connect_timeout,
             )

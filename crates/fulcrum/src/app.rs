@@ -16,7 +16,7 @@ use fulcrum_balance::{PersistTable, Pool};
 use fulcrum_config::{Config, ConfigError};
 use fulcrum_health::HealthService;
 use fulcrum_net::listener::default_sockets_per_address;
-use fulcrum_net::{Listeners, Prepared, ServiceStats, StreamHandler, Tracker};
+use fulcrum_net::{ListenAddr, Listeners, Prepared, ServiceStats, StreamHandler, Tracker};
 use parking_lot::Mutex;
 
 use crate::planes::{BuildCx, CommitCx, DataPlane};
@@ -296,7 +296,7 @@ impl App {
         (
             Vec<Arc<Pool>>,
             Vec<ServiceInfo>,
-            Vec<(SocketAddr, Arc<dyn StreamHandler>)>,
+            Vec<(ListenAddr, Arc<dyn StreamHandler>)>,
             HashMap<String, Arc<ServiceStats>>,
             HashMap<String, Arc<PersistTable>>,
             Prepared,
@@ -339,7 +339,11 @@ impl App {
                 let st = cx.stats(vs);
                 let handler =
                     crate::planes::stream::access::guard(&vs.access, &self.cap, &st, handler);
-                handlers.extend(vs.listen.iter().map(|addr| (*addr, handler.clone())));
+                handlers.extend(
+                    vs.listen
+                        .iter()
+                        .map(|addr| (ListenAddr::new(*addr, vs.vrf.as_deref()), handler.clone())),
+                );
             }
             services.push(ServiceInfo {
                 name: vs.name.clone(),
@@ -349,7 +353,7 @@ impl App {
                 transparent: cx.transparent(vs),
             });
         }
-        let wanted: Vec<SocketAddr> = handlers.iter().map(|(addr, _)| *addr).collect();
+        let wanted: Vec<ListenAddr> = handlers.iter().map(|(at, _)| at.clone()).collect();
         let prepared = asm
             .listeners
             .prepare(&wanted, self.sockets_per_address)

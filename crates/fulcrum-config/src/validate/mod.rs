@@ -123,12 +123,13 @@ fn weight_readings_used(c: &mut Checker<'_>, cfg: &Config, i: usize) {
     );
 }
 
-/// Who listens on each address, one owner per (transport, address); the owner's description is
-/// what a later claimant is told.
+/// Who listens on each address, one owner per (transport, address, VRF: `None` is the main
+/// routing domain, and the same address and port in two VRFs are two listeners); the owner's
+/// description is what a later claimant is told.
 #[derive(Default)]
 struct Listeners {
-    stream: HashMap<SocketAddr, String>,
-    dgram: HashMap<SocketAddr, String>,
+    stream: HashMap<(SocketAddr, Option<String>), String>,
+    dgram: HashMap<(SocketAddr, Option<String>), String>,
 }
 
 fn pool_names(cfg: &Config) -> impl Iterator<Item = &str> + Clone {
@@ -182,7 +183,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
     let mut listeners = Listeners::default();
     listeners
         .stream
-        .insert(cfg.admin.listen, "admin.listen".into());
+        .insert((cfg.admin.listen, None), "admin.listen".into());
     let protocols_of_pool = check_virtual_services(&mut c, cfg, &mut listeners);
     check_pools(&mut c, cfg, &protocols_of_pool);
 
@@ -307,12 +308,28 @@ fn claim_service_listen(
     };
     for (j, addr) in vs.listen.iter().enumerate() {
         let me = format!("virtual_service[{i}] ({})", vs.name);
-        if let Some(prev) = owners.insert(*addr, me) {
+        if let Some(prev) = owners.insert((*addr, vs.vrf.clone()), me) {
+            let vrf = vs.vrf.as_ref().map(|v| format!(" in vrf {v:?}"));
             c.err(
                 &format!("virtual_service[{i}].listen[{j}]"),
-                format!("{addr} is already used by {prev}"),
+                format!(
+                    "{addr}{} is already used by {prev}",
+                    vrf.unwrap_or_default()
+                ),
             );
         }
+    }
+    if vs.vrf.is_some() && vs.protocol() == Protocol::Ftp {
+        c.err(
+            &format!("virtual_service[{i}].vrf"),
+            "`vrf` is not available on ftp services in this build: their data connections are not bound to it",
+        );
+    }
+    if vs.vrf.is_some() && vs.in_kernel() {
+        c.err(
+            &format!("virtual_service[{i}].vrf"),
+            "`vrf` applies to proxied services; the in-kernel forwarding (nat / dr / tunnel) serves the interfaces it is attached to (`interfaces`)",
+        );
     }
 }
 
@@ -472,6 +489,12 @@ fn check_pools(
                 );
             }
         }
+        if pool.vrf.is_some() && protos.contains(&Protocol::Ftp) {
+            c.err(
+                &format!("pool[{i}].vrf"),
+                "`vrf` is not available on pools of ftp services in this build: their data connections are not bound to it",
+            );
+        }
         check_http_pool_keys(c, cfg, i, protos);
     }
 }
@@ -516,7 +539,7 @@ fn check_dns_listen(c: &mut Checker<'_>, cfg: &Config, listeners: &mut Listeners
     };
     for (j, addr) in dns.listen.iter().enumerate() {
         for owners in [&mut listeners.stream, &mut listeners.dgram] {
-            if let Some(prev) = owners.insert(*addr, "dns".into()) {
+            if let Some(prev) = owners.insert((*addr, None), "dns".into()) {
                 c.err(
                     &format!("dns.listen[{j}]"),
                     format!("{addr} is already used by {prev}"),
@@ -594,7 +617,7 @@ fn check_gslb_local_site(c: &mut Checker<'_>, cfg: &Config, listeners: &mut List
     if let Some(addr) = g.listen.or(local_peer) {
         if let Some(prev) = listeners
             .stream
-            .insert(addr, "gslb site state exchange".into())
+            .insert((addr, None), "gslb site state exchange".into())
         {
             let at = if g.listen.is_some() {
                 "gslb.listen"

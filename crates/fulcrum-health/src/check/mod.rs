@@ -145,6 +145,15 @@ impl Via {
 }
 
 impl Probe {
+    /// Probes from inside the pool's VRF (`vrf` on the pool): bound to its device, as the
+    /// member connections are.
+    pub fn in_vrf(mut self, vrf: Option<&str>) -> Probe {
+        if let Some(device) = vrf {
+            self.via = Via::new(device, None, 0);
+        }
+        self
+    }
+
     pub fn new(member: SocketAddr, port: Option<u16>, timeout: Duration) -> Probe {
         let timeout = timeout.clamp(MIN_TIMEOUT, MAX_WAIT);
         Probe {

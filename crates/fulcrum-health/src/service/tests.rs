@@ -45,6 +45,7 @@ fn pool_config(name: &str, members: &[SocketAddr], monitors: &[&str]) -> fulcrum
         gateways: vec![],
         busy: None,
         elastic: None,
+        vrf: None,
         tls: None,
     }
 }

@@ -628,6 +628,11 @@ impl Hub {
         self.current.load().pool.connect_timeout
     }
 
+    /// The pool's VRF, which member connections are bound into.
+    pub(crate) fn vrf(&self) -> Option<String> {
+        self.current.load().pool.config.vrf.clone()
+    }
+
     /// Schedules a message and queues it on the chosen member's connections.
     pub(crate) fn dispatch(self: &Arc<Self>, msg: Message) {
         // A message just read from its client cannot be overdue: only re-sends and bounces

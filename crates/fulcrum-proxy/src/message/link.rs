@@ -134,16 +134,22 @@ async fn connect(
     started: Instant,
 ) -> Result<(TcpStream, Option<Box<ClientConnection>>), ConnectError> {
     let timeout = hub.connect_timeout();
-    let stream = fulcrum_net::snat::connect(hub.settings.snat.as_deref(), address, timeout)
-        .await
-        .map_err(|e| {
-            let reason = format!("connect: {e}");
-            if fulcrum_net::snat::is_snat_exhaustion(&e) {
-                ConnectError::NoSourcePort(reason)
-            } else {
-                ConnectError::Member(reason)
-            }
-        })?;
+    let vrf = hub.vrf();
+    let stream = fulcrum_net::snat::connect(
+        hub.settings.snat.as_deref(),
+        vrf.as_deref(),
+        address,
+        timeout,
+    )
+    .await
+    .map_err(|e| {
+        let reason = format!("connect: {e}");
+        if fulcrum_net::snat::is_snat_exhaustion(&e) {
+            ConnectError::NoSourcePort(reason)
+        } else {
+            ConnectError::Member(reason)
+        }
+    })?;
     if let Some(version) = hub.settings.proxy_protocol {
         // A member connection carries many clients' messages, so no single client address
         // can be announced: the header says the connection is Fulcrum's own (v2 LOCAL,

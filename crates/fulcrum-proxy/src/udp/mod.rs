@@ -713,7 +713,12 @@ fn new_flow(
     (one_way, counted): (OneWay, ServiceConnection),
     (route, port): (usize, u16),
 ) -> io::Result<Flow> {
-    let (socket, v6) = upstream_socket()?;
+    let vrf = svc
+        .rules
+        .pools()
+        .get(route)
+        .and_then(|p| p.config.vrf.as_deref());
+    let (socket, v6) = upstream_socket(vrf)?;
     let socket = Arc::new(register(socket)?);
     let shared = Arc::new(FlowShared {
         client: SockAddr::from(client),
@@ -750,8 +755,9 @@ fn register(socket: std::net::UdpSocket) -> io::Result<AsyncFd<std::net::UdpSock
 }
 
 /// A non-blocking upstream socket on an ephemeral port: dual-stack IPv6 when the host has IPv6,
-/// so one flow can reach IPv4 and IPv6 members alike, else IPv4. ICMP errors are queued.
-fn upstream_socket() -> io::Result<(std::net::UdpSocket, bool)> {
+/// so one flow can reach IPv4 and IPv6 members alike, else IPv4. ICMP errors are queued. With
+/// the pool's `vrf`, bound into that VRF's device.
+fn upstream_socket(vrf: Option<&str>) -> io::Result<(std::net::UdpSocket, bool)> {
     let (socket, v6) = match Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)) {
         Ok(s) if s.set_only_v6(false).is_ok() => (s, true),
         _ => (
@@ -760,6 +766,9 @@ fn upstream_socket() -> io::Result<(std::net::UdpSocket, bool)> {
         ),
     };
     socket.set_nonblocking(true)?;
+    if let Some(device) = vrf {
+        socket.bind_device(Some(device.as_bytes()))?;
+    }
     let any: SocketAddr = if v6 {
         (Ipv6Addr::UNSPECIFIED, 0).into()
     } else {

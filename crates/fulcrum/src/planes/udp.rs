@@ -3,7 +3,6 @@
 //! metric families.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use arc_swap::ArcSwap;
 use fulcrum_admin::{CounterFamily, MetricFamilies};
 use fulcrum_balance::{PersistTable, TableSpec};
 use fulcrum_config::{Config, Malformed, PersistenceKind, Protocol, VirtualService};
-use fulcrum_net::{DatagramListeners, PreparedDatagram, StreamHandler};
+use fulcrum_net::{DatagramListeners, ListenAddr, PreparedDatagram, StreamHandler};
 use fulcrum_proxy::{RadiusPersistence, UdpService, UdpStats};
 use parking_lot::Mutex;
 
@@ -38,7 +37,7 @@ struct State {
 /// What a configuration being applied adds up to, committed only if all of it worked.
 #[derive(Default)]
 struct Next {
-    handlers: Vec<(SocketAddr, Arc<UdpService>)>,
+    handlers: Vec<(ListenAddr, Arc<UdpService>)>,
     stats: HashMap<String, Arc<UdpStats>>,
     radius: HashMap<String, Arc<PersistTable>>,
     shown: Vec<(String, Arc<UdpStats>)>,
@@ -57,11 +56,15 @@ impl UdpPlane {
 impl DataPlane for UdpPlane {
     /// Binds the udp addresses `config` adds; nothing running changes.
     fn prepare(&self, config: &Config) -> Result<(), Vec<String>> {
-        let wanted: Vec<SocketAddr> = config
+        let wanted: Vec<ListenAddr> = config
             .virtual_services
             .iter()
             .filter(|v| self.serves(v))
-            .flat_map(|v| v.listen.iter().copied())
+            .flat_map(|v| {
+                v.listen
+                    .iter()
+                    .map(|a| ListenAddr::new(*a, v.vrf.as_deref()))
+            })
             .collect();
         let mut state = self.state.lock();
         state.pending = None;
@@ -152,7 +155,8 @@ impl DataPlane for UdpPlane {
             access: (!vs.access.is_empty()).then(|| Arc::new(vs.access.clone())),
         });
         for addr in &vs.listen {
-            next.handlers.push((*addr, service.clone()));
+            let at = ListenAddr::new(*addr, vs.vrf.as_deref());
+            next.handlers.push((at, service.clone()));
         }
         next.stats.insert(vs.name.clone(), udp.clone());
         next.shown.push((vs.name.clone(), udp));

@@ -33,7 +33,8 @@ pub fn apply(listeners: &mut Listeners, config: &Config) {
         .filter(|v| !v.protocol().is_datagram())
     {
         for addr in &vs.listen {
-            if let Err(e) = listeners.tune(*addr, vs.tcp_tuning()) {
+            let at = fulcrum_net::ListenAddr::new(*addr, vs.vrf.as_deref());
+            if let Err(e) = listeners.tune(&at, vs.tcp_tuning()) {
                 tracing::warn!(service = %vs.name, %addr, error = %e, "cannot apply `tcp` tuning to the listener");
             }
         }
