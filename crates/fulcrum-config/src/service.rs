@@ -427,6 +427,7 @@ mod tests {
                 "max_connections",
                 "allow",
                 "deny",
+                "gslb",
                 "vrf",
             ];
             for key in known.split(", ") {
