@@ -101,7 +101,8 @@ pub struct FlowEntry {
     pub client: SocketAddr,
     /// The VIP and port the client sent to.
     pub vip: SocketAddr,
-    /// IP protocol: 6 (TCP) or 17 (UDP).
+    /// IP protocol: 6 (TCP), 17 (UDP), or another one of an ip VIP (`protocol = "ip"`: ESP,
+    /// GRE, ICMP, ...), whose flows have no ports (`client` and `vip` ports 0).
     pub proto: u8,
     /// The member the flow goes to (a pool member's address).
     pub member: SocketAddr,
@@ -130,7 +131,8 @@ pub struct FlowHop {
 impl FlowEntry {
     /// Whether the entry makes sense at all (the receiver checks it against its own services).
     pub fn valid(&self) -> bool {
-        matches!(self.proto, 6 | 17)
+        let portless = self.proto != 0 && self.client.port() == 0 && self.vip.port() == 0;
+        (matches!(self.proto, 6 | 17) || portless)
             && !self.vs.is_empty()
             && self.vs.len() <= 256
             && self.client.is_ipv4() == self.vip.is_ipv4()
@@ -648,6 +650,10 @@ mod tests {
             Entry::Flow(dr),
         ];
         assert_eq!(decode_entries(&encode_entries(&entries)), Ok((entries, 0)));
+        // A flow of an ip VIP without ports (ESP) travels; one of such a protocol with ports
+        // (below: ICMP, ports 1 and 80) does not.
+        let esp = r#"[{"f":{"vs":"vpn","client":"198.18.0.2:0","vip":"198.18.10.1:0","proto":50,"member":"198.18.1.11:0"}}]"#;
+        assert!(matches!(decode_entries(esp.as_bytes()), Ok((e, 0)) if e.len() == 1));
         let bad = [
             r#"{"f":{"vs":"web","client":"198.18.0.2:1","vip":"[2001:db8::1]:80","proto":6,"member":"198.18.1.11:80"}}"#,
             r#"{"f":{"vs":"web","client":"198.18.0.2:1","vip":"198.18.10.1:80","proto":1,"member":"198.18.1.11:80"}}"#,

@@ -24,6 +24,14 @@
 //   - Truncated/malformed L4 headers to a VIP address: XDP_DROP, counted. Truncated L2/L3 headers:
 //     XDP_PASS (the kernel drops them and counts them in its own statistics), counted here too.
 //
+// VIP lookup: (address, protocol, port), then (address, protocol, port 0) — a tcp / udp service
+// listening on port 0 takes every port — then (address, protocol 0, port 0), a `protocol = "ip"`
+// service taking every IP protocol. The fallbacks cost nothing on a hit of the first lookup and
+// are skipped entirely unless some VIP needs them (SET_F_WILDCARD). Protocols without ports
+// (ESP, GRE, SCTP, ICMP echo, ...) go by (client, VIP, protocol) with the ports 0, so every
+// packet of one client and protocol takes one member; ip VIPs hash by the client address only,
+// so all of a client's protocols take the same member (IPsec's IKE and ESP together).
+//
 // Keep struct layouts in sync with crates/fulcrum-xdp/src/maps.rs (#[repr(C)] mirrors).
 
 #include <linux/bpf.h>
@@ -40,6 +48,7 @@
 // linux/icmp.h pulls in libc's headers, which do not exist for the BPF target: the two
 // definitions needed here instead.
 #define ICMP_DEST_UNREACH 3
+#define ICMP_ECHO 8
 struct icmphdr {
 	__u8 type;
 	__u8 code;
@@ -85,6 +94,12 @@ struct icmphdr {
 // ha.sync: report every new flow in `flow_events` for the peer node (off: the path costs one
 // flag test per new flow, nothing per packet of an established one).
 #define SET_F_SYNC 0x2
+// Some VIP listens on port 0 or is an ip VIP: a miss of the exact VIP key tries the wildcards.
+#define SET_F_WILDCARD 0x4
+// Some VIP is an ip VIP: packets of protocols without ports are looked up at all.
+#define SET_F_ANY_PROTO 0x8
+// vip_key.proto of an ip VIP (every protocol; IPv6 hop-by-hop, also 0, never gets that far).
+#define VIP_PROTO_ANY 0
 
 enum drop_reason {
 	DROP_NO_REAL = 0,   // the VIP's ring is empty (no member up)
@@ -116,6 +131,9 @@ enum global_counter {
 	G_RST_IGNORED = 9,      // RST outside the window the flow has seen: state kept, forwarded
 	G_NAT_REPLY_RESTORED = 10, // nat reply entry lost (LRU) and rebuilt from the connection entry
 	G_DECAP_REFUSED = 11,   // fulcrum_decap: outer source not an allowed balancer, dropped
+	// dr/tunnel: a packet of a protocol without ports that cannot open a flow (an ICMP echo
+	// reply, ...) without a flow, sent where the ring says without creating one
+	G_PORTLESS_NO_FLOW_FORWARDED = 12,
 	G_COUNTERS = 16,
 };
 
@@ -188,6 +206,7 @@ struct settings {
 	__u64 tcp_idle;
 	__u64 tcp_fin;
 	__u64 udp_idle;
+	__u64 other_idle; // protocols without ports (ip VIPs)
 	__u32 tun_src4; // network order, host bits replaced by the flow hash
 	__u32 tun_src4_mask; // network order, the host bits
 	__u32 tun_src6[4];
@@ -373,6 +392,8 @@ struct pkt {
 	__u8 tos;
 	__u8 icmp; // quoted packet of an ICMP error: key is the client->VIP flow
 	__u8 opts;
+	__u8 portless; // a protocol without ports (not TCP/UDP): key ports are 0
+	__u8 opens;    // portless: this packet may start a flow (not an ICMP echo reply, ...)
 	// TCP, host order: sequence number, the one after the segment (payload, SYN and FIN
 	// counted), acknowledgment number.
 	__u32 seq;
@@ -691,6 +712,55 @@ static __always_inline int nat_in(struct xdp_md *ctx, struct pkt *p, const struc
 	return out(ctx, r->ifindex);
 }
 
+// The address of a packet without ports rewritten to `to` (dst: the destination, else the
+// source), with the checksums that cover it: the IPv4 header's, and ICMPv6's, whose
+// pseudo-header holds the addresses. ICMPv4, GRE, ESP and SCTP (CRC32c over its own header and
+// data) have no checksum over the addresses; neither do the others of `protocol = "ip"`
+// (docs/xdp.md names the exceptions). -1: the headers are not where the parser found them.
+static __always_inline int portless_rewrite(struct xdp_md *ctx, const struct pkt *p,
+					    const __u32 *to, int dst)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	if (p->k.family == 4) {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > end)
+			return -1;
+		__u32 *a = dst ? &ip->daddr : &ip->saddr;
+		ip->check = csum_replace4(ip->check, *a, to[0]);
+		*a = to[0];
+		return 0;
+	}
+	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	if ((void *)(ip6 + 1) > end)
+		return -1;
+	__u32 *a = dst ? ip6->daddr.in6_u.u6_addr32 : ip6->saddr.in6_u.u6_addr32;
+	if (p->k.proto == IPPROTO_ICMPV6) {
+		struct icmp6hdr *ic = (void *)(ip6 + 1);
+		if ((void *)(ic + 1) > end)
+			return -1;
+		__u16 sum = ic->icmp6_cksum;
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			sum = csum_replace4(sum, a[i], to[i]);
+		ic->icmp6_cksum = sum;
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		a[i] = to[i];
+	return 0;
+}
+
+// nat mode, a packet without ports to an ip VIP: the destination becomes the member's address.
+static __always_inline int nat_in_portless(struct xdp_md *ctx, struct pkt *p, const struct real *r)
+{
+	if (portless_rewrite(ctx, p, r->addr, 1))
+		return XDP_ABORTED;
+	if (set_macs(ctx, r->mac))
+		return XDP_ABORTED;
+	return out(ctx, r->ifindex);
+}
+
 // nat mode, an ICMP error about a VIP flow (e.g. fragmentation needed for a reply the member
 // sent): the member must find its own packet in the quote, so the outer destination, the quoted
 // source address and port, and every checksum that covers them are rewritten (outer IPv4
@@ -792,9 +862,11 @@ pass:
 
 static __always_inline __u64 idle_limit(const struct settings *cfg, __u8 proto, __u32 flags)
 {
+	if (proto == IPPROTO_TCP)
+		return (flags & CONN_F_FIN) ? cfg->tcp_fin : cfg->tcp_idle;
 	if (proto == IPPROTO_UDP)
 		return cfg->udp_idle;
-	return (flags & CONN_F_FIN) ? cfg->tcp_fin : cfg->tcp_idle;
+	return cfg->other_idle;
 }
 
 // ha.sync: the new flow into flow_events; a full buffer loses it (counted), the flow itself is
@@ -960,7 +1032,11 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 	// gone), and must not take a table entry from a real flow. nat has no way to forward it
 	// (the reply would not be translated); dr and tunnel send it where the ring says, without
 	// state, so that flows still reach their member after a restart that lost the table.
-	int no_flow = !ri && !p->icmp && tcp && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN;
+	// Protocols without ports: any packet may start a flow (ESP, GRE have no handshake) but an
+	// ICMP echo reply and the like, which answer something.
+	int no_flow = !ri && !p->icmp &&
+		      ((tcp && (p->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN) ||
+		       (p->portless && !p->opens));
 	// allow / deny: like a proxied service, TCP is checked where a connection starts (any
 	// segment without a flow: a flow of a denied source never exists, and one that predates
 	// a reload goes on), UDP on every datagram. An ICMP error's quoted client is not its
@@ -989,7 +1065,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			return drop_vip(vi, DROP_NO_REAL);
 		ri = *rp;
 		if (no_flow) {
-			count_global(G_NO_FLOW_FORWARDED);
+			count_global(p->portless ? G_PORTLESS_NO_FLOW_FORWARDED : G_NO_FLOW_FORWARDED);
 		} else if (!p->icmp) {
 			struct conn nc = { .real = ri, .flags = 0, .last = now };
 			if (tcp) {
@@ -1039,8 +1115,10 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 		// The reply's key: member -> client.
 		__builtin_memcpy(rk.src, r->addr, sizeof(rk.src));
 		__builtin_memcpy(rk.dst, p->k.src, sizeof(rk.dst));
-		rk.sport = r->port ? r->port : p->k.dport;
-		rk.dport = p->k.sport;
+		if (!p->portless) {
+			rk.sport = r->port ? r->port : p->k.dport;
+			rk.dport = p->k.sport;
+		}
 		rk.proto = p->k.proto;
 		rk.family = p->k.family;
 		// The reply entry sits in an LRU table of its own and may be evicted while the
@@ -1067,6 +1145,8 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *p, const stru
 			if (restore)
 				count_global(G_NAT_REPLY_RESTORED);
 		}
+		if (p->portless)
+			return nat_in_portless(ctx, p, r);
 		return nat_in(ctx, p, r);
 	}
 	}
@@ -1112,6 +1192,23 @@ static __always_inline int nat_out(struct xdp_md *ctx, struct pkt *p)
 	if (vs) {
 		vs->reply_packets += 1;
 		vs->reply_bytes += (__u32)(ctx->data_end - ctx->data);
+	}
+
+	if (p->portless) {
+		__u8 macs[2 * ETH_ALEN];
+		__builtin_memcpy(macs, ne->client_mac, ETH_ALEN);
+		__builtin_memcpy(macs + ETH_ALEN, ne->local_mac, ETH_ALEN);
+		__u32 ifindex = ne->ifindex;
+		if (portless_rewrite(ctx, p, ne->vip_addr, 0))
+			return XDP_ABORTED;
+		void *data = (void *)(long)ctx->data;
+		void *end = (void *)(long)ctx->data_end;
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) > end)
+			return XDP_ABORTED;
+		__builtin_memcpy(eth->h_dest, macs, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, macs + ETH_ALEN, ETH_ALEN);
+		return out(ctx, ifindex);
 	}
 
 	void *data = (void *)(long)ctx->data;
@@ -1225,14 +1322,42 @@ static __always_inline int parse_l4(struct xdp_md *ctx, struct pkt *p, __u32 off
 	return 0;
 }
 
+// A miss of the exact VIP key: the protocol's port-0 VIP on the address, then the address's ip
+// VIP. Only when some VIP is a wildcard, and only for addresses that hold a VIP: one lookup
+// tells traffic to a VIP from a NAT reply, whose destination is a client.
+static __always_inline struct vip_meta *wildcard_vip(struct vip_key *vk)
+{
+	__u32 zero = 0;
+	struct settings *cfg = bpf_map_lookup_elem(&settings, &zero);
+	if (!cfg || !(cfg->flags & SET_F_WILDCARD))
+		return 0;
+	struct addr_key a = { .family = vk->family };
+	__builtin_memcpy(a.addr, vk->addr, sizeof(a.addr));
+	if (!bpf_map_lookup_elem(&vip_addrs, &a))
+		return 0;
+	struct vip_meta *vip;
+	if (vk->port) {
+		vk->port = 0;
+		vip = bpf_map_lookup_elem(&vips, vk);
+		if (vip)
+			return vip;
+	}
+	if (vk->proto == VIP_PROTO_ANY)
+		return 0;
+	vk->proto = VIP_PROTO_ANY;
+	return bpf_map_lookup_elem(&vips, vk);
+}
+
 static __always_inline int lookup_and_forward(struct xdp_md *ctx, struct pkt *p)
 {
 	struct vip_key vk = {};
 	__builtin_memcpy(vk.addr, p->k.dst, sizeof(vk.addr));
 	vk.port = p->k.dport;
-	vk.proto = p->k.proto;
+	vk.proto = p->portless ? VIP_PROTO_ANY : p->k.proto;
 	vk.family = p->k.family;
 	struct vip_meta *vip = bpf_map_lookup_elem(&vips, &vk);
+	if (!vip && !p->portless)
+		vip = wildcard_vip(&vk);
 	if (vip) {
 		if (p->opts)
 			count_global(G_IP_OPTIONS);
@@ -1246,6 +1371,27 @@ static __always_inline int lookup_and_forward(struct xdp_md *ctx, struct pkt *p)
 	return XDP_PASS;
 }
 
+// The ICMP parsers' answer for a packet that is not an error: it goes on as a packet without
+// ports (echo to an ip VIP, ...), with p->opens set.
+#define GO_PORTLESS (-1)
+
+// A packet of a protocol without ports (anything but TCP and UDP; ICMP echo too) is looked up
+// only when some VIP is an ip VIP: then it may be for one, or in nat mode a member's reply.
+// `opens`: it may start a flow. 0: pass it, it is not Fulcrum's.
+static __always_inline int portless(struct pkt *p, __u32 off, int opens)
+{
+	__u32 zero = 0;
+	struct settings *cfg = bpf_map_lookup_elem(&settings, &zero);
+	if (!cfg || !(cfg->flags & SET_F_ANY_PROTO)) {
+		count_global(G_PASS_NON_VIP);
+		return 0;
+	}
+	p->portless = 1;
+	p->opens = opens;
+	p->l4_off = off;
+	return 1;
+}
+
 // ICMP error quoting a VIP->client packet: find the client->VIP flow and send it the same way.
 static __always_inline int icmp4_error(struct xdp_md *ctx, struct pkt *p, __u32 off)
 {
@@ -1256,9 +1402,9 @@ static __always_inline int icmp4_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	struct icmphdr *ic = data + off;
 	if ((void *)(ic + 1) > end)
 		return XDP_PASS;
-	if (ic->type != ICMP_DEST_UNREACH) {
-		count_global(G_PASS_NON_VIP);
-		return XDP_PASS;
+	if (ic->type != ICMP_DEST_UNREACH) { // echo and the rest: to an ip VIP, if any
+		p->opens = ic->type == ICMP_ECHO;
+		return GO_PORTLESS;
 	}
 	struct iphdr *in = (void *)(ic + 1);
 	if ((void *)(in + 1) > end || in->ihl != 5)
@@ -1279,6 +1425,8 @@ static __always_inline int icmp4_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 4 };
 	vk.addr[0] = p->k.dst[0];
 	struct vip_meta *vip = bpf_map_lookup_elem(&vips, &vk);
+	if (!vip)
+		vip = wildcard_vip(&vk);
 	if (!vip) {
 		count_global(G_PASS_NON_VIP);
 		return XDP_PASS;
@@ -1295,6 +1443,11 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	struct icmp6hdr *ic = data + off;
 	if ((void *)(ic + 1) > end)
 		return XDP_PASS;
+	if (ic->icmp6_type == ICMPV6_ECHO_REQUEST || ic->icmp6_type == ICMPV6_ECHO_REPLY) {
+		p->opens = ic->icmp6_type == ICMPV6_ECHO_REQUEST;
+		return GO_PORTLESS;
+	}
+	// Neighbour discovery and the rest are this host's business, never a member's.
 	if (ic->icmp6_type != ICMPV6_DEST_UNREACH && ic->icmp6_type != ICMPV6_PKT_TOOBIG) {
 		count_global(G_PASS_NON_VIP);
 		return XDP_PASS;
@@ -1318,6 +1471,8 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct pkt *p, __u32 
 	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 6 };
 	__builtin_memcpy(vk.addr, p->k.dst, 16);
 	struct vip_meta *vip = bpf_map_lookup_elem(&vips, &vk);
+	if (!vip)
+		vip = wildcard_vip(&vk);
 	if (!vip) {
 		count_global(G_PASS_NON_VIP);
 		return XDP_PASS;
@@ -1352,22 +1507,46 @@ static __always_inline int process_v4(struct xdp_md *ctx)
 	p.tos = ip->tos;
 	p.opts = ihl > 20;
 	if (p.k.proto != IPPROTO_TCP && p.k.proto != IPPROTO_UDP) {
-		if (p.k.proto == IPPROTO_ICMP && !(ip->frag_off & bpf_htons(0x3fff)))
-			return icmp4_error(ctx, &p, sizeof(struct ethhdr) + ihl);
-		count_global(G_PASS_NON_VIP);
-		return XDP_PASS;
-	}
-	if (ip->frag_off & bpf_htons(0x3fff)) { // MF or a fragment offset
+		// Fragments go on too: without ports, every fragment carries the whole key.
+		p.opens = 1;
+		if (p.k.proto == IPPROTO_ICMP && !(ip->frag_off & bpf_htons(0x3fff))) {
+			int r = icmp4_error(ctx, &p, sizeof(struct ethhdr) + ihl);
+			if (r != GO_PORTLESS)
+				return r;
+		}
+		if (!portless(&p, sizeof(struct ethhdr) + ihl, p.opens))
+			return XDP_PASS;
+	} else if (ip->frag_off & bpf_htons(0x3fff)) { // MF or a fragment offset
 		struct addr_key a = { .family = 4 };
 		a.addr[0] = ip->daddr;
 		return drop_if_vip_addr(&a, DROP_FRAGMENT);
-	}
-	if (parse_l4(ctx, &p, sizeof(struct ethhdr) + ihl)) {
+	} else if (parse_l4(ctx, &p, sizeof(struct ethhdr) + ihl)) {
 		struct addr_key a = { .family = 4 };
 		a.addr[0] = p.k.dst[0];
 		return drop_if_vip_addr(&a, DROP_MALFORMED);
 	}
+	// One call for both kinds of packet: the forwarder is inlined once per family.
 	return lookup_and_forward(ctx, &p);
+}
+
+// IPv6 extension headers (RFC 7045's list, ESP aside: what follows ESP is encrypted, so ESP is
+// the protocol). Packets with one are not parsed further.
+static __always_inline int ipv6_ext(__u8 nexthdr)
+{
+	switch (nexthdr) {
+	case 0:   // hop-by-hop options
+	case 43:  // routing
+	case 44:  // fragment
+	case 51:  // AH
+	case 60:  // destination options
+	case 135: // mobility
+	case 139: // HIP
+	case 140: // shim6
+	case 253:
+	case 254: // experiments
+		return 1;
+	}
+	return 0;
 }
 
 static __always_inline int process_v6(struct xdp_md *ctx)
@@ -1393,15 +1572,21 @@ static __always_inline int process_v6(struct xdp_md *ctx)
 	p.l3_len = plen + sizeof(struct ipv6hdr);
 	p.tos = (bpf_ntohl(*(__u32 *)ip6) >> 20) & 0xff;
 	__u32 off = sizeof(struct ethhdr) + sizeof(struct ipv6hdr);
-	if (p.k.proto == IPPROTO_ICMPV6)
-		return icmp6_error(ctx, &p, off);
-	if (p.k.proto != IPPROTO_TCP && p.k.proto != IPPROTO_UDP) {
+	if (p.k.proto != IPPROTO_TCP && p.k.proto != IPPROTO_UDP && !ipv6_ext(p.k.proto)) {
+		p.opens = 1;
+		if (p.k.proto == IPPROTO_ICMPV6) {
+			int r = icmp6_error(ctx, &p, off);
+			if (r != GO_PORTLESS)
+				return r;
+		}
+		if (!portless(&p, off, p.opens))
+			return XDP_PASS;
+	} else if (p.k.proto != IPPROTO_TCP && p.k.proto != IPPROTO_UDP) {
 		struct addr_key a = { .family = 6 };
 		__builtin_memcpy(a.addr, p.k.dst, 16);
 		return drop_if_vip_addr(&a, p.k.proto == IPPROTO_FRAGMENT ? DROP_FRAGMENT
 									  : DROP_IPV6_EXT);
-	}
-	if (parse_l4(ctx, &p, off)) {
+	} else if (parse_l4(ctx, &p, off)) {
 		struct addr_key a = { .family = 6 };
 		__builtin_memcpy(a.addr, p.k.dst, 16);
 		return drop_if_vip_addr(&a, DROP_MALFORMED);

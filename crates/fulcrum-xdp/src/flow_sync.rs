@@ -241,7 +241,10 @@ impl FlowSync {
                 proto: k.proto,
                 family: k.family,
             };
-            let Some(svc) = st.services.iter().find(|s| s.keys.contains(&vk)) else {
+            let Some(svc) = vip_candidates(vk)
+                .iter()
+                .find_map(|c| st.services.iter().find(|s| s.keys.contains(c)))
+            else {
                 continue;
             };
             let Some(member) = by_index.get(&c.real).copied() else {
@@ -306,10 +309,9 @@ impl FlowSync {
             let last = now.saturating_sub(f.idle_ms.saturating_mul(hz) / 1000);
             let written = (|| {
                 let vk = VipKey::new(f.vip.ip(), f.vip.port(), f.proto);
-                let svc = st
-                    .services
-                    .iter()
-                    .find(|s| s.name == f.vs && s.keys.contains(&vk))?;
+                let svc = st.services.iter().find(|s| {
+                    s.name == f.vs && vip_candidates(vk).iter().any(|c| s.keys.contains(c))
+                })?;
                 if !svc.pool.members().iter().any(|m| m.address == f.member) {
                     return None;
                 }
@@ -456,6 +458,20 @@ pub fn drain_flow_events(
             ifnames.clear();
         }
     }
+}
+
+/// The VIP keys a flow to `vk` may belong to, in the program's lookup order: the exact port,
+/// the protocol's port 0 (every port), the address's ip VIP (every protocol).
+fn vip_candidates(vk: VipKey) -> [VipKey; 3] {
+    [
+        vk,
+        VipKey { port: 0, ..vk },
+        VipKey {
+            port: 0,
+            proto: crate::VIP_PROTO_ANY,
+            ..vk
+        },
+    ]
 }
 
 #[cfg(test)]

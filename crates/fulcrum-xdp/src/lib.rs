@@ -113,6 +113,8 @@ pub struct Config {
     pub tcp_idle: std::time::Duration,
     pub tcp_fin: std::time::Duration,
     pub udp_idle: std::time::Duration,
+    /// Flows of protocols without ports (ESP, GRE, ICMP echo, ...) to ip VIPs.
+    pub other_idle: std::time::Duration,
     /// Tunnel outer source for IPv4: `prefix/len`; host bits come from the flow hash.
     pub tunnel_source_v4: (std::net::Ipv4Addr, u8),
     /// Tunnel outer source for IPv6: `prefix/len` (at most the last 32 bits vary).
@@ -121,6 +123,11 @@ pub struct Config {
     pub nat: bool,
     /// ha.sync: report new flows in `flow_events` (see `Dataplane::take_flow_events`).
     pub sync: bool,
+    /// Some VIP listens on port 0 (every port of its protocol) or is an ip VIP
+    /// (`VIP_PROTO_ANY`): the program tries those after a miss of the exact key.
+    pub wildcard: bool,
+    /// Some VIP is an ip VIP: packets of protocols without ports are looked up at all.
+    pub any_proto: bool,
 }
 
 impl Default for Config {
@@ -130,6 +137,7 @@ impl Default for Config {
             tcp_idle: std::time::Duration::from_secs(900),
             tcp_fin: std::time::Duration::from_secs(120),
             udp_idle: std::time::Duration::from_secs(300),
+            other_idle: std::time::Duration::from_secs(300),
             tunnel_source_v4: (std::net::Ipv4Addr::new(172, 16, 0, 0), 16),
             tunnel_source_v6: (
                 "100::".parse().unwrap_or(std::net::Ipv6Addr::UNSPECIFIED),
@@ -137,6 +145,8 @@ impl Default for Config {
             ),
             nat: false,
             sync: false,
+            wildcard: false,
+            any_proto: false,
         }
     }
 }
@@ -176,11 +186,20 @@ impl Config {
             tcp_idle: ticks(self.tcp_idle),
             tcp_fin: ticks(self.tcp_fin),
             udp_idle: ticks(self.udp_idle),
+            other_idle: ticks(self.other_idle),
             tun_src4: u32::from_ne_bytes(self.tunnel_source_v4.0.octets()),
             tun_src4_mask: u32::from_ne_bytes(host4.to_be_bytes()),
             tun_src6: [w(0), w(4), w(8), w(12)],
             tun_src6_mask: u32::from_ne_bytes(host6.to_be_bytes()),
-            flags: if self.nat { SET_F_NAT } else { 0 } | if self.sync { SET_F_SYNC } else { 0 },
+            flags: [
+                (self.nat, SET_F_NAT),
+                (self.sync, SET_F_SYNC),
+                (self.wildcard || self.any_proto, SET_F_WILDCARD),
+                (self.any_proto, SET_F_ANY_PROTO),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .fold(0, |f, (_, bit)| f | bit),
             nr_cpus: aya::util::nr_cpus().map_or(256, |n| n as u32),
             pad: 0,
         }

@@ -41,6 +41,12 @@ pub const CONN_F_SEQ: u32 = 0x4;
 pub const SET_F_NAT: u32 = 0x1;
 /// ha.sync: every new flow is reported in the `flow_events` ring buffer.
 pub const SET_F_SYNC: u32 = 0x2;
+/// Some VIP listens on port 0 or is an ip VIP: a miss of the exact key tries the wildcards.
+pub const SET_F_WILDCARD: u32 = 0x4;
+/// Some VIP is an ip VIP: packets of protocols without ports are looked up.
+pub const SET_F_ANY_PROTO: u32 = 0x8;
+/// `VipKey::proto` of an ip VIP (`protocol = "ip"`: every IP protocol; port 0).
+pub const VIP_PROTO_ANY: u8 = 0;
 
 /// Why the data plane dropped a packet to a VIP (index into `VipStats::drops`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,10 +113,11 @@ pub enum Global {
     RstIgnored = 9,
     NatReplyRestored = 10,
     DecapRefused = 11,
+    PortlessNoFlowForwarded = 12,
 }
 
 impl Global {
-    pub const ALL: [Global; 12] = [
+    pub const ALL: [Global; 13] = [
         Global::PassNonIp,
         Global::PassNonVip,
         Global::MalformedL3,
@@ -123,6 +130,7 @@ impl Global {
         Global::RstIgnored,
         Global::NatReplyRestored,
         Global::DecapRefused,
+        Global::PortlessNoFlowForwarded,
     ];
 
     pub fn name(self) -> &'static str {
@@ -139,6 +147,7 @@ impl Global {
             Global::RstIgnored => "rst_outside_window",
             Global::NatReplyRestored => "nat_reply_entries_restored",
             Global::DecapRefused => "decap_source_refused",
+            Global::PortlessNoFlowForwarded => "ip_without_flow_forwarded",
         }
     }
 }
@@ -299,6 +308,8 @@ pub struct Settings {
     pub tcp_idle: u64,
     pub tcp_fin: u64,
     pub udp_idle: u64,
+    /// Protocols without ports (ip VIPs).
+    pub other_idle: u64,
     /// Tunnel outer source (network order words); the bits set in the mask come from the flow hash.
     pub tun_src4: u32,
     pub tun_src4_mask: u32,
@@ -448,7 +459,7 @@ mod tests {
         assert_eq!(size_of::<Conn>(), 24);
         assert_eq!(size_of::<NatEntry>(), 64);
         assert_eq!(size_of::<DecapSource>(), 20);
-        assert_eq!(size_of::<Settings>(), 64);
+        assert_eq!(size_of::<Settings>(), 72);
         assert_eq!(size_of::<VipStats>(), 136);
         assert_eq!(size_of::<AclKey>(), 24);
         assert_eq!(size_of::<FlowLimit>(), 32);
