@@ -20,12 +20,20 @@ use crate::{Control, ServiceInfo};
 #[derive(Serialize)]
 pub struct Status {
     pub version: &'static str,
+    /// The address table shipped for `[[ip_table]]` `asns` and `countries`: its date and sources.
+    pub ip_data: IpData,
     pub generation: u64,
     pub virtual_services: Vec<ServiceStatus>,
     /// Which optional planes the configuration uses, so a client (the dashboard) asks
     /// `/api/v1/ha`, `/api/v1/links` and `/api/v1/http/filters` only when they have something
     /// to say.
     pub configured: Configured,
+}
+
+#[derive(Serialize)]
+pub struct IpData {
+    pub date: &'static str,
+    pub source: &'static str,
 }
 
 #[derive(Serialize, Default)]
@@ -675,6 +683,13 @@ async fn index() -> Json<Value> {
 async fn status(State(app): State<App>) -> Json<Status> {
     Json(Status {
         version: env!("CARGO_PKG_VERSION"),
+        ip_data: {
+            let about = fulcrum_ipdata::about();
+            IpData {
+                date: about.date,
+                source: about.source,
+            }
+        },
         generation: app.control.generation(),
         configured: app
             .control

@@ -60,7 +60,7 @@ pub use http::{
     HttpPoolOptions, HttpSection, LogFormat, SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS,
     HTTP_SECTION_KEYS,
 };
-pub use iptable::{IpTable, CONTINENTS};
+pub use iptable::{IpTable, CONTINENTS, COUNTRIES};
 pub use link::{
     parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, L4Protocol, LinkMember,
     LinkProbe, LinkTarget, Outbound, OutboundPersistence, OutboundRule, PoolKind,

@@ -843,7 +843,7 @@ fn gslb_checks() {
         "ip_table[1].countries[0]: \"cn\" is not an ISO 3166-1 country code",
     );
     let e = errs(&GSLB.replace("geoip = \"geo.mmdb\"\n", ""));
-    has(&e, "`countries` and `continents` need `geoip`");
+    has(&e, "ip_table[1].continents: `continents` need `geoip`");
     let e = errs(&GSLB.replace("type = \"http\"", "type = \"tcp\""));
     has(
         &e,
@@ -914,6 +914,62 @@ fn learnt_gslb_addresses_need_a_name_listing_the_local_site() {
             .replace("peer = \"127.0.0.3:7400\"\n", ""),
     );
     has(&e, "gslb.site[1].addresses: site \"west\" has no addresses, and another site's addresses can only be learnt from its own instance's reports: it needs `peer`");
+}
+
+#[test]
+fn ip_table_asns_and_countries_without_geoip() {
+    let table = |keys: &str| GSLB.replace("geoip = \"geo.mmdb\"\ncontinents = [\"AS\"]", keys);
+    // Without `geoip`, `asns` and `countries` come from the shipped table.
+    let c = ok(&table("asns = [4134, 4812]\ncountries = [\"CN\"]"));
+    assert_eq!(c.ip_tables[1].asns, [4134, 4812]);
+    assert_eq!(c.ip_tables[1].countries, ["CN"]);
+    assert!(c.ip_tables[1].geoip.is_none());
+    let e = errs(&table(
+        "asns = [0, 23456, 64512, 64500, 4294967295, 4200000001, 4134]\ncountries = [\"XX\", \"CN\", \"UK\"]",
+    ));
+    has(&e, "ip_table[1].asns[0]: 0 is reserved (RFC 7607)");
+    has(&e, "ip_table[1].asns[1]: 23456 is AS_TRANS");
+    has(&e, "ip_table[1].asns[2]: 64512 is a private-use AS number");
+    has(
+        &e,
+        "ip_table[1].asns[3]: 64500 is reserved for documentation",
+    );
+    has(&e, "ip_table[1].asns[4]: 4294967295 is reserved");
+    has(
+        &e,
+        "ip_table[1].asns[5]: 4200000001 is a private-use AS number",
+    );
+    has(
+        &e,
+        "ip_table[1].countries[0]: \"XX\" is not an ISO 3166-1 country code: no country has it",
+    );
+    has(
+        &e,
+        "ip_table[1].countries[2]: \"UK\" is not an ISO 3166-1 country code",
+    );
+    assert_eq!(
+        e.iter().filter(|m| m.contains("ip_table[1]")).count(),
+        8,
+        "{e:#?}"
+    );
+    let e = errs(&table("asns = [-1, 4294967296]"));
+    has(
+        &e,
+        "ip_table[1].asns[0]: -1 is out of range; expected an integer from 0 to 4294967295",
+    );
+    has(&e, "ip_table[1].asns[1]: 4294967296 is out of range");
+    let e = errs(&table("asns = \"4134\""));
+    has(&e, "ip_table[1].asns");
+    let e = errs(&table(""));
+    has(
+        &e,
+        "ip_table[1]: needs `cidrs`, `file`, `asns`, `countries`, or `geoip` with `continents`",
+    );
+    let e = errs(&table("geoip = \"geo.mmdb\"\nasns = [4134]"));
+    has(
+        &e,
+        "ip_table[1].geoip: `geoip` needs `countries` or `continents`",
+    );
 }
 
 #[test]

@@ -1,10 +1,14 @@
-//! Client location: named IP tables (ISP lines, regions) from CIDRs, prefix files and GeoIP.
+//! Client location: named IP tables (ISP lines, regions) from CIDRs, prefix files, AS numbers
+//! and countries (the table Fulcrum ships, `fulcrum-ipdata`) and GeoIP.
 //!
 //! Every table's prefixes go into one longest-prefix-match structure: prefixes are flattened
 //! into disjoint, sorted address ranges at load time, each carrying the table of the longest
 //! prefix covering it, so a lookup is one binary search whatever the number of prefixes (the
-//! public per-ISP lists run to thousands). Tables defined by GeoIP countries or continents are
-//! consulted only for clients that no prefix covers: an explicit prefix is the operator's word.
+//! public per-ISP lists run to thousands). Tables defined by AS numbers, countries or
+//! continents are consulted only for clients that no prefix covers: an explicit prefix is the
+//! operator's word. Of those, an AS number is the most specific and is asked first (the first
+//! table in config order listing the client's AS), then countries (shipped table or GeoIP,
+//! the first table in config order), then continents.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -115,6 +119,14 @@ impl<T: Addr> Ranges<T> {
     }
 }
 
+/// A table placed by the shipped address table: its `asns`, and its `countries` when it has
+/// no `geoip`.
+struct ShippedTable {
+    table: u16,
+    asns: Vec<u32>,
+    countries: Vec<String>,
+}
+
 struct GeoTable {
     table: u16,
     reader: Arc<Reader<Vec<u8>>>,
@@ -129,6 +141,9 @@ pub struct Locator {
     v4: Ranges<u32>,
     v6: Ranges<u128>,
     geo: Vec<GeoTable>,
+    shipped: Vec<ShippedTable>,
+    /// The shipped address table, when a table uses it (decoded once per process).
+    data: Option<&'static fulcrum_ipdata::Table>,
 }
 
 impl std::fmt::Debug for Locator {
@@ -138,6 +153,7 @@ impl std::fmt::Debug for Locator {
             .field("v4_ranges", &self.v4.len())
             .field("v6_ranges", &self.v6.len())
             .field("geo_tables", &self.geo.len())
+            .field("shipped_tables", &self.shipped.len())
             .finish()
     }
 }
@@ -195,7 +211,20 @@ impl Locator {
         let mut v4 = Vec::new();
         let mut v6 = Vec::new();
         let mut geo = Vec::new();
+        let mut shipped = Vec::new();
         for (i, t) in tables.iter().enumerate() {
+            let countries = if t.geoip.is_some() {
+                Vec::new()
+            } else {
+                t.countries.clone()
+            };
+            if !t.asns.is_empty() || !countries.is_empty() {
+                shipped.push(ShippedTable {
+                    table: i as u16,
+                    asns: t.asns.clone(),
+                    countries,
+                });
+            }
             let mut prefixes = t.cidrs.clone();
             if let Some(file) = &t.file {
                 match read_prefix_file(file) {
@@ -253,6 +282,19 @@ impl Locator {
                 }
             }
         }
+        let data = match shipped.first() {
+            None => None,
+            Some(first) => match fulcrum_ipdata::shipped() {
+                Ok(data) => Some(data),
+                Err(e) => {
+                    errors.push(TableError {
+                        key: format!("ip_table[{}]", first.table),
+                        message: format!("the address table Fulcrum ships is unreadable: {e}"),
+                    });
+                    None
+                }
+            },
+        };
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -261,6 +303,8 @@ impl Locator {
             v4: Ranges::build(v4),
             v6: Ranges::build(v6),
             geo,
+            shipped,
+            data,
         })
     }
 
@@ -270,7 +314,8 @@ impl Locator {
     }
 
     /// The table a client address belongs to: the longest prefix covering it, else the first
-    /// GeoIP table whose countries (then continents) include it.
+    /// table listing its AS, else the first whose countries (shipped table or GeoIP), then
+    /// continents, include it.
     pub fn locate(&self, ip: IpAddr) -> Option<Region> {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -280,13 +325,49 @@ impl Locator {
             IpAddr::V4(a) => self.v4.find(u32::from(a)),
             IpAddr::V6(a) => self.v6.find(u128::from(a)),
         };
-        if hit.is_some() || self.geo.is_empty() {
+        if hit.is_some() || (self.geo.is_empty() && self.shipped.is_empty()) {
             return hit;
         }
-        self.locate_geo(ip)
+        let (by_asn, shipped_country) = self.locate_shipped(ip);
+        if by_asn.is_some() {
+            return by_asn;
+        }
+        let (geo_country, by_continent) = self.locate_geo(ip);
+        let by_country = match (shipped_country, geo_country) {
+            (Some(a), Some(b)) => Some(if a.table < b.table { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        by_country.or(by_continent)
     }
 
-    fn locate_geo(&self, ip: IpAddr) -> Option<Region> {
+    /// The first table (config order) listing the client's AS, and the first whose shipped
+    /// countries include it.
+    fn locate_shipped(&self, ip: IpAddr) -> (Option<Region>, Option<Region>) {
+        let Some(data) = self.data else {
+            return (None, None);
+        };
+        let region = |table, prefix_len| Region { table, prefix_len };
+        let asn = data.asn(ip);
+        let by_asn = asn.and_then(|hit| {
+            let t = self.shipped.iter().find(|t| t.asns.contains(&hit.value))?;
+            Some(region(t.table, hit.prefix_len))
+        });
+        if by_asn.is_some() {
+            return (by_asn, None);
+        }
+        let by_country = data.country(ip).and_then(|hit| {
+            let t = self
+                .shipped
+                .iter()
+                .find(|t| t.countries.iter().any(|c| c == hit.value))?;
+            Some(region(t.table, hit.prefix_len))
+        });
+        (None, by_country)
+    }
+
+    /// The first GeoIP table whose countries include the client, and the first whose
+    /// continents do.
+    fn locate_geo(&self, ip: IpAddr) -> (Option<Region>, Option<Region>) {
         let mut by_continent = None;
         // Tables usually share one database: look the address up once per database.
         let mut seen: Vec<(*const Reader<Vec<u8>>, Option<GeoHit>)> = Vec::new();
@@ -308,13 +389,13 @@ impl Locator {
                 prefix_len,
             };
             if g.countries.contains(&country) {
-                return Some(region);
+                return (Some(region), by_continent);
             }
             if by_continent.is_none() && g.continents.contains(&continent) {
                 by_continent = Some(region);
             }
         }
-        by_continent
+        (None, by_continent)
     }
 }
 
@@ -352,6 +433,7 @@ mod tests {
             geoip: None,
             countries: vec![],
             continents: vec![],
+            asns: vec![],
         }
     }
 
@@ -428,6 +510,75 @@ mod tests {
 }
 
 #[cfg(test)]
+mod shipped_tests {
+    use super::*;
+
+    fn table(name: &str) -> fulcrum_config::IpTable {
+        fulcrum_config::IpTable {
+            name: name.into(),
+            cidrs: vec![],
+            file: None,
+            geoip: None,
+            countries: vec![],
+            continents: vec![],
+            asns: vec![],
+        }
+    }
+
+    #[test]
+    fn asns_then_countries_from_the_shipped_table_after_every_explicit_prefix() {
+        let data = fulcrum_ipdata::shipped().unwrap();
+        // An address of AS4134 (China Telecom) and one of China in another AS, per the table.
+        let telecom = data.asn_prefixes(&[4134])[0];
+        let telecom_ip = telecom.network();
+        let china_ip = data
+            .country_prefixes(&["CN".into()])
+            .iter()
+            .map(|n| n.network())
+            .find(|ip| data.asn(*ip).is_none_or(|h| h.value != 4134))
+            .unwrap();
+        assert_eq!(data.country(telecom_ip).unwrap().value, "CN");
+        let mut china = table("china");
+        china.countries = vec!["CN".into()];
+        let mut ct = table("ct");
+        ct.asns = vec![4134, 4812];
+        let mut office = table("office");
+        office.cidrs = vec![IpNet::new(telecom_ip, telecom.prefix_len().max(24))
+            .unwrap()
+            .trunc()];
+        let l = Locator::build(&[china, ct, office], &mut GeoCache::new()).unwrap();
+        let name = |ip: IpAddr| l.locate(ip).map(|r| l.names()[r.table as usize].as_str());
+        assert_eq!(name(telecom_ip), Some("office"), "an explicit prefix first");
+        let beyond = data
+            .asn_prefixes(&[4134])
+            .into_iter()
+            .find(|n| !n.contains(&telecom_ip));
+        let beyond = beyond.unwrap().network();
+        assert_eq!(
+            name(beyond),
+            Some("ct"),
+            "an AS before a country listed earlier"
+        );
+        assert_eq!(name(china_ip), Some("china"));
+        let hit = data.asn(beyond).unwrap();
+        assert_eq!(
+            l.locate(beyond).unwrap().prefix_len,
+            hit.prefix_len,
+            "the ECS scope"
+        );
+        assert_eq!(name("::ffff:0.0.0.1".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn every_shipped_country_is_an_iso_code_config_accepts() {
+        let data = fulcrum_ipdata::shipped().unwrap();
+        for code in data.countries() {
+            assert!(fulcrum_config::COUNTRIES.contains(&code), "{code}");
+        }
+    }
+}
+
+#[cfg(test)]
 mod geo_tests {
     use super::*;
     use fulcrum_testkit::mmdb;
@@ -453,6 +604,7 @@ mod geo_tests {
             geoip: Some(path.clone()),
             countries: countries.iter().map(|s| s.to_string()).collect(),
             continents: continents.iter().map(|s| s.to_string()).collect(),
+            asns: vec![],
         };
         let mut explicit = geo("office", &[], &[]);
         explicit.geoip = None;

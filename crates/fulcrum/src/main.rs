@@ -24,6 +24,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "fulcrum",
     version,
+    long_version = long_version(),
     about = "Fulcrum application delivery controller"
 )]
 struct Cli {
@@ -118,6 +119,21 @@ fn init_logging() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
+}
+
+/// `fulcrum --version`: the version, and the address table shipped for `[[ip_table]]` `asns`
+/// and `countries` (its date and sources), so an operator can tell which data places clients.
+fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let data = fulcrum_ipdata::about();
+        format!(
+            "{}\naddress table {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            data.date,
+            data.source
+        )
+    })
 }
 
 fn main() -> ExitCode {
