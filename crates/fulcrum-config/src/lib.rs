@@ -15,6 +15,7 @@ mod forwarding;
 mod gslb;
 mod ha;
 mod http;
+mod ip;
 mod iptable;
 mod link;
 mod member;
@@ -60,6 +61,7 @@ pub use http::{
     HttpPoolOptions, HttpSection, LogFormat, SameSite, StatusMatch, StatusSet, HTTP_POOL_KEYS,
     HTTP_SECTION_KEYS,
 };
+pub use ip::IpSection;
 pub use iptable::{IpTable, CONTINENTS, COUNTRIES};
 pub use link::{
     parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, L4Protocol, LinkMember,

@@ -9,6 +9,7 @@ string_enum!(Protocol {
     Https = "https",
     Message = "message",
     Ftp = "ftp",
+    Ip = "ip",
 });
 
 impl Protocol {

@@ -12,6 +12,7 @@ use crate::accel::TcpTuning;
 use crate::access::AccessList;
 use crate::forwarding::{Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
 use crate::http::{HttpSection, HTTP_SECTION_KEYS};
+use crate::ip::{listen_addresses, IpSection, ListenEntry};
 use crate::message::{MessageSection, MESSAGE_SECTION_KEYS};
 use crate::protocol::{Protocol, ProxyProtocol};
 use crate::reader::{Cx, FromNode, Node, TableReader};
@@ -53,6 +54,8 @@ pub enum ServiceKind {
     /// `protocol = "http"`, or `"https"` when the section terminates TLS (`tls` is set).
     Http(HttpSection),
     Message(MessageSection),
+    /// `protocol = "ip"`: every IP protocol, forwarded in the kernel.
+    Ip(IpSection),
 }
 
 /// The protocol-specific keys each protocol takes, for the message on a key of another one.
@@ -82,6 +85,7 @@ fn keys_of(protocol: Protocol) -> Vec<&'static str> {
             RULE_KEYS,
         ],
         Protocol::Ftp => &[STREAM_KEYS, FTP_KEYS],
+        Protocol::Ip => &[FORWARDING_KEYS],
     };
     parts.concat()
 }
@@ -140,6 +144,7 @@ impl ServiceKind {
             Protocol::Http => ServiceKind::Http(HttpSection::read(t, cx, node, false)),
             Protocol::Https => ServiceKind::Http(HttpSection::read(t, cx, node, true)),
             Protocol::Message => ServiceKind::Message(MessageSection::read(t, cx, node)),
+            Protocol::Ip => ServiceKind::Ip(IpSection::read(t, cx)),
         }
     }
 }
@@ -148,7 +153,7 @@ impl FromNode for VirtualService {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
             let name = t.req(cx, "name");
-            let listen: Option<OneOrMany<SocketAddr>> = t.req(cx, "listen");
+            let listen_written: Option<OneOrMany<ListenEntry>> = t.req(cx, "listen");
             let protocol: Option<Protocol> = t.req(cx, "protocol");
             let pool = t.opt(cx, "pool");
             let persistence = t.opt(cx, "persistence");
@@ -161,6 +166,9 @@ impl FromNode for VirtualService {
             refuse_other_protocols(t, cx, protocol);
             let (protocol, kind) = (protocol?, kind?);
             let at = t.path().to_string();
+            let in_kernel = kind_in_kernel(&kind);
+            let listen = listen_written
+                .map(|l| OneOrMany(listen_addresses(&at, protocol, in_kernel, l.0, cx)));
             if listen.as_ref().is_some_and(|l| l.0.is_empty()) {
                 cx.error_path(&format!("{at}.listen"), "at least one address is required");
             }
@@ -246,6 +254,7 @@ impl VirtualService {
             ServiceKind::Http(h) if h.tls.is_some() => Protocol::Https,
             ServiceKind::Http(_) => Protocol::Http,
             ServiceKind::Message(_) => Protocol::Message,
+            ServiceKind::Ip(_) => Protocol::Ip,
         }
     }
 
@@ -282,7 +291,7 @@ impl VirtualService {
     pub fn stream(&self) -> Option<&StreamOptions> {
         match &self.kind {
             ServiceKind::Tcp(s) => Some(&s.stream),
-            ServiceKind::Udp(_) => None,
+            ServiceKind::Udp(_) | ServiceKind::Ip(_) => None,
             ServiceKind::Http(s) => Some(&s.stream),
             ServiceKind::Message(s) => Some(&s.stream),
         }
@@ -292,7 +301,7 @@ impl VirtualService {
     pub fn tls(&self) -> Option<&TlsTermination> {
         match &self.kind {
             ServiceKind::Tcp(s) => s.tls.as_ref(),
-            ServiceKind::Udp(_) => None,
+            ServiceKind::Udp(_) | ServiceKind::Ip(_) => None,
             ServiceKind::Http(s) => s.tls.as_ref(),
             ServiceKind::Message(s) => s.tls.as_ref(),
         }
@@ -301,7 +310,7 @@ impl VirtualService {
     pub(crate) fn tls_mut(&mut self) -> Option<&mut TlsTermination> {
         match &mut self.kind {
             ServiceKind::Tcp(s) => s.tls.as_mut(),
-            ServiceKind::Udp(_) => None,
+            ServiceKind::Udp(_) | ServiceKind::Ip(_) => None,
             ServiceKind::Http(s) => s.tls.as_mut(),
             ServiceKind::Message(s) => s.tls.as_mut(),
         }
@@ -319,6 +328,7 @@ impl VirtualService {
         match &self.kind {
             ServiceKind::Tcp(s) => &s.forwarding,
             ServiceKind::Udp(s) => &s.forwarding,
+            ServiceKind::Ip(s) => &s.forwarding,
             _ => &PROXY,
         }
     }
@@ -360,7 +370,18 @@ impl VirtualService {
             ServiceKind::Udp(s) => &s.rules,
             ServiceKind::Http(s) => &s.rules,
             ServiceKind::Message(s) => &s.rules,
+            ServiceKind::Ip(_) => &[],
         }
+    }
+}
+
+/// Whether the section just read forwards in the kernel (decides what `listen` may hold).
+fn kind_in_kernel(kind: &ServiceKind) -> bool {
+    match kind {
+        ServiceKind::Tcp(s) => s.forwarding.forwarding.in_kernel(),
+        ServiceKind::Udp(s) => s.forwarding.forwarding.in_kernel(),
+        ServiceKind::Ip(_) => true,
+        _ => false,
     }
 }
 

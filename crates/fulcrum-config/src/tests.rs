@@ -254,7 +254,7 @@ fn sections_refuse_other_protocols_keys_at_their_position() {
     let e = errs(&with("message", "forwarding = \"dr\""));
     has(
         &e,
-        "virtual_service[0].forwarding: `forwarding` applies to protocol tcp / udp; this service is message",
+        "virtual_service[0].forwarding: `forwarding` applies to protocol tcp / udp / ip; this service is message",
     );
     let e = errs(&with(
         "ftp",

@@ -33,8 +33,12 @@ pub struct LinkPlan {
     /// Connection mark, firewall mark and routing table id.
     pub mark: u32,
     pub rule_pref: u32,
-    /// Destinations this link reaches best (its `isp` ip_table), for proximity.
+    /// Destinations this link reaches best (its `isp` ip_table's `cidrs` and `file`), for
+    /// proximity.
     pub isp_prefixes: Vec<Ipv4Net>,
+    /// The same table's `asns` and `countries` (without `geoip`) as prefixes of the address
+    /// table Fulcrum ships: placed after every link's explicit prefixes, as in DNS.
+    pub isp_shipped: Vec<Ipv4Net>,
     pub monitors: Vec<Monitor>,
     pub config: LinkMember,
 }
@@ -79,7 +83,11 @@ pub struct GatewaySide {
 
 impl OutboundPlan {
     pub fn proximity(&self) -> bool {
-        self.algorithm == Algorithm::Rtt || self.links.iter().any(|l| !l.isp_prefixes.is_empty())
+        self.algorithm == Algorithm::Rtt
+            || self
+                .links
+                .iter()
+                .any(|l| !l.isp_prefixes.is_empty() || !l.isp_shipped.is_empty())
     }
 
     /// What the members are called in the API and the flow hash.
@@ -226,15 +234,17 @@ fn link_plan(
             return None;
         }
     };
-    let isp_prefixes = match &l.isp {
-        Some(t) if pool.algorithm == Algorithm::Proximity => match isp_prefixes(cfg, t) {
-            Ok(p) => p,
-            Err(e) => {
-                errors.push(e);
-                Vec::new()
+    let (isp_prefixes, isp_shipped) = match &l.isp {
+        Some(t) if pool.algorithm == Algorithm::Proximity => {
+            match isp_prefixes(cfg, t).and_then(|p| Ok((p, isp_shipped(cfg, t)?))) {
+                Ok(p) => p,
+                Err(e) => {
+                    errors.push(e);
+                    Default::default()
+                }
             }
-        },
-        _ => Vec::new(),
+        }
+        _ => Default::default(),
     };
     let monitors = l
         .monitors
@@ -249,6 +259,7 @@ fn link_plan(
         mark: mark_of(o, i),
         rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
         isp_prefixes,
+        isp_shipped,
         monitors,
         config: l.clone(),
     })
@@ -362,6 +373,7 @@ fn gateway_plan(
         mark: mark_of(o, i),
         rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
         isp_prefixes: Vec::new(),
+        isp_shipped: Vec::new(),
         monitors: g
             .monitors
             .iter()
@@ -400,6 +412,29 @@ fn isp_prefixes(cfg: &Config, name: &str) -> Result<Vec<Ipv4Net>, String> {
         }
     }
     // nftables refuses overlapping intervals in a set: merge them first.
+    Ok(Ipv4Net::aggregate(&out))
+}
+
+/// The IPv4 prefixes the address table Fulcrum ships gives ip_table `name`'s `asns`, and its
+/// `countries` when it has no `geoip` (a GeoIP database cannot be listed as prefixes).
+fn isp_shipped(cfg: &Config, name: &str) -> Result<Vec<Ipv4Net>, String> {
+    let Some(t) = cfg.ip_tables.iter().find(|t| t.name == name) else {
+        return Err(format!("no ip_table {name:?}"));
+    };
+    let countries: &[String] = if t.geoip.is_some() { &[] } else { &t.countries };
+    if t.asns.is_empty() && countries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let data = fulcrum_ipdata::shipped()
+        .map_err(|e| format!("ip_table {name:?}: the address table Fulcrum ships: {e}"))?;
+    let v4 = |nets: Vec<ipnet::IpNet>| {
+        nets.into_iter().filter_map(|n| match n {
+            ipnet::IpNet::V4(n) => Some(n),
+            ipnet::IpNet::V6(_) => None,
+        })
+    };
+    let mut out: Vec<Ipv4Net> = v4(data.asn_prefixes(&t.asns)).collect();
+    out.extend(v4(data.country_prefixes(countries)));
     Ok(Ipv4Net::aggregate(&out))
 }
 
@@ -485,30 +520,84 @@ fn policy_elements(o: &OutboundPlan, up: &[bool]) -> String {
 pub type Nearest = Vec<(Ipv4Net, usize)>;
 
 fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)]) -> String {
-    // A destination in two links' tables goes to the first that is up.
-    let mut seen: Vec<Ipv4Net> = Vec::new();
+    // A destination in two links' tables goes to the first that is up: measured prefixes,
+    // then every link's explicit prefixes, then the shipped table's (thousands for a country).
+    let mut seen = Disjoint::default();
     let mut parts = Vec::new();
+    let is_up = |i: usize| up.get(i).copied().unwrap_or(false);
     for (p, i) in nearest {
-        if let (Some(l), true) = (o.links.get(*i), up.get(*i).copied().unwrap_or(false)) {
-            if !seen.iter().any(|s| s.contains(p) || p.contains(s)) {
-                seen.push(*p);
+        if let (Some(l), true) = (o.links.get(*i), is_up(*i)) {
+            if seen.insert(p) {
                 parts.push(format!("{p} : {:#x}", l.mark));
             }
         }
     }
-    for (i, l) in o.links.iter().enumerate() {
-        if !up.get(i).copied().unwrap_or(false) {
-            continue;
-        }
+    let links = || o.links.iter().enumerate().filter(|(i, _)| is_up(*i));
+    for (_, l) in links() {
         for p in &l.isp_prefixes {
-            if seen.iter().any(|s| s.contains(p) || p.contains(s)) {
-                continue;
+            if seen.insert(p) {
+                parts.push(format!("{p} : {:#x}", l.mark));
             }
-            seen.push(*p);
-            parts.push(format!("{p} : {:#x}", l.mark));
+        }
+    }
+    // A shipped prefix keeps what the prefixes before it left free: as the longest prefix
+    // wins in DNS, an operator's /24 inside an AS's /12 takes the /24 only.
+    for (_, l) in links() {
+        for p in &l.isp_shipped {
+            for free in seen.insert_free(p) {
+                parts.push(format!("{free} : {:#x}", l.mark));
+            }
         }
     }
     parts.join(", ")
+}
+
+/// Disjoint address intervals (start → end), for refusing a prefix that overlaps one already
+/// taken in O(log n): nftables refuses overlapping intervals in one map.
+#[derive(Default)]
+struct Disjoint(std::collections::BTreeMap<u32, u32>);
+
+impl Disjoint {
+    /// Takes `p` unless it overlaps a prefix taken before; says whether it did.
+    fn insert(&mut self, p: &Ipv4Net) -> bool {
+        let (start, end) = (u32::from(p.network()), u32::from(p.broadcast()));
+        let before = self.0.range(..=end).next_back();
+        if before.is_some_and(|(_, &e)| e >= start) {
+            return false;
+        }
+        self.0.insert(start, end);
+        true
+    }
+
+    /// Takes the parts of `p` no prefix taken before covers, and returns them as prefixes.
+    fn insert_free(&mut self, p: &Ipv4Net) -> Vec<Ipv4Net> {
+        let (start, end) = (u32::from(p.network()), u32::from(p.broadcast()));
+        let mut gaps = Vec::new();
+        let mut cursor = Some(start);
+        let first = self.0.range(..start).next_back().map(|(&s, &e)| (s, e));
+        let overlapping = first
+            .into_iter()
+            .chain(self.0.range(start..=end).map(|(&s, &e)| (s, e)));
+        for (s, e) in overlapping {
+            let Some(c) = cursor else { break };
+            if e < c {
+                continue;
+            }
+            if s > c {
+                gaps.push((c, s - 1));
+            }
+            cursor = e.checked_add(1).filter(|&n| n <= end);
+        }
+        if let Some(c) = cursor {
+            gaps.push((c, end));
+        }
+        let mut out = Vec::new();
+        for (s, e) in gaps {
+            self.0.insert(s, e);
+            out.extend(ipnet::Ipv4Subnets::new(s.into(), e.into(), 0));
+        }
+        out
+    }
 }
 
 /// The whole table (the nft session replaces the earlier one in the same transaction, so
@@ -898,6 +987,61 @@ pool = "uplinks"
         let m = render_maps(&plan, &[vec![0, 0, 0]], &[vec![true, false]], &[]);
         assert!(!m.contains("prox_0 {"), "{m}");
         assert!(m.contains("flush map inet fulcrum_link prox_0"), "{m}");
+    }
+
+    #[test]
+    fn isp_tables_by_asn_come_from_the_shipped_table_after_explicit_prefixes() {
+        let data = fulcrum_ipdata::shipped().unwrap();
+        let telecom: Vec<Ipv4Net> = data
+            .asn_prefixes(&[4134])
+            .into_iter()
+            .filter_map(|n| match n {
+                ipnet::IpNet::V4(n) => Some(n),
+                ipnet::IpNet::V6(_) => None,
+            })
+            .collect();
+        // The operator's /24 inside AS4134's first prefix goes to link b.
+        let wide = telecom.iter().find(|n| n.prefix_len() <= 22).unwrap();
+        let office = Ipv4Net::new(wide.network(), 24).unwrap();
+        let cfg = CFG
+            .replace(
+                "cidrs = [\"198.19.64.0/24\", \"198.19.64.128/25\"]",
+                &format!("cidrs = [\"{office}\"]\n\n[[ip_table]]\nname = \"ct\"\nasns = [4134]"),
+            )
+            .replace("weight = 3", "weight = 3\nisp = \"ct\"");
+        let cfg = fulcrum_config::parse(&cfg, "t.toml", Path::new(".")).unwrap();
+        let plan = build(&cfg).unwrap();
+        let o = &plan.outbounds[0];
+        assert!(o.links[0].isp_prefixes.is_empty());
+        assert!(o.links[0].isp_shipped.len() >= Ipv4Net::aggregate(&telecom).len() / 2);
+        let m = render_maps(&plan, &[vec![0, 1, 0]], &[vec![true, true]], &[]);
+        let (a, b) = (o.links[0].mark, o.links[1].mark);
+        assert!(
+            m.contains(&format!("{office} : {b:#x}")),
+            "the operator's prefix first"
+        );
+        // The rest of the wide prefix still leaves by link a: its next /24, say.
+        let next = Ipv4Net::new((u32::from(office.network()) + 256).into(), 24).unwrap();
+        let by_a: Vec<Ipv4Net> = m
+            .split(", ")
+            .filter(|e| e.ends_with(&format!(" : {a:#x}")))
+            .filter_map(|e| e.split(' ').next()?.rsplit('{').next()?.trim().parse().ok())
+            .collect();
+        assert!(by_a.iter().any(|n| n.contains(&next)), "{next} by link a");
+        assert!(
+            !by_a.iter().any(|n| n.contains(&office.network())),
+            "{office} not by a"
+        );
+        // No two elements overlap (nftables refuses that).
+        let mut all: Vec<Ipv4Net> = m
+            .split(", ")
+            .filter_map(|e| e.split(' ').next()?.rsplit('{').next()?.trim().parse().ok())
+            .collect();
+        all.sort();
+        assert!(
+            all.windows(2).all(|w| !w[0].contains(&w[1].network())),
+            "overlap"
+        );
     }
 
     /// `[[outbound.rule]]`: a policy map ahead of proximity and the slots, first match winning

@@ -5,6 +5,7 @@
 
 mod links;
 mod messages;
+mod wildcards;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -185,6 +186,7 @@ pub(crate) fn validate(cfg: &Config, broken: &HashSet<String>) -> Vec<ConfigErro
         .stream
         .insert((cfg.admin.listen, None), "admin.listen".into());
     let protocols_of_pool = check_virtual_services(&mut c, cfg, &mut listeners);
+    wildcards::check_wildcards(&mut c, cfg);
     check_pools(&mut c, cfg, &protocols_of_pool);
 
     let mut errs = Vec::new();
@@ -306,7 +308,13 @@ fn claim_service_listen(
     } else {
         &mut listeners.stream
     };
-    for (j, addr) in vs.listen.iter().enumerate() {
+    // An ip service's addresses are no socket's: wildcards::check_wildcards checks them.
+    let sockets = if vs.protocol() == Protocol::Ip {
+        &[][..]
+    } else {
+        &vs.listen[..]
+    };
+    for (j, addr) in sockets.iter().enumerate() {
         let me = format!("virtual_service[{i}] ({})", vs.name);
         if let Some(prev) = owners.insert((*addr, vs.vrf.clone()), me) {
             let vrf = vs.vrf.as_ref().map(|v| format!(" in vrf {v:?}"));

@@ -2,7 +2,10 @@
 //! from the same Pool / Member objects as every other plane and keeps them current.
 //!
 //! - VIPs: every `listen` address of an in-kernel tcp/udp service; a service's addresses share
-//!   one VIP index (ring and counters), stable across reloads while the service exists.
+//!   one VIP index (ring and counters), stable across reloads while the service exists. Port 0
+//!   is a tcp/udp VIP of every port; a `protocol = "ip"` service's addresses are VIPs of every
+//!   protocol (`VIP_PROTO_ANY`), always hashed by the client address so all of a client's
+//!   protocols take one member, and never port-translated in nat mode.
 //! - Reals: one per member address, numbered from 1 and never renumbered while the member is
 //!   in a pool, so connection-table entries stay valid across reloads (no flow lost). A
 //!   member in no pool any more gives its number back once its flows are gone
@@ -35,7 +38,7 @@ use fulcrum_xdp::tables::{RealState, Service, State};
 use fulcrum_xdp::{flow_sync, refresh};
 use fulcrum_xdp::{
     Dataplane, DropReason, Global, Limits, VipKey, VipMeta, MODE_DR, MODE_NAT, MODE_TUNNEL,
-    VIP_F_PERSIST_SRC,
+    VIP_F_PERSIST_SRC, VIP_PROTO_ANY,
 };
 use parking_lot::Mutex;
 
@@ -187,10 +190,10 @@ fn attach_mode(mode: fulcrum_config::XdpMode) -> aya::programs::XdpMode {
 }
 
 fn proto_number(p: Protocol) -> u8 {
-    if p == Protocol::Udp {
-        17
-    } else {
-        6
+    match p {
+        Protocol::Udp => 17,
+        Protocol::Ip => VIP_PROTO_ANY,
+        _ => 6,
     }
 }
 
@@ -575,18 +578,32 @@ fn set_program_config(
     let nat = services
         .iter()
         .any(|v| v.forwarding().forwarding == Forwarding::Nat);
+    // An ip service's idle_timeout is its flows' whatever their protocol: it counts towards
+    // the TCP and UDP timeouts too (the longest of each applies, the table is shared).
+    let ip_idle = services
+        .iter()
+        .filter(|v| v.protocol() == Protocol::Ip)
+        .map(|v| v.idle_timeout);
     let tcp_idle = services
         .iter()
         .filter(|v| v.protocol() == Protocol::Tcp)
         .map(|v| v.idle_timeout)
+        .chain(ip_idle.clone())
         .max()
         .unwrap_or(Duration::from_secs(900));
     let udp_idle = services
         .iter()
         .filter_map(|v| v.as_udp())
         .map(|u| u.session_timeout)
+        .chain(ip_idle.clone())
         .max()
         .unwrap_or(Duration::from_secs(300));
+    let other_idle = ip_idle.max().unwrap_or(Duration::from_secs(300));
+    let any_proto = services.iter().any(|v| v.protocol() == Protocol::Ip);
+    let wildcard = any_proto
+        || services
+            .iter()
+            .any(|v| v.listen.iter().any(|a| a.port() == 0));
     // ha.sync on (a running node keeps the [ha] it started with: see HaPlane::reload).
     let sync = config
         .ha
@@ -596,8 +613,11 @@ fn set_program_config(
         .set_config(&fulcrum_xdp::Config {
             tcp_idle,
             udp_idle,
+            other_idle,
             nat,
             sync,
+            wildcard,
+            any_proto,
             ..fulcrum_xdp::Config::default()
         })
         .map_err(xdp_err)?;
@@ -629,11 +649,14 @@ fn program_service(
     index: u32,
     prev: Option<Service>,
 ) -> Result<Service, Vec<String>> {
-    let persist = vs
-        .persistence
-        .as_ref()
-        .and_then(|n| config.persistence(n))
-        .is_some_and(|p| p.kind == PersistenceKind::SourceIp);
+    // ip services hash by the client address whatever the protocol: ESP, GRE and the IKE or
+    // control connection of one client meet on one member.
+    let persist = vs.protocol() == Protocol::Ip
+        || vs
+            .persistence
+            .as_ref()
+            .and_then(|n| config.persistence(n))
+            .is_some_and(|p| p.kind == PersistenceKind::SourceIp);
     if prev.is_none() {
         // A new service at this index: no flows, a full bucket, no stale list.
         st.dp.reset_flows(index).map_err(xdp_err)?;
@@ -715,11 +738,13 @@ fn number_members(st: &mut State, vs: &VirtualService, pool: &Pool) {
             st.reals.insert(m.address, RealState::new(index));
         }
         if let Some(r) = st.reals.get_mut(&m.address) {
-            let port = if vs.forwarding().forwarding == Forwarding::Nat {
-                m.address.port()
-            } else {
-                0
-            };
+            // An ip service forwards every port as it came: no port translation.
+            let port =
+                if vs.forwarding().forwarding == Forwarding::Nat && vs.protocol() != Protocol::Ip {
+                    m.address.port()
+                } else {
+                    0
+                };
             if r.nat_port != port {
                 r.nat_port = port;
                 r.resolved = false;
