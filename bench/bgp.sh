@@ -14,6 +14,10 @@
 #   kill9_withdrawn_ms    kill -9 sent → the same (the routes hang on Fulcrum's TUN interface,
 #                         which the kernel deletes with the process; BIRD withdraws at once)
 #   kill9_failed          new connections that failed from the kill on (out of kill9_requests)
+# The same through OSPF (crates/fulcrum/tests/ospf.rs: the node's BIRD exports the VIP into OSPF
+# to a BIRD neighbour; the VIP's route is left to settle first, see MinLSInterval there):
+#   ospf_sigterm_withdrawn_ms SIGTERM → the router has no route to the VIP (polled every ~10 ms)
+#   ospf_kill9_withdrawn_ms   kill -9 → the same
 # Times are polled every 20 ms (`ip route` in the router namespace): read them as ± 20 ms.
 # ROUNDS (default 5) runs of the test; prints each round and the medians.
 # Needs root, bird2, gobgpd.
@@ -23,7 +27,7 @@ cd "$(dirname "$0")/.."
 need bird2 bird
 need gobgpd gobgpd
 ROUNDS=${ROUNDS:-5}
-cargo test -q -p fulcrum --test bgp --no-run 2>/dev/null
+cargo test -q -p fulcrum --test bgp --test ospf --no-run 2>/dev/null
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for r in $(seq "$ROUNDS"); do
@@ -31,6 +35,8 @@ for r in $(seq "$ROUNDS"); do
     cargo test -q -p fulcrum --test bgp "$t" -- --nocapture 2>&1 \
       | grep '^bench:' | sed 's/^bench: //' | tr '\n' ' ' | tee -a "$out"
   done
+  BENCH_OSPF_SETTLE_MS=6000 cargo test -q -p fulcrum --test ospf -- --nocapture 2>&1 \
+    | grep '^bench:' | sed 's/^bench: //' | tr '\n' ' ' | tee -a "$out"
   echo | tee -a "$out"
 done
 median() {  # median KEY
@@ -39,6 +45,7 @@ median() {  # median KEY
 echo
 echo "median over $ROUNDS rounds:"
 for k in sigterm_withdrawn_ms kill9_withdrawn_ms kill9_failed kill9_requests \
-  gobgp_sigterm_withdrawn_ms gobgp_kill9_withdrawn_ms gobgp_kill9_failed gobgp_kill9_requests; do
+  gobgp_sigterm_withdrawn_ms gobgp_kill9_withdrawn_ms gobgp_kill9_failed gobgp_kill9_requests \
+  ospf_sigterm_withdrawn_ms ospf_kill9_withdrawn_ms; do
   printf '  %-28s %s\n' "$k" "$(median "$k")"
 done

@@ -234,4 +234,55 @@ fn the_vip_goes_into_ospf_while_served_leaves_when_down_and_costs_more_in_mainte
         "the VIP did not come back:\n{}",
         state()
     );
+
+    // How fast the router loses the VIP when the node stops (SIGTERM: Fulcrum withdraws through
+    // BIRD) and when it dies (kill -9: the liveness interface goes with the process and BIRD
+    // flushes the route by itself), beside BGP's figures (bench/bgp.sh prints both). OSPF
+    // re-originates an LSA at most every MinLSInterval (5 s): a route announced less than that
+    // ago is flushed only then, so bench/bgp.sh lets it settle first (BENCH_OSPF_SETTLE_MS);
+    // the test does not wait.
+    let settle = std::env::var("BENCH_OSPF_SETTLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_millis);
+    std::thread::sleep(settle);
+    let sigterm = withdrawn_after(&rsock, || signal(&lab, f.index, libc::SIGTERM));
+    eprintln!(
+        "bench: ospf_sigterm_withdrawn_ms={:.1}",
+        sigterm.as_secs_f64() * 1e3
+    );
+    lab.kill(f.index);
+    let f = NsFulcrum::start(&mut lab, &node, BIN, &node_config(dir.path()));
+    assert!(
+        wait_for(Duration::from_secs(20), || vip_metric(&rsock)
+            == Some(SERVED)),
+        "the VIP did not come back after a restart:\n{}",
+        f.logs()
+    );
+    std::thread::sleep(settle);
+    let kill9 = withdrawn_after(&rsock, || lab.kill(f.index));
+    eprintln!(
+        "bench: ospf_kill9_withdrawn_ms={:.1}",
+        kill9.as_secs_f64() * 1e3
+    );
+}
+
+fn signal(lab: &Lab, index: usize, sig: i32) {
+    let pid = lab.pid(index).expect("pid") as i32;
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// How long after `act` the router has no route to the VIP left (polled every 10 ms).
+fn withdrawn_after(router_sock: &Path, act: impl FnOnce()) -> Duration {
+    let start = std::time::Instant::now();
+    act();
+    assert!(
+        wait_for(Duration::from_secs(10), || vip_metric(router_sock)
+            .is_none()),
+        "the VIP stayed on the router"
+    );
+    start.elapsed()
 }
