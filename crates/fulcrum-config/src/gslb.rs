@@ -117,6 +117,108 @@ pub struct Gslb {
     pub interval: Duration,
     /// A peer whose last report is older than this is stale and left out of the table.
     pub stale_after: Duration,
+    /// How `algorithm = "proximity"` measures the RTT to resolvers (`[gslb.proximity]`).
+    pub proximity: Proximity,
+}
+
+/// `[gslb.proximity]`: the RTT probes of `algorithm = "proximity"`. Each instance sends a DNS
+/// query (`.` NS, no recursion) to the resolver or Client Subnet address and takes the time to
+/// any reply as its site's RTT to that /24 (/48).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proximity {
+    /// UDP port the probe queries go to.
+    pub port: u16,
+    /// Source address of the probes (default: the host's choice).
+    pub source: Option<IpAddr>,
+    /// A probe without a reply within this is "unreachable" (ranked last).
+    pub timeout: Duration,
+    /// A measurement older than this is measured again at the next query (the old value is
+    /// used meanwhile).
+    pub max_age: Duration,
+    /// Prefixes whose RTT is kept (the oldest unused go first).
+    pub max_prefixes: u32,
+    /// Probes waiting for their reply at once.
+    pub max_in_flight: u32,
+    /// Probes started per second at most.
+    pub probes_per_second: u32,
+    /// How much a site's load (1 − capacity left) counts against its RTT: a site is ranked by
+    /// RTT × (1 + load_weight × load).
+    pub load_weight: f64,
+}
+
+impl Default for Proximity {
+    fn default() -> Self {
+        Proximity {
+            port: 53,
+            source: None,
+            timeout: Duration::from_secs(1),
+            max_age: Duration::from_secs(300),
+            max_prefixes: 10_000,
+            max_in_flight: 64,
+            probes_per_second: 100,
+            load_weight: 1.0,
+        }
+    }
+}
+
+impl FromNode for Proximity {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let d = Proximity::default();
+            let value = Proximity {
+                port: t.opt(cx, "port").unwrap_or(d.port),
+                source: t.opt(cx, "source"),
+                timeout: t.opt(cx, "timeout").unwrap_or(d.timeout),
+                max_age: t.opt(cx, "max_age").unwrap_or(d.max_age),
+                max_prefixes: t.opt(cx, "max_prefixes").unwrap_or(d.max_prefixes),
+                max_in_flight: t.opt(cx, "max_in_flight").unwrap_or(d.max_in_flight),
+                probes_per_second: t
+                    .opt(cx, "probes_per_second")
+                    .unwrap_or(d.probes_per_second),
+                load_weight: t.opt(cx, "load_weight").unwrap_or(d.load_weight),
+            };
+            check_proximity(t.path(), &value, cx);
+            Some(value)
+        })
+    }
+}
+
+/// Checks of `[gslb.proximity]` (at `base`).
+fn check_proximity(base: &str, p: &Proximity, cx: &mut Cx<'_>) {
+    if p.port == 0 {
+        cx.error_path(&format!("{base}.port"), "must be 1 to 65535");
+    }
+    if p.timeout.is_zero() {
+        cx.error_path(&format!("{base}.timeout"), "must be longer than 0s");
+    }
+    if p.max_age <= p.timeout {
+        cx.error_path(
+            &format!("{base}.max_age"),
+            format!(
+                "{} must be longer than the probe timeout ({})",
+                humantime::format_duration(p.max_age),
+                humantime::format_duration(p.timeout)
+            ),
+        );
+    }
+    for (key, v, max) in [
+        ("max_prefixes", p.max_prefixes, 10_000_000),
+        ("max_in_flight", p.max_in_flight, 10_000),
+        ("probes_per_second", p.probes_per_second, 100_000),
+    ] {
+        if v == 0 || v > max {
+            cx.error_path(
+                &format!("{base}.{key}"),
+                format!("{v} is out of range; expected 1 to {max}"),
+            );
+        }
+    }
+    if !(0.0..=100.0).contains(&p.load_weight) {
+        cx.error_path(
+            &format!("{base}.load_weight"),
+            format!("{} is out of range; expected 0 to 100", p.load_weight),
+        );
+    }
 }
 
 impl Default for Gslb {
@@ -129,6 +231,7 @@ impl Default for Gslb {
             keys: Vec::new(),
             interval: Duration::from_secs(1),
             stale_after: Duration::from_secs(5),
+            proximity: Proximity::default(),
         }
     }
 }
@@ -154,6 +257,7 @@ impl FromNode for Gslb {
                     .unwrap_or_default(),
                 interval: t.opt(cx, "interval").unwrap_or(d.interval),
                 stale_after: t.opt(cx, "stale_after").unwrap_or(d.stale_after),
+                proximity: t.opt(cx, "proximity").unwrap_or_default(),
             };
             crate::gslb::check(t.path(), &value, cx);
             Some(value)
@@ -208,6 +312,7 @@ string_enum!(GslbAlgorithm {
     FastestResponse = "fastest_response",
     FirstAvailable = "first_available",
     Hash = "hash",
+    Proximity = "proximity",
 });
 
 #[derive(Debug, Clone)]

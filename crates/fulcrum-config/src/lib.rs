@@ -54,7 +54,7 @@ pub use filter::{
     DEFAULT_FILTER_MEMORY,
 };
 pub use forwarding::{FlowLimits, Forwarding, ForwardingOptions, XdpMode, FORWARDING_KEYS};
-pub use gslb::{Gslb, GslbAlgorithm, GslbName, Site};
+pub use gslb::{Gslb, GslbAlgorithm, GslbName, Proximity as GslbProximity, Site};
 pub use ha::{ConntrackSync, Ha, HaMode, HaSync, Vip, MAX_ADVERT_INTERVAL, MIN_ADVERT_INTERVAL};
 pub use http::{
     AccessLog, Cache, Compression, CompressionAlgorithm, ForwardHeaders, GslbRedirect, HttpOptions,

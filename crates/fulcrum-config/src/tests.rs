@@ -973,6 +973,52 @@ fn ip_table_asns_and_countries_without_geoip() {
 }
 
 #[test]
+fn proximity_names_and_probe_settings() {
+    let prox = GSLB.replace(
+        "sites = [\"east\", \"west\"]",
+        "sites = [\"east\", \"west\"]\nalgorithm = \"proximity\"",
+    );
+    let c = ok(&prox);
+    assert_eq!(c.gslb.names[0].algorithm, GslbAlgorithm::Proximity);
+    assert_eq!(c.gslb.proximity.port, 53);
+    assert_eq!(c.gslb.proximity.max_prefixes, 10_000);
+    let c = ok(&prox.replace(
+        "[gslb]\n",
+        "[gslb]\nproximity = { port = 5300, source = \"127.0.0.2\", max_age = \"10s\", load_weight = 0.5 }\n",
+    ));
+    assert_eq!(c.gslb.proximity.port, 5300);
+    assert_eq!(c.gslb.proximity.load_weight, 0.5);
+    let e = errs(&prox.replace(
+        "[gslb]\n",
+        "[gslb]\nproximity = { max_age = \"500ms\", max_in_flight = 0, load_weight = -1 }\n",
+    ));
+    has(
+        &e,
+        "gslb.proximity.max_age: 500ms must be longer than the probe timeout (1s)",
+    );
+    has(
+        &e,
+        "gslb.proximity.max_in_flight: 0 is out of range; expected 1 to 10000",
+    );
+    has(
+        &e,
+        "gslb.proximity.load_weight: -1 is out of range; expected 0 to 100",
+    );
+    let e = errs(&prox.replace("algorithm = \"proximity\"", "fallback = \"proximity\""));
+    has(&e, "gslb.name[0].fallback: proximity cannot be a fallback");
+    let e = errs(
+        &prox
+            .replace("local_site = \"east\"\n", "")
+            .replace("peer = \"127.0.0.2:7400\"\n", "")
+            .replace("peer = \"127.0.0.3:7400\"\n", ""),
+    );
+    has(
+        &e,
+        "gslb.name[0].algorithm: proximity needs gslb.local_site",
+    );
+}
+
+#[test]
 fn gslb_redirect_needs_an_http_service_and_a_name() {
     let e = errs(&format!(
         "{GSLB}\n[[virtual_service]]\nname = \"t\"\nlisten = \"127.0.0.1:81\"\nprotocol = \"tcp\"\npool = \"p\"\ngslb_redirect = \"ap.example.com.\"\n[[pool]]\nname = \"p\"\n"

@@ -26,8 +26,9 @@ use crate::table::Report;
 pub const MAGIC: &[u8; 4] = b"FGX1";
 pub const NONCE_LEN: usize = fulcrum_frame::NONCE_LEN;
 pub const TAG_LEN: usize = fulcrum_frame::TAG_LEN;
-/// Largest report accepted (a report is a few hundred bytes per site).
-pub const MAX_FRAME: usize = 64 * 1024;
+/// Largest report accepted (a report is a few hundred bytes per site, plus its learnt services
+/// and up to `proximity::MAX_SHARED` RTTs and requests).
+pub const MAX_FRAME: usize = 256 * 1024;
 
 /// Virtual services with `gslb` one report may carry.
 pub const MAX_SERVICES: usize = 4096;
@@ -125,6 +126,14 @@ fn decode_report(payload: &[u8]) -> Result<Report, FrameError> {
             "no instance, or too many sites".into(),
         ));
     }
+    if report.rtt.len() > crate::proximity::MAX_SHARED
+        || report.probe.len() > crate::proximity::MAX_SHARED
+    {
+        return Err(FrameError::BadReport(format!(
+            "more than {} RTTs or probe requests",
+            crate::proximity::MAX_SHARED
+        )));
+    }
     if report.services.len() > MAX_SERVICES
         || report
             .services
@@ -172,6 +181,8 @@ mod tests {
             cpu: None,
             response_ms: None,
             services: vec![],
+            rtt: vec![],
+            probe: vec![],
         }
     }
 

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use crate::iptable::{Locator, Region};
 use crate::learnt::{LearntAddress, LearntTable};
+use crate::proximity::{self, Proximity, SiteRtt};
 use crate::table::{self, LearntService, Report, SiteFactors, SiteView, TableSite};
 
 /// Sites one name may list (the per-query exclusion list lives on the stack).
@@ -213,6 +214,8 @@ pub struct GslbState {
     pub table: ArcSwap<TableView>,
     /// Addresses learnt from virtual services with `gslb` (this instance's and the peers').
     pub learnt: ArcSwap<LearntTable>,
+    /// RTTs of `algorithm = "proximity"`: one for the process, carried across reloads.
+    pub proximity: Arc<Proximity>,
 }
 
 fn site_pool_name(site: &str) -> String {
@@ -230,7 +233,7 @@ fn site_member_addr(k: usize) -> SocketAddr {
 
 fn pool_algorithm(a: GslbAlgorithm) -> Algorithm {
     match a {
-        GslbAlgorithm::RoundRobin => Algorithm::RoundRobin,
+        GslbAlgorithm::RoundRobin | GslbAlgorithm::Proximity => Algorithm::RoundRobin,
         GslbAlgorithm::FirstAvailable => Algorithm::FirstAvailable,
         GslbAlgorithm::Hash => Algorithm::Hash,
         GslbAlgorithm::Weighted
@@ -343,6 +346,7 @@ impl GslbState {
             locator,
             table: ArcSwap::from_pointee(TableView::default()),
             learnt: ArcSwap::from_pointee(LearntTable::default()),
+            proximity: previous.map_or_else(Arc::default, |p| p.proximity.clone()),
         }
     }
 }
@@ -578,6 +582,9 @@ impl GslbState {
         };
         let has_preferred =
             n.algorithm == GslbAlgorithm::Topology && (0..count).any(|k| !down[k] && preferred(k));
+        let mut ranking = Vec::new();
+        let ranked = n.algorithm == GslbAlgorithm::Proximity
+            && self.proximity_rank(ni, client.ip, &down[..count], &mut ranking);
         let ctx = PickContext {
             hash: Some(hash_ip(client.ip)),
         };
@@ -596,7 +603,15 @@ impl GslbState {
                     ex += 1;
                 }
             }
-            let primary = if n.algorithm == GslbAlgorithm::Topology && !has_preferred {
+            let primary = if n.algorithm == GslbAlgorithm::Proximity {
+                ranking
+                    .iter()
+                    .find(|&&k| !exclude[..ex].contains(&k))
+                    .map(|&k| fulcrum_balance::Picked {
+                        index: k,
+                        member: n.pools[0].members()[k].clone(),
+                    })
+            } else if n.algorithm == GslbAlgorithm::Topology && !has_preferred {
                 None
             } else {
                 n.pools[slot.min(n.pools.len() - 1)].pick(&ctx, &exclude[..ex])
@@ -641,9 +656,49 @@ impl GslbState {
                 None => source,
             },
             GslbAlgorithm::Hash => source,
+            GslbAlgorithm::Proximity if ranked => source.min(proximity::prefix_len(client.ip)),
             _ => 0,
         };
         Some(scope)
+    }
+
+    /// Orders the sites of proximity name `ni` for a client at `ip` (best first) into `out`;
+    /// false while a site that can be measured has no measurement of the client's prefix yet
+    /// (the fallback answers). Starts the probe of a new or old prefix.
+    fn proximity_rank(&self, ni: usize, ip: IpAddr, down: &[bool], out: &mut Vec<usize>) -> bool {
+        let n = &self.names[ni];
+        let px = &self.proximity;
+        px.touch(ip, true);
+        let prefix = proximity::prefix_of(ip);
+        let table = self.table.load();
+        let mut rtts = [(SiteRtt::Unmeasurable, 0.0); MAX_SITES];
+        for (k, &s) in n.sites.iter().enumerate() {
+            let site = &self.sites[s];
+            let measured = if down.get(k).copied().unwrap_or(true) {
+                None
+            } else if Some(s) == self.local_site {
+                Some(px.local_rtt(prefix))
+            } else if px.is_reporting(&site.name) {
+                Some(px.remote_rtt(&site.name, prefix))
+            } else {
+                None
+            };
+            let rtt = match measured {
+                None => SiteRtt::Unmeasurable,
+                Some(None) => SiteRtt::Pending,
+                Some(Some(ms)) => SiteRtt::Known(ms),
+            };
+            let capacity = table.factors.get(s).and_then(|f| f.capacity);
+            rtts[k] = (rtt, 1.0 - capacity.unwrap_or(1.0).clamp(0.0, 1.0));
+        }
+        let ranked = proximity::rank(&rtts[..n.sites.len()], px.load_weight(), out);
+        let counter = if ranked {
+            &px.counters.warm_answers
+        } else {
+            &px.counters.cold_answers
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        ranked
     }
 
     /// The learnt addresses of site `s`, over every name that lists it.
@@ -712,6 +767,7 @@ impl GslbState {
         own: LocalFigures,
         services: Vec<LearntService>,
     ) -> Option<Report> {
+        let (rtt, probe) = self.proximity.to_share();
         let local = self.local_site?;
         Some(Report {
             instance: self.sites[local].name.to_string(),
@@ -727,6 +783,8 @@ impl GslbState {
             cpu: own.cpu,
             response_ms: own.response_ms,
             services,
+            rtt,
+            probe,
         })
     }
 
@@ -741,6 +799,8 @@ impl GslbState {
             cpu: None,
             response_ms: None,
             services: Vec::new(),
+            rtt: Vec::new(),
+            probe: Vec::new(),
         }
     }
 

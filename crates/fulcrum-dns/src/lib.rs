@@ -11,6 +11,7 @@ pub mod exchange;
 pub mod gslb;
 pub mod iptable;
 pub mod learnt;
+pub mod proximity;
 pub mod rrl;
 pub mod server;
 pub mod service;

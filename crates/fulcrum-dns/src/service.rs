@@ -157,6 +157,7 @@ impl GslbService {
             reports_received: AtomicU64::new(0),
         });
         let handle = Handle::current();
+        shared.state.load().proximity.start(&handle);
         let sampler = handle.spawn(sample(shared.clone()));
         GslbService {
             shared,
@@ -213,6 +214,14 @@ impl GslbService {
         sh.keys.store(Arc::new(exchange::keys(&config.gslb.keys)));
         let xc = exchange_config(config);
         sh.config.store(Arc::new(xc.clone()));
+        state.proximity.set_config(&config.gslb.proximity);
+        state.proximity.retain_sites(
+            &state
+                .sites
+                .iter()
+                .map(|s| s.name.clone())
+                .collect::<Vec<_>>(),
+        );
         sh.state.store(Arc::new(state));
         // Reports from sites that no longer exist go.
         let names: Vec<String> = config.gslb.sites.iter().map(|s| s.name.clone()).collect();
@@ -422,6 +431,27 @@ impl GslbService {
         json!({ "names": names })
     }
 
+    /// `GET /api/v1/gslb/proximity`: the RTT cache and probe counters of `algorithm =
+    /// "proximity"`.
+    pub fn proximity_json(&self) -> Value {
+        let st = self.state();
+        let px = &st.proximity;
+        let c = &px.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (cached, in_flight) = px.cached();
+        json!({
+            "prefixes": cached,
+            "probes_in_flight": in_flight,
+            "probes_sent": n(&c.probes_sent),
+            "probes_unreachable": n(&c.probes_unreachable),
+            "probes_dropped": n(&c.probes_dropped),
+            "evictions": n(&c.evictions),
+            "requests_received": n(&c.requests_received),
+            "warm_answers": n(&c.warm_answers),
+            "cold_answers": n(&c.cold_answers),
+        })
+    }
+
     /// `GET /api/v1/gslb/table`: the distribution table and the reports it came from.
     pub fn table_json(&self) -> Value {
         let st = self.state();
@@ -489,6 +519,13 @@ fn refresh_learnt(sh: &Shared) {
     if **st.learnt.load() != table {
         st.learnt.store(Arc::new(table));
     }
+    st.proximity.set_reporting(
+        received
+            .iter()
+            .filter(|(k, r)| Some(k.as_str()) != local && r.at.elapsed() < xc.stale_after)
+            .map(|(k, _)| Arc::from(k.as_str()))
+            .collect(),
+    );
 }
 
 /// Recomputes the table from the fresh reports and this instance's own view.
@@ -544,6 +581,7 @@ async fn sample(sh: Arc<Shared>) {
     let mut last_cpu = Instant::now() - Duration::from_secs(10);
     let mut last_publish = Instant::now() - Duration::from_secs(3600);
     let mut last_health: Vec<(bool, u32)> = Vec::new();
+    let mut last_shares = Default::default();
     let mut last_recompute = Instant::now() - Duration::from_secs(3600);
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -573,8 +611,13 @@ async fn sample(sh: Arc<Shared>) {
             .iter()
             .map(|s| (s.is_up(), s.addresses_up()))
             .collect();
+        // New RTTs or probe requests go out at once (every tick at most).
+        let shares = st.proximity.to_share();
+        let proximity_changed = shares != last_shares;
+        last_shares = shares;
         let changed = health != last_health || services_changed;
-        if changed || last_publish.elapsed() >= xc.interval {
+        let publish_now = changed || proximity_changed;
+        if publish_now || last_publish.elapsed() >= xc.interval {
             let figures = local_figures(&sh.local_pools.load(), cpu_value);
             let version = sh.version.fetch_add(1, Ordering::Relaxed) + 1;
             let report = st.local_report(version, figures, services).map(Arc::new);
@@ -772,6 +815,10 @@ async fn receive(
         }
         sh.reports_received.fetch_add(1, Ordering::Relaxed);
         let site = report.instance.clone();
+        sh.state
+            .load()
+            .proximity
+            .received(&site, &report.rtt, &report.probe);
         {
             let mut peers = sh.peers.lock();
             if let Some(p) = peers.get_mut(&site) {

@@ -54,6 +54,12 @@ pub struct Report {
     /// The instance's virtual services with `gslb`: addresses its site answers for those names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<LearntService>,
+    /// Proximity: the RTTs this instance measured lately from its site to resolver prefixes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rtt: Vec<crate::proximity::Measured>,
+    /// Proximity: prefixes this instance was asked about lately, for the others to measure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probe: Vec<crate::proximity::Request>,
 }
 
 /// A virtual service of the reporting instance that adds its listen addresses to a GSLB name
@@ -218,7 +224,8 @@ pub fn shares(
                     }
                 }
                 GslbAlgorithm::Weighted => w * poor[i],
-                GslbAlgorithm::LeastLoad => w * poor[i] * load[i],
+                // Proximity chooses per client prefix by RTT; its table shares are the load's.
+                GslbAlgorithm::LeastLoad | GslbAlgorithm::Proximity => w * poor[i] * load[i],
                 GslbAlgorithm::FastestResponse => w * poor[i] * sp[i],
                 GslbAlgorithm::Topology => {
                     let home = region.is_some_and(|r| s.regions.contains(&r));
@@ -281,6 +288,8 @@ mod tests {
             cpu: None,
             response_ms: None,
             services: vec![],
+            rtt: vec![],
+            probe: vec![],
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod browser;
 pub mod client;
+pub mod delay;
 pub mod dialogue;
 pub mod echo;
 pub mod h2abuse;
@@ -21,6 +22,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 pub use client::{http_get, http_request, HttpResponse};
+pub use delay::DelayedResolver;
 pub use dialogue::DialogueServer;
 pub use echo::EchoMember;
 pub use message::{MessageClient, MessageSwitch, SwitchOptions, WireFraming};

@@ -663,6 +663,27 @@ fn check_gslb_names(c: &mut Checker<'_>, cfg: &Config) {
         }
     }
     check_learnt_addresses(c, cfg);
+    check_proximity_names(c, cfg);
+}
+
+/// Proximity ranks sites by RTTs each site's own instance measures: this instance must know
+/// which site it is, and a fallback must answer without them.
+fn check_proximity_names(c: &mut Checker<'_>, cfg: &Config) {
+    use crate::GslbAlgorithm;
+    for (i, n) in cfg.gslb.names.iter().enumerate() {
+        if n.fallback == GslbAlgorithm::Proximity {
+            c.err(
+                &format!("gslb.name[{i}].fallback"),
+                "proximity cannot be a fallback: the fallback answers while no RTT is measured; expected topology, round_robin, weighted, least_load, fastest_response, first_available or hash",
+            );
+        }
+        if n.algorithm == GslbAlgorithm::Proximity && cfg.gslb.local_site.is_none() {
+            c.err(
+                &format!("gslb.name[{i}].algorithm"),
+                "proximity needs gslb.local_site: each instance measures the RTT from its own site, and shares it over the site state exchange",
+            );
+        }
+    }
 }
 
 /// Services adding their addresses to a GSLB name (`gslb`) add them at the local site, so there

@@ -175,6 +175,7 @@ impl DnsPlane {
                 json!({ "peers": g.peers(), "auth_failures": g.auth_failures(), "unauthenticated_refused": g.unauthenticated_refused() }),
             ),
             ("GET", ["table"]) => (200, g.table_json()),
+            ("GET", ["proximity"]) => (200, g.proximity_json()),
             (
                 _,
                 []
@@ -184,6 +185,7 @@ impl DnsPlane {
                 | ["names", _]
                 | ["peers"]
                 | ["table"]
+                | ["proximity"]
                 | ["sites", _, "state"],
             ) => (
                 405,
@@ -347,6 +349,36 @@ impl DnsPlane {
         for p in &peers {
             samples.sample(&[("peer", &p.site)], p.stale);
         }
+        let px = self.runtime.gslb().proximity_json();
+        let count = |k: &str| px[k].as_u64().unwrap_or(0);
+        let mut samples = w.counter(
+            "fulcrum_gslb_proximity_probes_total",
+            "Proximity RTT probes: sent (a reply or the timeout came), unreachable (no reply), dropped (queue full: tried again at a later query).",
+        );
+        for (result, key) in [
+            ("sent", "probes_sent"),
+            ("unreachable", "probes_unreachable"),
+            ("dropped", "probes_dropped"),
+        ] {
+            samples.sample(&[("result", result)], count(key));
+        }
+        let mut samples = w.counter(
+            "fulcrum_gslb_proximity_answers_total",
+            "Answers of proximity names: warm (by measured RTTs), cold (by the fallback while a prefix is not measured everywhere).",
+        );
+        samples.sample(&[("cache", "warm")], count("warm_answers"));
+        samples.sample(&[("cache", "cold")], count("cold_answers"));
+        let mut samples = w.gauge(
+            "fulcrum_gslb_proximity_prefixes",
+            "Resolver prefixes (/24, /48) whose RTT this instance keeps.",
+        );
+        samples.sample(&[], count("prefixes"));
+        single_counter(
+            w,
+            "fulcrum_gslb_proximity_evictions_total",
+            "Prefixes dropped from the RTT cache to stay within max_prefixes.",
+            count("evictions"),
+        );
         single_counter(
             w,
             "fulcrum_gslb_reports_received_total",
