@@ -102,7 +102,9 @@ pub fn check(path: &Path) -> Result<(String, Vec<String>), Vec<String>> {
         c.monitors.len(),
         crate::planes::dns::summary(&c) + &crate::planes::link::summary(&c)
     );
-    Ok((summary, crate::planes::stream::transparent::notes(&c)))
+    let mut notes = crate::planes::stream::transparent::notes(&c);
+    notes.extend(crate::planes::dns::notes(&c));
+    Ok((summary, notes))
 }
 
 /// What the data planes and the API read; replaced whole on reload.

@@ -144,6 +144,14 @@ fallback = "first_available"
         .output()
         .unwrap();
     assert!(check.status.success(), "{check:?}");
+    let said = String::from_utf8_lossy(&check.stdout);
+    let about = fulcrum_ipdata::about();
+    assert!(
+        said.contains(
+            "ip_table \"china\", \"cn-telecom\" placed by the address table Fulcrum ships"
+        ) && said.contains(about.date),
+        "{said}"
+    );
     let f = start(&config).await;
 
     // By AS (before the country, though "china" is listed first), with the range as scope.
@@ -170,7 +178,6 @@ fallback = "first_available"
 
     // The status says which table placed them, beside the version.
     let status = f.get_json("/api/v1/status").await;
-    let about = fulcrum_ipdata::about();
     assert_eq!(status["ip_data"]["date"], about.date, "{status}");
     assert_eq!(status["ip_data"]["source"], about.source, "{status}");
     let version = Command::new(BIN).arg("--version").output().unwrap();

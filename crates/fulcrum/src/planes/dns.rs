@@ -37,6 +37,27 @@ pub fn summary(config: &Config) -> String {
     )
 }
 
+/// `fulcrum check`: which ip_tables the address table Fulcrum ships places clients in, and
+/// that table's date and sources.
+pub fn notes(config: &Config) -> Vec<String> {
+    let shipped: Vec<String> = config
+        .ip_tables
+        .iter()
+        .filter(|t| !t.asns.is_empty() || (t.geoip.is_none() && !t.countries.is_empty()))
+        .map(|t| format!("{:?}", t.name))
+        .collect();
+    if shipped.is_empty() {
+        return Vec::new();
+    }
+    let about = fulcrum_ipdata::about();
+    vec![format!(
+        "note: ip_table {} placed by the address table Fulcrum ships, data of {} ({})",
+        shipped.join(", "),
+        about.date,
+        about.source
+    )]
+}
+
 /// DNS and GSLB of the running process.
 pub struct DnsPlane {
     runtime: DnsRuntime,
