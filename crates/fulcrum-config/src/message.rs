@@ -31,6 +31,10 @@ pub struct MessageSection {
     pub sequence: Option<Sequence>,
     /// Member connections and delivery (Fulcrum additions).
     pub options: MessageOptions,
+    /// `simplex`: each member takes requests on one connection and answers on another.
+    pub simplex: Option<Simplex>,
+    /// `member_requests`: requests the members send of their own, and where they go.
+    pub member_requests: Option<MemberRequests>,
     /// Rules choosing the pool of a client connection (first match wins; none: the service's
     /// pool).
     pub rules: Vec<Rule>,
@@ -48,6 +52,8 @@ pub const MESSAGE_SECTION_KEYS: &[&str] = &[
     "message_timeout",
     "delivery",
     "max_attempts",
+    "simplex",
+    "member_requests",
 ];
 
 impl MessageSection {
@@ -74,7 +80,9 @@ impl MessageSection {
         let framing: Framing = t.opt(cx, "framing").unwrap_or_default();
         let mode = t.opt(cx, "message_mode").unwrap_or(MessageMode::Async);
         let sequence: Option<Sequence> = t.opt(cx, "sequence");
-        let options = MessageOptions::read(t, cx, node, mode);
+        let simplex: Option<Simplex> = t.opt(cx, "simplex");
+        let mut options = MessageOptions::read(t, cx, node, mode);
+        let member_requests: Option<MemberRequests> = t.opt(cx, "member_requests");
         let rules = read_l4_rules(
             t,
             cx,
@@ -107,6 +115,68 @@ impl MessageSection {
                 );
             }
         }
+        let pairs_by_id =
+            mode == MessageMode::Async && (sequence.is_some() || framing.wasm.is_some());
+        if simplex.is_some() {
+            let at = format!("{}.simplex", t.path());
+            if !pairs_by_id {
+                cx.error_path(
+                    &at,
+                    "a simplex member answers on another connection than the one the request went out on, so answers can only be paired by id: it needs message_mode = \"async\" and `sequence`",
+                );
+            }
+            if t.has("member_connections") && options.member_connections != 1 {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "member_connections",
+                    format!(
+                        "a simplex member has one send and one receive connection; member_connections = {} needs a duplex pool (remove `simplex`), or write 1",
+                        options.member_connections
+                    ),
+                );
+            }
+            options.member_connections = 1;
+        }
+        if let Some(reqs) = &member_requests {
+            let at = format!("{}.member_requests", t.path());
+            if mode == MessageMode::Sync {
+                cx.error_path(
+                    &at,
+                    "a member's own requests share its connections with the answers Fulcrum waits for; sync mode has one message at a time on a connection: it needs message_mode = \"async\"",
+                );
+            } else if !pairs_by_id {
+                cx.error_path(
+                    &at,
+                    "a member's own request is told from an answer, and the client's answer is told from a new request, by the sequence id: it needs `sequence`",
+                );
+            }
+            for (key, field) in [
+                ("client_field", &reqs.client_field),
+                (
+                    "marker",
+                    &reqs.marker.as_ref().map(|m| Sequence {
+                        offset: m.offset,
+                        length: m.value.len(),
+                    }),
+                ),
+            ] {
+                if let Some(f) = field {
+                    if f.offset.saturating_add(f.length) > framing.max_message {
+                        cx.error_path(
+                            &format!("{at}.{key}"),
+                            format!(
+                                "the field at bytes {}..{} of the body lies beyond max_message ({} bytes)",
+                                f.offset,
+                                f.offset.saturating_add(f.length),
+                                framing.max_message
+                            ),
+                        );
+                    }
+                }
+            }
+        }
         MessageSection {
             stream,
             tls,
@@ -114,6 +184,8 @@ impl MessageSection {
             mode,
             sequence,
             options,
+            simplex,
+            member_requests,
             rules,
         }
     }
@@ -432,6 +504,103 @@ impl FromNode for Sequence {
             Some(Sequence {
                 offset: offset?,
                 length: length?,
+            })
+        })
+    }
+}
+
+/// `simplex`: the members of the service's pools answer on another connection than the one they
+/// receive requests on. Fulcrum keeps, per member, a send-only connection to the member's
+/// address and a receive-only connection to the member's address at `receive_port`; a member is
+/// up only while both are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Simplex {
+    pub receive_port: u16,
+}
+
+impl FromNode for Simplex {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let port: u16 = t.req(cx, "receive_port")?;
+            if port == 0 {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "receive_port",
+                    "0 is not a port; expected 1 to 65535".to_string(),
+                );
+            }
+            Some(Simplex { receive_port: port })
+        })
+    }
+}
+
+/// Bytes at a fixed place of a message's body that mark it as a request (`member_requests.marker`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub offset: usize,
+    pub value: Vec<u8>,
+}
+
+impl FromNode for Marker {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let offset: Option<usize> = t.req(cx, "offset");
+            let value: Option<DelimiterBytes> = t.req(cx, "value");
+            let value = value?.0;
+            if value.is_empty() || value.len() > MAX_SEQUENCE_LENGTH {
+                key_error(
+                    t,
+                    cx,
+                    node,
+                    "value",
+                    format!(
+                        "a marker of {} bytes is not supported; expected 1 to {MAX_SEQUENCE_LENGTH} bytes",
+                        value.len()
+                    ),
+                );
+            }
+            Some(Marker {
+                offset: offset?,
+                value,
+            })
+        })
+    }
+}
+
+/// `member_requests`: a member sends requests of its own (not answers to anything Fulcrum sent:
+/// their sequence id matches no waiting message, or they carry `marker`). Each goes to the
+/// client connection whose messages carry the same `client_field`, else to a member of
+/// `fallback_pool` (round robin over Fulcrum's own connections to that pool); the answer, paired
+/// by sequence id, goes back to the member that asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberRequests {
+    /// Where the name of the client connection sits in a message's body (e.g. a terminal id).
+    pub client_field: Option<Sequence>,
+    /// The pool that takes member requests no named client connection can take.
+    pub fallback_pool: Option<String>,
+    /// Marks a message from a member as a request; without it, a message whose id matches no
+    /// waiting message is one.
+    pub marker: Option<Marker>,
+}
+
+impl FromNode for MemberRequests {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        read_table(node, cx, |t, cx| {
+            let client_field: Option<Sequence> = t.opt(cx, "client_field");
+            let fallback_pool: Option<String> = t.opt(cx, "fallback_pool");
+            let marker: Option<Marker> = t.opt(cx, "marker");
+            if !t.has("client_field") && !t.has("fallback_pool") {
+                cx.error(
+                    node,
+                    "a member's request needs somewhere to go: write `client_field` (the client connection named in the message), `fallback_pool`, or both",
+                );
+            }
+            Some(MemberRequests {
+                client_field,
+                fallback_pool,
+                marker,
             })
         })
     }
