@@ -277,13 +277,32 @@ struct SwitchState {
     ids: Mutex<Vec<Vec<u8>>>,
     proxy_headers: Mutex<Vec<Vec<u8>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Duplex: the answer writers of the connections, newest last (for the switch's own
+    /// requests). Simplex: unused.
+    /// Weak, so a connection's writer still ends when its reader does.
+    writers: Mutex<Vec<mpsc::WeakUnboundedSender<Out>>>,
+    /// Simplex: where every answer goes (the receive-only connection's writer).
+    receive: Mutex<Option<mpsc::UnboundedSender<Vec<u8>>>>,
+    /// Receive-only connections accepted (simplex), and frames written on them.
+    receive_connections: AtomicU64,
+    receive_frames: AtomicU64,
+    /// Frames written on the connections the requests came in on.
+    duplex_frames: AtomicU64,
+    /// Ids of the switch's own requests not answered yet, and the answers' bodies.
+    originated: Mutex<std::collections::HashSet<Vec<u8>>>,
+    origin_answers: Mutex<Vec<Vec<u8>>>,
 }
+
+/// A frame for a connection's answer writer: when it is due, the frame (none: a request not
+/// answered), and whether it answers a request (counted as no longer outstanding).
+type Out = (Instant, Option<Vec<u8>>, bool);
 
 /// A framed-message member. Payload commands: `sleep:MS;…` delays that answer, `noreply…` is
 /// never answered, `orphan…` is answered with an id that was never sent.
 pub struct MessageSwitch {
     pub addr: SocketAddr,
     pub name: String,
+    framing: WireFraming,
     state: Arc<SwitchState>,
     accept: JoinHandle<()>,
 }
@@ -301,11 +320,48 @@ impl MessageSwitch {
         framing: WireFraming,
         options: SwitchOptions,
     ) -> io::Result<MessageSwitch> {
+        MessageSwitch::launch(addr, None, name, framing, options).await
+    }
+
+    /// A simplex host (the card scheme of the F5 seed): it reads requests on the connections
+    /// made to `addr` and never answers there; every answer (and every request of its own) goes
+    /// out on the newest connection made to `receive`, its receive-only port. Answers due while
+    /// no receive connection is up wait for one.
+    pub async fn start_simplex(
+        addr: SocketAddr,
+        receive: SocketAddr,
+        name: &str,
+        framing: WireFraming,
+        options: SwitchOptions,
+    ) -> io::Result<MessageSwitch> {
+        MessageSwitch::launch(addr, Some(receive), name, framing, options).await
+    }
+
+    async fn launch(
+        addr: SocketAddr,
+        receive: Option<SocketAddr>,
+        name: &str,
+        framing: WireFraming,
+        options: SwitchOptions,
+    ) -> io::Result<MessageSwitch> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(SwitchState::default());
+        if let Some(receive) = receive {
+            let receive = TcpListener::bind(receive).await?;
+            let (tx, rx) = mpsc::unbounded_channel();
+            if let Ok(mut r) = state.receive.lock() {
+                *r = Some(tx);
+            }
+            let task = tokio::spawn(serve_receive(receive, rx, state.clone()));
+            if let Ok(mut t) = state.tasks.lock() {
+                t.push(task);
+            }
+        }
         let (st, n) = (state.clone(), Arc::<str>::from(name));
+        let framing_for_accept = framing.clone();
         let accept = tokio::spawn(async move {
+            let framing = framing_for_accept;
             while let Ok((s, _)) = listener.accept().await {
                 st.connections.fetch_add(1, Ordering::Relaxed);
                 let task = tokio::spawn(serve_switch(
@@ -324,6 +380,7 @@ impl MessageSwitch {
         Ok(MessageSwitch {
             addr,
             name: name.to_string(),
+            framing: framing.clone(),
             state,
             accept,
         })
@@ -357,6 +414,53 @@ impl MessageSwitch {
     pub fn proxy_headers(&self) -> Vec<Vec<u8>> {
         self.state
             .proxy_headers
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
+    /// Receive-only connections accepted so far (simplex), and frames written on them.
+    pub fn receive_connections(&self) -> u64 {
+        self.state.receive_connections.load(Ordering::Relaxed)
+    }
+
+    pub fn receive_frames(&self) -> u64 {
+        self.state.receive_frames.load(Ordering::Relaxed)
+    }
+
+    /// Frames written on the connections requests came in on (none for a simplex host).
+    pub fn duplex_frames(&self) -> u64 {
+        self.state.duplex_frames.load(Ordering::Relaxed)
+    }
+
+    /// Sends a request of the switch's own (`body`: a 12-byte id first): on the receive-only
+    /// connection of a simplex host, else on the newest connection still open. A message
+    /// carrying that id later is its answer (recorded, not answered). False when no connection
+    /// could take it.
+    pub fn originate(&self, body: &[u8]) -> bool {
+        let frame = self.framing.encode(body);
+        if let Ok(mut o) = self.state.originated.lock() {
+            o.insert(body.get(..ID_LEN).unwrap_or(body).to_vec());
+        }
+        if let Some(tx) = self.state.receive.lock().ok().and_then(|r| r.clone()) {
+            return tx.send(frame).is_ok();
+        }
+        let writers = self
+            .state
+            .writers
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default();
+        writers.iter().rev().any(|w| {
+            w.upgrade()
+                .is_some_and(|w| w.send((Instant::now(), Some(frame.clone()), false)).is_ok())
+        })
+    }
+
+    /// Bodies of the answers to the switch's own requests, in arrival order.
+    pub fn origin_answers(&self) -> Vec<Vec<u8>> {
+        self.state
+            .origin_answers
             .lock()
             .map(|v| v.clone())
             .unwrap_or_default()
@@ -398,24 +502,48 @@ async fn serve_switch(
     state.active.fetch_add(1, Ordering::Relaxed);
     let _active = ActiveGuard(state.clone());
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, wr) = stream.into_split();
     let outstanding = Arc::new(AtomicU64::new(0));
-    // Answers reach the writer as (due time, frame); in ordered mode in request order.
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Option<Vec<u8>>)>();
+    // Answers reach the writer as (due time, frame, answers a request); in ordered mode in
+    // request order.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
     let out = outstanding.clone();
     let ordered = options.ordered;
+    // Simplex: answers go to the receive-only connection; this one stays open, silent.
+    let simplex = state.receive.lock().ok().and_then(|r| r.clone());
+    if simplex.is_none() {
+        if let Ok(mut w) = state.writers.lock() {
+            w.retain(|w| w.upgrade().is_some());
+            w.push(tx.downgrade());
+        }
+    }
+    let st = state.clone();
+    let (mut wr, _silent) = match simplex {
+        Some(_) => (None, Some(wr)),
+        None => (Some(wr), None),
+    };
     let mut writer = AbortOnDrop(tokio::spawn(async move {
-        while let Some((due, frame)) = rx.recv().await {
+        while let Some((due, frame, answers)) = rx.recv().await {
             if ordered {
                 tokio::time::sleep_until(due).await;
             }
             // Counted as answered before the bytes leave, so a peer that reacts to the answer
             // at once never sees this message as still outstanding.
-            out.fetch_sub(1, Ordering::Relaxed);
-            if let Some(frame) = frame {
-                if wr.write_all(&frame).await.is_err() {
-                    return;
+            if answers {
+                out.fetch_sub(1, Ordering::Relaxed);
+            }
+            let Some(frame) = frame else { continue };
+            match (&mut wr, &simplex) {
+                (Some(wr), _) => {
+                    st.duplex_frames.fetch_add(1, Ordering::Relaxed);
+                    if wr.write_all(&frame).await.is_err() {
+                        return;
+                    }
                 }
+                (None, Some(receive)) => {
+                    let _ = receive.send(frame);
+                }
+                (None, None) => return,
             }
         }
     }));
@@ -453,6 +581,14 @@ async fn serve_switch(
                 Ok(None) => break,
                 Err(_) => break 'read,
             };
+            let key = body.get(..ID_LEN).unwrap_or(&body);
+            if state.originated.lock().is_ok_and(|mut o| o.remove(key)) {
+                // The answer to one of the switch's own requests.
+                if let Ok(mut a) = state.origin_answers.lock() {
+                    a.push(body);
+                }
+                continue;
+            }
             state.messages.fetch_add(1, Ordering::Relaxed);
             let now = outstanding.fetch_add(1, Ordering::Relaxed) + 1;
             state.max_outstanding.fetch_max(now, Ordering::Relaxed);
@@ -485,12 +621,12 @@ async fn serve_switch(
             };
             let due = Instant::now() + delay;
             if ordered || delay.is_zero() {
-                let _ = tx.send((due, answer));
+                let _ = tx.send((due, answer, true));
             } else {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(due).await;
-                    let _ = tx.send((due, answer));
+                    let _ = tx.send((due, answer, true));
                 });
             }
         }
@@ -498,6 +634,40 @@ async fn serve_switch(
     drop(tx);
     // Answers still due go out before the connection closes (a clean close, not a crash).
     let _ = (&mut writer.0).await;
+}
+
+/// The receive-only side of a simplex host: the newest connection made to it takes every frame
+/// (a frame whose write failed is written again on the next one).
+async fn serve_receive(
+    listener: TcpListener,
+    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
+    state: Arc<SwitchState>,
+) {
+    let mut current: Option<TcpStream> = None;
+    let mut retry: Option<Vec<u8>> = None;
+    loop {
+        if let (Some(s), Some(frame)) = (&mut current, &retry) {
+            if s.write_all(frame).await.is_ok() {
+                state.receive_frames.fetch_add(1, Ordering::Relaxed);
+                retry = None;
+            } else {
+                current = None;
+                continue;
+            }
+        }
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((s, _)) = accepted else { return };
+                let _ = s.set_nodelay(true);
+                state.receive_connections.fetch_add(1, Ordering::Relaxed);
+                current = Some(s);
+            }
+            frame = frames.recv(), if current.is_some() && retry.is_none() => {
+                let Some(frame) = frame else { return };
+                retry = Some(frame);
+            }
+        }
+    }
 }
 
 /// A client speaking a framing.

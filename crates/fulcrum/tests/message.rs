@@ -1259,3 +1259,244 @@ async fn a_wasm_framing_hook_chooses_the_member_of_each_message() {
         servers[0].messages()
     );
 }
+
+/// `n` simplex switches on 127.0.0.2, 127.0.0.3, …: requests to each one's address, answers on
+/// its receive-only port, the same port for all (`simplex.receive_port`).
+async fn simplex_switches(
+    n: usize,
+    framing: &WireFraming,
+    options: SwitchOptions,
+) -> (Vec<MessageSwitch>, u16) {
+    for _ in 0..20 {
+        let port = fulcrum_testkit::free_addr_on([127, 0, 0, 2]).port();
+        let mut v = Vec::new();
+        for i in 0..n {
+            let ip = [127, 0, 0, 2 + i as u8];
+            let receive = SocketAddr::from((ip, port));
+            match MessageSwitch::start_simplex(
+                fulcrum_testkit::free_addr_on(ip),
+                receive,
+                &format!("s{i}"),
+                framing.clone(),
+                options.clone(),
+            )
+            .await
+            {
+                Ok(s) => v.push(s),
+                Err(_) => break,
+            }
+        }
+        if v.len() == n {
+            return (v, port);
+        }
+    }
+    panic!("no receive port free on every switch address");
+}
+
+/// Waits until each switch has its send connection and its receive connection from Fulcrum.
+async fn wait_simplex_connected(f: &Fulcrum, servers: &[MessageSwitch]) {
+    let ok = wait_until(WAIT, || async {
+        servers
+            .iter()
+            .all(|s| s.active() >= 1 && s.receive_connections() >= 1)
+    })
+    .await;
+    assert!(ok, "simplex member connections not up:\n{}", f.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simplex_members_answer_on_their_receive_connection_to_the_right_clients() {
+    let framing = WireFraming::two_byte();
+    let options = SwitchOptions {
+        delay: Duration::from_millis(2),
+        ordered: false,
+    };
+    let (servers, port) = simplex_switches(3, &framing, options).await;
+    // A fourth member whose receive port nobody listens on: its send half connects, but a
+    // simplex member is up only with both halves, so it never gets a message.
+    let half = MessageSwitch::start(
+        fulcrum_testkit::free_addr_on([127, 0, 0, 9]),
+        "half",
+        framing.clone(),
+        SwitchOptions::default(),
+    )
+    .await
+    .unwrap();
+    let vs = free_addr();
+    let mut members = member_tables(&servers);
+    members.push_str(&format!("\n[[pool.member]]\naddress = \"{}\"\n", half.addr));
+    let text = format!(
+        "[[virtual_service]]\nname = \"svc\"\nlisten = \"{vs}\"\nprotocol = \"message\"\npool = \"p\"\n{ASYNC_SEQ}\nsimplex = {{ receive_port = {port} }}\n\n\
+         [[pool]]\nname = \"p\"\nalgorithm = \"round_robin\"\n{members}"
+    );
+    let f = start(&text).await;
+    wait_simplex_connected(&f, &servers).await;
+
+    // A burst: four clients, 150 messages each, pipelined 32 deep, all at once.
+    let mut clients = Vec::new();
+    for c in 0..4u64 {
+        let framing = framing.clone();
+        clients.push(tokio::spawn(async move {
+            let ids: Vec<Vec<u8>> = (0..150).map(|i| id(c * 1000 + i).to_vec()).collect();
+            let payload = format!("client{c}");
+            (c, pipeline(vs, &framing, ids, payload.as_bytes(), 32).await)
+        }));
+    }
+    let mut by_server: BTreeMap<String, usize> = BTreeMap::new();
+    for task in clients {
+        let (c, answers) = task.await.unwrap();
+        assert_eq!(answers.len(), 150, "client {c}:\n{}", f.logs());
+        for (key, a) in &answers {
+            let n: u64 = std::str::from_utf8(key).unwrap().parse().unwrap();
+            assert_eq!(n / 1000, c, "client {c} got another client's answer");
+            assert_eq!(a.payload, format!("client{c}").into_bytes());
+            *by_server.entry(a.server.clone()).or_default() += 1;
+        }
+    }
+    // Every answer came on the receive-only connections; none on the request connections.
+    assert_eq!(
+        by_server.keys().cloned().collect::<Vec<_>>(),
+        ["s0", "s1", "s2"]
+    );
+    assert_eq!(servers.iter().map(|s| s.receive_frames()).sum::<u64>(), 600);
+    assert!(servers.iter().all(|s| s.duplex_frames() == 0));
+    assert_eq!(half.messages(), 0);
+    assert_eq!(
+        metric(&f, "fulcrum_message_responses_total", "vs=\"svc\"").await,
+        600.0
+    );
+}
+
+const NAMED: &str = "member_requests = { client_field = { offset = 12, length = 8 } }";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simplex_members_request_reaches_the_named_client_and_its_answer_returns() {
+    let framing = WireFraming::two_byte();
+    let (servers, port) = simplex_switches(1, &framing, SwitchOptions::default()).await;
+    let vs = free_addr();
+    let f = start(&config(
+        vs,
+        &servers,
+        &format!("{ASYNC_SEQ}\nsimplex = {{ receive_port = {port} }}\n{NAMED}"),
+        "",
+    ))
+    .await;
+    wait_simplex_connected(&f, &servers).await;
+
+    // Two terminals name themselves with their first message.
+    let mut a = MessageClient::connect(vs, framing.clone()).await.unwrap();
+    let mut b = MessageClient::connect(vs, framing.clone()).await.unwrap();
+    a.send(&id(1), b"TERMAAAAhello").await.unwrap();
+    b.send(&id(2), b"TERMBBBBhello").await.unwrap();
+    assert_eq!(a.recv(WAIT).await.unwrap().unwrap().id, id(1));
+    assert_eq!(b.recv(WAIT).await.unwrap().unwrap().id, id(2));
+
+    // The host asks terminal A something (on its receive-only connection to Fulcrum).
+    let mut ask = id(900).to_vec();
+    ask.extend_from_slice(b"TERMAAAAbalance?");
+    assert!(servers[0].originate(&ask));
+    let got = a
+        .recv_body(WAIT)
+        .await
+        .unwrap()
+        .expect("the host's request");
+    assert_eq!(got, ask);
+    // A answers with the same sequence id: Fulcrum writes it to the host on the send half.
+    a.send(&id(900), b"TERMAAAA42").await.unwrap();
+    let answered = wait_until(WAIT, || async { !servers[0].origin_answers().is_empty() }).await;
+    assert!(answered, "the answer did not reach the host:\n{}", f.logs());
+    let mut want = id(900).to_vec();
+    want.extend_from_slice(b"TERMAAAA42");
+    assert_eq!(servers[0].origin_answers(), vec![want]);
+    assert_eq!(servers[0].duplex_frames(), 0);
+    // B saw nothing of it, and still gets its own answers.
+    b.send(&id(3), b"TERMBBBBagain").await.unwrap();
+    assert_eq!(b.recv(WAIT).await.unwrap().unwrap().id, id(3));
+
+    // A request for a terminal that is not connected, with no fallback pool: dropped, counted.
+    let mut lost = id(901).to_vec();
+    lost.extend_from_slice(b"TERMZZZZhello?");
+    assert!(servers[0].originate(&lost));
+    let counted = wait_until(WAIT, || async {
+        metric(
+            &f,
+            "fulcrum_message_originated_undeliverable_total",
+            "vs=\"svc\"",
+        )
+        .await
+            == 1.0
+    })
+    .await;
+    assert!(counted, "{}", f.logs());
+    for (name, want) in [
+        ("fulcrum_message_originated_total", 2.0),
+        ("fulcrum_message_originated_delivered_total", 1.0),
+        ("fulcrum_message_originated_answered_total", 1.0),
+        ("fulcrum_message_member_orphans_total", 0.0),
+    ] {
+        assert_eq!(metric(&f, name, "vs=\"svc\"").await, want, "{name}");
+    }
+    // The host's own messages were never taken for client requests.
+    assert_eq!(servers[0].messages(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_requests_no_client_takes_go_round_robin_to_the_fallback_pool() {
+    let framing = WireFraming::two_byte();
+    let bank = switches(1, &framing, SwitchOptions::default()).await;
+    let branches = switches(2, &framing, SwitchOptions::default()).await;
+    let vs = free_addr();
+    let text = format!(
+        "{}\n\n[[pool]]\nname = \"branches\"\nalgorithm = \"round_robin\"\n{}",
+        config(
+            vs,
+            &bank,
+            &format!(
+                "{ASYNC_SEQ}\nmember_requests = {{ client_field = {{ offset = 12, length = 8 }}, fallback_pool = \"branches\" }}"
+            ),
+            "",
+        ),
+        member_tables(&branches)
+    );
+    let f = start(&text).await;
+    wait_connected(&f, &bank, 2).await;
+    wait_connected(&f, &branches, 2).await;
+
+    // A named terminal takes what names it; the others go to the branch hosts in turn.
+    let mut t = MessageClient::connect(vs, framing.clone()).await.unwrap();
+    t.send(&id(1), b"TERMAAAAhello").await.unwrap();
+    assert_eq!(t.recv(WAIT).await.unwrap().unwrap().id, id(1));
+    for n in 0..4u64 {
+        let mut ask = id(500 + n).to_vec();
+        ask.extend_from_slice(b"NOBODY00ask");
+        assert!(bank[0].originate(&ask));
+    }
+    let mut ask = id(600).to_vec();
+    ask.extend_from_slice(b"TERMAAAAask");
+    assert!(bank[0].originate(&ask));
+    assert_eq!(t.recv_body(WAIT).await.unwrap().unwrap(), ask);
+    t.send(&id(600), b"TERMAAAAfrom-terminal").await.unwrap();
+
+    let all = wait_until(WAIT, || async { bank[0].origin_answers().len() == 5 }).await;
+    assert!(all, "{:?}\n{}", bank[0].origin_answers(), f.logs());
+    let answers: Vec<Answer> = bank[0]
+        .origin_answers()
+        .iter()
+        .filter_map(|b| Answer::parse(b))
+        .collect();
+    let mut servers: Vec<String> = answers.iter().map(|a| a.server.clone()).collect();
+    servers.sort();
+    assert_eq!(servers, ["s0", "s0", "s1", "s1"], "{answers:?}");
+    assert!(bank[0]
+        .origin_answers()
+        .iter()
+        .any(|b| b.ends_with(b"TERMAAAAfrom-terminal")));
+    for (name, want) in [
+        ("fulcrum_message_originated_total", 5.0),
+        ("fulcrum_message_originated_delivered_total", 5.0),
+        ("fulcrum_message_originated_undeliverable_total", 0.0),
+        ("fulcrum_message_originated_answered_total", 5.0),
+    ] {
+        assert_eq!(metric(&f, name, "vs=\"svc\"").await, want, "{name}");
+    }
+}

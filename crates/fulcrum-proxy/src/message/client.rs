@@ -6,7 +6,7 @@
 //! a sequence id they are written as they arrive. A message that fails leaves no answer, but no
 //! gap either: the answers after it flow on.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -166,6 +166,13 @@ struct Conn<'a> {
     last_activity: Instant,
     /// Bytes were read that may hold messages not yet taken.
     parse: bool,
+    /// `member_requests`: members' requests written to this client and not answered yet, by
+    /// sequence id: the member connection that asked, and when.
+    asked: HashMap<Vec<u8>, (Arc<Client>, Instant)>,
+    /// `member_requests.client_field`: where this connection's name sits in its messages, and
+    /// the name it gave last.
+    client_field: Option<Sequence>,
+    name: Option<Vec<u8>>,
 }
 
 impl<'a> Conn<'a> {
@@ -196,6 +203,13 @@ impl<'a> Conn<'a> {
             eof: false,
             last_activity: Instant::now(),
             parse: false,
+            asked: HashMap::new(),
+            client_field: hub
+                .settings
+                .member_requests
+                .as_ref()
+                .and_then(|r| r.client_field.clone()),
+            name: None,
         }
     }
 
@@ -220,6 +234,14 @@ impl<'a> Conn<'a> {
             };
             let id = self.message_id(&frame)?;
             let bytes = self.rbuf.split_to(frame.len).freeze();
+            self.learn_name(&bytes, &frame.body);
+            if let Some(asker) = self.asker_of(&bytes, id.clone()) {
+                // The answer to a member's request: back to the member connection that asked.
+                if asker.send(Reply::Response { index: 0, bytes }).is_err() {
+                    tracing::debug!(service = %hub.name, client = %self.peer, "dropped an answer to a member's request: that member connection has closed");
+                }
+                continue;
+            }
             let msg = Message::new(
                 bytes,
                 id,
@@ -268,8 +290,65 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// `member_requests.client_field`: member requests naming what this connection's messages
+    /// carry there come to this connection.
+    fn learn_name(&mut self, bytes: &Bytes, body: &Range<usize>) {
+        let Some(f) = &self.client_field else {
+            return;
+        };
+        let at = body.start + f.offset;
+        if at + f.length > body.end {
+            return;
+        }
+        let name = &bytes[at..at + f.length];
+        if self.name.as_deref() != Some(name) {
+            self.hub.name_client(name, &self.me);
+            self.name = Some(name.to_vec());
+        }
+    }
+
+    /// The member connection whose request this message answers (same sequence id), if any.
+    fn asker_of(&mut self, bytes: &Bytes, id: Option<Range<usize>>) -> Option<Arc<Client>> {
+        if self.asked.is_empty() {
+            return None;
+        }
+        let id = bytes.get(id?)?;
+        self.asked.remove(id).map(|(asker, _)| asker)
+    }
+
+    /// A member's request for this client: written to it as it is, and remembered so that the
+    /// client's answer goes back to the member. Requests never answered are forgotten after
+    /// `message_timeout`; the table holds at most `client_max_pending` of them.
+    fn take_member_request(&mut self, bytes: Bytes, id: Range<usize>, asker: Arc<Client>) {
+        self.wbuf.extend_from_slice(&bytes);
+        let Some(key) = bytes.get(id) else {
+            return;
+        };
+        if self.asked.len() >= self.limit {
+            let timeout = self.hub.settings.options.message_timeout;
+            self.asked.retain(|_, (_, at)| at.elapsed() < timeout);
+            if self.asked.len() >= self.limit {
+                let oldest = self
+                    .asked
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    self.asked.remove(&k);
+                }
+            }
+        }
+        self.asked.insert(key.to_vec(), (asker, Instant::now()));
+    }
+
     /// Takes one member's answer: written now, or held until the ones before it (in order).
     fn take_answer(&mut self, reply: Reply) {
+        let reply = match reply {
+            Reply::Request { bytes, id, asker } => {
+                return self.take_member_request(bytes, id, asker);
+            }
+            other => other,
+        };
         take_reply(
             reply,
             &mut self.in_order,
@@ -390,6 +469,8 @@ fn take_reply(
     let (index, answer) = match reply {
         Reply::Response { index, bytes } => (index, Some(bytes)),
         Reply::Failed { index } => (index, None),
+        // Taken by `Conn::take_answer` before.
+        Reply::Request { .. } => return,
     };
     if let Some(slot) = index
         .checked_sub(o.base)

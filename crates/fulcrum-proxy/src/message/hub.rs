@@ -20,7 +20,8 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use fulcrum_balance::{Member, PickContext, Pool};
 use fulcrum_config::{
-    Algorithm, Delivery, Framing, MessageMode, MessageOptions, ProxyProtocol, Sequence,
+    Algorithm, Delivery, Framing, MemberRequests, MessageMode, MessageOptions, ProxyProtocol,
+    Sequence, Simplex,
 };
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
@@ -52,6 +53,10 @@ pub struct Settings {
     pub member_tls: Option<Arc<fulcrum_tls::client::MemberTls>>,
     /// `framing.wasm`: the loaded framing hook.
     pub framing_hook: Option<crate::message::framing::Hook>,
+    /// `simplex`: each member answers on a receive-only connection of its own.
+    pub simplex: Option<Simplex>,
+    /// `member_requests`: requests the members send of their own.
+    pub member_requests: Option<MemberRequests>,
 }
 
 impl Settings {
@@ -78,11 +83,25 @@ impl Settings {
     }
 }
 
-/// What goes back to a client connection for one of its messages.
+/// What goes back to a client connection for one of its messages, or, unasked, a member's own
+/// request (`member_requests`).
 #[derive(Debug)]
 pub(crate) enum Reply {
-    Response { index: u64, bytes: Bytes },
-    Failed { index: u64 },
+    Response {
+        index: u64,
+        bytes: Bytes,
+    },
+    Failed {
+        index: u64,
+    },
+    /// A member's request for this client connection: written to the client as it is; the
+    /// client's message carrying the same sequence id goes back to `asker` (the member
+    /// connection that received the request).
+    Request {
+        bytes: Bytes,
+        id: Range<usize>,
+        asker: Arc<Client>,
+    },
 }
 
 /// A client connection as its messages know it: where answers go, and its address.
@@ -91,9 +110,20 @@ pub(crate) struct Client {
     pub peer: SocketAddr,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("peer", &self.peer).finish()
+    }
+}
+
 impl Client {
     pub(crate) fn new(reply: mpsc::UnboundedSender<Reply>, peer: SocketAddr) -> Arc<Client> {
         Arc::new(Client { reply, peer })
+    }
+
+    /// Hands `reply` over; gives it back when the connection is gone.
+    pub(crate) fn send(&self, reply: Reply) -> Result<(), Reply> {
+        self.reply.send(reply).map_err(|e| e.0)
     }
 }
 
@@ -447,6 +477,11 @@ pub struct Hub {
     /// (message/mod.rs) so that the dispatcher does not depend on how a member connection is
     /// driven, while the link task depends on the dispatcher it serves.
     link_task: LinkTask,
+    /// `member_requests.client_field`: the client connections by the name their messages
+    /// carry (the latest connection that sent a name has it).
+    named: Mutex<std::collections::HashMap<Vec<u8>, std::sync::Weak<Client>>>,
+    /// `member_requests.fallback_pool`: the dispatcher over that pool (set by the plane).
+    fallback: arc_swap::ArcSwapOption<Hub>,
 }
 
 /// Starts one member connection's task: the member's links, the hub, and whether it reconnects
@@ -506,6 +541,8 @@ impl Hub {
             flow: tokio::sync::watch::Sender::new(Flow::default()),
             congested: AtomicBool::new(false),
             link_task,
+            named: Mutex::new(std::collections::HashMap::new()),
+            fallback: arc_swap::ArcSwapOption::empty(),
         })
     }
 
@@ -686,6 +723,88 @@ impl Hub {
             self.messages.latency.observe(latency);
         } else {
             self.messages.client_gone.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `member_requests.fallback_pool`: where member requests go that no named client takes.
+    pub fn set_fallback(&self, fallback: Option<Arc<Hub>>) {
+        self.fallback.store(fallback);
+    }
+
+    pub fn fallback(&self) -> Option<Arc<Hub>> {
+        self.fallback.load_full()
+    }
+
+    /// A client connection's messages carry `name` (`member_requests.client_field`): member
+    /// requests naming it go to that connection from now on.
+    pub(crate) fn name_client(&self, name: &[u8], client: &Arc<Client>) {
+        let mut named = self.named.lock();
+        // Names of closed connections are swept as the table grows, so it stays near the
+        // number of live ones.
+        if named.len() >= 1024 && named.len().is_power_of_two() {
+            named.retain(|_, c| c.strong_count() > 0);
+        }
+        named.insert(name.to_vec(), Arc::downgrade(client));
+    }
+
+    /// A request a member sent of its own (`bytes`, its sequence id at `id`, its body at
+    /// `body`), received by the member connection `asker`: handed to the client connection the
+    /// message names, else to the fallback pool, else dropped and counted.
+    pub(crate) fn member_request(
+        &self,
+        bytes: Bytes,
+        id: Range<usize>,
+        body: Range<usize>,
+        asker: &Arc<Client>,
+        now: Instant,
+    ) {
+        self.messages.originated.fetch_add(1, Ordering::Relaxed);
+        let Some(reqs) = &self.settings.member_requests else {
+            return;
+        };
+        let mut bytes = bytes;
+        let named = reqs.client_field.as_ref().and_then(|f| {
+            let at = body.start + f.offset;
+            let name = bytes
+                .get(at..at + f.length)
+                .filter(|_| at + f.length <= body.end)?;
+            self.named
+                .lock()
+                .get(name)
+                .and_then(std::sync::Weak::upgrade)
+        });
+        if let Some(client) = named {
+            let request = Reply::Request {
+                bytes,
+                id: id.clone(),
+                asker: asker.clone(),
+            };
+            match client.send(request) {
+                Ok(()) => {
+                    self.messages
+                        .originated_delivered
+                        .fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // Closed since it named itself: the fallback pool may take it.
+                Err(Reply::Request { bytes: b, .. }) => bytes = b,
+                Err(_) => return,
+            }
+        }
+        match self.fallback.load_full() {
+            Some(fallback) => {
+                self.messages
+                    .originated_delivered
+                    .fetch_add(1, Ordering::Relaxed);
+                let msg = Message::new(bytes, Some(id), asker.clone(), 0, now, None);
+                fallback.dispatch(msg);
+            }
+            None => {
+                self.messages
+                    .originated_undeliverable
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(service = %self.name, member = %asker.peer, "dropped a member's request: no client connection of that name, and no fallback pool");
+            }
         }
     }
 

@@ -22,9 +22,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use rustls::ClientConnection;
 use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::message::hub::{Hub, MemberLinks, Message};
+use crate::message::hub::{Client, Hub, MemberLinks, Message, Reply};
 use crate::message::stats::FailReason;
 use fulcrum_net::forward::write_all;
 
@@ -58,14 +59,15 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
             break;
         }
         let started = Instant::now();
-        let failure = match connect(&hub, member.address, started).await {
-            Ok((stream, tls)) => {
+        let failure = match connect_both(&hub, member.address, started).await {
+            Ok((stream, tls, receive)) => {
                 member.record_connect_success(started.elapsed());
                 let guard = member.open_connection();
-                links.stats.connections.fetch_add(1, Ordering::Relaxed);
+                let halves = if receive.is_some() { 2 } else { 1 };
+                links.stats.connections.fetch_add(halves, Ordering::Relaxed);
                 let mut session = Session::new(&links, &hub, tls);
-                let end = session.run(&stream).await;
-                links.stats.connections.fetch_sub(1, Ordering::Relaxed);
+                let end = session.run(&stream, receive.as_ref()).await;
+                links.stats.connections.fetch_sub(halves, Ordering::Relaxed);
                 drop(guard);
                 let failed = session.finish();
                 match end {
@@ -123,6 +125,30 @@ enum ConnectError {
     Member(String),
     /// The PROXY header could not be written.
     Header(String),
+}
+
+/// Connects to the member; with `simplex`, then opens the receive-only connection to the
+/// member's address at `receive_port`: a simplex member is up only with both.
+async fn connect_both(
+    hub: &Hub,
+    address: SocketAddr,
+    started: Instant,
+) -> Result<(TcpStream, Option<Box<ClientConnection>>, Option<TcpStream>), ConnectError> {
+    let (stream, tls) = connect(hub, address, started).await?;
+    let Some(simplex) = &hub.settings.simplex else {
+        return Ok((stream, tls, None));
+    };
+    let at = SocketAddr::new(address.ip(), simplex.receive_port);
+    // `fulcrum check` refuses a re-encrypting simplex pool: the receive half is plain.
+    let (receive, _) = connect(hub, at, Instant::now())
+        .await
+        .map_err(|e| match e {
+            ConnectError::Member(reason) => {
+                ConnectError::Member(format!("receive connection to {at}: {reason}"))
+            }
+            other => other,
+        })?;
+    Ok((stream, tls, Some(receive)))
 }
 
 /// Connects to the member, writes the PROXY header the member expects (before TLS, as it
@@ -465,6 +491,9 @@ struct Session<'a> {
     id_in_body: Option<(usize, usize)>,
     /// The TLS session over the socket (pool `tls`); None for a plain link.
     tls: Option<Box<ClientConnection>>,
+    /// `member_requests`: this connection as the client of the member's own requests, and
+    /// where their answers come back (from a client connection or the fallback pool).
+    origin: Option<(Arc<Client>, mpsc::UnboundedReceiver<Reply>)>,
 }
 
 impl<'a> Session<'a> {
@@ -502,6 +531,10 @@ impl<'a> Session<'a> {
                 .filter(|_| by_id)
                 .map(|s| (s.offset, s.length)),
             tls,
+            origin: hub.settings.member_requests.as_ref().map(|_| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                (Client::new(tx, links.member.address), rx)
+            }),
         }
     }
 
@@ -541,7 +574,12 @@ impl<'a> Session<'a> {
         })
     }
 
-    async fn run(&mut self, stream: &TcpStream) -> End {
+    /// Runs the connected session: messages are written to `stream`, and read from `receive`
+    /// (`simplex`) or from `stream` itself.
+    async fn run(&mut self, stream: &TcpStream, receive: Option<&TcpStream>) -> End {
+        let send = stream;
+        let stream = receive.unwrap_or(send);
+        let simplex = receive.is_some();
         self.ready = true;
         self.links.set_ready(true);
         let period = (self.hub.settings.options.message_timeout / 4)
@@ -571,7 +609,7 @@ impl<'a> Session<'a> {
                 self.pull();
             }
             if self.unsent() {
-                if let Err(e) = self.try_write(stream) {
+                if let Err(e) = self.try_write(send) {
                     return End::Failed(format!("write: {e}"));
                 }
             }
@@ -594,9 +632,19 @@ impl<'a> Session<'a> {
                         return end;
                     }
                 }
-                r = stream.writable(), if unsent => {
-                    if let Err(e) = r.and_then(|_| self.try_write(stream)) {
+                r = send.writable(), if unsent => {
+                    if let Err(e) = r.and_then(|_| self.try_write(send)) {
                         return End::Failed(format!("write: {e}"));
+                    }
+                }
+                r = send.readable(), if simplex => {
+                    if let Some(end) = r.map_err(|e| e.to_string()).and_then(|_| discard(send)).err() {
+                        return End::Failed(format!("send connection: {end}"));
+                    }
+                }
+                reply = recv_origin(&mut self.origin) => {
+                    if let Some(reply) = reply {
+                        self.answer_member_request(reply);
                     }
                 }
                 _ = self.links.work.notified(), if room && !closing => {}
@@ -779,22 +827,33 @@ impl<'a> Session<'a> {
         now: Instant,
     ) {
         let mut released = None;
+        let id = match key {
+            Some(k) => (k.end <= bytes.len()).then_some(k),
+            None => self.id_in_body.and_then(|(off, len)| {
+                let at = body.start + off;
+                (at + len <= body.end).then_some(at..at + len)
+            }),
+        };
+        // `member_requests.marker`: a request of the member's own, whatever its id.
+        let marked = self
+            .hub
+            .settings
+            .member_requests
+            .as_ref()
+            .and_then(|r| r.marker.as_ref())
+            .is_some_and(|m| {
+                let at = body.start + m.offset;
+                at + m.value.len() <= body.end && bytes[at..at + m.value.len()] == m.value[..]
+            });
         let matched = match &mut self.pending {
             Pending::Fifo(q) => q.pop_front(),
+            Pending::ById { .. } if marked => None,
             Pending::ById {
                 sent,
                 blocked,
                 blocked_count,
             } => {
-                let id = match key {
-                    Some(k) => bytes.get(k),
-                    None => {
-                        let (off, len) = self.id_in_body.unwrap_or((0, 0));
-                        let at = body.start + off;
-                        (at + len <= body.end).then(|| &bytes[at..at + len])
-                    }
-                };
-                let found = id.and_then(|id| sent.remove_entry(id));
+                let found = id.clone().and_then(|id| sent.remove_entry(&bytes[id]));
                 if let Some((id, _)) = &found {
                     // The id is free on this connection again: a message waiting for it goes.
                     if let Entry::Occupied(mut waiting) = blocked.entry(id.clone()) {
@@ -825,9 +884,30 @@ impl<'a> Session<'a> {
                 self.hub.deliver(msg, bytes, now);
             }
             None => {
+                if let (Some((asker, _)), Some(id)) = (&self.origin, id) {
+                    self.hub.member_request(bytes, id, body, asker, now);
+                    return;
+                }
                 self.links.stats.orphans.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(service = %self.hub.name, member = %self.links.member.label, "dropped an answer that matches no waiting message");
             }
+        }
+    }
+
+    /// The answer to a member's own request (from a client connection or the fallback pool):
+    /// written to the member on this connection (the send half for `simplex`).
+    fn answer_member_request(&mut self, reply: Reply) {
+        match reply {
+            Reply::Response { bytes, .. } => {
+                self.wbuf.push(&bytes);
+                self.unreported_sent += bytes.len() as u64;
+                self.hub
+                    .messages
+                    .originated_answered
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            // Not answered (the fallback pool failed it): the member's own timeout covers it.
+            Reply::Failed { .. } | Reply::Request { .. } => {}
         }
     }
 
@@ -945,4 +1025,31 @@ impl<'a> Session<'a> {
         }
         n
     }
+}
+
+/// The next answer to a member's own request, when the service takes them (`member_requests`);
+/// never ready otherwise.
+async fn recv_origin(
+    origin: &mut Option<(Arc<Client>, mpsc::UnboundedReceiver<Reply>)>,
+) -> Option<Reply> {
+    match origin {
+        // This session holds a sender (its own `Client`), so the channel stays open.
+        Some((_, rx)) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads and drops what a simplex member sent on its send-only connection; an error when that
+/// connection ended (the member is up only with both halves).
+fn discard(send: &TcpStream) -> Result<(), String> {
+    let mut scratch = [0u8; 4096];
+    for _ in 0..READS_PER_WAKE {
+        match send.try_read(&mut scratch) {
+            Ok(0) => return Err("closed by the member".to_string()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+    Ok(())
 }

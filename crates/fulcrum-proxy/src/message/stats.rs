@@ -99,6 +99,14 @@ pub struct MessageStats {
     pub client_malformed: AtomicU64,
     /// Member connections closed for a bad frame from the member.
     pub member_bad_frames: AtomicU64,
+    /// Requests members sent of their own (`member_requests`).
+    pub originated: AtomicU64,
+    /// Of those, handed to a named client connection or to the fallback pool.
+    pub originated_delivered: AtomicU64,
+    /// Of those, dropped: no client connection of that name and no fallback pool.
+    pub originated_undeliverable: AtomicU64,
+    /// Answers to members' requests written back to the member that asked.
+    pub originated_answered: AtomicU64,
     /// From a message's arrival to its answer being handed to the client connection.
     pub latency: LatencyHistogram,
 }

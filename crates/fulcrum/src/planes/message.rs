@@ -32,7 +32,9 @@ struct Inner {
     hubs: HashMap<String, Vec<Arc<Hub>>>,
     /// Service counters by name, kept across reloads and dispatchers.
     stats: HashMap<String, Arc<MessageStats>>,
-    plans: Vec<(String, Vec<Plan>)>,
+    /// Per service: its plans, and whether the last one is the `member_requests.fallback_pool`
+    /// dispatcher.
+    plans: Vec<(String, Vec<Plan>, bool)>,
 }
 
 /// The message services of the process.
@@ -93,6 +95,8 @@ impl DataPlane for MessagePlane {
                 options: section.options.clone(),
                 proxy_protocol: section.stream.proxy_protocol,
                 framing_hook: framing_hook.clone(),
+                simplex: section.simplex.clone(),
+                member_requests: section.member_requests.clone(),
             };
             // The dispatcher this service had for a pool of that name, if its settings stay.
             let kept = inner.hubs.get(&vs.name).and_then(|old| {
@@ -120,7 +124,71 @@ impl DataPlane for MessagePlane {
             hubs.push(hub);
             plans.push(plan);
         }
-        inner.plans.push((vs.name.clone(), plans));
+        // `member_requests.fallback_pool`: one more dispatcher, over that pool, whose "client"
+        // is the member connection that received a member's request. Kept with the service's
+        // other dispatchers (started, re-targeted and closed with them; its member counters are
+        // exported), but no client connection of the service is given it.
+        let fallback = match section
+            .member_requests
+            .as_ref()
+            .and_then(|r| r.fallback_pool.as_ref())
+        {
+            Some(name) => {
+                let pool = cx
+                    .pools
+                    .iter()
+                    .find(|p| &*p.name == name.as_str())
+                    .cloned()
+                    .ok_or_else(|| format!("virtual service {:?}: no pool {name:?}", vs.name))?;
+                let member_tls = crate::planes::http::tls::stream_member_tls(&pool)
+                    .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
+                let settings = Settings {
+                    snat: snat.clone(),
+                    member_tls,
+                    framing: section.framing.clone(),
+                    mode: section.mode,
+                    sequence: section.sequence.clone(),
+                    options: fulcrum_config::MessageOptions {
+                        // Fulcrum's connections to the branch hosts are ordinary duplex ones.
+                        member_connections: section.options.member_connections.max(2),
+                        ..section.options.clone()
+                    },
+                    proxy_protocol: section.stream.proxy_protocol,
+                    framing_hook: framing_hook.clone(),
+                    simplex: None,
+                    member_requests: None,
+                };
+                let kept = inner.hubs.get(&vs.name).and_then(|old| {
+                    old.iter()
+                        .find(|h| {
+                            h.dispatch_state().pool.name == pool.name && h.settings == settings
+                        })
+                        .cloned()
+                });
+                let (hub, plan) = match kept {
+                    Some(hub) => (hub.clone(), Plan::Retarget(hub, pool, None)),
+                    None => {
+                        // Its own counters: its "requests" are members' requests, counted by
+                        // the service as `originated`.
+                        let hub = Hub::new(
+                            Arc::from(vs.name.as_str()),
+                            settings,
+                            stats.clone(),
+                            Arc::default(),
+                            pool,
+                            None,
+                        );
+                        (hub.clone(), Plan::New(hub))
+                    }
+                };
+                plans.push(plan);
+                Some(hub)
+            }
+            None => None,
+        };
+        inner
+            .plans
+            .push((vs.name.clone(), plans, fallback.is_some()));
         let hub = hubs
             .first()
             .cloned()
@@ -143,7 +211,7 @@ impl DataPlane for MessagePlane {
         let mut inner = self.inner.lock();
         let plans = std::mem::take(&mut inner.plans);
         let mut hubs: HashMap<String, Vec<Arc<Hub>>> = HashMap::new();
-        for (name, plans) in plans {
+        for (name, plans, has_fallback) in plans {
             let service = hubs.entry(name).or_default();
             for plan in plans {
                 service.push(match plan {
@@ -156,6 +224,12 @@ impl DataPlane for MessagePlane {
                         hub
                     }
                 });
+            }
+            // The service's dispatchers hand members' requests to the fallback one from now on.
+            let fallback = has_fallback.then(|| service.last().cloned()).flatten();
+            let own = service.len() - usize::from(fallback.is_some());
+            for hub in &service[..own] {
+                hub.set_fallback(fallback.clone());
             }
         }
         // Dispatchers no longer in use (service removed, settings changed, or a pool no rule
@@ -212,7 +286,7 @@ impl MessagePlane {
         // once per service (from its first dispatcher), the member ones for every dispatcher.
         let hubs: Vec<Arc<Hub>> = services.iter().map(|s| s[0].clone()).collect();
         type Field = fn(&MessageStats) -> u64;
-        let service: [(&str, MetricKind, &str, Field); 7] = [
+        let service: [(&str, MetricKind, &str, Field); 11] = [
             ("fulcrum_message_requests_total", MetricKind::Counter, "Messages received from clients.", |s| {
                 load(&s.requests)
             }),
@@ -233,6 +307,18 @@ impl MessagePlane {
             }),
             ("fulcrum_message_member_bad_frames_total", MetricKind::Counter, "Member connections closed for a bad frame from the member.", |s| {
                 load(&s.member_bad_frames)
+            }),
+            ("fulcrum_message_originated_total", MetricKind::Counter, "Requests members sent of their own (member_requests).", |s| {
+                load(&s.originated)
+            }),
+            ("fulcrum_message_originated_delivered_total", MetricKind::Counter, "Members' own requests handed to the client connection they name or to the fallback pool.", |s| {
+                load(&s.originated_delivered)
+            }),
+            ("fulcrum_message_originated_undeliverable_total", MetricKind::Counter, "Members' own requests dropped: no client connection of that name and no fallback pool.", |s| {
+                load(&s.originated_undeliverable)
+            }),
+            ("fulcrum_message_originated_answered_total", MetricKind::Counter, "Answers to members' own requests written back to the member that asked.", |s| {
+                load(&s.originated_answered)
             }),
         ];
         for (name, kind, help, get) in service {
