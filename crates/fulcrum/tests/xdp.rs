@@ -1172,3 +1172,109 @@ fn nat_access_lists_in_the_kernel() {
         "{m}"
     );
 }
+
+/// A SYN flood from spoofed sources: `count` IPv4 TCP SYNs (raw socket, headers written here)
+/// to `dst`:80 from 150 addresses in `prefix`.0/24, source ports from 1024 + `first`, with no
+/// handshake behind them.
+const SYN_FLOOD_PY: &str = r#"
+import socket, struct, sys
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xFFFF)
+    s += s >> 16
+    return ~s & 0xFFFF
+dst, count, prefix = socket.inet_aton(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+first = int(sys.argv[4])
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for i in range(count):
+    src = socket.inet_aton("%s.%d" % (prefix, 100 + i % 150))
+    tcp = struct.pack("!HHIIBBHHH", 1024 + first + i, 80, i, 0, 5 << 4, 0x02, 64240, 0, 0)
+    pseudo = src + dst + struct.pack("!BBH", 0, 6, len(tcp))
+    tcp = tcp[:16] + struct.pack("!H", csum(pseudo + tcp)) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), i & 0xFFFF, 0, 64, 6, 0, src, dst)
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    s.sendto(ip + tcp, (sys.argv[1], 0))
+print(count)
+"#;
+
+/// `flow_limits` through the binary: a SYN flood from spoofed sources at one nat VIP creates at
+/// most `max` flows, is dropped by reason beyond the token bucket and the cap, and the other
+/// VIPs, which share the kernel's connection tables, go on serving new clients meanwhile.
+#[test]
+fn a_syn_flood_to_one_vip_is_capped_and_the_others_go_on() {
+    let limits = "flow_limits = { new_per_second = 200, burst = 200, max = 300 }";
+    let s = nat_lab_with("xdpflood", limits);
+    s.wait_resolved(9);
+    wait_for(
+        "the IPv6 VIP before the flood",
+        Duration::from_secs(20),
+        || curl(&s.client, "http://[2001:db8:10::1]/").filter(|b| !b.is_empty()),
+    );
+    // Two waves a second apart: the first spends the bucket (200 flows), the second its refill
+    // up to the cap of 300 flows at once.
+    for first in ["0", "3000"] {
+        let sent = s
+            .client
+            .exec(
+                "python3",
+                &["-c", SYN_FLOOD_PY, "198.18.10.1", "3000", "198.18.0", first],
+            )
+            .expect("flood");
+        assert_eq!(String::from_utf8_lossy(&sent.stdout).trim(), "3000");
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+
+    let m = wait_for("the flood's drops counted", Duration::from_secs(10), || {
+        let m = admin(&s.lb, "GET", "/metrics", None);
+        let dropped = metric(
+            &m,
+            "fulcrum_xdp_vs_drops_total",
+            "reason=\"flow_rate_limited\"",
+        ) + metric(
+            &m,
+            "fulcrum_xdp_vs_drops_total",
+            "reason=\"flow_limit_reached\"",
+        );
+        (dropped >= 5000.0).then_some(m)
+    });
+    let flows = metric(&m, "fulcrum_xdp_vs_flows", "service=\"web\"");
+    eprintln!(
+        "flooded VIP: {flows} flows; dropped {} over the rate, {} over max",
+        metric(
+            &m,
+            "fulcrum_xdp_vs_drops_total",
+            "reason=\"flow_rate_limited\""
+        ),
+        metric(
+            &m,
+            "fulcrum_xdp_vs_drops_total",
+            "reason=\"flow_limit_reached\""
+        )
+    );
+    assert!(
+        (1.0..=300.0).contains(&flows),
+        "flows of the flooded VIP: {flows}\n{m}"
+    );
+    for reason in ["flow_rate_limited", "flow_limit_reached"] {
+        let label = format!("reason=\"{reason}\"");
+        assert!(
+            metric(&m, "fulcrum_xdp_vs_drops_total", &label) >= 1.0,
+            "{reason}: {m}"
+        );
+    }
+    // The tables every VIP shares still take new flows of the others.
+    let v6 = curl(&s.client, "http://[2001:db8:10::1]/").unwrap_or_default();
+    assert!(
+        v6.ends_with(" 2001:db8::2"),
+        "the IPv6 VIP: {v6:?}\n{}",
+        s.log()
+    );
+    let dns = udp_query(&s.client, "198.18.10.1").unwrap_or_default();
+    assert!(
+        dns.ends_with(" 198.18.0.2"),
+        "the udp VIP: {dns:?}\n{}",
+        s.log()
+    );
+}
