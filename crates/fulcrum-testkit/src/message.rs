@@ -288,6 +288,8 @@ struct SwitchState {
     receive_frames: AtomicU64,
     /// Frames written on the connections the requests came in on.
     duplex_frames: AtomicU64,
+    /// Simplex: the task of the receive-only port (listener and connection).
+    receive_task: Mutex<Option<JoinHandle<()>>>,
     /// Ids of the switch's own requests not answered yet, and the answers' bodies.
     originated: Mutex<std::collections::HashSet<Vec<u8>>>,
     origin_answers: Mutex<Vec<Vec<u8>>>,
@@ -354,8 +356,8 @@ impl MessageSwitch {
                 *r = Some(tx);
             }
             let task = tokio::spawn(serve_receive(receive, rx, state.clone()));
-            if let Ok(mut t) = state.tasks.lock() {
-                t.push(task);
+            if let Ok(mut t) = state.receive_task.lock() {
+                *t = Some(task);
             }
         }
         let (st, n) = (state.clone(), Arc::<str>::from(name));
@@ -466,8 +468,23 @@ impl MessageSwitch {
             .unwrap_or_default()
     }
 
+    /// Simplex: closes the receive-only port and its connection, and listens there no more;
+    /// the request port stays up (half a host).
+    pub fn kill_receive(&self) {
+        if let Some(t) = self
+            .state
+            .receive_task
+            .lock()
+            .ok()
+            .and_then(|mut t| t.take())
+        {
+            t.abort();
+        }
+    }
+
     /// Stops listening and cuts every connection, like a crashed host.
     pub fn kill(&self) {
+        self.kill_receive();
         self.accept.abort();
         if let Ok(mut t) = self.state.tasks.lock() {
             for t in t.drain(..) {

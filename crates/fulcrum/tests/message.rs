@@ -1500,3 +1500,91 @@ async fn member_requests_no_client_takes_go_round_robin_to_the_fallback_pool() {
         assert_eq!(metric(&f, name, "vs=\"svc\"").await, want, "{name}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simplex_member_without_its_receive_half_takes_no_message() {
+    let framing = WireFraming::two_byte();
+    let (servers, port) = simplex_switches(2, &framing, SwitchOptions::default()).await;
+    let vs = free_addr();
+    let f = start(&config(
+        vs,
+        &servers,
+        &format!("{ASYNC_SEQ}\nsimplex = {{ receive_port = {port} }}"),
+        "",
+    ))
+    .await;
+    wait_simplex_connected(&f, &servers).await;
+    let ids: Vec<Vec<u8>> = (0..20).map(|i| id(i).to_vec()).collect();
+    let answers = pipeline(vs, &framing, ids, b"both", 8).await;
+    let from: HashSet<String> = answers.values().map(|a| a.server.clone()).collect();
+    assert_eq!(from.len(), 2, "both members answer while whole");
+
+    // s0's receive port goes away: its send connection is closed too, and it gets no message
+    // (nothing could come back) while s1 answers everything.
+    servers[0].kill_receive();
+    let down = wait_until(WAIT, || async { servers[0].active() == 0 }).await;
+    assert!(
+        down,
+        "the send half stays open without the receive half:\n{}",
+        f.logs()
+    );
+    let before = servers[0].messages();
+    let ids: Vec<Vec<u8>> = (100..140).map(|i| id(i).to_vec()).collect();
+    let answers = pipeline(vs, &framing, ids, b"half", 8).await;
+    assert_eq!(answers.len(), 40);
+    assert!(answers.values().all(|a| a.server == "s1"), "{answers:?}");
+    assert_eq!(servers[0].messages(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_makes_a_members_message_a_request_even_when_its_id_is_waiting() {
+    let framing = WireFraming::two_byte();
+    let servers = switches(1, &framing, SwitchOptions::default()).await;
+    let vs = free_addr();
+    let f = start(&config(
+        vs,
+        &servers,
+        &format!(
+            "{ASYNC_SEQ}\nmessage_timeout = \"2s\"\nmember_requests = {{ client_field = {{ offset = 15, length = 8 }}, marker = {{ offset = 12, value = \"REQ\" }} }}"
+        ),
+        "",
+    ))
+    .await;
+    wait_connected(&f, &servers, 2).await;
+    let mut a = MessageClient::connect(vs, framing.clone()).await.unwrap();
+    a.send(&id(1), b"ANSTERMAAAA").await.unwrap();
+    assert_eq!(a.recv(WAIT).await.unwrap().unwrap().id, id(1));
+    // A asks something the host never answers: id 5 is waiting on the member connection...
+    a.send(&id(5), b"noreply").await.unwrap();
+    let sent = wait_until(WAIT, || async { servers[0].messages() == 2 }).await;
+    assert!(sent);
+    // ...and the host sends a request of its own with that very id, marked REQ: a request for
+    // terminal A, not the answer to A's message.
+    let mut ask = id(5).to_vec();
+    ask.extend_from_slice(b"REQTERMAAAAping");
+    assert!(servers[0].originate(&ask));
+    assert_eq!(a.recv_body(WAIT).await.unwrap().unwrap(), ask);
+    a.send(&id(5), b"ANSTERMAAAApong").await.unwrap();
+    let back = wait_until(WAIT, || async { servers[0].origin_answers().len() == 1 }).await;
+    assert!(back, "{}", f.logs());
+    assert_eq!(
+        metric(&f, "fulcrum_message_originated_total", "vs=\"svc\"").await,
+        1.0
+    );
+    // A's own message with id 5 was not taken as answered: it times out.
+    let timed_out = wait_until(WAIT, || async {
+        metric(
+            &f,
+            "fulcrum_message_failed_total",
+            "vs=\"svc\",reason=\"timeout\"",
+        )
+        .await
+            == 1.0
+    })
+    .await;
+    assert!(timed_out, "{}", f.logs());
+    assert_eq!(
+        metric(&f, "fulcrum_message_responses_total", "vs=\"svc\"").await,
+        1.0
+    );
+}
