@@ -692,12 +692,12 @@ impl GslbState {
             rtts[k] = (rtt, 1.0 - capacity.unwrap_or(1.0).clamp(0.0, 1.0));
         }
         let ranked = proximity::rank(&rtts[..n.sites.len()], px.load_weight(), out);
-        let counter = if ranked {
-            &px.counters.warm_answers
+        if ranked {
+            px.counters.warm_answers.fetch_add(1, Ordering::Relaxed);
         } else {
-            &px.counters.cold_answers
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+            px.counters.cold_answers.fetch_add(1, Ordering::Relaxed);
+            px.ask_again(ip);
+        }
         ranked
     }
 

@@ -14,8 +14,12 @@
 //!
 //! Bounds: `max_prefixes` entries per site (the least recently used go first), `max_in_flight`
 //! probes waiting at once, `probes_per_second` started; a probe that finds the queue full is
-//! dropped and counted, and tried again at a later query. A report carries at most
-//! `MAX_SHARED` measurements and as many requests, those of the last `SHARE_WINDOW`.
+//! dropped and counted, and tried again at a later query. Measurements and requests wait in a
+//! queue (`MAX_QUEUED`) for the reports: each rides in the reports for `SHARE_WINDOW` from the
+//! first one that carries it, at most `MAX_SHARED` at once. A report the dialer skipped (it
+//! sends the newest) is healed by asking again: a query that still finds a site without the
+//! prefix's RTT `ASK_AGAIN_AFTER` after the request asks again, and an instance asked about a
+//! prefix it has measured sends its RTT again.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -30,9 +34,14 @@ use tokio::sync::{mpsc, Semaphore};
 
 /// Measurements (and requests) one report carries at most.
 pub const MAX_SHARED: usize = 512;
-/// How long a measurement or request stays in the reports: several reports carry it, so one a
-/// dialer skipped (it sends the newest report) is not lost.
-pub const SHARE_WINDOW: Duration = Duration::from_secs(2);
+/// How long a measurement or request rides in the reports from the first that carries it:
+/// several reports carry it (one per 100 ms while there is news), so one a dialer skipped (it
+/// sends the newest report) is not lost.
+pub const SHARE_WINDOW: Duration = Duration::from_millis(500);
+/// Measurements (and requests) waiting for the reports at most; the oldest go first, counted.
+pub const MAX_QUEUED: usize = 8192;
+/// A prefix still not measured by every site this long after its request is asked again.
+pub const ASK_AGAIN_AFTER: Duration = Duration::from_secs(3);
 /// Entries compared when one must be evicted (an approximate least-recently-used).
 const EVICTION_SAMPLE: usize = 8;
 
@@ -83,6 +92,54 @@ struct Entry {
     measured_at: Option<Instant>,
     used_at: Instant,
     in_flight: bool,
+    /// When the other instances were last asked to measure it.
+    requested_at: Option<Instant>,
+    /// When its measurement last went into the reports.
+    shared_at: Option<Instant>,
+}
+
+/// Items waiting to go out in the reports, oldest first.
+struct ShareQueue<T> {
+    /// Each with the time of the first report that carried it.
+    q: VecDeque<(T, Option<Instant>)>,
+}
+
+impl<T> Default for ShareQueue<T> {
+    fn default() -> Self {
+        ShareQueue { q: VecDeque::new() }
+    }
+}
+
+impl<T: Clone> ShareQueue<T> {
+    /// Queues `item`; false when the oldest had to go to make room.
+    fn push(&mut self, item: T) -> bool {
+        let room = self.q.len() < MAX_QUEUED;
+        if !room {
+            self.q.pop_front();
+        }
+        self.q.push_back((item, None));
+        room
+    }
+
+    /// What the next report carries: the items riding now (at most `MAX_SHARED`), after those
+    /// whose window ended left.
+    fn take(&mut self, now: Instant) -> Vec<T> {
+        while self
+            .q
+            .front()
+            .is_some_and(|(_, at)| at.is_some_and(|t| now.duration_since(t) > SHARE_WINDOW))
+        {
+            self.q.pop_front();
+        }
+        self.q
+            .iter_mut()
+            .take(MAX_SHARED)
+            .map(|(item, at)| {
+                at.get_or_insert(now);
+                item.clone()
+            })
+            .collect()
+    }
 }
 
 /// Counters, for the API and metrics.
@@ -97,6 +154,10 @@ pub struct Counters {
     pub warm_answers: AtomicU64,
     pub cold_answers: AtomicU64,
     pub requests_received: AtomicU64,
+    /// Measurements and requests that left the report queue unsent (it was full).
+    pub share_dropped: AtomicU64,
+    /// Requests sent again because a site still had no RTT for the prefix.
+    pub asked_again: AtomicU64,
 }
 
 /// A probe to run: the prefix and the address to ask.
@@ -110,8 +171,8 @@ pub struct Proximity {
     config: ArcSwap<fulcrum_config::GslbProximity>,
     local: Mutex<HashMap<IpAddr, Entry>>,
     remote: Mutex<HashMap<Arc<str>, SiteRtts>>,
-    recent: Mutex<VecDeque<(Measured, Instant)>>,
-    requests: Mutex<VecDeque<(Request, Instant)>>,
+    recent: Mutex<ShareQueue<Measured>>,
+    requests: Mutex<ShareQueue<Request>>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     /// Other sites whose instance reports now (fresh reports): their RTTs are waited for.
     reporting: ArcSwap<Vec<Arc<str>>>,
@@ -124,8 +185,8 @@ impl Default for Proximity {
             config: ArcSwap::from_pointee(fulcrum_config::GslbProximity::default()),
             local: Mutex::new(HashMap::new()),
             remote: Mutex::new(HashMap::new()),
-            recent: Mutex::new(VecDeque::new()),
-            requests: Mutex::new(VecDeque::new()),
+            recent: Mutex::new(ShareQueue::default()),
+            requests: Mutex::new(ShareQueue::default()),
             jobs: Mutex::new(None),
             reporting: ArcSwap::from_pointee(Vec::new()),
             counters: Counters::default(),
@@ -177,20 +238,23 @@ impl Proximity {
                 measured_at: None,
                 used_at: now,
                 in_flight: false,
+                requested_at: None,
+                shared_at: None,
             });
             e.used_at = now;
             let due = e.measured_at.is_none_or(|t| now - t >= config.max_age);
             let start = due && !e.in_flight;
             if start {
                 e.in_flight = true;
+                if request {
+                    e.requested_at = Some(now);
+                }
             }
             start.then_some(e.target)
         };
         let Some(target) = probe else { return };
         if request {
-            let mut requests = self.requests.lock();
-            requests.push_back((Request { prefix, target }, now));
-            trim(&mut requests, now);
+            self.share_request(Request { prefix, target });
         }
         let sent = self
             .jobs
@@ -205,6 +269,41 @@ impl Proximity {
         }
     }
 
+    fn share_request(&self, r: Request) {
+        if !self.requests.lock().push(r) {
+            self.counters.share_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn share_measured(&self, m: Measured) {
+        if !self.recent.lock().push(m) {
+            self.counters.share_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A query found a site without an RTT for `addr`'s prefix: the other instances are asked
+    /// again if the last request is `ASK_AGAIN_AFTER` old (its report may have been skipped, or
+    /// their answer's).
+    pub fn ask_again(&self, addr: IpAddr) {
+        let prefix = prefix_of(addr);
+        let now = Instant::now();
+        let target = {
+            let mut local = self.local.lock();
+            let Some(e) = local.get_mut(&prefix) else {
+                return;
+            };
+            if e.requested_at
+                .is_some_and(|t| now.duration_since(t) < ASK_AGAIN_AFTER)
+            {
+                return;
+            }
+            e.requested_at = Some(now);
+            e.target
+        };
+        self.counters.asked_again.fetch_add(1, Ordering::Relaxed);
+        self.share_request(Request { prefix, target });
+    }
+
     /// Records a probe's result.
     fn measured(&self, prefix: IpAddr, rtt: Option<f64>) {
         let now = Instant::now();
@@ -212,10 +311,38 @@ impl Proximity {
             e.rtt = Some(rtt);
             e.measured_at = Some(now);
             e.in_flight = false;
+            e.shared_at = Some(now);
         }
-        let mut recent = self.recent.lock();
-        recent.push_back((Measured { prefix, ms: rtt }, now));
-        trim(&mut recent, now);
+        self.share_measured(Measured { prefix, ms: rtt });
+    }
+
+    /// Another instance asks about `r`: measured here and not older than `max_age`, the RTT
+    /// goes out again (once per share window); otherwise it is probed.
+    fn requested(&self, r: &Request) {
+        let prefix = prefix_of(r.prefix);
+        let now = Instant::now();
+        let max_age = self.config.load().max_age;
+        let again = {
+            let mut local = self.local.lock();
+            match local.get_mut(&prefix) {
+                Some(e) if e.measured_at.is_some_and(|t| now - t < max_age) => {
+                    let fresh_share = e
+                        .shared_at
+                        .is_some_and(|t| now.duration_since(t) <= SHARE_WINDOW);
+                    if !fresh_share {
+                        e.shared_at = Some(now);
+                    }
+                    e.used_at = now;
+                    Some((!fresh_share).then_some(e.rtt).flatten())
+                }
+                _ => None,
+            }
+        };
+        match again {
+            Some(Some(ms)) => self.share_measured(Measured { prefix, ms }),
+            Some(None) => {}
+            None => self.touch(r.target, false),
+        }
     }
 
     /// This site's RTT to `prefix` (None: not measured yet).
@@ -235,13 +362,8 @@ impl Proximity {
     /// What this instance's next report carries: its recent measurements and requests.
     pub fn to_share(&self) -> (Vec<Measured>, Vec<Request>) {
         let now = Instant::now();
-        let mut recent = self.recent.lock();
-        trim(&mut recent, now);
-        let m = recent.iter().rev().map(|(m, _)| m.clone()).collect();
-        drop(recent);
-        let mut requests = self.requests.lock();
-        trim(&mut requests, now);
-        let r = requests.iter().rev().map(|(r, _)| r.clone()).collect();
+        let m = self.recent.lock().take(now);
+        let r = self.requests.lock().take(now);
         (m, r)
     }
 
@@ -271,7 +393,7 @@ impl Proximity {
             self.counters
                 .requests_received
                 .fetch_add(1, Ordering::Relaxed);
-            self.touch(r.target, false);
+            self.requested(r);
         }
     }
 
@@ -300,17 +422,6 @@ impl Proximity {
 
     pub fn load_weight(&self) -> f64 {
         self.config.load().load_weight
-    }
-}
-
-/// Drops what left the share window, and the oldest past `MAX_SHARED`.
-fn trim<T>(q: &mut VecDeque<(T, Instant)>, now: Instant) {
-    while q
-        .front()
-        .is_some_and(|(_, at)| now.duration_since(*at) > SHARE_WINDOW)
-        || q.len() > MAX_SHARED
-    {
-        q.pop_front();
     }
 }
 
@@ -485,6 +596,43 @@ mod tests {
         assert!(is_reply(0xabcd, &r));
         assert!(!is_reply(0xabce, &r));
         assert!(!is_reply(0xabcd, &r[..11]));
+    }
+
+    #[test]
+    fn a_queue_carries_each_item_for_a_window_and_at_most_max_shared_at_once() {
+        let mut q = ShareQueue::default();
+        for i in 0..MAX_SHARED + 10 {
+            q.push(i);
+        }
+        let t0 = Instant::now();
+        let first = q.take(t0);
+        assert_eq!(first.len(), MAX_SHARED);
+        assert_eq!(first[0], 0);
+        assert_eq!(q.take(t0 + SHARE_WINDOW / 2), first, "rides again");
+        let later = q.take(t0 + SHARE_WINDOW + Duration::from_millis(1));
+        assert_eq!(later, (MAX_SHARED..MAX_SHARED + 10).collect::<Vec<_>>());
+        let mut full = ShareQueue::default();
+        assert!((0..MAX_QUEUED).all(|i| full.push(i)));
+        assert!(!full.push(MAX_QUEUED), "the oldest makes room");
+    }
+
+    #[test]
+    fn a_request_for_a_measured_prefix_sends_the_rtt_again_once_per_window() {
+        let p = Proximity::default();
+        let addr = IpAddr::from([10, 0, 0, 1]);
+        let prefix = prefix_of(addr);
+        p.touch(addr, false);
+        p.measured(prefix, Some(3.0));
+        let request = Request {
+            prefix,
+            target: addr,
+        };
+        p.requested(&request);
+        assert_eq!(p.recent.lock().q.len(), 1, "just shared: not again");
+        std::thread::sleep(SHARE_WINDOW + Duration::from_millis(50));
+        p.requested(&request);
+        p.requested(&request);
+        assert_eq!(p.recent.lock().q.len(), 2, "once more");
     }
 
     #[test]

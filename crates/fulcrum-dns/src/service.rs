@@ -447,6 +447,8 @@ impl GslbService {
             "probes_dropped": n(&c.probes_dropped),
             "evictions": n(&c.evictions),
             "requests_received": n(&c.requests_received),
+            "asked_again": n(&c.asked_again),
+            "share_dropped": n(&c.share_dropped),
             "warm_answers": n(&c.warm_answers),
             "cold_answers": n(&c.cold_answers),
         })
