@@ -510,28 +510,51 @@ impl FromNode for Sequence {
 }
 
 /// `simplex`: the members of the service's pools answer on another connection than the one they
-/// receive requests on. Fulcrum keeps, per member, a send-only connection to the member's
-/// address and a receive-only connection to the member's address at `receive_port`; a member is
-/// up only while both are.
+/// receive requests on. Per member, Fulcrum keeps a send-only connection to the member's address
+/// and a receive-only connection, which it opens to the member's IP at `receive_port`, or which
+/// the member opens to `receive_listen`; a member is up only while both are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Simplex {
-    pub receive_port: u16,
+pub enum Simplex {
+    /// `receive_port`: Fulcrum connects to the member's IP at this port.
+    ReceivePort(u16),
+    /// `receive_listen`: the member connects here; its source IP says which member it is.
+    ReceiveListen(std::net::SocketAddr),
 }
 
 impl FromNode for Simplex {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
-            let port: u16 = t.req(cx, "receive_port")?;
-            if port == 0 {
-                key_error(
-                    t,
-                    cx,
-                    node,
-                    "receive_port",
-                    "0 is not a port; expected 1 to 65535".to_string(),
-                );
+            let port: Option<u16> = t.opt(cx, "receive_port");
+            let listen: Option<std::net::SocketAddr> = t.opt(cx, "receive_listen");
+            match (port, listen) {
+                (Some(0), _) => {
+                    key_error(
+                        t,
+                        cx,
+                        node,
+                        "receive_port",
+                        "0 is not a port; expected 1 to 65535".to_string(),
+                    );
+                    None
+                }
+                (Some(port), None) => Some(Simplex::ReceivePort(port)),
+                (None, Some(listen)) => Some(Simplex::ReceiveListen(listen)),
+                (Some(_), Some(_)) => {
+                    cx.error(
+                        node,
+                        "the receive connection is opened by Fulcrum (`receive_port`) or by the member (`receive_listen`), not both: remove one",
+                    );
+                    None
+                }
+                (None, None) if t.has("receive_port") || t.has("receive_listen") => None,
+                (None, None) => {
+                    cx.error(
+                        node,
+                        "a simplex member answers on a receive connection: write `receive_port` (Fulcrum connects to the member's IP at that port) or `receive_listen` (the members connect to that address)",
+                    );
+                    None
+                }
             }
-            Some(Simplex { receive_port: port })
         })
     }
 }

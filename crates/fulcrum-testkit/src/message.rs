@@ -336,12 +336,25 @@ impl MessageSwitch {
         framing: WireFraming,
         options: SwitchOptions,
     ) -> io::Result<MessageSwitch> {
-        MessageSwitch::launch(addr, Some(receive), name, framing, options).await
+        MessageSwitch::launch(addr, Some(Receive::Listen(receive)), name, framing, options).await
+    }
+
+    /// As `start_simplex`, but the host opens its receive-only connection itself, from its own
+    /// IP to `fulcrum` (Fulcrum's `simplex.receive_listen`), and opens it again whenever it
+    /// closes.
+    pub async fn start_simplex_dialing(
+        addr: SocketAddr,
+        fulcrum: SocketAddr,
+        name: &str,
+        framing: WireFraming,
+        options: SwitchOptions,
+    ) -> io::Result<MessageSwitch> {
+        MessageSwitch::launch(addr, Some(Receive::Dial(fulcrum)), name, framing, options).await
     }
 
     async fn launch(
         addr: SocketAddr,
-        receive: Option<SocketAddr>,
+        receive: Option<Receive>,
         name: &str,
         framing: WireFraming,
         options: SwitchOptions,
@@ -350,7 +363,13 @@ impl MessageSwitch {
         let addr = listener.local_addr()?;
         let state = Arc::new(SwitchState::default());
         if let Some(receive) = receive {
-            let receive = TcpListener::bind(receive).await?;
+            let receive = match receive {
+                Receive::Listen(at) => ReceiveSide::Listen(TcpListener::bind(at).await?),
+                Receive::Dial(to) => ReceiveSide::Dial {
+                    from: addr.ip(),
+                    to,
+                },
+            };
             let (tx, rx) = mpsc::unbounded_channel();
             if let Ok(mut r) = state.receive.lock() {
                 *r = Some(tx);
@@ -653,15 +672,55 @@ async fn serve_switch(
     let _ = (&mut writer.0).await;
 }
 
-/// The receive-only side of a simplex host: the newest connection made to it takes every frame
-/// (a frame whose write failed is written again on the next one).
+/// Where a simplex host's receive-only connection comes from.
+enum Receive {
+    /// Fulcrum connects to this address of the host.
+    Listen(SocketAddr),
+    /// The host connects to this address of Fulcrum.
+    Dial(SocketAddr),
+}
+
+enum ReceiveSide {
+    Listen(TcpListener),
+    Dial {
+        from: std::net::IpAddr,
+        to: SocketAddr,
+    },
+}
+
+impl ReceiveSide {
+    /// The next receive connection: accepted, or made (retried every 50 ms).
+    async fn next(&self) -> io::Result<TcpStream> {
+        match self {
+            ReceiveSide::Listen(l) => Ok(l.accept().await?.0),
+            ReceiveSide::Dial { from, to } => loop {
+                let sock = if to.is_ipv6() {
+                    tokio::net::TcpSocket::new_v6()?
+                } else {
+                    tokio::net::TcpSocket::new_v4()?
+                };
+                sock.bind(SocketAddr::new(*from, 0))?;
+                match sock.connect(*to).await {
+                    Ok(s) => return Ok(s),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            },
+        }
+    }
+}
+
+/// The receive-only side of a simplex host: the newest connection takes every frame (a frame
+/// whose write failed is written again on the next one). A dialing host opens a new connection
+/// when Fulcrum closes its current one.
 async fn serve_receive(
-    listener: TcpListener,
+    side: ReceiveSide,
     mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
     state: Arc<SwitchState>,
 ) {
+    let dial = matches!(side, ReceiveSide::Dial { .. });
     let mut current: Option<TcpStream> = None;
     let mut retry: Option<Vec<u8>> = None;
+    let mut scratch = [0u8; 512];
     loop {
         if let (Some(s), Some(frame)) = (&mut current, &retry) {
             if s.write_all(frame).await.is_ok() {
@@ -672,12 +731,20 @@ async fn serve_receive(
                 continue;
             }
         }
+        let accepting = !dial || current.is_none();
+        let reading = dial && current.is_some();
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((s, _)) = accepted else { return };
+            next = side.next(), if accepting => {
+                let Ok(s) = next else { return };
                 let _ = s.set_nodelay(true);
                 state.receive_connections.fetch_add(1, Ordering::Relaxed);
                 current = Some(s);
+            }
+            // Fulcrum sends nothing here: a read that ends is Fulcrum closing the connection.
+            n = async { current.as_mut()?.read(&mut scratch).await.ok() }, if reading => {
+                if matches!(n, Some(0) | None) {
+                    current = None;
+                }
             }
             frame = frames.recv(), if current.is_some() && retry.is_none() => {
                 let Some(frame) = frame else { return };

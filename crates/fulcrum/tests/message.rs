@@ -1588,3 +1588,83 @@ async fn a_marker_makes_a_members_message_a_request_even_when_its_id_is_waiting(
         1.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simplex_members_may_open_their_receive_connection_to_fulcrum() {
+    let framing = WireFraming::two_byte();
+    let receive = free_addr();
+    let mut servers = Vec::new();
+    for i in 0..2u8 {
+        servers.push(
+            MessageSwitch::start_simplex_dialing(
+                fulcrum_testkit::free_addr_on([127, 0, 0, 2 + i]),
+                receive,
+                &format!("s{i}"),
+                framing.clone(),
+                SwitchOptions {
+                    delay: Duration::from_millis(2),
+                    ordered: false,
+                },
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let vs = free_addr();
+    let f = start(&config(
+        vs,
+        &servers,
+        &format!("{ASYNC_SEQ}\nsimplex = {{ receive_listen = \"{receive}\" }}"),
+        "",
+    ))
+    .await;
+    wait_simplex_connected(&f, &servers).await;
+
+    let mut clients = Vec::new();
+    for c in 0..3u64 {
+        let framing = framing.clone();
+        clients.push(tokio::spawn(async move {
+            let ids: Vec<Vec<u8>> = (0..100).map(|i| id(c * 1000 + i).to_vec()).collect();
+            (c, pipeline(vs, &framing, ids, b"dialed", 16).await)
+        }));
+    }
+    let mut from = HashSet::new();
+    for task in clients {
+        let (c, answers) = task.await.unwrap();
+        assert_eq!(answers.len(), 100, "client {c}:\n{}", f.logs());
+        assert!(answers.keys().all(|k| k[..9] == id(c * 1000)[..9]));
+        from.extend(answers.values().map(|a| a.server.clone()));
+    }
+    assert_eq!(from.len(), 2);
+    assert!(servers.iter().all(|s| s.duplex_frames() == 0));
+
+    // A connection from an address that is no member's is closed and counted.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::from(([127, 0, 0, 9], 0))).unwrap();
+    let mut stranger = sock.connect(receive).await.unwrap();
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut stranger, &mut buf))
+        .await
+        .expect("the stranger's connection is closed");
+    assert!(matches!(closed, Ok(0) | Err(_)));
+    assert_eq!(
+        metric(&f, "fulcrum_message_receive_refused_total", "vs=\"svc\"").await,
+        1.0
+    );
+
+    // s0 stops opening its receive connection: it takes no message, s1 answers all. (Fulcrum
+    // keeps reopening s0's send connection to wait for a receive connection, so the pair, not
+    // the send connection, is what goes away.)
+    servers[0].kill_receive();
+    let labels = format!("vs=\"svc\",pool=\"p\",member=\"{}\"", servers[0].addr);
+    let down = wait_until(WAIT, || async {
+        metric(&f, "fulcrum_message_member_connections", &labels).await == 0.0
+    })
+    .await;
+    assert!(down, "{}", f.logs());
+    let before = servers[0].messages();
+    let ids: Vec<Vec<u8>> = (500..540).map(|i| id(i).to_vec()).collect();
+    let answers = pipeline(vs, &framing, ids, b"half", 8).await;
+    assert!(answers.values().all(|a| a.server == "s1"), "{answers:?}");
+    assert_eq!(servers[0].messages(), before);
+}

@@ -61,15 +61,40 @@ fn simplex_and_member_requests(
             ));
         }
     }
-    if section.simplex.is_some() {
-        let pools = vs
-            .pool
+    let pools = || {
+        vs.pool
             .iter()
             .chain(section.rules.iter().filter_map(|r| match &r.action {
                 crate::RuleAction::Pool(p) => Some(p),
                 _ => None,
-            }));
-        for name in pools {
+            }))
+    };
+    if let Some(crate::Simplex::ReceiveListen(_)) = &section.simplex {
+        // A member's receive connection is known by its source IP alone.
+        for name in pools() {
+            let Some((p, pool)) = cfg.pools.iter().enumerate().find(|(_, p)| &p.name == name)
+            else {
+                continue;
+            };
+            for (j, m) in pool.members.iter().enumerate() {
+                if pool.members[..j]
+                    .iter()
+                    .any(|o| o.address.ip() == m.address.ip())
+                {
+                    errors.push(loc.error(
+                        &format!("pool[{p}].member[{j}].address"),
+                        format!(
+                            "message service {:?} has `simplex.receive_listen`: a member's receive connection is known by its source IP, so the members of pool {name:?} need IPs of their own ({} is taken by another member)",
+                            vs.name,
+                            m.address.ip()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    if section.simplex.is_some() {
+        for name in pools() {
             if cfg.pools.iter().any(|p| &p.name == name && p.tls.is_some()) {
                 errors.push(loc.error(
                     &format!("virtual_service[{v}].simplex"),
@@ -139,7 +164,7 @@ address = "127.0.0.1:9101"
         let m = cfg.virtual_services[0]
             .as_message()
             .expect("a message service");
-        assert_eq!(m.simplex, Some(crate::Simplex { receive_port: 7001 }));
+        assert_eq!(m.simplex, Some(crate::Simplex::ReceivePort(7001)));
         assert_eq!(m.options.member_connections, 1);
         let r = m.member_requests.as_ref().expect("member_requests");
         assert_eq!(
@@ -174,12 +199,35 @@ address = "127.0.0.1:9101"
         let e = errors(&config("simplex = { receive_port = 0 }", ""));
         has(&e, "simplex.receive_port: 0 is not a port");
         let e = errors(&config("simplex = { }", ""));
-        has(&e, "receive_port");
+        has(
+            &e,
+            "simplex: a simplex member answers on a receive connection: write `receive_port`",
+        );
+        let e = errors(&config(
+            "simplex = { receive_port = 7001, receive_listen = \"127.0.0.1:7001\" }",
+            "",
+        ));
+        has(&e, "simplex: the receive connection is opened by Fulcrum (`receive_port`) or by the member (`receive_listen`), not both");
+        let text = config("simplex = { receive_listen = \"127.0.0.1:7001\" }", "");
+        let cfg = crate::parse(&text, "t.toml", std::path::Path::new(".")).expect("valid");
+        assert_eq!(
+            cfg.virtual_services[0]
+                .as_message()
+                .and_then(|m| m.simplex.clone()),
+            Some(crate::Simplex::ReceiveListen(
+                "127.0.0.1:7001".parse().unwrap()
+            ))
+        );
         let e = errors(&config(
             "simplex = { receive_port = 7001 }",
             "tls = { verify = false }",
         ));
         has(&e, "virtual_service[0].simplex: pool \"p\" re-encrypts");
+        let e = errors(&config(
+            "simplex = { receive_listen = \"127.0.0.1:7001\" }",
+            "[[pool.member]]\naddress = \"127.0.0.1:9002\"",
+        ));
+        has(&e, "pool[0].member[1].address: message service \"m\" has `simplex.receive_listen`: a member's receive connection is known by its source IP");
     }
 
     #[test]

@@ -249,6 +249,10 @@ pub struct MemberLinks {
     pub(crate) idle: AtomicUsize,
     /// Link tasks alive (connected or not).
     tasks: AtomicU32,
+    /// `simplex.receive_listen`: the receive connection the member opened last, until its link
+    /// takes it; `arrived` wakes the link.
+    inbound: Mutex<Option<tokio::net::TcpStream>>,
+    pub(crate) arrived: Notify,
 }
 
 impl MemberLinks {
@@ -265,7 +269,14 @@ impl MemberLinks {
             ready: AtomicUsize::new(0),
             idle: AtomicUsize::new(0),
             tasks: AtomicU32::new(0),
+            inbound: Mutex::new(None),
+            arrived: Notify::new(),
         }
+    }
+
+    /// The receive connection the member opened (`simplex.receive_listen`), if one is waiting.
+    pub(crate) fn take_inbound(&self) -> Option<tokio::net::TcpStream> {
+        self.inbound.lock().take()
     }
 
     pub fn ready(&self) -> usize {
@@ -724,6 +735,28 @@ impl Hub {
         } else {
             self.messages.client_gone.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A connection to the service's `simplex.receive_listen` from `peer`: the receive
+    /// connection of the member of that IP (it replaces one the member opened before and that
+    /// no link took yet). Given back when no member of the pool has that IP.
+    pub fn receive_connection(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+    ) -> Result<(), tokio::net::TcpStream> {
+        let d = self.current.load();
+        let Some(links) = d
+            .members
+            .iter()
+            .find(|l| l.member.address.ip() == peer.ip())
+        else {
+            return Err(stream);
+        };
+        *links.inbound.lock() = Some(stream);
+        links.arrived.notify_one();
+        links.wanted.notify_waiters();
+        Ok(())
     }
 
     /// `member_requests.fallback_pool`: where member requests go that no named client takes.

@@ -27,6 +27,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::message::hub::{Client, Hub, MemberLinks, Message, Reply};
 use crate::message::stats::FailReason;
+use fulcrum_config::Simplex;
 use fulcrum_net::forward::write_all;
 
 /// First wait before reconnecting after a failure; it doubles up to `BACKOFF_MAX`.
@@ -37,6 +38,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const MIN_RECONNECT_GAP: Duration = Duration::from_millis(50);
 /// A connection that lasted this long before the member closed it cleanly is reopened at once.
 const STABLE_SESSION: Duration = Duration::from_secs(1);
+/// How long a simplex member has to open its receive connection to `simplex.receive_listen`
+/// after Fulcrum connected its send connection (at least the pool's `connect_timeout`).
+const RECEIVE_WAIT: Duration = Duration::from_secs(3);
 /// Reads per wake-up before other work gets a turn.
 const READS_PER_WAKE: usize = 16;
 /// Read buffer growth step.
@@ -59,7 +63,7 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
             break;
         }
         let started = Instant::now();
-        let failure = match connect_both(&hub, member.address, started).await {
+        let failure = match connect_both(&links, &hub, member.address, started).await {
             Ok((stream, tls, receive)) => {
                 member.record_connect_success(started.elapsed());
                 let guard = member.open_connection();
@@ -101,6 +105,7 @@ pub(crate) async fn run(links: Arc<MemberLinks>, hub: Arc<Hub>, keep: bool) {
             // As before TLS: a PROXY header that could not be written ends the attempt without
             // blaming the member (the connect itself worked).
             Err(ConnectError::Header(reason)) => reason,
+            Err(ConnectError::Closing) => "closing".to_string(),
         };
         // Messages queued for this member would wait for a connection that is not there: while
         // no sibling link is connected, they go to other members.
@@ -125,20 +130,28 @@ enum ConnectError {
     Member(String),
     /// The PROXY header could not be written.
     Header(String),
+    /// The set closed while waiting for the member's receive connection.
+    Closing,
 }
 
 /// Connects to the member; with `simplex`, then opens the receive-only connection to the
 /// member's address at `receive_port`: a simplex member is up only with both.
 async fn connect_both(
+    links: &MemberLinks,
     hub: &Hub,
     address: SocketAddr,
     started: Instant,
 ) -> Result<(TcpStream, Option<Box<ClientConnection>>, Option<TcpStream>), ConnectError> {
     let (stream, tls) = connect(hub, address, started).await?;
-    let Some(simplex) = &hub.settings.simplex else {
-        return Ok((stream, tls, None));
+    let port = match &hub.settings.simplex {
+        None => return Ok((stream, tls, None)),
+        Some(Simplex::ReceivePort(port)) => *port,
+        Some(Simplex::ReceiveListen(listen)) => {
+            let receive = wait_inbound(links, hub, *listen).await?;
+            return Ok((stream, tls, Some(receive)));
+        }
     };
-    let at = SocketAddr::new(address.ip(), simplex.receive_port);
+    let at = SocketAddr::new(address.ip(), port);
     // `fulcrum check` refuses a re-encrypting simplex pool: the receive half is plain.
     let (receive, _) = connect(hub, at, Instant::now())
         .await
@@ -149,6 +162,35 @@ async fn connect_both(
             other => other,
         })?;
     Ok((stream, tls, Some(receive)))
+}
+
+/// `simplex.receive_listen`: the receive connection the member opens to Fulcrum. One it opened
+/// before is taken at once; otherwise it has `RECEIVE_WAIT` (at least the pool's
+/// `connect_timeout`) to open one.
+async fn wait_inbound(
+    links: &MemberLinks,
+    hub: &Hub,
+    listen: SocketAddr,
+) -> Result<TcpStream, ConnectError> {
+    let wait = RECEIVE_WAIT.max(hub.connect_timeout());
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Some(s) = links.take_inbound() {
+            return Ok(s);
+        }
+        if links.closing_for(hub) {
+            return Err(ConnectError::Closing);
+        }
+        tokio::select! {
+            _ = links.arrived.notified() => {}
+            _ = links.closing.notified() => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(ConnectError::Member(format!(
+                    "no receive connection from the member to {listen} within {wait:?}"
+                )));
+            }
+        }
+    }
 }
 
 /// Connects to the member, writes the PROXY header the member expects (before TLS, as it

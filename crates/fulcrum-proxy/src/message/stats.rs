@@ -107,6 +107,8 @@ pub struct MessageStats {
     pub originated_undeliverable: AtomicU64,
     /// Answers to members' requests written back to the member that asked.
     pub originated_answered: AtomicU64,
+    /// Connections to `simplex.receive_listen` from an IP that is no member's (closed).
+    pub receive_refused: AtomicU64,
     /// From a message's arrival to its answer being handed to the client connection.
     pub latency: LatencyHistogram,
 }

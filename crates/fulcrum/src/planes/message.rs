@@ -25,6 +25,20 @@ enum Plan {
     Retarget(Arc<Hub>, Arc<Pool>, Option<SourcePersistence>),
 }
 
+/// `simplex.receive_listen`: a listener whose connections are the members' receive connections,
+/// handed to the dispatchers of the service that has it (by the member's IP).
+struct Receiver {
+    targets: Arc<arc_swap::ArcSwap<Vec<Arc<Hub>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // The task owns the listener: the address is free again.
+        self.task.abort();
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     /// Per service: its dispatchers, the one of its own pool first, then one per pool its
@@ -35,6 +49,11 @@ struct Inner {
     /// Per service: its plans, and whether the last one is the `member_requests.fallback_pool`
     /// dispatcher.
     plans: Vec<(String, Vec<Plan>, bool)>,
+    /// `simplex.receive_listen` listeners by address, and those a reload under way bound, and
+    /// which service each address is for once it commits.
+    receivers: HashMap<std::net::SocketAddr, Receiver>,
+    new_receivers: HashMap<std::net::SocketAddr, std::net::TcpListener>,
+    receive_plans: Vec<(String, std::net::SocketAddr)>,
 }
 
 /// The message services of the process.
@@ -46,7 +65,10 @@ pub struct MessagePlane {
 impl DataPlane for MessagePlane {
     /// Forgets a preparation that was not committed.
     fn prepare(&self, _config: &Config) -> Result<(), Vec<String>> {
-        self.inner.lock().plans.clear();
+        let mut inner = self.inner.lock();
+        inner.plans.clear();
+        inner.new_receivers.clear();
+        inner.receive_plans.clear();
         Ok(())
     }
 
@@ -79,6 +101,9 @@ impl DataPlane for MessagePlane {
             None => None,
         };
         let mut inner = self.inner.lock();
+        if let Some(fulcrum_config::Simplex::ReceiveListen(addr)) = &section.simplex {
+            inner.prepare_receiver(&vs.name, *addr)?;
+        }
         let messages = inner.stats.entry(vs.name.clone()).or_default().clone();
         let mut hubs = Vec::new();
         let mut plans = Vec::new();
@@ -245,11 +270,15 @@ impl DataPlane for MessagePlane {
             }
         }
         inner.stats.retain(|name, _| hubs.contains_key(name));
+        inner.commit_receivers(&hubs);
         inner.hubs = hubs;
     }
 
     fn abort(&self) {
-        self.inner.lock().plans.clear();
+        let mut inner = self.inner.lock();
+        inner.plans.clear();
+        inner.new_receivers.clear();
+        inner.receive_plans.clear();
     }
 
     /// Client connections read no new message; each closes once the answers to the messages
@@ -264,6 +293,95 @@ impl DataPlane for MessagePlane {
 
     fn metrics(&self, w: &mut MetricFamilies) {
         self.write_metrics(w);
+    }
+}
+
+impl Inner {
+    /// `simplex.receive_listen` of service `name`: its listener is bound now (a reload whose
+    /// address cannot be bound fails), unless it runs already.
+    fn prepare_receiver(&mut self, name: &str, addr: std::net::SocketAddr) -> Result<(), String> {
+        if self
+            .receive_plans
+            .iter()
+            .any(|(n, a)| *a == addr && n != name)
+        {
+            return Err(format!(
+                "virtual service {name:?}: simplex.receive_listen {addr} is another service's too"
+            ));
+        }
+        self.receive_plans.push((name.to_string(), addr));
+        if self.receivers.contains_key(&addr) || self.new_receivers.contains_key(&addr) {
+            return Ok(());
+        }
+        let listener = std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| format!("virtual service {name:?}: simplex.receive_listen {addr}: {e}"))?;
+        self.new_receivers.insert(addr, listener);
+        Ok(())
+    }
+
+    /// Starts the listeners bound for this configuration, points every listener at its service's
+    /// current dispatchers, and closes those no service has any more.
+    fn commit_receivers(&mut self, hubs: &HashMap<String, Vec<Arc<Hub>>>) {
+        for (addr, listener) in std::mem::take(&mut self.new_receivers) {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(%addr, error = %e, "simplex.receive_listen: cannot listen");
+                    continue;
+                }
+            };
+            let targets = Arc::new(arc_swap::ArcSwap::from_pointee(Vec::new()));
+            let task = tokio::spawn(accept_receive(listener, targets.clone()));
+            self.receivers.insert(addr, Receiver { targets, task });
+        }
+        let plans = std::mem::take(&mut self.receive_plans);
+        for (name, addr) in &plans {
+            if let (Some(r), Some(h)) = (self.receivers.get(addr), hubs.get(name)) {
+                r.targets.store(Arc::new(h.clone()));
+            }
+        }
+        self.receivers
+            .retain(|addr, _| plans.iter().any(|(_, a)| a == addr));
+    }
+}
+
+/// Accepts the members' receive connections (`simplex.receive_listen`) and hands each to the
+/// dispatcher with a member of that IP; others are closed and counted.
+async fn accept_receive(
+    listener: tokio::net::TcpListener,
+    targets: Arc<arc_swap::ArcSwap<Vec<Arc<Hub>>>>,
+) {
+    loop {
+        let (mut stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors, or a connection reset before it was accepted.
+                tracing::debug!(error = %e, "simplex.receive_listen: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let hubs = targets.load_full();
+        let mut taken = false;
+        for hub in hubs.iter() {
+            match hub.receive_connection(stream, peer) {
+                Ok(()) => {
+                    taken = true;
+                    break;
+                }
+                Err(s) => stream = s,
+            }
+        }
+        if !taken {
+            if let Some(hub) = hubs.first() {
+                hub.messages
+                    .receive_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(service = %hub.name, %peer, "closed a receive connection from an address that is no member's");
+            }
+        }
     }
 }
 
@@ -286,7 +404,7 @@ impl MessagePlane {
         // once per service (from its first dispatcher), the member ones for every dispatcher.
         let hubs: Vec<Arc<Hub>> = services.iter().map(|s| s[0].clone()).collect();
         type Field = fn(&MessageStats) -> u64;
-        let service: [(&str, MetricKind, &str, Field); 11] = [
+        let service: [(&str, MetricKind, &str, Field); 12] = [
             ("fulcrum_message_requests_total", MetricKind::Counter, "Messages received from clients.", |s| {
                 load(&s.requests)
             }),
@@ -319,6 +437,9 @@ impl MessagePlane {
             }),
             ("fulcrum_message_originated_answered_total", MetricKind::Counter, "Answers to members' own requests written back to the member that asked.", |s| {
                 load(&s.originated_answered)
+            }),
+            ("fulcrum_message_receive_refused_total", MetricKind::Counter, "Connections to simplex.receive_listen from an address that is no member's (closed).", |s| {
+                load(&s.receive_refused)
             }),
         ];
         for (name, kind, help, get) in service {
