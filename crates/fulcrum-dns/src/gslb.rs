@@ -713,6 +713,12 @@ impl GslbState {
         out
     }
 
+    /// Whether site `s` is up: one of its own addresses, or of those it learnt, is up.
+    pub fn site_up(&self, s: usize) -> bool {
+        self.sites.get(s).is_some_and(|site| site.is_up())
+            || self.learnt_of_site(s).iter().any(|(_, a)| a.up)
+    }
+
     /// Every name with its lower-case fqdn and its sites' names, for `LearntTable::build`.
     pub fn name_sites(&self) -> Vec<(String, Vec<Arc<str>>)> {
         self.names

@@ -388,7 +388,7 @@ impl GslbService {
                     .collect();
                 json!({
                     "name": &*s.name,
-                    "health": if s.is_up() { "up" } else { "down" },
+                    "health": if st.site_up(i) { "up" } else { "down" },
                     "state": s.admin_state().to_string(),
                     "local": st.local_site == Some(i),
                     "weight": s.weight,

@@ -455,6 +455,10 @@ async fn a_vip_with_gslb_on_one_site_is_answered_by_every_instance() {
     assert_eq!(learnt["address"], vip.ip().to_string(), "{sites}");
     assert_eq!(learnt["service"], "vip", "{sites}");
     assert_eq!(learnt["health"], "up", "{sites}");
+    assert_eq!(
+        sites["sites"][0]["health"], "up",
+        "a site with learnt addresses only is up while one is: {sites}"
+    );
 
     // Its member goes down: the VIP leaves the answers of both instances (west stays up, so
     // no fail-open).

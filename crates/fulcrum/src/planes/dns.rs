@@ -318,10 +318,10 @@ impl DnsPlane {
         }
         let mut samples = w.gauge(
             "fulcrum_gslb_site_up",
-            "1 while one of the site's addresses is up.",
+            "1 while one of the site's addresses (its own or learnt) is up.",
         );
-        for s in &st.sites {
-            samples.sample(&[("site", &s.name)], s.is_up());
+        for (i, s) in st.sites.iter().enumerate() {
+            samples.sample(&[("site", &s.name)], st.site_up(i));
         }
         let mut samples = w.gauge(
             "fulcrum_gslb_site_addresses_up",
