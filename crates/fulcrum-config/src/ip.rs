@@ -344,4 +344,23 @@ mod tests {
             &["virtual_service[0].listen[0]", "forwards every TCP port"],
         );
     }
+
+    #[test]
+    fn members_of_port_zero_need_a_monitor_with_a_port() {
+        let pool = "\n[[pool]]\nname = \"q\"\nmonitors = [\"m\"]\n[[pool.member]]\naddress = \"198.18.1.2:0\"\n";
+        let vs = service("vpn", "\"192.0.2.10\"", "ip", DR).replace("pool = \"p\"", "pool = \"q\"");
+        refused(
+            &format!("{vs}{pool}[[monitor]]\nname = \"m\"\ntype = \"tcp\"\n"),
+            &[
+                "pool[0].monitors",
+                "monitor \"m\" (tcp) probes each member on its own port, and member 198.18.1.2:0 has port 0",
+            ],
+        );
+        ok(&format!(
+            "{vs}{pool}[[monitor]]\nname = \"m\"\ntype = \"tcp\"\nport = 22\n"
+        ));
+        ok(&format!(
+            "{vs}{pool}[[monitor]]\nname = \"m\"\ntype = \"icmp\"\n"
+        ));
+    }
 }
