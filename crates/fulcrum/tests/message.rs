@@ -1365,6 +1365,15 @@ async fn simplex_members_answer_on_their_receive_connection_to_the_right_clients
         metric(&f, "fulcrum_message_responses_total", "vs=\"svc\"").await,
         600.0
     );
+    assert_eq!(
+        metric(
+            &f,
+            "fulcrum_message_simplex_send_dropped_bytes_total",
+            "vs=\"svc\""
+        )
+        .await,
+        0.0
+    );
 }
 
 const NAMED: &str = "member_requests = { client_field = { offset = 12, length = 8 } }";

@@ -238,6 +238,7 @@ impl<'a> Conn<'a> {
             if let Some(asker) = self.asker_of(&bytes, id.clone()) {
                 // The answer to a member's request: back to the member connection that asked.
                 if asker.send(Reply::Response { index: 0, bytes }).is_err() {
+                    hub.messages.originated_lost.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(service = %hub.name, client = %self.peer, "dropped an answer to a member's request: that member connection has closed");
                 }
                 continue;

@@ -680,7 +680,8 @@ impl<'a> Session<'a> {
                     }
                 }
                 r = send.readable(), if simplex => {
-                    if let Some(end) = r.map_err(|e| e.to_string()).and_then(|_| discard(send)).err() {
+                    let dropped = &self.hub.messages.simplex_send_dropped_bytes;
+                    if let Some(end) = r.map_err(|e| e.to_string()).and_then(|_| discard(send, dropped)).err() {
                         return End::Failed(format!("send connection: {end}"));
                     }
                 }
@@ -1081,14 +1082,16 @@ async fn recv_origin(
     }
 }
 
-/// Reads and drops what a simplex member sent on its send-only connection; an error when that
-/// connection ended (the member is up only with both halves).
-fn discard(send: &TcpStream) -> Result<(), String> {
+/// Reads and drops (counting the bytes in `dropped`) what a simplex member sent on its send-only
+/// connection; an error when that connection ended (the member is up only with both halves).
+fn discard(send: &TcpStream, dropped: &std::sync::atomic::AtomicU64) -> Result<(), String> {
     let mut scratch = [0u8; 4096];
     for _ in 0..READS_PER_WAKE {
         match send.try_read(&mut scratch) {
             Ok(0) => return Err("closed by the member".to_string()),
-            Ok(_) => {}
+            Ok(n) => {
+                dropped.fetch_add(n as u64, Ordering::Relaxed);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) => return Err(format!("read: {e}")),
         }

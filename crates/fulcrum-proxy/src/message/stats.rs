@@ -109,6 +109,10 @@ pub struct MessageStats {
     pub originated_answered: AtomicU64,
     /// Connections to `simplex.receive_listen` from an IP that is no member's (closed).
     pub receive_refused: AtomicU64,
+    /// Answers of clients to members' requests whose member connection had closed (dropped).
+    pub originated_lost: AtomicU64,
+    /// Bytes simplex members sent on their send-only connections (read and dropped).
+    pub simplex_send_dropped_bytes: AtomicU64,
     /// From a message's arrival to its answer being handed to the client connection.
     pub latency: LatencyHistogram,
 }

@@ -404,7 +404,7 @@ impl MessagePlane {
         // once per service (from its first dispatcher), the member ones for every dispatcher.
         let hubs: Vec<Arc<Hub>> = services.iter().map(|s| s[0].clone()).collect();
         type Field = fn(&MessageStats) -> u64;
-        let service: [(&str, MetricKind, &str, Field); 12] = [
+        let service: [(&str, MetricKind, &str, Field); 14] = [
             ("fulcrum_message_requests_total", MetricKind::Counter, "Messages received from clients.", |s| {
                 load(&s.requests)
             }),
@@ -440,6 +440,12 @@ impl MessagePlane {
             }),
             ("fulcrum_message_receive_refused_total", MetricKind::Counter, "Connections to simplex.receive_listen from an address that is no member's (closed).", |s| {
                 load(&s.receive_refused)
+            }),
+            ("fulcrum_message_originated_lost_total", MetricKind::Counter, "Answers of clients to members' own requests whose member connection had closed (dropped).", |s| {
+                load(&s.originated_lost)
+            }),
+            ("fulcrum_message_simplex_send_dropped_bytes_total", MetricKind::Counter, "Bytes simplex members sent on their send-only connections (read and dropped).", |s| {
+                load(&s.simplex_send_dropped_bytes)
             }),
         ];
         for (name, kind, help, get) in service {
