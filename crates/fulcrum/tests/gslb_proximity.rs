@@ -187,3 +187,81 @@ async fn answers_follow_the_nearer_site_and_move_when_the_delays_swap() {
     assert!(cold.is_some_and(|c| c >= 1), "{m}");
     assert!(m.contains("fulcrum_gslb_proximity_prefixes 1"), "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rtt_cache_is_bounded_and_its_evictions_and_probes_counted() {
+    // One instance; west's is not running, so only east measures. 300 resolver /24s in
+    // 127.0.0.0/8 ask once each (Client Subnet); their probes go to a port where nothing
+    // listens (the ICMP port unreachable is the reply), and the cache keeps 50.
+    let closed = free_addr();
+    let s = Setup {
+        east_peer: free_addr_on(EAST),
+        west_peer: free_addr_on(WEST),
+        resolver_port: closed.port(),
+    };
+    let dns = free_addr();
+    let cfg = config(&s, "east", EAST, dns).replace(
+        "max_age = \"1s\" }",
+        "max_age = \"1s\", max_prefixes = 50, probes_per_second = 1000 }",
+    );
+    let a = Fulcrum::start(BIN, free_addr(), &cfg).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("queries");
+    let lines: String = (0..300)
+        .map(|k| {
+            format!(
+                "app.example.com A +subnet=127.{}.{}.1/24 +short\n",
+                1 + k / 250,
+                k % 250
+            )
+        })
+        .collect();
+    std::fs::write(&file, lines).unwrap();
+    let out = std::process::Command::new("dig")
+        .arg(format!("@{}", dns.ip()))
+        .args([
+            "-p",
+            &dns.port().to_string(),
+            "+norec",
+            "+time=2",
+            "+tries=1",
+            "-f",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let answered = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("127.0.0.1"))
+        .count();
+    assert_eq!(
+        answered, 300,
+        "every query answered (by the fallback, cold)"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            proximity(&a).await["probes_in_flight"] == 0
+        })
+        .await,
+        "{}",
+        proximity(&a).await
+    );
+    let px = proximity(&a).await;
+    let n = |k: &str| px[k].as_u64().unwrap_or(u64::MAX);
+    assert!(n("prefixes") <= 50, "{px}");
+    assert_eq!(n("evictions"), 250, "{px}");
+    // A probe may finish (the refusal comes back in microseconds) before its own query
+    // ranks: that one is warm.
+    assert_eq!(n("cold_answers") + n("warm_answers"), 300, "{px}");
+    assert!(n("cold_answers") >= 250, "{px}");
+    assert!(
+        n("probes_sent") + n("probes_dropped") <= 300,
+        "one probe per new prefix at most: {px}"
+    );
+    assert!(n("probes_sent") >= 1, "{px}");
+    let m = a.api("GET", "/metrics", None).await.unwrap().text();
+    assert!(
+        m.contains("fulcrum_gslb_proximity_evictions_total 250"),
+        "{m}"
+    );
+}
