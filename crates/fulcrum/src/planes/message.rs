@@ -323,6 +323,7 @@ impl Inner {
     /// Starts the listeners bound for this configuration, points every listener at its service's
     /// current dispatchers, and closes those no service has any more.
     fn commit_receivers(&mut self, hubs: &HashMap<String, Vec<Arc<Hub>>>) {
+        let plans = std::mem::take(&mut self.receive_plans);
         for (addr, listener) in std::mem::take(&mut self.new_receivers) {
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
@@ -331,11 +332,13 @@ impl Inner {
                     continue;
                 }
             };
-            let targets = Arc::new(arc_swap::ArcSwap::from_pointee(Vec::new()));
+            // Pointed at its service before it accepts anything.
+            let service = plans.iter().find(|(_, a)| *a == addr);
+            let first = service.and_then(|(name, _)| hubs.get(name)).cloned();
+            let targets = Arc::new(arc_swap::ArcSwap::from_pointee(first.unwrap_or_default()));
             let task = tokio::spawn(accept_receive(listener, targets.clone()));
             self.receivers.insert(addr, Receiver { targets, task });
         }
-        let plans = std::mem::take(&mut self.receive_plans);
         for (name, addr) in &plans {
             if let (Some(r), Some(h)) = (self.receivers.get(addr), hubs.get(name)) {
                 r.targets.store(Arc::new(h.clone()));
