@@ -871,7 +871,8 @@ impl<'a> Session<'a> {
     ) {
         let mut released = None;
         let id = match key {
-            Some(k) => (k.end <= bytes.len()).then_some(k),
+            // A framing hook's range, checked as any bytes from outside.
+            Some(k) => (k.start <= k.end && k.end <= bytes.len()).then_some(k),
             None => self.id_in_body.and_then(|(off, len)| {
                 let at = body.start + off;
                 (at + len <= body.end).then_some(at..at + len)
