@@ -46,6 +46,15 @@ pub struct Configured {
     pub filters: bool,
 }
 
+/// The counters only rtsp services have.
+#[derive(Serialize)]
+pub struct RtspStatus {
+    pub sessions: u64,
+    pub datagrams: u64,
+    pub datagrams_dropped: u64,
+    pub malformed: u64,
+}
+
 #[derive(Serialize)]
 pub struct ServiceStatus {
     pub name: String,
@@ -66,6 +75,10 @@ pub struct ServiceStatus {
     pub ftp_data_connections: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ftp_refused: Option<u64>,
+    /// rtsp services: sessions opened, RTP / RTCP datagrams relayed and dropped, messages
+    /// that could not be framed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtsp: Option<RtspStatus>,
     /// http and https services: responses sent to clients by status class, `{"1xx": n, …,
     /// "5xx": n}` (from the http plane, `GET /api/v1/http/responses`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -280,6 +293,12 @@ fn service_status(s: &ServiceInfo) -> ServiceStatus {
             .then(|| st.ftp_data_connections.load(Ordering::Relaxed)),
         ftp_refused: (s.protocol == fulcrum_config::Protocol::Ftp)
             .then(|| st.ftp_refused.load(Ordering::Relaxed)),
+        rtsp: (s.protocol == fulcrum_config::Protocol::Rtsp).then(|| RtspStatus {
+            sessions: st.rtsp_sessions.load(Ordering::Relaxed),
+            datagrams: st.rtsp_datagrams.load(Ordering::Relaxed),
+            datagrams_dropped: st.rtsp_datagrams_dropped.load(Ordering::Relaxed),
+            malformed: st.rtsp_malformed.load(Ordering::Relaxed),
+        }),
         responses: None,
         transparent: s.transparent.as_ref().map(|t| TransparentStatus {
             connections: t.connections.load(Ordering::Relaxed),

@@ -343,7 +343,7 @@ fn process_families(control: &dyn Control, out: &mut MetricFamilies) {
 fn service_families(control: &dyn Control, out: &mut MetricFamilies) {
     let services = control.services();
     type ServiceField = fn(&fulcrum_net::ServiceStats) -> u64;
-    let vs_families: [(&str, MetricKind, &str, ServiceField); 11] = [
+    let vs_families: [(&str, MetricKind, &str, ServiceField); 15] = [
         (
             "fulcrum_vs_connections_active",
             MetricKind::Gauge,
@@ -409,6 +409,30 @@ fn service_families(control: &dyn Control, out: &mut MetricFamilies) {
             MetricKind::Counter,
             "FTP control lines and data connections refused or passed unchanged (protocol ftp).",
             |s| s.ftp_refused.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_vs_rtsp_sessions_total",
+            MetricKind::Counter,
+            "RTSP sessions opened by members' SETUP replies (protocol rtsp).",
+            |s| s.rtsp_sessions.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_vs_rtsp_datagrams_total",
+            MetricKind::Counter,
+            "RTP and RTCP datagrams relayed for UDP transports (protocol rtsp).",
+            |s| s.rtsp_datagrams.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_vs_rtsp_datagrams_dropped_total",
+            MetricKind::Counter,
+            "RTP and RTCP datagrams dropped: from a host other than the session's client or member (protocol rtsp).",
+            |s| s.rtsp_datagrams_dropped.load(Ordering::Relaxed),
+        ),
+        (
+            "fulcrum_vs_rtsp_malformed_total",
+            MetricKind::Counter,
+            "RTSP messages that could not be framed: clients answered 400, members' connections closed (protocol rtsp).",
+            |s| s.rtsp_malformed.load(Ordering::Relaxed),
         ),
     ];
     for (name, kind, help, get) in vs_families {

@@ -397,7 +397,7 @@ fn check_options(path: &str, o: &HttpOptions, cx: &mut Cx<'_>) {
 
 /// Checks of one rule of an http section: patterns compile, names and values are well-formed.
 /// Its pool is a reference, checked by `validate`.
-fn check_rule(at: &str, rule: &Rule, cx: &mut Cx<'_>) {
+pub(crate) fn check_rule(at: &str, rule: &Rule, cx: &mut Cx<'_>) {
     let rp = |k: &str| format!("{at}.{k}");
     if let Some(re) = &rule.path_regex {
         regex_ok(cx, &rp("path_regex"), re);

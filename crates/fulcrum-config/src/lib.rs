@@ -25,6 +25,7 @@ mod persistence;
 mod pool;
 mod protocol;
 mod reader;
+mod rtsp;
 mod rule;
 mod schema;
 mod service;
@@ -77,12 +78,13 @@ pub use persistence::{
 pub use pool::{HashKey, Pool, Reuse, SlowStart, UpstreamTls};
 pub use protocol::{Protocol, ProxyProtocol};
 pub use reader::{Cx, FromNode, Locations, Node, Shape, TableReader};
+pub use rtsp::RTSP_KEYS;
 pub use rule::{HeaderEdits, Rewrite, Rule, RuleAction, TimeRange};
 pub use schema::*;
 pub use service::{ServiceKind, VirtualService};
 pub use snmp::{parse_oid, SnmpAuth, SnmpOptions, SnmpPriv, SnmpV3};
 pub use stream::{MemberSource, StreamOptions, SOURCE_KEYS, STREAM_KEYS};
-pub use tcp::{FtpOptions, TcpSection, FTP_KEYS};
+pub use tcp::{FtpOptions, RtspOptions, TcpSection, FTP_KEYS};
 pub use tls::{
     ClientAuth, TlsCert, TlsOptions, TlsTermination, TlsVersion, ALPN_PROTOCOLS, TLS_KEYS,
 };

@@ -100,6 +100,7 @@ string_enum!(PersistenceKind {
     CookieRewrite = "cookie_rewrite",
     Header = "header",
     Radius = "radius",
+    RtspSession = "rtsp_session",
 });
 
 #[derive(Debug, Clone)]

@@ -10,6 +10,7 @@ string_enum!(Protocol {
     Message = "message",
     Ftp = "ftp",
     Ip = "ip",
+    Rtsp = "rtsp",
 });
 
 impl Protocol {

@@ -16,6 +16,7 @@ use crate::ip::{listen_addresses, IpSection, ListenEntry};
 use crate::message::{MessageSection, MESSAGE_SECTION_KEYS};
 use crate::protocol::{Protocol, ProxyProtocol};
 use crate::reader::{Cx, FromNode, Node, TableReader};
+use crate::rtsp::RTSP_KEYS;
 use crate::rule::{Rule, RULE_KEYS};
 use crate::stream::{MemberSource, SourceAddresses, StreamOptions, SOURCE_KEYS, STREAM_KEYS};
 use crate::tcp::{TcpSection, FTP_KEYS};
@@ -86,6 +87,7 @@ fn keys_of(protocol: Protocol) -> Vec<&'static str> {
         ],
         Protocol::Ftp => &[STREAM_KEYS, FTP_KEYS],
         Protocol::Ip => &[FORWARDING_KEYS],
+        Protocol::Rtsp => &[STREAM_KEYS, RTSP_KEYS, RULE_KEYS],
     };
     parts.concat()
 }
@@ -137,6 +139,7 @@ impl ServiceKind {
         node: &Node<'_>,
     ) -> ServiceKind {
         match protocol {
+            Protocol::Rtsp => ServiceKind::Tcp(crate::rtsp::read(t, cx)),
             Protocol::Tcp | Protocol::Ftp => {
                 ServiceKind::Tcp(TcpSection::read(t, cx, node, protocol))
             }
@@ -249,6 +252,7 @@ impl VirtualService {
     pub fn protocol(&self) -> Protocol {
         match &self.kind {
             ServiceKind::Tcp(s) if s.ftp.is_some() => Protocol::Ftp,
+            ServiceKind::Tcp(s) if s.rtsp.is_some() => Protocol::Rtsp,
             ServiceKind::Tcp(_) => Protocol::Tcp,
             ServiceKind::Udp(_) => Protocol::Udp,
             ServiceKind::Http(h) if h.tls.is_some() => Protocol::Https,

@@ -20,8 +20,11 @@ pub struct TcpSection {
     pub forwarding: ForwardingOptions,
     /// `protocol = "ftp"`: the FTP helper's settings; `None` for a plain tcp service.
     pub ftp: Option<FtpOptions>,
+    /// `protocol = "rtsp"`: the RTSP proxy's settings; `None` for a plain tcp service.
+    pub rtsp: Option<RtspOptions>,
     /// Rules choosing the pool of a connection (first match wins; none: the service's pool).
-    /// Always empty for ftp.
+    /// Always empty for ftp; for rtsp they match the first request of a connection (URL and
+    /// headers, as http rules match a request).
     pub rules: Vec<Rule>,
 }
 
@@ -31,6 +34,14 @@ pub struct FtpOptions {
     /// `ftp_passive_ports`: the ports offered to clients in PASV / EPSV answers (and forwarded
     /// as they are after `AUTH TLS`); `None`: any free port the host gives.
     pub passive_ports: Option<RangeInclusive<u16>>,
+}
+
+/// What a `protocol = "rtsp"` service adds to a tcp one (read by `rtsp.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct RtspOptions {
+    /// `rtsp_rtp_ports`: the UDP ports Fulcrum relays RTP / RTCP on (pairs: an even port for
+    /// RTP, the next one for RTCP), on both sides; `None`: any free pair the host gives.
+    pub rtp_ports: Option<RangeInclusive<u16>>,
 }
 
 /// The keys only `protocol = "ftp"` takes.
@@ -43,6 +54,7 @@ impl TcpSection {
         node: &Node<'_>,
         protocol: Protocol,
     ) -> TcpSection {
+        // (rtsp services are read by rtsp.rs: their rules are http rules.)
         if protocol == Protocol::Ftp {
             return TcpSection {
                 stream: StreamOptions::read(t, cx),
@@ -51,6 +63,7 @@ impl TcpSection {
                 ftp: Some(FtpOptions {
                     passive_ports: t.opt::<PortRange>(cx, "ftp_passive_ports").map(|r| r.0),
                 }),
+                rtsp: None,
                 rules: Vec::new(),
             };
         }
@@ -72,13 +85,14 @@ impl TcpSection {
             tls: TlsTermination::read(t, cx, node, Protocol::Tcp),
             forwarding,
             ftp: None,
+            rtsp: None,
             rules,
         }
     }
 }
 
 /// `"A-B"`: a range of TCP ports, 1 ≤ A ≤ B ≤ 65535.
-struct PortRange(RangeInclusive<u16>);
+pub(crate) struct PortRange(pub(crate) RangeInclusive<u16>);
 
 impl FromNode for PortRange {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {

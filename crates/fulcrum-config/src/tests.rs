@@ -242,7 +242,7 @@ fn sections_refuse_other_protocols_keys_at_their_position() {
     let e = errs(&with("udp", "snat = [\"127.0.0.1\", \"127.0.0.1\"]"));
     has(
         &e,
-        "t.toml:6:1: virtual_service[0].snat: `snat` applies to protocol tcp / http / https / message / ftp; this service is udp",
+        "t.toml:6:1: virtual_service[0].snat: `snat` applies to protocol tcp / http / https / message / ftp / rtsp; this service is udp",
     );
     // The refused value is still checked.
     has(&e, "virtual_service[0].snat[1]: 127.0.0.1 is listed twice");
@@ -262,7 +262,7 @@ fn sections_refuse_other_protocols_keys_at_their_position() {
     ));
     has(
         &e,
-        "virtual_service[0].rule: `rule` applies to protocol tcp / udp / http / https / message; this service is ftp",
+        "virtual_service[0].rule: `rule` applies to protocol tcp / udp / http / https / message / rtsp; this service is ftp",
     );
     // A near miss of another protocol's key is still suggested.
     let e = errs(&with("tcp", "session_timeot = \"5s\""));

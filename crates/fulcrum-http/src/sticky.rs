@@ -137,6 +137,9 @@ impl Sticky {
             PersistenceKind::Radius => {
                 return Err("radius persistence applies to udp services".into());
             }
+            PersistenceKind::RtspSession => {
+                return Err("rtsp_session persistence applies to rtsp services".into());
+            }
         };
         let secret: &[u8] = match &profile.secret {
             Some(s) => s.as_bytes(),

@@ -23,6 +23,16 @@ pub struct ServiceStats {
     /// 227 / 229 / PORT / EPRT, PORT to a foreign address) and data connections from a
     /// foreign address.
     pub ftp_refused: AtomicU64,
+    /// `protocol = "rtsp"`: sessions members opened (SETUP replies with a new `Session`).
+    pub rtsp_sessions: AtomicU64,
+    /// `protocol = "rtsp"`: RTP / RTCP datagrams relayed (UDP transport), both ways.
+    pub rtsp_datagrams: AtomicU64,
+    /// `protocol = "rtsp"`: datagrams dropped: from a host other than the session's client or
+    /// member, or not sent on.
+    pub rtsp_datagrams_dropped: AtomicU64,
+    /// `protocol = "rtsp"`: messages that could not be framed (clients answered `400`, then
+    /// closed; members closed).
+    pub rtsp_malformed: AtomicU64,
     /// tcp, udp and message services: the hits of each rule, in file order (empty without
     /// rules). Replaced at each reload; a rule keeps its counter when its label and action stay.
     pub rules: arc_swap::ArcSwap<Vec<std::sync::Arc<RuleHits>>>,

@@ -63,6 +63,16 @@ impl L4Rules {
         }
     }
 
+    /// A service without rules whose connections other code routes to one of `pools` (the
+    /// first is the service's own): rtsp services, whose rules are http rules.
+    pub fn none_with(pools: Vec<Arc<Pool>>) -> L4Rules {
+        L4Rules {
+            rules: Vec::new(),
+            pools,
+            timed: false,
+        }
+    }
+
     /// Compiles a service's rules against the pools of the configuration being applied, and
     /// installs their hit counters in `stats` (kept across reloads by label and action).
     pub fn compile(

@@ -296,7 +296,7 @@ impl TcpService {
     }
 
     /// The client's persistence key and the member it names, if any.
-    fn remembered(&self, peer: SocketAddr) -> (Option<PersistKey>, Option<SocketAddr>) {
+    pub(crate) fn remembered(&self, peer: SocketAddr) -> (Option<PersistKey>, Option<SocketAddr>) {
         let key = self.persistence.as_ref().map(|p| p.key(peer));
         let remembered = match (&self.persistence, &key) {
             (Some(p), Some(k)) => p.table.get(k),
@@ -333,7 +333,7 @@ impl TcpService {
     /// (see `connect_member`), counted as a connection and a request of the member while it
     /// lives, and sent the PROXY header when the service sends one. A member that cannot take
     /// the header is a passive failure, and the next one is tried.
-    async fn open_member(
+    pub(crate) async fn open_member(
         &self,
         pool: &Pool,
         peer: SocketAddr,
@@ -429,18 +429,22 @@ impl TcpService {
 }
 
 /// A member connection `TcpService::open_member` made ready.
-struct MemberConnection {
-    picked: Picked,
-    stream: TcpStream,
+pub(crate) struct MemberConnection {
+    pub(crate) picked: Picked,
+    pub(crate) stream: TcpStream,
     /// How long the connect took (folded into the first-byte sample).
-    connect_time: Duration,
+    pub(crate) connect_time: Duration,
     /// The member's connection and request counts, up while this lives.
-    _counted: (ConnectionGuard, RequestGuard),
+    pub(crate) _counted: (ConnectionGuard, RequestGuard),
 }
 
 /// A client's attempts at `pool`: the member persistence remembers first (when the pool holds
 /// it), then the scheduler.
-fn attempts_in(pool: &Pool, peer: SocketAddr, remembered: Option<SocketAddr>) -> Attempts<'_> {
+pub(crate) fn attempts_in(
+    pool: &Pool,
+    peer: SocketAddr,
+    remembered: Option<SocketAddr>,
+) -> Attempts<'_> {
     let ctx = PickContext {
         hash: l4_hash(&pool.hash_key, peer),
     };

@@ -368,6 +368,7 @@ fn check_service_persistence(
         | PersistenceKind::CookieRewrite
         | PersistenceKind::Header => protocol.is_http(),
         PersistenceKind::Radius => protocol == Protocol::Udp,
+        PersistenceKind::RtspSession => protocol == Protocol::Rtsp,
     };
     if !ok {
         c.err(
