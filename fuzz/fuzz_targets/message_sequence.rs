@@ -220,6 +220,8 @@ fuzz_target!(|data: &[u8]| {
             snat: None,
             member_tls: None,
             framing_hook: None,
+            simplex: None,
+            member_requests: None,
         },
         Default::default(),
         messages.clone(),
