@@ -81,6 +81,19 @@ impl ServiceStats {
         ServiceConnection(self.clone())
     }
 
+    /// A new client connection of a service that takes at most `max_connections` at once (0: no
+    /// limit): counted while the guard lives, or refused and counted in `over_limit`.
+    pub fn admit(self: &std::sync::Arc<Self>, max_connections: u32) -> Option<ServiceConnection> {
+        let admitted = match max_connections {
+            0 => Some(self.open()),
+            max => self.open_within(u64::from(max)),
+        };
+        if admitted.is_none() {
+            self.over_limit.fetch_add(1, Ordering::Relaxed);
+        }
+        admitted
+    }
+
     /// As `open`, unless `limit` connections are active already: the check and the count are
     /// one atomic step, so workers opening at once cannot pass the limit together.
     pub fn open_within(self: &std::sync::Arc<Self>, limit: u64) -> Option<ServiceConnection> {

@@ -330,14 +330,9 @@ impl FtpService {
 
     async fn serve(&self, client: TcpStream, peer: SocketAddr, local: SocketAddr) {
         let tcp = &self.tcp;
-        if tcp.max_connections > 0
-            && tcp.stats.connections_active.load(Ordering::Relaxed)
-                >= u64::from(tcp.max_connections)
-        {
-            tcp.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+        let Some(_conn) = tcp.stats.admit(tcp.max_connections) else {
             return;
-        }
-        let _conn = tcp.stats.open();
+        };
         tcp.stats.requests_total.fetch_add(1, Ordering::Relaxed);
         let (mut attempts, key) = tcp.attempts(peer);
         let Some((picked, member_stream, _)) = tcp

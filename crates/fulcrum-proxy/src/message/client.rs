@@ -73,14 +73,9 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     peer: SocketAddr,
 ) {
-    if service.max_connections > 0
-        && hub.stats.connections_active.load(Ordering::Relaxed)
-            >= u64::from(service.max_connections)
-    {
-        hub.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+    let Some(_conn) = hub.stats.admit(service.max_connections) else {
         return;
-    }
-    let _conn = hub.stats.open();
+    };
     hub.client_joined();
     let _client = ClientGuard(hub);
     // TCP_NODELAY comes from the listener (inherited; `tcp.nodelay` may turn it off).

@@ -182,14 +182,9 @@ impl RtspService {
 
     async fn serve(&self, client: TcpStream, peer: SocketAddr, local: SocketAddr) {
         let tcp = &self.tcp;
-        if tcp.max_connections > 0
-            && tcp.stats.connections_active.load(Ordering::Relaxed)
-                >= u64::from(tcp.max_connections)
-        {
-            tcp.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+        let Some(_conn) = tcp.stats.admit(tcp.max_connections) else {
             return;
-        }
-        let _conn = tcp.stats.open();
+        };
         let (mut client_rd, mut client_wr) = client.into_split();
         let mut buf = BytesMut::with_capacity(8192);
         let first = match read_frame(&mut client_rd, &mut buf, Some(tcp.idle_timeout)).await {
