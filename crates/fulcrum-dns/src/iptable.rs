@@ -425,7 +425,7 @@ fn geo_lookup(reader: &Reader<Vec<u8>>, ip: IpAddr) -> Option<GeoHit> {
 mod tests {
     use super::*;
 
-    fn table(name: &str, cidrs: &[&str]) -> fulcrum_config::IpTable {
+    pub(super) fn table(name: &str, cidrs: &[&str]) -> fulcrum_config::IpTable {
         fulcrum_config::IpTable {
             name: name.into(),
             cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
@@ -514,15 +514,7 @@ mod shipped_tests {
     use super::*;
 
     fn table(name: &str) -> fulcrum_config::IpTable {
-        fulcrum_config::IpTable {
-            name: name.into(),
-            cidrs: vec![],
-            file: None,
-            geoip: None,
-            countries: vec![],
-            continents: vec![],
-            asns: vec![],
-        }
+        super::tests::table(name, &[])
     }
 
     #[test]
