@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::message::framing::Frame;
+use crate::message::framing::{field_in_body, Frame};
 use crate::message::hub::{Client, Hub, Message, Reply};
 use crate::message::MessageService;
 
@@ -271,17 +271,16 @@ impl<'a> Conn<'a> {
                 );
                 Err(Close)
             }
-            (Some(seq), _) => {
-                let at = frame.body.start + seq.offset;
-                if at + seq.length > frame.body.end {
+            (Some(seq), _) => match field_in_body(&frame.body, seq.offset, seq.length) {
+                Some(id) => Ok(Some(id)),
+                None => {
                     bad_frame(self.hub, self.peer, "malformed", &format!(
                         "a message of {} bytes is too short for its sequence id at bytes {}..{} of the body",
                         frame.body.len(), seq.offset, seq.offset + seq.length
                     ));
-                    return Err(Close);
+                    Err(Close)
                 }
-                Ok(Some(at..at + seq.length))
-            }
+            },
             (None, _) => Ok(None),
         }
     }
@@ -292,11 +291,9 @@ impl<'a> Conn<'a> {
         let Some(f) = &self.client_field else {
             return;
         };
-        let at = body.start + f.offset;
-        if at + f.length > body.end {
+        let Some(name) = field_in_body(body, f.offset, f.length).and_then(|r| bytes.get(r)) else {
             return;
-        }
-        let name = &bytes[at..at + f.length];
+        };
         if self.name.as_deref() != Some(name) {
             self.hub.name_client(name, &self.me);
             self.name = Some(name.to_vec());

@@ -27,6 +27,15 @@ pub struct Frame {
     pub member: Option<std::net::SocketAddr>,
 }
 
+/// Where a field `length` bytes long at `offset` into a frame's `body` lies within the frame
+/// (the sequence id, `member_requests`' client field and marker); `None` when the body is too
+/// short to hold it.
+pub fn field_in_body(body: &Range<usize>, offset: usize, length: usize) -> Option<Range<usize>> {
+    let start = body.start.checked_add(offset)?;
+    let end = start.checked_add(length)?;
+    (end <= body.end).then_some(start..end)
+}
+
 /// Why bytes cannot be a frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {

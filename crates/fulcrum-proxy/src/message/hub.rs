@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::message::framing::Framer;
+use crate::message::framing::{field_in_body, Framer};
 use crate::message::stats::{FailReason, MemberMessageStats, MessageStats};
 use crate::tcp::{l4_hash, SourcePersistence};
 use fulcrum_net::stats::ServiceStats;
@@ -797,10 +797,7 @@ impl Hub {
         };
         let mut bytes = bytes;
         let named = reqs.client_field.as_ref().and_then(|f| {
-            let at = body.start + f.offset;
-            let name = bytes
-                .get(at..at + f.length)
-                .filter(|_| at + f.length <= body.end)?;
+            let name = bytes.get(field_in_body(&body, f.offset, f.length)?)?;
             self.named
                 .lock()
                 .get(name)

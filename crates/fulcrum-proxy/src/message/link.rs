@@ -25,6 +25,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::message::framing::field_in_body;
 use crate::message::hub::{Client, Hub, MemberLinks, Message, Reply};
 use crate::message::stats::FailReason;
 use fulcrum_config::Simplex;
@@ -873,10 +874,9 @@ impl<'a> Session<'a> {
         let id = match key {
             // A framing hook's range, checked as any bytes from outside.
             Some(k) => (k.start <= k.end && k.end <= bytes.len()).then_some(k),
-            None => self.id_in_body.and_then(|(off, len)| {
-                let at = body.start + off;
-                (at + len <= body.end).then_some(at..at + len)
-            }),
+            None => self
+                .id_in_body
+                .and_then(|(off, len)| field_in_body(&body, off, len)),
         };
         // `member_requests.marker`: a request of the member's own, whatever its id.
         let marked = self
@@ -886,8 +886,9 @@ impl<'a> Session<'a> {
             .as_ref()
             .and_then(|r| r.marker.as_ref())
             .is_some_and(|m| {
-                let at = body.start + m.offset;
-                at + m.value.len() <= body.end && bytes[at..at + m.value.len()] == m.value[..]
+                field_in_body(&body, m.offset, m.value.len())
+                    .and_then(|r| bytes.get(r))
+                    .is_some_and(|v| v == m.value.as_slice())
             });
         let matched = match &mut self.pending {
             Pending::Fifo(q) => q.pop_front(),
