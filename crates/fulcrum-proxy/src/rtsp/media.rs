@@ -167,6 +167,7 @@ impl MediaRelay {
                 return;
             };
             let (from_socket, allowed, to_socket, to) = routes[i];
+            let mut relayed_any = false;
             for _ in 0..BATCH {
                 let (n, from) = match from_socket.try_recv_from(&mut buf) {
                     Ok(r) => r,
@@ -185,11 +186,13 @@ impl MediaRelay {
                     &counters.stats.rtsp_datagrams_dropped
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                if relayed {
-                    counters
-                        .last_datagram
-                        .store(counters.started.elapsed().as_secs() + 1, Ordering::Relaxed);
-                }
+                relayed_any |= relayed;
+            }
+            // One clock read per batch: the mark is in whole seconds.
+            if relayed_any {
+                counters
+                    .last_datagram
+                    .store(counters.started.elapsed().as_secs() + 1, Ordering::Relaxed);
             }
         }
     }

@@ -291,8 +291,11 @@ impl Drop for State {
     }
 }
 
-/// What to do with a client's request.
+/// What to do with a client's frame.
 enum Verdict {
+    /// Sent on unchanged.
+    AsItCame,
+    /// Sent on as rewritten here.
     Forward(Vec<u8>),
     /// Answered by Fulcrum (this answer); the member never sees it.
     Answer(Vec<u8>),
@@ -370,20 +373,24 @@ impl Connection<'_> {
             let len = frame.len();
             let out = match &frame {
                 Frame::Message(m) if m.method(&buf).is_some() => self.on_request(&buf, m),
-                _ => Verdict::Forward(buf[..len].to_vec()),
+                // Interleaved data and responses pass as they came, without a copy.
+                _ => Verdict::AsItCame,
             };
-            buf.advance(len);
-            match out {
-                Verdict::Forward(bytes) => {
-                    if member_wr.write_all(&bytes).await.is_err() {
-                        return;
-                    }
-                    self.up.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let sent = match &out {
+                Verdict::AsItCame => Some(&buf[..len]),
+                Verdict::Forward(bytes) => Some(&bytes[..]),
+                Verdict::Answer(_) => None,
+            };
+            if let Some(bytes) = sent {
+                if member_wr.write_all(bytes).await.is_err() {
+                    return;
                 }
-                Verdict::Answer(bytes) => {
-                    if !self.to_client(&bytes).await {
-                        return;
-                    }
+                self.up.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            buf.advance(len);
+            if let Verdict::Answer(bytes) = out {
+                if !self.to_client(&bytes).await {
+                    return;
                 }
             }
         }
@@ -394,7 +401,6 @@ impl Connection<'_> {
     fn on_request(&self, buf: &[u8], m: &Message) -> Verdict {
         let stats = &self.service.tcp.stats;
         stats.requests_total.fetch_add(1, Ordering::Relaxed);
-        let whole = || Verdict::Forward(buf[..m.len()].to_vec());
         let Some(cseq) = m.cseq(buf) else {
             self.service
                 .malformed("request without CSeq", self.client, "client");
@@ -407,10 +413,10 @@ impl Connection<'_> {
                 let session = m.session(buf).map(<[u8]>::to_vec);
                 state.teardowns.insert(cseq.to_vec(), session);
             }
-            return whole();
+            return Verdict::AsItCame;
         }
         if !method.eq_ignore_ascii_case(b"SETUP") {
-            return whole();
+            return Verdict::AsItCame;
         }
         let transport = m.header(buf, "transport").unwrap_or_default();
         let Some(client_ports) = transport::ports(transport, "client_port") else {
@@ -420,7 +426,7 @@ impl Connection<'_> {
                     .setups
                     .insert(cseq.to_vec(), PendingSetup { udp: None });
             }
-            return whole();
+            return Verdict::AsItCame;
         };
         // Relays that ended on their own (idle) no longer count.
         state.relays.retain(|(_, relay)| !relay.is_finished());
@@ -459,64 +465,56 @@ impl Connection<'_> {
                 }
             };
             let len = frame.len();
-            let out = match &frame {
+            let rewritten = match &frame {
                 Frame::Message(m) if m.status().is_some() => self.on_response(&buf, m),
-                _ => buf[..len].to_vec(),
+                // Interleaved data passes as it came, without a copy.
+                _ => None,
             };
-            buf.advance(len);
-            if !self.to_client(&out).await {
+            let out = rewritten.as_deref().unwrap_or(&buf[..len]);
+            if !self.to_client(out).await {
                 return;
             }
+            buf.advance(len);
         }
     }
 
     /// A member's reply on its way to the client: a SETUP's opens its session (remembered for
-    /// persistence) and, over UDP, its relay; a TEARDOWN's ends the session's relays.
-    fn on_response(&self, buf: &[u8], m: &Message) -> Vec<u8> {
-        let whole = buf[..m.len()].to_vec();
-        let Some(cseq) = m.cseq(buf) else {
-            return whole;
-        };
+    /// persistence) and, over UDP, its relay; a TEARDOWN's ends the session's relays. `Some`:
+    /// the reply as rewritten for the client; `None`: it goes as it came.
+    fn on_response(&self, buf: &[u8], m: &Message) -> Option<Vec<u8>> {
+        let cseq = m.cseq(buf)?;
         let ok = m.status().is_some_and(|s| (200..300).contains(&s));
         let mut state = self.state.lock();
         if let Some(session) = state.teardowns.remove(cseq) {
             if ok {
                 self.end_session(&mut state, session.as_deref());
             }
-            return whole;
+            return None;
         }
-        let Some(setup) = state.setups.remove(cseq) else {
-            return whole;
-        };
+        let setup = state.setups.remove(cseq)?;
         if !ok {
-            return whole;
+            return None;
         }
         let session = m.session(buf).map(<[u8]>::to_vec);
         if let Some(id) = &session {
             self.opened(&mut state, id);
         }
-        let Some((member_side, client_ports)) = setup.udp else {
-            return whole;
-        };
+        let (member_side, client_ports) = setup.udp?;
         let transport = m.header(buf, "transport").unwrap_or_default();
         let Some(member_ports) = transport::ports(transport, "server_port") else {
             // The member chose a transport without server ports (interleaved): no relay.
-            return whole;
+            return None;
         };
         let client_side = match SocketPair::bind(self.vip, self.service.rtp_ports.as_ref()) {
             Ok(p) => p,
             Err(e) => {
                 tracing::info!(service = %self.service.tcp.name, client = %self.client, error = %e, "no UDP port pair free for an RTSP stream");
-                return whole;
+                return None;
             }
         };
-        let rewritten = client_side
-            .ports()
-            .ok()
-            .and_then(|ports| transport::reply_to_client(transport, client_ports, ports, self.vip));
-        let Some(rewritten) = rewritten else {
-            return whole;
-        };
+        let rewritten = client_side.ports().ok().and_then(|ports| {
+            transport::reply_to_client(transport, client_ports, ports, self.vip)
+        })?;
         let relay = MediaRelay {
             member_side,
             client_side,
@@ -528,7 +526,7 @@ impl Connection<'_> {
         };
         let handle = tokio::spawn(relay.run(self.service.tcp.idle_timeout, self.counters.clone()));
         state.relays.push((session, handle));
-        m.with_header(buf, "transport", &rewritten)
+        Some(m.with_header(buf, "transport", &rewritten))
     }
 
     /// A session a SETUP reply gave: counted once, and remembered for its member.
