@@ -2,9 +2,8 @@
 //! client-address transparency (`source = "client"`) share.
 
 use std::io;
-use std::os::fd::AsRawFd;
-
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 
 use tokio::net::TcpSocket;
 

@@ -138,4 +138,18 @@ fn same_address_in_two_vrfs_is_two_services_with_their_own_members_and_checks() 
     assert_eq!(health(&fl, "blue"), "up");
     assert_eq!(get(&blue, "10.77.0.1:80"), Ok("blue".to_string()));
     assert!(get(&red, "10.77.0.1:80").is_err_and(|e| e.contains("503")));
+
+    // A reload that moves a service into a VRF device this host does not have is refused with
+    // the address, the VRF and the reason, and changes nothing: blue goes on being served.
+    let path = f.dir.path().join("fulcrum.toml");
+    let moved = config().replacen("vrf = \"blue\"", "vrf = \"green\"", 1);
+    std::fs::write(&path, moved).expect("config");
+    let (code, body) = lab::api_with(&fl, "POST", "/api/v1/reload", "{}");
+    let errors = body["errors"].to_string();
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        errors.contains("10.77.0.1:80 in vrf green") && errors.contains("No such device"),
+        "{errors}"
+    );
+    assert_eq!(get(&blue, "10.77.0.1:80"), Ok("blue".to_string()));
 }
