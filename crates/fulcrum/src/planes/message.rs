@@ -313,8 +313,9 @@ impl Inner {
         if self.receivers.contains_key(&addr) || self.new_receivers.contains_key(&addr) {
             return Ok(());
         }
-        let listener = std::net::TcpListener::bind(addr)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        // Bound as every listener of Fulcrum's is (SO_REUSEADDR for a quick restart,
+        // non-blocking, a deep backlog).
+        let listener = fulcrum_net::listener::bind_stream(addr)
             .map_err(|e| format!("virtual service {name:?}: simplex.receive_listen {addr}: {e}"))?;
         self.new_receivers.insert(addr, listener);
         Ok(())
