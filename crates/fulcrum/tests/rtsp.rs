@@ -31,10 +31,16 @@ impl Drop for RtspServer {
 /// Starts a server on 127.0.0.1 mounting `paths` ("/a,/b"); another port is tried when the
 /// chosen one was taken meanwhile.
 async fn rtsp_server(paths: &str) -> RtspServer {
+    rtsp_server_with(paths, &[]).await
+}
+
+/// `rtsp_server` with server.py's options after the paths ("keep").
+async fn rtsp_server_with(paths: &str, options: &[&str]) -> RtspServer {
     for _ in 0..5 {
         let addr = free_addr();
         let child = Command::new("/usr/bin/python3")
             .args([SERVER, "127.0.0.1", &addr.port().to_string(), paths])
+            .args(options)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -390,7 +396,8 @@ fn port_pair(transport: &str, key: &str) -> (u16, u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udp_media_flows_through_fulcrums_ports_for_the_sessions_hosts_only() {
-    let member = rtsp_server("/a").await;
+    // A member that keeps a session's media going after its control connection closes.
+    let member = rtsp_server_with("/a", &["keep"]).await;
     let vs = free_addr();
     let (low, high) = free_udp_range(20);
     let f = start(&format!(
@@ -467,10 +474,26 @@ async fn udp_media_flows_through_fulcrums_ports_for_the_sessions_hosts_only() {
         rtsp_status(&status)["datagrams"].as_u64().unwrap_or(0) >= 5,
         "{status}"
     );
-    // The relay ends with its connection: nothing arrives afterwards.
+    // The session outlives its control connection (RFC 2326 §3): the member goes on sending
+    // and the relay goes on carrying it.
     drop(client);
     tokio::time::sleep(Duration::from_millis(300)).await;
     while rtp.try_recv_from(&mut buf).is_ok() {}
+    for _ in 0..3 {
+        let (_, from) = tokio::time::timeout(Duration::from_secs(5), rtp.recv_from(&mut buf))
+            .await
+            .expect("RTP after the control connection closed")
+            .expect("recv");
+        assert_eq!(from, SocketAddr::from(([127, 0, 0, 1], q)));
+    }
+    // A TEARDOWN on another connection ends the session, and its relay with it.
+    let mut other = Client::connect(vs).await;
+    let teardown = other
+        .request("TEARDOWN", &url, &format!("Session: {session}\r\n"))
+        .await;
+    assert_eq!(teardown.status, 200, "{}", teardown.head);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while rtp.try_recv_from(&mut buf).is_ok() {}
     let late = tokio::time::timeout(Duration::from_secs(1), rtp.recv_from(&mut buf)).await;
-    assert!(late.is_err(), "RTP after the connection closed");
+    assert!(late.is_err(), "RTP after the session's TEARDOWN");
 }

@@ -3,8 +3,8 @@
 //! client (the `server_port` of the rewritten reply); RTP and RTCP datagrams are relayed
 //! between them. Only the session's member (its address, or the `source` its reply names) and
 //! its client may send into a pair (as FTP's data listeners admit only their session's peers);
-//! a relay ends at TEARDOWN, with its control connection, or after the service's idle timeout
-//! without a datagram.
+//! a relay ends at its session's TEARDOWN (on any connection) or after the service's idle
+//! timeout without a datagram; one that has no session ends with its control connection.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};

@@ -37,6 +37,9 @@ use transport::PortPair;
 /// UDP streams (SETUPs waiting for their reply, and relays) one connection may hold.
 pub const MAX_STREAMS: usize = 16;
 
+/// Relays a service keeps for sessions whose control connection has closed.
+pub const MAX_DETACHED: usize = 4096;
+
 /// A `protocol = "rtsp"` virtual service.
 #[derive(Debug)]
 pub struct RtspService {
@@ -49,6 +52,51 @@ pub struct RtspService {
     pub sessions: Option<Arc<PersistTable>>,
     /// `rtsp_rtp_ports`; `None`: any free pair.
     pub rtp_ports: Option<RangeInclusive<u16>>,
+    /// Relays of sessions that outlived their control connection.
+    pub detached: DetachedRelays,
+}
+
+/// An RTSP session is not bound to a connection (RFC 2326 §3): a client may close its control
+/// connection after PLAY and send its TEARDOWN on another. The UDP relays of a session whose
+/// connection closed are kept here, so its media keeps flowing for as long as the member sends
+/// it; they end at a TEARDOWN answered on any connection, or idle. Whether the member stops
+/// the session when its connection closes is the member's choice, as it is without a proxy.
+#[derive(Debug, Default)]
+pub struct DetachedRelays {
+    relays: parking_lot::Mutex<Vec<(Vec<u8>, JoinHandle<()>)>>,
+}
+
+impl DetachedRelays {
+    /// Keeps `relay` for `session`; gives it back when the service holds its bound already.
+    fn adopt(&self, session: Vec<u8>, relay: JoinHandle<()>) -> Result<(), JoinHandle<()>> {
+        let mut relays = self.relays.lock();
+        relays.retain(|(_, r)| !r.is_finished());
+        if relays.len() >= MAX_DETACHED {
+            return Err(relay);
+        }
+        relays.push((session, relay));
+        Ok(())
+    }
+
+    /// Ends the kept relays of `session`.
+    fn end(&self, session: &[u8]) {
+        self.relays.lock().retain(|(s, relay)| {
+            let ends = s == session || relay.is_finished();
+            if ends {
+                relay.abort();
+            }
+            !ends
+        });
+    }
+}
+
+impl Drop for DetachedRelays {
+    /// A service that is replaced or removed takes its kept relays with it.
+    fn drop(&mut self) {
+        for (_, relay) in self.relays.get_mut().iter() {
+            relay.abort();
+        }
+    }
 }
 
 impl StreamHandler for RtspService {
@@ -257,6 +305,7 @@ impl RtspService {
         let (up, down) = connection
             .relay((client_rd, buf), (member_rd, member_wr))
             .await;
+        connection.detach_sessions();
         picked.member.stats.add_bytes(up, down);
         if down > 0 {
             picked.member.record_exchange_success();
@@ -283,7 +332,7 @@ struct State {
 }
 
 impl Drop for State {
-    /// A connection's relays end with it.
+    /// Relays not handed to the service (those without a session) end with the connection.
     fn drop(&mut self) {
         for (_, relay) in &self.relays {
             relay.abort();
@@ -543,7 +592,28 @@ impl Connection<'_> {
         }
     }
 
-    /// TEARDOWN answered: the session's relays end and the member is forgotten for it.
+    /// The connection ended: the relays of its sessions stay with the service (their media
+    /// keeps flowing until TEARDOWN or idle); relays without a session end with it.
+    fn detach_sessions(&self) {
+        let relays = std::mem::take(&mut self.state.lock().relays);
+        for (session, relay) in relays {
+            if relay.is_finished() {
+                continue;
+            }
+            let Some(session) = session else {
+                relay.abort();
+                continue;
+            };
+            if let Err(relay) = self.service.detached.adopt(session, relay) {
+                tracing::info!(service = %self.service.tcp.name, client = %self.client,
+                    "RTSP relays kept for closed connections at their bound; this session's media ends with its connection");
+                relay.abort();
+            }
+        }
+    }
+
+    /// TEARDOWN answered: the session's relays end (also those kept from a closed connection)
+    /// and the member is forgotten for it.
     fn end_session(&self, state: &mut State, id: Option<&[u8]>) {
         state.relays.retain(|(session, relay)| {
             let ends = id.is_none() || session.as_deref() == id;
@@ -552,6 +622,9 @@ impl Connection<'_> {
             }
             !ends
         });
+        if let Some(id) = id {
+            self.service.detached.end(id);
+        }
         if let (Some(table), Some(id)) = (&self.service.sessions, id) {
             table.remove(&table.key(id));
         }

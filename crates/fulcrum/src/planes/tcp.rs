@@ -91,6 +91,7 @@ impl DataPlane for TcpPlane {
                 rules: http_rules,
                 sessions,
                 rtp_ports: options.rtp_ports.clone(),
+                detached: Default::default(),
             })));
         }
         // `protocol = "ftp"`: the same member choice, with the control channel read.
