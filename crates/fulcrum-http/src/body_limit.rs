@@ -1,8 +1,8 @@
 //! The `max_body_size` / `min_body_rate` limits on the request bodies of HTTP/2 clients.
 //!
 //! The HTTP/1 path counts body bytes as it relays them; an HTTP/2 request body without
-//! `content-length` (or one arriving slowly) goes through hyper's `Incoming`, which has no size
-//! or rate limit of its own.
+//! `content-length` (or one arriving slowly) arrives as h2's DATA frames (`RecvBody`), which
+//! have no size or rate limit of their own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +14,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, SizeHint};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::{BoxError, FramePoll};
@@ -22,13 +21,73 @@ use crate::{BoxError, FramePoll};
 /// An HTTP/2 client's request body: streamed as it arrives, or whole (read before the rules
 /// when a filter reads request bodies, and what the filters left of it).
 pub enum ClientBody {
-    Streamed(Incoming),
+    Streamed(RecvBody),
     Whole(Full<Bytes>),
 }
 
-impl From<Incoming> for ClientBody {
-    fn from(b: Incoming) -> ClientBody {
-        ClientBody::Streamed(b)
+/// A request body as h2 receives it: DATA frames, then trailers. Each frame's bytes are given
+/// back to the client's flow-control window as they are taken, as hyper's `Incoming` did.
+pub struct RecvBody {
+    recv: h2::RecvStream,
+    /// What `content-length` announced and is still to come (h2 itself refuses a body that
+    /// differs from it).
+    remaining: Option<u64>,
+    data_done: bool,
+}
+
+impl RecvBody {
+    pub(crate) fn new(recv: h2::RecvStream) -> RecvBody {
+        RecvBody {
+            recv,
+            remaining: None,
+            data_done: false,
+        }
+    }
+
+    /// Sets the length the request head announced.
+    pub(crate) fn announce(&mut self, length: Option<u64>) {
+        self.remaining = length;
+    }
+}
+
+impl Body for RecvBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
+        let this = self.get_mut();
+        if !this.data_done {
+            match std::task::ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    if let Some(r) = this.remaining.as_mut() {
+                        *r = r.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+                }
+                // RST_STREAM(NO_ERROR) is the client taking an early response (RFC 9113
+                // §8.1): the body ends, it did not fail.
+                Some(Err(e)) if e.reason() == Some(h2::Reason::NO_ERROR) => {
+                    return Poll::Ready(None)
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => this.data_done = true,
+            }
+        }
+        match std::task::ready!(this.recv.poll_trailers(cx)) {
+            Ok(t) => Poll::Ready(t.map(|t| Ok(http_body::Frame::trailers(t)))),
+            Err(e) if e.reason() == Some(h2::Reason::NO_ERROR) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e.into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.remaining
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 

@@ -98,6 +98,29 @@ thread_local! {
     static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
 }
 
+thread_local! {
+    static CACHED_VALUE: RefCell<(u64, http::HeaderValue)> =
+        const { RefCell::new((u64::MAX, http::HeaderValue::from_static(""))) };
+}
+
+/// The `date` field's value now, made once a second per thread: HTTP/2 responses take it as
+/// a `HeaderValue`, which a clone shares.
+pub fn http_date_value() -> http::HeaderValue {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    CACHED_VALUE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs {
+            let text = Utc::from_unix(secs as i64, 0).http_date();
+            if let Ok(v) = http::HeaderValue::from_str(&text) {
+                *c = (secs, v);
+            }
+        }
+        c.1.clone()
+    })
+}
+
 /// Appends the current IMF-fixdate to `out`.
 pub fn append_http_date(out: &mut Vec<u8>) {
     let secs = SystemTime::now()

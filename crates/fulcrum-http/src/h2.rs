@@ -1,32 +1,36 @@
 //! HTTP/2 client connections (h2c by prior knowledge here; ALPN `h2` once TLS is in front), on
-//! hyper's HTTP/2 server. Each stream is turned into the same request head the HTTP/1 path uses,
-//! planned by the same rules, and forwarded over HTTP/1.1 (or HTTP/2) member connections from
-//! the same shared stores.
+//! the `h2` crate with every stream driven from the connection's own task (`h2_streams`): the
+//! task polls `accept` together with the streams in flight, the keep-alive PING and its timers.
+//! Each stream is turned into the same request head the HTTP/1 path uses, planned by the same
+//! rules, and forwarded over HTTP/1.1 (or HTTP/2) member connections from the same shared
+//! stores.
 
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use ::h2::server::{Connection, SendResponse};
+use ::h2::{Ping, PingPong, RecvStream};
 use bytes::Bytes;
 use fulcrum_balance::clock;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{HeaderValue, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::body::{DownBody, PrivateConns};
-use crate::body_limit::{ClientBody, Limited, Verdict};
+use crate::body_limit::{ClientBody, Limited, RecvBody, Verdict};
 use crate::client::{Client, ConnInfo};
 use crate::exchange::Route;
 use crate::forward::{forward, forward_in_time, Downstream};
-use crate::h2guard::Watchdog;
+use crate::h2_streams::{Dropped, StreamEnd, StreamTask};
 use crate::head::{FieldKind, Method, RequestHead};
 use crate::local::Local;
 use crate::rules::CompiledRule;
@@ -47,7 +51,7 @@ const MAX_STREAMS: u32 = 128;
 /// such connections the same way.
 const RESET_BUDGET: u64 = 100;
 
-/// Streams reset by the client before hyper accepted them (h2's own counter; its default).
+/// Streams reset by the client before they were accepted (h2's own counter; its default).
 const PENDING_ACCEPT_RESETS: usize = 20;
 
 /// After GOAWAY with no stream left, how long the client has to finish the close (the PING
@@ -59,56 +63,23 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The windows and buffers hyper's server gave h2 (and clients were measured with): 1 MiB
+/// windows rather than the protocol's 64 KiB, 16 KiB frames, 400 KiB buffered per stream.
+const WINDOW: u32 = 1 << 20;
+const MAX_FRAME: u32 = 16 << 10;
+const SEND_BUFFER: usize = 400 << 10;
+/// Streams h2 may reset for the client's errors before it closes the connection.
+const LOCAL_ERROR_RESETS: usize = 1024;
+
+/// What the streams of one connection share. Borrowed by every stream: it lives in the
+/// connection's task, which outlives them.
 struct State {
-    /// The service new streams are served by: a reload moves the connection to the version in
-    /// force.
-    svc: arc_swap::ArcSwap<HttpService>,
     client: Client,
     private: PrivateConns,
-    active: AtomicUsize,
-    /// When the last stream ended (clock::now_ms).
-    last: AtomicU64,
-    /// Streams the client opened, and those it reset before their response head.
-    opened: AtomicU64,
-    cancelled: AtomicU64,
-    /// Raised once the client spent its reset budget.
-    flood: tokio::sync::Notify,
-    /// Bytes read from the client (the sniffed preface included).
-    read: Arc<AtomicU64>,
-    /// Response bodies in flight, watched for progress.
-    watchdog: Watchdog,
-}
-
-/// Counts a stream whose handler was dropped before it returned: hyper drops it when the
-/// client resets the stream.
-struct Cancellable<'a> {
-    st: &'a State,
-    done: bool,
-}
-
-impl Drop for Cancellable<'_> {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let cancelled = self.st.cancelled.fetch_add(1, Ordering::Relaxed) + 1;
-        if cancelled > RESET_BUDGET && cancelled * 2 >= self.st.opened.load(Ordering::Relaxed) {
-            self.st.flood.notify_one();
-        }
-    }
-}
-
-struct Active<'a>(&'a State);
-
-impl Drop for Active<'_> {
-    fn drop(&mut self) {
-        self.0.last.store(clock::now_ms(), Ordering::Relaxed);
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Bytes read ahead (the connection preface, when it was sniffed), then the stream; counts
-/// what the client sent, for the preface timeout.
+/// what the client sent, for the preface timeout and the keep-alive PING.
 struct Rewind<S> {
     prefix: Vec<u8>,
     pos: usize,
@@ -167,86 +138,178 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
     }
 }
 
+/// What woke the connection's task. Lives for one turn of its loop, on its stack: boxing the
+/// new stream's request would cost an allocation per stream.
+#[allow(clippy::large_enum_variant)]
+enum Event {
+    Stream(Result<(http::Request<RecvStream>, SendResponse<Bytes>), ::h2::Error>),
+    /// The connection is closed (after a GOAWAY, with no stream left) or failed.
+    Closed(Option<::h2::Error>),
+    Ended(StreamEnd),
+    Retired,
+    Tick,
+    Pong,
+}
+
+/// The keep-alive PING: sent when the client has sent nothing for `PING_INTERVAL`, answered
+/// within `PING_TIMEOUT` or the connection is dropped.
+struct KeepAlive {
+    pings: Option<PingPong>,
+    /// Bytes read from the client at the last look, and since when that has not changed.
+    seen: u64,
+    quiet_since: Instant,
+    sent: Option<Instant>,
+}
+
+impl KeepAlive {
+    /// Sends a PING when due; `false` when one went unanswered past its timeout.
+    fn check(&mut self, read: u64) -> bool {
+        let now = Instant::now();
+        if read != self.seen {
+            self.seen = read;
+            self.quiet_since = now;
+        }
+        match self.sent {
+            Some(at) => now.duration_since(at) < PING_TIMEOUT,
+            None => {
+                if now.duration_since(self.quiet_since) >= PING_INTERVAL {
+                    if let Some(p) = self.pings.as_mut() {
+                        if p.send_ping(Ping::opaque()).is_ok() {
+                            self.sent = Some(now);
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    fn poll_pong(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match (self.sent, self.pings.as_mut()) {
+            (Some(_), Some(p)) => p.poll_pong(cx).map(|_| ()),
+            _ => Poll::Pending,
+        }
+    }
+}
+
 /// Serves one HTTP/2 client connection; `prefix` holds bytes already read from it.
-pub(crate) async fn serve<S>(mut svc: Arc<HttpService>, io: S, info: ConnInfo, prefix: Vec<u8>)
+pub(crate) async fn serve<S>(svc: Arc<HttpService>, io: S, info: ConnInfo, prefix: Vec<u8>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let idle = svc.idle_timeout;
     let read = Arc::new(AtomicU64::new(prefix.len() as u64));
-    let state = Arc::new(State {
-        client: Client::new(info.clone()),
-        private: Arc::new(Mutex::new(Vec::new())),
-        active: AtomicUsize::new(0),
-        last: AtomicU64::new(clock::now_ms()),
-        svc: arc_swap::ArcSwap::new(svc.clone()),
-        opened: AtomicU64::new(0),
-        cancelled: AtomicU64::new(0),
-        flood: tokio::sync::Notify::new(),
+    let io = Rewind {
+        prefix,
+        pos: 0,
+        inner: io,
         read: read.clone(),
-        watchdog: Watchdog::default(),
-    });
-    let st = state.clone();
-    let service = hyper::service::service_fn(move |req| {
-        let st = st.clone();
-        async move {
-            st.opened.fetch_add(1, Ordering::Relaxed);
-            let mut guard = Cancellable {
-                st: &st,
-                done: false,
-            };
-            let r = handle(st.clone(), req).await;
-            guard.done = true;
-            r
-        }
-    });
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    };
+    let mut builder = ::h2::server::Builder::new();
     builder
-        .timer(TokioTimer::new())
+        .initial_window_size(WINDOW)
+        .initial_connection_window_size(WINDOW)
+        .max_frame_size(MAX_FRAME)
+        .max_send_buffer_size(SEND_BUFFER)
+        .max_local_error_reset_streams(Some(LOCAL_ERROR_RESETS))
         .max_concurrent_streams(MAX_STREAMS)
         .max_pending_accept_reset_streams(PENDING_ACCEPT_RESETS)
-        .keep_alive_interval(PING_INTERVAL)
-        .keep_alive_timeout(PING_TIMEOUT)
         .max_header_list_size((svc.limits.max_header_size + 4096) as u32);
-    let conn = builder.serve_connection(
-        TokioIo::new(Rewind {
-            prefix,
-            pos: 0,
-            inner: io,
-            read,
-        }),
-        service,
-    );
-    tokio::pin!(conn);
-    // Close the connection gracefully once no stream has been open for `idle`.
-    let check = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
     // A client that negotiated h2 (ALPN) must send its preface like a request head.
     let preface_by = Instant::now() + svc.header_timeout;
+    let conn = match tokio::time::timeout_at(preface_by, builder.handshake(io)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            tracing::debug!(service = %svc.name, client = %info.peer, error = %e, "HTTP/2 handshake failed");
+            return;
+        }
+        Err(_) => {
+            if read.load(Ordering::Relaxed) < PREFACE.len() as u64 {
+                svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+    };
+    let state = State {
+        client: Client::new(info.clone()),
+        private: Arc::new(Mutex::new(Vec::new())),
+    };
+    run(svc, conn, &state, &read).await;
+}
+
+/// The connection's task: accepts streams, drives them, and watches the connection.
+async fn run<T>(
+    mut svc: Arc<HttpService>,
+    mut conn: Connection<T, Bytes>,
+    st: &State,
+    read: &AtomicU64,
+) where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let idle = svc.idle_timeout;
+    let mut streams: FuturesUnordered<StreamTask<'_>> = FuturesUnordered::new();
+    let mut keepalive = KeepAlive {
+        pings: conn.ping_pong(),
+        seen: read.load(Ordering::Relaxed),
+        quiet_since: Instant::now(),
+        sent: None,
+    };
+    // Close the connection gracefully once no stream has been open for `idle`.
+    let check = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let mut tick: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(check));
+    let mut retired: Pin<Box<dyn Future<Output = ()> + Send>> = retirement(&svc);
+    let (mut opened, mut cancelled) = (0u64, 0u64);
+    // When the last stream ended (clock::now_ms).
+    let mut last = clock::now_ms();
     let mut closing: Option<Instant> = None;
     loop {
-        tokio::select! {
-            r = conn.as_mut() => {
-                if let Err(e) = r {
-                    tracing::debug!(service = %svc.name, client = %info.peer, error = %e, "HTTP/2 connection ended");
+        let event = poll_fn(|cx| {
+            if let Poll::Ready(Some(end)) = streams.poll_next_unpin(cx) {
+                return Poll::Ready(Event::Ended(end));
+            }
+            match conn.poll_accept(cx) {
+                Poll::Ready(Some(r)) => return Poll::Ready(Event::Stream(r)),
+                Poll::Ready(None) => return Poll::Ready(Event::Closed(None)),
+                Poll::Pending => {}
+            }
+            if keepalive.poll_pong(cx).is_ready() {
+                return Poll::Ready(Event::Pong);
+            }
+            if closing.is_none() && retired.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Event::Retired);
+            }
+            if tick.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Event::Tick);
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::Stream(Ok((req, respond))) => {
+                opened += 1;
+                let handler = Box::pin(handle(st, svc.clone(), req));
+                streams.push(StreamTask::new(respond, handler));
+            }
+            Event::Stream(Err(e)) => return ended(&svc, st, Some(e)),
+            Event::Closed(e) => return ended(&svc, st, e),
+            Event::Ended(end) => {
+                last = clock::now_ms();
+                if end == StreamEnd::Cancelled {
+                    cancelled += 1;
+                    if cancelled > RESET_BUDGET && cancelled * 2 >= opened {
+                        svc.http_stats
+                            .h2_reset_floods
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(service = %svc.name, client = %st.client.info.peer,
+                            opened, reset = cancelled,
+                            "HTTP/2 client reset more streams than its budget; connection closed");
+                        return;
+                    }
                 }
-                return;
             }
-            _ = state.flood.notified() => {
-                svc.http_stats.h2_reset_floods.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(service = %svc.name, client = %info.peer,
-                    opened = state.opened.load(Ordering::Relaxed),
-                    reset = state.cancelled.load(Ordering::Relaxed),
-                    "HTTP/2 client reset more streams than its budget; connection closed");
-                return;
-            }
-            _ = tokio::time::sleep_until(preface_by), if closing.is_none()
-                && state.read.load(Ordering::Relaxed) < PREFACE.len() as u64 => {
-                svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
+            Event::Pong => keepalive.sent = None,
             // A reload moves the connection to the service in force; one that changed (or
             // left) sends GOAWAY: streams in flight finish, the client opens a new connection.
-            _ = svc.retired(), if closing.is_none() => {
+            Event::Retired => {
                 let changed = match svc.successor() {
                     Successor::Same(next) => {
                         svc = next;
@@ -258,51 +321,68 @@ where
                     }
                     Successor::Gone => true,
                 };
-                state.svc.store(svc.clone());
+                retired = retirement(&svc);
                 if changed {
-                    conn.as_mut().graceful_shutdown();
+                    conn.graceful_shutdown();
                     closing = Some(Instant::now());
                 }
             }
-            _ = tokio::time::sleep(check) => {
+            Event::Tick => {
+                let now = Instant::now();
+                tick.as_mut().reset(now + check);
+                if !keepalive.check(read.load(Ordering::Relaxed)) {
+                    tracing::debug!(service = %svc.name, client = %st.client.info.peer,
+                        "HTTP/2 keep-alive PING unanswered; connection dropped");
+                    return;
+                }
                 // A response body that made no progress for `idle` (a client holding its
-                // window at zero is never polled for more) gives its member connection back;
-                // the client is told to go away.
-                let sweep = state.watchdog.sweep(idle);
+                // window at zero is never sent more) gives its member connection back; the
+                // client is told to go away.
+                let sweep = crate::h2_streams::sweep(streams.iter_mut(), idle.as_millis() as u64);
                 if sweep.stalled > 0 {
-                    svc.http_stats.h2_stalled_streams.fetch_add(sweep.stalled as u64, Ordering::Relaxed);
-                    tracing::info!(service = %svc.name, client = %info.peer, streams = sweep.stalled,
+                    svc.http_stats
+                        .h2_stalled_streams
+                        .fetch_add(sweep.stalled as u64, Ordering::Relaxed);
+                    tracing::info!(service = %svc.name, client = %st.client.info.peer, streams = sweep.stalled,
                         "HTTP/2 response made no progress within idle_timeout; member connection released");
                     if closing.is_none() {
-                        conn.as_mut().graceful_shutdown();
-                        closing = Some(Instant::now());
+                        conn.graceful_shutdown();
+                        closing = Some(now);
                     }
                 }
-                // Bodies still flowing keep the connection busy: neither idle nor drained.
-                if sweep.live > 0 {
-                    state.last.fetch_max(sweep.newest, Ordering::Relaxed);
-                    continue;
-                }
-                if state.active.load(Ordering::Relaxed) > 0 {
+                if !streams.is_empty() {
                     continue;
                 }
                 match closing {
                     // GOAWAY sent and no stream left: a client that does not finish the close
                     // (it never acknowledges the PING) is not waited for.
-                    Some(since) => if since.elapsed() >= DRAIN_GRACE {
-                        svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
-                        return;
-                    },
+                    Some(since) => {
+                        if since.elapsed() >= DRAIN_GRACE {
+                            svc.http_stats.h2_stalled.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                    }
                     None => {
-                        let quiet = clock::now_ms().saturating_sub(state.last.load(Ordering::Relaxed));
-                        if quiet >= idle.as_millis() as u64 {
-                            conn.as_mut().graceful_shutdown();
-                            closing = Some(Instant::now());
+                        if clock::now_ms().saturating_sub(last) >= idle.as_millis() as u64 {
+                            conn.graceful_shutdown();
+                            closing = Some(now);
                         }
                     }
                 }
             }
         }
+    }
+}
+
+/// The service's retirement as a future the connection's loop can poll again and again.
+fn retirement(svc: &Arc<HttpService>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    let svc = svc.clone();
+    Box::pin(async move { svc.retired().await })
+}
+
+fn ended(svc: &HttpService, st: &State, e: Option<::h2::Error>) {
+    if let Some(e) = e {
+        tracing::debug!(service = %svc.name, client = %st.client.info.peer, error = %e, "HTTP/2 connection ended");
     }
 }
 
@@ -360,18 +440,6 @@ fn local_response(l: &Local, rule: Option<&CompiledRule>, method: Method) -> Res
     r
 }
 
-/// A `drop = true` rule on an HTTP/2 stream: the stream is reset, the connection goes on.
-#[derive(Debug)]
-struct Dropped;
-
-impl std::fmt::Display for Dropped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("dropped by rule")
-    }
-}
-
-impl std::error::Error for Dropped {}
-
 /// The most of a refused request body read (and dropped) before the refusal is sent, and for
 /// how long at most.
 const DISCARD_MAX: u64 = 64 << 10;
@@ -382,7 +450,7 @@ const DISCARD_TIME: Duration = Duration::from_secs(1);
 /// rather than a stream reset it may report instead of the answer (curl does, when the reset
 /// overtakes its upload). Larger bodies are refused at once, as HTTP/1 servers stop lingering
 /// past a bound.
-async fn discard_briefly<B: Body + Unpin>(mut body: B, length: u64) {
+async fn discard_briefly<B: Body + Unpin>(body: &mut B, length: u64) {
     if length > DISCARD_MAX {
         return;
     }
@@ -406,7 +474,7 @@ async fn whole_body(
     svc: &HttpService,
     stream: &mut fulcrum_wasm::Stream,
     head: &mut RequestHead,
-    body: ClientBody,
+    mut body: ClientBody,
     limit: usize,
 ) -> Result<ClientBody, Local> {
     if body.is_end_stream() {
@@ -414,7 +482,7 @@ async fn whole_body(
     }
     let limit = limit as u64;
     if let Some(n) = head.content_length.filter(|n| *n > limit) {
-        discard_briefly(body, n).await;
+        discard_briefly(&mut body, n).await;
         return Err(crate::wasm_filters::body_over_limit());
     }
     let max = svc.max_body_size.map_or(limit, |m| m.min(limit));
@@ -437,27 +505,24 @@ async fn whole_body(
 }
 
 async fn handle(
-    st: Arc<State>,
-    req: http::Request<Incoming>,
+    st: &State,
+    svc: Arc<HttpService>,
+    req: http::Request<RecvStream>,
 ) -> Result<Response<DownBody>, Dropped> {
-    let svc = st.svc.load_full();
-    st.active.fetch_add(1, Ordering::Relaxed);
-    let _active = Active(&st);
     svc.stats.requests_total.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let (parts, body) = req.into_parts();
-    let mut body = ClientBody::from(body);
-    let mut head = match checked_head(&svc, &parts, body).await {
-        Ok((h, b)) => {
-            body = b;
-            h
-        }
+    let (parts, recv) = req.into_parts();
+    let mut body = RecvBody::new(recv);
+    let mut head = match checked_head(&svc, &parts, &mut body).await {
+        Ok(h) => h,
         Err(refused) => return Ok(refused),
     };
+    body.announce(head.content_length);
+    let mut body = ClientBody::Streamed(body);
     // Filters see the request before the rules, and may answer it themselves.
     let filters = Mutex::new(None);
     let refused = match &svc.filters {
-        Some(chain) => request_filters(&st, &svc, chain, &mut head, &mut body, &filters).await,
+        Some(chain) => request_filters(st, &svc, chain, &mut head, &mut body, &filters).await,
         None => None,
     };
     let down = Downstream {
@@ -478,7 +543,7 @@ async fn handle(
                 bytes: 0,
                 member: None,
             };
-            log(&st, &svc, &head, nothing, started, None);
+            log(st, &svc, &head, nothing, started, None);
             return Err(Dropped);
         }
         Plan::Local(l, rule) => (rule, Err(l)),
@@ -490,7 +555,7 @@ async fn handle(
                 .as_deref()
                 .and_then(fulcrum_wasm::Stream::chosen_member);
             let answer = if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) {
-                through_cache(&st, &down, route, &head, body, &filters).await
+                through_cache(st, &down, route, &head, body, &filters).await
             } else {
                 to_member(&svc, &down, route, &head, body).await
             };
@@ -508,7 +573,6 @@ async fn handle(
             (local_response(&l, rule, head.method), l.status, None)
         }
     };
-    let response = response.map(|b| st.watchdog.watch(b));
     let bytes = response
         .headers()
         .get(http::header::CONTENT_LENGTH)
@@ -520,7 +584,7 @@ async fn handle(
         bytes,
         member,
     };
-    log(&st, &svc, &head, outcome, started, rule);
+    log(st, &svc, &head, outcome, started, rule);
     Ok(response)
 }
 
@@ -529,8 +593,8 @@ async fn handle(
 async fn checked_head(
     svc: &HttpService,
     parts: &http::request::Parts,
-    body: ClientBody,
-) -> Result<(RequestHead, ClientBody), Response<DownBody>> {
+    body: &mut RecvBody,
+) -> Result<RequestHead, Response<DownBody>> {
     let pq = parts
         .uri
         .path_and_query()
@@ -563,7 +627,7 @@ async fn checked_head(
         let l = Local::error(405, "CONNECT is not served here");
         return Err(local_response(&l, None, head.method));
     }
-    Ok((head, body))
+    Ok(head)
 }
 
 /// Runs the request callbacks of the service's filters (the head, and the body read whole

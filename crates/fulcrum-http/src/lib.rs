@@ -18,7 +18,7 @@
 //!   response plan: client framing, compression, persistence cookie, response fields),
 //!   `fields` (the forwarded heads: hop-by-hop fields, forwarding headers, rule edits);
 //! - the client adapters `h1` (HTTP/1.x on its own byte path: keep-alive, pipelining, bodies
-//!   moved between sockets) and `h2` (HTTP/2 via hyper), `conn` (TLS, then ALPN or the preface
+//!   moved between sockets) and `h2` (HTTP/2 on the `h2` crate, its streams driven by the connection's task: `h2_streams`), `conn` (TLS, then ALPN or the preface
 //!   picks one); `forward` (a response streamed as a body, for HTTP/2 clients and cache fills)
 //!   and `h2_upstream` (the HTTP/2 member session);
 //! - body filters written once for both client protocols: `cache` (RFC 9111 store and stored
@@ -52,8 +52,8 @@ mod forward;
 mod h1;
 mod h1_out;
 mod h2;
+mod h2_streams;
 mod h2_upstream;
-mod h2guard;
 pub mod head;
 pub mod local;
 mod plan;
