@@ -66,7 +66,7 @@ pub use ip::IpSection;
 pub use iptable::{IpTable, CONTINENTS, COUNTRIES};
 pub use link::{
     parse_rate, Bandwidth, GatewayHash, GatewayMember, GatewayService, L4Protocol, LinkMember,
-    LinkProbe, LinkTarget, Outbound, OutboundPersistence, OutboundRule, PoolKind,
+    LinkNat, LinkProbe, LinkTarget, Outbound, OutboundPersistence, OutboundRule, PoolKind, Snat6,
     GATEWAY_ALGORITHMS, LINK_ALGORITHMS, MAX_LINKS,
 };
 pub use member::{AdminState, Algorithm, Member, MAX_WEIGHT};

@@ -5,7 +5,7 @@
 //! They live apart from `schema.rs` so the server pools' tables stay readable; `schema.rs` only
 //! calls in here.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 
@@ -99,11 +99,16 @@ pub struct LinkMember {
     pub name: String,
     /// The interface flows leave through.
     pub interface: String,
-    /// The ISP's next hop on that interface.
+    /// The ISP's next hop on that interface (IPv4 or IPv6).
     pub gateway: IpAddr,
-    /// Source address of flows leaving through the link (default: the interface's own, i.e.
-    /// masquerade).
+    /// The IPv6 next hop of a dual-stack line whose `gateway` is IPv4 (`validate` refuses any
+    /// other address family here).
+    pub gateway6: Option<IpAddr>,
+    /// Source address of flows leaving through the link, of `gateway`'s family (default: the
+    /// interface's own, i.e. masquerade).
     pub snat: Option<IpAddr>,
+    /// IPv6 flows of a dual-stack line: an address to `snat` to, or no NAT at all.
+    pub snat6: Option<Snat6>,
     pub bandwidth: Option<Bandwidth>,
     /// The ip_table of destinations this link reaches best (proximity).
     pub isp: Option<String>,
@@ -145,7 +150,9 @@ impl FromNode for LinkMember {
             let weight = read_weight(node, t, cx);
             let resolver = t.node("resolver").and_then(|n| socket_or_ip(&n, cx, 53));
             Some(LinkMember {
+                gateway6: t.opt(cx, "gateway6"),
                 snat: t.opt(cx, "snat"),
+                snat6: t.opt(cx, "snat6"),
                 bandwidth: t.opt(cx, "bandwidth"),
                 isp: t.opt(cx, "isp"),
                 resolver,
@@ -158,6 +165,89 @@ impl FromNode for LinkMember {
                 gateway: gateway?,
             })
         })
+    }
+}
+
+/// `snat6` of a link: the source address of its IPv6 flows, or `"none"` (the LAN's prefix is
+/// routed, or translated by NPTv6 elsewhere: flows leave with their own source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Snat6 {
+    /// `snat6 = "2001:db8::10"` (`validate` refuses an IPv4 address here).
+    To(IpAddr),
+    /// `snat6 = "none"`.
+    Off,
+}
+
+impl FromNode for Snat6 {
+    fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
+        if let Shape::Str(s) = node.shape() {
+            if s == "none" {
+                return Some(Snat6::Off);
+            }
+            if let Ok(a) = s.parse::<IpAddr>() {
+                return Some(Snat6::To(a));
+            }
+        }
+        cx.error(
+            node,
+            "expected an IPv6 address such as \"2001:db8:1::10\", or \"none\" (no source NAT)",
+        );
+        None
+    }
+}
+
+/// How a link's flows of one family leave: source NAT to an address, masquerade (the
+/// interface's own address) or untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkNat<A> {
+    To(A),
+    Masquerade,
+    Off,
+}
+
+impl<A: Copy> LinkNat<A> {
+    /// The source address probes and DNS queries out of the link bind to, if fixed.
+    pub fn address(&self) -> Option<A> {
+        match self {
+            LinkNat::To(a) => Some(*a),
+            LinkNat::Masquerade | LinkNat::Off => None,
+        }
+    }
+}
+
+impl LinkMember {
+    /// The IPv4 next hop: `gateway` when it is IPv4.
+    pub fn gateway_v4(&self) -> Option<Ipv4Addr> {
+        match self.gateway {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    /// The IPv6 next hop: `gateway6`, or `gateway` when it is IPv6.
+    pub fn gateway_v6(&self) -> Option<Ipv6Addr> {
+        match (self.gateway6, self.gateway) {
+            (Some(IpAddr::V6(a)), _) | (None, IpAddr::V6(a)) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Source NAT of the link's IPv4 flows.
+    pub fn nat_v4(&self) -> LinkNat<Ipv4Addr> {
+        match self.snat {
+            Some(IpAddr::V4(a)) => LinkNat::To(a),
+            _ => LinkNat::Masquerade,
+        }
+    }
+
+    /// Source NAT of the link's IPv6 flows: `snat6`, else `snat` when it is IPv6, else
+    /// masquerade.
+    pub fn nat_v6(&self) -> LinkNat<Ipv6Addr> {
+        match (self.snat6, self.snat) {
+            (Some(Snat6::Off), _) => LinkNat::Off,
+            (Some(Snat6::To(IpAddr::V6(a))), _) | (None, Some(IpAddr::V6(a))) => LinkNat::To(a),
+            _ => LinkNat::Masquerade,
+        }
     }
 }
 
@@ -181,8 +271,10 @@ fn socket_or_ip(node: &Node<'_>, cx: &mut Cx<'_>, default_port: u16) -> Option<S
 /// A member of a `kind = "gateway"` pool: a firewall (or any router) as a next hop.
 #[derive(Debug, Clone)]
 pub struct GatewayMember {
-    /// The gateway's address on this side (the next hop flows are sent to).
+    /// The gateway's address on this side (the next hop flows are sent to), IPv4 or IPv6.
     pub address: IpAddr,
+    /// The IPv6 address of a dual-stack gateway whose `address` is IPv4.
+    pub address6: Option<IpAddr>,
     /// The gateway's identity in the flow hash (default: its position, "#1", "#2", …): both
     /// sides of a sandwich must give a gateway the same name to hash flows alike.
     pub name: Option<String>,
@@ -193,6 +285,24 @@ pub struct GatewayMember {
     pub state: AdminState,
 }
 
+impl GatewayMember {
+    /// The IPv4 next hop: `address` when it is IPv4.
+    pub fn address_v4(&self) -> Option<Ipv4Addr> {
+        match self.address {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    /// The IPv6 next hop: `address6`, or `address` when it is IPv6.
+    pub fn address_v6(&self) -> Option<Ipv6Addr> {
+        match (self.address6, self.address) {
+            (Some(IpAddr::V6(a)), _) | (None, IpAddr::V6(a)) => Some(a),
+            _ => None,
+        }
+    }
+}
+
 impl FromNode for GatewayMember {
     fn from_node(node: &Node<'_>, cx: &mut Cx<'_>) -> Option<Self> {
         read_table(node, cx, |t, cx| {
@@ -201,6 +311,7 @@ impl FromNode for GatewayMember {
             let interface = t.opt(cx, "interface");
             check_ifnames(t, cx, "interface");
             Some(GatewayMember {
+                address6: t.opt(cx, "address6"),
                 name: t.opt(cx, "name"),
                 interface,
                 monitors: t.opt(cx, "monitors").unwrap_or_default(),
@@ -261,6 +372,24 @@ impl LinkProbe {
     }
 }
 
+impl Outbound {
+    /// The proxy of IPv4 queries.
+    pub fn dns_proxy_v4(&self) -> Option<std::net::SocketAddrV4> {
+        match self.dns_proxy {
+            Some(SocketAddr::V4(a)) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The proxy of IPv6 queries: `dns_proxy6`, or `dns_proxy` when it is IPv6.
+    pub fn dns_proxy_v6(&self) -> Option<std::net::SocketAddrV6> {
+        match (self.dns_proxy6, self.dns_proxy) {
+            (Some(SocketAddr::V6(a)), _) | (None, Some(SocketAddr::V6(a))) => Some(a),
+            _ => None,
+        }
+    }
+}
+
 string_enum!(
     /// How an outbound flow's link is kept: per flow (default) or per client address.
     OutboundPersistence {
@@ -278,8 +407,10 @@ pub struct Outbound {
     /// A `kind = "link"` pool.
     pub pool: String,
     pub persistence: Option<OutboundPersistence>,
-    /// Where LAN DNS queries are intercepted (transparent DNS proxy).
+    /// Where LAN DNS queries are intercepted (transparent DNS proxy), IPv4 or IPv6.
     pub dns_proxy: Option<SocketAddr>,
+    /// The IPv6 proxy of a dual-stack LAN whose `dns_proxy` is IPv4.
+    pub dns_proxy6: Option<SocketAddr>,
     /// `[[outbound.rule]]`: links chosen by protocol and destination port, first match wins,
     /// ahead of the pool's algorithm.
     pub rules: Vec<OutboundRule>,
@@ -335,6 +466,7 @@ impl FromNode for Outbound {
             Some(Outbound {
                 persistence: t.opt(cx, "persistence"),
                 dns_proxy: t.opt(cx, "dns_proxy"),
+                dns_proxy6: t.opt(cx, "dns_proxy6"),
                 rules: t.opt(cx, "rule").unwrap_or_default(),
                 name: name?,
                 sources: sources?,
@@ -565,5 +697,89 @@ hash = "symmetric"
         );
         let e = errors(&GOOD.replace("monitors = [\"probe\"]", "monitors = [\"prob\"]"));
         assert!(e.contains("no monitor named \"prob\""), "{e}");
+    }
+
+    /// Dual-stack links: `gateway6`/`snat6` beside IPv4 ones, or IPv6 `gateway`/`snat` alone;
+    /// what cannot work is refused at its key.
+    #[test]
+    fn ipv6_links_read_and_what_cannot_work_is_refused() {
+        let dual = GOOD
+            .replace(
+                "snat = \"203.0.113.10\"",
+                "snat = \"203.0.113.10\"\ngateway6 = \"2001:db8:1::1\"\nsnat6 = \"2001:db8:1::10\"",
+            )
+            .replace(
+                "gateway = \"192.0.2.1\"",
+                "gateway = \"2001:db8:2::1\"\nsnat6 = \"none\"",
+            )
+            .replace(
+                "sources = [\"10.0.0.0/8\"]",
+                "sources = [\"10.0.0.0/8\", \"fd00:100::/64\"]\ndns_proxy = \"10.0.0.1:53\"\ndns_proxy6 = \"[fd00:100::1]:53\"",
+            );
+        let c = parse(&dual, "t.toml", Path::new(".")).unwrap();
+        let p = c.pool("uplinks").unwrap();
+        let (a, b) = (&p.links[0], &p.links[1]);
+        assert_eq!(a.gateway_v6().unwrap().to_string(), "2001:db8:1::1");
+        assert_eq!(
+            a.nat_v6(),
+            crate::LinkNat::To("2001:db8:1::10".parse().unwrap())
+        );
+        assert_eq!(b.gateway_v4(), None);
+        assert_eq!(b.nat_v6(), crate::LinkNat::Off);
+        assert_eq!(
+            c.outbound[0].dns_proxy_v6().unwrap().to_string(),
+            "[fd00:100::1]:53"
+        );
+
+        let e = errors(&dual.replace("gateway6 = \"2001:db8:1::1\"", "gateway6 = \"203.0.113.2\""));
+        assert!(
+            e.contains("pool[0].member[0].gateway6") && e.contains("expected an IPv6 address"),
+            "{e}"
+        );
+        let e = errors(&dual.replace("snat6 = \"2001:db8:1::10\"", "snat6 = \"203.0.113.11\""));
+        assert!(e.contains("pool[0].member[0].snat6"), "{e}");
+        // IPv6 sources with no link that has an IPv6 next hop.
+        let e = errors(&GOOD.replace(
+            "sources = [\"10.0.0.0/8\"]",
+            "sources = [\"10.0.0.0/8\", \"fd00:100::/64\"]",
+        ));
+        assert!(
+            e.contains("outbound[0].sources[1]")
+                && e.contains("IPv6 next hop")
+                && e.contains("gateway6"),
+            "{e}"
+        );
+        // snat6 on a line without an IPv6 next hop.
+        let e = errors(&GOOD.replace(
+            "snat = \"203.0.113.10\"",
+            "snat = \"203.0.113.10\"\nsnat6 = \"none\"",
+        ));
+        assert!(
+            e.contains("pool[0].member[0].snat6") && e.contains("gateway6"),
+            "{e}"
+        );
+        // An IPv4 address in dns_proxy6, and a proxy of a family `sources` lacks.
+        let e = errors(&dual.replace("[fd00:100::1]:53", "10.0.0.2:53"));
+        assert!(e.contains("outbound[0].dns_proxy6"), "{e}");
+        let e = errors(&GOOD.replace(
+            "sources = [\"10.0.0.0/8\"]",
+            "sources = [\"10.0.0.0/8\"]\ndns_proxy6 = \"[fd00:100::1]:53\"",
+        ));
+        assert!(
+            e.contains("outbound[0].dns_proxy6") && e.contains("no prefix"),
+            "{e}"
+        );
+        // An IPv6 monitor target on a line without an IPv6 next hop.
+        let e = errors(&GOOD.replace("\"198.51.100.3\"]", "\"2001:db8:9::1\"]"));
+        assert!(
+            e.contains("pool[0].member[0].monitors") && e.contains("2001:db8:9::1"),
+            "{e}"
+        );
+        // A gateway's address6 must be IPv6.
+        let e = errors(&GOOD.replace(
+            "address = \"198.18.10.2\"",
+            "address = \"198.18.10.2\"\naddress6 = \"198.18.10.9\"",
+        ));
+        assert!(e.contains("pool[1].member[0].address6"), "{e}");
     }
 }

@@ -6,7 +6,7 @@
 //! sent to TCP by a truncated answer, or one that always uses it): a TCP query is relayed over
 //! TCP to the chosen link's resolver, each on a connection of its own.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -199,12 +199,15 @@ fn link_socket(link: &LinkPlan, kind: socket2::Type) -> Option<socket2::Socket> 
     s.set_nonblocking(true).ok()?;
     s.bind_device(Some(link.interface.as_bytes())).ok()?;
     s.set_mark(link.mark).ok()?;
-    let source = SocketAddr::new(
-        link.snat
-            .map(std::net::IpAddr::V4)
-            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
-        0,
-    );
+    // The query leaves in the resolver's family, from the link's source of that family.
+    let source = match resolver {
+        SocketAddr::V4(_) => link.snat.map_or(Ipv4Addr::UNSPECIFIED.into(), IpAddr::V4),
+        SocketAddr::V6(_) => link
+            .nat6
+            .address()
+            .map_or(Ipv6Addr::UNSPECIFIED.into(), IpAddr::V6),
+    };
+    let source = SocketAddr::new(source, 0);
     s.bind(&source.into()).ok()?;
     Some(s)
 }

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ const EVENT_BUFFER: &str = "16777216";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Flow {
     mark: u32,
-    dst: Ipv4Addr,
+    dst: IpAddr,
 }
 
 #[derive(Default)]
@@ -74,9 +74,9 @@ impl FlowWatch {
     }
 
     /// Distinct destinations per link mark, up to `limit` per mark.
-    pub fn destinations(&mut self, limit: usize) -> HashMap<u32, Vec<Ipv4Addr>> {
+    pub fn destinations(&mut self, limit: usize) -> HashMap<u32, Vec<IpAddr>> {
         self.resync_if_due();
-        let mut out: HashMap<u32, Vec<Ipv4Addr>> = HashMap::new();
+        let mut out: HashMap<u32, Vec<IpAddr>> = HashMap::new();
         for f in self.table.lock().flows.values() {
             let v = out.entry(f.mark).or_default();
             if v.len() < limit && !v.contains(&f.dst) {
@@ -132,8 +132,7 @@ fn spawn_events(table: &Arc<Mutex<Table>>) -> Option<Child> {
         "-E",
         "-e",
         "NEW,DESTROY",
-        "-f",
-        "ipv4",
+        // No `-f`: IPv4 and IPv6 flows, whose marks are the same links'.
         "-o",
         "id",
         "-b",
@@ -210,7 +209,7 @@ fn parse_event(line: &str) -> Option<Event> {
         let (id, flow) = parse_flow(rest)?;
         Some(Event::New(id, flow))
     } else if let Some(rest) = line.strip_prefix("[DESTROY]") {
-        Some(Event::Destroy(field(rest, "id=")?))
+        Some(Event::Destroy(last_field(rest, "id=")?))
     } else {
         None
     }
@@ -224,7 +223,16 @@ fn parse_flow(line: &str) -> Option<(u32, Flow)> {
     }
     // The first `dst=` is the original direction's.
     let dst = field(line, "dst=")?;
-    Some((field(line, "id=")?, Flow { mark, dst }))
+    Some((last_field(line, "id=")?, Flow { mark, dst }))
+}
+
+/// The last `key` of the line: `-o id` writes the flow's id at the end, after an ICMP flow's
+/// own `id=` fields.
+fn last_field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
+    line.split_whitespace()
+        .filter_map(|w| w.strip_prefix(key))
+        .next_back()
+        .and_then(|v| v.parse().ok())
 }
 
 fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
@@ -236,7 +244,7 @@ fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
 /// The link flows of the whole table (`conntrack -L`); `None` when it cannot be read.
 fn dump() -> Option<HashMap<u32, Flow>> {
     let o = Command::new("conntrack")
-        .args(["-L", "-f", "ipv4", "-o", "id"])
+        .args(["-L", "-o", "id"])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
@@ -261,7 +269,7 @@ mod tests {
         let new = "    [NEW] tcp      6 120 SYN_SENT src=198.18.100.2 dst=198.19.0.10 sport=46300 dport=80 [UNREPLIED] src=198.19.0.10 dst=198.18.1.2 sport=80 dport=46300 mark=1179385857 id=3024345794";
         let flow = Flow {
             mark: 0x464c_0001,
-            dst: Ipv4Addr::new(198, 19, 0, 10),
+            dst: IpAddr::from([198, 19, 0, 10]),
         };
         assert_eq!(parse_event(new), Some(Event::New(3024345794, flow)));
         let destroy = "[DESTROY] tcp      6 120 CLOSE src=198.18.100.2 dst=198.19.0.10 sport=46300 dport=80 mark=1179385857 id=3024345794 [USERSPACE] portid=3482697319";
@@ -282,5 +290,17 @@ mod tests {
             None
         );
         assert_eq!(parse_event("[NEW] tcp 6 mark=1179385857 id=x"), None);
+        // IPv6 flows, and ICMP ones whose own `id=` comes before the flow's.
+        let v6 = "icmpv6   58 29 src=fd00:100::2 dst=2001:db8:9::10 type=128 code=0 id=16413 src=2001:db8:9::10 dst=2001:db8:1::2 type=129 code=0 id=16413 mark=1179385857 use=1 id=292628074";
+        assert_eq!(
+            parse_flow(v6),
+            Some((
+                292628074,
+                Flow {
+                    mark: 0x464c_0001,
+                    dst: "2001:db8:9::10".parse().unwrap(),
+                }
+            ))
+        );
     }
 }

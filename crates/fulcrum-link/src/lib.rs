@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-pub use plan::{build as build_plan, mark_of, Plan, MARK_BASE, RULE_PREF_BASE, TABLE};
+pub use plan::{build as build_plan, mark_of, GroupSlots, Plan, MARK_BASE, RULE_PREF_BASE, TABLE};
 
 /// How often link rates are sampled and shares recomputed.
 const TICK: Duration = Duration::from_secs(1);
@@ -308,8 +308,16 @@ impl Links {
                     (group_key): o.plan.name,
                     "pool": o.plan.pool,
                     "interface": l.interface,
-                    "gateway": l.gateway.to_string(),
+                    "gateway": l.gateway.map(|a| a.to_string()),
                     "snat": l.snat.map(|a| a.to_string()),
+                    "gateway6": l.gateway6.map(|a| a.to_string()),
+                    "snat6": l.nat6.address().filter(|_| l.gateway6.is_some()).map(|a| a.to_string()),
+                    "nat6": match (l.gateway6, l.nat6) {
+                        (None, _) => Value::Null,
+                        (Some(_), fulcrum_config::LinkNat::To(_)) => json!("snat"),
+                        (Some(_), fulcrum_config::LinkNat::Masquerade) => json!("masquerade"),
+                        (Some(_), fulcrum_config::LinkNat::Off) => json!("none"),
+                    },
                     "mark": format!("{:#x}", l.mark),
                     "state": m.effective_state().as_str(),
                     "health": if m.health.is_up() { "up" } else { "down" },
@@ -331,13 +339,13 @@ impl Links {
         }
         let dns_proxies: Vec<Value> = outbounds
             .iter()
-            .filter_map(|o| {
-                o.plan.dns_proxy.map(|a| {
-                    json!({
-                        "outbound": o.plan.name,
-                        "address": a.to_string(),
-                        "refused": o.dns_refused.load(Ordering::Relaxed),
-                    })
+            .filter(|o| o.plan.dns_proxy.is_some() || o.plan.dns_proxy6.is_some())
+            .map(|o| {
+                json!({
+                    "outbound": o.plan.name,
+                    "address": o.plan.dns_proxy.map(|a| a.to_string()),
+                    "address6": o.plan.dns_proxy6.map(|a| a.to_string()),
+                    "refused": o.dns_refused.load(Ordering::Relaxed),
                 })
             })
             .collect();
@@ -359,6 +367,10 @@ fn learn_destinations(outbounds: &[Arc<OutboundState>], flows: &mut flows::FlowW
                 if rtt.len() >= RTT_PREFIXES {
                     return;
                 }
+                // IPv6 destinations follow the weights and the isp tables (documented).
+                let IpAddr::V4(dst) = dst else {
+                    continue;
+                };
                 let Ok(p) = Ipv4Net::new(*dst, 24) else {
                     continue;
                 };
@@ -461,8 +473,15 @@ async fn probe_loop(
     first_target: usize,
     wake: Arc<tokio::sync::Notify>,
 ) {
-    let Some(via) = fulcrum_health::Via::new(&link.interface, link.snat.map(IpAddr::V4), link.mark)
-    else {
+    // One way out per family: the same interface and mark, the source of the target's family.
+    let (Some(via4), Some(via6)) = (
+        fulcrum_health::Via::new(&link.interface, link.snat.map(IpAddr::V4), link.mark),
+        fulcrum_health::Via::new(
+            &link.interface,
+            link.nat6.address().map(IpAddr::V6),
+            link.mark,
+        ),
+    ) else {
         return;
     };
     let targets: Vec<SocketAddr> = monitor
@@ -475,9 +494,10 @@ async fn probe_loop(
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let runs = targets
-            .iter()
-            .map(|t| fulcrum_health::probe_through(&monitor, *t, via));
+        let runs = targets.iter().map(|t| {
+            let via = if t.is_ipv6() { via6 } else { via4 };
+            fulcrum_health::probe_through(&monitor, *t, via)
+        });
         let results = futures_util::future::join_all(runs).await;
         let answered = results.iter().filter(|r| r.ok).count();
         {
@@ -513,7 +533,7 @@ async fn probe_loop(
 struct Running {
     plan: Plan,
     outbounds: Vec<Arc<OutboundState>>,
-    slots: Vec<Vec<u32>>,
+    slots: Vec<GroupSlots>,
     up: Vec<Vec<bool>>,
     nearest: Vec<plan::Nearest>,
     probes: Vec<tokio::task::JoinHandle<()>>,
@@ -528,7 +548,38 @@ impl Drop for Running {
 }
 
 /// Shares and slot tables of every outbound from health, weights and measured rates.
-type Computed = (Vec<Vec<u32>>, Vec<Vec<bool>>, Vec<plan::Nearest>);
+type Computed = (Vec<GroupSlots>, Vec<Vec<bool>>, Vec<plan::Nearest>);
+
+/// `kernel_slots` over the members `keep` names (those with a next hop of one family); slots
+/// and shares indexed by the group's members.
+fn family_slots(
+    o: &OutboundState,
+    loads: &[LinkLoad],
+    names: &[String],
+    keep: &[bool],
+) -> (plan::Slots, Vec<u32>) {
+    let members = o.pool.members();
+    if keep.iter().all(|k| *k) {
+        return kernel_slots(o.plan.algorithm, members, loads, o.plan.busy, names);
+    }
+    let index: Vec<usize> = (0..members.len())
+        .filter(|&i| keep.get(i).copied().unwrap_or(false))
+        .collect();
+    let pick = |i: &usize| members[*i].clone();
+    let sub: Vec<_> = index.iter().map(pick).collect();
+    let sub_loads: Vec<LinkLoad> = index.iter().map(|&i| loads[i]).collect();
+    let sub_names: Vec<String> = index.iter().map(|&i| names[i].clone()).collect();
+    let (slots, shares) = kernel_slots(o.plan.algorithm, &sub, &sub_loads, o.plan.busy, &sub_names);
+    let slots = slots
+        .into_iter()
+        .map(|s| index[s as usize] as u32)
+        .collect();
+    let mut all = vec![0; members.len()];
+    for (j, &i) in index.iter().enumerate() {
+        all[i] = shares.get(j).copied().unwrap_or(0);
+    }
+    (slots, all)
+}
 
 fn compute(outbounds: &[Arc<OutboundState>]) -> Computed {
     let mut all_slots = Vec::new();
@@ -554,7 +605,22 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> Computed {
             .collect();
         let members = o.pool.members();
         let names: Vec<String> = o.plan.links.iter().map(|l| l.name.clone()).collect();
-        let (slots, shares) = kernel_slots(o.plan.algorithm, members, &loads, o.plan.busy, &names);
+        // One scheduler and one health state for both families; a member without a next hop
+        // of a family only leaves that family's table.
+        let four = o.plan.family_members(false);
+        let six = o.plan.family_members(true);
+        let (slots, mut shares) = family_slots(o, &loads, &names, &four);
+        let slots6 = if o.plan.carries_v6() && six != four {
+            let (v6, shares6) = family_slots(o, &loads, &names, &six);
+            for (k, s) in shares.iter_mut().enumerate() {
+                if !four[k] {
+                    *s = shares6[k];
+                }
+            }
+            Some(v6)
+        } else {
+            None
+        };
         for (k, st) in o.stats.iter().enumerate() {
             st.share.store(u64::from(shares[k]), Ordering::Relaxed);
         }
@@ -590,17 +656,25 @@ fn compute(outbounds: &[Arc<OutboundState>]) -> Computed {
             .collect();
         nearest.sort();
         all_nearest.push(nearest);
-        all_slots.push(slots);
+        all_slots.push(GroupSlots {
+            v4: slots,
+            v6: slots6,
+        });
     }
     (all_slots, all_up, all_nearest)
 }
 
 /// Each link's count of slots, stored once the kernel's maps hold them, so that the API never
 /// reports a spread the kernel does not apply yet.
-fn publish_slots(outbounds: &[Arc<OutboundState>], all_slots: &[Vec<u32>]) {
+fn publish_slots(outbounds: &[Arc<OutboundState>], all_slots: &[GroupSlots]) {
     for (o, slots) in outbounds.iter().zip(all_slots) {
-        for (k, st) in o.stats.iter().enumerate() {
-            let n = slots.iter().filter(|&&s| s as usize == k).count();
+        for (k, (st, l)) in o.stats.iter().zip(&o.plan.links).enumerate() {
+            // A member without an IPv4 next hop owns slots of the IPv6 table only.
+            let table = match &slots.v6 {
+                Some(v6) if l.gateway.is_none() => v6,
+                _ => &slots.v4,
+            };
+            let n = table.iter().filter(|&&s| s as usize == k).count();
             st.slots.store(n as u64, Ordering::Relaxed);
         }
     }
@@ -715,7 +789,9 @@ fn refresh(
             }
         }
         let counters = nft::counters(TABLE);
-        for o in run.outbounds.iter().filter(|o| o.plan.dns_proxy.is_some()) {
+        let proxied =
+            |o: &&Arc<OutboundState>| o.plan.dns_proxy.is_some() || o.plan.dns_proxy6.is_some();
+        for o in run.outbounds.iter().filter(proxied) {
             let name = plan::dns_refused_counter(o.plan.index);
             if let Some((_, n)) = counters.iter().find(|(c, _)| *c == name) {
                 o.dns_refused.store(*n, Ordering::Relaxed);
@@ -847,8 +923,9 @@ async fn apply(
     // Sockets first: a refused bind changes nothing in the kernel.
     let mut proxies = Vec::new();
     for o in &outbounds {
-        if let Some(addr) = o.plan.dns_proxy {
-            let s = dns_proxy::bind(addr.into()).map_err(|e| vec![e])?;
+        let v6 = o.plan.dns_proxy6.map(SocketAddr::V6);
+        for addr in o.plan.dns_proxy.map(SocketAddr::V4).into_iter().chain(v6) {
+            let s = dns_proxy::bind(addr).map_err(|e| vec![e])?;
             proxies.push((s, o.plan.links.clone(), o.pool.clone()));
         }
     }

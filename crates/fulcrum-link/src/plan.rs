@@ -2,13 +2,13 @@
 //! (no I/O): marks, routing tables and rule priorities per link, and the nftables text.
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
 use fulcrum_config::{
-    Algorithm, Config, GatewayMember, GatewayService, L4Protocol, LinkMember, Monitor, Outbound,
-    OutboundPersistence, OutboundRule, Pool, PoolKind, MAX_LINKS,
+    Algorithm, Config, GatewayMember, GatewayService, L4Protocol, LinkMember, LinkNat, Monitor,
+    Outbound, OutboundPersistence, OutboundRule, Pool, PoolKind, MAX_LINKS,
 };
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// The nftables table Fulcrum owns; everything in it is Fulcrum's and is replaced whole.
 pub const TABLE: &str = "fulcrum_link";
@@ -28,8 +28,13 @@ pub const MAX_GATEWAY_SERVICES: usize = 64;
 pub struct LinkPlan {
     pub name: String,
     pub interface: String,
-    pub gateway: Ipv4Addr,
+    /// The IPv4 next hop (none: the link carries IPv6 flows only).
+    pub gateway: Option<Ipv4Addr>,
+    /// The IPv6 next hop (none: the link carries IPv4 flows only).
+    pub gateway6: Option<Ipv6Addr>,
     pub snat: Option<Ipv4Addr>,
+    /// How the link's IPv6 flows leave: `snat ip6 to`, masquerade or untouched.
+    pub nat6: LinkNat<Ipv6Addr>,
     /// Connection mark, firewall mark and routing table id.
     pub mark: u32,
     pub rule_pref: u32,
@@ -39,6 +44,9 @@ pub struct LinkPlan {
     /// The same table's `asns` and `countries` (without `geoip`) as prefixes of the address
     /// table Fulcrum ships: placed after every link's explicit prefixes, as in DNS.
     pub isp_shipped: Vec<Ipv4Net>,
+    /// The IPv6 prefixes of the same table (`cidrs` and `file`, then the shipped table's).
+    pub isp_prefixes6: Vec<Ipv6Net>,
+    pub isp_shipped6: Vec<Ipv6Net>,
     pub monitors: Vec<Monitor>,
     pub config: LinkMember,
 }
@@ -49,12 +57,14 @@ pub struct OutboundPlan {
     pub name: String,
     pub index: usize,
     pub sources: Vec<Ipv4Net>,
+    pub sources6: Vec<Ipv6Net>,
     pub pool: String,
     pub algorithm: Algorithm,
     pub busy: Option<f64>,
     pub by_source: bool,
     /// Where LAN DNS queries are redirected to (the transparent DNS proxy).
-    pub dns_proxy: Option<std::net::SocketAddrV4>,
+    pub dns_proxy: Option<SocketAddrV4>,
+    pub dns_proxy6: Option<SocketAddrV6>,
     pub links: Vec<LinkPlan>,
     /// Set for a `[[gateway_service]]` (its members are gateways, in `links`).
     pub gateway: Option<GatewaySide>,
@@ -88,6 +98,36 @@ impl OutboundPlan {
                 .links
                 .iter()
                 .any(|l| !l.isp_prefixes.is_empty() || !l.isp_shipped.is_empty())
+    }
+
+    /// Whether IPv6 destinations have a proximity map (`rtt` measures IPv4 prefixes only).
+    pub fn proximity6(&self) -> bool {
+        self.links
+            .iter()
+            .any(|l| !l.isp_prefixes6.is_empty() || !l.isp_shipped6.is_empty())
+    }
+
+    /// Whether the group places IPv6 flows: IPv6 sources (outbounds), or gateways with an IPv6
+    /// address (gateway services, whose flows are told by interface).
+    pub fn carries_v6(&self) -> bool {
+        match self.gateway {
+            None => !self.sources6.is_empty(),
+            Some(_) => self.links.iter().any(|l| l.gateway6.is_some()),
+        }
+    }
+
+    /// Which members can carry flows of a family (`v6`): those with a next hop of it.
+    pub fn family_members(&self, v6: bool) -> Vec<bool> {
+        self.links
+            .iter()
+            .map(|l| {
+                if v6 {
+                    l.gateway6.is_some()
+                } else {
+                    l.gateway.is_some()
+                }
+            })
+            .collect()
     }
 
     /// What the members are called in the API and the flow hash.
@@ -181,8 +221,16 @@ fn outbound_plan(
             .sources
             .iter()
             .filter_map(|s| match s {
-                ipnet::IpNet::V4(n) => Some(*n),
-                ipnet::IpNet::V6(_) => None,
+                IpNet::V4(n) => Some(*n),
+                IpNet::V6(_) => None,
+            })
+            .collect(),
+        sources6: ob
+            .sources
+            .iter()
+            .filter_map(|s| match s {
+                IpNet::V6(n) => Some(*n),
+                IpNet::V4(_) => None,
             })
             .collect(),
         pool: pool.name.clone(),
@@ -192,17 +240,8 @@ fn outbound_plan(
             ob.persistence,
             Some(OutboundPersistence::BySource | OutboundPersistence::SourceIp)
         ),
-        dns_proxy: match ob.dns_proxy {
-            Some(std::net::SocketAddr::V4(a)) => Some(a),
-            Some(std::net::SocketAddr::V6(a)) => {
-                errors.push(format!(
-                    "outbound {:?}: dns_proxy {a} must be IPv4",
-                    ob.name
-                ));
-                None
-            }
-            None => None,
-        },
+        dns_proxy: ob.dns_proxy_v4(),
+        dns_proxy6: ob.dns_proxy_v6(),
         rules: ob
             .rules
             .iter()
@@ -213,7 +252,7 @@ fn outbound_plan(
     })
 }
 
-/// Link `i` of outbound `o`'s pool; `None` when an address of it is not IPv4.
+/// Link `i` of outbound `o`'s pool; `None` without a next hop.
 fn link_plan(
     cfg: &Config,
     pool: &Pool,
@@ -222,19 +261,12 @@ fn link_plan(
     l: &LinkMember,
     errors: &mut Vec<String>,
 ) -> Option<LinkPlan> {
-    let (IpAddr::V4(gateway), snat) = (l.gateway, l.snat) else {
-        errors.push(format!("link {:?}: the gateway must be IPv4", l.name));
+    let (gateway, gateway6) = (l.gateway_v4(), l.gateway_v6());
+    if gateway.is_none() && gateway6.is_none() {
+        errors.push(format!("link {:?}: no next hop", l.name));
         return None;
-    };
-    let snat = match snat {
-        Some(IpAddr::V4(a)) => Some(a),
-        None => None,
-        Some(IpAddr::V6(_)) => {
-            errors.push(format!("link {:?}: snat must be IPv4", l.name));
-            return None;
-        }
-    };
-    let (isp_prefixes, isp_shipped) = match &l.isp {
+    }
+    let (isp, shipped) = match &l.isp {
         Some(t) if pool.algorithm == Algorithm::Proximity => {
             match isp_prefixes(cfg, t).and_then(|p| Ok((p, isp_shipped(cfg, t)?))) {
                 Ok(p) => p,
@@ -246,6 +278,10 @@ fn link_plan(
         }
         _ => Default::default(),
     };
+    // A destination of a family the link has no next hop for cannot leave by it.
+    let (isp_prefixes, isp_prefixes6) = split_families(isp, gateway.is_some(), gateway6.is_some());
+    let (isp_shipped, isp_shipped6) =
+        split_families(shipped, gateway.is_some(), gateway6.is_some());
     let monitors = l
         .monitors
         .iter()
@@ -255,11 +291,15 @@ fn link_plan(
         name: l.name.clone(),
         interface: l.interface.clone(),
         gateway,
-        snat,
+        gateway6,
+        snat: l.nat_v4().address(),
+        nat6: l.nat_v6(),
         mark: mark_of(o, i),
         rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
         isp_prefixes,
         isp_shipped,
+        isp_prefixes6,
+        isp_shipped6,
         monitors,
         config: l.clone(),
     })
@@ -322,11 +362,13 @@ fn gateway_service_plan(
         name: gs.name.clone(),
         index: o,
         sources: Vec::new(),
+        sources6: Vec::new(),
         pool: pool.name.clone(),
         algorithm: pool.algorithm,
         busy: None,
         by_source: false,
         dns_proxy: None,
+        dns_proxy6: None,
         links,
         rules: Vec::new(),
         gateway: Some(GatewaySide {
@@ -336,7 +378,7 @@ fn gateway_service_plan(
     })
 }
 
-/// Gateway `i` of group `o`, as a link; `None` without an IPv4 address and an interface.
+/// Gateway `i` of group `o`, as a link; `None` without an interface.
 fn gateway_plan(
     cfg: &Config,
     o: usize,
@@ -344,20 +386,20 @@ fn gateway_plan(
     g: &GatewayMember,
     errors: &mut Vec<String>,
 ) -> Option<LinkPlan> {
-    let (IpAddr::V4(gateway), Some(interface)) = (g.address, g.interface.clone()) else {
-        errors.push(format!(
-            "gateway {}: an IPv4 address and an interface are needed",
-            g.address
-        ));
+    let Some(interface) = g.interface.clone() else {
+        errors.push(format!("gateway {}: an interface is needed", g.address));
         return None;
     };
+    let (gateway, gateway6) = (g.address_v4(), g.address_v6());
     let name = g.name.clone().unwrap_or_else(|| format!("#{}", i + 1));
     Some(LinkPlan {
         config: LinkMember {
             name: name.clone(),
             interface: interface.clone(),
             gateway: g.address,
+            gateway6: g.address6,
             snat: None,
+            snat6: None,
             bandwidth: None,
             isp: None,
             resolver: None,
@@ -369,11 +411,15 @@ fn gateway_plan(
         name,
         interface,
         gateway,
+        gateway6,
         snat: None,
+        nat6: LinkNat::Off,
         mark: mark_of(o, i),
         rule_pref: RULE_PREF_BASE + (o * MAX_LINKS + i) as u32,
         isp_prefixes: Vec::new(),
         isp_shipped: Vec::new(),
+        isp_prefixes6: Vec::new(),
+        isp_shipped6: Vec::new(),
         monitors: g
             .monitors
             .iter()
@@ -382,20 +428,13 @@ fn gateway_plan(
     })
 }
 
-/// The IPv4 prefixes of ip_table `name`: its `cidrs`, and the lines of its `file` (one prefix
-/// a line, `#` comments).
-fn isp_prefixes(cfg: &Config, name: &str) -> Result<Vec<Ipv4Net>, String> {
+/// The prefixes of ip_table `name`: its `cidrs`, and the lines of its `file` (one prefix a
+/// line, `#` comments).
+fn isp_prefixes(cfg: &Config, name: &str) -> Result<Vec<IpNet>, String> {
     let Some(t) = cfg.ip_tables.iter().find(|t| t.name == name) else {
         return Err(format!("no ip_table {name:?}"));
     };
-    let mut out: Vec<Ipv4Net> = t
-        .cidrs
-        .iter()
-        .filter_map(|c| match c {
-            ipnet::IpNet::V4(n) => Some(n.trunc()),
-            ipnet::IpNet::V6(_) => None,
-        })
-        .collect();
+    let mut out: Vec<IpNet> = t.cidrs.iter().map(|c| c.trunc()).collect();
     if let Some(path) = &t.file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("ip_table {name:?}: cannot read {}: {e}", path.display()))?;
@@ -405,19 +444,32 @@ fn isp_prefixes(cfg: &Config, name: &str) -> Result<Vec<Ipv4Net>, String> {
                 continue;
             }
             match fulcrum_config::parse_prefix(line) {
-                Ok(ipnet::IpNet::V4(n)) => out.push(n),
-                Ok(ipnet::IpNet::V6(_)) => {}
+                Ok(n) => out.push(n),
                 Err(e) => return Err(format!("ip_table {name:?}: {line:?}: {e}")),
             }
         }
     }
-    // nftables refuses overlapping intervals in a set: merge them first.
-    Ok(Ipv4Net::aggregate(&out))
+    Ok(out)
 }
 
-/// The IPv4 prefixes the address table Fulcrum ships gives ip_table `name`'s `asns`, and its
+/// Splits prefixes by family, each merged (nftables refuses overlapping intervals in a set); a
+/// family the link has no next hop for (`v4`, `v6` false) is left out.
+fn split_families(nets: Vec<IpNet>, v4: bool, v6: bool) -> (Vec<Ipv4Net>, Vec<Ipv6Net>) {
+    let mut four = Vec::new();
+    let mut six = Vec::new();
+    for n in nets {
+        match n {
+            IpNet::V4(n) if v4 => four.push(n),
+            IpNet::V6(n) if v6 => six.push(n),
+            _ => {}
+        }
+    }
+    (Ipv4Net::aggregate(&four), Ipv6Net::aggregate(&six))
+}
+
+/// The prefixes the address table Fulcrum ships gives ip_table `name`'s `asns`, and its
 /// `countries` when it has no `geoip` (a GeoIP database cannot be listed as prefixes).
-fn isp_shipped(cfg: &Config, name: &str) -> Result<Vec<Ipv4Net>, String> {
+fn isp_shipped(cfg: &Config, name: &str) -> Result<Vec<IpNet>, String> {
     let Some(t) = cfg.ip_tables.iter().find(|t| t.name == name) else {
         return Err(format!("no ip_table {name:?}"));
     };
@@ -427,20 +479,29 @@ fn isp_shipped(cfg: &Config, name: &str) -> Result<Vec<Ipv4Net>, String> {
     }
     let data = fulcrum_ipdata::shipped()
         .map_err(|e| format!("ip_table {name:?}: the address table Fulcrum ships: {e}"))?;
-    let v4 = |nets: Vec<ipnet::IpNet>| {
-        nets.into_iter().filter_map(|n| match n {
-            ipnet::IpNet::V4(n) => Some(n),
-            ipnet::IpNet::V6(_) => None,
-        })
-    };
-    let mut out: Vec<Ipv4Net> = v4(data.asn_prefixes(&t.asns)).collect();
-    out.extend(v4(data.country_prefixes(countries)));
-    Ok(Ipv4Net::aggregate(&out))
+    let mut out = data.asn_prefixes(&t.asns);
+    out.extend(data.country_prefixes(countries));
+    Ok(out)
 }
 
 /// The slot table of an outbound: for each slot, the index of its link (`None` = no link has a
 /// share; new flows then follow the main routing table).
 pub type Slots = Vec<u32>;
+
+/// A group's slot tables, from the one scheduler: `v4` for every flow when each member carries
+/// both families (or the group places one family only); else `v4` over the members with an
+/// IPv4 next hop and `v6` over those with an IPv6 one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupSlots {
+    pub v4: Slots,
+    pub v6: Option<Slots>,
+}
+
+impl From<Slots> for GroupSlots {
+    fn from(v4: Slots) -> Self {
+        GroupSlots { v4, v6: None }
+    }
+}
 
 fn elements<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
     let mut s = String::new();
@@ -519,6 +580,17 @@ fn policy_elements(o: &OutboundPlan, up: &[bool]) -> String {
 /// `isp` tables.
 pub type Nearest = Vec<(Ipv4Net, usize)>;
 
+fn range4(p: &Ipv4Net) -> (u128, u128) {
+    (
+        u128::from(u32::from(p.network())),
+        u128::from(u32::from(p.broadcast())),
+    )
+}
+
+fn range6(p: &Ipv6Net) -> (u128, u128) {
+    (u128::from(p.network()), u128::from(p.broadcast()))
+}
+
 fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)]) -> String {
     // A destination in two links' tables goes to the first that is up: measured prefixes,
     // then every link's explicit prefixes, then the shipped table's (thousands for a country).
@@ -527,7 +599,7 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)
     let is_up = |i: usize| up.get(i).copied().unwrap_or(false);
     for (p, i) in nearest {
         if let (Some(l), true) = (o.links.get(*i), is_up(*i)) {
-            if seen.insert(p) {
+            if seen.insert(range4(p)) {
                 parts.push(format!("{p} : {:#x}", l.mark));
             }
         }
@@ -535,7 +607,7 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)
     let links = || o.links.iter().enumerate().filter(|(i, _)| is_up(*i));
     for (_, l) in links() {
         for p in &l.isp_prefixes {
-            if seen.insert(p) {
+            if seen.insert(range4(p)) {
                 parts.push(format!("{p} : {:#x}", l.mark));
             }
         }
@@ -544,23 +616,54 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)
     // wins in DNS, an operator's /24 inside an AS's /12 takes the /24 only.
     for (_, l) in links() {
         for p in &l.isp_shipped {
-            for free in seen.insert_free(p) {
-                parts.push(format!("{free} : {:#x}", l.mark));
+            for (start, end) in seen.insert_free(range4(p)) {
+                // Both ends lie inside `p`, an IPv4 prefix.
+                let (a, b) = (Ipv4Addr::from(start as u32), Ipv4Addr::from(end as u32));
+                for free in ipnet::Ipv4Subnets::new(a, b, 0) {
+                    parts.push(format!("{free} : {:#x}", l.mark));
+                }
             }
         }
     }
     parts.join(", ")
 }
 
-/// Disjoint address intervals (start → end), for refusing a prefix that overlaps one already
-/// taken in O(log n): nftables refuses overlapping intervals in one map.
+/// The IPv6 proximity map: every link's explicit IPv6 prefixes, then the shipped table's, as for
+/// IPv4 (`rtt` measures IPv4 prefixes only).
+fn proximity6_elements(o: &OutboundPlan, up: &[bool]) -> String {
+    let mut seen = Disjoint::default();
+    let mut parts = Vec::new();
+    let is_up = |i: usize| up.get(i).copied().unwrap_or(false);
+    let links = || o.links.iter().enumerate().filter(|(i, _)| is_up(*i));
+    for (_, l) in links() {
+        for p in &l.isp_prefixes6 {
+            if seen.insert(range6(p)) {
+                parts.push(format!("{p} : {:#x}", l.mark));
+            }
+        }
+    }
+    for (_, l) in links() {
+        for p in &l.isp_shipped6 {
+            for (start, end) in seen.insert_free(range6(p)) {
+                let (a, b) = (Ipv6Addr::from(start), Ipv6Addr::from(end));
+                for free in ipnet::Ipv6Subnets::new(a, b, 0) {
+                    parts.push(format!("{free} : {:#x}", l.mark));
+                }
+            }
+        }
+    }
+    parts.join(", ")
+}
+
+/// Disjoint address intervals (start → end, IPv4 or IPv6 addresses as integers), for refusing
+/// a prefix that overlaps one already taken in O(log n): nftables refuses overlapping intervals
+/// in one map.
 #[derive(Default)]
-struct Disjoint(std::collections::BTreeMap<u32, u32>);
+struct Disjoint(std::collections::BTreeMap<u128, u128>);
 
 impl Disjoint {
-    /// Takes `p` unless it overlaps a prefix taken before; says whether it did.
-    fn insert(&mut self, p: &Ipv4Net) -> bool {
-        let (start, end) = (u32::from(p.network()), u32::from(p.broadcast()));
+    /// Takes `[start, end]` unless it overlaps an interval taken before; says whether it did.
+    fn insert(&mut self, (start, end): (u128, u128)) -> bool {
         let before = self.0.range(..=end).next_back();
         if before.is_some_and(|(_, &e)| e >= start) {
             return false;
@@ -569,9 +672,8 @@ impl Disjoint {
         true
     }
 
-    /// Takes the parts of `p` no prefix taken before covers, and returns them as prefixes.
-    fn insert_free(&mut self, p: &Ipv4Net) -> Vec<Ipv4Net> {
-        let (start, end) = (u32::from(p.network()), u32::from(p.broadcast()));
+    /// Takes the parts of `[start, end]` no interval taken before covers, and returns them.
+    fn insert_free(&mut self, (start, end): (u128, u128)) -> Vec<(u128, u128)> {
         let mut gaps = Vec::new();
         let mut cursor = Some(start);
         let first = self.0.range(..start).next_back().map(|(&s, &e)| (s, e));
@@ -591,12 +693,10 @@ impl Disjoint {
         if let Some(c) = cursor {
             gaps.push((c, end));
         }
-        let mut out = Vec::new();
-        for (s, e) in gaps {
+        for &(s, e) in &gaps {
             self.0.insert(s, e);
-            out.extend(ipnet::Ipv4Subnets::new(s.into(), e.into(), 0));
         }
-        out
+        gaps
     }
 }
 
@@ -604,21 +704,27 @@ impl Disjoint {
 /// restart and reload do not duplicate). `slots[g]` and `up[g]` are per group, in plan order.
 /// `flags owner`: the kernel deletes the table when this process's netlink socket closes,
 /// however the process ends (nft.rs).
-pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
+pub fn render_table(
+    plan: &Plan,
+    slots: &[GroupSlots],
+    up: &[Vec<bool>],
+    nearest: &[Nearest],
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "table inet {TABLE} {{\n  flags owner;");
+    let none = GroupSlots::default();
     for (g, o) in plan.outbounds.iter().enumerate() {
-        let slots = slots.get(g).map_or(&[][..], |v| v);
+        let slots = slots.get(g).unwrap_or(&none);
         let up = up.get(g).map_or(&[][..], |v| v);
         let nearest = nearest.get(g).map_or(&[][..], |v| v);
         render_group_maps(&mut s, o, slots, up, nearest);
     }
     render_prerouting(&mut s, plan);
     for (g, o) in plan.outbounds.iter().enumerate() {
-        let n = slots.get(g).map_or(0, |v| v.len()).max(1);
+        let slots = slots.get(g).unwrap_or(&none);
         match &o.gateway {
-            None => render_choose_chain(&mut s, o, n),
-            Some(_) => render_gateway_chain(&mut s, o, n),
+            None => render_choose_chain(&mut s, o, slots),
+            Some(_) => render_gateway_chain(&mut s, o, slots),
         }
     }
     render_redirect_dns(&mut s, plan);
@@ -626,6 +732,15 @@ pub fn render_table(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[N
     render_postrouting(&mut s, plan);
     let _ = writeln!(s, "}}");
     s
+}
+
+/// ` elements = { ELEMENTS };`, or nothing for none (nft refuses an empty list).
+fn set_elements(el: &str) -> String {
+    if el.is_empty() {
+        String::new()
+    } else {
+        format!(" elements = {{ {el} }}")
+    }
 }
 
 /// `  map NAME { DECLARATION; elements = { ELEMENTS } }`, without `elements` when there are
@@ -642,7 +757,7 @@ fn render_map(s: &mut String, head: &str, el: &str) {
 fn render_group_maps(
     s: &mut String,
     o: &OutboundPlan,
-    slots: &[u32],
+    slots: &GroupSlots,
     up: &[bool],
     nearest: &[(Ipv4Net, usize)],
 ) {
@@ -651,21 +766,35 @@ fn render_group_maps(
     render_map(
         s,
         &format!("slots_{k} {{ typeof numgen inc mod 2 : ct mark"),
-        &slot_elements(o, slots),
+        &slot_elements(o, &slots.v4),
     );
+    if let Some(v6) = &slots.v6 {
+        render_map(
+            s,
+            &format!("slots6_{k} {{ typeof numgen inc mod 2 : ct mark"),
+            &slot_elements(o, v6),
+        );
+    }
     for l in &o.links {
         let _ = writeln!(s, "  counter flows_{k}_{} {{ }}", l.mark & 0xff);
     }
-    if o.dns_proxy.is_some() {
+    if o.dns_proxy.is_some() || o.dns_proxy6.is_some() {
         let _ = writeln!(s, "  counter {} {{ }}", dns_refused_counter(k));
     }
     match &o.gateway {
         None => {
             let _ = writeln!(
                 s,
-                "  set src_{k} {{ type ipv4_addr; flags interval; elements = {{ {} }} }}",
-                elements(o.sources.iter())
+                "  set src_{k} {{ type ipv4_addr; flags interval;{} }}",
+                set_elements(&elements(o.sources.iter()))
             );
+            if !o.sources6.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "  set src6_{k} {{ type ipv6_addr; flags interval;{} }}",
+                    set_elements(&elements(o.sources6.iter()))
+                );
+            }
             if !o.rules.is_empty() {
                 render_map(
                     s,
@@ -678,6 +807,13 @@ fn render_group_maps(
                     s,
                     &format!("prox_{k} {{ type ipv4_addr : mark; flags interval"),
                     &proximity_elements(o, up, nearest),
+                );
+            }
+            if o.proximity6() && !o.sources6.is_empty() {
+                render_map(
+                    s,
+                    &format!("prox6_{k} {{ type ipv6_addr : mark; flags interval"),
+                    &proximity6_elements(o, up),
                 );
             }
         }
@@ -713,10 +849,18 @@ fn render_prerouting(s: &mut String, plan: &Plan) {
         let k = o.index;
         match &o.gateway {
             None => {
-                let _ = writeln!(
-                    s,
-                    "    ct state new ip saddr @src_{k} ip daddr != @src_{k} fib daddr type != {{ local, broadcast, multicast }} jump choose_{k}"
-                );
+                if !o.sources.is_empty() {
+                    let _ = writeln!(
+                        s,
+                        "    ct state new ip saddr @src_{k} ip daddr != @src_{k} fib daddr type != {{ local, broadcast, multicast }} jump choose_{k}"
+                    );
+                }
+                if !o.sources6.is_empty() {
+                    let _ = writeln!(
+                        s,
+                        "    ct state new ip6 saddr @src6_{k} ip6 daddr != @src6_{k} fib daddr type != {{ local, multicast }} jump choose_{k}"
+                    );
+                }
             }
             Some(side) => {
                 let base = o.mark_base();
@@ -737,8 +881,8 @@ fn render_prerouting(s: &mut String, plan: &Plan) {
     let _ = writeln!(s, "  }}");
 }
 
-/// How a new flow of outbound `o` (with `n` slots) gets its link.
-fn render_choose_chain(s: &mut String, o: &OutboundPlan, n: usize) {
+/// How a new flow of outbound `o` gets its link.
+fn render_choose_chain(s: &mut String, o: &OutboundPlan, slots: &GroupSlots) {
     let k = o.index;
     let _ = writeln!(s, "  chain choose_{k} {{");
     // Outbound rules first (protocol and destination port), then proximity, then the slots:
@@ -752,17 +896,45 @@ fn render_choose_chain(s: &mut String, o: &OutboundPlan, n: usize) {
     if o.proximity() {
         let _ = writeln!(s, "    {unmarked}ct mark set ip daddr map @prox_{k}");
     }
-    let key = if o.by_source {
-        format!("jhash ip saddr mod {n} seed 0x464c")
-    } else {
+    if o.proximity6() && !o.sources6.is_empty() {
+        let _ = writeln!(s, "    {unmarked}ct mark set ip6 daddr map @prox6_{k}");
+    }
+    let n = slots.v4.len().max(1);
+    let unplaced = format!("ct mark and {MARK_MASK:#x} != {MARK_BASE:#x}");
+    if !o.by_source && slots.v6.is_none() {
         // Consecutive new flows walk the slot table: each link gets exactly its share over
-        // every pass, with no hashing bias.
-        format!("numgen inc mod {n}")
-    };
-    let _ = writeln!(
-        s,
-        "    ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ct mark set {key} map @slots_{k}"
-    );
+        // every pass, with no hashing bias. One rule for both families, so one count.
+        let _ = writeln!(
+            s,
+            "    {unplaced} ct mark set numgen inc mod {n} map @slots_{k}"
+        );
+    } else {
+        let key = |n: usize, saddr: &str| {
+            if o.by_source {
+                format!("jhash {saddr} saddr mod {n} seed 0x464c")
+            } else {
+                format!("numgen inc mod {n}")
+            }
+        };
+        if !o.sources.is_empty() {
+            let _ = writeln!(
+                s,
+                "    meta nfproto ipv4 {unplaced} ct mark set {} map @slots_{k}",
+                key(n, "ip")
+            );
+        }
+        if !o.sources6.is_empty() {
+            let (map, n6) = match &slots.v6 {
+                Some(v6) => (format!("slots6_{k}"), v6.len().max(1)),
+                None => (format!("slots_{k}"), n),
+            };
+            let _ = writeln!(
+                s,
+                "    meta nfproto ipv6 {unplaced} ct mark set {} map @{map}",
+                key(n6, "ip6")
+            );
+        }
+    }
     for l in &o.links {
         let _ = writeln!(
             s,
@@ -774,17 +946,30 @@ fn render_choose_chain(s: &mut String, o: &OutboundPlan, n: usize) {
     let _ = writeln!(s, "  }}");
 }
 
-/// How a flow through gateway service `o` (with `n` slots) gets its gateway.
-fn render_gateway_chain(s: &mut String, o: &OutboundPlan, n: usize) {
+/// How a flow through gateway service `o` gets its gateway.
+fn render_gateway_chain(s: &mut String, o: &OutboundPlan, slots: &GroupSlots) {
     let k = o.index;
     let base = o.mark_base();
+    let n = slots.v4.len().max(1);
     let _ = writeln!(s, "  chain gateway_{k} {{");
     // symhash: the same value for both directions of a flow, so the other side of the
-    // sandwich picks the same slot for the replies.
-    let _ = writeln!(
-        s,
-        "    ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {n} map @slots_{k}"
-    );
+    // sandwich picks the same slot for the replies. Both families, one table, unless the
+    // gateways differ by family.
+    match &slots.v6 {
+        None => {
+            let _ = writeln!(
+                s,
+                "    ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {n} map @slots_{k}"
+            );
+        }
+        Some(v6) => {
+            let _ = writeln!(
+                s,
+                "    meta nfproto ipv4 ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {n} map @slots_{k}\n    meta nfproto ipv6 ct mark and {GROUP_MASK:#x} != {base:#x} ct mark set symhash mod {} map @slots6_{k}",
+                v6.len().max(1)
+            );
+        }
+    }
     for l in &o.links {
         let _ = writeln!(
             s,
@@ -816,6 +1001,14 @@ fn render_redirect_dns(s: &mut String, plan: &Plan) {
                 ip = p.ip()
             );
         }
+        if let Some(p) = o.dns_proxy6.filter(|_| !o.sources6.is_empty()) {
+            let k = o.index;
+            let _ = writeln!(
+                s,
+                "    ip6 saddr @src6_{k} ip6 daddr != {ip} meta l4proto {{ tcp, udp }} th dport 53 dnat ip6 to {p}",
+                ip = p.ip()
+            );
+        }
     }
     let _ = writeln!(s, "  }}");
 }
@@ -838,15 +1031,32 @@ fn render_dns_proxy_input(s: &mut String, plan: &Plan) {
                 k = o.index
             );
         }
+        if let Some(p) = o.dns_proxy6.filter(|_| !o.sources6.is_empty()) {
+            let _ = writeln!(
+                s,
+                "    ip6 daddr {ip} meta l4proto {{ tcp, udp }} th dport {port} ip6 saddr @src6_{k} fib saddr . iif oif exists accept",
+                ip = p.ip(),
+                port = p.port(),
+                k = o.index
+            );
+        }
     }
     for o in &plan.outbounds {
+        let c = dns_refused_counter(o.index);
         if let Some(p) = o.dns_proxy {
             let _ = writeln!(
                 s,
                 "    ip daddr {ip} meta l4proto {{ tcp, udp }} th dport {port} counter name {c} drop",
                 ip = p.ip(),
                 port = p.port(),
-                c = dns_refused_counter(o.index)
+            );
+        }
+        if let Some(p) = o.dns_proxy6 {
+            let _ = writeln!(
+                s,
+                "    ip6 daddr {ip} meta l4proto {{ tcp, udp }} th dport {port} counter name {c} drop",
+                ip = p.ip(),
+                port = p.port(),
             );
         }
     }
@@ -867,22 +1077,20 @@ fn render_postrouting(s: &mut String, plan: &Plan) {
     let _ = writeln!(s, "    meta skuid >= 0 accept");
     for o in plan.outbounds.iter().filter(|o| o.gateway.is_none()) {
         for l in &o.links {
-            let iface = &l.interface;
-            match l.snat {
-                Some(a) => {
-                    let _ = writeln!(
-                        s,
-                        "    meta mark {:#x} oifname \"{iface}\" snat ip to {a}",
-                        l.mark
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        s,
-                        "    meta mark {:#x} oifname \"{iface}\" masquerade",
-                        l.mark
-                    );
-                }
+            let head = format!("meta mark {:#x} oifname \"{}\"", l.mark, l.interface);
+            if l.gateway.is_some() && !o.sources.is_empty() {
+                let _ = match l.snat {
+                    Some(a) => writeln!(s, "    {head} snat ip to {a}"),
+                    None => writeln!(s, "    meta nfproto ipv4 {head} masquerade"),
+                };
+            }
+            if l.gateway6.is_some() && !o.sources6.is_empty() {
+                let _ = match l.nat6 {
+                    LinkNat::To(a) => writeln!(s, "    {head} snat ip6 to {a}"),
+                    LinkNat::Masquerade => writeln!(s, "    meta nfproto ipv6 {head} masquerade"),
+                    // The LAN's prefix is routed: its flows leave with their own source.
+                    LinkNat::Off => Ok(()),
+                };
             }
         }
     }
@@ -896,14 +1104,25 @@ pub fn dns_refused_counter(index: usize) -> String {
 
 /// Rewrites the slot and proximity maps only (weights, health or load changed); the chains,
 /// counters and flows stay.
-pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Nearest]) -> String {
+pub fn render_maps(
+    plan: &Plan,
+    slots: &[GroupSlots],
+    up: &[Vec<bool>],
+    nearest: &[Nearest],
+) -> String {
     let mut s = String::new();
+    let none = GroupSlots::default();
     for (g, o) in plan.outbounds.iter().enumerate() {
         let k = o.index;
-        let _ = writeln!(s, "flush map inet {TABLE} slots_{k}");
-        let el = slot_elements(o, slots.get(g).map_or(&[][..], |v| v));
-        if !el.is_empty() {
-            let _ = writeln!(s, "add element inet {TABLE} slots_{k} {{ {el} }}");
+        let group = slots.get(g).unwrap_or(&none);
+        let tables = [("slots", Some(&group.v4)), ("slots6", group.v6.as_ref())];
+        for (name, table) in tables {
+            let Some(table) = table else { continue };
+            let _ = writeln!(s, "flush map inet {TABLE} {name}_{k}");
+            let el = slot_elements(o, table);
+            if !el.is_empty() {
+                let _ = writeln!(s, "add element inet {TABLE} {name}_{k} {{ {el} }}");
+            }
         }
         if !o.rules.is_empty() && o.gateway.is_none() {
             let _ = writeln!(s, "flush map inet {TABLE} policy_{k}");
@@ -921,6 +1140,13 @@ pub fn render_maps(plan: &Plan, slots: &[Slots], up: &[Vec<bool>], nearest: &[Ne
             );
             if !el.is_empty() {
                 let _ = writeln!(s, "add element inet {TABLE} prox_{k} {{ {el} }}");
+            }
+        }
+        if o.proximity6() && !o.sources6.is_empty() {
+            let _ = writeln!(s, "flush map inet {TABLE} prox6_{k}");
+            let el = proximity6_elements(o, up.get(g).map_or(&[][..], |v| v));
+            if !el.is_empty() {
+                let _ = writeln!(s, "add element inet {TABLE} prox6_{k} {{ {el} }}");
             }
         }
     }
@@ -967,7 +1193,7 @@ pool = "uplinks"
         assert_eq!(o.links[0].mark, 0x464c_0001);
         assert_eq!(o.links[1].mark, 0x464c_0002);
         assert_eq!(o.links[1].isp_prefixes.len(), 1, "overlaps merged");
-        let t = render_table(&plan, &[vec![0, 1, 0]], &[vec![true, true]], &[]);
+        let t = render_table(&plan, &[vec![0, 1, 0].into()], &[vec![true, true]], &[]);
         assert!(
             t.starts_with("table inet fulcrum_link {\n  flags owner;\n"),
             "{t}"
@@ -984,7 +1210,7 @@ pool = "uplinks"
         assert!(own < t.find("snat ip to").unwrap_or(0), "{t}");
         assert!(t.contains("oifname \"wan1\" masquerade"), "{t}");
         // A link that is down leaves the proximity map.
-        let m = render_maps(&plan, &[vec![0, 0, 0]], &[vec![true, false]], &[]);
+        let m = render_maps(&plan, &[vec![0, 0, 0].into()], &[vec![true, false]], &[]);
         assert!(!m.contains("prox_0 {"), "{m}");
         assert!(m.contains("flush map inet fulcrum_link prox_0"), "{m}");
     }
@@ -1014,7 +1240,7 @@ pool = "uplinks"
         let o = &plan.outbounds[0];
         assert!(o.links[0].isp_prefixes.is_empty());
         assert!(o.links[0].isp_shipped.len() >= Ipv4Net::aggregate(&telecom).len() / 2);
-        let m = render_maps(&plan, &[vec![0, 1, 0]], &[vec![true, true]], &[]);
+        let m = render_maps(&plan, &[vec![0, 1, 0].into()], &[vec![true, true]], &[]);
         let (a, b) = (o.links[0].mark, o.links[1].mark);
         assert!(
             m.contains(&format!("{office} : {b:#x}")),
@@ -1054,7 +1280,7 @@ pool = "uplinks"
         );
         let cfg = fulcrum_config::parse(&text, "t.toml", Path::new(".")).unwrap();
         let plan = build(&cfg).unwrap();
-        let t = render_table(&plan, &[vec![0, 1]], &[vec![true, true]], &[]);
+        let t = render_table(&plan, &[vec![0, 1].into()], &[vec![true, true]], &[]);
         assert!(
             t.contains("map policy_0 { type inet_proto . inet_service : mark; flags interval; elements = { tcp . 443 : 0x464c0002, tcp . 8000-8099 : 0x464c0002, tcp . 8100-9000 : 0x464c0001, udp . 8050-9000 : 0x464c0001 } }"),
             "{t}"
@@ -1067,7 +1293,7 @@ pool = "uplinks"
             .expect("proximity only for unmarked flows");
         assert!(policy < prox, "{t}");
         // b down: its rule leaves the map, and a's takes the whole of its ranges.
-        let m = render_maps(&plan, &[vec![0]], &[vec![true, false]], &[]);
+        let m = render_maps(&plan, &[vec![0].into()], &[vec![true, false]], &[]);
         assert!(m.contains("flush map inet fulcrum_link policy_0"), "{m}");
         assert!(
             m.contains("add element inet fulcrum_link policy_0 { tcp . 8050-9000 : 0x464c0001, udp . 8050-9000 : 0x464c0001 }"),
@@ -1081,6 +1307,79 @@ pool = "uplinks"
         assert!(
             e.iter().any(|e| e.contains("outbound[0].rule[0].link: pool \"uplinks\" has no link named \"c\"; its links: a, b")),
             "{e:?}"
+        );
+    }
+
+    /// IPv6 beside IPv4: the sources, proximity map, slot table of the links that have an IPv6
+    /// next hop (b has none), the DNS redirect and input check, and NAT per family.
+    #[test]
+    fn ipv6_rules_sets_and_a_table_of_the_links_with_an_ipv6_next_hop() {
+        let text = CFG
+            .replace(
+                "snat = \"198.18.1.2\"",
+                "snat = \"198.18.1.2\"\ngateway6 = \"fd00:1::1\"\nsnat6 = \"none\"",
+            )
+            .replace(
+                "cidrs = [\"198.19.64.0/24\", \"198.19.64.128/25\"]",
+                "cidrs = [\"198.19.64.0/24\", \"fd00:64::/48\"]",
+            )
+            .replace("isp = \"isp-b\"", "isp = \"isp-b\"\nresolver = \"198.19.0.53\"")
+            .replace("weight = 3", "weight = 3\nisp = \"isp-b\"")
+            .replace(
+                "sources = [\"198.18.100.0/24\"]",
+                "sources = [\"198.18.100.0/24\", \"fd00:100::/64\"]\ndns_proxy = \"[fd00:100::1]:53\"",
+            );
+        let cfg = fulcrum_config::parse(&text, "t.toml", Path::new(".")).unwrap();
+        let plan = build(&cfg).unwrap();
+        let o = &plan.outbounds[0];
+        assert_eq!(o.family_members(true), vec![true, false]);
+        // b has no IPv6 next hop: the IPv6 prefix of its table is left to a.
+        assert!(o.links[1].isp_prefixes6.is_empty());
+        assert_eq!(o.links[0].isp_prefixes6.len(), 1);
+        let slots = GroupSlots {
+            v4: vec![0, 1, 0],
+            v6: Some(vec![0, 0]),
+        };
+        let t = render_table(
+            &plan,
+            std::slice::from_ref(&slots),
+            &[vec![true, true]],
+            &[],
+        );
+        for want in [
+            "set src6_0 { type ipv6_addr; flags interval; elements = { fd00:100::/64 } }",
+            "map slots6_0 { typeof numgen inc mod 2 : ct mark; elements = { 0 : 0x464c0001, 1 : 0x464c0001 } }",
+            "map prox6_0 { type ipv6_addr : mark; flags interval; elements = { fd00:64::/48 : 0x464c0001 } }",
+            "ct state new ip6 saddr @src6_0 ip6 daddr != @src6_0 fib daddr type != { local, multicast } jump choose_0",
+            "ct mark set ip6 daddr map @prox6_0",
+            "meta nfproto ipv4 ct mark and 0xffff0000 != 0x464c0000 ct mark set numgen inc mod 3 map @slots_0",
+            "meta nfproto ipv6 ct mark and 0xffff0000 != 0x464c0000 ct mark set numgen inc mod 2 map @slots6_0",
+            "ip6 saddr @src6_0 ip6 daddr != fd00:100::1 meta l4proto { tcp, udp } th dport 53 dnat ip6 to [fd00:100::1]:53",
+            "ip6 daddr fd00:100::1 meta l4proto { tcp, udp } th dport 53 ip6 saddr @src6_0 fib saddr . iif oif exists accept",
+            "ip6 daddr fd00:100::1 meta l4proto { tcp, udp } th dport 53 counter name dns_refused_0 drop",
+            "meta mark 0x464c0001 oifname \"wan0\" snat ip to 198.18.1.2",
+            "meta nfproto ipv4 meta mark 0x464c0002 oifname \"wan1\" masquerade",
+        ] {
+            assert!(t.contains(want), "{want}\n{t}");
+        }
+        // snat6 = "none": a's IPv6 flows leave untouched; b carries no IPv6.
+        assert!(!t.contains("nfproto ipv6 meta mark"), "{t}");
+        let m = render_maps(&plan, &[slots], &[vec![true, false]], &[]);
+        assert!(m.contains("flush map inet fulcrum_link slots6_0"), "{m}");
+        assert!(
+            m.contains("add element inet fulcrum_link prox6_0 { fd00:64::/48 : 0x464c0001 }"),
+            "{m}"
+        );
+        // Source persistence hashes the IPv6 source into the IPv6 table.
+        let by_source = text.replace(
+            "pool = \"uplinks\"\n",
+            "pool = \"uplinks\"\npersistence = \"by-source\"\n",
+        );
+        let cfg = fulcrum_config::parse(&by_source, "t.toml", Path::new(".")).unwrap();
+        let t = render_table(&build(&cfg).unwrap(), &[GroupSlots::default()], &[], &[]);
+        assert!(
+            t.contains("meta nfproto ipv6 ct mark and 0xffff0000 != 0x464c0000 ct mark set jhash ip6 saddr mod 1 seed 0x464c map @slots_0"),
+            "{t}"
         );
     }
 }

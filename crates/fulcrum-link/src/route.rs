@@ -36,9 +36,15 @@ async fn interface_index(handle: &Handle, name: &str) -> Result<u32, String> {
     }
 }
 
-/// Removes every rule and route Fulcrum installed (its tables), whoever's run left them.
+/// Removes every rule and route Fulcrum installed (its tables, IPv4 and IPv6), whoever's run
+/// left them.
 pub async fn remove_all(handle: &Handle) -> Result<(), String> {
-    remove_tables(handle, false, &ours).await
+    remove_tables(handle, false, &ours).await?;
+    // A host without IPv6 has no IPv6 rules to list: nothing of ours can be there.
+    if let Err(e) = remove_tables(handle, true, &ours).await {
+        tracing::debug!(error = %e, "IPv6 link rules and routes not removed");
+    }
+    Ok(())
 }
 
 /// Removes every rule pointing at a table `owned` names, and every route in such a table: the
@@ -170,30 +176,51 @@ pub async fn add_local_default(handle: &Handle, v6: bool, table: u32) -> Result<
         .map_err(|e| e.to_string())
 }
 
-/// Installs the routes and rules of `plan`, after removing Fulcrum's earlier ones.
+/// Installs the routes and rules of `plan`, after removing Fulcrum's earlier ones: per link,
+/// the IPv4 table and rule when it has an IPv4 next hop, the IPv6 ones (same table id and
+/// mark) when it has an IPv6 one.
 pub async fn install(handle: &Handle, plan: &Plan) -> Result<(), String> {
     remove_all(handle).await?;
     for o in &plan.outbounds {
         for l in &o.links {
             let index = interface_index(handle, &l.interface).await?;
             // onlink: the gateway is on the link's segment; no lookup in another table needed.
-            let route = RouteMessageBuilder::<Ipv4Addr>::new()
-                .table_id(l.mark)
-                .gateway(l.gateway)
-                .output_interface(index)
-                .onlink()
-                .build();
-            handle
-                .route()
-                .add(route)
-                .replace()
-                .execute()
-                .await
-                .map_err(|e| format!("link {:?}: default route via {}: {e}", l.name, l.gateway))?;
-            add_fwmark_rule(handle, false, l.mark, l.mark, l.rule_pref)
-                .await
-                .map_err(|e| format!("link {:?}: fwmark rule: {e}", l.name))?;
+            if let Some(gateway) = l.gateway {
+                let route = RouteMessageBuilder::<Ipv4Addr>::new()
+                    .table_id(l.mark)
+                    .gateway(gateway)
+                    .output_interface(index)
+                    .onlink()
+                    .build();
+                add_route(handle, route)
+                    .await
+                    .map_err(|e| format!("link {:?}: default route via {gateway}: {e}", l.name))?;
+                add_fwmark_rule(handle, false, l.mark, l.mark, l.rule_pref)
+                    .await
+                    .map_err(|e| format!("link {:?}: fwmark rule: {e}", l.name))?;
+            }
+            if let Some(gateway) = l.gateway6 {
+                let route = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .table_id(l.mark)
+                    .gateway(gateway)
+                    .output_interface(index)
+                    .onlink()
+                    .build();
+                add_route(handle, route).await.map_err(|e| {
+                    format!("link {:?}: IPv6 default route via {gateway}: {e}", l.name)
+                })?;
+                add_fwmark_rule(handle, true, l.mark, l.mark, l.rule_pref)
+                    .await
+                    .map_err(|e| format!("link {:?}: IPv6 fwmark rule: {e}", l.name))?;
+            }
         }
     }
     Ok(())
+}
+
+async fn add_route(
+    handle: &Handle,
+    route: rtnetlink::packet_route::route::RouteMessage,
+) -> Result<(), rtnetlink::Error> {
+    handle.route().add(route).replace().execute().await
 }

@@ -7,6 +7,11 @@
 //!
 //! Link a: wan0 198.18.1.2 via 198.18.1.1; link b: wan1 198.18.2.2 via 198.18.2.1. The
 //! Fulcrum namespace has no default route: a flow Fulcrum did not mark goes nowhere.
+//!
+//! Every network is dual-stack: the LAN fd00:100::/64 (client ::2), wan K fd00:K+1::/64 (the
+//! ISP ::1, Fulcrum ::2), servers fd00:19::10, ::11 and fd00:19:1::10. The internet routes the
+//! LAN prefix back through isp1, so a flow link b leaves un-NATed (`snat6 = "none"`) still
+//! gets its answers.
 
 mod common;
 
@@ -31,6 +36,10 @@ const SINK: &str = "198.19.0.10:7001";
 /// A whoami server on a port an outbound rule names.
 const RULED_SERVER: &str = "198.19.0.10:7002";
 const FAR_SINK: &str = "198.19.1.10:7001";
+const SERVER6: &str = "[fd00:19::10]:7000";
+const SNAT6_A: &str = "fd00:1::2";
+/// The LAN client's own IPv6 address: what the far side sees of a link without IPv6 NAT.
+const CLIENT6: &str = "fd00:100::2";
 
 struct Net {
     _lab: Lab,
@@ -183,7 +192,18 @@ fn net(tag: &str) -> Net {
         let v = if key.ends_with("forward") { "1" } else { "0" };
         fl.sysctl(key, v).unwrap();
     }
-    for a in ["198.19.0.10/32", "198.19.0.11/32", "198.19.1.10/32"] {
+    fl.sysctl("net.ipv6.conf.all.forwarding", "1").unwrap();
+    lan.addr("eth0", &format!("{CLIENT6}/64")).unwrap();
+    fl.addr("lan0", "fd00:100::1/64").unwrap();
+    lan.route(&["::/0", "via", "fd00:100::1"]).unwrap();
+    for a in [
+        "198.19.0.10/32",
+        "198.19.0.11/32",
+        "198.19.1.10/32",
+        "fd00:19::10/128",
+        "fd00:19::11/128",
+        "fd00:19:1::10/128",
+    ] {
         inet.addr("lo", a).unwrap();
     }
     let mut isps = Vec::new();
@@ -207,10 +227,29 @@ fn net(tag: &str) -> Net {
             &format!("198.18.{}.1", k + 11),
         ])
         .unwrap();
+        fl.addr(&wan, &format!("fd00:{}::2/64", k + 1)).unwrap();
+        isp.addr("eth0", &format!("fd00:{}::1/64", k + 1)).unwrap();
+        isp.addr("eth1", &format!("fd00:{}::1/64", k + 11)).unwrap();
+        inet.addr(&format!("isp{k}"), &format!("fd00:{}::2/64", k + 11))
+            .unwrap();
+        isp.sysctl("net.ipv6.conf.all.forwarding", "1").unwrap();
+        isp.route(&["fd00:19::/32", "via", &format!("fd00:{}::2", k + 11)])
+            .unwrap();
+        inet.route(&[
+            &format!("fd00:{}::/64", k + 1),
+            "via",
+            &format!("fd00:{}::1", k + 11),
+        ])
+        .unwrap();
         isps.push(isp);
     }
+    // The LAN's own IPv6 prefix is routed (no NAT) through isp1.
+    isps[1]
+        .route(&["fd00:100::/64", "via", "fd00:2::2"])
+        .unwrap();
+    inet.route(&["fd00:100::/64", "via", "fd00:12::1"]).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    for s in [SERVER, NEAR_SERVER] {
+    for s in [SERVER, NEAR_SERVER, SERVER6] {
         whoami(&inet, s, stop.clone());
     }
     sink(&inet, SINK, stop.clone());
@@ -701,7 +740,8 @@ fn resolver(ns: &Ns, addr: &'static str, ttl: u32, stop: Arc<AtomicBool>) {
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
 }
 
-/// The test resolver's answer to `query`: the asker's IPv4 address with TTL `ttl`.
+/// The test resolver's answer to `query`: the asker's address (an A record for an IPv4 asker,
+/// AAAA for IPv6) with TTL `ttl`.
 fn dns_answer(query: &[u8], from: std::net::IpAddr, ttl: u32) -> Option<Vec<u8>> {
     let n = query.len();
     if n < 12 {
@@ -716,12 +756,18 @@ fn dns_answer(query: &[u8], from: std::net::IpAddr, ttl: u32) -> Option<Vec<u8>>
     q_end += 5;
     let mut out = vec![query[0], query[1], 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0];
     out.extend_from_slice(&query[12..q_end.min(n)]);
-    out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+    let rtype = if from.is_ipv4() { 1 } else { 28 };
+    out.extend_from_slice(&[0xc0, 0x0c, 0, rtype, 0, 1]);
     out.extend_from_slice(&ttl.to_be_bytes());
-    out.extend_from_slice(&[0, 4]);
     match from {
-        std::net::IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
-        std::net::IpAddr::V6(_) => return None,
+        std::net::IpAddr::V4(a) => {
+            out.extend_from_slice(&[0, 4]);
+            out.extend_from_slice(&a.octets());
+        }
+        std::net::IpAddr::V6(a) => {
+            out.extend_from_slice(&[0, 16]);
+            out.extend_from_slice(&a.octets());
+        }
     }
     Some(out)
 }
@@ -1325,5 +1371,243 @@ async fn outbound_rule_sends_a_destination_port_to_its_link() {
         .await
         .unwrap();
         assert!(settled, "flows to the rule's port did not settle on {via}");
+    }
+}
+
+/// Waits until every link's monitor has had its targets answer: the first IPv6 probes can go
+/// unanswered while the namespaces' neighbour discovery settles, and a link down until then
+/// would take flows out of the count.
+async fn links_answered(f: &Fulcrum) {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = f.get_json("/api/v1/links").await;
+        let links = v["links"].as_array().cloned().unwrap_or_default();
+        let answered = |l: &serde_json::Value| {
+            l["health"] == "up" && l["targets"][0]["rtt_ms"].as_f64().is_some()
+        };
+        if !links.is_empty() && links.iter().all(answered) {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "links not answering: {v}\n{}",
+            f.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A dual-stack configuration: both links carry IPv6 (a: `snat6` to its wan address, b: no
+/// IPv6 NAT, the LAN prefix is routed), watched by a monitor with IPv6 targets only.
+fn config6(weights: [u32; 2], extra: &str) -> String {
+    config("weighted_round_robin", weights, extra)
+        .replace(
+            "targets = [\"198.19.0.10\", \"198.19.0.11\"]",
+            "targets = [\"fd00:19::10\", \"fd00:19::11\"]",
+        )
+        .replacen(
+            "snat = \"198.18.1.2\"",
+            &format!("snat = \"198.18.1.2\"\ngateway6 = \"fd00:1::1\"\nsnat6 = \"{SNAT6_A}\""),
+            1,
+        )
+        .replacen(
+            "snat = \"198.18.2.2\"",
+            "snat = \"198.18.2.2\"\ngateway6 = \"fd00:2::1\"\nsnat6 = \"none\"",
+            1,
+        )
+        .replace(
+            "sources = [\"198.18.100.0/24\"]",
+            "sources = [\"198.18.100.0/24\", \"fd00:100::/64\"]",
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_flows_spread_by_weight_keep_their_link_and_leave_a_pulled_line() {
+    let net = net("link6");
+    let mut f = start(&net, &config6([3, 1], "")).await;
+    links_answered(&f).await;
+    let rules6 = net.fl.exec("ip", &["-6", "rule", "show"]).unwrap();
+    let rules6 = String::from_utf8_lossy(&rules6.stdout).to_string();
+    assert_eq!(rules6.matches("fwmark 0x464c").count(), 2, "{rules6}");
+
+    // 4,000 IPv6 flows split 3:1: link a's seen from its snat6 address, link b's (no IPv6 NAT)
+    // from the client's own.
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER6, 4_000)
+    })
+    .await
+    .unwrap();
+    eprintln!("3:1 over 4000 IPv6 flows: {seen:?}");
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        vec![CLIENT6, SNAT6_A],
+        "{seen:?}\n{}",
+        f.logs()
+    );
+    let a = share(&seen, SNAT6_A);
+    assert!(
+        (a - 0.75).abs() <= 0.02,
+        "link a carried {a:.3} of the IPv6 flows, want 0.75 ± 0.02"
+    );
+    // IPv4 flows of the same LAN still leave by the links.
+    let v4 = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER, 40)
+    })
+    .await
+    .unwrap();
+    assert_eq!(v4.get("fail"), None, "{v4:?}");
+    let la = link(&f, "a").await;
+    assert_eq!(la["gateway6"], "fd00:1::1", "{la}");
+    assert_eq!(la["snat6"], SNAT6_A, "{la}");
+    assert_eq!(link(&f, "b").await["nat6"], "none");
+
+    // Long-lived IPv6 flows, then every new flow to b: the running ones keep their link.
+    let long: Vec<BufReader<TcpStream>> = net
+        .lan
+        .thread(|| {
+            (0..8)
+                .map(|_| open(SERVER6, Duration::from_secs(1)).unwrap())
+                .collect()
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+    let mut long: Vec<(String, BufReader<TcpStream>)> = long
+        .into_iter()
+        .map(|mut s| (ask(&mut s).unwrap(), s))
+        .collect();
+    let on_a = long.iter().filter(|(w, _)| w == SNAT6_A).count();
+    assert!(on_a > 0 && on_a < long.len(), "8 flows all on one link");
+    f.write_config(&config6([0, 1], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER6, 50)
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen.get(CLIENT6), Some(&50), "after the reload: {seen:?}");
+    for (who, s) in &mut long {
+        for _ in 0..3 {
+            assert_eq!(&ask(s).unwrap(), who, "a running IPv6 flow changed link");
+        }
+    }
+
+    // Pull link a's IPv6: its ISP stops forwarding IPv6, the IPv6 monitor takes it down, and
+    // new IPv6 flows all leave by b while b's running flows go on.
+    f.write_config(&config6([1, 1], ""));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    net.isps[0]
+        .sysctl("net.ipv6.conf.all.forwarding", "0")
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while link(&f, "a").await["health"] != "down" {
+        assert!(Instant::now() < end, "link a not seen down:\n{}", f.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER6, 40)
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen.get(CLIENT6), Some(&40), "with a pulled: {seen:?}");
+    for (who, s) in long.iter_mut().filter(|(w, _)| w == CLIENT6) {
+        assert_eq!(&ask(s).unwrap(), who, "a flow on the healthy link broke");
+    }
+    net.isps[0]
+        .sysctl("net.ipv6.conf.all.forwarding", "1")
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while link(&f, "a").await["health"] != "up" {
+        assert!(Instant::now() < end, "link a did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(long);
+
+    // Shutdown removes the IPv6 rules too.
+    f.signal(libc::SIGTERM);
+    assert!(f.wait_exit(Duration::from_secs(10)).await.is_some());
+    let rules6 = net.fl.exec("ip", &["-6", "rule", "show"]).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&rules6.stdout).contains("0x464c"),
+        "IPv6 rules left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_proxy_takes_ipv6_queries_and_asks_the_chosen_links_ipv6_resolver() {
+    let net = net("dns6");
+    let inet = net.inet.clone();
+    inet.addr("lo", "fd00:19::53/128").unwrap();
+    inet.addr("lo", "fd00:19::54/128").unwrap();
+    resolver(&inet, "[fd00:19::53]:53", 53, net.stop.clone());
+    resolver(&inet, "[fd00:19::54]:53", 54, net.stop.clone());
+    let with_resolvers = |weights: [u32; 2]| {
+        config6(
+            weights,
+            "dns_proxy = \"198.18.100.1:53\"\ndns_proxy6 = \"[fd00:100::1]:53\"",
+        )
+        .replacen(
+            "monitors = [\"through\"]",
+            "monitors = [\"through\"]\nresolver = \"fd00:19::53\"",
+            1,
+        )
+        .replacen(
+            "isp = \"isp-b\"",
+            "isp = \"isp-b\"\nresolver = \"[fd00:19::54]:53\"",
+            1,
+        )
+    };
+    let f = start(&net, &with_resolvers([1, 0])).await;
+    links_answered(&f).await;
+    // A query of the LAN's IPv6 client to any resolver, over UDP and TCP, leaves by link a
+    // to a's resolver, which sees a's snat6 address.
+    let want_a = Some(("53".to_string(), SNAT6_A.to_string()));
+    for option in ["+notcp", "+tcp", "+notcp", "+tcp"] {
+        assert_eq!(
+            dig_with(&net.lan, "fd00:19::99", option),
+            want_a,
+            "{option}\n{}",
+            f.logs()
+        );
+    }
+    // The LAN's IPv4 queries go to the same IPv6 resolver through the same link.
+    assert_eq!(dig_with(&net.lan, "198.19.9.9", "+notcp"), want_a);
+    // From the WAN side the IPv6 proxy answers nothing and counts the query.
+    net.isps[0]
+        .route(&["fd00:100::/64", "via", "fd00:1::2"])
+        .unwrap();
+    assert_eq!(
+        dig_at(&net.isps[0], "fd00:100::1"),
+        None,
+        "answered the WAN"
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = f.get_json("/api/v1/links").await;
+        if v["dns_proxies"][0]["refused"].as_u64() >= Some(1) {
+            assert_eq!(v["dns_proxies"][0]["address6"], "[fd00:100::1]:53", "{v}");
+            break;
+        }
+        assert!(Instant::now() < end, "refusal not counted: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // All to link b: its resolver sees the wan address (b has no IPv6 NAT, so the proxy's
+    // query leaves from the interface's own address).
+    f.write_config(&with_resolvers([0, 1]));
+    let r = f.api("POST", "/api/v1/reload", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let want_b = Some(("54".to_string(), "fd00:2::2".to_string()));
+    for option in ["+notcp", "+tcp"] {
+        assert_eq!(
+            dig_with(&net.lan, "fd00:19::99", option),
+            want_b,
+            "{option}"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Cross-checks of the `[[outbound]]`, link and gateway sections against the rest of the config.
 
 use crate::link::{
-    GatewayMember, LinkMember, Outbound, PoolKind, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
+    GatewayMember, LinkMember, Outbound, PoolKind, Snat6, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
     LINK_ONLY_ALGORITHMS, MAX_LINKS,
 };
 use ipnet::IpNet;
@@ -180,15 +180,7 @@ fn check_link(cfg: &Config, i: usize, pool: &Pool, j: usize, l: &LinkMember, out
             format!("{:?}: a link name is letters, digits, '-' and '_'", l.name),
         ));
     }
-    if !l.gateway.is_ipv4() {
-        out.push((
-            mp("gateway"),
-            "links are IPv4 today: expected an IPv4 next hop".into(),
-        ));
-    }
-    if let Some(s) = l.snat.filter(|s| !s.is_ipv4()) {
-        out.push((mp("snat"), format!("{s}: expected an IPv4 address")));
-    }
+    check_link_families(cfg, l, &mp, out);
     let needs_bw = matches!(
         pool.algorithm,
         Algorithm::BandwidthRatio | Algorithm::Spillover | Algorithm::WeightedLeastTraffic
@@ -228,6 +220,78 @@ fn check_link(cfg: &Config, i: usize, pool: &Pool, j: usize, l: &LinkMember, out
     }
 }
 
+/// The address families of one link: `gateway6`, `snat6` and (when `gateway` is IPv6) `snat`
+/// are IPv6; each source address, resolver and monitor target needs a next hop of its family.
+fn check_link_families(
+    cfg: &Config,
+    l: &LinkMember,
+    mp: &dyn Fn(&str) -> String,
+    out: &mut Errors,
+) {
+    let (v4, v6) = (l.gateway_v4().is_some(), l.gateway_v6().is_some());
+    match l.gateway6 {
+        Some(a) if !a.is_ipv6() => out.push((
+            mp("gateway6"),
+            format!("{a}: expected an IPv6 address (the line's IPv6 next hop; its IPv4 one is `gateway`)"),
+        )),
+        Some(a) if l.gateway.is_ipv6() => out.push((
+            mp("gateway6"),
+            format!("{a}: `gateway` is already IPv6; `gateway6` is the IPv6 next hop beside an IPv4 `gateway`"),
+        )),
+        _ => {}
+    }
+    match l.snat {
+        Some(a @ std::net::IpAddr::V4(_)) if !v4 => out.push((
+            mp("snat"),
+            format!("{a}: an IPv4 source needs an IPv4 `gateway`; this link's is {}", l.gateway),
+        )),
+        Some(a @ std::net::IpAddr::V6(_)) if l.snat6.is_some() || !v6 => out.push((
+            mp("snat"),
+            format!("{a}: expected an address of the family of `gateway` ({}); the IPv6 source goes in `snat6`", l.gateway),
+        )),
+        _ => {}
+    }
+    match l.snat6 {
+        Some(Snat6::To(a)) if !a.is_ipv6() => out.push((
+            mp("snat6"),
+            format!(
+                "{a}: expected an IPv6 address or \"none\" (the source of the line's IPv6 flows)"
+            ),
+        )),
+        Some(_) if !v6 => out.push((
+            mp("snat6"),
+            "the link has no IPv6 next hop: set `gateway6` (or an IPv6 `gateway`)".into(),
+        )),
+        _ => {}
+    }
+    if let Some(r) = l.resolver {
+        if (r.is_ipv4() && !v4) || (r.is_ipv6() && !v6) {
+            out.push((
+                mp("resolver"),
+                format!(
+                    "{r}: the link has no next hop of this address family (`gateway`, `gateway6`)"
+                ),
+            ));
+        }
+    }
+    for m in l.monitors.iter().filter_map(|m| link_monitor(cfg, m)) {
+        let lacking = m
+            .link
+            .targets
+            .iter()
+            .find(|t| (t.address.is_ipv4() && !v4) || (t.address.is_ipv6() && !v6));
+        if let Some(t) = lacking {
+            out.push((
+                mp("monitors"),
+                format!(
+                    "monitor {:?} probes {} but the link has no next hop of its address family (`gateway`, `gateway6`)",
+                    m.name, t.address
+                ),
+            ));
+        }
+    }
+}
+
 fn check_gateway_pool(cfg: &Config, i: usize, pool: &Pool, out: &mut Errors) {
     let at = |k: &str| format!("pool[{i}].{k}");
     if !GATEWAY_ALGORITHMS.contains(&pool.algorithm) {
@@ -257,17 +321,39 @@ fn check_gateway_pool(cfg: &Config, i: usize, pool: &Pool, out: &mut Errors) {
 }
 
 fn check_gateway(cfg: &Config, i: usize, j: usize, g: &GatewayMember, out: &mut Errors) {
-    if !g.address.is_ipv4() {
-        out.push((
-            format!("pool[{i}].member[{j}].address"),
-            "gateways are IPv4 today: expected an IPv4 next hop".into(),
-        ));
+    let at = |k: &str| format!("pool[{i}].member[{j}].{k}");
+    match g.address6 {
+        Some(a) if !a.is_ipv6() => out.push((
+            at("address6"),
+            format!("{a}: expected an IPv6 address (the gateway's IPv6 next hop; its IPv4 one is `address`)"),
+        )),
+        Some(a) if g.address.is_ipv6() => out.push((
+            at("address6"),
+            format!("{a}: `address` is already IPv6; `address6` is the IPv6 address beside an IPv4 `address`"),
+        )),
+        _ => {}
     }
+    let (v4, v6) = (g.address_v4().is_some(), g.address_v6().is_some());
     for (k, m) in g.monitors.iter().enumerate() {
-        if link_monitor(cfg, m).is_none() {
+        let Some(monitor) = link_monitor(cfg, m) else {
             out.push((
                 format!("pool[{i}].member[{j}].monitors[{k}]"),
                 format!("no monitor named {m:?} with `targets`"),
+            ));
+            continue;
+        };
+        let lacking = monitor
+            .link
+            .targets
+            .iter()
+            .find(|t| (t.address.is_ipv4() && !v4) || (t.address.is_ipv6() && !v6));
+        if let Some(t) = lacking {
+            out.push((
+                format!("pool[{i}].member[{j}].monitors[{k}]"),
+                format!(
+                    "monitor {m:?} probes {} but the gateway has no address of its family (`address`, `address6`)",
+                    t.address
+                ),
             ));
         }
     }
@@ -316,15 +402,34 @@ fn check_outbounds(cfg: &Config, out: &mut Errors) {
         if o.sources.is_empty() {
             out.push((at("sources"), "expected at least one prefix".into()));
         }
-        if let Some((j, s)) = o
-            .sources
-            .iter()
-            .enumerate()
-            .find(|(_, s)| !matches!(s, IpNet::V4(_)))
-        {
+        check_outbound_proxies(i, o, out);
+    }
+}
+
+/// `dns_proxy` and `dns_proxy6`: one address per family, each with sources of its family.
+fn check_outbound_proxies(i: usize, o: &Outbound, out: &mut Errors) {
+    let at = |k: &str| format!("outbound[{i}].{k}");
+    if let Some(a) = o.dns_proxy6 {
+        if !a.is_ipv6() {
             out.push((
-                format!("outbound[{i}].sources[{j}]"),
-                format!("{s}: links are IPv4 today"),
+                at("dns_proxy6"),
+                format!("{a}: expected an IPv6 socket address such as \"[fd00::1]:53\" (the IPv4 proxy is `dns_proxy`)"),
+            ));
+        } else if o.dns_proxy.is_some_and(|p| p.is_ipv6()) {
+            out.push((
+                at("dns_proxy6"),
+                "`dns_proxy` is already IPv6; `dns_proxy6` is the IPv6 proxy beside an IPv4 `dns_proxy`".into(),
+            ));
+        }
+    }
+    let sources = |v6: bool| o.sources.iter().any(|s| matches!(s, IpNet::V6(_)) == v6);
+    for (key, proxy) in [("dns_proxy", o.dns_proxy), ("dns_proxy6", o.dns_proxy6)] {
+        if let Some(a) = proxy.filter(|a| !sources(a.is_ipv6())) {
+            out.push((
+                at(key),
+                format!(
+                    "{a}: no prefix of this address family in `sources`, so no query would be sent here"
+                ),
             ));
         }
     }
@@ -344,6 +449,31 @@ fn check_outbound_against_pool(i: usize, o: &Outbound, p: &Pool, out: &mut Error
                     names.join(", ")
                 ),
             ));
+        }
+    }
+    for (j, s) in o.sources.iter().enumerate() {
+        let (v6, family) = match s {
+            IpNet::V4(_) => (false, "IPv4"),
+            IpNet::V6(_) => (true, "IPv6"),
+        };
+        let routed = p.links.iter().any(|l| {
+            if v6 {
+                l.gateway_v6().is_some()
+            } else {
+                l.gateway_v4().is_some()
+            }
+        });
+        if !routed {
+            out.push((
+                format!("outbound[{i}].sources[{j}]"),
+                format!(
+                    "{s}: no link of pool {:?} has an {family} next hop; expected `{}` on at least one link",
+                    o.pool,
+                    if v6 { "gateway6" } else { "gateway" }
+                ),
+            ));
+            // One error per family is enough.
+            break;
         }
     }
     if o.dns_proxy.is_some() && p.links.iter().all(|l| l.resolver.is_none()) {
