@@ -38,7 +38,12 @@ CONF
   wait_port "127.0.0.1:$1"
 }
 
+# BENCH_PREBUILT=1: use the binaries already in target/$PROFILE as they are. One script builds
+# `-p fulcrum` alone and another `-p fulcrum -p fulcrum-testkit`: Cargo unifies features per
+# invocation, so alternating them rebuilds the fat-LTO binary each time (many minutes here);
+# build once (`-p fulcrum`, then `-p fulcrum-testkit --bins` on its own) and run them all.
 bench_build() {  # bench_build CARGO_BUILD_ARGS...: builds in $PROFILE
+  [ "${BENCH_PREBUILT:-0}" = 1 ] && return 0
   cargo build --profile "$PROFILE" -q "$@"
 }
 
