@@ -276,7 +276,9 @@ pub(crate) async fn acquire(
     };
     let (mut conn, fresh) = match reused {
         Some(c) => (c, false),
-        None => (connect(route, picked, client).await?, true),
+        // Boxed: connecting (TCP, PROXY header, TLS) is the rare case with reused connections,
+        // and its state would otherwise size every request's future.
+        None => (Box::pin(connect(route, picked, client)).await?, true),
     };
     conn.guard = Some(picked.member.use_connection(fresh));
     conn.used += 1;

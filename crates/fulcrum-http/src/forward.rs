@@ -57,9 +57,15 @@ async fn response_filters(
     let Some(mut stream) = slot.lock().take() else {
         return Ok(None);
     };
-    let r =
-        crate::wasm_filters::on_response(&mut stream, resp, &route.target.pool.name, member).await;
-    r?;
+    // Boxed: only services with filters come here, and the filters' state would otherwise
+    // size every stream's future.
+    Box::pin(crate::wasm_filters::on_response(
+        &mut stream,
+        resp,
+        &route.target.pool.name,
+        member,
+    ))
+    .await?;
     if stream.wants_response_transform() {
         return Ok(Some(crate::wasm_filters::FilterBody::new(stream)));
     }
@@ -114,11 +120,13 @@ pub(crate) async fn forward(
     body: Option<ClientBody>,
 ) -> Result<(Response<DownBody>, std::net::SocketAddr), Local> {
     let svc = route.svc;
-    // Bodies with or without a length are held to max_body_size and min_body_rate.
-    let body =
-        body.map(|b| Limited::new(b, svc.max_body_size, svc.min_body_rate, svc.header_timeout));
+    // Bodies with or without a length are held to max_body_size and min_body_rate; a request
+    // without one (most) costs no limiter.
+    let body = body
+        .filter(|b| !b.is_end_stream())
+        .map(|b| Limited::new(b, svc.max_body_size, svc.min_body_rate, svc.header_timeout));
     let verdict = body.as_ref().map(Limited::verdict_handle);
-    let has_body = body.as_ref().is_some_and(|b| !b.is_end_stream());
+    let has_body = body.is_some();
     let framing = match head.content_length {
         Some(n) if n > 0 => ReqFraming::Length(n),
         _ if has_body => ReqFraming::Chunked,
@@ -130,7 +138,7 @@ pub(crate) async fn forward(
         svc,
         down,
         head,
-        body: body.filter(|_| has_body),
+        body,
         framing,
         verdict,
         private: route.private_conns(),

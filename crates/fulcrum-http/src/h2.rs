@@ -510,7 +510,8 @@ async fn handle(
     req: http::Request<RecvStream>,
 ) -> Result<Response<DownBody>, Dropped> {
     svc.stats.requests_total.fetch_add(1, Ordering::Relaxed);
-    let started = Instant::now();
+    // The clock is read for the access log only.
+    let started = svc.access_log.is_some().then(Instant::now);
     let (parts, recv) = req.into_parts();
     let mut body = RecvBody::new(recv);
     let mut head = match checked_head(&svc, &parts, &mut body).await {
@@ -522,7 +523,14 @@ async fn handle(
     // Filters see the request before the rules, and may answer it themselves.
     let filters = Mutex::new(None);
     let refused = match &svc.filters {
-        Some(chain) => request_filters(st, &svc, chain, &mut head, &mut body, &filters).await,
+        // Boxed, like the cache's way below: these rarer paths would otherwise size the
+        // future of every stream (it is moved into its box at each accept).
+        Some(chain) => {
+            Box::pin(request_filters(
+                st, &svc, chain, &mut head, &mut body, &filters,
+            ))
+            .await
+        }
         None => None,
     };
     let down = Downstream {
@@ -555,7 +563,7 @@ async fn handle(
                 .as_deref()
                 .and_then(fulcrum_wasm::Stream::chosen_member);
             let answer = if svc.cache.as_ref().is_some_and(|c| c.applies(&head)) {
-                through_cache(st, &down, route, &head, body, &filters).await
+                Box::pin(through_cache(st, &down, route, &head, body, &filters)).await
             } else {
                 to_member(&svc, &down, route, &head, body).await
             };
@@ -573,18 +581,20 @@ async fn handle(
             (local_response(&l, rule, head.method), l.status, None)
         }
     };
-    let bytes = response
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let outcome = Outcome {
-        status,
-        bytes,
-        member,
-    };
-    log(st, &svc, &head, outcome, started, rule);
+    if svc.access_log.is_some() {
+        let bytes = response
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let outcome = Outcome {
+            status,
+            bytes,
+            member,
+        };
+        log(st, &svc, &head, outcome, started, rule);
+    }
     Ok(response)
 }
 
@@ -617,7 +627,7 @@ async fn checked_head(
                 .bodies_too_large
                 .fetch_add(1, Ordering::Relaxed);
             svc.http_stats.count_status(413);
-            discard_briefly(body, n).await;
+            Box::pin(discard_briefly(body, n)).await;
             let l = Local::error(413, "request body larger than max_body_size");
             return Err(local_response(&l, None, head.method));
         }
@@ -727,7 +737,7 @@ fn log(
     svc: &HttpService,
     req: &RequestHead,
     outcome: Outcome,
-    started: Instant,
+    started: Option<Instant>,
     rule: Option<&CompiledRule>,
 ) {
     if let Some(l) = &svc.access_log {
@@ -736,7 +746,7 @@ fn log(
             req,
             status: outcome.status,
             bytes: outcome.bytes,
-            duration: started.elapsed(),
+            duration: started.map_or(Duration::ZERO, |s| s.elapsed()),
             member: outcome.member,
             rule: rule.and_then(|r| r.name.as_deref()),
         });

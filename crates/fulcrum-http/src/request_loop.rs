@@ -137,7 +137,10 @@ pub(crate) async fn run<C: ClientSession>(
             attempts.next(req, client)?
         };
         let answer = if route.target.http2 {
-            attempt_h2(route, attempts, session, picked)
+            // Boxed: an HTTP/2 member's attempt (its connection's handshake, hyper's request)
+            // is the larger state, and would size every request's future, HTTP/1.1 members'
+            // too; it allocates far more than this box per request anyway.
+            Box::pin(attempt_h2(route, attempts, session, picked))
                 .await?
                 .map(MemberAnswer::Http2)
         } else {
