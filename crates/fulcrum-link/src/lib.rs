@@ -565,6 +565,10 @@ fn family_slots(
     let index: Vec<usize> = (0..members.len())
         .filter(|&i| keep.get(i).copied().unwrap_or(false))
         .collect();
+    if index.is_empty() {
+        // No member carries this family (an IPv6-only pool's IPv4 table): no slots.
+        return (Vec::new(), vec![0; members.len()]);
+    }
     let pick = |i: &usize| members[*i].clone();
     let sub: Vec<_> = index.iter().map(pick).collect();
     let sub_loads: Vec<LinkLoad> = index.iter().map(|&i| loads[i]).collect();

@@ -14,6 +14,8 @@
 //! gets its answers.
 
 mod common;
+#[path = "common/lab.rs"]
+mod lab;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -180,6 +182,12 @@ fn net(tag: &str) -> Net {
     let lan = lab.ns("lan").unwrap();
     let fl = lab.ns("fl").unwrap();
     let inet = lab.ns("inet").unwrap();
+    let isps: Vec<Ns> = (0..2)
+        .map(|k| lab.ns(&format!("isp{k}")).unwrap())
+        .collect();
+    for ns in [&lan, &fl, &inet].into_iter().chain(&isps) {
+        lab::no_dad(ns);
+    }
     lab.veth(&lan, "eth0", &fl, "lan0").unwrap();
     lan.addr("eth0", "198.18.100.2/24").unwrap();
     fl.addr("lan0", "198.18.100.1/24").unwrap();
@@ -206,12 +214,10 @@ fn net(tag: &str) -> Net {
     ] {
         inet.addr("lo", a).unwrap();
     }
-    let mut isps = Vec::new();
-    for k in 0..2u8 {
-        let isp = lab.ns(&format!("isp{k}")).unwrap();
+    for (k, isp) in (0..2u8).zip(&isps) {
         let wan = format!("wan{k}");
-        lab.veth(&fl, &wan, &isp, "eth0").unwrap();
-        lab.veth(&isp, "eth1", &inet, &format!("isp{k}")).unwrap();
+        lab.veth(&fl, &wan, isp, "eth0").unwrap();
+        lab.veth(isp, "eth1", &inet, &format!("isp{k}")).unwrap();
         fl.addr(&wan, &format!("198.18.{}.2/24", k + 1)).unwrap();
         isp.addr("eth0", &format!("198.18.{}.1/24", k + 1)).unwrap();
         isp.addr("eth1", &format!("198.18.{}.1/24", k + 11))
@@ -241,7 +247,6 @@ fn net(tag: &str) -> Net {
             &format!("fd00:{}::1", k + 11),
         ])
         .unwrap();
-        isps.push(isp);
     }
     // The LAN's own IPv6 prefix is routed (no NAT) through isp1.
     isps[1]
@@ -1382,8 +1387,12 @@ async fn links_answered(f: &Fulcrum) {
     loop {
         let v = f.get_json("/api/v1/links").await;
         let links = v["links"].as_array().cloned().unwrap_or_default();
+        // Up, answered, and (for a link with weight) its slots in the kernel's table: the API
+        // counts them once the map is written.
         let answered = |l: &serde_json::Value| {
-            l["health"] == "up" && l["targets"][0]["rtt_ms"].as_f64().is_some()
+            l["health"] == "up"
+                && l["targets"][0]["rtt_ms"].as_f64().is_some()
+                && (l["weight"] == 0 || l["slots"].as_u64() > Some(0))
         };
         if !links.is_empty() && links.iter().all(answered) {
             return;

@@ -405,3 +405,13 @@ rise = 2
 "#
     )
 }
+
+/// Turns off IPv6 duplicate address detection for the interfaces `ns` gets from now on (call it
+/// before the veths): while the link-local addresses are tentative, for a second or two, the
+/// first packets to a fresh neighbour can wait for a retransmission.
+pub fn no_dad(ns: &Ns) {
+    for scope in ["all", "default"] {
+        ns.sysctl(&format!("net.ipv6.conf.{scope}.accept_dad"), "0")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
