@@ -1471,6 +1471,12 @@ async fn ipv6_flows_spread_by_weight_keep_their_link_and_leave_a_pulled_line() {
     assert_eq!(la["gateway6"], "fd00:1::1", "{la}");
     assert_eq!(la["snat6"], SNAT6_A, "{la}");
     assert_eq!(link(&f, "b").await["nat6"], "none");
+    let m = f.api("GET", "/metrics", None).await.unwrap().text();
+    for family in ["ipv4", "ipv6"] {
+        let line =
+            format!("fulcrum_link_family{{outbound=\"lan\",link=\"b\",family=\"{family}\"}} 1");
+        assert!(m.contains(&line), "{line}\n{m}");
+    }
 
     // Long-lived IPv6 flows, then every new flow to b: the running ones keep their link.
     let long: Vec<BufReader<TcpStream>> = net

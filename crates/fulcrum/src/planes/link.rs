@@ -155,6 +155,18 @@ impl LinkPlane {
             let v = l["slots"].as_f64().unwrap_or(0.0);
             samples.sample(&[("outbound", &o), ("link", &n)], v);
         }
+        let mut samples = out.gauge(
+            "fulcrum_link_family",
+            "1 for each address family the link has a next hop of (its flows of that family can take it).",
+        );
+        for l in links {
+            let (o, n) = (label(l, "outbound"), label(l, "name"));
+            for (family, key) in [("ipv4", "gateway"), ("ipv6", "gateway6")] {
+                if !l[key].is_null() {
+                    samples.sample(&[("outbound", &o), ("link", &n), ("family", family)], true);
+                }
+            }
+        }
         if let Some(proxies) = view["dns_proxies"].as_array().filter(|p| !p.is_empty()) {
             let mut samples = out.counter(
                 "fulcrum_link_dns_proxy_refused_total",
