@@ -19,14 +19,14 @@ mod route;
 pub mod transparent;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fulcrum_balance::{kernel_slots, CheckSpec, LinkLoad, Pool};
 use fulcrum_config::{Algorithm, Config, MonitorKind};
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -136,7 +136,7 @@ struct OutboundState {
     plan: plan::OutboundPlan,
     pool: Arc<Pool>,
     stats: Vec<Arc<LinkStats>>,
-    /// `rtt` pools: destination /24 prefixes the LAN's flows went to, each with an address
+    /// `rtt` pools: destination prefixes (IPv4 /24, IPv6 /48) the LAN's flows went to, each with an address
     /// seen there and the round-trip time through each link (None: no answer yet).
     rtt: Mutex<RttTable>,
     /// DNS queries to the proxy from outside the LAN, dropped (its nftables counter).
@@ -144,7 +144,7 @@ struct OutboundState {
 }
 
 /// Destination prefix → (an address seen there, round-trip time through each link in µs).
-type RttTable = HashMap<Ipv4Net, (Ipv4Addr, Vec<Option<f64>>)>;
+type RttTable = HashMap<IpNet, (IpAddr, Vec<Option<f64>>)>;
 
 /// Destination prefixes an `rtt` pool measures at most.
 const RTT_PREFIXES: usize = 256;
@@ -354,7 +354,7 @@ impl Links {
 }
 
 /// `rtt` pools learn where the LAN's flows go: the destinations of the flows with their marks
-/// in the connection table, by /24.
+/// in the connection table, by /24 (IPv4) and /48 (IPv6).
 fn learn_destinations(outbounds: &[Arc<OutboundState>], flows: &mut flows::FlowWatch) {
     let seen = flows.destinations(1024);
     for o in outbounds
@@ -367,14 +367,15 @@ fn learn_destinations(outbounds: &[Arc<OutboundState>], flows: &mut flows::FlowW
                 if rtt.len() >= RTT_PREFIXES {
                     return;
                 }
-                // IPv6 destinations follow the weights and the isp tables (documented).
-                let IpAddr::V4(dst) = dst else {
+                // A /24 is about one site of an IPv4 network; a /48 is one site of an IPv6 one.
+                let prefix = match dst {
+                    IpAddr::V4(a) => Ipv4Net::new(*a, 24).map(|p| IpNet::V4(p.trunc())),
+                    IpAddr::V6(a) => Ipv6Net::new(*a, 48).map(|p| IpNet::V6(p.trunc())),
+                };
+                let Ok(prefix) = prefix else {
                     continue;
                 };
-                let Ok(p) = Ipv4Net::new(*dst, 24) else {
-                    continue;
-                };
-                rtt.entry(p.trunc())
+                rtt.entry(prefix)
                     .or_insert_with(|| (*dst, vec![None; o.plan.links.len()]));
             }
         }
@@ -416,29 +417,35 @@ fn echo_monitor() -> fulcrum_config::Monitor {
 /// every link; the fastest link takes the prefix's new flows.
 async fn rtt_loop(o: Arc<OutboundState>, wake: Arc<tokio::sync::Notify>) {
     let monitor = echo_monitor();
-    let vias: Vec<Option<fulcrum_health::Via>> = o
+    // Per link, its way out for each family it has a next hop of (IPv4, IPv6).
+    type Vias = (Option<fulcrum_health::Via>, Option<fulcrum_health::Via>);
+    let vias: Vec<Vias> = o
         .plan
         .links
         .iter()
-        .map(|l| fulcrum_health::Via::new(&l.interface, l.snat.map(IpAddr::V4), l.mark))
+        .map(|l| {
+            let via = |source| fulcrum_health::Via::new(&l.interface, source, l.mark);
+            (
+                l.gateway.and_then(|_| via(l.snat.map(IpAddr::V4))),
+                l.gateway6
+                    .and_then(|_| via(l.nat6.address().map(IpAddr::V6))),
+            )
+        })
         .collect();
     let mut every = tokio::time::interval(RTT_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let targets: Vec<(Ipv4Net, Ipv4Addr)> =
+        let targets: Vec<(IpNet, IpAddr)> =
             o.rtt.lock().iter().map(|(p, (a, _))| (*p, *a)).collect();
         for (prefix, addr) in targets {
-            let runs = vias.iter().map(|via| {
+            let runs = vias.iter().map(|(via4, via6)| {
                 let monitor = &monitor;
+                let via = if addr.is_ipv6() { *via6 } else { *via4 };
                 async move {
-                    let via = (*via)?;
-                    let r = fulcrum_health::probe_through(
-                        monitor,
-                        SocketAddr::new(IpAddr::V4(addr), 0),
-                        via,
-                    )
-                    .await;
+                    let via = via?;
+                    let r =
+                        fulcrum_health::probe_through(monitor, SocketAddr::new(addr, 0), via).await;
                     r.ok.then_some(r.rtt.as_secs_f64() * 1e6)
                 }
             });

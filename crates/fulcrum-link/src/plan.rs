@@ -100,11 +100,13 @@ impl OutboundPlan {
                 .any(|l| !l.isp_prefixes.is_empty() || !l.isp_shipped.is_empty())
     }
 
-    /// Whether IPv6 destinations have a proximity map (`rtt` measures IPv4 prefixes only).
+    /// Whether IPv6 destinations have a proximity map (`rtt`'s measured /48s, isp tables).
     pub fn proximity6(&self) -> bool {
-        self.links
-            .iter()
-            .any(|l| !l.isp_prefixes6.is_empty() || !l.isp_shipped6.is_empty())
+        self.algorithm == Algorithm::Rtt
+            || self
+                .links
+                .iter()
+                .any(|l| !l.isp_prefixes6.is_empty() || !l.isp_shipped6.is_empty())
     }
 
     /// Whether the group places IPv6 flows: IPv6 sources (outbounds), or gateways with an IPv6
@@ -578,7 +580,7 @@ fn policy_elements(o: &OutboundPlan, up: &[bool]) -> String {
 
 /// Destination prefixes → link: the measured nearest link per prefix (`rtt`), then the static
 /// `isp` tables.
-pub type Nearest = Vec<(Ipv4Net, usize)>;
+pub type Nearest = Vec<(IpNet, usize)>;
 
 fn range4(p: &Ipv4Net) -> (u128, u128) {
     (
@@ -591,13 +593,14 @@ fn range6(p: &Ipv6Net) -> (u128, u128) {
     (u128::from(p.network()), u128::from(p.broadcast()))
 }
 
-fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)]) -> String {
+fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(IpNet, usize)]) -> String {
     // A destination in two links' tables goes to the first that is up: measured prefixes,
     // then every link's explicit prefixes, then the shipped table's (thousands for a country).
     let mut seen = Disjoint::default();
     let mut parts = Vec::new();
     let is_up = |i: usize| up.get(i).copied().unwrap_or(false);
     for (p, i) in nearest {
+        let IpNet::V4(p) = p else { continue };
         if let (Some(l), true) = (o.links.get(*i), is_up(*i)) {
             if seen.insert(range4(p)) {
                 parts.push(format!("{p} : {:#x}", l.mark));
@@ -628,12 +631,20 @@ fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(Ipv4Net, usize)
     parts.join(", ")
 }
 
-/// The IPv6 proximity map: every link's explicit IPv6 prefixes, then the shipped table's, as for
-/// IPv4 (`rtt` measures IPv4 prefixes only).
-fn proximity6_elements(o: &OutboundPlan, up: &[bool]) -> String {
+/// The IPv6 proximity map, as for IPv4: the measured /48 prefixes (`rtt`), every link's
+/// explicit IPv6 prefixes, then the shipped table's.
+fn proximity6_elements(o: &OutboundPlan, up: &[bool], nearest: &[(IpNet, usize)]) -> String {
     let mut seen = Disjoint::default();
     let mut parts = Vec::new();
     let is_up = |i: usize| up.get(i).copied().unwrap_or(false);
+    for (p, i) in nearest {
+        let IpNet::V6(p) = p else { continue };
+        if let (Some(l), true) = (o.links.get(*i), is_up(*i)) {
+            if seen.insert(range6(p)) {
+                parts.push(format!("{p} : {:#x}", l.mark));
+            }
+        }
+    }
     let links = || o.links.iter().enumerate().filter(|(i, _)| is_up(*i));
     for (_, l) in links() {
         for p in &l.isp_prefixes6 {
@@ -759,7 +770,7 @@ fn render_group_maps(
     o: &OutboundPlan,
     slots: &GroupSlots,
     up: &[bool],
-    nearest: &[(Ipv4Net, usize)],
+    nearest: &[(IpNet, usize)],
 ) {
     let k = o.index;
     // The key type only sets the width (32-bit integer) of the slot number.
@@ -813,7 +824,7 @@ fn render_group_maps(
                 render_map(
                     s,
                     &format!("prox6_{k} {{ type ipv6_addr : mark; flags interval"),
-                    &proximity6_elements(o, up),
+                    &proximity6_elements(o, up, nearest),
                 );
             }
         }
@@ -1144,7 +1155,11 @@ pub fn render_maps(
         }
         if o.proximity6() && !o.sources6.is_empty() {
             let _ = writeln!(s, "flush map inet {TABLE} prox6_{k}");
-            let el = proximity6_elements(o, up.get(g).map_or(&[][..], |v| v));
+            let el = proximity6_elements(
+                o,
+                up.get(g).map_or(&[][..], |v| v),
+                nearest.get(g).map_or(&[][..], |v| v),
+            );
             if !el.is_empty() {
                 let _ = writeln!(s, "add element inet {TABLE} prox6_{k} {{ {el} }}");
             }
@@ -1364,6 +1379,18 @@ pool = "uplinks"
         }
         // snat6 = "none": a's IPv6 flows leave untouched; b carries no IPv6.
         assert!(!t.contains("nfproto ipv6 meta mark"), "{t}");
+        // `rtt`'s measured IPv6 /48s come first, as its IPv4 /24s do.
+        let measured: Nearest = vec![("fd00:77:1::/48".parse().unwrap(), 0)];
+        let t = render_maps(
+            &plan,
+            std::slice::from_ref(&slots),
+            &[vec![true, true]],
+            &[measured],
+        );
+        assert!(
+            t.contains("prox6_0 { fd00:77:1::/48 : 0x464c0001, fd00:64::/48 : 0x464c0001 }"),
+            "{t}"
+        );
         let m = render_maps(&plan, &[slots], &[vec![true, false]], &[]);
         assert!(m.contains("flush map inet fulcrum_link slots6_0"), "{m}");
         assert!(

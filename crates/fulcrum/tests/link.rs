@@ -551,11 +551,22 @@ async fn weights_snat_stickiness_failover_proximity_and_cleanup() {
 
 /// Until `deadline`, the first moment `n` new flows in a row all leave by `who`.
 fn settles_on(lan: &Ns, who: &'static str, n: usize, within: Duration) -> Option<Duration> {
+    settles_on_server(lan, SERVER, who, n, within)
+}
+
+/// As `settles_on`, for new flows to `server`.
+fn settles_on_server(
+    lan: &Ns,
+    server: &'static str,
+    who: &'static str,
+    n: usize,
+    within: Duration,
+) -> Option<Duration> {
     lan.thread(move || {
         let start = Instant::now();
         let mut streak = 0;
         while start.elapsed() < within {
-            let got = open(SERVER, Duration::from_millis(300))
+            let got = open(server, Duration::from_millis(300))
                 .and_then(|mut s| ask(&mut s))
                 .unwrap_or_else(|_| "fail".into());
             streak = if got == who { streak + 1 } else { 0 };
@@ -1064,6 +1075,72 @@ async fn rtt_sends_a_destination_prefix_to_the_link_that_answers_it_fastest() {
     let took = took
         .unwrap_or_else(|| panic!("198.19.0.0/24 did not move to the fast line:\n{}", f.logs()));
     eprintln!("rtt: the prefix settled on the fast line after {took:?}");
+}
+
+/// The same for IPv6: the destination /48 is learned and measured through both lines, and its
+/// new flows move to the fast one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtt_sends_an_ipv6_destination_prefix_to_the_link_that_answers_it_fastest() {
+    let net = net("rtt6");
+    net.fl
+        .exec(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "wan1", "root", "tbf", "rate", "2mbit", "burst", "16kbit",
+                "latency", "500ms",
+            ],
+        )
+        .unwrap();
+    let f = start(
+        &net,
+        &config6([0, 1], "").replace("\"weighted_round_robin\"", "\"rtt\""),
+    )
+    .await;
+    links_answered(&f).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    // The upload keeps line b's queue full (IPv4: the queue is the line's, whatever the
+    // family).
+    let upload = net.lan.thread({
+        let stop = stop.clone();
+        move || {
+            let mut s =
+                TcpStream::connect_timeout(&FAR_SINK.parse().unwrap(), Duration::from_secs(1))
+                    .unwrap();
+            let chunk = vec![0u8; 64 * 1024];
+            let end = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    // Flows to fd00:19::10 start on b (no IPv6 NAT: the client's own address) by weight; once
+    // fd00:19::/48 is learned and pinged through both lines, they take a.
+    let seen = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || flows(&lan, SERVER6, 5)
+    })
+    .await
+    .unwrap();
+    assert!(seen.get(CLIENT6).is_some_and(|&n| n >= 1), "{seen:?}");
+    let took = tokio::task::spawn_blocking({
+        let lan = net.lan.clone();
+        move || settles_on_server(&lan, SERVER6, SNAT6_A, 20, Duration::from_secs(15))
+    })
+    .await
+    .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    upload.join().unwrap().unwrap();
+    let took =
+        took.unwrap_or_else(|| panic!("fd00:19::/48 did not move to the fast line:\n{}", f.logs()));
+    eprintln!("rtt: the IPv6 prefix settled on the fast line after {took:?}");
+    let table = net
+        .fl
+        .exec("nft", &["list", "map", "inet", "fulcrum_link", "prox6_0"])
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(table.contains("fd00:19::/48 : 0x464c0001"), "{table}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
