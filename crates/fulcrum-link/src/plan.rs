@@ -902,6 +902,24 @@ fn render_choose_chain(s: &mut String, o: &OutboundPlan, slots: &GroupSlots) {
         String::new()
     } else {
         let _ = writeln!(s, "    ct mark set meta l4proto . th dport map @policy_{k}");
+        // A rule's link without a next hop of the flow's family cannot carry it: the flow is
+        // placed as if no rule matched.
+        for (nfproto, v6) in [("ipv4", false), ("ipv6", true)] {
+            let lacking: Vec<String> = o
+                .links
+                .iter()
+                .zip(o.family_members(v6))
+                .filter(|(_, has)| !has)
+                .map(|(l, _)| format!("{:#x}", l.mark))
+                .collect();
+            if !lacking.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "    meta nfproto {nfproto} ct mark {{ {} }} ct mark set 0",
+                    lacking.join(", ")
+                );
+            }
+        }
         format!("ct mark and {MARK_MASK:#x} != {MARK_BASE:#x} ")
     };
     if o.proximity() {
@@ -1396,6 +1414,19 @@ pool = "uplinks"
         assert!(
             m.contains("add element inet fulcrum_link prox6_0 { fd00:64::/48 : 0x464c0001 }"),
             "{m}"
+        );
+        // A port rule to b, which has no IPv6 next hop: IPv6 flows it matches are placed as
+        // without it.
+        let ruled = format!("{text}[[outbound.rule]]\nprotocol = \"udp\"\nlink = \"b\"\n");
+        let cfg = fulcrum_config::parse(&ruled, "t.toml", Path::new(".")).unwrap();
+        let t = render_table(&build(&cfg).unwrap(), &[GroupSlots::default()], &[], &[]);
+        let policy = t.find("map @policy_0").expect("policy");
+        let unset = t
+            .find("meta nfproto ipv6 ct mark { 0x464c0002 } ct mark set 0")
+            .expect("b's IPv6 flows unmarked");
+        assert!(
+            policy < unset && unset < t.find("map @prox_0").unwrap_or(0),
+            "{t}"
         );
         // Source persistence hashes the IPv6 source into the IPv6 table.
         let by_source = text.replace(
