@@ -1,5 +1,6 @@
-//! Bodies that cross hyper's HTTP/2 (client side, or members with `http2 = true`): a request body
-//! sent to an HTTP/2 member, and a response body streamed from a member to an HTTP/2 client.
+//! Bodies that cross HTTP/2 (Fulcrum's h2 server for clients, hyper's client for members with
+//! `http2 = true`): a request body sent to an HTTP/2 member, and a response body streamed from a
+//! member to an HTTP/2 client.
 //! HTTP/1.1 to HTTP/1.1 never goes through these: it moves bytes between sockets directly.
 
 use std::future::Future;
@@ -327,8 +328,7 @@ pub enum DownBody {
     Member(Box<MemberBody>),
     Relay(Box<Relay>),
     /// Any of the above through a body filter: the cache (a stored body, or a member's while
-    /// it is stored), compression (both written once for both client protocols), and the HTTP/2
-    /// progress watchdog.
+    /// it is stored), compression (both written once for both client protocols).
     Filtered(UnsyncBoxBody<Bytes, BoxError>),
 }
 

@@ -314,8 +314,8 @@ impl request_loop::ClientSession for StreamSession<'_, '_> {
     ) -> Result<ResponseHead, RespError> {
         let mut timer = crate::timer::Timer::new();
         timer.set(deadline);
-        // Interim heads reach an HTTP/1.1 client only (HTTP/2 clients: hyper's server sends
-        // none; HTTP/1.0 has none).
+        // Interim heads reach an HTTP/1.1 client only (HTTP/2 clients: Fulcrum's h2 server
+        // sends none; HTTP/1.0 has none).
         let interim = self.down.interim;
         let version = if interim.is_some() {
             Version::Http11
