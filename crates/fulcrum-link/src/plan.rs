@@ -1268,11 +1268,28 @@ pool = "uplinks"
                 &format!("cidrs = [\"{office}\"]\n\n[[ip_table]]\nname = \"ct\"\nasns = [4134]"),
             )
             .replace("weight = 3", "weight = 3\nisp = \"ct\"");
-        let cfg = fulcrum_config::parse(&cfg, "t.toml", Path::new(".")).unwrap();
+        let cfg_text = cfg;
+        let cfg = fulcrum_config::parse(&cfg_text, "t.toml", Path::new(".")).unwrap();
         let plan = build(&cfg).unwrap();
         let o = &plan.outbounds[0];
         assert!(o.links[0].isp_prefixes.is_empty());
         assert!(o.links[0].isp_shipped.len() >= Ipv4Net::aggregate(&telecom).len() / 2);
+        // An IPv4-only line takes none of the AS's IPv6 prefixes; with an IPv6 next hop it
+        // takes them all.
+        assert!(o.links[0].isp_shipped6.is_empty());
+        let telecom6 = data
+            .asn_prefixes(&[4134])
+            .into_iter()
+            .filter(|n| matches!(n, ipnet::IpNet::V6(_)))
+            .count();
+        assert!(telecom6 > 0, "the shipped table has AS4134's IPv6 prefixes");
+        let dual = cfg_text.replace(
+            "snat = \"198.18.1.2\"",
+            "snat = \"198.18.1.2\"\ngateway6 = \"fd00:1::1\"",
+        );
+        let dual = fulcrum_config::parse(&dual, "t.toml", Path::new(".")).unwrap();
+        let plan6 = build(&dual).unwrap();
+        assert!(!plan6.outbounds[0].links[0].isp_shipped6.is_empty());
         let m = render_maps(&plan, &[vec![0, 1, 0].into()], &[vec![true, true]], &[]);
         let (a, b) = (o.links[0].mark, o.links[1].mark);
         assert!(

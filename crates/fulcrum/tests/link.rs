@@ -1314,6 +1314,60 @@ pool = "firewalls"
     }
 }
 
+/// `fulcrum check` on dual-stack configurations: the test's own is accepted; each thing that
+/// cannot work is refused with the file, its line, the key and what is expected.
+#[test]
+fn check_refuses_ipv6_settings_that_cannot_work() {
+    let good = config6([1, 1], "dns_proxy6 = \"[fd00:100::1]:53\"");
+    let (ok, text) = check(&good);
+    assert!(ok, "{text}");
+    for (from, to, key, expected) in [
+        (
+            "gateway6 = \"fd00:1::1\"",
+            "gateway6 = \"198.18.1.9\"",
+            "pool[0].member[0].gateway6",
+            "expected an IPv6 address",
+        ),
+        (
+            "snat6 = \"fd00:1::2\"",
+            "snat6 = \"198.18.1.2\"",
+            "pool[0].member[0].snat6",
+            "expected an IPv6 address or \"none\"",
+        ),
+        (
+            "dns_proxy6 = \"[fd00:100::1]:53\"",
+            "dns_proxy6 = \"198.18.100.1:53\"",
+            "outbound[0].dns_proxy6",
+            "expected an IPv6 socket address",
+        ),
+    ] {
+        let bad = good.replace(from, to);
+        assert_ne!(bad, good, "{from}");
+        let line = bad.lines().position(|l| l == to).map_or(0, |n| n + 1);
+        let (ok, text) = check(&bad);
+        assert!(!ok, "{to} passed: {text}");
+        assert!(
+            text.contains(&format!("bad.toml:{line}")) && text.contains(key),
+            "{to}: {text}"
+        );
+        assert!(text.contains(expected), "{to}: {text}");
+    }
+    // IPv6 sources when no line has an IPv6 next hop: the source is named.
+    let v4_lines = good
+        .replace("gateway6 = \"fd00:1::1\"\n", "")
+        .replace("gateway6 = \"fd00:2::1\"\n", "")
+        .replace("snat6 = \"fd00:1::2\"\n", "")
+        .replace("snat6 = \"none\"\n", "")
+        .replace("\"fd00:19::10\", \"fd00:19::11\"", "\"198.19.0.10\"");
+    let (ok, text) = check(&v4_lines);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("outbound[0].sources[1]")
+            && text.contains("no link of pool \"uplinks\" has an IPv6 next hop"),
+        "{text}"
+    );
+}
+
 /// The link plane's kernel state with the counters taken out (they move with traffic).
 fn link_kernel_text(fl: &Ns) -> String {
     let mut out = String::new();
