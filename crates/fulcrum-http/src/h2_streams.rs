@@ -62,10 +62,16 @@ impl<'a> StreamTask<'a> {
         }
     }
 
-    /// When its response body is in flight: the last time the body yielded (clock::now_ms).
-    fn progress(&self) -> Option<u64> {
-        match &self.phase {
-            Phase::Body(p) if p.body.is_some() => Some(p.progress),
+    /// When its response body is in flight: since when it has yielded nothing (clock::now_ms),
+    /// as far as the sweeps saw. A body that yielded since the last sweep starts afresh now.
+    fn progress(&mut self, now: u64) -> Option<u64> {
+        match &mut self.phase {
+            Phase::Body(p) if p.body.is_some() => {
+                if p.progress == MOVED {
+                    p.progress = now;
+                }
+                Some(p.progress)
+            }
             _ => None,
         }
     }
@@ -187,6 +193,10 @@ fn strip_connection_fields(fields: &mut HeaderMap) {
     }
 }
 
+/// `Pipe::progress` when the body yielded since the last sweep: the clock is read by the
+/// sweeps, not per stream or per frame (`clock::now_ms` is never 0).
+const MOVED: u64 = 0;
+
 /// A response body on its way into h2's send stream, within the client's window.
 struct Pipe {
     tx: SendStream<Bytes>,
@@ -194,7 +204,7 @@ struct Pipe {
     body: Option<DownBody>,
     /// A chunk taken from the body, waiting for window; the body is not polled meanwhile.
     buffered: Option<(Bytes, bool)>,
-    /// When the body last yielded (clock::now_ms).
+    /// Since when the body has yielded nothing (clock::now_ms, set by the sweeps), or `MOVED`.
     progress: u64,
     /// The task to wake when the sweep takes the body away.
     waker: Option<Waker>,
@@ -206,7 +216,7 @@ impl Pipe {
             tx,
             body: Some(body),
             buffered: None,
-            progress: clock::now_ms(),
+            progress: MOVED,
             waker: None,
         }
     }
@@ -251,11 +261,15 @@ impl Pipe {
             match Pin::new(body).poll_frame(cx) {
                 Poll::Pending => return self.park(cx),
                 Poll::Ready(Some(Ok(frame))) => {
-                    self.progress = clock::now_ms();
+                    self.progress = MOVED;
                     match frame.into_data() {
                         Ok(data) => {
                             let eos = self.body.as_ref().is_none_or(|b| b.is_end_stream());
-                            if data.is_empty() {
+                            // The last chunk goes to h2 at once, which sends it as the window
+                            // opens: the body is done (its member connection released), so
+                            // nothing is held for a slow reader but this chunk, as when it
+                            // waited here. Most responses are one chunk.
+                            if data.is_empty() || eos {
                                 if self.tx.send_data(data, eos).is_err() || eos {
                                     return Poll::Ready(());
                                 }
@@ -304,7 +318,7 @@ pub(crate) fn sweep<'s, 'a: 's>(
     let now = clock::now_ms();
     let mut out = Sweep { stalled: 0 };
     for s in streams {
-        if s.progress()
+        if s.progress(now)
             .is_some_and(|p| now.saturating_sub(p) >= limit_ms)
         {
             s.stall();
