@@ -17,6 +17,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# A clean clone gains nothing from incremental compilation, and its caches roughly double the
+# build's footprint on disk (a CI run once failed on a full disk while linking test binaries).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 # Many sockets at once in the load tests.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
