@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use fulcrum_net::forward::{forward_watched, write_all, End, ForwardOptions, ZeroWindowWatch};
 use fulcrum_net::listener::StreamHandler;
 use fulcrum_net::stats::ServiceStats;
-use fulcrum_net::tracker::Tracker;
+use fulcrum_net::tracker::{Tracked, Tracker};
 
 use crate::rules::{Choice, L4Rules};
 
@@ -77,10 +77,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 impl StreamHandler for TcpService {
     fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
         let tracked = self.tracker.track();
-        tokio::spawn(async move {
-            self.serve(stream, peer, local).await;
-            drop(tracked);
-        });
+        // `serve` is the task itself: a wrapping async block would keep a second copy of the
+        // arguments in every connection's task.
+        tokio::spawn(self.serve(tracked, stream, peer, local));
     }
 }
 
@@ -95,7 +94,15 @@ pub fn l4_hash(key: &HashKey, client: SocketAddr) -> Option<u64> {
 }
 
 impl TcpService {
-    async fn serve(&self, mut client: TcpStream, peer: SocketAddr, local: SocketAddr) {
+    /// Parameters are dropped in reverse order: `tracked` comes before the sockets so that a
+    /// shutdown waiting on the tracker finds them closed, as when it was dropped after `serve`.
+    async fn serve(
+        self: Arc<Self>,
+        _tracked: Tracked,
+        mut client: TcpStream,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) {
         if self.max_connections > 0
             && self.stats.connections_active.load(Ordering::Relaxed)
                 >= u64::from(self.max_connections)
@@ -125,14 +132,15 @@ impl TcpService {
         let pool = &route.pool;
         let mut attempts = attempts_in(pool, peer, remembered);
         loop {
+            // Boxed: a task is as large as its largest await, and the connect (source address,
+            // VRF, timeout, PROXY header) is larger than the forwarding an idle connection
+            // waits in. Inline, every idle connection would keep that room for its lifetime.
             let Some(MemberConnection {
                 picked,
                 stream: mut member_stream,
                 connect_time,
                 _counted,
-            }) = self
-                .open_member(pool, peer, local, &mut attempts, key.as_ref())
-                .await
+            }) = Box::pin(self.open_member(pool, peer, local, &mut attempts, key.as_ref())).await
             else {
                 return;
             };
