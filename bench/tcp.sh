@@ -3,6 +3,9 @@
 # Proxy pinned alone on one CPU; wrk and two nginx backends on the other. Reports the proxy's CPU
 # time per request (keep-alive clients, and a new connection per request), req/s, p99, and
 # memory per idle proxied connection; medians of ROUNDS runs of SECS seconds, alternating peers.
+# MEM_ONLY=1: only the memory row (no wrk rounds before it), for iterating on connection size.
+# NO_THP=1: both proxies run without transparent huge pages (bench/no_thp.py), so that their
+# RSS grows by 4 KiB pages rather than 2 MiB ones and the memory row resolves bytes, not KiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -10,6 +13,7 @@ ROUNDS=${ROUNDS:-3} SECS=${SECS:-8} CONNS=${CONNS:-50} HOLD=${HOLD:-2000}
 need haproxy; need nginx; need wrk
 bench_build -p fulcrum
 ulimit -n "$(ulimit -Hn)"
+wrap=(); [ "${NO_THP:-0}" = 1 ] && wrap=(python3 bench/no_thp.py)
 
 work=$(mktemp -d)
 pids=()
@@ -38,7 +42,7 @@ address = "127.0.0.1:18101"
 [[pool.member]]
 address = "127.0.0.1:18102"
 CONF
-RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" $BUILD_DIR/fulcrum run -c "$work/fulcrum.toml" &
+RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "${wrap[@]}" $BUILD_DIR/fulcrum run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
 
 cat >"$work/haproxy.cfg" <<CONF
@@ -58,11 +62,12 @@ backend nginx
   server a 127.0.0.1:18101
   server b 127.0.0.1:18102
 CONF
-taskset -c "$BENCH_CPU_PROXY" haproxy -db -f "$work/haproxy.cfg" &
+taskset -c "$BENCH_CPU_PROXY" "${wrap[@]}" haproxy -db -f "$work/haproxy.cfg" &
 haproxy_pid=$!; pids+=($haproxy_pid)
 wait_port 127.0.0.1:18080; wait_port 127.0.0.1:18081
 
 declare -A cpu rps p99
+[ "${MEM_ONLY:-0}" = 1 ] && ROUNDS=0
 for round in $(seq "$ROUNDS"); do
   for mode in keepalive close; do
     extra=(); [ "$mode" = close ] && extra=(-H "Connection: close")
@@ -89,6 +94,10 @@ row() {  # row LABEL MODE
   printf '| %s: p99 latency (ms) | %s | %s | %s |\n' "$1" "$f" "$h" "$(ratio "$f" "$h")"
 }
 echo
+if [ "${MEM_ONLY:-0}" = 1 ]; then
+  printf '| memory per idle proxied connection (KiB, %s held) | %s | %s | %s |\n' "$HOLD" "$mem_f" "$mem_h" "$(ratio "$mem_f" "$mem_h")"
+  exit 0
+fi
 echo "| TCP proxy, $CONNS connections, median of $ROUNDS × ${SECS}s | Fulcrum | HAProxy $(haproxy -v | awk 'NR==1 {print $3}') | Fulcrum ÷ HAProxy |"
 echo "|---|---|---|---|"
 row "keep-alive clients" keepalive
