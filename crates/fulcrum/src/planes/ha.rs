@@ -172,8 +172,8 @@ const BATCH: usize = 1000;
 /// sync key: see `PersistTable::with_key`; the feed and the dump send no others).
 fn key_text(k: &PersistKey) -> String {
     match k {
-        PersistKey::Ip(v) => format!("i{v:032x}"),
-        PersistKey::Hashed(v) => format!("h{v:032x}"),
+        PersistKey::Ip(v) => format!("i{:032x}", v.get()),
+        PersistKey::Hashed(v) => format!("h{:032x}", v.get()),
     }
 }
 
@@ -184,8 +184,8 @@ fn key_parse(s: &str) -> Option<PersistKey> {
     }
     let v = u128::from_str_radix(hex, 16).ok()?;
     match kind {
-        "i" => Some(PersistKey::Ip(v)),
-        "h" => Some(PersistKey::Hashed(v)),
+        "i" => Some(PersistKey::Ip(v.into())),
+        "h" => Some(PersistKey::Hashed(v.into())),
         _ => None,
     }
 }
@@ -1162,10 +1162,10 @@ mod tests {
             PersistKey::source("192.0.2.7".parse().expect("ip"), 32, 128),
             PersistKey::source("2001:db8::1".parse().expect("ip"), 32, 64),
         ];
-        for k in keys
-            .into_iter()
-            .chain([PersistKey::Hashed(7), PersistKey::Hashed(u128::MAX)])
-        {
+        for k in keys.into_iter().chain([
+            PersistKey::Hashed(7.into()),
+            PersistKey::Hashed(u128::MAX.into()),
+        ]) {
             assert_eq!(key_parse(&key_text(&k)), Some(k));
         }
         for bad in [
