@@ -54,6 +54,17 @@ enum Phase<'a> {
     Done,
 }
 
+/// A stream's handler future, built in its heap slot: `Box::pin(make())` builds it on the
+/// stack and then copies it (a few KiB: the size of its largest state, not of what it holds
+/// when created) into the allocation, once per stream. Writing into an allocation that
+/// already exists lets the compiler construct it there.
+pub(crate) fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    let mut slot = Box::<F>::new_uninit();
+    slot.write(make());
+    // SAFETY: `write` initialised the whole slot just above; nothing reads it before.
+    Box::into_pin(unsafe { slot.assume_init() })
+}
+
 impl<'a> StreamTask<'a> {
     pub(crate) fn new(respond: SendResponse<Bytes>, handler: Handler<'a>) -> StreamTask<'a> {
         StreamTask {
