@@ -25,47 +25,8 @@ trap cleanup EXIT
 bench_cert "$work"
 hello_members "$M1" "$M2"
 
-cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
-[[virtual_service]]
-name = "bench"
-listen = "127.0.0.1:$F"
-protocol = "https"
-pool = "nginx"
-tls = [{ cert = "$work/site.crt", key = "$work/site.key" }]
-forward_headers = { x_forwarded_host = false, via = false }
-[[pool]]
-name = "nginx"
-algorithm = "round_robin"
-reuse = "safe"
-[[pool.member]]
-address = "127.0.0.1:$M1"
-[[pool.member]]
-address = "127.0.0.1:$M2"
-CONF
-cat >"$work/haproxy.cfg" <<CONF
-global
-  nbthread 1
-  maxconn 9000
-defaults
-  mode http
-  timeout connect 3s
-  timeout client 60s
-  timeout server 60s
-  option forwardfor
-  http-reuse safe
-frontend bench
-  bind 127.0.0.1:$H ssl crt $work/site.pem alpn h2,http/1.1
-  http-request set-header X-Forwarded-Proto https
-  default_backend nginx
-backend nginx
-  balance roundrobin
-  server a 127.0.0.1:$M1
-  server b 127.0.0.1:$M2
-CONF
+. bench/h2-configs.sh
+h2_configs
 
 # counted NAME PORT COMMAND...: events per request of COMMAND (under callgrind) over N
 # requests, after a warm-up of 5,000 that the counters are zeroed behind.
