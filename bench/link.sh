@@ -20,6 +20,9 @@ set -euo pipefail
 SECS=${SECS:-5}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${FULCRUM:-$ROOT/target/debug/fulcrum}
+. "$ROOT/bench/lib.sh"
+# A missing tool would leave its column empty rather than fail the run.
+need iperf3; need wrk; need nginx; need nftables nft
 P=bl$$
 WORK=$(mktemp -d)
 PIDS=()
