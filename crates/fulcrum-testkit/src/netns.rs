@@ -42,7 +42,9 @@ pub fn run(program: &str, args: &[&str]) -> Result<Output, String> {
 
 impl Lab {
     /// `tag`: a few letters naming the test file, so a leftover (after a kill -9) says whose it is.
+    /// Leftovers of labs whose process is gone are removed first (see `remove_orphans`).
     pub fn new(tag: &str) -> Lab {
+        remove_orphans();
         Lab {
             prefix: format!("fl-{tag}-{}", std::process::id()),
             namespaces: Vec::new(),
@@ -106,6 +108,36 @@ impl Lab {
     pub fn pid(&self, index: usize) -> Option<u32> {
         self.children.get(index).map(Child::id)
     }
+}
+
+/// Deletes the namespaces of labs whose test process no longer exists: a process killed from
+/// outside (a timeout, SIGKILL) never runs `Drop`, and its namespaces (with their nftables
+/// tables and XDP programs) would stay on the machine. Names are `fl-{tag}-{pid}-{name}`; the
+/// first all-digit part is the owner's process id. A live process id is left alone, even when
+/// reused by another process: removing a running test's lab is worse than keeping a leftover.
+fn remove_orphans() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if lab_owner(&name)
+            .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        }
+    }
+}
+
+/// The process id in a lab's namespace name, `None` for any other name.
+fn lab_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("fl-")?;
+    let mut parts = rest.split('-');
+    parts.next()?; // the tag's first part: never the process id
+    parts
+        .find(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))?
+        .parse()
+        .ok()
 }
 
 impl Drop for Lab {
@@ -245,5 +277,36 @@ mod tests {
         for n in names {
             assert!(!list.contains(&n), "{n} left behind: {list}");
         }
+    }
+
+    #[test]
+    fn lab_owner_is_the_process_id_in_a_lab_name() {
+        assert_eq!(lab_owner("fl-sand6-8110-gw3"), Some(8110));
+        assert_eq!(lab_owner("fl-ha-77-node-a"), Some(77));
+        assert_eq!(lab_owner("fl-xdp-lb"), None);
+        assert_eq!(lab_owner("blue"), None);
+        assert_eq!(lab_owner("bl123-lan"), None);
+    }
+
+    #[test]
+    fn a_new_lab_removes_the_namespaces_of_a_killed_process_and_keeps_a_live_ones() {
+        // A process id no process has: the lab of a test process killed before its drop.
+        let dead = (1_000_000..4_000_000)
+            .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            .expect("a free process id");
+        let orphan = format!("fl-orphan-{dead}-a");
+        let alive = format!("fl-orphan-{}-b", std::process::id());
+        run("ip", &["netns", "add", &orphan]).expect("orphan namespace");
+        run("ip", &["netns", "add", &alive]).expect("live namespace");
+        let _lab = Lab::new("tk2");
+        let list = run("ip", &["netns", "list"]).expect("ip netns list");
+        let list = String::from_utf8_lossy(&list.stdout).into_owned();
+        let _ = run("ip", &["netns", "del", &alive]);
+        let _ = run("ip", &["netns", "del", &orphan]);
+        assert!(!list.contains(&orphan), "{orphan} left behind: {list}");
+        assert!(
+            list.contains(&alive),
+            "{alive} of a live process removed: {list}"
+        );
     }
 }
