@@ -94,12 +94,10 @@ row() {  # row LABEL MODE
   printf '| %s: p99 latency (ms) | %s | %s | %s |\n' "$1" "$f" "$h" "$(ratio "$f" "$h")"
 }
 echo
-if [ "${MEM_ONLY:-0}" = 1 ]; then
-  printf '| memory per idle proxied connection (KiB, %s held) | %s | %s | %s |\n' "$HOLD" "$mem_f" "$mem_h" "$(ratio "$mem_f" "$mem_h")"
-  exit 0
+if [ "${MEM_ONLY:-0}" != 1 ]; then
+  echo "| TCP proxy, $CONNS connections, median of $ROUNDS × ${SECS}s | Fulcrum | HAProxy $(haproxy -v | awk 'NR==1 {print $3}') | Fulcrum ÷ HAProxy |"
+  echo "|---|---|---|---|"
+  row "keep-alive clients" keepalive
+  row "new connection per request" close
 fi
-echo "| TCP proxy, $CONNS connections, median of $ROUNDS × ${SECS}s | Fulcrum | HAProxy $(haproxy -v | awk 'NR==1 {print $3}') | Fulcrum ÷ HAProxy |"
-echo "|---|---|---|---|"
-row "keep-alive clients" keepalive
-row "new connection per request" close
 printf '| memory per idle proxied connection (KiB, %s held) | %s | %s | %s |\n' "$HOLD" "$mem_f" "$mem_h" "$(ratio "$mem_f" "$mem_h")"
