@@ -553,19 +553,29 @@ static __always_inline int set_macs(struct xdp_md *ctx, const __u8 *dst)
 	return 0;
 }
 
-static __always_inline int encap_v4(struct xdp_md *ctx, struct pkt *p, const struct real *r,
-				    __u32 hash, __u32 vip_index)
-{
+// Where encap_v4 and encap_v6 write their outer header, and the settings they read.
+struct outer {
 	struct settings *cfg;
+	void *hdr;
+};
+
+#define GO_ENCAP (-1)
+
+// The encapsulation common to both families: room made for an outer header of `len` bytes
+// after the Ethernet header, which is rewritten to go to member `r` (of `family`) from us with
+// `proto`. GO_ENCAP with `o` filled in, or the verdict.
+static __always_inline int push_outer(struct xdp_md *ctx, const struct real *r, __u32 vip_index,
+				      __u8 family, __u32 len, __u16 proto, struct outer *o)
+{
 	__u32 zero = 0;
 	__u8 old_dst[ETH_ALEN];
 	void *data, *end;
 	struct ethhdr *eth;
 
-	if (r->family != 4)
+	if (r->family != family)
 		return drop_vip(vip_index, DROP_FAMILY);
-	cfg = bpf_map_lookup_elem(&settings, &zero);
-	if (!cfg)
+	o->cfg = bpf_map_lookup_elem(&settings, &zero);
+	if (!o->cfg)
 		return XDP_ABORTED;
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -573,17 +583,29 @@ static __always_inline int encap_v4(struct xdp_md *ctx, struct pkt *p, const str
 	if ((void *)(eth + 1) > end)
 		return XDP_ABORTED;
 	__builtin_memcpy(old_dst, eth->h_dest, ETH_ALEN);
-	if (bpf_xdp_adjust_head(ctx, 0 - (int)sizeof(struct iphdr)))
+	if (bpf_xdp_adjust_head(ctx, 0 - (int)len))
 		return drop_vip(vip_index, DROP_ADJUST);
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
 	eth = data;
-	struct iphdr *ip = data + sizeof(struct ethhdr);
-	if ((void *)(ip + 1) > end)
+	if (data + sizeof(struct ethhdr) + len > end)
 		return XDP_ABORTED;
 	__builtin_memcpy(eth->h_dest, r->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, old_dst, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IP);
+	eth->h_proto = bpf_htons(proto);
+	o->hdr = data + sizeof(struct ethhdr);
+	return GO_ENCAP;
+}
+
+static __always_inline int encap_v4(struct xdp_md *ctx, struct pkt *p, const struct real *r,
+				    __u32 hash, __u32 vip_index)
+{
+	struct outer o;
+	int verdict = push_outer(ctx, r, vip_index, 4, sizeof(struct iphdr), ETH_P_IP, &o);
+	if (verdict != GO_ENCAP)
+		return verdict;
+	struct settings *cfg = o.cfg;
+	struct iphdr *ip = o.hdr;
 	ip->version = 4;
 	ip->ihl = 5;
 	ip->tos = p->tos;
@@ -607,34 +629,12 @@ static __always_inline int encap_v4(struct xdp_md *ctx, struct pkt *p, const str
 static __always_inline int encap_v6(struct xdp_md *ctx, struct pkt *p, const struct real *r,
 				    __u32 hash, __u32 vip_index)
 {
-	struct settings *cfg;
-	__u32 zero = 0;
-	__u8 old_dst[ETH_ALEN];
-	void *data, *end;
-	struct ethhdr *eth;
-
-	if (r->family != 6)
-		return drop_vip(vip_index, DROP_FAMILY);
-	cfg = bpf_map_lookup_elem(&settings, &zero);
-	if (!cfg)
-		return XDP_ABORTED;
-	data = (void *)(long)ctx->data;
-	end = (void *)(long)ctx->data_end;
-	eth = data;
-	if ((void *)(eth + 1) > end)
-		return XDP_ABORTED;
-	__builtin_memcpy(old_dst, eth->h_dest, ETH_ALEN);
-	if (bpf_xdp_adjust_head(ctx, 0 - (int)sizeof(struct ipv6hdr)))
-		return drop_vip(vip_index, DROP_ADJUST);
-	data = (void *)(long)ctx->data;
-	end = (void *)(long)ctx->data_end;
-	eth = data;
-	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
-	if ((void *)(ip6 + 1) > end)
-		return XDP_ABORTED;
-	__builtin_memcpy(eth->h_dest, r->mac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, old_dst, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IPV6);
+	struct outer o;
+	int verdict = push_outer(ctx, r, vip_index, 6, sizeof(struct ipv6hdr), ETH_P_IPV6, &o);
+	if (verdict != GO_ENCAP)
+		return verdict;
+	struct settings *cfg = o.cfg;
+	struct ipv6hdr *ip6 = o.hdr;
 	// Version 6, traffic class from the inner packet, flow label from the flow hash so that
 	// ECMP and the member's RSS spread flows even though the outer addresses repeat.
 	__u32 label = hash & 0xfffff;
@@ -655,51 +655,54 @@ static __always_inline int encap_v6(struct xdp_md *ctx, struct pkt *p, const str
 	return out(ctx, r->ifindex);
 }
 
-// DNAT of a client->VIP packet to the member: addresses, port, IPv4 header and L4 checksums.
-static __always_inline int nat_in(struct xdp_md *ctx, struct pkt *p, const struct real *r)
+// One end of a TCP or UDP packet (its destination when `dst`, else its source) rewritten to
+// `addr` and `port`, with the IPv4 header and L4 checksums. -1: the headers are not where the
+// parser found them.
+static __always_inline int rewrite_end(struct xdp_md *ctx, const struct pkt *p, int dst,
+				       const __u32 *addr, __u16 port)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
-	__u16 *l4csum = 0;
-	__u16 *dport;
+	__u16 *l4csum;
+	__u16 *portp;
 	__u32 l4 = p->l4_off;
 	int udp_zero = 0;
 
 	if (l4 > 14 + 60)
-		return XDP_ABORTED;
+		return -1;
 	if (p->k.proto == IPPROTO_TCP) {
 		struct tcphdr *th = data + l4;
 		if ((void *)(th + 1) > end)
-			return XDP_ABORTED;
+			return -1;
 		l4csum = &th->check;
-		dport = &th->dest;
+		portp = dst ? &th->dest : &th->source;
 	} else {
 		struct udphdr *uh = data + l4;
 		if ((void *)(uh + 1) > end)
-			return XDP_ABORTED;
+			return -1;
 		l4csum = &uh->check;
-		dport = &uh->dest;
+		portp = dst ? &uh->dest : &uh->source;
 		udp_zero = p->k.family == 4 && uh->check == 0;
 	}
-	__u16 sum = *l4csum;
-	__u16 new_port = r->port ? r->port : *dport;
-	sum = csum_replace2(sum, *dport, new_port);
-	*dport = new_port;
+	__u16 sum = csum_replace2(*l4csum, *portp, port);
+	*portp = port;
 	if (p->k.family == 4) {
 		struct iphdr *ip = data + sizeof(struct ethhdr);
 		if ((void *)(ip + 1) > end)
-			return XDP_ABORTED;
-		ip->check = csum_replace4(ip->check, ip->daddr, r->addr[0]);
-		sum = csum_replace4(sum, ip->daddr, r->addr[0]);
-		ip->daddr = r->addr[0];
+			return -1;
+		__u32 *a = dst ? &ip->daddr : &ip->saddr;
+		ip->check = csum_replace4(ip->check, *a, addr[0]);
+		sum = csum_replace4(sum, *a, addr[0]);
+		*a = addr[0];
 	} else {
 		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
 		if ((void *)(ip6 + 1) > end)
-			return XDP_ABORTED;
+			return -1;
+		__u32 *a = dst ? ip6->daddr.in6_u.u6_addr32 : ip6->saddr.in6_u.u6_addr32;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			sum = csum_replace4(sum, ip6->daddr.in6_u.u6_addr32[i], r->addr[i]);
-			ip6->daddr.in6_u.u6_addr32[i] = r->addr[i];
+			sum = csum_replace4(sum, a[i], addr[i]);
+			a[i] = addr[i];
 		}
 	}
 	if (udp_zero)
@@ -707,6 +710,14 @@ static __always_inline int nat_in(struct xdp_md *ctx, struct pkt *p, const struc
 	else if (p->k.proto == IPPROTO_UDP && sum == 0)
 		sum = 0xffff;
 	*l4csum = sum;
+	return 0;
+}
+
+// DNAT of a client->VIP packet to the member: addresses, port, IPv4 header and L4 checksums.
+static __always_inline int nat_in(struct xdp_md *ctx, struct pkt *p, const struct real *r)
+{
+	if (rewrite_end(ctx, p, 1, r->addr, r->port ? r->port : p->k.dport))
+		return XDP_ABORTED;
 	if (set_macs(ctx, r->mac))
 		return XDP_ABORTED;
 	return out(ctx, r->ifindex);
@@ -1211,53 +1222,11 @@ static __always_inline int nat_out(struct xdp_md *ctx, struct pkt *p)
 		return out(ctx, ifindex);
 	}
 
+	__u16 vip_port = ne->vip_port;
+	if (rewrite_end(ctx, p, 0, ne->vip_addr, vip_port))
+		return XDP_ABORTED;
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
-	__u16 *l4csum;
-	__u16 *sport;
-	__u32 l4 = p->l4_off;
-	int udp_zero = 0;
-	if (l4 > 14 + 60)
-		return XDP_ABORTED;
-	if (p->k.proto == IPPROTO_TCP) {
-		struct tcphdr *th = data + l4;
-		if ((void *)(th + 1) > end)
-			return XDP_ABORTED;
-		l4csum = &th->check;
-		sport = &th->source;
-	} else {
-		struct udphdr *uh = data + l4;
-		if ((void *)(uh + 1) > end)
-			return XDP_ABORTED;
-		l4csum = &uh->check;
-		sport = &uh->source;
-		udp_zero = p->k.family == 4 && uh->check == 0;
-	}
-	__u16 sum = csum_replace2(*l4csum, *sport, ne->vip_port);
-	*sport = ne->vip_port;
-	if (p->k.family == 4) {
-		struct iphdr *ip = data + sizeof(struct ethhdr);
-		if ((void *)(ip + 1) > end)
-			return XDP_ABORTED;
-		ip->check = csum_replace4(ip->check, ip->saddr, ne->vip_addr[0]);
-		sum = csum_replace4(sum, ip->saddr, ne->vip_addr[0]);
-		ip->saddr = ne->vip_addr[0];
-	} else {
-		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
-		if ((void *)(ip6 + 1) > end)
-			return XDP_ABORTED;
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			sum = csum_replace4(sum, ip6->saddr.in6_u.u6_addr32[i], ne->vip_addr[i]);
-			ip6->saddr.in6_u.u6_addr32[i] = ne->vip_addr[i];
-		}
-	}
-	if (udp_zero)
-		sum = 0;
-	else if (p->k.proto == IPPROTO_UDP && sum == 0)
-		sum = 0xffff;
-	*l4csum = sum;
-
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return XDP_ABORTED;
@@ -1270,7 +1239,7 @@ static __always_inline int nat_out(struct xdp_md *ctx, struct pkt *p)
 		// Forward key: client -> VIP. The entry pointer is gone after the delete, so the
 		// key is rebuilt from the packet that was just rewritten.
 		__builtin_memcpy(fk.src, p->k.dst, sizeof(fk.src));
-		fk.dport = *sport;
+		fk.dport = vip_port;
 		fk.sport = p->k.dport;
 		fk.proto = p->k.proto;
 		fk.family = p->k.family;
