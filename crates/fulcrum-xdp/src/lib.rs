@@ -359,6 +359,11 @@ impl Dataplane {
         self.ebpf.map(name).ok_or(Error::MissingMap(name))
     }
 
+    /// The connection table, to read.
+    fn conns(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, Conn>, Error> {
+        PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))
+    }
+
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -497,8 +502,7 @@ impl Dataplane {
     pub fn forget_real(&mut self, index: u32) -> Result<usize, Error> {
         let mut gone = 0;
         let doomed: Vec<(FlowKey, Option<FlowKey>)> = {
-            let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
-                PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+            let conns = self.conns()?;
             conns
                 .iter()
                 .filter_map(Result::ok)
@@ -734,8 +738,7 @@ impl Dataplane {
         let s = self.config.to_settings(self.hz);
         let mut live: StdHashMap<u32, u64> = indices.iter().map(|&i| (i, 0)).collect();
         {
-            let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
-                PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+            let conns = self.conns()?;
             for (k, v) in conns.iter().filter_map(Result::ok) {
                 let vk = VipKey {
                     addr: k.dst,
@@ -782,8 +785,7 @@ impl Dataplane {
         let now = self.now()?;
         let s = self.config.to_settings(self.hz);
         let longest = s.tcp_idle.max(s.tcp_fin).max(s.udp_idle);
-        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
-            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        let conns = self.conns()?;
         Ok(conns
             .iter()
             .filter_map(Result::ok)
@@ -815,8 +817,7 @@ impl Dataplane {
     /// Every live connection entry (any CPU's), with the last packet seen on any CPU: the
     /// full dump ha.sync sends a peer that (re)connects. One bpf() call per entry.
     pub fn connections(&self) -> Result<Vec<(FlowKey, Conn)>, Error> {
-        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
-            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        let conns = self.conns()?;
         Ok(conns
             .iter()
             .filter_map(Result::ok)
@@ -829,8 +830,7 @@ impl Dataplane {
 
     /// The connection table entry of a flow (this CPU's or any CPU's), for tests and the API.
     pub fn conn(&self, key: &FlowKey) -> Result<Option<Conn>, Error> {
-        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
-            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        let conns = self.conns()?;
         Ok(conns
             .get(key, 0)
             .ok()
@@ -857,8 +857,7 @@ impl Dataplane {
     }
 
     pub fn conn_count(&self) -> Result<usize, Error> {
-        let conns: PerCpuHashMap<&MapData, FlowKey, Conn> =
-            PerCpuHashMap::try_from(self.map("conns")?).map_err(map_err("conns"))?;
+        let conns = self.conns()?;
         Ok(conns.keys().filter_map(Result::ok).count())
     }
 
@@ -892,39 +891,32 @@ impl Dataplane {
         m.get(&index, 0).map_err(map_err(name))
     }
 
-    /// A VIP's counters summed over CPUs.
-    pub fn vip_stats(&self, index: u32) -> Result<VipStats, Error> {
-        let v = self.per_cpu::<VipStats>("vip_stats", index)?;
-        let mut sum = VipStats::default();
-        for s in v.iter() {
-            sum.packets += s.packets;
-            sum.bytes += s.bytes;
-            sum.new_flows += s.new_flows;
-            sum.reply_packets += s.reply_packets;
-            sum.reply_bytes += s.reply_bytes;
-            for (a, b) in sum.drops.iter_mut().zip(s.drops) {
-                *a += b;
-            }
+    /// Entry `index` of the per-CPU counters `name`, summed over CPUs.
+    fn per_cpu_sum<T: aya::Pod + Default + std::ops::AddAssign>(
+        &self,
+        name: &'static str,
+        index: u32,
+    ) -> Result<T, Error> {
+        let mut sum = T::default();
+        for s in self.per_cpu::<T>(name, index)?.iter() {
+            sum += *s;
         }
         Ok(sum)
+    }
+
+    /// A VIP's counters summed over CPUs.
+    pub fn vip_stats(&self, index: u32) -> Result<VipStats, Error> {
+        self.per_cpu_sum("vip_stats", index)
     }
 
     /// A real's counters summed over CPUs.
     pub fn real_stats(&self, index: u32) -> Result<RealStats, Error> {
-        let v = self.per_cpu::<RealStats>("real_stats", index)?;
-        let mut sum = RealStats::default();
-        for s in v.iter() {
-            sum.packets += s.packets;
-            sum.bytes += s.bytes;
-            sum.new_flows += s.new_flows;
-        }
-        Ok(sum)
+        self.per_cpu_sum("real_stats", index)
     }
 
     /// A global counter summed over CPUs.
     pub fn global(&self, which: Global) -> Result<u64, Error> {
-        let v = self.per_cpu::<u64>("global_stats", which as u32)?;
-        Ok(v.iter().sum())
+        self.per_cpu_sum("global_stats", which as u32)
     }
 
     fn program(&self, name: &'static str) -> Result<&Xdp, Error> {

@@ -360,6 +360,19 @@ pub struct VipStats {
     pub drops: [u64; 12],
 }
 
+impl std::ops::AddAssign for VipStats {
+    fn add_assign(&mut self, s: Self) {
+        self.packets += s.packets;
+        self.bytes += s.bytes;
+        self.new_flows += s.new_flows;
+        self.reply_packets += s.reply_packets;
+        self.reply_bytes += s.reply_bytes;
+        for (a, b) in self.drops.iter_mut().zip(s.drops) {
+            *a += b;
+        }
+    }
+}
+
 /// Key of the `acl` LPM trie: `vip` (index | generation) and `family` are matched whole, then
 /// the address's leading bits (the trie's prefix length counts 64 + those bits).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -400,6 +413,14 @@ pub struct RealStats {
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
+}
+
+impl std::ops::AddAssign for RealStats {
+    fn add_assign(&mut self, s: Self) {
+        self.packets += s.packets;
+        self.bytes += s.bytes;
+        self.new_flows += s.new_flows;
+    }
 }
 
 // SAFETY: every type here is #[repr(C)], made only of integers and integer arrays, with no
