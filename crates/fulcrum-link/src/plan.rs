@@ -195,6 +195,22 @@ pub fn build(cfg: &Config) -> Result<Plan, Vec<String>> {
     }
 }
 
+/// Pool `name` when it is of `kind`; else an error for the section (its key and name) that
+/// names it.
+fn pool_of_kind<'c>(
+    cfg: &'c Config,
+    (key, section): (&str, &str),
+    name: &str,
+    kind: PoolKind,
+    errors: &mut Vec<String>,
+) -> Option<&'c Pool> {
+    let pool = cfg.pool(name).filter(|p| p.kind == kind);
+    if pool.is_none() {
+        errors.push(format!("{key} {section:?}: no {kind} pool {name:?}"));
+    }
+    pool
+}
+
 /// The plan of `[[outbound]]` number `o`; `None` when its pool is not a link pool.
 fn outbound_plan(
     cfg: &Config,
@@ -202,13 +218,13 @@ fn outbound_plan(
     ob: &Outbound,
     errors: &mut Vec<String>,
 ) -> Option<OutboundPlan> {
-    let Some(pool) = cfg.pool(&ob.pool).filter(|p| p.kind == PoolKind::Link) else {
-        errors.push(format!(
-            "outbound {:?}: no link pool {:?}",
-            ob.name, ob.pool
-        ));
-        return None;
-    };
+    let pool = pool_of_kind(
+        cfg,
+        ("outbound", &ob.name),
+        &ob.pool,
+        PoolKind::Link,
+        errors,
+    )?;
     let links = pool
         .links
         .iter()
@@ -341,13 +357,8 @@ fn gateway_service_plan(
     gs: &GatewayService,
     errors: &mut Vec<String>,
 ) -> Option<OutboundPlan> {
-    let Some(pool) = cfg.pool(&gs.pool).filter(|p| p.kind == PoolKind::Gateway) else {
-        errors.push(format!(
-            "gateway_service {:?}: no gateway pool {:?}",
-            gs.name, gs.pool
-        ));
-        return None;
-    };
+    let section = ("gateway_service", gs.name.as_str());
+    let pool = pool_of_kind(cfg, section, &gs.pool, PoolKind::Gateway, errors)?;
     let links: Vec<LinkPlan> = pool
         .gateways
         .iter()
@@ -582,83 +593,79 @@ fn policy_elements(o: &OutboundPlan, up: &[bool]) -> String {
 /// `isp` tables.
 pub type Nearest = Vec<(IpNet, usize)>;
 
-fn range4(p: &Ipv4Net) -> (u128, u128) {
-    (
-        u128::from(u32::from(p.network())),
-        u128::from(u32::from(p.broadcast())),
-    )
+/// The addresses `p` covers, as integers (the key of `Disjoint`).
+fn range(p: &IpNet) -> (u128, u128) {
+    match p {
+        IpNet::V4(p) => (
+            u128::from(u32::from(p.network())),
+            u128::from(u32::from(p.broadcast())),
+        ),
+        IpNet::V6(p) => (u128::from(p.network()), u128::from(p.broadcast())),
+    }
 }
 
-fn range6(p: &Ipv6Net) -> (u128, u128) {
-    (u128::from(p.network()), u128::from(p.broadcast()))
+/// The prefixes covering `start..=end`, addresses of the family `v6` says as `range` gives them.
+fn cover(v6: bool, start: u128, end: u128) -> Box<dyn Iterator<Item = IpNet>> {
+    if v6 {
+        let (a, b) = (Ipv6Addr::from(start), Ipv6Addr::from(end));
+        Box::new(ipnet::Ipv6Subnets::new(a, b, 0).map(IpNet::V6))
+    } else {
+        let (a, b) = (Ipv4Addr::from(start as u32), Ipv4Addr::from(end as u32));
+        Box::new(ipnet::Ipv4Subnets::new(a, b, 0).map(IpNet::V4))
+    }
 }
 
-fn proximity_elements(o: &OutboundPlan, up: &[bool], nearest: &[(IpNet, usize)]) -> String {
+/// A link's explicit prefixes and its shipped table's, of the family `v6` says.
+fn isp_tables(l: &LinkPlan, v6: bool) -> [Vec<IpNet>; 2] {
+    if v6 {
+        [&l.isp_prefixes6, &l.isp_shipped6].map(|t| t.iter().map(|&p| IpNet::V6(p)).collect())
+    } else {
+        [&l.isp_prefixes, &l.isp_shipped].map(|t| t.iter().map(|&p| IpNet::V4(p)).collect())
+    }
+}
+
+/// The proximity map of one family (IPv6 when `v6`): the measured prefixes (`rtt`), every
+/// link's explicit prefixes, then the shipped table's.
+fn proximity_elements(
+    o: &OutboundPlan,
+    up: &[bool],
+    nearest: &[(IpNet, usize)],
+    v6: bool,
+) -> String {
     // A destination in two links' tables goes to the first that is up: measured prefixes,
     // then every link's explicit prefixes, then the shipped table's (thousands for a country).
     let mut seen = Disjoint::default();
     let mut parts = Vec::new();
     let is_up = |i: usize| up.get(i).copied().unwrap_or(false);
-    for (p, i) in nearest {
-        let IpNet::V4(p) = p else { continue };
+    let of_family = |p: &IpNet| matches!(p, IpNet::V6(_)) == v6;
+    for (p, i) in nearest.iter().filter(|(p, _)| of_family(p)) {
         if let (Some(l), true) = (o.links.get(*i), is_up(*i)) {
-            if seen.insert(range4(p)) {
+            if seen.insert(range(p)) {
                 parts.push(format!("{p} : {:#x}", l.mark));
             }
         }
     }
-    let links = || o.links.iter().enumerate().filter(|(i, _)| is_up(*i));
-    for (_, l) in links() {
-        for p in &l.isp_prefixes {
-            if seen.insert(range4(p)) {
-                parts.push(format!("{p} : {:#x}", l.mark));
+    let links: Vec<_> = o
+        .links
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| is_up(*i))
+        .map(|(_, l)| (l.mark, isp_tables(l, v6)))
+        .collect();
+    for (mark, [explicit, _]) in &links {
+        for p in explicit {
+            if seen.insert(range(p)) {
+                parts.push(format!("{p} : {mark:#x}"));
             }
         }
     }
     // A shipped prefix keeps what the prefixes before it left free: as the longest prefix
     // wins in DNS, an operator's /24 inside an AS's /12 takes the /24 only.
-    for (_, l) in links() {
-        for p in &l.isp_shipped {
-            for (start, end) in seen.insert_free(range4(p)) {
-                // Both ends lie inside `p`, an IPv4 prefix.
-                let (a, b) = (Ipv4Addr::from(start as u32), Ipv4Addr::from(end as u32));
-                for free in ipnet::Ipv4Subnets::new(a, b, 0) {
-                    parts.push(format!("{free} : {:#x}", l.mark));
-                }
-            }
-        }
-    }
-    parts.join(", ")
-}
-
-/// The IPv6 proximity map, as for IPv4: the measured /48 prefixes (`rtt`), every link's
-/// explicit IPv6 prefixes, then the shipped table's.
-fn proximity6_elements(o: &OutboundPlan, up: &[bool], nearest: &[(IpNet, usize)]) -> String {
-    let mut seen = Disjoint::default();
-    let mut parts = Vec::new();
-    let is_up = |i: usize| up.get(i).copied().unwrap_or(false);
-    for (p, i) in nearest {
-        let IpNet::V6(p) = p else { continue };
-        if let (Some(l), true) = (o.links.get(*i), is_up(*i)) {
-            if seen.insert(range6(p)) {
-                parts.push(format!("{p} : {:#x}", l.mark));
-            }
-        }
-    }
-    let links = || o.links.iter().enumerate().filter(|(i, _)| is_up(*i));
-    for (_, l) in links() {
-        for p in &l.isp_prefixes6 {
-            if seen.insert(range6(p)) {
-                parts.push(format!("{p} : {:#x}", l.mark));
-            }
-        }
-    }
-    for (_, l) in links() {
-        for p in &l.isp_shipped6 {
-            for (start, end) in seen.insert_free(range6(p)) {
-                let (a, b) = (Ipv6Addr::from(start), Ipv6Addr::from(end));
-                for free in ipnet::Ipv6Subnets::new(a, b, 0) {
-                    parts.push(format!("{free} : {:#x}", l.mark));
+    for (mark, [_, shipped]) in &links {
+        for p in shipped {
+            for (start, end) in seen.insert_free(range(p)) {
+                for free in cover(v6, start, end) {
+                    parts.push(format!("{free} : {mark:#x}"));
                 }
             }
         }
@@ -817,14 +824,14 @@ fn render_group_maps(
                 render_map(
                     s,
                     &format!("prox_{k} {{ type ipv4_addr : mark; flags interval"),
-                    &proximity_elements(o, up, nearest),
+                    &proximity_elements(o, up, nearest, false),
                 );
             }
             if o.proximity6() && !o.sources6.is_empty() {
                 render_map(
                     s,
                     &format!("prox6_{k} {{ type ipv6_addr : mark; flags interval"),
-                    &proximity6_elements(o, up, nearest),
+                    &proximity_elements(o, up, nearest, true),
                 );
             }
         }
@@ -1131,6 +1138,14 @@ pub fn dns_refused_counter(index: usize) -> String {
     format!("dns_refused_{index}")
 }
 
+/// Empties map `name` and adds `el` (nftables refuses an empty element list).
+fn replace_map(s: &mut String, name: &str, el: &str) {
+    let _ = writeln!(s, "flush map inet {TABLE} {name}");
+    if !el.is_empty() {
+        let _ = writeln!(s, "add element inet {TABLE} {name} {{ {el} }}");
+    }
+}
+
 /// Rewrites the slot and proximity maps only (weights, health or load changed); the chains,
 /// counters and flows stay.
 pub fn render_maps(
@@ -1147,40 +1162,20 @@ pub fn render_maps(
         let tables = [("slots", Some(&group.v4)), ("slots6", group.v6.as_ref())];
         for (name, table) in tables {
             let Some(table) = table else { continue };
-            let _ = writeln!(s, "flush map inet {TABLE} {name}_{k}");
-            let el = slot_elements(o, table);
-            if !el.is_empty() {
-                let _ = writeln!(s, "add element inet {TABLE} {name}_{k} {{ {el} }}");
-            }
+            replace_map(&mut s, &format!("{name}_{k}"), &slot_elements(o, table));
         }
+        let up = up.get(g).map_or(&[][..], |v| v);
+        let nearest = nearest.get(g).map_or(&[][..], |v| v);
         if !o.rules.is_empty() && o.gateway.is_none() {
-            let _ = writeln!(s, "flush map inet {TABLE} policy_{k}");
-            let el = policy_elements(o, up.get(g).map_or(&[][..], |v| v));
-            if !el.is_empty() {
-                let _ = writeln!(s, "add element inet {TABLE} policy_{k} {{ {el} }}");
-            }
+            replace_map(&mut s, &format!("policy_{k}"), &policy_elements(o, up));
         }
         if o.proximity() {
-            let _ = writeln!(s, "flush map inet {TABLE} prox_{k}");
-            let el = proximity_elements(
-                o,
-                up.get(g).map_or(&[][..], |v| v),
-                nearest.get(g).map_or(&[][..], |v| v),
-            );
-            if !el.is_empty() {
-                let _ = writeln!(s, "add element inet {TABLE} prox_{k} {{ {el} }}");
-            }
+            let el = proximity_elements(o, up, nearest, false);
+            replace_map(&mut s, &format!("prox_{k}"), &el);
         }
         if o.proximity6() && !o.sources6.is_empty() {
-            let _ = writeln!(s, "flush map inet {TABLE} prox6_{k}");
-            let el = proximity6_elements(
-                o,
-                up.get(g).map_or(&[][..], |v| v),
-                nearest.get(g).map_or(&[][..], |v| v),
-            );
-            if !el.is_empty() {
-                let _ = writeln!(s, "add element inet {TABLE} prox6_{k} {{ {el} }}");
-            }
+            let el = proximity_elements(o, up, nearest, true);
+            replace_map(&mut s, &format!("prox6_{k}"), &el);
         }
     }
     s
