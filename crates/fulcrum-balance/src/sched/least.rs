@@ -50,55 +50,51 @@ impl WeightsAndCursor {
     }
 }
 
-/// (Weighted) least connections: the fewest active connections per unit of weight. Counting the
-/// new connection itself (`active + 1`) makes a heavier idle member win over a lighter one.
-#[derive(Default)]
-pub struct LeastConnections {
+/// The lowest load per unit of weight, by one of three measures.
+pub struct LeastLoad {
     state: WeightsAndCursor,
+    measure: LoadMeasure,
 }
 
-impl Scheduler for LeastConnections {
-    fn rebuild(&self, input: &RebuildInput) {
-        self.state.rebuild(input);
-    }
-
-    fn pick(
-        &self,
-        members: &[Arc<Member>],
-        _: &PickContext,
-        ok: &dyn Fn(usize) -> bool,
-    ) -> Option<usize> {
-        self.state.lowest_ratio(members.len(), ok, |i| {
-            members[i].stats.active_connections.load(Ordering::Relaxed) as f64 + 1.0
-        })
-    }
+enum LoadMeasure {
+    /// (Weighted) least connections: the fewest active connections per unit of weight.
+    /// Counting the new connection itself (`active + 1`) makes a heavier idle member win over a
+    /// lighter one.
+    Connections,
+    /// Weighted least traffic: the lowest bytes/s EWMA per unit of weight. The EWMA lags by up
+    /// to a refresh period, so each active connection also counts as the pool's average traffic
+    /// per connection — otherwise every new client in a burst would pile onto the member that
+    /// looked idlest at the last sample.
+    Traffic,
+    /// Least request by the power of two choices: two random available members, the one with
+    /// fewer requests in flight per unit of weight wins. O(1) per pick at any pool size, and no
+    /// herd onto one member when many proxies (or threads) decide at once.
+    Requests,
 }
 
-/// Weighted least traffic: the lowest bytes/s EWMA per unit of weight. The EWMA lags by up to a
-/// refresh period, so each active connection also counts as the pool's average traffic per
-/// connection — otherwise every new client in a burst would pile onto the member that looked
-/// idlest at the last sample.
-#[derive(Default)]
-pub struct LeastTraffic {
-    state: WeightsAndCursor,
-}
-
-impl Scheduler for LeastTraffic {
-    fn rebuild(&self, input: &RebuildInput) {
-        self.state.rebuild(input);
+impl LeastLoad {
+    pub fn connections() -> Self {
+        Self::by(LoadMeasure::Connections)
     }
 
-    fn pick(
-        &self,
-        members: &[Arc<Member>],
-        _: &PickContext,
-        ok: &dyn Fn(usize) -> bool,
-    ) -> Option<usize> {
+    pub fn traffic() -> Self {
+        Self::by(LoadMeasure::Traffic)
+    }
+
+    pub fn requests() -> Self {
+        Self::by(LoadMeasure::Requests)
+    }
+
+    fn by(measure: LoadMeasure) -> Self {
+        Self {
+            state: WeightsAndCursor::default(),
+            measure,
+        }
+    }
+
+    fn least_traffic(&self, members: &[Arc<Member>], ok: &dyn Fn(usize) -> bool) -> Option<usize> {
         let (traffic, active) = members.iter().fold((0.0, 0u64), |(t, a), m| {
-            (
-                t + m.stats.traffic_bps(),
-                a + m.stats.active_connections.load(Ordering::Relaxed),
-            )
+            (t + m.stats.traffic_bps(), a + active_connections(m))
         });
         let per_conn = if active > 0 {
             traffic / active as f64
@@ -108,31 +104,11 @@ impl Scheduler for LeastTraffic {
         .max(1.0);
         self.state.lowest_ratio(members.len(), ok, |i| {
             let m = &members[i];
-            m.stats.traffic_bps()
-                + (m.stats.active_connections.load(Ordering::Relaxed) + 1) as f64 * per_conn
+            m.stats.traffic_bps() + (active_connections(m) + 1) as f64 * per_conn
         })
     }
-}
 
-/// Least request by the power of two choices: two random available members, the one with fewer
-/// requests in flight per unit of weight wins. O(1) per pick at any pool size, and no herd onto
-/// one member when many proxies (or threads) decide at once.
-#[derive(Default)]
-pub struct LeastRequest {
-    state: WeightsAndCursor,
-}
-
-impl Scheduler for LeastRequest {
-    fn rebuild(&self, input: &RebuildInput) {
-        self.state.rebuild(input);
-    }
-
-    fn pick(
-        &self,
-        members: &[Arc<Member>],
-        _: &PickContext,
-        ok: &dyn Fn(usize) -> bool,
-    ) -> Option<usize> {
+    fn least_request(&self, members: &[Arc<Member>], ok: &dyn Fn(usize) -> bool) -> Option<usize> {
         let n = members.len();
         let weights = self.state.weights.load();
         let usable = |i: usize| weights.get(i).copied().unwrap_or(0) > 0 && ok(i);
@@ -157,6 +133,31 @@ impl Scheduler for LeastRequest {
             [Some(a), None] => Some(a),
             // Few members are usable: fall back to round robin over them.
             _ => rotate(&self.state.cursor, n, usable),
+        }
+    }
+}
+
+fn active_connections(m: &Member) -> u64 {
+    m.stats.active_connections.load(Ordering::Relaxed)
+}
+
+impl Scheduler for LeastLoad {
+    fn rebuild(&self, input: &RebuildInput) {
+        self.state.rebuild(input);
+    }
+
+    fn pick(
+        &self,
+        members: &[Arc<Member>],
+        _: &PickContext,
+        ok: &dyn Fn(usize) -> bool,
+    ) -> Option<usize> {
+        match self.measure {
+            LoadMeasure::Connections => self.state.lowest_ratio(members.len(), ok, |i| {
+                active_connections(&members[i]) as f64 + 1.0
+            }),
+            LoadMeasure::Traffic => self.least_traffic(members, ok),
+            LoadMeasure::Requests => self.least_request(members, ok),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use fulcrum_config::Algorithm;
 
-pub use least::{FirstAvailable, LeastConnections, LeastRequest, LeastTraffic};
+pub use least::{FirstAvailable, LeastLoad};
 pub use maglev::{Maglev, MaglevTable, MAGLEV_TABLE_SIZE};
 pub use sequence::{interleave, PriorityGroups, Sequence};
 
@@ -67,13 +67,13 @@ pub fn for_algorithm(algorithm: Algorithm, min_active: u32) -> Box<dyn Scheduler
         | Algorithm::Spillover => Box::new(Sequence::default()),
         Algorithm::DynamicFeedback | Algorithm::FastestResponse => Box::new(Sequence::dynamic()),
         Algorithm::LeastConnections | Algorithm::WeightedLeastConnections => {
-            Box::new(LeastConnections::default())
+            Box::new(LeastLoad::connections())
         }
-        Algorithm::WeightedLeastTraffic => Box::new(LeastTraffic::default()),
+        Algorithm::WeightedLeastTraffic => Box::new(LeastLoad::traffic()),
         Algorithm::Hash => Box::new(Maglev::default()),
         Algorithm::Priority => Box::new(PriorityGroups::new(min_active)),
         Algorithm::FirstAvailable => Box::new(FirstAvailable),
-        Algorithm::LeastRequest => Box::new(LeastRequest::default()),
+        Algorithm::LeastRequest => Box::new(LeastLoad::requests()),
     }
 }
 
