@@ -108,22 +108,29 @@ fn check_server_pool(i: usize, pool: &Pool, out: &mut Errors) {
     }
 }
 
-fn check_link_pool(cfg: &Config, i: usize, pool: &Pool, out: &mut Errors) {
-    let at = |k: &str| format!("pool[{i}].{k}");
-    if !LINK_ALGORITHMS.contains(&pool.algorithm) {
+/// For each of `names`, the index of the last one before it with the same name.
+fn earlier_same<'n>(names: impl Iterator<Item = &'n str>) -> Vec<Option<usize>> {
+    let mut seen = std::collections::HashMap::new();
+    names.enumerate().map(|(i, n)| seen.insert(n, i)).collect()
+}
+
+fn check_algorithm(pool: &Pool, takes: &[Algorithm], what: &str, path: String, out: &mut Errors) {
+    if !takes.contains(&pool.algorithm) {
+        let names: Vec<&str> = takes.iter().map(|a| a.as_str()).collect();
         out.push((
-            at("algorithm"),
+            path,
             format!(
-                "algorithm {} does not apply to links; expected one of: {}",
+                "algorithm {} does not apply to {what}; expected one of: {}",
                 pool.algorithm,
-                LINK_ALGORITHMS
-                    .iter()
-                    .map(|a| a.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                names.join(", ")
             ),
         ));
     }
+}
+
+fn check_link_pool(cfg: &Config, i: usize, pool: &Pool, out: &mut Errors) {
+    let at = |k: &str| format!("pool[{i}].{k}");
+    check_algorithm(pool, LINK_ALGORITHMS, "links", at("algorithm"), out);
     if pool.links.is_empty() {
         out.push((at("member"), "a link pool needs at least one link".into()));
     }
@@ -138,9 +145,9 @@ fn check_link_pool(cfg: &Config, i: usize, pool: &Pool, out: &mut Errors) {
             ));
         }
     }
-    let mut names = std::collections::HashMap::new();
-    for (j, l) in pool.links.iter().enumerate() {
-        if let Some(first) = names.insert(l.name.as_str(), j) {
+    let earlier = earlier_same(pool.links.iter().map(|l| l.name.as_str()));
+    for ((j, l), first) in pool.links.iter().enumerate().zip(earlier) {
+        if let Some(first) = first {
             out.push((
                 format!("pool[{i}].member[{j}].name"),
                 format!(
@@ -220,6 +227,28 @@ fn check_link(cfg: &Config, i: usize, pool: &Pool, j: usize, l: &LinkMember, out
     }
 }
 
+/// A `<key>6` address is the IPv6 next hop of a `<key>` that is IPv4: it must be IPv6, and
+/// only stands beside an IPv4 `<key>`.
+fn check_ipv6_beside(
+    owner: &str,
+    noun: &str,
+    (key, first): (&str, std::net::IpAddr),
+    (key6, second, path): (&str, Option<std::net::IpAddr>, String),
+    out: &mut Errors,
+) {
+    match second {
+        Some(a) if !a.is_ipv6() => out.push((
+            path,
+            format!("{a}: expected an IPv6 address (the {owner}'s IPv6 next hop; its IPv4 one is `{key}`)"),
+        )),
+        Some(a) if first.is_ipv6() => out.push((
+            path,
+            format!("{a}: `{key}` is already IPv6; `{key6}` is the IPv6 {noun} beside an IPv4 `{key}`"),
+        )),
+        _ => {}
+    }
+}
+
 /// The address families of one link: `gateway6`, `snat6` and (when `gateway` is IPv6) `snat`
 /// are IPv6; each source address, resolver and monitor target needs a next hop of its family.
 fn check_link_families(
@@ -229,17 +258,8 @@ fn check_link_families(
     out: &mut Errors,
 ) {
     let (v4, v6) = (l.gateway_v4().is_some(), l.gateway_v6().is_some());
-    match l.gateway6 {
-        Some(a) if !a.is_ipv6() => out.push((
-            mp("gateway6"),
-            format!("{a}: expected an IPv6 address (the line's IPv6 next hop; its IPv4 one is `gateway`)"),
-        )),
-        Some(a) if l.gateway.is_ipv6() => out.push((
-            mp("gateway6"),
-            format!("{a}: `gateway` is already IPv6; `gateway6` is the IPv6 next hop beside an IPv4 `gateway`"),
-        )),
-        _ => {}
-    }
+    let gateway6 = ("gateway6", l.gateway6, mp("gateway6"));
+    check_ipv6_beside("line", "next hop", ("gateway", l.gateway), gateway6, out);
     match l.snat {
         Some(a @ std::net::IpAddr::V4(_)) if !v4 => out.push((
             mp("snat"),
@@ -294,15 +314,7 @@ fn check_link_families(
 
 fn check_gateway_pool(cfg: &Config, i: usize, pool: &Pool, out: &mut Errors) {
     let at = |k: &str| format!("pool[{i}].{k}");
-    if !GATEWAY_ALGORITHMS.contains(&pool.algorithm) {
-        out.push((
-            at("algorithm"),
-            format!(
-                "algorithm {} does not apply to gateways; expected one of: round_robin, weighted_round_robin, hash",
-                pool.algorithm
-            ),
-        ));
-    }
+    check_algorithm(pool, GATEWAY_ALGORITHMS, "gateways", at("algorithm"), out);
     if pool.gateways.is_empty() {
         out.push((
             at("member"),
@@ -322,17 +334,8 @@ fn check_gateway_pool(cfg: &Config, i: usize, pool: &Pool, out: &mut Errors) {
 
 fn check_gateway(cfg: &Config, i: usize, j: usize, g: &GatewayMember, out: &mut Errors) {
     let at = |k: &str| format!("pool[{i}].member[{j}].{k}");
-    match g.address6 {
-        Some(a) if !a.is_ipv6() => out.push((
-            at("address6"),
-            format!("{a}: expected an IPv6 address (the gateway's IPv6 next hop; its IPv4 one is `address`)"),
-        )),
-        Some(a) if g.address.is_ipv6() => out.push((
-            at("address6"),
-            format!("{a}: `address` is already IPv6; `address6` is the IPv6 address beside an IPv4 `address`"),
-        )),
-        _ => {}
-    }
+    let address6 = ("address6", g.address6, at("address6"));
+    check_ipv6_beside("gateway", "address", ("address", g.address), address6, out);
     let (v4, v6) = (g.address_v4().is_some(), g.address_v6().is_some());
     for (k, m) in g.monitors.iter().enumerate() {
         let Some(monitor) = link_monitor(cfg, m) else {
@@ -379,10 +382,10 @@ fn check_service_pools_are_servers(cfg: &Config, out: &mut Errors) {
 }
 
 fn check_outbounds(cfg: &Config, out: &mut Errors) {
-    let mut names = std::collections::HashMap::new();
-    for (i, o) in cfg.outbound.iter().enumerate() {
+    let earlier = earlier_same(cfg.outbound.iter().map(|o| o.name.as_str()));
+    for ((i, o), first) in cfg.outbound.iter().enumerate().zip(earlier) {
         let at = |k: &str| format!("outbound[{i}].{k}");
-        if let Some(first) = names.insert(o.name.as_str(), i) {
+        if let Some(first) = first {
             out.push((
                 at("name"),
                 format!("duplicate outbound {:?}: already outbound[{first}]", o.name),
@@ -493,9 +496,9 @@ fn check_outbound_pools_unshared(cfg: &Config, out: &mut Errors) {
     if cfg.outbound.len() <= 1 {
         return;
     }
-    let mut by_pool = std::collections::HashMap::new();
-    for (i, o) in cfg.outbound.iter().enumerate() {
-        if let Some(first) = by_pool.insert(o.pool.as_str(), i) {
+    let earlier = earlier_same(cfg.outbound.iter().map(|o| o.pool.as_str()));
+    for ((i, o), first) in cfg.outbound.iter().enumerate().zip(earlier) {
+        if let Some(first) = first {
             out.push((
                 format!("outbound[{i}].pool"),
                 format!(
@@ -530,10 +533,10 @@ fn check_gslb_site_links(cfg: &Config, out: &mut Errors) {
 }
 
 fn check_gateway_services(cfg: &Config, out: &mut Errors) {
-    let mut names = std::collections::HashMap::new();
-    for (i, g) in cfg.gateway_services.iter().enumerate() {
+    let earlier = earlier_same(cfg.gateway_services.iter().map(|g| g.name.as_str()));
+    for ((i, g), first) in cfg.gateway_services.iter().enumerate().zip(earlier) {
         let at = |k: &str| format!("gateway_service[{i}].{k}");
-        if let Some(first) = names.insert(g.name.as_str(), i) {
+        if let Some(first) = first {
             out.push((
                 at("name"),
                 format!(
