@@ -125,8 +125,7 @@ where
                             .http_stats
                             .header_timeouts
                             .fetch_add(1, Ordering::Relaxed);
-                        let mut l = Local::error(408, "");
-                        l.close = true;
+                        let l = Local::closing_error(408, "");
                         let _ = self.answer(&l, None).await;
                     }
                     return;
@@ -137,8 +136,7 @@ where
                         .bad_requests
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(service = %self.svc.name, client = %self.client.info.peer, status = e.status, reason = e.reason, "refused request");
-                    let mut l = Local::error(e.status, e.reason);
-                    l.close = true;
+                    let l = Local::closing_error(e.status, e.reason);
                     let _ = self.answer(&l, None).await;
                     return;
                 }
@@ -192,10 +190,7 @@ where
                 {
                     let t = svc.targets[target].clone();
                     let mut route = Route::new(&svc, &t, target, rule);
-                    route.member = self
-                        .filters
-                        .as_deref()
-                        .and_then(fulcrum_wasm::Stream::chosen_member);
+                    route.member = self.filter_member();
                     // Boxed: the cache's states would otherwise enlarge every connection's
                     // future, idle keep-alive ones included, on services without a cache too.
                     let d = Box::pin(self.cached(route)).await;
@@ -205,10 +200,7 @@ where
                 Plan::Forward { target, rule } => {
                     let t = svc.targets[target].clone();
                     let mut route = Route::new(&svc, &t, target, rule);
-                    route.member = self
-                        .filters
-                        .as_deref()
-                        .and_then(fulcrum_wasm::Stream::chosen_member);
+                    route.member = self.filter_member();
                     // Boxed: an exchange's states (member connect, TLS, retries) are about 5 KiB;
                     // held inline they would make every connection's task that large, idle
                     // keep-alive ones included. One allocation per request costs far less than
@@ -225,8 +217,7 @@ where
                                     // Nothing may have reached the client yet; if something
                                     // did, the 504 is cut short by the close, which is what
                                     // the client must see anyway.
-                                    let mut l = Local::error(504, "request_timeout");
-                                    l.close = true;
+                                    let l = Local::closing_error(504, "request_timeout");
                                     let mut d = self.answer(&l, rule).await;
                                     d.keep = false;
                                     d
@@ -436,9 +427,16 @@ where
             .http_stats
             .bodies_too_large
             .fetch_add(1, Ordering::Relaxed);
-        let mut l = Local::error(413, "request body larger than max_body_size");
-        l.close = true;
+        let l = Local::closing_error(413, "request body larger than max_body_size");
         self.fail(l, rule).await
+    }
+
+    /// The member a request filter chose (`fulcrum.member`), if any.
+    #[inline]
+    fn filter_member(&self) -> Option<std::net::SocketAddr> {
+        self.filters
+            .as_deref()
+            .and_then(fulcrum_wasm::Stream::chosen_member)
     }
 
     /// Whether the request body has been read completely (so the client connection can go on).

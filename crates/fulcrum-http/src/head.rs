@@ -37,6 +37,17 @@ impl Span {
             end: start + part.len() as u32,
         }
     }
+
+    /// Appends `part` to `buf`: the span it takes there.
+    #[inline]
+    fn pushed(buf: &mut Vec<u8>, part: &[u8]) -> Span {
+        let start = buf.len() as u32;
+        buf.extend_from_slice(part);
+        Span {
+            start,
+            end: buf.len() as u32,
+        }
+    }
 }
 
 /// What the proxy needs to know about a field without comparing its name again.
@@ -279,6 +290,16 @@ pub struct HeadError {
     pub status: u16,
     pub reason: &'static str,
 }
+
+const TARGET_TOO_LONG: HeadError = HeadError {
+    status: 414,
+    reason: "request target too long",
+};
+
+const HEAD_TOO_LARGE: HeadError = HeadError {
+    status: 431,
+    reason: "request header too large",
+};
 
 const fn bad(reason: &'static str) -> HeadError {
     HeadError {

@@ -35,4 +35,14 @@ impl Local {
             fields: Vec::new(),
         }
     }
+
+    /// An error after which the client connection closes: what the client sends next cannot
+    /// be read in step (a bad, unfinished or timed-out request).
+    #[inline]
+    pub fn closing_error(status: u16, text: &str) -> Local {
+        Local {
+            close: true,
+            ..Local::error(status, text)
+        }
+    }
 }

@@ -60,11 +60,7 @@ where
         stream: &mut fulcrum_wasm::Stream,
         limit: usize,
     ) -> Option<Local> {
-        let closing = |status, why| {
-            let mut l = Local::error(status, why);
-            l.close = true;
-            Some(l)
-        };
+        let closing = |status, why| Some(Local::closing_error(status, why));
         if self.head.content_length.is_some_and(|n| n > limit as u64) {
             return Some(body_over_limit());
         }

@@ -52,8 +52,7 @@ where
             let mut d = Decoder::default();
             if let Err(e) = d.feed(self.head.after_head(), |_| {}) {
                 svc.http_stats.bad_requests.fetch_add(1, Ordering::Relaxed);
-                let mut l = Local::error(400, e.0);
-                l.close = true;
+                let l = Local::closing_error(400, e.0);
                 return Some(self.fail(l, rule).await);
             }
         }
@@ -76,26 +75,18 @@ where
                     .http_stats
                     .bad_requests
                     .fetch_add(1, Ordering::Relaxed);
-                let mut l = Local::error(400, e.0);
-                l.close = true;
-                l
+                Local::closing_error(400, e.0)
             }
             // Body bytes already went out: never sent again (the member was told, in
             // `send_h1`).
             PumpError::Member(_) => Local::error(502, "the member broke the connection"),
-            PumpError::Timeout => {
-                let mut l = Local::error(408, "request body timeout");
-                l.close = true;
-                l
-            }
+            PumpError::Timeout => Local::closing_error(408, "request body timeout"),
             PumpError::TooSlow => {
                 self.svc
                     .http_stats
                     .slow_bodies
                     .fetch_add(1, Ordering::Relaxed);
-                let mut l = Local::error(408, "request body slower than min_body_rate");
-                l.close = true;
-                l
+                Local::closing_error(408, "request body slower than min_body_rate")
             }
             PumpError::TooLarge => return self.too_large(rule).await,
         };

@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use super::{
     bad, copy_fields, httparse_error, is_token, list_items, parse_length,
     request_line_has_three_parts, trim, valid_host, ConnectionField, Field, FieldKind, HeadError,
-    Limits, Method, Parse, RequestHead, Span, Version, MAX_FIELDS,
+    Limits, Method, Parse, RequestHead, Span, Version, HEAD_TOO_LARGE, MAX_FIELDS, TARGET_TOO_LONG,
 };
 
 impl RequestHead {
@@ -52,38 +52,23 @@ impl RequestHead {
             httparse::Status::Partial => {
                 if buf.len() >= limits.max_header_size {
                     return Err(match memchr::memchr(b'\n', buf) {
-                        None if buf.len() > limits.max_uri => HeadError {
-                            status: 414,
-                            reason: "request target too long",
-                        },
-                        _ => HeadError {
-                            status: 431,
-                            reason: "request header too large",
-                        },
+                        None if buf.len() > limits.max_uri => TARGET_TOO_LONG,
+                        _ => HEAD_TOO_LARGE,
                     });
                 }
                 if memchr::memchr(b'\n', buf).is_none() && buf.len() > limits.max_uri + 32 {
-                    return Err(HeadError {
-                        status: 414,
-                        reason: "request target too long",
-                    });
+                    return Err(TARGET_TOO_LONG);
                 }
                 return Ok(Parse::Partial);
             }
         };
         if head_len > limits.max_header_size {
-            return Err(HeadError {
-                status: 431,
-                reason: "request header too large",
-            });
+            return Err(HEAD_TOO_LARGE);
         }
         let method = req.method.unwrap_or_default().as_bytes();
         let target = req.path.unwrap_or_default().as_bytes();
         if target.len() > limits.max_uri {
-            return Err(HeadError {
-                status: 414,
-                reason: "request target too long",
-            });
+            return Err(TARGET_TOO_LONG);
         }
         self.head_len = head_len;
         self.method_span = Span::of(buf, method);
@@ -107,10 +92,7 @@ impl RequestHead {
         limits: &Limits,
     ) -> Result<RequestHead, HeadError> {
         if path_and_query.len() > limits.max_uri {
-            return Err(HeadError {
-                status: 414,
-                reason: "request target too long",
-            });
+            return Err(TARGET_TOO_LONG);
         }
         if headers.len() > limits.max_headers {
             return Err(HeadError {
@@ -119,28 +101,22 @@ impl RequestHead {
             });
         }
         let mut buf = Vec::with_capacity(256);
-        let mut h = RequestHead::default();
-        let push = |buf: &mut Vec<u8>, b: &[u8]| {
-            let start = buf.len() as u32;
-            buf.extend_from_slice(b);
-            Span {
-                start,
-                end: buf.len() as u32,
-            }
-        };
-        h.method_span = push(&mut buf, method);
-        h.method = Method::of(method);
         let target = if path_and_query.is_empty() {
             &b"/"[..]
         } else {
             path_and_query
         };
-        h.target = push(&mut buf, target);
-        h.version = Version::Http2;
+        let mut h = RequestHead {
+            method_span: Span::pushed(&mut buf, method),
+            method: Method::of(method),
+            target: Span::pushed(&mut buf, target),
+            version: Version::Http2,
+            ..RequestHead::default()
+        };
         let mut size = buf.len();
         if let Some(a) = authority {
-            let name = push(&mut buf, b"host");
-            let value = push(&mut buf, a);
+            let name = Span::pushed(&mut buf, b"host");
+            let value = Span::pushed(&mut buf, a);
             h.fields.push(Field {
                 name,
                 value,
@@ -156,8 +132,8 @@ impl RequestHead {
             }
             let n = name.as_str().as_bytes();
             size += n.len() + value.len() + 4;
-            let ns = push(&mut buf, n);
-            let vs = push(&mut buf, value.as_bytes());
+            let ns = Span::pushed(&mut buf, n);
+            let vs = Span::pushed(&mut buf, value.as_bytes());
             h.fields.push(Field {
                 name: ns,
                 value: vs,
@@ -166,10 +142,7 @@ impl RequestHead {
             });
         }
         if size > limits.max_header_size {
-            return Err(HeadError {
-                status: 431,
-                reason: "request header too large",
-            });
+            return Err(HEAD_TOO_LARGE);
         }
         h.head_len = buf.len();
         h.buf = buf;
@@ -202,31 +175,17 @@ impl RequestHead {
             return Err(bad("a filter set an invalid :path"));
         }
         if target.len() > limits.max_uri {
-            return Err(HeadError {
-                status: 414,
-                reason: "request target too long",
-            });
+            return Err(TARGET_TOO_LONG);
         }
         let size: usize = pairs.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
         if size > limits.max_header_size {
-            return Err(HeadError {
-                status: 431,
-                reason: "request header too large",
-            });
+            return Err(HEAD_TOO_LARGE);
         }
         let mut buf = Vec::with_capacity(size + 16 + self.after_head().len());
-        let push = |buf: &mut Vec<u8>, b: &[u8]| {
-            let start = buf.len() as u32;
-            buf.extend_from_slice(b);
-            Span {
-                start,
-                end: buf.len() as u32,
-            }
-        };
         let mut h = RequestHead {
-            method_span: push(&mut buf, method),
+            method_span: Span::pushed(&mut buf, method),
             method: Method::of(method),
-            target: push(&mut buf, target),
+            target: Span::pushed(&mut buf, target),
             version: self.version,
             ..RequestHead::default()
         };
@@ -240,8 +199,8 @@ impl RequestHead {
             if !is_token(n) || v.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0)) {
                 return Err(bad("a filter set an invalid header field"));
             }
-            let name = push(&mut buf, n);
-            let value = push(&mut buf, trim(v));
+            let name = Span::pushed(&mut buf, n);
+            let value = Span::pushed(&mut buf, trim(v));
             h.fields.push(Field {
                 name,
                 value,
