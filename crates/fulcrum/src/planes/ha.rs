@@ -916,20 +916,32 @@ impl HaPlane {
             "Priority advertised now (lowered or 0 while tracked pools are down).",
         );
         samples.sample(&l, f64::from(s.priority));
-        let mut samples = w.counter("fulcrum_ha_transitions_total", "VRRP state changes.");
-        samples.sample(&l, s.transitions);
-        let mut samples = w.counter(
-            "fulcrum_ha_became_master_total",
-            "Times this node became master.",
+        counters(
+            w,
+            &l,
+            [
+                (
+                    "fulcrum_ha_transitions_total",
+                    "VRRP state changes.",
+                    s.transitions,
+                ),
+                (
+                    "fulcrum_ha_became_master_total",
+                    "Times this node became master.",
+                    s.became_master,
+                ),
+                (
+                    "fulcrum_ha_adverts_sent_total",
+                    "VRRP advertisements sent.",
+                    s.adverts.sent,
+                ),
+                (
+                    "fulcrum_ha_adverts_received_total",
+                    "Valid VRRP advertisements received for this VRID.",
+                    s.adverts.received,
+                ),
+            ],
         );
-        samples.sample(&l, s.became_master);
-        let mut samples = w.counter("fulcrum_ha_adverts_sent_total", "VRRP advertisements sent.");
-        samples.sample(&l, s.adverts.sent);
-        let mut samples = w.counter(
-            "fulcrum_ha_adverts_received_total",
-            "Valid VRRP advertisements received for this VRID.",
-        );
-        samples.sample(&l, s.adverts.received);
         let mut samples = w.counter(
             "fulcrum_ha_adverts_dropped_total",
             "Received protocol-112 packets dropped, by reason.",
@@ -944,92 +956,110 @@ impl HaPlane {
         ] {
             samples.sample(&[("vrid", &vrid), ("reason", reason)], v);
         }
-        let mut samples = w.counter(
-            "fulcrum_ha_address_mismatch_total",
-            "Adverts for this VRID listing other addresses than ha.vips (a misconfiguration).",
+        counters(
+            w,
+            &l,
+            [
+                (
+                    "fulcrum_ha_address_mismatch_total",
+                    "Adverts for this VRID listing other addresses than ha.vips (a misconfiguration).",
+                    s.adverts.address_mismatch,
+                ),
+                (
+                    "fulcrum_ha_garps_sent_total",
+                    "Gratuitous ARPs sent for the VIPs.",
+                    s.garps_sent,
+                ),
+            ],
         );
-        samples.sample(&l, s.adverts.address_mismatch);
-        let mut samples = w.counter(
-            "fulcrum_ha_garps_sent_total",
-            "Gratuitous ARPs sent for the VIPs.",
-        );
-        samples.sample(&l, s.garps_sent);
         if let Some(ct) = &s.conntrack_sync {
             conntrack_metrics(ct, &l, w);
         }
         if let Some(sync) = self.sync.get() {
-            let st = sync.status();
+            self.sync_metrics(sync, &vrid, w);
+        }
+    }
+
+    /// The `fulcrum_ha_sync_*` families (`ha.sync`).
+    fn sync_metrics(&self, sync: &StateSync, vrid: &str, w: &mut MetricFamilies) {
+        let l = [("vrid", vrid)];
+        let st = sync.status();
+        counters(
+            w,
+            &l,
+            [
+                (
+                    "fulcrum_ha_sync_frames_received_total",
+                    "State sync documents received from peers and applied.",
+                    st.frames_received,
+                ),
+                (
+                    "fulcrum_ha_sync_auth_failures_total",
+                    "State sync connections refused: a frame failed authentication.",
+                    st.auth_failures,
+                ),
+                (
+                    "fulcrum_ha_sync_unauthenticated_refused_total",
+                    "State sync connections closed at accept: too many were waiting to authenticate (from their source, or in all).",
+                    st.unauthenticated_refused,
+                ),
+                (
+                    "fulcrum_ha_sync_first_frame_timeouts_total",
+                    "State sync connections closed because their first frame did not come in time.",
+                    st.first_frame_timeouts,
+                ),
+            ],
+        );
+        let mut samples = w.gauge(
+            "fulcrum_ha_sync_lag_seconds",
+            "Sync lag of the last document: from the peer's sending to this node's applying.",
+        );
+        samples.sample(&l, st.lag_ms.unwrap_or(0.0) / 1000.0);
+        let mut samples = w.gauge(
+            "fulcrum_ha_sync_config_mismatch",
+            "1 when the peer's pools differ from this node's (pools_hash).",
+        );
+        let mismatch = *self.peer_config_matches.lock() == Some(false);
+        samples.sample(&l, mismatch);
+        if let Some(fs) = self.flows.get() {
             let mut samples = w.counter(
-                "fulcrum_ha_sync_frames_received_total",
-                "State sync documents received from peers and applied.",
+                "fulcrum_ha_sync_flows_total",
+                "Connections of nat/dr/tunnel services synchronised, by event: sent to the peers, lost (a full queue or ring buffer), received, applied to this node's tables, dropped (unknown service, member or interface).",
             );
-            samples.sample(&l, st.frames_received);
-            let mut samples = w.counter(
-                "fulcrum_ha_sync_auth_failures_total",
-                "State sync connections refused: a frame failed authentication.",
-            );
-            samples.sample(&l, st.auth_failures);
-            let mut samples = w.counter(
-                "fulcrum_ha_sync_unauthenticated_refused_total",
-                "State sync connections closed at accept: too many were waiting to authenticate (from their source, or in all).",
-            );
-            samples.sample(&l, st.unauthenticated_refused);
-            let mut samples = w.counter(
-                "fulcrum_ha_sync_first_frame_timeouts_total",
-                "State sync connections closed because their first frame did not come in time.",
-            );
-            samples.sample(&l, st.first_frame_timeouts);
-            let mut samples = w.gauge(
-                "fulcrum_ha_sync_lag_seconds",
-                "Sync lag of the last document: from the peer's sending to this node's applying.",
-            );
-            samples.sample(&l, st.lag_ms.unwrap_or(0.0) / 1000.0);
-            let mut samples = w.gauge(
-                "fulcrum_ha_sync_config_mismatch",
-                "1 when the peer's pools differ from this node's (pools_hash).",
-            );
-            let mismatch = *self.peer_config_matches.lock() == Some(false);
-            samples.sample(&l, mismatch);
-            if let Some(fs) = self.flows.get() {
-                let mut samples = w.counter(
-                    "fulcrum_ha_sync_flows_total",
-                    "Connections of nat/dr/tunnel services synchronised, by event: sent to the peers, lost (a full queue or ring buffer), received, applied to this node's tables, dropped (unknown service, member or interface).",
-                );
-                for (event, n) in fs.counts() {
-                    samples.sample(&[("vrid", &vrid), ("event", event)], n);
-                }
-                if let Some(lag) = fs.lag_ms() {
-                    let mut samples = w.gauge(
-                        "fulcrum_ha_sync_flows_lag_seconds",
-                        "Sync lag of the last batch of flows received.",
-                    );
-                    samples.sample(&l, lag / 1000.0);
-                }
+            for (event, n) in fs.counts() {
+                samples.sample(&[("vrid", vrid), ("event", event)], n);
             }
-            let pt = self.per_table.lock();
-            if !pt.is_empty() {
-                let mut samples = w.counter(
-                    "fulcrum_ha_sync_entries_sent_total",
-                    "Persistence entries sent to the peers, by service table.",
-                );
-                for (name, c) in pt.iter() {
-                    samples.sample(&[("vrid", &vrid), ("vs", name)], c.sent);
-                }
-                let mut samples = w.counter(
-                    "fulcrum_ha_sync_entries_received_total",
-                    "Persistence entries received from the peers and stored, by service table.",
-                );
-                for (name, c) in pt.iter() {
-                    samples.sample(&[("vrid", &vrid), ("vs", name)], c.received);
-                }
+            if let Some(lag) = fs.lag_ms() {
                 let mut samples = w.gauge(
-                    "fulcrum_ha_sync_table_lag_seconds",
-                    "Sync lag of the last batch of entries of this service table.",
+                    "fulcrum_ha_sync_flows_lag_seconds",
+                    "Sync lag of the last batch of flows received.",
                 );
-                for (name, c) in pt.iter() {
-                    if let Some(lag) = c.lags.back() {
-                        samples.sample(&[("vrid", &vrid), ("vs", name)], lag / 1000.0);
-                    }
+                samples.sample(&l, lag / 1000.0);
+            }
+        }
+        let pt = self.per_table.lock();
+        if !pt.is_empty() {
+            let mut samples = w.counter(
+                "fulcrum_ha_sync_entries_sent_total",
+                "Persistence entries sent to the peers, by service table.",
+            );
+            for (name, c) in pt.iter() {
+                samples.sample(&[("vrid", vrid), ("vs", name)], c.sent);
+            }
+            let mut samples = w.counter(
+                "fulcrum_ha_sync_entries_received_total",
+                "Persistence entries received from the peers and stored, by service table.",
+            );
+            for (name, c) in pt.iter() {
+                samples.sample(&[("vrid", vrid), ("vs", name)], c.received);
+            }
+            let mut samples = w.gauge(
+                "fulcrum_ha_sync_table_lag_seconds",
+                "Sync lag of the last batch of entries of this service table.",
+            );
+            for (name, c) in pt.iter() {
+                if let Some(lag) = c.lags.back() {
+                    samples.sample(&[("vrid", vrid), ("vs", name)], lag / 1000.0);
                 }
             }
         }
@@ -1055,6 +1085,17 @@ impl crate::planes::DataPlane for HaPlane {
             ["ha", rest @ ..] => Some(HaPlane::api(self, request.method, rest, request.body)),
             _ => None,
         }
+    }
+}
+
+/// Counter families of one sample each, labelled `l`: (name, help, count).
+fn counters<const N: usize>(
+    w: &mut MetricFamilies,
+    l: &[(&str, &str)],
+    families: [(&str, &str, u64); N],
+) {
+    for (name, help, n) in families {
+        w.counter(name, help).sample(l, n);
     }
 }
 
