@@ -1361,6 +1361,35 @@ static __always_inline int portless(struct pkt *p, __u32 off, int opens)
 	return 1;
 }
 
+// An ICMP error quoting a packet of a TCP/UDP flow whose addresses are already in p->k (client
+// -> VIP): the key gets the quoted ports, and the flow's VIP, if any, forwards the error as it
+// forwards the flow.
+static __always_inline int forward_icmp_error(struct xdp_md *ctx, struct pkt *p, __u32 off,
+					      const __u16 *ports, __u8 proto, __u8 family)
+{
+	p->k.sport = ports[1];
+	p->k.dport = ports[0];
+	p->k.proto = proto;
+	p->l4_off = off;
+	p->icmp = 1;
+	p->tcp_flags = 0;
+	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = family };
+	if (family == 4)
+		vk.addr[0] = p->k.dst[0];
+	else
+		__builtin_memcpy(vk.addr, p->k.dst, 16);
+	struct vip_meta *vip = bpf_map_lookup_elem(&vips, &vk);
+	if (!vip)
+		vip = wildcard_vip(&vk);
+	if (!vip) {
+		count_global(G_PASS_NON_VIP);
+		return XDP_PASS;
+	}
+	if ((vip->flags & MODE_MASK) != MODE_NAT)
+		count_global(G_ICMP_FORWARDED);
+	return forward(ctx, p, vip);
+}
+
 // ICMP error quoting a VIP->client packet: find the client->VIP flow and send it the same way.
 static __always_inline int icmp4_error(struct xdp_md *ctx, struct pkt *p, __u32 off)
 {
@@ -1385,24 +1414,7 @@ static __always_inline int icmp4_error(struct xdp_md *ctx, struct pkt *p, __u32 
 		return XDP_PASS;
 	p->k.src[0] = in->daddr;
 	p->k.dst[0] = in->saddr;
-	p->k.sport = ports[1];
-	p->k.dport = ports[0];
-	p->k.proto = in->protocol;
-	p->l4_off = off;
-	p->icmp = 1;
-	p->tcp_flags = 0;
-	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 4 };
-	vk.addr[0] = p->k.dst[0];
-	struct vip_meta *vip = bpf_map_lookup_elem(&vips, &vk);
-	if (!vip)
-		vip = wildcard_vip(&vk);
-	if (!vip) {
-		count_global(G_PASS_NON_VIP);
-		return XDP_PASS;
-	}
-	if ((vip->flags & MODE_MASK) != MODE_NAT)
-		count_global(G_ICMP_FORWARDED);
-	return forward(ctx, p, vip);
+	return forward_icmp_error(ctx, p, off, ports, in->protocol, 4);
 }
 
 static __always_inline int icmp6_error(struct xdp_md *ctx, struct pkt *p, __u32 off)
@@ -1431,24 +1443,7 @@ static __always_inline int icmp6_error(struct xdp_md *ctx, struct pkt *p, __u32 
 		return XDP_PASS;
 	__builtin_memcpy(p->k.src, &in->daddr, 16);
 	__builtin_memcpy(p->k.dst, &in->saddr, 16);
-	p->k.sport = ports[1];
-	p->k.dport = ports[0];
-	p->k.proto = in->nexthdr;
-	p->l4_off = off;
-	p->icmp = 1;
-	p->tcp_flags = 0;
-	struct vip_key vk = { .port = p->k.dport, .proto = p->k.proto, .family = 6 };
-	__builtin_memcpy(vk.addr, p->k.dst, 16);
-	struct vip_meta *vip = bpf_map_lookup_elem(&vips, &vk);
-	if (!vip)
-		vip = wildcard_vip(&vk);
-	if (!vip) {
-		count_global(G_PASS_NON_VIP);
-		return XDP_PASS;
-	}
-	if ((vip->flags & MODE_MASK) != MODE_NAT)
-		count_global(G_ICMP_FORWARDED);
-	return forward(ctx, p, vip);
+	return forward_icmp_error(ctx, p, off, ports, in->nexthdr, 6);
 }
 
 static __always_inline int process_v4(struct xdp_md *ctx)
