@@ -322,11 +322,7 @@ impl Dataplane {
             .map_max_entries("vip_flows", limits.vips)
             .load(elf)?;
         for name in [PROGRAM, PASS_PROGRAM, DECAP_PROGRAM, CLOCK_PROGRAM] {
-            let prog: &mut Xdp = ebpf
-                .program_mut(name)
-                .ok_or(Error::MissingMap(name))?
-                .try_into()?;
-            prog.load()?;
+            xdp_program(&mut ebpf, name)?.load()?;
         }
         let ring_memory = {
             let m = ebpf.map("rings").ok_or(Error::MissingMap("rings"))?;
@@ -989,15 +985,7 @@ impl Dataplane {
             interface: interface.to_string(),
             message,
         };
-        let first = {
-            let prog: &mut Xdp = self
-                .ebpf
-                .program_mut(program)
-                .ok_or(Error::MissingMap(program))?
-                .try_into()?;
-            prog.attach(interface, mode)
-        };
-        let link = match first {
+        let link = match xdp_program(&mut self.ebpf, program)?.attach(interface, mode) {
             Ok(link) => link,
             Err(e) => {
                 let attached = attached_xdp_programs(interface).map_err(err)?;
@@ -1016,12 +1004,8 @@ impl Dataplane {
                 }
                 tracing::warn!(%interface, error = %e, "XDP attach failed; removing a stale program and retrying");
                 remove_legacy_xdp(interface).map_err(err)?;
-                let prog: &mut Xdp = self
-                    .ebpf
-                    .program_mut(program)
-                    .ok_or(Error::MissingMap(program))?
-                    .try_into()?;
-                prog.attach(interface, mode)
+                xdp_program(&mut self.ebpf, program)?
+                    .attach(interface, mode)
                     .map_err(|e| err(format!("{e} (after removing the old program)")))?
             }
         };
@@ -1040,14 +1024,14 @@ impl Dataplane {
             return Ok(());
         };
         let (_, program, link) = self.attached.remove(pos);
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(program)
-            .ok_or(Error::MissingMap(program))?
-            .try_into()?;
-        prog.detach(link)?;
+        xdp_program(&mut self.ebpf, program)?.detach(link)?;
         Ok(())
     }
+}
+
+fn xdp_program<'e>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut Xdp, Error> {
+    let p = ebpf.program_mut(name).ok_or(Error::MissingMap(name))?;
+    Ok(p.try_into()?)
 }
 
 /// Numbers for reals (members) in the `reals` array, reused once their member is gone.
