@@ -105,13 +105,11 @@ impl DataPlane for MessagePlane {
             inner.prepare_receiver(&vs.name, *addr)?;
         }
         let messages = inner.stats.entry(vs.name.clone()).or_default().clone();
-        let mut hubs = Vec::new();
-        let mut plans = Vec::new();
-        for pool in rules.pools() {
-            // Re-encryption to the members (the pool's `tls`), as for tcp services: no ALPN.
+        // Re-encryption to the members (the pool's `tls`), as for tcp services: no ALPN.
+        let settings_for = |pool: &Pool| -> Result<Settings, String> {
             let member_tls = crate::planes::http::tls::stream_member_tls(pool)
                 .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
-            let settings = Settings {
+            Ok(Settings {
                 snat: snat.clone(),
                 member_tls,
                 framing: section.framing.clone(),
@@ -122,30 +120,15 @@ impl DataPlane for MessagePlane {
                 framing_hook: framing_hook.clone(),
                 simplex: section.simplex.clone(),
                 member_requests: section.member_requests.clone(),
-            };
-            // The dispatcher this service had for a pool of that name, if its settings stay.
-            let kept = inner.hubs.get(&vs.name).and_then(|old| {
-                old.iter()
-                    .find(|h| h.dispatch_state().pool.name == pool.name && h.settings == settings)
-                    .cloned()
-            });
-            let (hub, plan) = match kept {
-                Some(hub) => (
-                    hub.clone(),
-                    Plan::Retarget(hub, pool.clone(), persistence.clone()),
-                ),
-                None => {
-                    let hub = Hub::new(
-                        Arc::from(vs.name.as_str()),
-                        settings,
-                        stats.clone(),
-                        messages.clone(),
-                        pool.clone(),
-                        persistence.clone(),
-                    );
-                    (hub.clone(), Plan::New(hub))
-                }
-            };
+            })
+        };
+        let old = inner.hubs.get(&vs.name).map(Vec::as_slice);
+        let mut hubs = Vec::new();
+        let mut plans = Vec::new();
+        for pool in rules.pools() {
+            let settings = settings_for(pool)?;
+            let counters = (stats.clone(), messages.clone());
+            let (hub, plan) = keep_or_new(old, &vs.name, settings, counters, pool, &persistence);
             hubs.push(hub);
             plans.push(plan);
         }
@@ -165,47 +148,20 @@ impl DataPlane for MessagePlane {
                     .find(|p| &*p.name == name.as_str())
                     .cloned()
                     .ok_or_else(|| format!("virtual service {:?}: no pool {name:?}", vs.name))?;
-                let member_tls = crate::planes::http::tls::stream_member_tls(&pool)
-                    .map_err(|e| format!("virtual service {:?}: {e}", vs.name))?;
                 let settings = Settings {
-                    snat: snat.clone(),
-                    member_tls,
-                    framing: section.framing.clone(),
-                    mode: section.mode,
-                    sequence: section.sequence.clone(),
                     options: fulcrum_config::MessageOptions {
                         // Fulcrum's connections to the branch hosts are ordinary duplex ones.
                         member_connections: section.options.member_connections.max(2),
                         ..section.options.clone()
                     },
-                    proxy_protocol: section.stream.proxy_protocol,
-                    framing_hook: framing_hook.clone(),
                     simplex: None,
                     member_requests: None,
+                    ..settings_for(&pool)?
                 };
-                let kept = inner.hubs.get(&vs.name).and_then(|old| {
-                    old.iter()
-                        .find(|h| {
-                            h.dispatch_state().pool.name == pool.name && h.settings == settings
-                        })
-                        .cloned()
-                });
-                let (hub, plan) = match kept {
-                    Some(hub) => (hub.clone(), Plan::Retarget(hub, pool, None)),
-                    None => {
-                        // Its own counters: its "requests" are members' requests, counted by
-                        // the service as `originated`.
-                        let hub = Hub::new(
-                            Arc::from(vs.name.as_str()),
-                            settings,
-                            stats.clone(),
-                            Arc::default(),
-                            pool,
-                            None,
-                        );
-                        (hub.clone(), Plan::New(hub))
-                    }
-                };
+                // Its own counters: its "requests" are members' requests, counted by the
+                // service as `originated`.
+                let counters = (stats.clone(), Arc::default());
+                let (hub, plan) = keep_or_new(old, &vs.name, settings, counters, &pool, &None);
                 plans.push(plan);
                 Some(hub)
             }
@@ -567,6 +523,40 @@ fn member_metrics(w: &mut MetricFamilies, all: &[Arc<Hub>]) {
                     get(&links.stats),
                 );
             }
+        }
+    }
+}
+
+/// The dispatcher this service had for a pool of that name while its settings stay
+/// (re-targeted at `pool`), else a new one.
+fn keep_or_new(
+    old: Option<&[Arc<Hub>]>,
+    service: &str,
+    settings: Settings,
+    (stats, messages): (Arc<fulcrum_net::stats::ServiceStats>, Arc<MessageStats>),
+    pool: &Arc<Pool>,
+    persistence: &Option<SourcePersistence>,
+) -> (Arc<Hub>, Plan) {
+    let kept = old.and_then(|old| {
+        old.iter()
+            .find(|h| h.dispatch_state().pool.name == pool.name && h.settings == settings)
+            .cloned()
+    });
+    match kept {
+        Some(hub) => {
+            let plan = Plan::Retarget(hub.clone(), pool.clone(), persistence.clone());
+            (hub, plan)
+        }
+        None => {
+            let hub = Hub::new(
+                Arc::from(service),
+                settings,
+                stats,
+                messages,
+                pool.clone(),
+                persistence.clone(),
+            );
+            (hub.clone(), Plan::New(hub))
         }
     }
 }
