@@ -6,6 +6,8 @@
 # each; the TLS handshakes happen once per connection, so this measures the HTTP/2 path.
 # Reports the proxy's CPU time per request, req/s and the mean request time h2load reports (it
 # prints no percentiles). Medians of ROUNDS runs of SECS seconds, alternating the proxies.
+# FULCRUM_ALT=path adds a second Fulcrum binary to the same rounds (another build, e.g. the
+# BOLT-optimized one from scripts/release-bolt.sh), reported on a row of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -15,7 +17,7 @@ FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}
 [ "$FULCRUM" = "$BUILD_DIR/fulcrum" ] && bench_build -p fulcrum
 ulimit -n "$(ulimit -Hn)"
 
-M1=18611 M2=18612 F=18643 H=18644 N=18645 FA=18690
+M1=18611 M2=18612 F=18643 H=18644 N=18645 FA=18690 FB=18646 FA2=18693
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -29,6 +31,13 @@ hello_members "$M1" "$M2"
 h2_configs
 RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$FULCRUM" run -c "$work/fulcrum.toml" &
 fulcrum_pid=$!; pids+=($fulcrum_pid)
+
+if [ -n "${FULCRUM_ALT:-}" ]; then
+  sed "s/:$F\"/:$FB\"/; s/:$FA\"/:$FA2\"/" "$work/fulcrum.toml" >"$work/fulcrum-alt.toml"
+  RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$FULCRUM_ALT" run -c "$work/fulcrum-alt.toml" &
+  alt_pid=$!; pids+=($alt_pid)
+  wait_port 127.0.0.1:$FB
+fi
 
 taskset -c "$BENCH_CPU_PROXY" haproxy -db -f "$work/haproxy.cfg" &
 haproxy_pid=$!; pids+=($haproxy_pid)
@@ -66,8 +75,9 @@ nginx_pid=$!; pids+=($nginx_pid)
 for p in $F $H $N; do wait_port 127.0.0.1:$p; done
 
 peers=(fulcrum haproxy nginx)
-pid_of() { case $1 in fulcrum) echo $fulcrum_pid;; haproxy) echo $haproxy_pid;; nginx) echo $nginx_pid;; esac; }
-port_of() { case $1 in fulcrum) echo $F;; haproxy) echo $H;; nginx) echo $N;; esac; }
+[ -n "${FULCRUM_ALT:-}" ] && peers+=(alt)
+pid_of() { case $1 in fulcrum) echo $fulcrum_pid;; haproxy) echo $haproxy_pid;; nginx) echo $nginx_pid;; alt) echo $alt_pid;; esac; }
+port_of() { case $1 in fulcrum) echo $F;; haproxy) echo $H;; nginx) echo $N;; alt) echo $FB;; esac; }
 
 # h2load_run PID PORT: "requests cpu_us_per_request req_per_s mean_ms"; fails the run when a
 # request failed or the protocol negotiated is not h2.
@@ -96,10 +106,10 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-row() {  # row LABEL ARRAY LOWER_IS_BETTER
+row() {  # row LABEL ARRAY LOWER_IS_BETTER [PEER: fulcrum or alt]
   local -n arr=$2
   local f h n best
-  f=$(median ${arr[fulcrum]}); h=$(median ${arr[haproxy]}); n=$(median ${arr[nginx]})
+  f=$(median ${arr[${4:-fulcrum}]}); h=$(median ${arr[haproxy]}); n=$(median ${arr[nginx]})
   if [ "$3" = 1 ]; then best=$(printf '%s\n' "$h" "$n" | sort -g | head -1); else best=$(printf '%s\n' "$h" "$n" | sort -g | tail -1); fi
   printf '| %s | %s | %s | %s | %s |\n' "$1" "$f" "$h" "$n" "$(ratio "$f" "$best")"
 }
@@ -109,3 +119,11 @@ echo "|---|---|---|---|---|"
 row "CPU per request (µs)" cpu 1
 row "requests/s" rps 0
 row "mean request time (ms)" lat 1
+if [ -n "${FULCRUM_ALT:-}" ]; then
+  echo
+  echo "FULCRUM_ALT ($FULCRUM_ALT) in the same rounds, in the Fulcrum column:"
+  row "CPU per request (µs)" cpu 1 alt
+  row "requests/s" rps 0 alt
+  row "mean request time (ms)" lat 1 alt
+  echo "Fulcrum ÷ FULCRUM_ALT, CPU per request: $(ratio "$(median ${cpu[fulcrum]})" "$(median ${cpu[alt]})")"
+fi
