@@ -108,6 +108,10 @@ impl Fulcrum {
         config: &str,
         netns: Option<&str>,
     ) -> Result<Fulcrum, String> {
+        // FULCRUM_TEST_BINARY runs the black-box tests against another build of the same
+        // source, e.g. the BOLT-laid-out binary of scripts/release-bolt.sh.
+        let other_build = std::env::var("FULCRUM_TEST_BINARY").ok();
+        let bin = other_build.as_deref().unwrap_or(bin);
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let config_path = dir.path().join("fulcrum.toml");
         let full = Self::with_admin(admin_table, config);
