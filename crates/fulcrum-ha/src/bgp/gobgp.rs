@@ -286,6 +286,16 @@ pub struct GobgpClient {
     grpc: tonic::client::Grpc<Channel>,
 }
 
+/// `call` within CALL_TIMEOUT.
+async fn in_time<T>(
+    method: &str,
+    call: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .map_err(|_| format!("{method}: no answer in time"))?
+}
+
 fn status_text(s: tonic::Status) -> String {
     if s.message().is_empty() {
         format!("{:?}", s.code())
@@ -306,16 +316,20 @@ impl GobgpClient {
         })
     }
 
+    async fn ready(&mut self) -> Result<(), String> {
+        self.grpc
+            .ready()
+            .await
+            .map_err(|e| format!("gobgpd unreachable: {e}"))
+    }
+
     async fn unary<Q, R>(&mut self, method: &'static str, request: Q) -> Result<R, String>
     where
         Q: prost::Message + Send + Sync + 'static,
         R: prost::Message + Default + Send + Sync + 'static,
     {
         let call = async {
-            self.grpc
-                .ready()
-                .await
-                .map_err(|e| format!("gobgpd unreachable: {e}"))?;
+            self.ready().await?;
             self.grpc
                 .unary(
                     tonic::Request::new(request),
@@ -326,9 +340,7 @@ impl GobgpClient {
                 .map(tonic::Response::into_inner)
                 .map_err(status_text)
         };
-        tokio::time::timeout(CALL_TIMEOUT, call)
-            .await
-            .map_err(|_| format!("{method}: no answer in time"))?
+        in_time(method, call).await
     }
 
     async fn stream<Q, R>(&mut self, method: &'static str, request: Q) -> Result<Vec<R>, String>
@@ -337,10 +349,7 @@ impl GobgpClient {
         R: prost::Message + Default + Send + Sync + 'static,
     {
         let call = async {
-            self.grpc
-                .ready()
-                .await
-                .map_err(|e| format!("gobgpd unreachable: {e}"))?;
+            self.ready().await?;
             let mut s = self
                 .grpc
                 .server_streaming(
@@ -357,9 +366,7 @@ impl GobgpClient {
             }
             Ok(out)
         };
-        tokio::time::timeout(CALL_TIMEOUT, call)
-            .await
-            .map_err(|_| format!("{method}: no answer in time"))?
+        in_time(method, call).await
     }
 
     /// Adds (or replaces) the path of `prefix` in the global RIB; its UUID.
