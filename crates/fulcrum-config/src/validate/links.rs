@@ -1,8 +1,8 @@
 //! Cross-checks of the `[[outbound]]`, link and gateway sections against the rest of the config.
 
 use crate::link::{
-    GatewayMember, LinkMember, Outbound, PoolKind, Snat6, GATEWAY_ALGORITHMS, LINK_ALGORITHMS,
-    LINK_ONLY_ALGORITHMS, MAX_LINKS,
+    GatewayMember, LinkMember, LinkTarget, Outbound, PoolKind, Snat6, GATEWAY_ALGORITHMS,
+    LINK_ALGORITHMS, LINK_ONLY_ALGORITHMS, MAX_LINKS,
 };
 use ipnet::IpNet;
 
@@ -34,6 +34,23 @@ pub(crate) fn check(cfg: &Config, out: &mut Errors) {
 /// A monitor with `targets`, the kind links and gateways use: it probes through the link.
 fn link_monitor<'a>(cfg: &'a Config, name: &str) -> Option<&'a Monitor> {
     cfg.monitor(name).filter(|m| !m.link.targets.is_empty())
+}
+
+/// Whether next hops of the families `(v4, v6)` reach `a`.
+fn has_next_hop(a: std::net::IpAddr, (v4, v6): (bool, bool)) -> bool {
+    if a.is_ipv4() {
+        v4
+    } else {
+        v6
+    }
+}
+
+/// The first target of a link monitor that no next hop of the families `(v4, v6)` reaches.
+fn target_without_next_hop(m: &Monitor, families: (bool, bool)) -> Option<&LinkTarget> {
+    m.link
+        .targets
+        .iter()
+        .find(|t| !has_next_hop(t.address, families))
 }
 
 fn pool_kind(cfg: &Config, name: &str) -> Option<PoolKind> {
@@ -285,7 +302,7 @@ fn check_link_families(
         _ => {}
     }
     if let Some(r) = l.resolver {
-        if (r.is_ipv4() && !v4) || (r.is_ipv6() && !v6) {
+        if !has_next_hop(r.ip(), (v4, v6)) {
             out.push((
                 mp("resolver"),
                 format!(
@@ -295,12 +312,7 @@ fn check_link_families(
         }
     }
     for m in l.monitors.iter().filter_map(|m| link_monitor(cfg, m)) {
-        let lacking = m
-            .link
-            .targets
-            .iter()
-            .find(|t| (t.address.is_ipv4() && !v4) || (t.address.is_ipv6() && !v6));
-        if let Some(t) = lacking {
+        if let Some(t) = target_without_next_hop(m, (v4, v6)) {
             out.push((
                 mp("monitors"),
                 format!(
@@ -345,12 +357,7 @@ fn check_gateway(cfg: &Config, i: usize, j: usize, g: &GatewayMember, out: &mut 
             ));
             continue;
         };
-        let lacking = monitor
-            .link
-            .targets
-            .iter()
-            .find(|t| (t.address.is_ipv4() && !v4) || (t.address.is_ipv6() && !v6));
-        if let Some(t) = lacking {
+        if let Some(t) = target_without_next_hop(monitor, (v4, v6)) {
             out.push((
                 format!("pool[{i}].member[{j}].monitors[{k}]"),
                 format!(
