@@ -606,20 +606,27 @@ fn refused(mut r: Response) -> Response {
     r.extensions_mut().insert(Refused);
     r
 }
+/// The refusal of a mutating call whose body is not JSON.
+fn not_json(read_only: bool, req: &Request) -> Option<Response> {
+    if read_only || body_type_allowed(req) {
+        return None;
+    }
+    Some(refused(
+        error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "mutating calls need Content-Type: application/json",
+        )
+        .into_response(),
+    ))
+}
 
 async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
     if app.local_socket {
         // Only who may open the socket file gets here (0600/0660): the caller is authenticated.
         // Mutating calls still need JSON, as everywhere.
         let read_only = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-        if !read_only && !body_type_allowed(&req) {
-            return refused(
-                error(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "mutating calls need Content-Type: application/json",
-                )
-                .into_response(),
-            );
+        if let Some(refusal) = not_json(read_only, &req) {
+            return refusal;
         }
         return next.run(req).await;
     }
@@ -673,14 +680,8 @@ async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
     }
     // A page on any site can POST a form or text/plain to localhost without a preflight; it
     // cannot send application/json without the browser asking this API first (CORS).
-    if !read_only && !body_type_allowed(&req) {
-        return refused(
-            error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "mutating calls need Content-Type: application/json",
-            )
-            .into_response(),
-        );
+    if let Some(refusal) = not_json(read_only, &req) {
+        return refusal;
     }
     next.run(req).await
 }
