@@ -14,14 +14,7 @@ protocol = "https"
 pool = "nginx"
 tls = [{ cert = "$work/site.crt", key = "$work/site.key" }]
 forward_headers = { x_forwarded_host = false, via = false }
-[[pool]]
-name = "nginx"
-algorithm = "round_robin"
-reuse = "safe"
-[[pool.member]]
-address = "127.0.0.1:$M1"
-[[pool.member]]
-address = "127.0.0.1:$M2"
+$(fulcrum_member_pool "$M1" "$M2")
 CONF
 cat >"$work/haproxy.cfg" <<CONF
 global

@@ -38,6 +38,12 @@ CONF
   wait_port "127.0.0.1:$1"
 }
 
+fulcrum_member_pool() {  # fulcrum_member_pool PORT1 PORT2: the TOML of the benchmarks' Fulcrum pool
+  # "nginx": the two hello members on 127.0.0.1, round robin, member connections reused.
+  printf '[[pool]]\nname = "nginx"\nalgorithm = "round_robin"\nreuse = "safe"\n'
+  printf '[[pool.member]]\naddress = "127.0.0.1:%s"\n' "$1" "$2"
+}
+
 # BENCH_PREBUILT=1: use the binaries already in target/$PROFILE as they are. One script builds
 # `-p fulcrum` alone and another `-p fulcrum -p fulcrum-testkit`: Cargo unifies features per
 # invocation, so alternating them rebuilds the fat-LTO binary each time (many minutes here);

@@ -79,14 +79,7 @@ name = "udp"
 listen = "127.0.0.1:$UDP"
 protocol = "udp"
 pool = "echo"
-[[pool]]
-name = "nginx"
-algorithm = "round_robin"
-reuse = "safe"
-[[pool.member]]
-address = "127.0.0.1:$M1"
-[[pool.member]]
-address = "127.0.0.1:$M2"
+$(fulcrum_member_pool "$M1" "$M2")
 [[pool]]
 name = "echo"
 [[pool.member]]
