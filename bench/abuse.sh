@@ -43,10 +43,7 @@ H2ABUSE=${H2ABUSE:-target/debug/h2abuse}
 ulimit -n "$(ulimit -Hn)"
 
 M=18311 F=18380 H=18381 N=18382 N2=18383 FA=18390
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 mkdir -p "$work/www"
 echo "hello, world" >"$work/www/index.html"

@@ -11,10 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FULCRUM=${FULCRUM:-target/debug/fulcrum}
 [ "$FULCRUM" = target/debug/fulcrum ] && cargo build -q -p fulcrum
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+. bench/lib.sh
+bench_workdir
 
 dir=${CACHE_TESTS:-}
 if [ -z "$dir" ]; then
@@ -69,7 +67,6 @@ console.log(`fulcrum (${process.argv[2]} pool): ${pass}/${v.length} = ${(100 * p
 (cd "$dir" && npm_config_port=18000 npm_config_protocol=http npm_config_pidfile="$work/server.pid" \
   exec node test-engine/server/server.mjs >"$work/server.log" 2>&1) &
 pids+=($!)
-. bench/lib.sh
 wait_port 127.0.0.1:18000
 case "${POOL:-tuned}" in
   both) run_suite tuned; run_suite default ;;

@@ -17,10 +17,7 @@ ulimit -n "$(ulimit -Hn)"
 
 # Ports of their own, so this can run beside the other benchmarks.
 M=18311 F=18380 N=18382 FA=18390
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 head -c 4096 /dev/urandom | base64 -w0 | head -c 4096 >"$work/4k"
 head -c 65536 /dev/urandom | base64 -w0 | head -c 65536 >"$work/64k"

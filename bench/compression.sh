@@ -19,10 +19,7 @@ ulimit -n "$(ulimit -Hn)"
 
 # Ports of their own, so this can run beside the other benches.
 M=18411 F=18480 N=18482 B=18483 Z=18484 FA=18490 BA=18491 ZA=18492
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 # A realistic page: a product table with varied numbers and names (compresses about 8:1 with
 # gzip -6, like real HTML).

@@ -11,10 +11,7 @@ ROUNDS=${ROUNDS:-3} SECS=${SECS:-10} CLIENTS=${CLIENTS:-4}
 need dnsperf; need gdnsd
 bench_build -p fulcrum
 
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 ZONE='$TTL 300
 @       IN SOA ns1 hostmaster 2024010101 3600 600 86400 60

@@ -14,10 +14,7 @@ PROFILE=${PROFILE:-dev}
 N=${N:-2000} PREFIXES=${PREFIXES:-1000}
 if [ "$PROFILE" = dev ]; then cargo build -q -p fulcrum; BIN=target/debug/fulcrum; else bench_build -p fulcrum; BIN=$BUILD_DIR/fulcrum; fi
 
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 RESOLVER_PORT=18553
 config() {  # config SITE SOURCE ADMIN DNS

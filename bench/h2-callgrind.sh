@@ -18,10 +18,7 @@ CG=(valgrind --tool=callgrind --compress-strings=no --compress-pos=no)
 [ "${CACHE:-0}" = 1 ] && CG+=(--cache-sim=yes --branch-sim=yes)
 
 M1=18611 M2=18612 F=18650 H=18651 FA=18692
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 bench_cert "$work"
 hello_members "$M1" "$M2"
 

@@ -21,10 +21,7 @@ FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}
 H2ABUSE=${H2ABUSE:-target/debug/h2abuse}
 [ "$H2ABUSE" = target/debug/h2abuse ] && cargo build -q -p fulcrum-testkit --bin h2abuse
 M=18411 F=18480 FA=18490
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 mkdir -p "$work/www"
 cat >"$work/member.conf" <<CONF
 worker_processes 1;

@@ -18,10 +18,7 @@ FULCRUM=${FULCRUM:-$BUILD_DIR/fulcrum}
 ulimit -n "$(ulimit -Hn)"
 
 M1=18611 M2=18612 F=18643 H=18644 N=18645 FA=18690 FB=18646 FA2=18693
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 bench_cert "$work"
 

@@ -19,10 +19,7 @@ ulimit -n "$(ulimit -Hn)"
 
 # Ports of their own, so this can run beside bench/tcp.sh.
 M1=18211 M2=18212 F=18280 H=18281 N=18282 R=18283 Y=18284 FA=18290 RA=18291
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 hello_members "$M1" "$M2"
 

@@ -20,10 +20,7 @@ ulimit -n "$(ulimit -Hn)"
 
 # Ports of their own, so this can run beside the other benchmarks.
 M1=18511 M2=18512 FT=18543 HT=18544 FR=18545 HR=18546 FA=18590
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 # A CA and a certificate it signs (a verifying client, rustls or OpenSSL, refuses a CA
 # certificate presented as the server's own).

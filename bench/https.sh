@@ -17,10 +17,7 @@ ulimit -n "$(ulimit -Hn)"
 
 # Ports of their own, so this can run beside the other benchmarks.
 M1=18411 M2=18412 F=18443 H=18444 FA=18490
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 # One self-signed ECDSA P-256 certificate for both proxies.
 bench_cert "$work"

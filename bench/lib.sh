@@ -38,6 +38,18 @@ CONF
   wait_port "127.0.0.1:$1"
 }
 
+bench_workdir() {  # a temporary folder $work and a list $pids: when the script exits, every
+  # process in $pids is stopped and $work removed
+  work=$(mktemp -d)
+  pids=()
+  trap bench_cleanup EXIT
+}
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+
 fulcrum_member_pool() {  # fulcrum_member_pool PORT1 PORT2: the TOML of the benchmarks' Fulcrum pool
   # "nginx": the two hello members on 127.0.0.1, round robin, member connections reused.
   printf '[[pool]]\nname = "nginx"\nalgorithm = "round_robin"\nreuse = "safe"\n'

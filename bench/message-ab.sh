@@ -17,10 +17,7 @@ for port in 18380 18381 18391 18392 18990 18991; do
   if ss -Hltn "sport = :$port" | grep -q .; then echo "port $port is in use; stop what holds it" >&2; exit 1; fi
 done
 
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 taskset -c "$BENCH_CPU_LOAD" "$BIN/msgswitch" 127.0.0.1:18391 127.0.0.1:18392 &
 pids+=($!)

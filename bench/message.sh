@@ -24,10 +24,7 @@ for port in 18280 18281 18291 18292 18980; do
   if ss -Hltn "sport = :$port" | grep -q .; then echo "port $port is in use; stop what holds it" >&2; exit 1; fi
 done
 
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 taskset -c "$BENCH_CPU_LOAD" $BUILD_DIR/msgswitch 127.0.0.1:18291 127.0.0.1:18292 &
 pids+=($!)

@@ -15,10 +15,7 @@ bench_build -p fulcrum
 ulimit -n "$(ulimit -Hn)"
 wrap=(); [ "${NO_THP:-0}" = 1 ] && wrap=(python3 bench/no_thp.py)
 
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 taskset -c "$BENCH_CPU_LOAD" nginx -p "$work" -c "$PWD/bench/nginx-backend.conf" 2>"$work/nginx.err" &
 pids+=($!)

@@ -17,10 +17,7 @@ need nginx
 bench_build -p fulcrum -p fulcrum-testkit --bins
 ulimit -n "$(ulimit -Hn)"
 
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 wait_udp() {  # wait_udp PORT: until something is bound to the UDP port (10 s)
   for _ in $(seq 200); do

@@ -21,10 +21,7 @@ ulimit -n "$(ulimit -Hn)"
 
 M1=18611 M2=18612 ADMIN=18620 NGX=18630
 NONE=18621 RULE=18622 NOOP=18623 HDR=18624 BODY=18625 SDK=18626
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 hello_members "$M1" "$M2"
 
 filters=crates/fulcrum-wasm/filters

@@ -13,8 +13,8 @@
 #
 # Steps: a release build with relocations kept (--emit-relocs: BOLT needs them to move
 # functions), an instrumented copy, a training run of that copy on every proxy path (HTTP/1
-# keep-alive and new connection, HTTP/1 and HTTP/2 over TLS with full handshakes and
-# resumption, TCP, UDP and DNS), then the optimized binary. The training traffic stays on
+# keep-alive and new connection, HTTP/2 over TLS on 50 and then 200 new connections (full
+# handshakes), HTTP/1 over TLS, TCP, UDP and DNS), then the optimized binary. The training traffic stays on
 # 127.0.0.1. The build has its own target folder: its RUSTFLAGS differ from the plain release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,10 +32,7 @@ plain=$CARGO_TARGET_DIR/release/fulcrum
 out=$CARGO_TARGET_DIR/fulcrum
 
 M1=18911 M2=18912 HTTP=18920 HTTPS=18921 TCP=18922 UDP=18923 DNS=18924 FA=18930 UDPM=18913
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir
 
 "$BOLT" "$plain" -instrument -o "$work/fulcrum.instr" \
   --instrumentation-file="$work/profile.fdata" >"$work/instrument.log" 2>&1 ||
