@@ -9,7 +9,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 pub struct DelayedResolver {
@@ -27,7 +26,7 @@ impl Drop for DelayedResolver {
 
 impl DelayedResolver {
     pub async fn start(addr: SocketAddr) -> io::Result<DelayedResolver> {
-        let socket = Arc::new(UdpSocket::bind(addr).await?);
+        let socket = Arc::new(crate::bind_udp(addr).await?);
         let addr = socket.local_addr()?;
         let delays: Arc<Mutex<HashMap<IpAddr, Duration>>> = Arc::default();
         let queries: Arc<Mutex<BTreeMap<IpAddr, u64>>> = Arc::default();

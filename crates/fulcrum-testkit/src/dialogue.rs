@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// A command prefix (matched case-insensitively) and the reply lines sent for it; a reply of
@@ -34,7 +33,7 @@ impl DialogueServer {
         rules: Vec<Rule>,
         fallback: &'static str,
     ) -> io::Result<DialogueServer> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let commands: Arc<Mutex<Vec<String>>> = Arc::default();
         let log = commands.clone();

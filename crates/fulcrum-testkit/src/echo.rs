@@ -13,7 +13,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// The echo member; stops when dropped.
@@ -48,7 +47,7 @@ pub fn checksum(body: &[u8]) -> u32 {
 
 impl EchoMember {
     pub async fn start(addr: SocketAddr) -> io::Result<EchoMember> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let requests = Arc::new(AtomicU64::new(0));
         let counted = requests.clone();

@@ -92,6 +92,51 @@ pub fn free_addr() -> SocketAddr {
     free_addr_on([127, 0, 0, 1])
 }
 
+/// Binds a TCP listener on `addr` for a test's server. A port from `free_addr` is free when
+/// found, not reserved: if something binds it before the server does (seen in CI as
+/// "address already in use" on a test port), the server takes another test port on the same
+/// address instead of failing the test. Callers read the bound address from the listener.
+/// A port outside the test range (a fixed port, or 0) is bound as asked, once.
+pub async fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let mut addr = addr;
+    for _ in 0..5 {
+        match tokio::net::TcpListener::bind(addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && in_test_range(addr) => {
+                addr = free_addr_on_ip(addr.ip());
+            }
+            r => return r,
+        }
+    }
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// `bind_tcp` for a UDP server.
+pub async fn bind_udp(addr: SocketAddr) -> std::io::Result<tokio::net::UdpSocket> {
+    let mut addr = addr;
+    for _ in 0..5 {
+        match tokio::net::UdpSocket::bind(addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && in_test_range(addr) => {
+                addr = free_addr_on_ip(addr.ip());
+            }
+            r => return r,
+        }
+    }
+    tokio::net::UdpSocket::bind(addr).await
+}
+
+fn in_test_range(addr: SocketAddr) -> bool {
+    TEST_PORTS.contains(&addr.port())
+}
+
+/// `free_addr_on` for any address: a test port on an IPv4 address, or one free on 127.0.0.1
+/// for an IPv6 one (test ports are handed out per port number, whatever the address).
+pub fn free_addr_on_ip(ip: std::net::IpAddr) -> SocketAddr {
+    match ip {
+        std::net::IpAddr::V4(v4) => free_addr_on(v4.octets()),
+        std::net::IpAddr::V6(_) => SocketAddr::new(ip, free_addr_on([127, 0, 0, 1]).port()),
+    }
+}
+
 /// Polls `cond` every 20 ms until it holds or `deadline` passes; returns whether it held.
 pub async fn wait_until<F, Fut>(deadline: Duration, mut cond: F) -> bool
 where
@@ -107,5 +152,32 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_test_port_taken_before_the_bind_is_replaced_and_a_fixed_one_is_not() {
+        let addr = free_addr();
+        let taker = TcpListener::bind(addr).unwrap();
+        let listener = bind_tcp(addr).await.unwrap();
+        let bound = listener.local_addr().unwrap();
+        assert_eq!(bound.ip(), addr.ip());
+        assert_ne!(bound.port(), addr.port());
+        assert!(TEST_PORTS.contains(&bound.port()));
+
+        let udp_taker = std::net::UdpSocket::bind(addr).unwrap();
+        let socket = bind_udp(addr).await.unwrap();
+        assert_ne!(socket.local_addr().unwrap().port(), addr.port());
+
+        // Outside the test range the caller meant that port: the error is theirs to see.
+        let fixed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = fixed.local_addr().unwrap();
+        let err = bind_tcp(taken).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+        drop((taker, udp_taker));
     }
 }

@@ -359,7 +359,7 @@ impl MessageSwitch {
         framing: WireFraming,
         options: SwitchOptions,
     ) -> io::Result<MessageSwitch> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(SwitchState::default());
         if let Some(receive) = receive {

@@ -13,7 +13,6 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// A request as the origin saw it.
@@ -104,7 +103,7 @@ impl Origin {
         addr: SocketAddr,
         handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
     ) -> io::Result<Origin> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let seen = Arc::new(parking_lot_free::Mutex::new(Vec::new()));
         let handler: Arc<parking_lot_free::Mutex<Handler>> =

@@ -53,11 +53,7 @@ impl Fulcrum {
             let table = Self::admin_table(admin, token);
             match Self::start_inner(bin, admin, &table, token, config, None).await {
                 Err(e) if e.contains("(admin.listen): Address already in use") => {
-                    let ip = match admin.ip() {
-                        std::net::IpAddr::V4(ip) => ip.octets(),
-                        std::net::IpAddr::V6(_) => [127, 0, 0, 1],
-                    };
-                    admin = crate::free_addr_on(ip);
+                    admin = crate::free_addr_on_ip(admin.ip());
                 }
                 r => return r,
             }

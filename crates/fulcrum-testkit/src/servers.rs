@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 /// Live connection tasks of a server, aborted together when it stops (a killed member).
@@ -77,7 +77,7 @@ pub(crate) fn split_proxy_header(buf: &[u8]) -> Option<usize> {
 
 impl TcpIdServer {
     pub async fn start(addr: SocketAddr, name: &str) -> io::Result<TcpIdServer> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let connections = Arc::new(AtomicU64::new(0));
         let active = Arc::new(AtomicU64::new(0));
@@ -220,7 +220,7 @@ type BackendBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 impl HttpBackend {
     pub async fn start(addr: SocketAddr, name: &str) -> io::Result<HttpBackend> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let state = BackendState {
             name: Arc::from(name),
@@ -447,7 +447,7 @@ impl Drop for RawBackend {
 
 impl RawBackend {
     pub async fn start(addr: SocketAddr, behaviour: RawBehaviour) -> io::Result<RawBackend> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let received = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicU64::new(0));
@@ -535,7 +535,7 @@ impl Drop for AgentServer {
 
 impl AgentServer {
     pub async fn start(addr: SocketAddr, reply: &str) -> io::Result<AgentServer> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::bind_tcp(addr).await?;
         let addr = listener.local_addr()?;
         let reply = Arc::new(Mutex::new(reply.to_string()));
         let r = reply.clone();

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use hmac::{Hmac, Mac};
 use md5::{Digest, Md5};
-use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 /// Answers every datagram with `"{name}:"` followed by the datagram, to its sender. Counts the
@@ -31,7 +30,7 @@ impl Drop for UdpEchoServer {
 
 impl UdpEchoServer {
     pub async fn start(addr: SocketAddr, name: &str) -> io::Result<UdpEchoServer> {
-        let socket = UdpSocket::bind(addr).await?;
+        let socket = crate::bind_udp(addr).await?;
         let addr = socket.local_addr()?;
         let datagrams = Arc::new(AtomicU64::new(0));
         let sources: Arc<Mutex<BTreeMap<SocketAddr, u64>>> = Arc::default();
@@ -131,7 +130,7 @@ impl Drop for RadiusServer {
 
 impl RadiusServer {
     pub async fn start(addr: SocketAddr, name: &str, secret: &str) -> io::Result<RadiusServer> {
-        let socket = UdpSocket::bind(addr).await?;
+        let socket = crate::bind_udp(addr).await?;
         let addr = socket.local_addr()?;
         let seen: Arc<Mutex<Vec<RadiusSeen>>> = Arc::default();
         let reject: Arc<Mutex<Vec<String>>> = Arc::default();

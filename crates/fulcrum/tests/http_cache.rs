@@ -935,7 +935,7 @@ async fn a_waiting_miss_of_another_variant_leaves_at_the_fetchs_head() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interim_responses_pass_through_on_a_miss_and_are_not_stored() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
+    let listener = fulcrum_testkit::bind_tcp(free_addr()).await.unwrap();
     let member = listener.local_addr().unwrap();
     let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = served.clone();

@@ -520,7 +520,7 @@ async fn service_connection_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_accepts_and_resets_is_taken_down_and_its_clients_served_elsewhere() {
     // Accepts every connection and resets it at once, without a byte of reply.
-    let resetter = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
+    let resetter = fulcrum_testkit::bind_tcp(free_addr()).await.unwrap();
     let bad = resetter.local_addr().unwrap();
     let task = tokio::spawn(async move {
         while let Ok((s, _)) = resetter.accept().await {

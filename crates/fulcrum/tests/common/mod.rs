@@ -22,16 +22,10 @@ pub async fn start(config: &str) -> Fulcrum {
 pub async fn id_servers(n: usize) -> Vec<TcpIdServer> {
     let mut v = Vec::new();
     for i in 0..n {
-        // A port free a moment ago can be taken before the bind (another test of this
-        // process, or another process): pick again rather than fail the test.
-        let mut tries = 0;
-        let server = loop {
-            match TcpIdServer::start(free_addr(), &format!("m{i}")).await {
-                Ok(s) => break s,
-                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 5 => tries += 1,
-                Err(e) => panic!("id server m{i}: {e}"),
-            }
-        };
+        // A test port taken before the bind is replaced by the test kit (`bind_tcp`).
+        let server = TcpIdServer::start(free_addr(), &format!("m{i}"))
+            .await
+            .unwrap_or_else(|e| panic!("id server m{i}: {e}"));
         v.push(server);
     }
     v
