@@ -688,18 +688,22 @@ pub(crate) async fn filtered(
     stream.set_upstream(Some(pool.clone()), member);
     let (mut parts, body) = resp.into_parts();
     if stream.wants_response_headers() {
-        let status = (
-            b":status".to_vec(),
-            parts.status.as_str().as_bytes().to_vec(),
-        );
-        let mut pairs = wasm_filters::pairs_of(Some(status), &parts.headers);
         let bodiless = body.is_end_stream();
-        match stream.response_headers(&mut pairs, bodiless).await {
+        let mut lent = fulcrum_wasm::HeadPairs::lend(wasm_filters::LentMap {
+            status: parts.status,
+            headers: std::mem::take(&mut parts.headers),
+        });
+        let verdict = stream.response_headers(&mut lent, bodiless).await;
+        let (back, pairs) = lent
+            .take_back::<wasm_filters::LentMap>()
+            .ok_or_else(|| wasm_filters::failed("the response head was not handed back"))?;
+        parts.headers = back.headers;
+        match verdict {
             fulcrum_wasm::Verdict::Continue => {}
             fulcrum_wasm::Verdict::Local(l) => return Err(wasm_filters::local_of(l)),
             fulcrum_wasm::Verdict::Fail(why) => return Err(wasm_filters::failed(&why)),
         }
-        if stream.head_changed() {
+        if let Some(pairs) = pairs.filter(|_| stream.head_changed()) {
             let (status, headers) = wasm_filters::map_of(&pairs).ok_or_else(|| {
                 tracing::warn!("a filter left an invalid response head");
                 Local::error(500, "a filter left an invalid head")

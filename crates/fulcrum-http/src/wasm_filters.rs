@@ -14,8 +14,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use fulcrum_balance::{PickContext, Pool};
 use fulcrum_wasm::{
-    CallResponse, Chain, Filter, FilterStats, HttpCalls, Limits, LocalReply, OnError, OutgoingCall,
-    Pair, Props, Spec, Stream, Verdict,
+    CallResponse, Chain, Filter, FilterStats, Head, HeadPairs, HttpCalls, Limits, LocalReply,
+    OnError, OutgoingCall, Pair, Props, Spec, Stream, Verdict,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use parking_lot::Mutex;
@@ -171,8 +171,6 @@ pub(crate) async fn on_request(
         source: Some(client.info.peer),
         destination: Some(client.info.local),
         virtual_service: service.clone(),
-        pool: None,
-        member: None,
         sni: client.info.sni.as_deref().map(str::to_string),
         protocol: match (head.version, client.info.alpn) {
             (Version::Http2, _) | (_, Alpn::H2) => "HTTP/2",
@@ -183,13 +181,23 @@ pub(crate) async fn on_request(
     if !stream.wants_request_headers() {
         return Ok(stream);
     }
-    let mut pairs = request_pairs(head, https);
-    match stream.request_headers(&mut pairs, !head.has_body()).await {
+    let end_of_stream = !head.has_body();
+    let mut lent = HeadPairs::lend(LentRequest {
+        head: std::mem::take(head),
+        https,
+    });
+    let verdict = stream.request_headers(&mut lent, end_of_stream).await;
+    // The head comes back before anything else: a local answer is logged with it.
+    let (back, pairs) = lent
+        .take_back::<LentRequest>()
+        .ok_or_else(|| failed("the request head was not handed back"))?;
+    *head = back.head;
+    match verdict {
         Verdict::Continue => {}
         Verdict::Local(l) => return Err(local_of(l)),
         Verdict::Fail(why) => return Err(failed(&why)),
     }
-    if stream.head_changed() {
+    if let Some(pairs) = pairs.filter(|_| stream.head_changed()) {
         *head = head
             .rebuilt(&pairs, limits)
             .map_err(|e| invalid(e, "request"))?;
@@ -232,17 +240,44 @@ pub(crate) async fn on_response(
     if !stream.wants_response_headers() {
         return Ok(());
     }
-    let mut pairs = response_pairs(resp);
     let bodiless = resp.content_length == Some(0);
-    match stream.response_headers(&mut pairs, bodiless).await {
+    let mut lent = HeadPairs::lend(LentResponse(std::mem::take(resp)));
+    let verdict = stream.response_headers(&mut lent, bodiless).await;
+    let (back, pairs) = lent
+        .take_back::<LentResponse>()
+        .ok_or_else(|| failed("the response head was not handed back"))?;
+    *resp = back.0;
+    match verdict {
         Verdict::Continue => {}
         Verdict::Local(l) => return Err(local_of(l)),
         Verdict::Fail(why) => return Err(failed(&why)),
     }
-    if stream.head_changed() {
+    if let Some(pairs) = pairs.filter(|_| stream.head_changed()) {
         *resp = resp.rebuilt(&pairs).map_err(|e| invalid(e, "response"))?;
     }
     Ok(())
+}
+
+/// A response head held as `http` types (an answer of the cache), lent to the filters of the
+/// response phase.
+pub(crate) struct LentMap {
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+}
+
+/// `:status`, then the fields.
+impl Head for LentMap {
+    fn pairs(&self) -> Vec<Pair> {
+        let status = (
+            b":status".to_vec(),
+            self.status.as_str().as_bytes().to_vec(),
+        );
+        pairs_of(Some(status), &self.headers)
+    }
+
+    fn count(&self) -> usize {
+        1 + self.headers.len()
+    }
 }
 
 /// A header map as filters see it, after `first` (a pseudo-field) when given.
@@ -305,38 +340,103 @@ fn lower(name: &[u8]) -> Vec<u8> {
     name.to_ascii_lowercase()
 }
 
-/// The request head as filters see it: `:method`, `:scheme`, `:authority`, `:path`, then the
-/// fields (Host is `:authority`).
-fn request_pairs(head: &RequestHead, https: bool) -> Vec<Pair> {
-    let mut pairs = Vec::with_capacity(head.fields.len() + 4);
-    pairs.push((b":method".to_vec(), head.method_bytes().to_vec()));
-    let scheme: &[u8] = if https { b"https" } else { b"http" };
-    pairs.push((b":scheme".to_vec(), scheme.to_vec()));
-    if let Some(a) = head.authority() {
-        pairs.push((b":authority".to_vec(), a.to_vec()));
-    }
-    pairs.push((b":path".to_vec(), head.target().to_vec()));
-    for f in &head.fields {
-        let name = head.name(f);
-        if name.eq_ignore_ascii_case(b"host") {
-            continue;
-        }
-        pairs.push((lower(name), head.value(f).to_vec()));
-    }
-    pairs
+/// The request head lent to the filters of the request phase, with the scheme they see.
+struct LentRequest {
+    head: RequestHead,
+    https: bool,
 }
 
-/// The response head as filters see it: `:status`, then the member's fields.
-fn response_pairs(resp: &ResponseHead) -> Vec<Pair> {
-    let mut pairs = Vec::with_capacity(resp.fields.len() + 1);
-    pairs.push((
-        b":status".to_vec(),
-        itoa::Buffer::new().format(resp.status).as_bytes().to_vec(),
-    ));
-    for f in &resp.fields {
-        pairs.push((lower(resp.name(f)), resp.value(f).to_vec()));
+impl LentRequest {
+    fn scheme(&self) -> &'static [u8] {
+        if self.https {
+            b"https"
+        } else {
+            b"http"
+        }
     }
-    pairs
+
+    /// The fields filters see (Host is `:authority`).
+    fn fields(&self) -> impl Iterator<Item = &crate::head::Field> {
+        let head = &self.head;
+        head.fields
+            .iter()
+            .filter(move |f| !head.name(f).eq_ignore_ascii_case(b"host"))
+    }
+}
+
+/// The request head as filters see it: `:method`, `:scheme`, `:authority`, `:path`, then the
+/// fields.
+impl Head for LentRequest {
+    fn pairs(&self) -> Vec<Pair> {
+        let head = &self.head;
+        let mut pairs = Vec::with_capacity(head.fields.len() + 4);
+        pairs.push((b":method".to_vec(), head.method_bytes().to_vec()));
+        pairs.push((b":scheme".to_vec(), self.scheme().to_vec()));
+        if let Some(a) = head.authority() {
+            pairs.push((b":authority".to_vec(), a.to_vec()));
+        }
+        pairs.push((b":path".to_vec(), head.target().to_vec()));
+        pairs.extend(
+            self.fields()
+                .map(|f| (lower(head.name(f)), head.value(f).to_vec())),
+        );
+        pairs
+    }
+
+    fn count(&self) -> usize {
+        3 + usize::from(self.head.authority().is_some()) + self.fields().count()
+    }
+
+    fn value(&self, name: &[u8]) -> Option<Vec<u8>> {
+        let head = &self.head;
+        match name {
+            b":method" => Some(head.method_bytes().to_vec()),
+            b":scheme" => Some(self.scheme().to_vec()),
+            b":authority" => head.authority().map(<[u8]>::to_vec),
+            b":path" => Some(head.target().to_vec()),
+            _ => self
+                .fields()
+                .find(|f| head.name(f).eq_ignore_ascii_case(name))
+                .map(|f| head.value(f).to_vec()),
+        }
+    }
+}
+
+/// The response head lent to the filters of the response phase.
+struct LentResponse(ResponseHead);
+
+/// The response head as filters see it: `:status`, then the member's fields.
+impl Head for LentResponse {
+    fn pairs(&self) -> Vec<Pair> {
+        let resp = &self.0;
+        let mut pairs = Vec::with_capacity(resp.fields.len() + 1);
+        pairs.push((b":status".to_vec(), status_text(resp.status)));
+        pairs.extend(
+            resp.fields
+                .iter()
+                .map(|f| (lower(resp.name(f)), resp.value(f).to_vec())),
+        );
+        pairs
+    }
+
+    fn count(&self) -> usize {
+        1 + self.0.fields.len()
+    }
+
+    fn value(&self, name: &[u8]) -> Option<Vec<u8>> {
+        let resp = &self.0;
+        if name == b":status" {
+            return Some(status_text(resp.status));
+        }
+        resp.fields
+            .iter()
+            .find(|f| resp.name(f).eq_ignore_ascii_case(name))
+            .map(|f| resp.value(f).to_vec())
+    }
+}
+
+fn status_text(status: u16) -> Vec<u8> {
+    itoa::Buffer::new().format(status).as_bytes().to_vec()
 }
 
 /// The response body through the filters that read it, as a transform with the interface of

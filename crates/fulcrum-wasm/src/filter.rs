@@ -15,6 +15,7 @@ use wasmtime::InstancePre;
 
 use crate::abi::{action, Pair};
 use crate::engine::{self, ModuleInfo};
+use crate::head::HeadPairs;
 use crate::plugin::{Limits, LocalReply, OutgoingCall, Plugin, Props, SharedStore};
 use crate::vm::{Failure, HostState, HttpState, Interest, Phase, Vm};
 
@@ -414,7 +415,7 @@ impl Stream {
     /// first), waiting out the HTTP calls a filter pauses for.
     pub async fn request_headers(
         &mut self,
-        headers: &mut Vec<Pair>,
+        headers: &mut HeadPairs,
         end_of_stream: bool,
     ) -> Verdict {
         if let Some(why) = self.refused.take() {
@@ -427,7 +428,7 @@ impl Stream {
     /// `proxy_on_response_headers` of every filter (`:status` first in `headers`).
     pub async fn response_headers(
         &mut self,
-        headers: &mut Vec<Pair>,
+        headers: &mut HeadPairs,
         end_of_stream: bool,
     ) -> Verdict {
         self.headers(Phase::ResponseHeaders, headers, end_of_stream)
@@ -436,15 +437,9 @@ impl Stream {
 
     /// The member the request went to, for the response phase's properties.
     pub fn set_upstream(&mut self, pool: Option<Arc<str>>, member: Option<std::net::SocketAddr>) {
-        let Some(first) = self.parts.first() else {
-            return;
-        };
-        let mut p = (*first.http.props).clone();
-        p.pool = pool;
-        p.member = member;
-        let p = Arc::new(p);
         for part in &mut self.parts {
-            part.http.props = p.clone();
+            part.http.pool = pool.clone();
+            part.http.member = member;
         }
     }
 
@@ -486,7 +481,7 @@ impl Stream {
             .any(|p| p.live && p.filter.interest.response_headers)
     }
 
-    async fn headers(&mut self, phase: Phase, headers: &mut Vec<Pair>, eos: bool) -> Verdict {
+    async fn headers(&mut self, phase: Phase, headers: &mut HeadPairs, eos: bool) -> Verdict {
         self.changed = false;
         for i in 0..self.parts.len() {
             let part = &mut self.parts[i];

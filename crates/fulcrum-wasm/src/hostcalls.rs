@@ -39,8 +39,8 @@ macro_rules! bytes {
 
 fn headers_mut(http: &mut HttpState, map_type: i32) -> Option<&mut Vec<Pair>> {
     match map_type as u32 {
-        map::REQUEST_HEADERS => Some(&mut http.request_headers),
-        map::RESPONSE_HEADERS => Some(&mut http.response_headers),
+        map::REQUEST_HEADERS => Some(http.request_headers.pairs_mut()),
+        map::RESPONSE_HEADERS => Some(http.response_headers.pairs_mut()),
         map::REQUEST_TRAILERS => Some(&mut http.request_trailers),
         map::RESPONSE_TRAILERS => Some(&mut http.response_trailers),
         map::HTTP_CALL_RESPONSE_HEADERS => Some(&mut http.call_headers),
@@ -496,23 +496,18 @@ fn property(http: &HttpState, plugin: &plugin::Plugin, path: &[u8]) -> Option<Ve
     let text = |s: &str| Some(s.as_bytes().to_vec());
     let port =
         |a: Option<std::net::SocketAddr>| a.map(|a| (a.port() as i64).to_le_bytes().to_vec());
-    let header = |name: &[u8]| {
-        http.request_headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    };
+    let header = |name: &[u8]| http.request_headers.value(name);
     match &dotted[..] {
         b"source.address" => p.source.map(|a| a.to_string().into_bytes()),
         b"source.port" => port(p.source),
         b"destination.address" => p.destination.map(|a| a.to_string().into_bytes()),
         b"destination.port" => port(p.destination),
-        b"upstream.address" | b"fulcrum.member" => p.member.map(|a| a.to_string().into_bytes()),
+        b"upstream.address" | b"fulcrum.member" => http.member.map(|a| a.to_string().into_bytes()),
         b"connection.requested_server_name" | b"fulcrum.sni" => {
             p.sni.clone().map(String::into_bytes)
         }
         b"cluster_name" | b"xds.cluster_name" | b"fulcrum.pool" => {
-            p.pool.as_deref().map(|s| s.as_bytes().to_vec())
+            http.pool.as_deref().map(|s| s.as_bytes().to_vec())
         }
         b"fulcrum.virtual_service" | b"xds.listener_name" => text(&p.virtual_service),
         b"plugin_name" | b"plugin_vm_id" => text(&plugin.name),
@@ -524,9 +519,8 @@ fn property(http: &HttpState, plugin: &plugin::Plugin, path: &[u8]) -> Option<Ve
         b"request.scheme" => header(b":scheme"),
         b"response.code" => http
             .response_headers
-            .iter()
-            .find(|(k, _)| k == b":status")
-            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
+            .value(b":status")
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<i64>().ok())
             .map(|s| s.to_le_bytes().to_vec()),
         _ => None,
     }

@@ -9,6 +9,7 @@
 //!            queues, metrics, HTTP calls, local replies, logging)
 //!   filter   a configured filter (instances, counters, failure policy), a chain, and the
 //!            per-stream driver the HTTP plane calls
+//!   head     the proxy's head lent to a header phase, made into pairs only when a filter looks
 //! ```
 //!
 //! Why a host of our own rather than a crate: no maintained Rust crate implements the host side
@@ -18,6 +19,7 @@
 pub mod abi;
 mod engine;
 mod filter;
+mod head;
 mod hostcalls;
 mod plugin;
 mod vm;
@@ -28,6 +30,7 @@ pub use filter::{
     CallResponse, Chain, Filter, FilterStats, HttpCalls, MessageFrame, OnError, Spec, Stream,
     Verdict, FRAME_PEEK,
 };
+pub use head::{Head, HeadPairs};
 pub use plugin::{metrics, FilterMetric, Limits, LocalReply, OutgoingCall, Props};
 pub use vm::{Failure, Interest};
 

@@ -101,8 +101,6 @@ pub struct Props {
     pub source: Option<SocketAddr>,
     pub destination: Option<SocketAddr>,
     pub virtual_service: Arc<str>,
-    pub pool: Option<Arc<str>>,
-    pub member: Option<SocketAddr>,
     pub sni: Option<String>,
     pub protocol: &'static str,
 }

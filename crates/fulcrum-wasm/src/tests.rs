@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::abi::Pair;
 use crate::{
-    CallResponse, Chain, Filter, HttpCalls, Limits, OnError, OutgoingCall, Props, Spec, Verdict,
+    CallResponse, Chain, Filter, HeadPairs, HttpCalls, Limits, OnError, OutgoingCall, Props, Spec,
+    Verdict,
 };
 
 /// A filter exercising the ABI: each request header asks it for one behaviour (its comments
@@ -87,6 +88,29 @@ fn request(extra: &[(&str, &str)]) -> Vec<Pair> {
     h
 }
 
+/// A head held as a list of pairs, lent as the proxy lends its own.
+struct Listed(Vec<Pair>);
+
+impl crate::Head for Listed {
+    fn pairs(&self) -> Vec<Pair> {
+        self.0.clone()
+    }
+
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+}
+
+fn lend(pairs: Vec<Pair>) -> HeadPairs {
+    HeadPairs::lend(Listed(pairs))
+}
+
+/// What the filters left of a lent head: their pairs when they built them, else the head.
+fn seen(h: HeadPairs) -> Vec<Pair> {
+    let (head, pairs) = h.take_back::<Listed>().expect("a list of pairs was lent");
+    pairs.unwrap_or(head.0)
+}
+
 fn value<'a>(h: &'a [Pair], name: &str) -> Option<&'a [u8]> {
     h.iter()
         .find(|(k, _)| k == name.as_bytes())
@@ -95,9 +119,9 @@ fn value<'a>(h: &'a [Pair], name: &str) -> Option<&'a [u8]> {
 
 async fn run(c: &Arc<Chain>, extra: &[(&str, &str)]) -> (Verdict, Vec<Pair>) {
     let mut s = c.stream(Props::default());
-    let mut h = request(extra);
+    let mut h = lend(request(extra));
     let v = s.request_headers(&mut h, true).await;
-    (v, h)
+    (v, seen(h))
 }
 
 #[tokio::test]
@@ -225,7 +249,7 @@ async fn a_streamed_body_is_held_back_and_rewritten_at_its_end() {
     let c = chain(filter("body.wasm", OnError::FailClosed, 0));
     let mut s = c.stream(Props::default());
     assert!(s.wants_response_body());
-    let mut h = request(&[("x-rewrite", "1")]);
+    let mut h = lend(request(&[("x-rewrite", "1")]));
     assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
     let mut chunk = b"hello ".to_vec();
     s.response_body(&mut chunk, false).unwrap();
@@ -239,7 +263,7 @@ async fn a_streamed_body_is_held_back_and_rewritten_at_its_end() {
 async fn a_streamed_body_is_rewritten_piece_by_piece_or_passed_untouched() {
     let c = chain(filter("upper.wasm", OnError::FailClosed, 0));
     let mut s = c.stream(Props::default());
-    let mut h = request(&[("x-upper", "1")]);
+    let mut h = lend(request(&[("x-upper", "1")]));
     assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
     for (piece, end) in [(&b"hello "[..], false), (&b"world!"[..], true)] {
         let mut chunk = piece.to_vec();
@@ -247,7 +271,7 @@ async fn a_streamed_body_is_rewritten_piece_by_piece_or_passed_untouched() {
         assert_eq!(chunk, piece.to_ascii_uppercase(), "each piece as it comes");
     }
     let mut s = c.stream(Props::default());
-    let mut h = request(&[]);
+    let mut h = lend(request(&[]));
     assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
     let mut chunk = b"as is".to_vec();
     s.response_body(&mut chunk, false).unwrap();
@@ -292,4 +316,95 @@ async fn a_filter_built_from_c_by_clang_runs_as_committed() {
         Verdict::Local(l) => assert_eq!((l.status, &l.body[..]), (403, &b"denied by filter\n"[..])),
         v => panic!("expected 403, got {v:?}"),
     }
+}
+
+/// A head that counts how often its pairs are built.
+struct CountedHead {
+    pairs: Vec<Pair>,
+    built: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl crate::Head for CountedHead {
+    fn pairs(&self) -> Vec<Pair> {
+        self.built.fetch_add(1, Ordering::Relaxed);
+        self.pairs.clone()
+    }
+
+    fn count(&self) -> usize {
+        self.pairs.len()
+    }
+}
+
+fn filter_of(name: &str, wat: &str) -> Arc<Filter> {
+    Arc::new(
+        Filter::new(Spec {
+            root_id: String::new(),
+            name: name.into(),
+            bytes: wat.as_bytes().to_vec(),
+            config: Vec::new(),
+            on_error: OnError::FailClosed,
+            limits: Limits::default(),
+            disable_after: 0,
+            max_request_body: 1 << 20,
+            instances: 1,
+            stats: Default::default(),
+        })
+        .expect("the test filter loads"),
+    )
+}
+
+#[tokio::test]
+async fn header_pairs_are_built_only_when_a_filter_reads_them_and_once_per_chain() {
+    // What an SDK-built filter that ignores headers looks like: the callback is exported and
+    // returns Continue.
+    let ignoring = filter_of(
+        "ignoring",
+        r#"(module
+             (memory (export "memory") 1)
+             (func (export "proxy_abi_version_0_2_1"))
+             (func (export "proxy_on_memory_allocate") (param i32) (result i32) (i32.const 1024))
+             (func (export "proxy_on_context_create") (param i32 i32))
+             (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+               (i32.const 0)))"#,
+    );
+    let built = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let lend = || {
+        HeadPairs::lend(CountedHead {
+            pairs: request(&[("x-drop", "1")]),
+            built: built.clone(),
+        })
+    };
+    let c = Arc::new(Chain {
+        filters: vec![ignoring.clone()],
+        calls: None,
+    });
+    let mut s = c.stream(Props::default());
+    let mut h = lend();
+    assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
+    assert_eq!(built.load(Ordering::Relaxed), 0, "nobody looked");
+    assert!(!s.head_changed());
+    let (head, pairs) = h.take_back::<CountedHead>().expect("the head comes back");
+    assert!(pairs.is_none());
+    assert_eq!(head.pairs.len(), 4);
+
+    // Two filters that read and change the head: built once, the second sees the first's
+    // change, and the ignoring filter between them changes nothing.
+    let probe = filter("probe", OnError::FailClosed, 0);
+    let c = Arc::new(Chain {
+        filters: vec![probe.clone(), ignoring, probe],
+        calls: None,
+    });
+    let mut s = c.stream(Props::default());
+    let mut h = lend();
+    assert_eq!(s.request_headers(&mut h, true).await, Verdict::Continue);
+    assert_eq!(built.load(Ordering::Relaxed), 1);
+    assert!(s.head_changed());
+    let (_, pairs) = h.take_back::<CountedHead>().expect("the head comes back");
+    let pairs = pairs.expect("built");
+    assert_eq!(
+        pairs.iter().filter(|(k, _)| k == b"x-filter").count(),
+        2,
+        "{pairs:?}"
+    );
+    assert!(value(&pairs, "x-drop").is_none(), "{pairs:?}");
 }

@@ -14,14 +14,16 @@ use wasmtime::{
 
 use crate::abi::{self, status, Pair};
 use crate::engine;
+use crate::head::HeadPairs;
 use crate::plugin::{LocalReply, OutgoingCall, Plugin};
 
 /// What one stream (an HTTP request and its response) shows a filter, moved into the store for
 /// each call.
 #[derive(Default)]
 pub struct HttpState {
-    pub request_headers: Vec<Pair>,
-    pub response_headers: Vec<Pair>,
+    /// The heads of the header phases, lent by the proxy (`head`).
+    pub request_headers: HeadPairs,
+    pub response_headers: HeadPairs,
     pub request_trailers: Vec<Pair>,
     pub response_trailers: Vec<Pair>,
     /// The body bytes of the current body callback (request or response).
@@ -38,6 +40,9 @@ pub struct HttpState {
     /// The filter changed the request or response head.
     pub headers_changed: bool,
     pub props: Arc<crate::Props>,
+    /// The pool and member the request went to, for the response phase's properties.
+    pub pool: Option<Arc<str>>,
+    pub member: Option<std::net::SocketAddr>,
     /// Properties the filter set (`proxy_set_property`), readable by later filters' calls on
     /// the same stream through the same VM.
     pub custom: Vec<(Vec<u8>, Vec<u8>)>,
@@ -414,6 +419,10 @@ impl Vm {
             self.cb.log.clone(),
             self.cb.delete.clone(),
         );
+        // Moving the stream's state into the store and back is most of a close's cost.
+        if done.is_none() && log.is_none() && delete.is_none() {
+            return Ok(());
+        }
         self.with(http, |vm| {
             if let Some(f) = done {
                 f.call(&mut vm.store, ctx)?;
