@@ -24,29 +24,8 @@ NONE=18621 RULE=18622 NOOP=18623 HDR=18624 BODY=18625 SDK=18626
 bench_workdir
 hello_members "$M1" "$M2"
 
-filters=crates/fulcrum-wasm/filters
-cat >"$work/noop.wat" <<'WAT'
-(module
-  (memory (export "memory") 1)
-  (func (export "proxy_abi_version_0_2_1"))
-  (func (export "proxy_on_memory_allocate") (param i32) (result i32) (i32.const 1024))
-  (func (export "proxy_on_context_create") (param i32 i32))
-  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) (i32.const 0))
-  (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32) (i32.const 0)))
-WAT
-service() {  # service NAME PORT EXTRA
-  printf '[[virtual_service]]\nname = "%s"\nlisten = ["127.0.0.1:%s"]\nprotocol = "http"\npool = "p"\n%b\n' "$1" "$2" "$3"
-}
-{
-  printf '[global]\nworkers = 1\n[admin]\nlisten = "127.0.0.1:%s"\n' "$ADMIN"
-  service none "$NONE" ""
-  service rule "$RULE" '[[virtual_service.rule]]\npath_prefix = "/"\npool = "p"\nrequest_headers = { set = { "x-filter" = "bench" }, remove = ["x-internal"] }'
-  service noop "$NOOP" "[[virtual_service.filter]]\nmodule = \"$work/noop.wat\""
-  service header "$HDR" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/add_header.wasm\"\nconfig = \"bench\""
-  service body "$BODY" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/probe.wat\""
-  service sdk "$SDK" "[[virtual_service.filter]]\nmodule = \"$PWD/$filters/sdk_add_header.wasm\"\nroot_id = \"add_header\"\nconfig = \"bench\""
-  printf '[[pool]]\nname = "p"\n[[pool.member]]\naddress = "127.0.0.1:%s"\n[[pool.member]]\naddress = "127.0.0.1:%s"\n' "$M1" "$M2"
-} >"$work/fulcrum.toml"
+. bench/wasm-configs.sh
+wasm_filter_config
 RUST_LOG=warn taskset -c "$BENCH_CPU_PROXY" "$BUILD_DIR/fulcrum" run --config "$work/fulcrum.toml" 2>"$work/fulcrum.err" &
 fpid=$!; pids+=($fpid)
 for p in $NONE $RULE $NOOP $HDR $BODY $SDK; do wait_port "127.0.0.1:$p"; done
