@@ -98,34 +98,32 @@ pub fn free_addr() -> SocketAddr {
 /// address instead of failing the test. Callers read the bound address from the listener.
 /// A port outside the test range (a fixed port, or 0) is bound as asked, once.
 pub async fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    let mut addr = addr;
-    for _ in 0..5 {
-        match tokio::net::TcpListener::bind(addr).await {
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && in_test_range(addr) => {
-                addr = free_addr_on_ip(addr.ip());
-            }
-            r => return r,
-        }
-    }
-    tokio::net::TcpListener::bind(addr).await
+    bind_retrying(addr, tokio::net::TcpListener::bind).await
 }
 
 /// `bind_tcp` for a UDP server.
 pub async fn bind_udp(addr: SocketAddr) -> std::io::Result<tokio::net::UdpSocket> {
+    bind_retrying(addr, tokio::net::UdpSocket::bind).await
+}
+
+async fn bind_retrying<T, F, Fut>(addr: SocketAddr, bind: F) -> std::io::Result<T>
+where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: Future<Output = std::io::Result<T>>,
+{
     let mut addr = addr;
     for _ in 0..5 {
-        match tokio::net::UdpSocket::bind(addr).await {
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && in_test_range(addr) => {
+        match bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && TEST_PORTS.contains(&addr.port()) =>
+            {
                 addr = free_addr_on_ip(addr.ip());
             }
             r => return r,
         }
     }
-    tokio::net::UdpSocket::bind(addr).await
-}
-
-fn in_test_range(addr: SocketAddr) -> bool {
-    TEST_PORTS.contains(&addr.port())
+    bind(addr).await
 }
 
 /// `free_addr_on` for any address: a test port on an IPv4 address, or one free on 127.0.0.1

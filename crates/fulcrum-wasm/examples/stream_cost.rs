@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use fulcrum_wasm::{Chain, Filter, HeadPairs, Limits, OnError, Props, Spec};
+use fulcrum_wasm::{Chain, Filter, HeadPairs, Props, Spec};
 
 const NOOP: &str = r#"(module
   (memory (export "memory") 1)
@@ -19,16 +19,8 @@ const NOOP: &str = r#"(module
 fn chain(name: &str, bytes: Vec<u8>) -> (Arc<Chain>, std::time::Duration) {
     let started = Instant::now();
     let f = Filter::new(Spec {
-        root_id: String::new(),
-        name: name.into(),
-        bytes,
         config: b"bench".to_vec(),
-        on_error: OnError::FailClosed,
-        limits: Limits::default(),
-        disable_after: 0,
-        max_request_body: 1 << 20,
-        instances: 1,
-        stats: Default::default(),
+        ..Spec::of(name, bytes)
     })
     .expect("filter loads");
     let took = started.elapsed();

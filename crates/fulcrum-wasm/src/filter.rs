@@ -50,6 +50,26 @@ pub struct Spec {
     pub stats: Arc<FilterStats>,
 }
 
+impl Spec {
+    /// `bytes` under `name` with the defaults a configuration leaves: no root id or
+    /// configuration, failing closed, the default limits, never disabled, 1 MiB of request
+    /// body, one instance.
+    pub fn of(name: &str, bytes: Vec<u8>) -> Spec {
+        Spec {
+            name: name.into(),
+            bytes,
+            root_id: String::new(),
+            config: Vec::new(),
+            on_error: OnError::FailClosed,
+            limits: Limits::default(),
+            disable_after: 0,
+            max_request_body: 1 << 20,
+            instances: 1,
+            stats: Default::default(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct FilterStats {
     pub calls: AtomicU64,

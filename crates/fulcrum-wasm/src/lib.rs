@@ -38,16 +38,9 @@ pub use vm::{Failure, Interest};
 /// allocator, links against the host calls, and starts with `config` under `root_id`.
 pub fn check(bytes: &[u8], root_id: &str, config: &[u8]) -> Result<ModuleInfo, String> {
     let f = Filter::new(Spec {
-        name: "check".into(),
         root_id: root_id.into(),
-        bytes: bytes.to_vec(),
         config: config.to_vec(),
-        on_error: OnError::FailClosed,
-        limits: Limits::default(),
-        disable_after: 0,
-        max_request_body: 1 << 20,
-        instances: 1,
-        stats: Default::default(),
+        ..Spec::of("check", bytes.to_vec())
     })?;
     Ok(f.info.clone())
 }

@@ -295,16 +295,12 @@ fn modules_that_are_not_filters_are_refused_with_the_reason() {
 #[tokio::test]
 async fn a_filter_built_from_c_by_clang_runs_as_committed() {
     let f = Filter::new(Spec {
-        root_id: String::new(),
-        name: "filters/add_header.wasm".into(),
-        bytes: include_bytes!("../filters/add_header.wasm").to_vec(),
         config: b"from-c".to_vec(),
-        on_error: OnError::FailClosed,
-        limits: Limits::default(),
-        disable_after: 0,
-        max_request_body: 1 << 20,
         instances: 2,
-        stats: Default::default(),
+        ..Spec::of(
+            "filters/add_header.wasm",
+            include_bytes!("../filters/add_header.wasm").to_vec(),
+        )
     })
     .expect("the committed C filter loads");
     let c = chain(Arc::new(f));
@@ -336,21 +332,7 @@ impl crate::Head for CountedHead {
 }
 
 fn filter_of(name: &str, wat: &str) -> Arc<Filter> {
-    Arc::new(
-        Filter::new(Spec {
-            root_id: String::new(),
-            name: name.into(),
-            bytes: wat.as_bytes().to_vec(),
-            config: Vec::new(),
-            on_error: OnError::FailClosed,
-            limits: Limits::default(),
-            disable_after: 0,
-            max_request_body: 1 << 20,
-            instances: 1,
-            stats: Default::default(),
-        })
-        .expect("the test filter loads"),
-    )
+    Arc::new(Filter::new(Spec::of(name, wat.as_bytes().to_vec())).expect("the test filter loads"))
 }
 
 #[tokio::test]
