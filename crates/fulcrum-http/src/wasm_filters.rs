@@ -15,7 +15,7 @@ use bytes::Bytes;
 use fulcrum_balance::{PickContext, Pool};
 use fulcrum_wasm::{
     CallResponse, Chain, Filter, FilterStats, Head, HeadPairs, HttpCalls, Limits, LocalReply,
-    OnError, OutgoingCall, Pair, Props, Spec, Stream, Verdict,
+    OnError, OutgoingCall, Pair, Props, RequestLine, Spec, Stream, Verdict,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use parking_lot::Mutex;
@@ -178,9 +178,27 @@ pub(crate) async fn on_request(
             _ => "HTTP/1.1",
         },
     }));
-    if !stream.wants_request_headers() {
-        return Ok(stream);
+    if stream.wants_request_headers() {
+        request_phase(&mut stream, head, https, limits).await?;
     }
+    stream.keep_request_line(|| {
+        RequestLine::new(
+            head.method_bytes(),
+            scheme_of(https),
+            head.authority(),
+            head.target(),
+        )
+    });
+    Ok(stream)
+}
+
+/// The request-header callbacks over `head`, lent to them and rebuilt when one changed it.
+async fn request_phase(
+    stream: &mut Stream,
+    head: &mut RequestHead,
+    https: bool,
+    limits: &HeadLimits,
+) -> Result<(), Local> {
     let end_of_stream = !head.has_body();
     let mut lent = HeadPairs::lend(LentRequest {
         head: std::mem::take(head),
@@ -202,7 +220,7 @@ pub(crate) async fn on_request(
             .rebuilt(&pairs, limits)
             .map_err(|e| invalid(e, "request"))?;
     }
-    Ok(stream)
+    Ok(())
 }
 
 /// Runs the request-body callbacks over the whole body, decoded; `Ok`: the body to forward,
@@ -346,13 +364,17 @@ struct LentRequest {
     https: bool,
 }
 
+fn scheme_of(https: bool) -> &'static [u8] {
+    if https {
+        b"https"
+    } else {
+        b"http"
+    }
+}
+
 impl LentRequest {
     fn scheme(&self) -> &'static [u8] {
-        if self.https {
-            b"https"
-        } else {
-            b"http"
-        }
+        scheme_of(self.https)
     }
 
     /// The fields filters see (Host is `:authority`).

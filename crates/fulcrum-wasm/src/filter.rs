@@ -15,7 +15,7 @@ use wasmtime::InstancePre;
 
 use crate::abi::{action, Pair};
 use crate::engine::{self, ModuleInfo};
-use crate::head::HeadPairs;
+use crate::head::{HeadPairs, RequestLine};
 use crate::plugin::{Limits, LocalReply, OutgoingCall, Plugin, Props, SharedStore};
 use crate::vm::{Failure, HostState, HttpState, Interest, Phase, Vm};
 
@@ -135,6 +135,9 @@ impl Filter {
         }
         let mut interest = slots[0].lock().lock().interest();
         interest.request_body &= spec.max_request_body > 0;
+        interest.properties = module
+            .imports()
+            .any(|i| i.module() == "env" && i.name() == "proxy_get_property");
         spec.stats.disabled.store(false, Ordering::Relaxed);
         spec.stats.consecutive.store(0, Ordering::Relaxed);
         Ok(Filter {
@@ -453,6 +456,24 @@ impl Stream {
     ) -> Verdict {
         self.headers(Phase::ResponseHeaders, headers, end_of_stream)
             .await
+    }
+
+    /// Keeps the request's pseudo-fields, as they go to the member, for the properties of the
+    /// later phases (`request.path` in a response callback, say).
+    /// `line` is asked for only when a filter of the stream can read properties.
+    pub fn keep_request_line(&mut self, line: impl FnOnce() -> RequestLine) {
+        let mut readers = self
+            .parts
+            .iter_mut()
+            .filter(|p| p.filter.interest.properties);
+        let Some(first) = readers.next() else {
+            return;
+        };
+        let line = Arc::new(line());
+        for part in readers {
+            part.http.request_line = Some(line.clone());
+        }
+        first.http.request_line = Some(line);
     }
 
     /// The member the request went to, for the response phase's properties.

@@ -90,3 +90,49 @@ impl HeadPairs {
         Some((*head, self.pairs))
     }
 }
+
+/// The request's pseudo-fields as the filters left them, kept for the properties of the later
+/// phases (`request.path` and the like in a body, response or log callback, as Envoy has
+/// them): the request head itself is the proxy's again by then. One buffer, two allocations
+/// per request.
+#[derive(Debug)]
+pub struct RequestLine {
+    text: Vec<u8>,
+    /// Where `:method`, `:scheme`, `:authority` and `:path` end in `text`.
+    ends: [usize; 4],
+    has_authority: bool,
+}
+
+impl RequestLine {
+    pub fn new(method: &[u8], scheme: &[u8], authority: Option<&[u8]>, path: &[u8]) -> RequestLine {
+        let authority_bytes = authority.unwrap_or_default();
+        let mut text =
+            Vec::with_capacity(method.len() + scheme.len() + authority_bytes.len() + path.len());
+        let mut ends = [0; 4];
+        for (i, part) in [method, scheme, authority_bytes, path]
+            .into_iter()
+            .enumerate()
+        {
+            text.extend_from_slice(part);
+            ends[i] = text.len();
+        }
+        RequestLine {
+            text,
+            ends,
+            has_authority: authority.is_some(),
+        }
+    }
+
+    /// A pseudo-field by its name (`:method`, `:scheme`, `:authority`, `:path`).
+    pub fn get(&self, name: &[u8]) -> Option<&[u8]> {
+        let i = match name {
+            b":method" => 0,
+            b":scheme" => 1,
+            b":authority" if self.has_authority => 2,
+            b":path" => 3,
+            _ => return None,
+        };
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..self.ends[i])
+    }
+}

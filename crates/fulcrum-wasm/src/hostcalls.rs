@@ -496,7 +496,14 @@ fn property(http: &HttpState, plugin: &plugin::Plugin, path: &[u8]) -> Option<Ve
     let text = |s: &str| Some(s.as_bytes().to_vec());
     let port =
         |a: Option<std::net::SocketAddr>| a.map(|a| (a.port() as i64).to_le_bytes().to_vec());
-    let header = |name: &[u8]| http.request_headers.value(name);
+    // During the request's header phase from its lent head (with earlier filters' edits),
+    // after it from what the phase left.
+    let header = |name: &[u8]| {
+        http.request_headers.value(name).or_else(|| {
+            let line = http.request_line.as_ref()?;
+            line.get(name).map(<[u8]>::to_vec)
+        })
+    };
     match &dotted[..] {
         b"source.address" => p.source.map(|a| a.to_string().into_bytes()),
         b"source.port" => port(p.source),

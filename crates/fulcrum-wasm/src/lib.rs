@@ -30,7 +30,7 @@ pub use filter::{
     CallResponse, Chain, Filter, FilterStats, HttpCalls, MessageFrame, OnError, Spec, Stream,
     Verdict, FRAME_PEEK,
 };
-pub use head::{Head, HeadPairs};
+pub use head::{Head, HeadPairs, RequestLine};
 pub use plugin::{metrics, FilterMetric, Limits, LocalReply, OutgoingCall, Props};
 pub use vm::{Failure, Interest};
 

@@ -390,3 +390,45 @@ async fn header_pairs_are_built_only_when_a_filter_reads_them_and_once_per_chain
     );
     assert!(value(&pairs, "x-drop").is_none(), "{pairs:?}");
 }
+
+#[tokio::test]
+async fn request_properties_are_read_after_the_request_phase() {
+    // On its response head, the filter copies the property request.path into x-path.
+    let f = filter_of(
+        "path_on_response.wat",
+        include_str!("../filters/path_on_response.wat"),
+    );
+    let c = Arc::new(Chain {
+        filters: vec![f],
+        calls: None,
+    });
+    let response = || lend(vec![(b":status".to_vec(), b"200".to_vec())]);
+
+    let mut s = c.stream(Props::default());
+    s.keep_request_line(|| {
+        crate::RequestLine::new(b"GET", b"https", Some(b"example"), b"/the/path?q=1")
+    });
+    let mut h = response();
+    assert_eq!(s.response_headers(&mut h, true).await, Verdict::Continue);
+    let h = seen(h);
+    assert_eq!(value(&h, "x-path"), Some(&b"/the/path?q=1"[..]), "{h:?}");
+
+    // Without a kept request line the property is not found, and the filter adds nothing.
+    let mut s = c.stream(Props::default());
+    let mut h = response();
+    assert_eq!(s.response_headers(&mut h, true).await, Verdict::Continue);
+    assert_eq!(value(&seen(h), "x-path"), None);
+}
+
+#[test]
+fn a_request_line_answers_each_pseudo_field_and_no_authority_when_it_had_none() {
+    let l = crate::RequestLine::new(b"POST", b"http", None, b"/");
+    assert_eq!(l.get(b":method"), Some(&b"POST"[..]));
+    assert_eq!(l.get(b":scheme"), Some(&b"http"[..]));
+    assert_eq!(l.get(b":authority"), None);
+    assert_eq!(l.get(b":path"), Some(&b"/"[..]));
+    assert_eq!(l.get(b"host"), None);
+    let l = crate::RequestLine::new(b"GET", b"https", Some(b"a.test:8443"), b"/x");
+    assert_eq!(l.get(b":authority"), Some(&b"a.test:8443"[..]));
+    assert_eq!(l.get(b":path"), Some(&b"/x"[..]));
+}

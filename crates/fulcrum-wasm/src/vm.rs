@@ -40,6 +40,8 @@ pub struct HttpState {
     /// The filter changed the request or response head.
     pub headers_changed: bool,
     pub props: Arc<crate::Props>,
+    /// The request's pseudo-fields after its header phase, for later phases' properties.
+    pub request_line: Option<Arc<crate::head::RequestLine>>,
     /// The pool and member the request went to, for the response phase's properties.
     pub pool: Option<Arc<str>>,
     pub member: Option<std::net::SocketAddr>,
@@ -232,6 +234,9 @@ pub struct Interest {
     pub message_frame: bool,
     pub queue_ready: bool,
     pub response_trailers: bool,
+    /// The module imports `proxy_get_property`: it can read properties (set by the filter, not
+    /// the instance: an import, not a callback).
+    pub properties: bool,
 }
 
 /// The root context's id in every instance.
@@ -338,6 +343,7 @@ impl Vm {
             message_frame: self.cb.message_frame.is_some(),
             queue_ready: self.cb.queue_ready.is_some(),
             response_trailers: self.cb.response_trailers.is_some(),
+            properties: false,
         }
     }
 

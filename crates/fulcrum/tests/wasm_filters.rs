@@ -899,3 +899,26 @@ async fn cache_answers_go_through_the_response_filters() {
         );
     }
 }
+
+/// `request.path` read by a filter in the response phase: the path as it went to the member,
+/// over HTTP/1.1 and HTTP/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_reads_the_request_path_on_the_response() {
+    let b = backends(1).await;
+    let vs = free_addr();
+    let module = filters_dir().join("path_on_response.wat");
+    let config = format!(
+        "{}{}{}",
+        service(vs, ""),
+        filter(&module.display().to_string(), ""),
+        pool("p", &addrs(&b), "")
+    );
+    let _f = start(&config).await;
+    let r = get_with(vs, "/echo/a?b=1", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-path"), Some("/echo/a?b=1"));
+    let url = format!("http://{vs}/echo/h2");
+    let (ok, out, err) = curl(&["-i", "--http2-prior-knowledge", &url]).await;
+    assert!(ok, "{err}");
+    assert_eq!(header(&out, "x-path"), Some("/echo/h2"), "{out}");
+}
