@@ -65,10 +65,7 @@ pids+=($!)
 wait_port 127.0.0.1:$M
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[persistence]]
 name = "session"
 type = "header"

@@ -45,10 +45,7 @@ pids+=($!)
 wait_port 127.0.0.1:$M
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[virtual_service]]
 name = "bench"
 listen = "127.0.0.1:$F"

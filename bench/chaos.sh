@@ -55,10 +55,7 @@ for p in $M1 $M2 $M3; do wait_port 127.0.0.1:$p; done
 
 fulcrum_conf() {  # fulcrum_conf WEIGHT
   cat <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[monitor]]
 name = "web"
 type = "http"

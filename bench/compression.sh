@@ -59,10 +59,7 @@ wait_port 127.0.0.1:$M
 
 fulcrum_conf() {  # fulcrum_conf PORT ADMIN ALGORITHM LEVEL
   cat <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$2"
+$(fulcrum_head "127.0.0.1:$2")
 [[virtual_service]]
 name = "bench"
 listen = "127.0.0.1:$1"

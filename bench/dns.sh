@@ -27,10 +27,7 @@ printf '%s' "$ZONE" >"$work/example.com.zone"
 { printf '%s' "$ZONE"; echo 'app 30 DYNA weighted!app'; } >"$work/gdnsd/zones/example.com"
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:18900"
+$(fulcrum_head "127.0.0.1:18900")
 [dns]
 listen = "127.0.0.1:18353"
 [[dns.zone]]

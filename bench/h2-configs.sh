@@ -3,10 +3,7 @@
 # reused connections. Written into $work; Fulcrum on $F (admin $FA), HAProxy on $H.
 h2_configs() {
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[virtual_service]]
 name = "bench"
 listen = "127.0.0.1:$F"

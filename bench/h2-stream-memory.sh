@@ -36,10 +36,7 @@ taskset -c "$BENCH_CPU_LOAD" nginx -p "$work" -c "$work/member.conf" 2>"$work/me
 pids+=($!)
 wait_port 127.0.0.1:$M
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[virtual_service]]
 name = "web"
 listen = "127.0.0.1:$F"

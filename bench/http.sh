@@ -25,10 +25,7 @@ hello_members "$M1" "$M2"
 
 fulcrum_conf() {  # fulcrum_conf PORT ADMIN RULES
   cat <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$2"
+$(fulcrum_head "127.0.0.1:$2")
 [[virtual_service]]
 name = "bench"
 listen = "127.0.0.1:$1"

@@ -61,10 +61,7 @@ wait_port 127.0.0.1:$M1
 wait_port 127.0.0.1:$P1
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[virtual_service]]
 name = "terminate"
 listen = "127.0.0.1:$FT"

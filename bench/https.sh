@@ -25,10 +25,7 @@ bench_cert "$work"
 hello_members "$M1" "$M2"
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[virtual_service]]
 name = "bench"
 listen = "127.0.0.1:$F"

@@ -124,14 +124,15 @@ mem_per_conn() {  # mem_per_conn PID PORT: KiB of RSS per idle client connection
   awk -v a="$after" -v b="$before" -v n="$HOLD" 'BEGIN { printf "%.1f", (a - b) / n }'
 }
 
+fulcrum_head() {  # fulcrum_head ADMIN_ADDRESS: the benchmarks' [global] (one worker) and [admin] lines
+  printf '[global]\nworkers = 1\n[admin]\nlisten = "%s"\n' "$1"
+}
+
 # message_config LISTEN ADMIN MEMBER1 MEMBER2: the message-LB service both message benches run
 # (async, 2-byte length prefix, 12-byte sequence id, two connections per member).
 message_config() {
   cat <<CONF
-[global]
-workers = 1
-[admin]
-listen = "$2"
+$(fulcrum_head "$2")
 [[virtual_service]]
 name = "bench"
 listen = "$1"

@@ -22,10 +22,7 @@ pids+=($!)
 wait_port 127.0.0.1:18101
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:18900"
+$(fulcrum_head "127.0.0.1:18900")
 [[virtual_service]]
 name = "bench"
 listen = "127.0.0.1:18080"

@@ -32,10 +32,7 @@ pids+=($!)
 wait_udp 18201; wait_udp 18202
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:18900"
+$(fulcrum_head "127.0.0.1:18900")
 [[virtual_service]]
 name = "per-packet"
 listen = "127.0.0.1:18053"

@@ -18,7 +18,7 @@ WAT
     printf '[[virtual_service]]\nname = "%s"\nlisten = ["127.0.0.1:%s"]\nprotocol = "http"\npool = "p"\n%b\n' "$1" "$2" "$3"
   }
   {
-    printf '[global]\nworkers = 1\n[admin]\nlisten = "127.0.0.1:%s"\n' "$ADMIN"
+    fulcrum_head "127.0.0.1:$ADMIN"
     service none "$NONE" ""
     service rule "$RULE" '[[virtual_service.rule]]\npath_prefix = "/"\npool = "p"\nrequest_headers = { set = { "x-filter" = "bench" }, remove = ["x-internal"] }'
     service noop "$NOOP" "[[virtual_service.filter]]\nmodule = \"$work/noop.wat\""

@@ -51,10 +51,7 @@ PY
 pids+=($!)
 
 cat >"$work/fulcrum.toml" <<CONF
-[global]
-workers = 1
-[admin]
-listen = "127.0.0.1:$FA"
+$(fulcrum_head "127.0.0.1:$FA")
 [[virtual_service]]
 name = "http"
 listen = "127.0.0.1:$HTTP"
