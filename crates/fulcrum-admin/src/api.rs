@@ -606,6 +606,7 @@ fn refused(mut r: Response) -> Response {
     r.extensions_mut().insert(Refused);
     r
 }
+
 /// The refusal of a mutating call whose body is not JSON.
 fn not_json(read_only: bool, req: &Request) -> Option<Response> {
     if read_only || body_type_allowed(req) {

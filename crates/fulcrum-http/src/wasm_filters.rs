@@ -373,8 +373,15 @@ fn scheme_of(https: bool) -> &'static [u8] {
 }
 
 impl LentRequest {
-    fn scheme(&self) -> &'static [u8] {
-        scheme_of(self.https)
+    /// `:method`, `:scheme`, `:authority` (none without a host) and `:path`, in that order.
+    fn pseudo_fields(&self) -> [(&'static [u8], Option<&[u8]>); 4] {
+        let head = &self.head;
+        [
+            (b":method", Some(head.method_bytes())),
+            (b":scheme", Some(scheme_of(self.https))),
+            (b":authority", head.authority()),
+            (b":path", Some(head.target())),
+        ]
     }
 
     /// The fields filters see (Host is `:authority`).
@@ -392,12 +399,11 @@ impl Head for LentRequest {
     fn pairs(&self) -> Vec<Pair> {
         let head = &self.head;
         let mut pairs = Vec::with_capacity(head.fields.len() + 4);
-        pairs.push((b":method".to_vec(), head.method_bytes().to_vec()));
-        pairs.push((b":scheme".to_vec(), self.scheme().to_vec()));
-        if let Some(a) = head.authority() {
-            pairs.push((b":authority".to_vec(), a.to_vec()));
+        for (name, value) in self.pseudo_fields() {
+            if let Some(v) = value {
+                pairs.push((name.to_vec(), v.to_vec()));
+            }
         }
-        pairs.push((b":path".to_vec(), head.target().to_vec()));
         pairs.extend(
             self.fields()
                 .map(|f| (lower(head.name(f)), head.value(f).to_vec())),
@@ -406,21 +412,17 @@ impl Head for LentRequest {
     }
 
     fn count(&self) -> usize {
-        3 + usize::from(self.head.authority().is_some()) + self.fields().count()
+        let pseudo = self
+            .pseudo_fields()
+            .iter()
+            .filter(|(_, v)| v.is_some())
+            .count();
+        pseudo + self.fields().count()
     }
 
-    fn value(&self, name: &[u8]) -> Option<Vec<u8>> {
-        let head = &self.head;
-        match name {
-            b":method" => Some(head.method_bytes().to_vec()),
-            b":scheme" => Some(self.scheme().to_vec()),
-            b":authority" => head.authority().map(<[u8]>::to_vec),
-            b":path" => Some(head.target().to_vec()),
-            _ => self
-                .fields()
-                .find(|f| head.name(f).eq_ignore_ascii_case(name))
-                .map(|f| head.value(f).to_vec()),
-        }
+    fn pseudo(&self, name: &[u8]) -> Option<Vec<u8>> {
+        let (_, value) = self.pseudo_fields().into_iter().find(|(n, _)| *n == name)?;
+        value.map(<[u8]>::to_vec)
     }
 }
 
@@ -445,15 +447,8 @@ impl Head for LentResponse {
         1 + self.0.fields.len()
     }
 
-    fn value(&self, name: &[u8]) -> Option<Vec<u8>> {
-        let resp = &self.0;
-        if name == b":status" {
-            return Some(status_text(resp.status));
-        }
-        resp.fields
-            .iter()
-            .find(|f| resp.name(f).eq_ignore_ascii_case(name))
-            .map(|f| resp.value(f).to_vec())
+    fn pseudo(&self, name: &[u8]) -> Option<Vec<u8>> {
+        (name == b":status").then(|| status_text(self.0.status))
     }
 }
 

@@ -462,18 +462,15 @@ impl Stream {
     /// later phases (`request.path` in a response callback, say).
     /// `line` is asked for only when a filter of the stream can read properties.
     pub fn keep_request_line(&mut self, line: impl FnOnce() -> RequestLine) {
-        let mut readers = self
-            .parts
-            .iter_mut()
-            .filter(|p| p.filter.interest.properties);
-        let Some(first) = readers.next() else {
+        if !self.parts.iter().any(|p| p.filter.interest.properties) {
             return;
-        };
-        let line = Arc::new(line());
-        for part in readers {
-            part.http.request_line = Some(line.clone());
         }
-        first.http.request_line = Some(line);
+        let line = Arc::new(line());
+        for part in self.parts.iter_mut() {
+            if part.filter.interest.properties {
+                part.http.request_line = Some(line.clone());
+            }
+        }
     }
 
     /// The member the request went to, for the response phase's properties.

@@ -17,9 +17,9 @@ pub trait Head: Any + Send {
     fn pairs(&self) -> Vec<Pair>;
     /// How many pairs `pairs` gives (the callback's argument), without building them.
     fn count(&self) -> usize;
-    /// The value of one pair by name (a property such as `request.path`), without building
-    /// the others when the head can find it directly.
-    fn value(&self, name: &[u8]) -> Option<Vec<u8>> {
+    /// A pseudo-field's value (`:path` for the property `request.path`, `:status` for
+    /// `response.code`), without building the pairs when the head has it directly.
+    fn pseudo(&self, name: &[u8]) -> Option<Vec<u8>> {
         self.pairs()
             .into_iter()
             .find(|(k, _)| k == name)
@@ -72,12 +72,12 @@ impl HeadPairs {
             .get_or_insert_with(|| lent.as_ref().map(|h| h.pairs()).unwrap_or_default())
     }
 
-    /// One value by name, from the pairs when built (a filter may have changed them), else
-    /// from the head.
-    pub fn value(&self, name: &[u8]) -> Option<Vec<u8>> {
+    /// A pseudo-field's value, from the pairs when built (a filter may have changed them),
+    /// else from the head.
+    pub fn pseudo(&self, name: &[u8]) -> Option<Vec<u8>> {
         match (&self.pairs, &self.lent) {
             (Some(p), _) => p.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
-            (None, Some(h)) => h.value(name),
+            (None, Some(h)) => h.pseudo(name),
             (None, None) => None,
         }
     }

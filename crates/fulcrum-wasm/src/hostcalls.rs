@@ -499,7 +499,7 @@ fn property(http: &HttpState, plugin: &plugin::Plugin, path: &[u8]) -> Option<Ve
     // During the request's header phase from its lent head (with earlier filters' edits),
     // after it from what the phase left.
     let header = |name: &[u8]| {
-        http.request_headers.value(name).or_else(|| {
+        http.request_headers.pseudo(name).or_else(|| {
             let line = http.request_line.as_ref()?;
             line.get(name).map(<[u8]>::to_vec)
         })
@@ -526,7 +526,7 @@ fn property(http: &HttpState, plugin: &plugin::Plugin, path: &[u8]) -> Option<Ve
         b"request.scheme" => header(b":scheme"),
         b"response.code" => http
             .response_headers
-            .value(b":status")
+            .pseudo(b":status")
             .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<i64>().ok())
             .map(|s| s.to_le_bytes().to_vec()),
         _ => None,
